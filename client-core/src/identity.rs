@@ -1,0 +1,87 @@
+//! The identity a device or bridge holds after enrollment, and its on-disk
+//! form. The private key is generated here, written with mode 0600, and never
+//! sent anywhere: only a CSR leaves the device.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use edgeloop_models::fs::write_atomic;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone)]
+pub struct Identity {
+    /// What the control plane calls us, e.g. `device/cam-01`.
+    pub name: String,
+    pub key_pem: String,
+    pub cert_pem: String,
+    pub ca_pem: String,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct IdentityFile {
+    name: String,
+}
+
+/// `<data-dir>/identity/`: `key.pem` (0600), `cert.pem`, `ca.pem`, and
+/// `identity.json`, written last, so its presence means the rest is complete.
+#[derive(Debug, Clone)]
+pub struct IdentityStore {
+    dir: PathBuf,
+}
+
+impl IdentityStore {
+    pub fn new(data_dir: &Path) -> Self {
+        Self {
+            dir: data_dir.join("identity"),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn key_path(&self) -> PathBuf {
+        self.dir.join("key.pem")
+    }
+
+    pub fn load(&self) -> io::Result<Option<Identity>> {
+        let marker = self.dir.join("identity.json");
+        let raw = match std::fs::read(&marker) {
+            Ok(raw) => raw,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let file: IdentityFile = serde_json::from_slice(&raw).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", marker.display()))
+        })?;
+        Ok(Some(Identity {
+            name: file.name,
+            key_pem: std::fs::read_to_string(self.key_path())?,
+            cert_pem: std::fs::read_to_string(self.dir.join("cert.pem"))?,
+            ca_pem: std::fs::read_to_string(self.dir.join("ca.pem"))?,
+        }))
+    }
+
+    pub fn save(&self, identity: &Identity) -> io::Result<()> {
+        create_private_dir(&self.dir)?;
+        write_atomic(&self.key_path(), identity.key_pem.as_bytes(), 0o600)?;
+        write_atomic(&self.dir.join("cert.pem"), identity.cert_pem.as_bytes(), 0o644)?;
+        write_atomic(&self.dir.join("ca.pem"), identity.ca_pem.as_bytes(), 0o644)?;
+        let marker = serde_json::to_vec_pretty(&IdentityFile {
+            name: identity.name.clone(),
+        })
+        .map_err(io::Error::other)?;
+        write_atomic(&self.dir.join("identity.json"), &marker, 0o644)
+    }
+}
+
+fn create_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}

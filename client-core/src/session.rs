@@ -1,0 +1,225 @@
+//! Enrollment and the heartbeat loop, shared by agents ([`Role::Device`]) and
+//! bridges ([`Role::Cluster`]).
+
+use std::time::{Duration, SystemTime};
+
+use edgeloop_models::Digest;
+use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
+use edgeloop_proto::common::v1::{
+    Capabilities, EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse,
+};
+use rcgen::{CertificateParams, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic::Code;
+
+use crate::backoff::Backoff;
+use crate::identity::{Identity, IdentityStore};
+use crate::tls::{enroll_endpoint, mtls_endpoint};
+use crate::token::BootstrapToken;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Device,
+    Cluster,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("no identity in {0} and no bootstrap token given: pass --bootstrap-token")]
+    NoIdentity(String),
+    #[error("invalid bootstrap token: {0}")]
+    Token(#[from] crate::token::TokenError),
+    /// The control plane said no; retrying will not help.
+    #[error("control plane refused {what}: {status}")]
+    Refused { what: &'static str, status: tonic::Status },
+    #[error("enrollment reply is inconsistent: {0}")]
+    BadReply(String),
+    #[error("key or CSR generation failed: {0}")]
+    Crypto(#[from] rcgen::Error),
+    #[error("identity store: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("invalid control-plane URL: {0}")]
+    Url(tonic::transport::Error),
+    #[error("shut down before enrollment finished")]
+    Cancelled,
+}
+
+/// True for statuses that mean "you are not allowed", as opposed to "try later".
+fn is_refusal(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unauthenticated | Code::PermissionDenied | Code::InvalidArgument | Code::FailedPrecondition
+    )
+}
+
+async fn call_enroll(role: Role, channel: Channel, req: EnrollRequest) -> Result<EnrollResponse, tonic::Status> {
+    let resp = match role {
+        Role::Device => AgentServiceClient::new(channel).enroll(req).await?,
+        Role::Cluster => BridgeServiceClient::new(channel).enroll(req).await?,
+    };
+    Ok(resp.into_inner())
+}
+
+async fn call_heartbeat(
+    role: Role,
+    channel: Channel,
+    req: HeartbeatRequest,
+) -> Result<HeartbeatResponse, tonic::Status> {
+    let resp = match role {
+        Role::Device => AgentServiceClient::new(channel).heartbeat(req).await?,
+        Role::Cluster => BridgeServiceClient::new(channel).heartbeat(req).await?,
+    };
+    Ok(resp.into_inner())
+}
+
+/// Enrolls once: generates a key, sends a CSR with the token, checks the reply
+/// against the token's CA pin, and persists the identity before returning.
+pub async fn enroll(
+    role: Role,
+    url: &str,
+    token: &BootstrapToken,
+    store: &IdentityStore,
+    capabilities: Capabilities,
+) -> Result<Identity, EnrollAttemptError> {
+    let key = KeyPair::generate().map_err(SessionError::from)?;
+    let csr_pem = CertificateParams::default()
+        .serialize_request(&key)
+        .and_then(|csr| csr.pem())
+        .map_err(SessionError::from)?;
+    let endpoint = enroll_endpoint(url, token.ca_fingerprint).map_err(SessionError::Url)?;
+    let channel = endpoint.connect().await.map_err(EnrollAttemptError::Unreachable)?;
+    let reply = call_enroll(
+        role,
+        channel,
+        EnrollRequest {
+            bootstrap_token: token.to_string(),
+            csr_pem,
+            capabilities: Some(capabilities),
+        },
+    )
+    .await
+    .map_err(|status| {
+        if is_refusal(status.code()) {
+            EnrollAttemptError::Fatal(SessionError::Refused { what: "enrollment", status })
+        } else {
+            EnrollAttemptError::Retryable(status)
+        }
+    })?;
+    let ca = CertificateDer::from_pem_slice(reply.ca_certificate_pem.as_bytes())
+        .map_err(|e| SessionError::BadReply(format!("CA certificate: {e}")))?;
+    if Digest::of(ca.as_ref()) != token.ca_fingerprint {
+        return Err(SessionError::BadReply("CA certificate does not match the token's pin".into()).into());
+    }
+    let identity = Identity {
+        name: reply.identity,
+        key_pem: key.serialize_pem(),
+        cert_pem: reply.certificate_pem,
+        ca_pem: reply.ca_certificate_pem,
+    };
+    store.save(&identity).map_err(SessionError::from)?;
+    Ok(identity)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnrollAttemptError {
+    #[error(transparent)]
+    Fatal(#[from] SessionError),
+    #[error("control plane unreachable: {0}")]
+    Unreachable(tonic::transport::Error),
+    #[error("enrollment failed, will retry: {0}")]
+    Retryable(tonic::Status),
+}
+
+/// Loads the stored identity, or enrolls with `token` (retrying with backoff
+/// while the control plane is unreachable) if there is none yet.
+pub async fn ensure_identity(
+    role: Role,
+    url: &str,
+    token: Option<&str>,
+    store: &IdentityStore,
+    capabilities: Capabilities,
+    backoff: Backoff,
+    shutdown: &CancellationToken,
+) -> Result<Identity, SessionError> {
+    if let Some(identity) = store.load()? {
+        tracing::info!(identity = %identity.name, "using stored identity");
+        return Ok(identity);
+    }
+    let token: BootstrapToken = token
+        .ok_or_else(|| SessionError::NoIdentity(store.dir().display().to_string()))?
+        .parse()?;
+    let mut attempt = 0;
+    loop {
+        match enroll(role, url, &token, store, capabilities.clone()).await {
+            Ok(identity) => {
+                tracing::info!(identity = %identity.name, "enrolled");
+                return Ok(identity);
+            }
+            Err(EnrollAttemptError::Fatal(e)) => return Err(e),
+            Err(e) => {
+                let delay = backoff.next(attempt);
+                tracing::warn!(error = %e, ?delay, "enrollment attempt failed");
+                attempt = attempt.saturating_add(1);
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.cancelled() => return Err(SessionError::Cancelled),
+                }
+            }
+        }
+    }
+}
+
+/// Sends heartbeats until `shutdown`, reconnecting with jittered backoff when
+/// the control plane is away. Returns an error only when the control plane
+/// refuses this identity (revoked), since retrying cannot fix that.
+pub async fn heartbeat_loop(
+    role: Role,
+    url: &str,
+    identity: &Identity,
+    capabilities: Capabilities,
+    backoff: Backoff,
+    shutdown: CancellationToken,
+) -> Result<(), SessionError> {
+    // A lazy channel reconnects by itself; one TLS session serves many beats.
+    let channel = mtls_endpoint(url, identity).map_err(SessionError::Url)?.connect_lazy();
+    let mut attempt: u32 = 0;
+    let mut interval = Duration::from_secs(10);
+    loop {
+        let req = HeartbeatRequest {
+            sent_at: Some(SystemTime::now().into()),
+            capabilities: Some(capabilities.clone()),
+        };
+        let result = call_heartbeat(role, channel.clone(), req).await;
+        let delay = match result {
+            Ok(reply) => {
+                if attempt > 0 {
+                    tracing::info!("reconnected to control plane");
+                }
+                attempt = 0;
+                if reply.heartbeat_interval_seconds > 0 {
+                    interval = Duration::from_secs(reply.heartbeat_interval_seconds.into());
+                }
+                tracing::debug!(?interval, "heartbeat sent");
+                interval
+            }
+            Err(status) if is_refusal(status.code()) => {
+                tracing::error!(%status, "control plane refused this identity");
+                return Err(SessionError::Refused { what: "heartbeat", status });
+            }
+            Err(status) => {
+                let delay = backoff.next(attempt);
+                attempt = attempt.saturating_add(1);
+                tracing::warn!(%status, ?delay, "heartbeat failed; retrying");
+                delay
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled() => return Ok(()),
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! Compiles the gRPC packages with protox (pure Rust), so the build needs no
+//! system `protoc` and downloads nothing.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = [
+        "proto/edgeloop/common/v1/common.proto",
+        "proto/edgeloop/agent/v1/agent.proto",
+        "proto/edgeloop/bridge/v1/bridge.proto",
+    ];
+    for f in &files {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    let fds = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,29 @@
+//! Edgeloop's versioned gRPC packages. Generated code only, plus a few
+//! conversions; nothing here does I/O.
+
+#![allow(clippy::all, clippy::unwrap_used, missing_docs, rust_2018_idioms)]
+
+pub mod common {
+    pub mod v1 {
+        tonic::include_proto!("edgeloop.common.v1");
+    }
+}
+
+pub mod agent {
+    pub mod v1 {
+        tonic::include_proto!("edgeloop.agent.v1");
+    }
+}
+
+pub mod bridge {
+    pub mod v1 {
+        tonic::include_proto!("edgeloop.bridge.v1");
+    }
+}
+
+pub use prost_types::Timestamp;
+
+/// Converts a wall-clock time into a protobuf timestamp.
+pub fn timestamp(t: std::time::SystemTime) -> Timestamp {
+    Timestamp::from(t)
+}
