@@ -1,1 +1,180 @@
+//! The Edgeloop control plane: console REST API for ML teams, mTLS gRPC for
+//! edge agents and trainer bridges, and the state behind them.
+//!
+//! Wings: [`api`] (REST, gRPC), [`fleet`] (devices, clusters, PKI,
+//! assignments), [`registry`] (artifacts, models, checkpoints). `main.rs` and
+//! the tests both go through [`run`] / [`Server`].
 
+pub mod api;
+pub mod config;
+pub mod datadir;
+pub mod error;
+pub mod fleet;
+pub mod registry;
+pub mod store;
+pub mod validate;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use edgeloop_models::Digest;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{Config, ServeSettings};
+
+use datadir::DataDir;
+use fleet::pki::Pki;
+use fleet::Events;
+use registry::artifacts::{ArtifactStore, LocalArtifactStore};
+use store::Store;
+
+/// Everything a request handler needs. Shared by the REST and gRPC servers.
+pub struct Core {
+    pub config: Config,
+    pub store: Store,
+    pub artifacts: Arc<dyn ArtifactStore>,
+    pub pki: Pki,
+    pub events: Events,
+    admin_token_hash: Digest,
+    /// Cancelled at shutdown so long-lived streams end and the servers can drain.
+    pub shutdown: CancellationToken,
+}
+
+impl Core {
+    pub fn is_admin_token(&self, presented: &str) -> bool {
+        Digest::of(presented.as_bytes()) == self.admin_token_hash
+    }
+
+    pub fn now(&self) -> time::OffsetDateTime {
+        time::OffsetDateTime::now_utc()
+    }
+}
+
+/// A control plane with its data dir open and its sockets bound, not yet serving.
+pub struct Server {
+    core: Arc<Core>,
+    grpc: TcpListener,
+    http: TcpListener,
+    new_admin_token: Option<String>,
+    admin_token_path: PathBuf,
+}
+
+impl Server {
+    /// Opens (or on first start, initialises) the data dir and binds both listeners.
+    pub async fn start(config: Config) -> anyhow::Result<Server> {
+        edgeloop_client_core::install_crypto_provider();
+        let dir = DataDir::create(&config.data_dir)?;
+        let store = Store::open(&dir.db()).with_context(|| format!("opening store {}", dir.db().display()))?;
+        let artifacts = LocalArtifactStore::open(&dir.artifacts())
+            .with_context(|| format!("opening artifact store {}", dir.artifacts().display()))?;
+        let pki = Pki::load_or_init(&dir.pki(), &config.server_names).context("loading PKI")?;
+        let (admin_token_hash, new_admin_token) = dir.load_or_create_admin_token()?;
+        let grpc = TcpListener::bind(config.grpc_listen)
+            .await
+            .with_context(|| format!("binding gRPC listener {}", config.grpc_listen))?;
+        let http = TcpListener::bind(config.http_listen)
+            .await
+            .with_context(|| format!("binding HTTP listener {}", config.http_listen))?;
+        Ok(Server {
+            core: Arc::new(Core {
+                config,
+                store,
+                artifacts: Arc::new(artifacts),
+                pki,
+                events: Events::default(),
+                admin_token_hash,
+                shutdown: CancellationToken::new(),
+            }),
+            grpc,
+            http,
+            new_admin_token,
+            admin_token_path: dir.admin_token(),
+        })
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc.local_addr().expect("bound listener has an address")
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http.local_addr().expect("bound listener has an address")
+    }
+
+    /// The admin token, only on the start that created it.
+    pub fn new_admin_token(&self) -> Option<&str> {
+        self.new_admin_token.as_deref()
+    }
+
+    pub fn admin_token_path(&self) -> &std::path::Path {
+        &self.admin_token_path
+    }
+
+    pub fn core(&self) -> Arc<Core> {
+        self.core.clone()
+    }
+
+    /// Serves until `shutdown` is cancelled, then stops accepting, lets
+    /// in-flight requests finish (up to the drain timeout) and flushes the store.
+    pub async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let core = self.core;
+        tracing::info!(grpc = %self.grpc.local_addr()?, http = %self.http.local_addr()?, "control plane serving");
+        let grpc = tokio::spawn(api::grpc::serve(core.clone(), self.grpc, core.shutdown.clone()));
+        let http = tokio::spawn(api::rest::serve(core.clone(), self.http, core.shutdown.clone()));
+        let mut grpc = std::pin::pin!(grpc);
+        let mut http = std::pin::pin!(http);
+        // A server that dies on its own is an error; otherwise wait for the signal.
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            r = &mut grpc => { core.shutdown.cancel(); return r.context("gRPC server task")?.context("gRPC server"); }
+            r = &mut http => { core.shutdown.cancel(); return r.context("HTTP server task")?.context("HTTP server"); }
+        }
+        tracing::info!("shutting down: draining in-flight requests");
+        core.shutdown.cancel();
+        let drained = tokio::time::timeout(core.config.drain_timeout, async {
+            let (g, h) = tokio::join!(&mut grpc, &mut http);
+            g.context("gRPC server task")?.context("gRPC server")?;
+            h.context("HTTP server task")?.context("HTTP server")?;
+            anyhow::Ok(())
+        })
+        .await;
+        match drained {
+            Ok(result) => result?,
+            Err(_) => {
+                tracing::warn!(timeout = ?core.config.drain_timeout, "drain timed out; closing remaining connections");
+                grpc.abort();
+                http.abort();
+            }
+        }
+        core.store.flush().await?;
+        tracing::info!("control plane stopped");
+        Ok(())
+    }
+}
+
+/// Starts the control plane and serves until `shutdown`.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let server = Server::start(config).await?;
+    if let Some(token) = server.new_admin_token() {
+        // Printed once, on the start that created it; the file keeps it.
+        println!("admin token: {token}");
+        println!("(saved to {}, mode 0600)", server.admin_token_path().display());
+    }
+    server.serve(shutdown).await
+}
+
+/// Cancels `shutdown` on SIGTERM or SIGINT: the one shutdown path.
+pub async fn shutdown_on_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    shutdown.cancel();
+}

@@ -1,0 +1,209 @@
+//! `edgeloop.agent.v1.AgentService`.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use edgeloop_models::Digest;
+use edgeloop_proto::agent::v1 as pb;
+use edgeloop_proto::agent::v1::agent_service_server::AgentService;
+use edgeloop_proto::common::v1::{EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse};
+use futures::Stream;
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::auth::caller;
+use crate::error::Error;
+use crate::fleet::members::{self, CapabilitiesRecord, MemberKind};
+use crate::fleet::{assignments, telemetry, FleetEvent};
+use crate::Core;
+
+pub const DEFAULT_CHUNK: usize = 256 * 1024;
+pub const MAX_CHUNK: usize = 4 << 20;
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+pub struct AgentApi {
+    core: Arc<Core>,
+}
+
+impl AgentApi {
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+}
+
+/// Enrollment, shared by both services.
+pub(super) async fn enroll(core: &Core, kind: MemberKind, req: EnrollRequest) -> Result<EnrollResponse, Status> {
+    let lifetime = time::Duration::try_from(core.config.cert_lifetime).unwrap_or(time::Duration::days(365));
+    let (member, cert) = members::enroll(
+        &core.store,
+        &core.pki,
+        kind,
+        &req.bootstrap_token,
+        &req.csr_pem,
+        req.capabilities.map(CapabilitiesRecord::from).unwrap_or_default(),
+        lifetime,
+        core.now(),
+    )
+    .await?;
+    tracing::info!(identity = %kind.identity(&member.id), "enrolled");
+    Ok(EnrollResponse {
+        identity: kind.identity(&member.id),
+        certificate_pem: cert.pem,
+        ca_certificate_pem: core.pki.ca_pem().to_string(),
+        certificate_not_after: Some(SystemTime::from(cert.not_after).into()),
+        heartbeat_interval_seconds: core.config.heartbeat_interval.as_secs() as u32,
+    })
+}
+
+pub(super) fn heartbeat<T>(
+    core: &Core,
+    kind: MemberKind,
+    req: Request<T>,
+    caps: impl FnOnce(T) -> Option<edgeloop_proto::common::v1::Capabilities>,
+) -> Result<HeartbeatResponse, Status> {
+    let member = caller(core, &req, kind)?;
+    let capabilities = caps(req.into_inner()).map(CapabilitiesRecord::from);
+    members::heartbeat(&core.store, kind, &member.id, capabilities, core.now())?;
+    Ok(HeartbeatResponse {
+        server_time: Some(SystemTime::now().into()),
+        heartbeat_interval_seconds: core.config.heartbeat_interval.as_secs() as u32,
+    })
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentApi {
+    async fn enroll(&self, req: Request<EnrollRequest>) -> Result<Response<EnrollResponse>, Status> {
+        Ok(Response::new(enroll(&self.core, MemberKind::Device, req.into_inner()).await?))
+    }
+
+    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        Ok(Response::new(heartbeat(&self.core, MemberKind::Device, req, |r| r.capabilities)?))
+    }
+
+    type WatchAssignmentsStream = BoxStream<pb::AssignmentSet>;
+
+    async fn watch_assignments(
+        &self,
+        req: Request<pb::WatchAssignmentsRequest>,
+    ) -> Result<Response<Self::WatchAssignmentsStream>, Status> {
+        let device = caller(&self.core, &req, MemberKind::Device)?.id;
+        let core = self.core.clone();
+        // Subscribe before reading, so no change between the two is missed.
+        let mut events = core.events.subscribe();
+        let revoked_events = core.events.subscribe();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let revoked = super::revoked(revoked_events, MemberKind::Device, &device);
+            tokio::pin!(revoked);
+            let mut sent = None::<u64>;
+            loop {
+                match assignments::current(&core.store, &device) {
+                    Ok(set) if sent != Some(set.generation) => {
+                        sent = Some(set.generation);
+                        if tx.send(Ok(set.to_proto())).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(e))).await;
+                        return;
+                    }
+                }
+                loop {
+                    tokio::select! {
+                        _ = core.shutdown.cancelled() => return,
+                        _ = tx.closed() => return,
+                        _ = &mut revoked => {
+                            let _ = tx.send(Err(Status::permission_denied(format!("device/{device} has been revoked")))).await;
+                            return;
+                        }
+                        ev = events.recv() => match ev {
+                            Ok(FleetEvent::AssignmentsChanged { device: d }) if d == device => break,
+                            Ok(_) => {}
+                            // Missed events: re-read to be safe.
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        },
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type FetchArtifactStream = BoxStream<pb::ArtifactChunk>;
+
+    async fn fetch_artifact(
+        &self,
+        req: Request<pb::FetchArtifactRequest>,
+    ) -> Result<Response<Self::FetchArtifactStream>, Status> {
+        let device = caller(&self.core, &req, MemberKind::Device)?.id;
+        let req = req.into_inner();
+        let digest: Digest = req
+            .digest
+            .parse()
+            .map_err(|e| Status::from(Error::bad_field("digest", format!("{e}"))))?;
+        let set = assignments::current(&self.core.store, &device)?;
+        if !set.references(digest) {
+            return Err(Status::permission_denied(format!(
+                "artifact {digest} is not assigned to device/{device}"
+            )));
+        }
+        let (size, mut reader) = self.core.artifacts.open_at(digest, req.offset).await.map_err(Error::from)?;
+        if req.offset > size {
+            return Err(Status::out_of_range(format!("offset {} is past the end ({size} bytes)", req.offset)));
+        }
+        let chunk = match req.max_chunk_bytes as usize {
+            0 => DEFAULT_CHUNK,
+            n => n.min(MAX_CHUNK),
+        };
+        let (tx, rx) = mpsc::channel(4);
+        let mut offset = req.offset;
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; chunk];
+            loop {
+                let n = match reader.read(&mut buf).await {
+                    Ok(0) => return,
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::internal(format!("reading artifact: {e}")))).await;
+                        return;
+                    }
+                };
+                let msg = pb::ArtifactChunk {
+                    offset,
+                    data: buf[..n].to_vec(),
+                    total_size: size,
+                };
+                offset += n as u64;
+                if tx.send(Ok(msg)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn report_telemetry(&self, req: Request<pb::TelemetryReport>) -> Result<Response<pb::TelemetryAck>, Status> {
+        let device = caller(&self.core, &req, MemberKind::Device)?.id;
+        let acked = telemetry::record_telemetry(&self.core.store, &device, req.into_inner(), self.core.now())?;
+        // The ack lets the agent drop its buffered copy, so persist first.
+        self.core.store.flush().await.map_err(Error::from)?;
+        Ok(Response::new(pb::TelemetryAck { acked_sequence: acked }))
+    }
+
+    async fn report_assignment_status(
+        &self,
+        req: Request<pb::AssignmentStatusReport>,
+    ) -> Result<Response<pb::AssignmentStatusAck>, Status> {
+        let device = caller(&self.core, &req, MemberKind::Device)?.id;
+        telemetry::record_status(&self.core.store, &device, req.into_inner(), self.core.now())?;
+        self.core.store.flush().await.map_err(Error::from)?;
+        Ok(Response::new(pb::AssignmentStatusAck {}))
+    }
+}

@@ -1,0 +1,25 @@
+//! Who is calling: the verified client certificate, mapped to an enrolled,
+//! unrevoked member whose pinned certificate it is.
+
+use edgeloop_models::Digest;
+use tonic::{Request, Status};
+
+use crate::fleet::members::{self, Member, MemberKind};
+use crate::fleet::pki::identity_of;
+use crate::Core;
+
+pub fn caller<T>(core: &Core, req: &Request<T>, kind: MemberKind) -> Result<Member, Status> {
+    let certs = req
+        .peer_certs()
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| Status::unauthenticated("a client certificate is required; enroll first"))?;
+    // rustls has already verified the chain against our CA.
+    let leaf = &certs[0];
+    let identity = identity_of(leaf.as_ref());
+    Ok(members::authorize(
+        &core.store,
+        kind,
+        identity.as_deref(),
+        Digest::of(leaf.as_ref()),
+    )?)
+}

@@ -1,0 +1,154 @@
+//! Tokens, devices and clusters.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use time::Duration;
+
+use super::json::{OptionalJson, ValidJson};
+use crate::error::{Error, ErrorBody};
+use crate::fleet::members::{self, CreateToken, CreatedToken, MemberKind, MemberView, TokenView};
+use crate::Core;
+
+/// Creates a one-time bootstrap token for a device or a cluster bridge.
+#[utoipa::path(post, path = "/api/v1/tokens", tag = "fleet", request_body = CreateToken,
+    responses((status = 201, body = CreatedToken), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn create_token(
+    State(core): State<Arc<Core>>,
+    ValidJson(req): ValidJson<CreateToken>,
+) -> Result<(StatusCode, Json<CreatedToken>), Error> {
+    let created = members::create_token(&core.store, &core.pki, req, core.now()).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Lists bootstrap tokens (never their secrets).
+#[utoipa::path(get, path = "/api/v1/tokens", tag = "fleet",
+    responses((status = 200, body = Vec<TokenView>), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn list_tokens(State(core): State<Arc<Core>>) -> Result<Json<Vec<TokenView>>, Error> {
+    let now = core.now();
+    let tokens = core.store.tokens.values()?.into_iter().map(|t| TokenView::new(t, now)).collect();
+    Ok(Json(tokens))
+}
+
+fn offline_after(core: &Core) -> Duration {
+    Duration::try_from(core.config.offline_after()).unwrap_or(Duration::MAX)
+}
+
+fn list(core: &Core, kind: MemberKind) -> Result<Json<Vec<MemberView>>, Error> {
+    let now = core.now();
+    let window = offline_after(core);
+    let views = core
+        .store
+        .members(kind)
+        .values()?
+        .into_iter()
+        .map(|m| MemberView::new(m, now, window))
+        .collect();
+    Ok(Json(views))
+}
+
+fn show(core: &Core, kind: MemberKind, id: &str) -> Result<Json<MemberView>, Error> {
+    let member = members::get(&core.store, kind, id)?;
+    Ok(Json(MemberView::new(member, core.now(), offline_after(core))))
+}
+
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeRequest {
+    /// Why, for the audit trail.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LabelsRequest {
+    /// The complete new label set (replaces the old one).
+    pub labels: BTreeMap<String, String>,
+}
+
+async fn revoke(core: &Core, kind: MemberKind, id: &str, req: RevokeRequest) -> Result<Json<MemberView>, Error> {
+    let member = members::revoke(&core.store, &core.events, kind, id, req.reason, core.now()).await?;
+    Ok(Json(MemberView::new(member, core.now(), offline_after(core))))
+}
+
+async fn set_labels(core: &Core, kind: MemberKind, id: &str, req: LabelsRequest) -> Result<Json<MemberView>, Error> {
+    let member = members::set_labels(&core.store, kind, id, req.labels).await?;
+    Ok(Json(MemberView::new(member, core.now(), offline_after(core))))
+}
+
+/// Lists devices with their online/offline status and last-seen time.
+#[utoipa::path(get, path = "/api/v1/devices", tag = "fleet",
+    responses((status = 200, body = Vec<MemberView>), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn list_devices(State(core): State<Arc<Core>>) -> Result<Json<Vec<MemberView>>, Error> {
+    list(&core, MemberKind::Device)
+}
+
+#[utoipa::path(get, path = "/api/v1/devices/{id}", tag = "fleet", params(("id" = String, Path)),
+    responses((status = 200, body = MemberView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn get_device(State(core): State<Arc<Core>>, Path(id): Path<String>) -> Result<Json<MemberView>, Error> {
+    show(&core, MemberKind::Device, &id)
+}
+
+/// Revokes a device: its certificate is refused from its next call on.
+#[utoipa::path(post, path = "/api/v1/devices/{id}/revoke", tag = "fleet", params(("id" = String, Path)),
+    request_body(content = Option<RevokeRequest>, description = "optional; an empty body is allowed"),
+    responses((status = 200, body = MemberView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn revoke_device(
+    State(core): State<Arc<Core>>,
+    Path(id): Path<String>,
+    OptionalJson(req): OptionalJson<RevokeRequest>,
+) -> Result<Json<MemberView>, Error> {
+    revoke(&core, MemberKind::Device, &id, req).await
+}
+
+#[utoipa::path(put, path = "/api/v1/devices/{id}/labels", tag = "fleet", params(("id" = String, Path)),
+    request_body = LabelsRequest,
+    responses((status = 200, body = MemberView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn set_device_labels(
+    State(core): State<Arc<Core>>,
+    Path(id): Path<String>,
+    ValidJson(req): ValidJson<LabelsRequest>,
+) -> Result<Json<MemberView>, Error> {
+    set_labels(&core, MemberKind::Device, &id, req).await
+}
+
+/// Lists cluster bridges with their online/offline status and last-seen time.
+#[utoipa::path(get, path = "/api/v1/clusters", tag = "fleet",
+    responses((status = 200, body = Vec<MemberView>), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn list_clusters(State(core): State<Arc<Core>>) -> Result<Json<Vec<MemberView>>, Error> {
+    list(&core, MemberKind::Cluster)
+}
+
+#[utoipa::path(get, path = "/api/v1/clusters/{id}", tag = "fleet", params(("id" = String, Path)),
+    responses((status = 200, body = MemberView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn get_cluster(State(core): State<Arc<Core>>, Path(id): Path<String>) -> Result<Json<MemberView>, Error> {
+    show(&core, MemberKind::Cluster, &id)
+}
+
+#[utoipa::path(post, path = "/api/v1/clusters/{id}/revoke", tag = "fleet", params(("id" = String, Path)),
+    request_body(content = Option<RevokeRequest>, description = "optional; an empty body is allowed"),
+    responses((status = 200, body = MemberView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn revoke_cluster(
+    State(core): State<Arc<Core>>,
+    Path(id): Path<String>,
+    OptionalJson(req): OptionalJson<RevokeRequest>,
+) -> Result<Json<MemberView>, Error> {
+    revoke(&core, MemberKind::Cluster, &id, req).await
+}
+
+#[utoipa::path(put, path = "/api/v1/clusters/{id}/labels", tag = "fleet", params(("id" = String, Path)),
+    request_body = LabelsRequest,
+    responses((status = 200, body = MemberView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn set_cluster_labels(
+    State(core): State<Arc<Core>>,
+    Path(id): Path<String>,
+    ValidJson(req): ValidJson<LabelsRequest>,
+) -> Result<Json<MemberView>, Error> {
+    set_labels(&core, MemberKind::Cluster, &id, req).await
+}

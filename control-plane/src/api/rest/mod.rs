@@ -1,0 +1,103 @@
+//! The console REST API under `/api/v1`, with bearer-token auth, plus
+//! `/healthz`, `/readyz` and the generated OpenAPI document.
+
+mod artifacts;
+mod fleet;
+pub mod json;
+mod models;
+pub mod openapi;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+use crate::Core;
+
+pub fn router(core: Arc<Core>) -> Router {
+    let protected = Router::new()
+        .route("/api/v1/tokens", post(fleet::create_token).get(fleet::list_tokens))
+        .route("/api/v1/devices", get(fleet::list_devices))
+        .route("/api/v1/devices/{id}", get(fleet::get_device))
+        .route("/api/v1/devices/{id}/revoke", post(fleet::revoke_device))
+        .route("/api/v1/devices/{id}/labels", put(fleet::set_device_labels))
+        .route("/api/v1/clusters", get(fleet::list_clusters))
+        .route("/api/v1/clusters/{id}", get(fleet::get_cluster))
+        .route("/api/v1/clusters/{id}/revoke", post(fleet::revoke_cluster))
+        .route("/api/v1/clusters/{id}/labels", put(fleet::set_cluster_labels))
+        .route(
+            "/api/v1/artifacts/{digest}",
+            put(artifacts::upload).get(artifacts::download).head(artifacts::head),
+        )
+        .route("/api/v1/models", post(models::create_model).get(models::list_models))
+        .route("/api/v1/models/{name}", get(models::get_model))
+        .route(
+            "/api/v1/models/{name}/versions",
+            post(models::create_version).get(models::list_versions),
+        )
+        .route("/api/v1/models/{name}/versions/{version}", get(models::get_version))
+        .route_layer(middleware::from_fn_with_state(core.clone(), require_admin));
+    Router::new()
+        .merge(protected)
+        .route("/api/v1/openapi.json", get(openapi::document))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .with_state(core)
+}
+
+/// Serves the REST API until `shutdown`, then finishes in-flight requests.
+pub async fn serve(core: Arc<Core>, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+    axum::serve(listener, router(core))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+async fn require_admin(State(core): State<Arc<Core>>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        None => Error::Unauthenticated("missing bearer token (Authorization: Bearer <admin token>)".into())
+            .into_response(),
+        Some(token) if !core.is_admin_token(token) => Error::Unauthenticated("invalid bearer token".into()).into_response(),
+        Some(_) => next.run(req).await,
+    }
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Health {
+    pub status: &'static str,
+}
+
+/// Liveness: the process is up.
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// Readiness: the store answers and the server is not shutting down.
+#[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200, body = Health), (status = 503, body = crate::error::ErrorBody)))]
+pub async fn readyz(State(core): State<Arc<Core>>) -> Result<Json<Health>, Error> {
+    if core.shutdown.is_cancelled() {
+        return Err(Error::Unavailable("shutting down".into()));
+    }
+    core.store
+        .check()
+        .map_err(|e| Error::Unavailable(format!("store: {e}")))?;
+    Ok(Json(Health { status: "ready" }))
+}
+
+async fn not_found(req: Request) -> Error {
+    Error::not_found("route", req.uri().path().to_string())
+}

@@ -1,0 +1,170 @@
+//! Settings for `control-plane serve`. One struct is both the clap flags
+//! (each with its `EDGELOOP_*` env var) and the TOML file's shape, so the two
+//! cannot drift apart. Precedence: flag > env > file > default.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ServeSettings {
+    /// Where the store, artifacts, PKI and admin token live.
+    #[arg(long, env = "EDGELOOP_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// gRPC (mTLS) listen address for agents and bridges.
+    #[arg(long, env = "EDGELOOP_GRPC_LISTEN")]
+    pub grpc_listen: Option<SocketAddr>,
+    /// Console REST API listen address.
+    #[arg(long, env = "EDGELOOP_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
+    /// Extra DNS names or IPs for the gRPC server certificate (repeatable;
+    /// comma-separated in the env var). localhost and loopback are always in.
+    #[arg(long = "server-name", env = "EDGELOOP_SERVER_NAMES", value_delimiter = ',')]
+    #[serde(default)]
+    pub server_names: Option<Vec<String>>,
+    /// Seconds between agent heartbeats; a member is offline after three missed.
+    #[arg(long, env = "EDGELOOP_HEARTBEAT_INTERVAL_SECS")]
+    pub heartbeat_interval_secs: Option<u32>,
+    /// Largest artifact accepted, in bytes.
+    #[arg(long, env = "EDGELOOP_MAX_ARTIFACT_BYTES")]
+    pub max_artifact_bytes: Option<u64>,
+    /// Largest JSON request body accepted, in bytes.
+    #[arg(long, env = "EDGELOOP_MAX_JSON_BYTES")]
+    pub max_json_bytes: Option<usize>,
+    /// Lifetime of issued client certificates, in days.
+    #[arg(long, env = "EDGELOOP_CERT_LIFETIME_DAYS")]
+    pub cert_lifetime_days: Option<u32>,
+    /// Seconds to let in-flight requests finish after SIGTERM.
+    #[arg(long, env = "EDGELOOP_DRAIN_TIMEOUT_SECS")]
+    pub drain_timeout_secs: Option<u64>,
+}
+
+impl ServeSettings {
+    /// Each field from `self` if set, else from `lower`.
+    pub fn or(self, lower: ServeSettings) -> ServeSettings {
+        ServeSettings {
+            data_dir: self.data_dir.or(lower.data_dir),
+            grpc_listen: self.grpc_listen.or(lower.grpc_listen),
+            http_listen: self.http_listen.or(lower.http_listen),
+            server_names: self.server_names.or(lower.server_names),
+            heartbeat_interval_secs: self.heartbeat_interval_secs.or(lower.heartbeat_interval_secs),
+            max_artifact_bytes: self.max_artifact_bytes.or(lower.max_artifact_bytes),
+            max_json_bytes: self.max_json_bytes.or(lower.max_json_bytes),
+            cert_lifetime_days: self.cert_lifetime_days.or(lower.cert_lifetime_days),
+            drain_timeout_secs: self.drain_timeout_secs.or(lower.drain_timeout_secs),
+        }
+    }
+
+    pub fn from_toml_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))
+    }
+}
+
+/// The resolved configuration `run` works from.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub grpc_listen: SocketAddr,
+    pub http_listen: SocketAddr,
+    pub server_names: Vec<String>,
+    pub heartbeat_interval: Duration,
+    pub max_artifact_bytes: u64,
+    pub max_json_bytes: usize,
+    pub cert_lifetime: Duration,
+    pub drain_timeout: Duration,
+}
+
+pub const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:7443";
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7080";
+
+impl Config {
+    pub fn from_settings(s: ServeSettings) -> anyhow::Result<Config> {
+        let data_dir = s
+            .data_dir
+            .context("--data-dir (or EDGELOOP_DATA_DIR, or data-dir in the config file) is required")?;
+        let grpc_listen = s.grpc_listen.unwrap_or_else(|| DEFAULT_GRPC_LISTEN.parse().expect("valid default"));
+        let http_listen = s.http_listen.unwrap_or_else(|| DEFAULT_HTTP_LISTEN.parse().expect("valid default"));
+        let heartbeat = s.heartbeat_interval_secs.unwrap_or(10);
+        anyhow::ensure!((1..=3600).contains(&heartbeat), "heartbeat-interval-secs must be 1..=3600");
+        let cert_days = s.cert_lifetime_days.unwrap_or(365);
+        anyhow::ensure!((1..=3650).contains(&cert_days), "cert-lifetime-days must be 1..=3650");
+        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+        if !grpc_listen.ip().is_unspecified() {
+            names.push(grpc_listen.ip().to_string());
+        }
+        for name in s.server_names.unwrap_or_default() {
+            let name = name.trim().to_string();
+            if name.is_empty() {
+                continue;
+            }
+            let valid = name.parse::<IpAddr>().is_ok()
+                || (name.len() <= 253
+                    && name.split('.').all(|l| {
+                        !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    }));
+            anyhow::ensure!(valid, "server name {name:?} is neither an IP address nor a DNS name");
+            names.push(name);
+        }
+        Ok(Config {
+            data_dir,
+            grpc_listen,
+            http_listen,
+            server_names: names,
+            heartbeat_interval: Duration::from_secs(heartbeat.into()),
+            max_artifact_bytes: s.max_artifact_bytes.unwrap_or(4 << 30),
+            max_json_bytes: s.max_json_bytes.unwrap_or(1 << 20),
+            cert_lifetime: Duration::from_secs(u64::from(cert_days) * 86_400),
+            drain_timeout: Duration::from_secs(s.drain_timeout_secs.unwrap_or(30)),
+        })
+    }
+
+    /// A member is offline after missing three heartbeats.
+    pub fn offline_after(&self) -> Duration {
+        self.heartbeat_interval * 3
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn precedence_flag_over_file_over_default() {
+        let file: ServeSettings = toml::from_str(
+            "data-dir = \"/from/file\"\nhttp-listen = \"127.0.0.1:9000\"\nheartbeat-interval-secs = 5\n",
+        )
+        .unwrap();
+        let flags = ServeSettings {
+            data_dir: Some("/from/flag".into()),
+            ..Default::default()
+        };
+        let cfg = Config::from_settings(flags.or(file)).unwrap();
+        assert_eq!(cfg.data_dir, PathBuf::from("/from/flag"));
+        assert_eq!(cfg.http_listen, "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(cfg.heartbeat_interval, Duration::from_secs(5));
+        assert_eq!(cfg.grpc_listen, DEFAULT_GRPC_LISTEN.parse().unwrap());
+    }
+
+    #[test]
+    fn refusals() {
+        assert!(toml::from_str::<ServeSettings>("no-such-key = 1").is_err());
+        assert!(Config::from_settings(ServeSettings::default()).is_err(), "data dir required");
+        let bad_name = ServeSettings {
+            data_dir: Some("/d".into()),
+            server_names: Some(vec!["bad name!".into()]),
+            ..Default::default()
+        };
+        assert!(Config::from_settings(bad_name).is_err());
+        let bad_hb = ServeSettings {
+            data_dir: Some("/d".into()),
+            heartbeat_interval_secs: Some(0),
+            ..Default::default()
+        };
+        assert!(Config::from_settings(bad_hb).is_err());
+    }
+}

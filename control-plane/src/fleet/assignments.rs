@@ -1,0 +1,89 @@
+//! What each device should run. A device's set carries a generation number
+//! that only grows, so an agent can ignore anything older than what it has.
+
+use edgeloop_models::Digest;
+use edgeloop_proto::agent::v1 as pb;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::fleet::members::MemberKind;
+use crate::fleet::{Events, FleetEvent};
+use crate::store::Store;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AssignmentSetRecord {
+    pub generation: u64,
+    pub assignments: Vec<AssignmentRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssignmentRecord {
+    pub model_name: String,
+    pub model_version: String,
+    pub artifact_digest: Digest,
+    pub artifact_size: u64,
+    #[serde(default)]
+    pub manifest_digest: Option<Digest>,
+    #[serde(default)]
+    pub deployment_id: String,
+    #[serde(default)]
+    pub activation_timeout_seconds: u32,
+}
+
+impl AssignmentSetRecord {
+    /// Whether `digest` is something this device was told to fetch. Devices
+    /// may only read artifacts assigned to them.
+    pub fn references(&self, digest: Digest) -> bool {
+        self.assignments
+            .iter()
+            .any(|a| a.artifact_digest == digest || a.manifest_digest == Some(digest))
+    }
+
+    pub fn to_proto(&self) -> pb::AssignmentSet {
+        pb::AssignmentSet {
+            generation: self.generation,
+            assignments: self
+                .assignments
+                .iter()
+                .map(|a| pb::Assignment {
+                    model_name: a.model_name.clone(),
+                    model_version: a.model_version.clone(),
+                    artifact_digest: a.artifact_digest.to_string(),
+                    artifact_size: a.artifact_size,
+                    manifest_digest: a.manifest_digest.map(|d| d.to_string()).unwrap_or_default(),
+                    deployment_id: a.deployment_id.clone(),
+                    activation_timeout_seconds: a.activation_timeout_seconds,
+                })
+                .collect(),
+        }
+    }
+}
+
+pub fn current(store: &Store, device: &str) -> Result<AssignmentSetRecord> {
+    Ok(store.assignments.get(device)?.unwrap_or_default())
+}
+
+/// Replaces a device's assignments, bumping the generation, and wakes its
+/// watch stream. Rollouts (a later wing) are the callers.
+pub async fn replace(
+    store: &Store,
+    events: &Events,
+    device: &str,
+    assignments: Vec<AssignmentRecord>,
+) -> Result<AssignmentSetRecord> {
+    if !store.members(MemberKind::Device).contains(device)? {
+        return Err(Error::not_found("device", device));
+    }
+    let set = store.assignments.update(device, |cur| {
+        let generation = cur.map_or(0, |c| c.generation) + 1;
+        Ok::<_, Error>(AssignmentSetRecord {
+            generation,
+            assignments: assignments.clone(),
+        })
+    })??;
+    store.flush().await?;
+    events.publish(FleetEvent::AssignmentsChanged {
+        device: device.to_string(),
+    });
+    Ok(set)
+}

@@ -1,0 +1,610 @@
+//! Devices and cluster bridges ("members"), the one-time bootstrap tokens that
+//! enroll them, and the decisions about them: is a token usable, is a member
+//! online, may this certificate call. The decisions are pure functions of the
+//! record and `now`; the functions that touch the store are thin.
+
+use std::collections::BTreeMap;
+
+use edgeloop_client_core::BootstrapToken;
+use edgeloop_models::Digest;
+use serde::{Deserialize, Serialize};
+use time::{Duration, OffsetDateTime};
+use utoipa::ToSchema;
+
+use crate::error::{Error, Result};
+use crate::fleet::pki::{Pki, SignedCert};
+use crate::fleet::{Events, FleetEvent};
+use crate::store::Store;
+use crate::validate;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberKind {
+    Device,
+    Cluster,
+}
+
+impl MemberKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberKind::Device => "device",
+            MemberKind::Cluster => "cluster",
+        }
+    }
+
+    /// The name in the member's certificate.
+    pub fn identity(self, id: &str) -> String {
+        format!("{}/{id}", self.as_str())
+    }
+
+    /// Splits `device/<id>` back into kind and id.
+    pub fn parse_identity(identity: &str) -> Option<(MemberKind, &str)> {
+        let (kind, id) = identity.split_once('/')?;
+        let kind = match kind {
+            "device" => MemberKind::Device,
+            "cluster" => MemberKind::Cluster,
+            _ => return None,
+        };
+        Some((kind, id))
+    }
+}
+
+/// What a member reported about itself (from the gRPC `Capabilities`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CapabilitiesRecord {
+    #[serde(default)]
+    pub agent_version: String,
+    #[serde(default)]
+    pub os: String,
+    #[serde(default)]
+    pub arch: String,
+    #[serde(default)]
+    pub hostname: String,
+    #[serde(default)]
+    pub execution_providers: Vec<String>,
+    #[serde(default)]
+    pub gpus: Vec<GpuRecord>,
+    #[serde(default)]
+    pub free_disk_bytes: u64,
+    #[serde(default)]
+    pub engines: Vec<String>,
+    #[serde(default)]
+    pub driver_version: String,
+    #[serde(default)]
+    pub cuda_version: String,
+    #[serde(default)]
+    pub extra: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GpuRecord {
+    pub model: String,
+    pub memory_bytes: u64,
+    pub count: u32,
+}
+
+impl From<edgeloop_proto::common::v1::Capabilities> for CapabilitiesRecord {
+    fn from(c: edgeloop_proto::common::v1::Capabilities) -> Self {
+        // Reported strings are untrusted: cap their sizes before storing.
+        fn cap(s: String) -> String {
+            s.chars().take(256).collect()
+        }
+        Self {
+            agent_version: cap(c.agent_version),
+            os: cap(c.os),
+            arch: cap(c.arch),
+            hostname: cap(c.hostname),
+            execution_providers: c.execution_providers.into_iter().take(16).map(cap).collect(),
+            gpus: c
+                .gpus
+                .into_iter()
+                .take(64)
+                .map(|g| GpuRecord {
+                    model: cap(g.model),
+                    memory_bytes: g.memory_bytes,
+                    count: g.count,
+                })
+                .collect(),
+            free_disk_bytes: c.free_disk_bytes,
+            engines: c.engines.into_iter().take(16).map(cap).collect(),
+            driver_version: cap(c.driver_version),
+            cuda_version: cap(c.cuda_version),
+            extra: c.extra.into_iter().take(64).map(|(k, v)| (cap(k), cap(v))).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Member {
+    pub id: String,
+    pub kind: MemberKind,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub capabilities: CapabilitiesRecord,
+    /// Only the certificate with this sha256 may act as this member.
+    pub cert_fingerprint: Digest,
+    #[serde(with = "time::serde::rfc3339")]
+    pub cert_not_after: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub enrolled_at: OffsetDateTime,
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub last_seen: Option<OffsetDateTime>,
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub revoked_at: Option<OffsetDateTime>,
+    #[serde(default)]
+    pub revoked_reason: Option<String>,
+    pub token_id: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberStatus {
+    Online,
+    Offline,
+    Revoked,
+}
+
+/// Online means a heartbeat arrived within `offline_after`.
+pub fn member_status(member: &Member, now: OffsetDateTime, offline_after: Duration) -> MemberStatus {
+    if member.revoked_at.is_some() {
+        return MemberStatus::Revoked;
+    }
+    match member.last_seen {
+        Some(seen) if now - seen <= offline_after => MemberStatus::Online,
+        _ => MemberStatus::Offline,
+    }
+}
+
+/// A member as the console API shows it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct MemberView {
+    pub id: String,
+    pub kind: MemberKind,
+    pub status: MemberStatus,
+    pub labels: BTreeMap<String, String>,
+    pub capabilities: CapabilitiesRecord,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_seen: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub enrolled_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub revoked_at: Option<OffsetDateTime>,
+    pub revoked_reason: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub cert_not_after: OffsetDateTime,
+}
+
+impl MemberView {
+    pub fn new(m: Member, now: OffsetDateTime, offline_after: Duration) -> Self {
+        Self {
+            status: member_status(&m, now, offline_after),
+            id: m.id,
+            kind: m.kind,
+            labels: m.labels,
+            capabilities: m.capabilities,
+            last_seen: m.last_seen,
+            enrolled_at: m.enrolled_at,
+            revoked_at: m.revoked_at,
+            revoked_reason: m.revoked_reason,
+            cert_not_after: m.cert_not_after,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BootstrapTokenRecord {
+    pub id: String,
+    pub kind: MemberKind,
+    /// The id the member will get.
+    pub member_id: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// sha256 of the secret; the secret itself is never stored.
+    pub secret_hash: Digest,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub used_at: Option<OffsetDateTime>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenState {
+    Unused,
+    Used,
+    Expired,
+}
+
+pub fn token_state(t: &BootstrapTokenRecord, now: OffsetDateTime) -> TokenState {
+    if t.used_at.is_some() {
+        TokenState::Used
+    } else if now >= t.expires_at {
+        TokenState::Expired
+    } else {
+        TokenState::Unused
+    }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TokenView {
+    pub id: String,
+    pub kind: MemberKind,
+    pub member_id: String,
+    pub labels: BTreeMap<String, String>,
+    pub state: TokenState,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+}
+
+impl TokenView {
+    pub fn new(t: BootstrapTokenRecord, now: OffsetDateTime) -> Self {
+        Self {
+            state: token_state(&t, now),
+            id: t.id,
+            kind: t.kind,
+            member_id: t.member_id,
+            labels: t.labels,
+            created_at: t.created_at,
+            expires_at: t.expires_at,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateToken {
+    /// What the token enrolls: a device (edge agent) or a cluster (trainer bridge).
+    pub kind: MemberKind,
+    /// The id the member will get; generated when absent.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Labels the member starts with.
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Lifetime in seconds (60 to 2 592 000); defaults to 24 hours.
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CreatedToken {
+    /// The bootstrap token. Shown once: only its hash is stored.
+    pub token: String,
+    pub id: String,
+    pub kind: MemberKind,
+    pub member_id: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+    /// sha256 of the CA certificate, also embedded in the token.
+    pub ca_fingerprint: String,
+}
+
+pub const MIN_TOKEN_TTL: u64 = 60;
+pub const MAX_TOKEN_TTL: u64 = 30 * 24 * 3600;
+pub const DEFAULT_TOKEN_TTL: u64 = 24 * 3600;
+
+pub async fn create_token(store: &Store, pki: &Pki, req: CreateToken, now: OffsetDateTime) -> Result<CreatedToken> {
+    let member_id = match req.name {
+        Some(name) => {
+            validate::name("name", &name)?;
+            name
+        }
+        None => format!(
+            "{}-{:08x}",
+            match req.kind {
+                MemberKind::Device => "dev",
+                MemberKind::Cluster => "cluster",
+            },
+            rand::random::<u32>()
+        ),
+    };
+    let labels = req.labels.unwrap_or_default();
+    validate::labels("labels", &labels)?;
+    let ttl = req.ttl_seconds.unwrap_or(DEFAULT_TOKEN_TTL);
+    if !(MIN_TOKEN_TTL..=MAX_TOKEN_TTL).contains(&ttl) {
+        return Err(Error::bad_field(
+            "ttl_seconds",
+            format!("must be between {MIN_TOKEN_TTL} and {MAX_TOKEN_TTL}"),
+        ));
+    }
+    if store.members(req.kind).contains(&member_id)? {
+        return Err(Error::Conflict(format!(
+            "{} {member_id:?} is already enrolled",
+            req.kind.as_str()
+        )));
+    }
+    let pending = store
+        .tokens
+        .values()?
+        .into_iter()
+        .any(|t| t.kind == req.kind && t.member_id == member_id && token_state(&t, now) == TokenState::Unused);
+    if pending {
+        return Err(Error::Conflict(format!(
+            "an unused bootstrap token for {} {member_id:?} already exists",
+            req.kind.as_str()
+        )));
+    }
+    let token = BootstrapToken::generate(pki.ca_fingerprint());
+    let record = BootstrapTokenRecord {
+        id: token.id.clone(),
+        kind: req.kind,
+        member_id: member_id.clone(),
+        labels,
+        secret_hash: token.secret_hash(),
+        created_at: now,
+        expires_at: now + Duration::seconds(ttl as i64),
+        used_at: None,
+    };
+    if !store.tokens.insert_new(&record.id, &record)? {
+        return Err(Error::Internal(anyhow::anyhow!("token id collision")));
+    }
+    store.flush().await?;
+    Ok(CreatedToken {
+        token: token.to_string(),
+        id: record.id,
+        kind: record.kind,
+        member_id,
+        expires_at: record.expires_at,
+        ca_fingerprint: pki.ca_fingerprint().to_string(),
+    })
+}
+
+/// Why a token cannot enroll, or None if it can. Pure, so it is tested as a table.
+pub fn token_refusal(
+    record: &BootstrapTokenRecord,
+    presented_secret_hash: Digest,
+    kind: MemberKind,
+    now: OffsetDateTime,
+) -> Option<Error> {
+    if record.secret_hash != presented_secret_hash {
+        return Some(Error::Unauthenticated("unknown bootstrap token".into()));
+    }
+    if record.kind != kind {
+        return Some(Error::PermissionDenied(format!(
+            "this bootstrap token enrolls a {}, not a {}",
+            record.kind.as_str(),
+            kind.as_str()
+        )));
+    }
+    match token_state(record, now) {
+        TokenState::Used => Some(Error::Unauthenticated("bootstrap token was already used".into())),
+        TokenState::Expired => Some(Error::Unauthenticated("bootstrap token has expired".into())),
+        TokenState::Unused => None,
+    }
+}
+
+/// Consumes a bootstrap token and signs the caller's CSR. The token is spent
+/// only after the CSR is known to be good, so a malformed request can be retried.
+pub async fn enroll(
+    store: &Store,
+    pki: &Pki,
+    kind: MemberKind,
+    token: &str,
+    csr_pem: &str,
+    capabilities: CapabilitiesRecord,
+    cert_lifetime: Duration,
+    now: OffsetDateTime,
+) -> Result<(Member, SignedCert)> {
+    let token: BootstrapToken = token
+        .parse()
+        .map_err(|e| Error::Unauthenticated(format!("malformed bootstrap token: {e}")))?;
+    let record = store
+        .tokens
+        .get(&token.id)?
+        .ok_or_else(|| Error::Unauthenticated("unknown bootstrap token".into()))?;
+    if let Some(refusal) = token_refusal(&record, token.secret_hash(), kind, now) {
+        return Err(refusal);
+    }
+    let identity = kind.identity(&record.member_id);
+    let signed = pki.sign_client(csr_pem, &identity, now + cert_lifetime)?;
+    // The compare-and-swap makes "works once" hold under concurrent enrollments.
+    let spent = store.tokens.update(&token.id, |current| match current {
+        Some(t) if t.used_at.is_none() => Ok(BootstrapTokenRecord {
+            used_at: Some(now),
+            ..t
+        }),
+        _ => Err(Error::Unauthenticated("bootstrap token was already used".into())),
+    })?;
+    spent?;
+    let member = Member {
+        id: record.member_id.clone(),
+        kind,
+        labels: record.labels.clone(),
+        capabilities,
+        cert_fingerprint: signed.fingerprint,
+        cert_not_after: signed.not_after,
+        enrolled_at: now,
+        last_seen: Some(now),
+        revoked_at: None,
+        revoked_reason: None,
+        token_id: record.id.clone(),
+    };
+    if !store.members(kind).insert_new(&member.id, &member)? {
+        return Err(Error::Conflict(format!("{identity} is already enrolled")));
+    }
+    store.flush().await?;
+    Ok((member, signed))
+}
+
+/// Decides whether a verified client certificate may act as a member now.
+pub fn authorize(
+    store: &Store,
+    kind: MemberKind,
+    cert_identity: Option<&str>,
+    cert_fingerprint: Digest,
+) -> Result<Member> {
+    let identity = cert_identity.ok_or_else(|| Error::Unauthenticated("client certificate has no identity".into()))?;
+    let (cert_kind, id) = MemberKind::parse_identity(identity)
+        .ok_or_else(|| Error::Unauthenticated(format!("unrecognised identity {identity:?}")))?;
+    if cert_kind != kind {
+        return Err(Error::PermissionDenied(format!(
+            "{identity} may not call the {} service",
+            kind.as_str()
+        )));
+    }
+    let member = store
+        .members(kind)
+        .get(id)?
+        .ok_or_else(|| Error::Unauthenticated(format!("{identity} is not enrolled")))?;
+    if member.revoked_at.is_some() {
+        return Err(Error::PermissionDenied(format!("{identity} has been revoked")));
+    }
+    if member.cert_fingerprint != cert_fingerprint {
+        return Err(Error::Unauthenticated(format!("this certificate is no longer valid for {identity}")));
+    }
+    Ok(member)
+}
+
+pub fn heartbeat(
+    store: &Store,
+    kind: MemberKind,
+    id: &str,
+    capabilities: Option<CapabilitiesRecord>,
+    now: OffsetDateTime,
+) -> Result<Member> {
+    store
+        .members(kind)
+        .update(id, |m| match m {
+            Some(m) if m.revoked_at.is_none() => Ok(Member {
+                last_seen: Some(now),
+                capabilities: capabilities.clone().unwrap_or(m.capabilities.clone()),
+                ..m
+            }),
+            Some(_) => Err(Error::PermissionDenied(format!("{} has been revoked", kind.identity(id)))),
+            None => Err(Error::not_found(kind.as_str(), id)),
+        })?
+}
+
+pub fn get(store: &Store, kind: MemberKind, id: &str) -> Result<Member> {
+    store.members(kind).get(id)?.ok_or_else(|| Error::not_found(kind.as_str(), id))
+}
+
+pub async fn revoke(
+    store: &Store,
+    events: &Events,
+    kind: MemberKind,
+    id: &str,
+    reason: Option<String>,
+    now: OffsetDateTime,
+) -> Result<Member> {
+    if let Some(r) = &reason {
+        validate::text("reason", r, 1024)?;
+    }
+    let member = store.members(kind).update(id, |m| match m {
+        // Revoking twice keeps the first time and reason.
+        Some(m) if m.revoked_at.is_some() => Ok(m),
+        Some(m) => Ok(Member {
+            revoked_at: Some(now),
+            revoked_reason: reason.clone(),
+            ..m
+        }),
+        None => Err(Error::not_found(kind.as_str(), id)),
+    })??;
+    store.flush().await?;
+    events.publish(FleetEvent::Revoked { kind, id: id.to_string() });
+    Ok(member)
+}
+
+pub async fn set_labels(
+    store: &Store,
+    kind: MemberKind,
+    id: &str,
+    labels: BTreeMap<String, String>,
+) -> Result<Member> {
+    validate::labels("labels", &labels)?;
+    let member = store.members(kind).update(id, |m| match m {
+        Some(m) => Ok(Member {
+            labels: labels.clone(),
+            ..m
+        }),
+        None => Err(Error::not_found(kind.as_str(), id)),
+    })??;
+    store.flush().await?;
+    Ok(member)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> OffsetDateTime {
+        OffsetDateTime::UNIX_EPOCH + Duration::seconds(secs)
+    }
+
+    fn member(last_seen: Option<i64>, revoked: bool) -> Member {
+        Member {
+            id: "d".into(),
+            kind: MemberKind::Device,
+            labels: BTreeMap::new(),
+            capabilities: CapabilitiesRecord::default(),
+            cert_fingerprint: Digest::of(b"c"),
+            cert_not_after: at(1_000_000),
+            enrolled_at: at(0),
+            last_seen: last_seen.map(at),
+            revoked_at: revoked.then(|| at(5)),
+            revoked_reason: None,
+            token_id: "t".into(),
+        }
+    }
+
+    #[test]
+    fn status_table() {
+        let window = Duration::seconds(30);
+        let cases = [
+            (None, false, 100, MemberStatus::Offline),
+            (Some(100), false, 100, MemberStatus::Online),
+            (Some(100), false, 130, MemberStatus::Online),
+            (Some(100), false, 131, MemberStatus::Offline),
+            (Some(100), true, 100, MemberStatus::Revoked),
+        ];
+        for (seen, revoked, now, want) in cases {
+            assert_eq!(member_status(&member(seen, revoked), at(now), window), want, "{seen:?} {revoked} {now}");
+        }
+    }
+
+    #[test]
+    fn token_refusal_table() {
+        let secret = Digest::of(b"s");
+        let record = |kind, expires, used: Option<i64>| BootstrapTokenRecord {
+            id: "t".into(),
+            kind,
+            member_id: "m".into(),
+            labels: BTreeMap::new(),
+            secret_hash: secret,
+            created_at: at(0),
+            expires_at: at(expires),
+            used_at: used.map(at),
+        };
+        let d = MemberKind::Device;
+        let c = MemberKind::Cluster;
+        type Case = (BootstrapTokenRecord, Digest, MemberKind, i64, Option<&'static str>);
+        let cases: Vec<Case> = vec![
+            (record(d, 100, None), secret, d, 50, None),
+            (record(d, 100, None), Digest::of(b"wrong"), d, 50, Some("unknown")),
+            (record(d, 100, None), secret, c, 50, Some("enrolls a device")),
+            (record(d, 100, None), secret, d, 100, Some("expired")),
+            (record(d, 100, Some(10)), secret, d, 50, Some("already used")),
+        ];
+        for (rec, presented, kind, now, want) in cases {
+            let got = token_refusal(&rec, presented, kind, at(now)).map(|e| e.to_string());
+            match (got, want) {
+                (None, None) => {}
+                (Some(msg), Some(frag)) => assert!(msg.contains(frag), "{msg} !~ {frag}"),
+                (got, want) => panic!("got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn identity_round_trip() {
+        assert_eq!(MemberKind::parse_identity("device/cam-1"), Some((MemberKind::Device, "cam-1")));
+        assert_eq!(MemberKind::parse_identity("cluster/gpu"), Some((MemberKind::Cluster, "gpu")));
+        assert_eq!(MemberKind::parse_identity("admin/x"), None);
+        assert_eq!(MemberKind::parse_identity("device"), None);
+    }
+}

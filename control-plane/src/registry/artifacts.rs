@@ -1,0 +1,276 @@
+//! Content-addressed artifact storage. Every blob is named by its sha256; an
+//! upload declares the digest up front and is stored only if the bytes match.
+//!
+//! [`ArtifactStore`] is the seam for other backends (S3 later);
+//! [`LocalArtifactStore`] is the embedded default.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use edgeloop_models::fs::sync_dir;
+use edgeloop_models::{Digest, Sha256Writer};
+use futures::{Stream, StreamExt};
+use tokio::io::{AsyncRead, AsyncSeekExt, AsyncWriteExt};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("content digest is {actual}, but the upload declared {expected}")]
+    DigestMismatch { expected: Digest, actual: Digest },
+    #[error("upload is {actual} bytes, but declared {expected}")]
+    SizeMismatch { expected: u64, actual: u64 },
+    #[error("artifact exceeds the limit of {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("artifact {0} not found")]
+    NotFound(Digest),
+    #[error("upload stream failed: {0}")]
+    Body(String),
+    #[error("artifact store I/O: {0}")]
+    Io(#[from] io::Error),
+}
+
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, ArtifactError>> + Send>>;
+pub type ArtifactReader = Pin<Box<dyn AsyncRead + Send>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutOutcome {
+    pub digest: Digest,
+    pub size: u64,
+    /// False when the artifact was already stored (uploads are idempotent).
+    pub created: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct UploadLimits {
+    /// Hard cap on any artifact.
+    pub max_bytes: u64,
+    /// The size the client declared, if any; checked exactly.
+    pub declared_size: Option<u64>,
+}
+
+#[async_trait]
+pub trait ArtifactStore: Send + Sync + 'static {
+    /// Streams `body` into the store. Nothing becomes visible unless the whole
+    /// body arrived, fits the limits, and hashes to `expected`.
+    async fn put(&self, expected: Digest, body: ByteStream, limits: UploadLimits) -> Result<PutOutcome, ArtifactError>;
+
+    /// Size of a stored artifact, or None.
+    async fn head(&self, digest: Digest) -> Result<Option<u64>, ArtifactError>;
+
+    /// Reads from `offset` to the end; returns the total size too.
+    async fn open_at(&self, digest: Digest, offset: u64) -> Result<(u64, ArtifactReader), ArtifactError>;
+}
+
+/// `<root>/sha256/<first two hex>/<digest>`; uploads in progress live in
+/// `<root>/tmp/` and are swept at start.
+#[derive(Debug, Clone)]
+pub struct LocalArtifactStore {
+    root: PathBuf,
+}
+
+impl LocalArtifactStore {
+    pub fn open(root: &Path) -> io::Result<Self> {
+        let store = Self {
+            root: root.to_path_buf(),
+        };
+        std::fs::create_dir_all(store.root.join("sha256"))?;
+        let tmp = store.root.join("tmp");
+        // Leftovers are uploads that a crash interrupted; they were never
+        // acknowledged, so dropping them loses nothing.
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)?;
+        }
+        std::fs::create_dir_all(&tmp)?;
+        Ok(store)
+    }
+
+    fn path_of(&self, digest: Digest) -> PathBuf {
+        let hex = digest.to_hex();
+        self.root.join("sha256").join(&hex[..2]).join(hex)
+    }
+
+    async fn write_temp(
+        &self,
+        tmp: &Path,
+        mut body: ByteStream,
+        limits: UploadLimits,
+    ) -> Result<(Digest, u64), ArtifactError> {
+        let cap = limits.max_bytes;
+        if let Some(declared) = limits.declared_size {
+            if declared > cap {
+                return Err(ArtifactError::TooLarge { limit: cap });
+            }
+        }
+        let mut file = tokio::fs::File::create(tmp).await?;
+        let mut hasher = Sha256Writer::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk?;
+            if hasher.len() + chunk.len() as u64 > cap {
+                return Err(ArtifactError::TooLarge { limit: cap });
+            }
+            if let Some(declared) = limits.declared_size {
+                if hasher.len() + chunk.len() as u64 > declared {
+                    return Err(ArtifactError::SizeMismatch {
+                        expected: declared,
+                        actual: hasher.len() + chunk.len() as u64,
+                    });
+                }
+            }
+            hasher.update(&chunk);
+            file.write_all(&chunk).await?;
+        }
+        file.sync_all().await?;
+        let size = hasher.len();
+        if let Some(declared) = limits.declared_size {
+            if size != declared {
+                return Err(ArtifactError::SizeMismatch {
+                    expected: declared,
+                    actual: size,
+                });
+            }
+        }
+        Ok((hasher.finish(), size))
+    }
+}
+
+#[async_trait]
+impl ArtifactStore for LocalArtifactStore {
+    async fn put(&self, expected: Digest, body: ByteStream, limits: UploadLimits) -> Result<PutOutcome, ArtifactError> {
+        let tmp = self
+            .root
+            .join("tmp")
+            .join(format!("{}-{:016x}", expected, rand::random::<u64>()));
+        let written = self.write_temp(&tmp, body, limits).await;
+        let (actual, size) = match written {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                return Err(e);
+            }
+        };
+        if actual != expected {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(ArtifactError::DigestMismatch { expected, actual });
+        }
+        let dest = self.path_of(expected);
+        if tokio::fs::try_exists(&dest).await? {
+            tokio::fs::remove_file(&tmp).await?;
+            return Ok(PutOutcome {
+                digest: expected,
+                size,
+                created: false,
+            });
+        }
+        let dir = dest.parent().map(Path::to_path_buf).unwrap_or_else(|| self.root.clone());
+        tokio::fs::create_dir_all(&dir).await?;
+        tokio::fs::rename(&tmp, &dest).await?;
+        // The rename is durable only once the directory entry is.
+        tokio::task::spawn_blocking(move || sync_dir(&dir))
+            .await
+            .map_err(io::Error::other)??;
+        Ok(PutOutcome {
+            digest: expected,
+            size,
+            created: true,
+        })
+    }
+
+    async fn head(&self, digest: Digest) -> Result<Option<u64>, ArtifactError> {
+        match tokio::fs::metadata(self.path_of(digest)).await {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn open_at(&self, digest: Digest, offset: u64) -> Result<(u64, ArtifactReader), ArtifactError> {
+        let mut file = match tokio::fs::File::open(self.path_of(digest)).await {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ArtifactError::NotFound(digest)),
+            Err(e) => return Err(e.into()),
+        };
+        let size = file.metadata().await?.len();
+        file.seek(io::SeekFrom::Start(offset.min(size))).await?;
+        Ok((size, Box::pin(file)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    fn body(parts: &[&'static [u8]]) -> ByteStream {
+        let parts: Vec<Result<Bytes, ArtifactError>> = parts.iter().map(|p| Ok(Bytes::from_static(p))).collect();
+        Box::pin(futures::stream::iter(parts))
+    }
+
+    fn no_limit() -> UploadLimits {
+        UploadLimits {
+            max_bytes: 1 << 20,
+            declared_size: None,
+        }
+    }
+
+    fn entries(dir: &Path) -> usize {
+        walk(dir).len()
+    }
+
+    fn walk(dir: &Path) -> Vec<PathBuf> {
+        let mut out = vec![];
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn put_verify_read_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalArtifactStore::open(dir.path()).unwrap();
+        let d = Digest::of(b"hello world");
+        let out = store.put(d, body(&[b"hello ", b"world"]), no_limit()).await.unwrap();
+        assert_eq!((out.size, out.created), (11, true));
+        let again = store.put(d, body(&[b"hello world"]), no_limit()).await.unwrap();
+        assert!(!again.created);
+        assert_eq!(store.head(d).await.unwrap(), Some(11));
+        let (size, mut r) = store.open_at(d, 6).await.unwrap();
+        let mut s = String::new();
+        r.read_to_string(&mut s).await.unwrap();
+        assert_eq!((size, s.as_str()), (11, "world"));
+    }
+
+    #[tokio::test]
+    async fn mismatch_limit_and_abort_store_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalArtifactStore::open(dir.path()).unwrap();
+        let d = Digest::of(b"expected");
+        let err = store.put(d, body(&[b"other"]), no_limit()).await.unwrap_err();
+        assert!(matches!(err, ArtifactError::DigestMismatch { .. }));
+
+        let small = UploadLimits { max_bytes: 4, declared_size: None };
+        let err = store.put(Digest::of(b"12345"), body(&[b"12", b"345"]), small).await.unwrap_err();
+        assert!(matches!(err, ArtifactError::TooLarge { limit: 4 }));
+
+        let declared = UploadLimits { max_bytes: 100, declared_size: Some(3) };
+        let err = store.put(Digest::of(b"1234"), body(&[b"1234"]), declared).await.unwrap_err();
+        assert!(matches!(err, ArtifactError::SizeMismatch { .. }));
+
+        let broken: ByteStream = Box::pin(futures::stream::iter(vec![
+            Ok(Bytes::from_static(b"part")),
+            Err(ArtifactError::Body("connection reset".into())),
+        ]));
+        assert!(store.put(Digest::of(b"part"), broken, no_limit()).await.is_err());
+
+        assert_eq!(entries(dir.path()), 0, "{:?}", walk(dir.path()));
+        assert_eq!(store.head(d).await.unwrap(), None);
+        assert!(matches!(store.open_at(d, 0).await, Err(ArtifactError::NotFound(_))));
+    }
+}

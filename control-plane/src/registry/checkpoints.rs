@@ -1,0 +1,37 @@
+//! Training checkpoints uploaded by bridges. The bytes are an artifact; this
+//! record says which job, attempt and step they belong to, so a failed job can
+//! resume from its last one.
+
+use std::collections::BTreeMap;
+
+use edgeloop_models::Digest;
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::store::Store;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    pub job_id: String,
+    pub attempt: u32,
+    pub step: u64,
+    pub digest: Digest,
+    pub size: u64,
+    pub has_optimizer_state: bool,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// The cluster that uploaded it.
+    pub cluster: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub uploaded_at: OffsetDateTime,
+}
+
+/// Zero-padded so that key order is step order.
+pub fn key(job_id: &str, step: u64) -> String {
+    format!("{job_id}/{step:020}")
+}
+
+/// The newest checkpoint of a job: the one to resume from.
+pub fn latest(store: &Store, job_id: &str) -> Result<Option<CheckpointRecord>, crate::store::StoreError> {
+    Ok(store.checkpoints.last_with_prefix(&format!("{job_id}/"))?.map(|(_, v)| v))
+}

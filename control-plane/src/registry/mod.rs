@@ -1,0 +1,6 @@
+//! The registry wing: content-addressed artifacts, models and versions with
+//! lineage, training checkpoints.
+
+pub mod artifacts;
+pub mod checkpoints;
+pub mod models;

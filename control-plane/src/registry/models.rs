@@ -1,0 +1,224 @@
+//! Models and their versions. A version points at a content-addressed
+//! artifact and records where it came from ([`Lineage`]); later stages
+//! (training, quantization, retraining) fill the lineage in.
+
+use std::collections::BTreeMap;
+
+use edgeloop_models::Digest;
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+
+use crate::error::{Error, Result};
+use crate::registry::artifacts::ArtifactStore;
+use crate::store::Store;
+use crate::validate;
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelRecord {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub task: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+/// Where a model version came from. Every field is optional: a hand-uploaded
+/// model has none, a retrained one has all of them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Lineage {
+    /// The version this one was derived from (same model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_version: Option<String>,
+    /// What caused it: "manual", "drift", "schedule", ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
+    /// Digest of the dataset snapshot it was trained on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub dataset_snapshot: Option<Digest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_job: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub checkpoint_digest: Option<Digest>,
+    /// The quantization evidence (every candidate's numbers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub quantization: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelVersionRecord {
+    pub model: String,
+    pub version: String,
+    #[schema(value_type = String)]
+    pub artifact_digest: Digest,
+    pub artifact_size: u64,
+    pub format: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub manifest_digest: Option<Digest>,
+    #[serde(default)]
+    pub metrics: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub lineage: Lineage,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateModel {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub task: Option<String>,
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateModelVersion {
+    /// Defaults to the next integer ("1", "2", ...).
+    #[serde(default)]
+    pub version: Option<String>,
+    #[schema(value_type = String)]
+    pub artifact_digest: Digest,
+    /// Defaults to "onnx".
+    #[serde(default)]
+    pub format: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub manifest_digest: Option<Digest>,
+    #[serde(default)]
+    pub metrics: Option<BTreeMap<String, f64>>,
+    #[serde(default)]
+    pub lineage: Option<Lineage>,
+}
+
+const FORMATS: &[&str] = &["onnx", "torchscript", "safetensors", "checkpoint"];
+
+fn version_key(model: &str, version: &str) -> String {
+    // '/' cannot occur in a model name, so prefixes never collide.
+    format!("{model}/{version}")
+}
+
+pub async fn create_model(store: &Store, req: CreateModel, now: OffsetDateTime) -> Result<ModelRecord> {
+    validate::name("name", &req.name)?;
+    let description = req.description.unwrap_or_default();
+    validate::text("description", &description, 4096)?;
+    if let Some(task) = &req.task {
+        validate::text("task", task, 128)?;
+    }
+    let labels = req.labels.unwrap_or_default();
+    validate::labels("labels", &labels)?;
+    let record = ModelRecord {
+        name: req.name,
+        description,
+        task: req.task,
+        labels,
+        created_at: now,
+    };
+    if !store.models.insert_new(&record.name, &record)? {
+        return Err(Error::Conflict(format!("model {:?} already exists", record.name)));
+    }
+    store.flush().await?;
+    Ok(record)
+}
+
+pub fn get_model(store: &Store, name: &str) -> Result<ModelRecord> {
+    store.models.get(name)?.ok_or_else(|| Error::not_found("model", name))
+}
+
+pub fn list_versions(store: &Store, model: &str) -> Result<Vec<ModelVersionRecord>> {
+    get_model(store, model)?;
+    let mut versions: Vec<_> = store
+        .model_versions
+        .scan_prefix(&format!("{model}/"))?
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    versions.sort_by(|a, b| a.created_at.cmp(&b.created_at).then_with(|| a.version.cmp(&b.version)));
+    Ok(versions)
+}
+
+pub fn get_version(store: &Store, model: &str, version: &str) -> Result<ModelVersionRecord> {
+    get_model(store, model)?;
+    store
+        .model_versions
+        .get(&version_key(model, version))?
+        .ok_or_else(|| Error::not_found("model version", format!("{model}:{version}")))
+}
+
+pub async fn create_version(
+    store: &Store,
+    artifacts: &dyn ArtifactStore,
+    model: &str,
+    req: CreateModelVersion,
+    now: OffsetDateTime,
+) -> Result<ModelVersionRecord> {
+    get_model(store, model)?;
+    if let Some(v) = &req.version {
+        validate::version("version", v)?;
+    }
+    let format = req.format.unwrap_or_else(|| "onnx".to_string());
+    if !FORMATS.contains(&format.as_str()) {
+        return Err(Error::bad_field("format", format!("unknown format {format:?}; expected one of {FORMATS:?}")));
+    }
+    let artifact_size = artifacts.head(req.artifact_digest).await?.ok_or_else(|| {
+        Error::bad_field("artifact_digest", format!("artifact {} has not been uploaded", req.artifact_digest))
+    })?;
+    if let Some(m) = req.manifest_digest {
+        if artifacts.head(m).await?.is_none() {
+            return Err(Error::bad_field("manifest_digest", format!("artifact {m} has not been uploaded")));
+        }
+    }
+    let metrics = req.metrics.unwrap_or_default();
+    if let Some((k, _)) = metrics.iter().find(|(_, v)| !v.is_finite()) {
+        return Err(Error::bad_field(format!("metrics.{k}"), "must be a finite number"));
+    }
+    let lineage = req.lineage.unwrap_or_default();
+    if let Some(parent) = &lineage.parent_version {
+        if !store.model_versions.contains(&version_key(model, parent))? {
+            return Err(Error::bad_field(
+                "lineage.parent_version",
+                format!("version {parent:?} of model {model:?} does not exist"),
+            ));
+        }
+    }
+    if let Some(t) = &lineage.trigger {
+        validate::text("lineage.trigger", t, 128)?;
+    }
+    let explicit = req.version.is_some();
+    let mut next = store.model_versions.scan_prefix(&format!("{model}/"))?.len() + 1;
+    loop {
+        let version = req.version.clone().unwrap_or_else(|| next.to_string());
+        let record = ModelVersionRecord {
+            model: model.to_string(),
+            version: version.clone(),
+            artifact_digest: req.artifact_digest,
+            artifact_size,
+            format: format.clone(),
+            manifest_digest: req.manifest_digest,
+            metrics: metrics.clone(),
+            lineage: lineage.clone(),
+            created_at: now,
+        };
+        if store.model_versions.insert_new(&version_key(model, &version), &record)? {
+            store.flush().await?;
+            return Ok(record);
+        }
+        if explicit {
+            return Err(Error::Conflict(format!("model {model:?} already has version {version:?}")));
+        }
+        next += 1;
+    }
+}

@@ -1,0 +1,149 @@
+//! The embedded store: sled, with one typed tree per record kind and a schema
+//! version. Values are JSON so that fields can be added without a migration.
+
+mod tree;
+
+use std::path::Path;
+
+pub use tree::Tree;
+
+use crate::fleet::assignments::AssignmentSetRecord;
+use crate::fleet::members::{BootstrapTokenRecord, Member, MemberKind};
+use crate::fleet::telemetry::{AssignmentStatusRecord, TelemetryRecord};
+use crate::registry::checkpoints::CheckpointRecord;
+use crate::registry::models::{ModelRecord, ModelVersionRecord};
+
+/// The schema this binary reads and writes. Bump it with a migration in
+/// [`Store::open`] when a change is not additive.
+pub const SCHEMA_VERSION: u32 = 1;
+const SCHEMA_KEY: &[u8] = b"schema_version";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "the data dir was written by a newer Edgeloop (schema {found}); this binary knows schema {supported}. \
+         Upgrade the binary, or point it at another --data-dir"
+    )]
+    SchemaTooNew { found: u32, supported: u32 },
+    #[error("schema version key is corrupt ({0} bytes)")]
+    SchemaCorrupt(usize),
+    #[error("store: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("record {key} in {tree} is corrupt: {source}")]
+    Corrupt {
+        tree: String,
+        key: String,
+        source: serde_json::Error,
+    },
+    #[error("encoding a record for {tree}: {source}")]
+    Encode {
+        tree: String,
+        source: serde_json::Error,
+    },
+}
+
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    pub devices: Tree<Member>,
+    pub clusters: Tree<Member>,
+    pub tokens: Tree<BootstrapTokenRecord>,
+    pub models: Tree<ModelRecord>,
+    pub model_versions: Tree<ModelVersionRecord>,
+    pub assignments: Tree<AssignmentSetRecord>,
+    pub assignment_status: Tree<AssignmentStatusRecord>,
+    pub telemetry: Tree<TelemetryRecord>,
+    pub checkpoints: Tree<CheckpointRecord>,
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = sled::Config::new().path(path).open()?;
+        match db.get(SCHEMA_KEY)? {
+            None => {
+                db.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
+                db.flush()?;
+            }
+            Some(raw) => {
+                let bytes: [u8; 4] = raw
+                    .as_ref()
+                    .try_into()
+                    .map_err(|_| StoreError::SchemaCorrupt(raw.len()))?;
+                let found = u32::from_be_bytes(bytes);
+                if found > SCHEMA_VERSION {
+                    return Err(StoreError::SchemaTooNew {
+                        found,
+                        supported: SCHEMA_VERSION,
+                    });
+                }
+                // found < SCHEMA_VERSION: migrations go here when there are any.
+            }
+        }
+        Ok(Self {
+            devices: Tree::open(&db, "devices")?,
+            clusters: Tree::open(&db, "clusters")?,
+            tokens: Tree::open(&db, "bootstrap_tokens")?,
+            models: Tree::open(&db, "models")?,
+            model_versions: Tree::open(&db, "model_versions")?,
+            assignments: Tree::open(&db, "assignments")?,
+            assignment_status: Tree::open(&db, "assignment_status")?,
+            telemetry: Tree::open(&db, "telemetry")?,
+            checkpoints: Tree::open(&db, "checkpoints")?,
+            db,
+        })
+    }
+
+    pub fn members(&self, kind: MemberKind) -> &Tree<Member> {
+        match kind {
+            MemberKind::Device => &self.devices,
+            MemberKind::Cluster => &self.clusters,
+        }
+    }
+
+    /// Makes every write so far durable. Called before acknowledging a write
+    /// that the caller must not lose (a token, an enrollment, a record).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush_async().await?;
+        Ok(())
+    }
+
+    /// Cheap liveness probe for `/readyz`.
+    pub fn check(&self) -> Result<(), StoreError> {
+        self.db.get(SCHEMA_KEY)?;
+        Ok(())
+    }
+
+    #[doc(hidden)]
+    /// For tests of the schema check: pretend a newer binary wrote this store.
+    pub fn force_schema_version(&self, v: u32) -> Result<(), StoreError> {
+        self.db.insert(SCHEMA_KEY, &v.to_be_bytes())?;
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        {
+            let store = Store::open(&path).unwrap();
+            store.force_schema_version(SCHEMA_VERSION + 1).unwrap();
+        }
+        let err = Store::open(&path).err().unwrap();
+        assert!(matches!(err, StoreError::SchemaTooNew { found, supported } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION));
+        assert!(err.to_string().contains("newer Edgeloop"), "{err}");
+    }
+
+    #[test]
+    fn reopen_keeps_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        drop(Store::open(&path).unwrap());
+        Store::open(&path).unwrap();
+    }
+}

@@ -1,0 +1,137 @@
+//! A sled tree whose values are one serde type.
+
+use std::marker::PhantomData;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::StoreError;
+
+pub struct Tree<V> {
+    name: String,
+    tree: sled::Tree,
+    _value: PhantomData<fn() -> V>,
+}
+
+impl<V> Clone for Tree<V> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            tree: self.tree.clone(),
+            _value: PhantomData,
+        }
+    }
+}
+
+impl<V: Serialize + DeserializeOwned> Tree<V> {
+    pub(super) fn open(db: &sled::Db, name: &str) -> Result<Self, StoreError> {
+        Ok(Self {
+            name: name.to_string(),
+            tree: db.open_tree(name)?,
+            _value: PhantomData,
+        })
+    }
+
+    fn encode(&self, value: &V) -> Result<Vec<u8>, StoreError> {
+        serde_json::to_vec(value).map_err(|source| StoreError::Encode {
+            tree: self.name.clone(),
+            source,
+        })
+    }
+
+    fn decode(&self, key: &[u8], raw: &[u8]) -> Result<V, StoreError> {
+        serde_json::from_slice(raw).map_err(|source| StoreError::Corrupt {
+            tree: self.name.clone(),
+            key: String::from_utf8_lossy(key).into_owned(),
+            source,
+        })
+    }
+
+    pub fn get(&self, key: &str) -> Result<Option<V>, StoreError> {
+        self.tree
+            .get(key)?
+            .map(|raw| self.decode(key.as_bytes(), &raw))
+            .transpose()
+    }
+
+    pub fn contains(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.tree.contains_key(key)?)
+    }
+
+    pub fn insert(&self, key: &str, value: &V) -> Result<(), StoreError> {
+        self.tree.insert(key, self.encode(value)?)?;
+        Ok(())
+    }
+
+    /// Inserts only if `key` is absent; false if it was already there.
+    pub fn insert_new(&self, key: &str, value: &V) -> Result<bool, StoreError> {
+        let swapped = self
+            .tree
+            .compare_and_swap(key, None::<&[u8]>, Some(self.encode(value)?))?;
+        Ok(swapped.is_ok())
+    }
+
+    /// Atomic read-modify-write. `f` sees the current value and returns the new
+    /// one, or an error that aborts without writing. Retried on a race, so `f`
+    /// must be pure.
+    pub fn update<E>(
+        &self,
+        key: &str,
+        mut f: impl FnMut(Option<V>) -> Result<V, E>,
+    ) -> Result<Result<V, E>, StoreError> {
+        loop {
+            let old_raw = self.tree.get(key)?;
+            let old = old_raw
+                .as_ref()
+                .map(|raw| self.decode(key.as_bytes(), raw))
+                .transpose()?;
+            let new = match f(old) {
+                Ok(new) => new,
+                Err(e) => return Ok(Err(e)),
+            };
+            let new_raw = self.encode(&new)?;
+            if self
+                .tree
+                .compare_and_swap(key, old_raw, Some(new_raw))?
+                .is_ok()
+            {
+                return Ok(Ok(new));
+            }
+        }
+    }
+
+    pub fn remove(&self, key: &str) -> Result<Option<V>, StoreError> {
+        self.tree
+            .remove(key)?
+            .map(|raw| self.decode(key.as_bytes(), &raw))
+            .transpose()
+    }
+
+    /// All records whose key starts with `prefix`, in key order.
+    pub fn scan_prefix(&self, prefix: &str) -> Result<Vec<(String, V)>, StoreError> {
+        self.tree
+            .scan_prefix(prefix)
+            .map(|item| {
+                let (k, raw) = item?;
+                let v = self.decode(&k, &raw)?;
+                Ok((String::from_utf8_lossy(&k).into_owned(), v))
+            })
+            .collect()
+    }
+
+    /// The last record with `prefix`, by key order.
+    pub fn last_with_prefix(&self, prefix: &str) -> Result<Option<(String, V)>, StoreError> {
+        match self.tree.scan_prefix(prefix).next_back() {
+            None => Ok(None),
+            Some(item) => {
+                let (k, raw) = item?;
+                let v = self.decode(&k, &raw)?;
+                Ok(Some((String::from_utf8_lossy(&k).into_owned(), v)))
+            }
+        }
+    }
+
+    pub fn values(&self) -> Result<Vec<V>, StoreError> {
+        Ok(self.scan_prefix("")?.into_iter().map(|(_, v)| v).collect())
+    }
+}

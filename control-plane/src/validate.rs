@@ -1,0 +1,104 @@
+//! Validation of names and labels shared by every API surface. Each check
+//! returns an [`Error::BadRequest`] naming the field.
+
+use std::collections::BTreeMap;
+
+use crate::error::Error;
+
+/// DNS-label style: lowercase alphanumerics and '-', 1..=63 characters, not
+/// starting or ending with '-'. Used for device, cluster and model names: they
+/// appear in certificates, URLs and file names.
+pub fn name(field: &str, value: &str) -> Result<(), Error> {
+    let ok = (1..=63).contains(&value.len())
+        && value.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-'))
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::bad_field(
+            field,
+            format!("{value:?} is not a valid name: use 1-63 lowercase letters, digits and '-', not starting or ending with '-'"),
+        ))
+    }
+}
+
+/// Model versions: 1..=64 of [A-Za-z0-9._+-], starting with an alphanumeric.
+pub fn version(field: &str, value: &str) -> Result<(), Error> {
+    let ok = (1..=64).contains(&value.len())
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'+' | b'-'))
+        && value.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::bad_field(
+            field,
+            format!("{value:?} is not a valid version: use 1-64 of A-Z a-z 0-9 . _ + -, starting with a letter or digit"),
+        ))
+    }
+}
+
+/// Labels follow Kubernetes' shape: keys of up to 63 characters from
+/// [A-Za-z0-9._/-], values of up to 63 from [A-Za-z0-9._-]; at most 64 labels.
+pub fn labels(field: &str, labels: &BTreeMap<String, String>) -> Result<(), Error> {
+    if labels.len() > 64 {
+        return Err(Error::bad_field(field, "at most 64 labels"));
+    }
+    for (k, v) in labels {
+        let key_ok = (1..=63).contains(&k.len())
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'));
+        if !key_ok {
+            return Err(Error::bad_field(format!("{field}.{k}"), format!("label key {k:?} is invalid")));
+        }
+        let value_ok = v.len() <= 63 && v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !value_ok {
+            return Err(Error::bad_field(format!("{field}.{k}"), format!("label value {v:?} is invalid")));
+        }
+    }
+    Ok(())
+}
+
+/// Free text with a length cap (descriptions, reasons).
+pub fn text(field: &str, value: &str, max: usize) -> Result<(), Error> {
+    if value.len() > max {
+        return Err(Error::bad_field(field, format!("at most {max} bytes")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for good in ["a", "cam-01", "x9", &"a".repeat(63)] {
+            assert!(name("n", good).is_ok(), "{good}");
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", "../x", &"a".repeat(64), "ü"] {
+            let err = name("n", bad).unwrap_err();
+            assert!(matches!(err, Error::BadRequest { field: Some(ref f), .. } if f == "n"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn versions() {
+        for good in ["1", "1.2.3", "v2-rc.1+build5"] {
+            assert!(version("v", good).is_ok(), "{good}");
+        }
+        for bad in ["", ".1", "1/2", "a b", &"1".repeat(65)] {
+            assert!(version("v", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn label_rules() {
+        let ok: BTreeMap<_, _> = [("site".to_string(), "berlin-1".to_string()), ("gpu".into(), "".into())].into();
+        assert!(labels("labels", &ok).is_ok());
+        let bad: BTreeMap<_, _> = [("site".to_string(), "has space".to_string())].into();
+        let err = labels("labels", &bad).unwrap_err();
+        assert!(matches!(err, Error::BadRequest { field: Some(ref f), .. } if f == "labels.site"));
+        let too_many: BTreeMap<_, _> = (0..65).map(|i| (format!("k{i}"), String::new())).collect();
+        assert!(labels("labels", &too_many).is_err());
+    }
+}
