@@ -69,7 +69,7 @@ impl IdentityStore {
     }
 
     pub fn save(&self, identity: &Identity) -> io::Result<()> {
-        create_private_dir(&self.dir)?;
+        crate::member::create_private_dir(&self.dir)?;
         write_atomic(&self.key_path(), identity.key_pem.as_bytes(), 0o600)?;
         write_atomic(&self.dir.join("cert.pem"), identity.cert_pem.as_bytes(), 0o644)?;
         write_atomic(&self.dir.join("ca.pem"), identity.ca_pem.as_bytes(), 0o644)?;
@@ -79,9 +79,4 @@ impl IdentityStore {
         .map_err(io::Error::other)?;
         write_atomic(&self.dir.join("identity.json"), &marker, 0o644)
     }
-}
-
-fn create_private_dir(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }

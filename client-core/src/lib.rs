@@ -7,12 +7,14 @@
 
 pub mod backoff;
 pub mod identity;
+pub mod member;
 pub mod session;
 pub mod tls;
 pub mod token;
 
 pub use backoff::Backoff;
 pub use identity::{Identity, IdentityStore};
+pub use member::{run_member, MemberConfig, MemberSettings};
 pub use session::{enroll, ensure_identity, heartbeat_loop, EnrollAttemptError, Role, SessionError};
 pub use token::{BootstrapToken, TokenError};
 
@@ -20,4 +22,28 @@ pub use token::{BootstrapToken, TokenError};
 /// than once; every binary calls it at start.
 pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Cancels `shutdown` on SIGTERM or SIGINT: every binary's one shutdown path.
+pub async fn shutdown_on_signals(shutdown: tokio_util::sync::CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    shutdown.cancel();
+}
+
+/// Logs to stderr; the level comes from `EDGELOOP_LOG` (default `info`).
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("EDGELOOP_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
 }

@@ -165,16 +165,3 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     server.serve(shutdown).await
 }
 
-/// Cancels `shutdown` on SIGTERM or SIGINT: the one shutdown path.
-pub async fn shutdown_on_signals(shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        tracing::error!("cannot install signal handlers");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
-    shutdown.cancel();
-}

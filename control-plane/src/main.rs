@@ -26,12 +26,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("EDGELOOP_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    edgeloop_client_core::init_tracing();
     match cli.command {
         Command::Serve { config, settings } => {
             let file = match config {
@@ -42,7 +37,7 @@ fn main() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
-                tokio::spawn(edgeloop_control_plane::shutdown_on_signals(shutdown.clone()));
+                tokio::spawn(edgeloop_client_core::shutdown_on_signals(shutdown.clone()));
                 edgeloop_control_plane::run(config, shutdown).await
             })
         }

@@ -1,1 +1,38 @@
-fn main() {}
+//! `edge-agent run ...`: parse config once, set up tracing, call `run`.
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use edgeloop_client_core::member::settings_file;
+use edgeloop_edge_agent::{AgentSettings, Config};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "edge-agent", version, about = "Edgeloop edge agent")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Enroll (first start), then stay connected.
+    Run {
+        /// Optional TOML file with the same settings (kebab-case keys).
+        #[arg(long, env = "EDGELOOP_CONFIG")]
+        config: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        settings: AgentSettings,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let Command::Run { config, settings } = Cli::parse().command;
+    edgeloop_client_core::init_tracing();
+    let config = Config::from_settings(settings.or(settings_file(config.as_deref())?))?;
+    let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
+    runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        tokio::spawn(edgeloop_client_core::shutdown_on_signals(shutdown.clone()));
+        edgeloop_edge_agent::run(config, shutdown).await
+    })
+}

@@ -1,0 +1,125 @@
+//! Running as a fleet member: the settings and the main loop that the edge
+//! agent and the trainer bridge share (enroll once, then heartbeat until
+//! shutdown, reconnecting with backoff).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use edgeloop_proto::common::v1::Capabilities;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::session::{ensure_identity, heartbeat_loop, Role, SessionError};
+use crate::{Backoff, IdentityStore};
+
+/// Settings from flags, `EDGELOOP_*` env vars, or a TOML file (kebab-case).
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MemberSettings {
+    /// Local state: the identity (key 0600) and what the member keeps.
+    #[arg(long, env = "EDGELOOP_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// gRPC URL of the control plane, e.g. https://cp.example:7443
+    #[arg(long, env = "EDGELOOP_CONTROL_PLANE")]
+    pub control_plane: Option<String>,
+    /// One-time bootstrap token; needed only for the first start.
+    #[arg(long, env = "EDGELOOP_BOOTSTRAP_TOKEN")]
+    pub bootstrap_token: Option<String>,
+}
+
+impl MemberSettings {
+    /// Each field from `self` if set, else from `lower`.
+    pub fn or(self, lower: MemberSettings) -> MemberSettings {
+        MemberSettings {
+            data_dir: self.data_dir.or(lower.data_dir),
+            control_plane: self.control_plane.or(lower.control_plane),
+            bootstrap_token: self.bootstrap_token.or(lower.bootstrap_token),
+        }
+    }
+}
+
+/// Reads a TOML settings file, or the defaults when there is none.
+pub fn settings_file<T: DeserializeOwned + Default>(path: Option<&Path>) -> anyhow::Result<T> {
+    let Some(path) = path else { return Ok(T::default()) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+#[derive(Debug, Clone)]
+pub struct MemberConfig {
+    pub data_dir: PathBuf,
+    pub control_plane: String,
+    pub bootstrap_token: Option<String>,
+    pub backoff: Backoff,
+}
+
+impl MemberConfig {
+    pub fn from_settings(s: MemberSettings) -> anyhow::Result<MemberConfig> {
+        let control_plane = s
+            .control_plane
+            .context("--control-plane (or EDGELOOP_CONTROL_PLANE) is required")?;
+        anyhow::ensure!(
+            control_plane.starts_with("https://"),
+            "--control-plane must be an https:// URL (gRPC over TLS), got {control_plane:?}"
+        );
+        Ok(MemberConfig {
+            data_dir: s.data_dir.context("--data-dir (or EDGELOOP_DATA_DIR) is required")?,
+            control_plane,
+            bootstrap_token: s.bootstrap_token,
+            backoff: Backoff::default(),
+        })
+    }
+}
+
+/// The host facts every member reports.
+pub fn host_capabilities(data_dir: &Path, version: &str) -> Capabilities {
+    Capabilities {
+        agent_version: version.to_string(),
+        os: std::env::consts::OS.to_string(),
+        arch: std::env::consts::ARCH.to_string(),
+        hostname: nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default(),
+        free_disk_bytes: nix::sys::statvfs::statvfs(data_dir)
+            .map(|s| u64::from(s.blocks_available()).saturating_mul(s.fragment_size()))
+            .unwrap_or(0),
+        ..Default::default()
+    }
+}
+
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Enrolls if needed, then heartbeats until `shutdown`. An error means the
+/// control plane refused us (bad token, revoked): retrying cannot fix that.
+pub async fn run_member(
+    role: Role,
+    config: &MemberConfig,
+    capabilities: Capabilities,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    crate::install_crypto_provider();
+    create_private_dir(&config.data_dir)
+        .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    let store = IdentityStore::new(&config.data_dir);
+    let identity = match ensure_identity(
+        role,
+        &config.control_plane,
+        config.bootstrap_token.as_deref(),
+        &store,
+        capabilities.clone(),
+        config.backoff,
+        &shutdown,
+    )
+    .await
+    {
+        Err(SessionError::Cancelled) => return Ok(()),
+        other => other?,
+    };
+    heartbeat_loop(role, &config.control_plane, &identity, capabilities, config.backoff, shutdown).await?;
+    Ok(())
+}
