@@ -1,1 +1,186 @@
+//! Test harness: a real control plane on loopback ports, a console API
+//! client, and helpers to enroll agents and bridges against it.
+#![allow(clippy::unwrap_used)]
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgeloop_client_core::{enroll, BootstrapToken, Identity, IdentityStore, Role};
+use edgeloop_control_plane::{Config, Core, Server, ServeSettings};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use edgeloop_control_plane;
+
+/// A running control plane, served by the same `Server::serve` as the binary.
+pub struct ControlPlane {
+    pub data_dir: PathBuf,
+    pub grpc_url: String,
+    pub http_base: String,
+    pub admin_token: String,
+    pub core: Arc<Core>,
+    pub first_start: bool,
+    shutdown: CancellationToken,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+pub fn settings(data_dir: &Path) -> ServeSettings {
+    ServeSettings {
+        data_dir: Some(data_dir.to_path_buf()),
+        grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        http_listen: Some("127.0.0.1:0".parse().unwrap()),
+        heartbeat_interval_secs: Some(1),
+        drain_timeout_secs: Some(10),
+        ..Default::default()
+    }
+}
+
+impl ControlPlane {
+    pub async fn start(data_dir: &Path) -> ControlPlane {
+        Self::start_with(settings(data_dir)).await
+    }
+
+    pub async fn start_with(settings: ServeSettings) -> ControlPlane {
+        edgeloop_client_core::install_crypto_provider();
+        let config = Config::from_settings(settings).unwrap();
+        let data_dir = config.data_dir.clone();
+        let server = Server::start(config).await.unwrap();
+        let first_start = server.new_admin_token().is_some();
+        let admin_token = std::fs::read_to_string(server.admin_token_path()).unwrap().trim().to_string();
+        if let Some(printed) = server.new_admin_token() {
+            assert_eq!(printed, admin_token, "printed token is the one in the file");
+        }
+        let grpc_url = format!("https://localhost:{}", server.grpc_addr().port());
+        let http_base = format!("http://{}", server.http_addr());
+        let core = server.core();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(server.serve(shutdown.clone()));
+        ControlPlane {
+            data_dir,
+            grpc_url,
+            http_base,
+            admin_token,
+            core,
+            first_start,
+            shutdown,
+            task,
+        }
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+
+    pub fn api(&self) -> Api {
+        Api::new(&self.http_base, Some(&self.admin_token))
+    }
+
+    /// Creates a bootstrap token through the console API.
+    pub async fn token(&self, kind: &str, name: &str) -> String {
+        let (status, body) = self.api().post("/api/v1/tokens", json!({"kind": kind, "name": name})).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["token"].as_str().unwrap().to_string()
+    }
+
+    /// Enrolls directly through client-core, as an agent or bridge would.
+    pub async fn enroll(&self, role: Role, token: &str, dir: &Path) -> Identity {
+        let token: BootstrapToken = token.parse().unwrap();
+        enroll(role, &self.grpc_url, &token, &IdentityStore::new(dir), Default::default())
+            .await
+            .unwrap()
+    }
+}
+
+/// A minimal console API client.
+#[derive(Clone)]
+pub struct Api {
+    base: String,
+    token: Option<String>,
+    pub client: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(base: &str, token: Option<&str>) -> Api {
+        edgeloop_client_core::install_crypto_provider();
+        Api {
+            base: base.to_string(),
+            token: token.map(str::to_string),
+            client: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.client.request(method, self.url(path));
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    pub async fn send(&self, r: reqwest::RequestBuilder) -> (StatusCode, Value) {
+        let resp = r.send().await.unwrap();
+        let status = resp.status();
+        let bytes = resp.bytes().await.unwrap();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        (status, body)
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.send(self.request(reqwest::Method::GET, path)).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.send(self.request(reqwest::Method::POST, path).json(&body)).await
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.send(self.request(reqwest::Method::PUT, path).json(&body)).await
+    }
+
+    pub async fn raw(&self, method: reqwest::Method, path: &str, body: impl Into<reqwest::Body>) -> (StatusCode, Value) {
+        self.send(self.request(method, path).header("content-type", "application/json").body(body)).await
+    }
+}
+
+/// Polls `check` until it returns Some, or panics after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every regular file under `dir`, recursively.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    for e in entries {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
