@@ -1,0 +1,223 @@
+//! Artifacts over REST and gRPC, assignments, and checkpoint upload.
+#![allow(clippy::unwrap_used)]
+
+use edgeloop_client_core::tls::mtls_endpoint;
+use edgeloop_client_core::Role;
+use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
+use edgeloop_models::Digest;
+use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+use edgeloop_proto::agent::v1::{FetchArtifactRequest, WatchAssignmentsRequest};
+use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
+use edgeloop_proto::bridge::v1::{checkpoint_upload::Part, CheckpointHeader, CheckpointUpload};
+use edgeloop_proto::common::v1::Chunk;
+use edgeloop_tests::{files_under, settings, ControlPlane};
+use reqwest::Method;
+use tonic::Code;
+
+fn blob(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn stored_blobs(cp: &ControlPlane) -> Vec<std::path::PathBuf> {
+    files_under(&cp.data_dir.join("artifacts"))
+}
+
+#[tokio::test]
+async fn upload_verifies_the_digest_and_a_mismatch_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(&dir.path().join("cp"));
+    s.max_artifact_bytes = Some(256 * 1024);
+    let cp = ControlPlane::start_with(s).await;
+    let api = cp.api();
+    let data = blob(100_000, 7);
+    let digest = Digest::of(&data);
+
+    // Wrong digest: 400 naming the digest, and no file anywhere.
+    let wrong = Digest::of(b"something else");
+    let (status, body) = api.raw(Method::PUT, &format!("/api/v1/artifacts/{wrong}"), data.clone()).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["field"], "digest");
+    assert!(stored_blobs(&cp).is_empty(), "{:?}", stored_blobs(&cp));
+    let head = api.client.head(api.url(&format!("/api/v1/artifacts/{wrong}"))).bearer_auth(&cp.admin_token).send().await.unwrap();
+    assert_eq!(head.status(), 404);
+
+    // Not a digest at all.
+    let (status, body) = api.raw(Method::PUT, "/api/v1/artifacts/..%2F..%2Fetc%2Fpasswd", data.clone()).await;
+    assert_eq!(status, 400, "{body}");
+
+    // Over the size limit: 413, nothing stored.
+    let big = blob(300_000, 1);
+    let (status, body) = api.raw(Method::PUT, &format!("/api/v1/artifacts/{}", Digest::of(&big)), big).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(stored_blobs(&cp).is_empty());
+
+    // Over the limit without a Content-Length (chunked): still 413.
+    let big = blob(300_000, 2);
+    let big_digest = Digest::of(&big);
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = big.chunks(10_000).map(|c| Ok(bytes::Bytes::copy_from_slice(c))).collect();
+    let stream_body = reqwest::Body::wrap_stream(futures::stream::iter(chunks));
+    let (status, _) = api.raw(Method::PUT, &format!("/api/v1/artifacts/{big_digest}"), stream_body).await;
+    assert_eq!(status, 413);
+    assert!(stored_blobs(&cp).is_empty());
+
+    // The right digest: stored once, idempotent, readable whole and by range.
+    let (status, body) = api.raw(Method::PUT, &format!("/api/v1/artifacts/{digest}"), data.clone()).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["size"], 100_000);
+    let (status, _) = api.raw(Method::PUT, &format!("/api/v1/artifacts/{digest}"), data.clone()).await;
+    assert_eq!(status, 200);
+    assert_eq!(stored_blobs(&cp).len(), 1);
+
+    let path = format!("/api/v1/artifacts/{digest}");
+    let got = api.request(Method::GET, &path).send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.bytes().await.unwrap().as_ref(), &data[..]);
+    let part = api.request(Method::GET, &path).header("range", "bytes=99000-").send().await.unwrap();
+    assert_eq!(part.status(), 206);
+    assert_eq!(part.headers()["content-range"], "bytes 99000-99999/100000");
+    assert_eq!(part.bytes().await.unwrap().as_ref(), &data[99_000..]);
+    let head = api.request(Method::HEAD, &path).send().await.unwrap();
+    assert_eq!(head.status(), 200);
+    assert_eq!(head.headers()["content-length"], "100000");
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn devices_watch_assignments_and_fetch_only_assigned_artifacts_from_an_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let identity = cp.enroll(Role::Device, &cp.token("device", "edge-1").await, &dir.path().join("d")).await;
+    let model = blob(1_000_000, 3);
+    let digest = Digest::of(&model);
+    let (status, _) = cp.api().raw(Method::PUT, &format!("/api/v1/artifacts/{digest}"), model.clone()).await;
+    assert_eq!(status, 201);
+    let other = blob(10, 9);
+    let other_digest = Digest::of(&other);
+    cp.api().raw(Method::PUT, &format!("/api/v1/artifacts/{other_digest}"), other).await;
+
+    let channel = mtls_endpoint(&cp.grpc_url, &identity).unwrap().connect().await.unwrap();
+    let mut client = AgentServiceClient::new(channel);
+    let mut watch = client.watch_assignments(WatchAssignmentsRequest::default()).await.unwrap().into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!((first.generation, first.assignments.len()), (0, 0));
+
+    // Not assigned yet: refused.
+    let err = client
+        .fetch_artifact(FetchArtifactRequest { digest: digest.to_string(), offset: 0, max_chunk_bytes: 0 })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+
+    let assignment = AssignmentRecord {
+        model_name: "digits".into(),
+        model_version: "1".into(),
+        artifact_digest: digest,
+        artifact_size: model.len() as u64,
+        manifest_digest: None,
+        deployment_id: "dep-1".into(),
+        activation_timeout_seconds: 60,
+    };
+    assignments::replace(&cp.core.store, &cp.core.events, "edge-1", vec![assignment]).await.unwrap();
+    let next = watch.message().await.unwrap().unwrap();
+    assert_eq!(next.generation, 1);
+    assert_eq!(next.assignments[0].artifact_digest, digest.to_string());
+
+    // Resume from an offset, in bounded chunks.
+    let offset = 400_000u64;
+    let mut stream = client
+        .fetch_artifact(FetchArtifactRequest { digest: digest.to_string(), offset, max_chunk_bytes: 65_536 })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = Vec::new();
+    while let Some(chunk) = stream.message().await.unwrap() {
+        assert_eq!(chunk.offset, offset + got.len() as u64);
+        assert!(chunk.data.len() <= 65_536);
+        assert_eq!(chunk.total_size, model.len() as u64);
+        got.extend_from_slice(&chunk.data);
+    }
+    assert_eq!(&got[..], &model[offset as usize..]);
+
+    // Still refused: assigned to nobody.
+    let err = client
+        .fetch_artifact(FetchArtifactRequest { digest: other_digest.to_string(), offset: 0, max_chunk_bytes: 0 })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    let err = client
+        .fetch_artifact(FetchArtifactRequest { digest: "not-a-digest".into(), offset: 0, max_chunk_bytes: 0 })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = client
+        .fetch_artifact(FetchArtifactRequest { digest: digest.to_string(), offset: 2_000_000, max_chunk_bytes: 0 })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange);
+    cp.stop().await;
+}
+
+fn upload(header: CheckpointHeader, data: &[u8], chunk: usize) -> impl futures::Stream<Item = CheckpointUpload> {
+    let mut msgs = vec![CheckpointUpload { part: Some(Part::Header(header)) }];
+    for (i, c) in data.chunks(chunk).enumerate() {
+        msgs.push(CheckpointUpload {
+            part: Some(Part::Chunk(Chunk { offset: (i * chunk) as u64, data: c.to_vec() })),
+        });
+    }
+    futures::stream::iter(msgs)
+}
+
+#[tokio::test]
+async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let identity = cp.enroll(Role::Cluster, &cp.token("cluster", "gpu-1").await, &dir.path().join("b")).await;
+    let channel = mtls_endpoint(&cp.grpc_url, &identity).unwrap().connect().await.unwrap();
+    let mut client = BridgeServiceClient::new(channel);
+    let weights = blob(500_000, 5);
+    let digest = Digest::of(&weights);
+    let header = |digest: String, size: u64| CheckpointHeader {
+        job_id: "job-1".into(),
+        attempt: 1,
+        step: 1000,
+        digest,
+        size,
+        has_optimizer_state: true,
+        metadata: Default::default(),
+    };
+
+    let bad = client
+        .upload_checkpoint(upload(header(Digest::of(b"x").to_string(), weights.len() as u64), &weights, 100_000))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad}");
+    let short = client
+        .upload_checkpoint(upload(header(digest.to_string(), weights.len() as u64 + 1), &weights, 100_000))
+        .await
+        .unwrap_err();
+    assert_eq!(short.code(), Code::InvalidArgument, "{short}");
+    assert!(stored_blobs(&cp).is_empty());
+    assert!(edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, "job-1").unwrap().is_none());
+
+    let receipt = client
+        .upload_checkpoint(upload(header(digest.to_string(), weights.len() as u64), &weights, 100_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(receipt.digest, digest.to_string());
+    let latest = edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, "job-1").unwrap().unwrap();
+    assert_eq!((latest.step, latest.digest, latest.has_optimizer_state), (1000, digest, true));
+    assert_eq!(latest.cluster, "gpu-1");
+    let got = cp.api().request(Method::GET, &format!("/api/v1/artifacts/{digest}")).send().await.unwrap();
+    assert_eq!(got.bytes().await.unwrap().as_ref(), &weights[..]);
+
+    // A device certificate cannot use the bridge service.
+    let device = cp.enroll(Role::Device, &cp.token("device", "not-a-bridge").await, &dir.path().join("d")).await;
+    let channel = mtls_endpoint(&cp.grpc_url, &device).unwrap().connect().await.unwrap();
+    let err = BridgeServiceClient::new(channel)
+        .heartbeat(edgeloop_proto::common::v1::HeartbeatRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    cp.stop().await;
+}
