@@ -19,7 +19,9 @@ pub struct Identity {
 
 impl std::fmt::Debug for Identity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Identity").field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("Identity")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -58,7 +60,10 @@ impl IdentityStore {
             Err(e) => return Err(e),
         };
         let file: IdentityFile = serde_json::from_slice(&raw).map_err(|e| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", marker.display()))
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {e}", marker.display()),
+            )
         })?;
         Ok(Some(Identity {
             name: file.name,
@@ -71,7 +76,11 @@ impl IdentityStore {
     pub fn save(&self, identity: &Identity) -> io::Result<()> {
         crate::member::create_private_dir(&self.dir)?;
         write_atomic(&self.key_path(), identity.key_pem.as_bytes(), 0o600)?;
-        write_atomic(&self.dir.join("cert.pem"), identity.cert_pem.as_bytes(), 0o644)?;
+        write_atomic(
+            &self.dir.join("cert.pem"),
+            identity.cert_pem.as_bytes(),
+            0o644,
+        )?;
         write_atomic(&self.dir.join("ca.pem"), identity.ca_pem.as_bytes(), 0o644)?;
         let marker = serde_json::to_vec_pretty(&IdentityFile {
             name: identity.name.clone(),

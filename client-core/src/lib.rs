@@ -15,7 +15,9 @@ pub mod token;
 pub use backoff::Backoff;
 pub use identity::{Identity, IdentityStore};
 pub use member::{run_member, MemberConfig, MemberSettings};
-pub use session::{enroll, ensure_identity, heartbeat_loop, EnrollAttemptError, Role, SessionError};
+pub use session::{
+    enroll, ensure_identity, heartbeat_loop, EnrollAttemptError, Role, SessionError,
+};
 pub use token::{BootstrapToken, TokenError};
 
 /// Installs rustls' ring provider as the process default. Safe to call more
@@ -27,7 +29,10 @@ pub fn install_crypto_provider() {
 /// Cancels `shutdown` on SIGTERM or SIGINT: every binary's one shutdown path.
 pub async fn shutdown_on_signals(shutdown: tokio_util::sync::CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers");
         return;
     };
@@ -42,7 +47,8 @@ pub async fn shutdown_on_signals(shutdown: tokio_util::sync::CancellationToken) 
 pub fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("EDGELOOP_LOG").unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("EDGELOOP_LOG")
+                .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();

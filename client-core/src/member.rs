@@ -41,8 +41,11 @@ impl MemberSettings {
 
 /// Reads a TOML settings file, or the defaults when there is none.
 pub fn settings_file<T: DeserializeOwned + Default>(path: Option<&Path>) -> anyhow::Result<T> {
-    let Some(path) = path else { return Ok(T::default()) };
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let Some(path) = path else {
+        return Ok(T::default());
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
@@ -64,7 +67,9 @@ impl MemberConfig {
             "--control-plane must be an https:// URL (gRPC over TLS), got {control_plane:?}"
         );
         Ok(MemberConfig {
-            data_dir: s.data_dir.context("--data-dir (or EDGELOOP_DATA_DIR) is required")?,
+            data_dir: s
+                .data_dir
+                .context("--data-dir (or EDGELOOP_DATA_DIR) is required")?,
             control_plane,
             bootstrap_token: s.bootstrap_token,
             backoff: Backoff::default(),
@@ -73,6 +78,8 @@ impl MemberConfig {
 }
 
 /// The host facts every member reports.
+// statvfs counts are 32-bit on some edge targets, so the conversions stay.
+#[allow(clippy::useless_conversion)]
 pub fn host_capabilities(data_dir: &Path, version: &str) -> Capabilities {
     Capabilities {
         agent_version: version.to_string(),
@@ -83,7 +90,7 @@ pub fn host_capabilities(data_dir: &Path, version: &str) -> Capabilities {
             .and_then(|h| h.into_string().ok())
             .unwrap_or_default(),
         free_disk_bytes: nix::sys::statvfs::statvfs(data_dir)
-            .map(|s| u64::from(s.blocks_available()).saturating_mul(s.fragment_size()))
+            .map(|s| u64::from(s.blocks_available()).saturating_mul(u64::from(s.fragment_size())))
             .unwrap_or(0),
         ..Default::default()
     }
@@ -91,7 +98,10 @@ pub fn host_capabilities(data_dir: &Path, version: &str) -> Capabilities {
 
 pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 /// Enrolls if needed, then heartbeats until `shutdown`. An error means the
@@ -120,6 +130,14 @@ pub async fn run_member(
         Err(SessionError::Cancelled) => return Ok(()),
         other => other?,
     };
-    heartbeat_loop(role, &config.control_plane, &identity, capabilities, config.backoff, shutdown).await?;
+    heartbeat_loop(
+        role,
+        &config.control_plane,
+        &identity,
+        capabilities,
+        config.backoff,
+        shutdown,
+    )
+    .await?;
     Ok(())
 }

@@ -35,7 +35,10 @@ pub enum SessionError {
     Token(#[from] crate::token::TokenError),
     /// The control plane said no; retrying will not help.
     #[error("control plane refused {what}: {status}")]
-    Refused { what: &'static str, status: tonic::Status },
+    Refused {
+        what: &'static str,
+        status: tonic::Status,
+    },
     #[error("enrollment reply is inconsistent: {0}")]
     BadReply(String),
     #[error("key or CSR generation failed: {0}")]
@@ -52,11 +55,18 @@ pub enum SessionError {
 fn is_refusal(code: Code) -> bool {
     matches!(
         code,
-        Code::Unauthenticated | Code::PermissionDenied | Code::InvalidArgument | Code::FailedPrecondition
+        Code::Unauthenticated
+            | Code::PermissionDenied
+            | Code::InvalidArgument
+            | Code::FailedPrecondition
     )
 }
 
-async fn call_enroll(role: Role, channel: Channel, req: EnrollRequest) -> Result<EnrollResponse, tonic::Status> {
+async fn call_enroll(
+    role: Role,
+    channel: Channel,
+    req: EnrollRequest,
+) -> Result<EnrollResponse, tonic::Status> {
     let resp = match role {
         Role::Device => AgentServiceClient::new(channel).enroll(req).await?,
         Role::Cluster => BridgeServiceClient::new(channel).enroll(req).await?,
@@ -91,7 +101,10 @@ pub async fn enroll(
         .and_then(|csr| csr.pem())
         .map_err(SessionError::from)?;
     let endpoint = enroll_endpoint(url, token.ca_fingerprint).map_err(SessionError::Url)?;
-    let channel = endpoint.connect().await.map_err(EnrollAttemptError::Unreachable)?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(EnrollAttemptError::Unreachable)?;
     let reply = call_enroll(
         role,
         channel,
@@ -104,7 +117,10 @@ pub async fn enroll(
     .await
     .map_err(|status| {
         if is_refusal(status.code()) {
-            EnrollAttemptError::Fatal(SessionError::Refused { what: "enrollment", status })
+            EnrollAttemptError::Fatal(SessionError::Refused {
+                what: "enrollment",
+                status,
+            })
         } else {
             EnrollAttemptError::Retryable(status)
         }
@@ -112,7 +128,9 @@ pub async fn enroll(
     let ca = CertificateDer::from_pem_slice(reply.ca_certificate_pem.as_bytes())
         .map_err(|e| SessionError::BadReply(format!("CA certificate: {e}")))?;
     if Digest::of(ca.as_ref()) != token.ca_fingerprint {
-        return Err(SessionError::BadReply("CA certificate does not match the token's pin".into()).into());
+        return Err(
+            SessionError::BadReply("CA certificate does not match the token's pin".into()).into(),
+        );
     }
     let identity = Identity {
         name: reply.identity,
@@ -185,7 +203,9 @@ pub async fn heartbeat_loop(
     shutdown: CancellationToken,
 ) -> Result<(), SessionError> {
     // A lazy channel reconnects by itself; one TLS session serves many beats.
-    let channel = mtls_endpoint(url, identity).map_err(SessionError::Url)?.connect_lazy();
+    let channel = mtls_endpoint(url, identity)
+        .map_err(SessionError::Url)?
+        .connect_lazy();
     let mut attempt: u32 = 0;
     let mut interval = Duration::from_secs(10);
     loop {
@@ -208,7 +228,10 @@ pub async fn heartbeat_loop(
             }
             Err(status) if is_refusal(status.code()) => {
                 tracing::error!(%status, "control plane refused this identity");
-                return Err(SessionError::Refused { what: "heartbeat", status });
+                return Err(SessionError::Refused {
+                    what: "heartbeat",
+                    status,
+                });
             }
             Err(status) => {
                 let delay = backoff.next(attempt);

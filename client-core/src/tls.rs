@@ -53,9 +53,10 @@ impl ServerCertVerifier for PinnedCaVerifier {
             })?;
         let mut roots = RootCertStore::empty();
         roots.add(ca.clone().into_owned())?;
-        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
-            .build()
-            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        let inner =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
         inner.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
     }
 
@@ -65,7 +66,12 @@ impl ServerCertVerifier for PinnedCaVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -74,11 +80,18 @@ impl ServerCertVerifier for PinnedCaVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -90,7 +103,10 @@ fn endpoint(url: &str) -> Result<Endpoint, tonic::transport::Error> {
 
 /// Server-authenticated TLS, trusting only the CA with the pinned fingerprint.
 /// Used for Enroll, before the device has a certificate.
-pub fn enroll_endpoint(url: &str, ca_fingerprint: Digest) -> Result<Endpoint, tonic::transport::Error> {
+pub fn enroll_endpoint(
+    url: &str,
+    ca_fingerprint: Digest,
+) -> Result<Endpoint, tonic::transport::Error> {
     endpoint(url)?.tls_config_with_verifier(
         ClientTlsConfig::new(),
         Arc::new(PinnedCaVerifier::new(ca_fingerprint)),

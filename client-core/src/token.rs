@@ -89,7 +89,11 @@ impl FromStr for BootstrapToken {
 
 impl fmt::Display for BootstrapToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{PREFIX}.{}.{}.{}", self.id, self.secret, self.ca_fingerprint)
+        write!(
+            f,
+            "{PREFIX}.{}.{}.{}",
+            self.id, self.secret, self.ca_fingerprint
+        )
     }
 }
 
@@ -119,14 +123,26 @@ mod tests {
     fn refusals() {
         let t = BootstrapToken::generate(Digest::of(b"ca")).to_string();
         assert_eq!("".parse::<BootstrapToken>(), Err(TokenError::Format));
-        assert_eq!(t.replacen("elb1", "elb2", 1).parse::<BootstrapToken>(), Err(TokenError::Format));
-        assert_eq!(format!("{t}.x").parse::<BootstrapToken>(), Err(TokenError::Format));
+        assert_eq!(
+            t.replacen("elb1", "elb2", 1).parse::<BootstrapToken>(),
+            Err(TokenError::Format)
+        );
+        assert_eq!(
+            format!("{t}.x").parse::<BootstrapToken>(),
+            Err(TokenError::Format)
+        );
         let parts: Vec<&str> = t.split('.').collect();
         let bad_id = format!("elb1.XYZ.{}.{}", parts[2], parts[3]);
         assert_eq!(bad_id.parse::<BootstrapToken>(), Err(TokenError::Id));
         let bad_secret = format!("elb1.{}.short.{}", parts[1], parts[3]);
-        assert_eq!(bad_secret.parse::<BootstrapToken>(), Err(TokenError::Secret));
+        assert_eq!(
+            bad_secret.parse::<BootstrapToken>(),
+            Err(TokenError::Secret)
+        );
         let bad_ca = format!("elb1.{}.{}.nope", parts[1], parts[2]);
-        assert!(matches!(bad_ca.parse::<BootstrapToken>(), Err(TokenError::CaFingerprint(_))));
+        assert!(matches!(
+            bad_ca.parse::<BootstrapToken>(),
+            Err(TokenError::CaFingerprint(_))
+        ));
     }
 }

@@ -23,7 +23,11 @@ pub struct ServeSettings {
     pub http_listen: Option<SocketAddr>,
     /// Extra DNS names or IPs for the gRPC server certificate (repeatable;
     /// comma-separated in the env var). localhost and loopback are always in.
-    #[arg(long = "server-name", env = "EDGELOOP_SERVER_NAMES", value_delimiter = ',')]
+    #[arg(
+        long = "server-name",
+        env = "EDGELOOP_SERVER_NAMES",
+        value_delimiter = ','
+    )]
     #[serde(default)]
     pub server_names: Option<Vec<String>>,
     /// Seconds between agent heartbeats; a member is offline after three missed.
@@ -51,7 +55,9 @@ impl ServeSettings {
             grpc_listen: self.grpc_listen.or(lower.grpc_listen),
             http_listen: self.http_listen.or(lower.http_listen),
             server_names: self.server_names.or(lower.server_names),
-            heartbeat_interval_secs: self.heartbeat_interval_secs.or(lower.heartbeat_interval_secs),
+            heartbeat_interval_secs: self
+                .heartbeat_interval_secs
+                .or(lower.heartbeat_interval_secs),
             max_artifact_bytes: self.max_artifact_bytes.or(lower.max_artifact_bytes),
             max_json_bytes: self.max_json_bytes.or(lower.max_json_bytes),
             cert_lifetime_days: self.cert_lifetime_days.or(lower.cert_lifetime_days),
@@ -60,7 +66,8 @@ impl ServeSettings {
     }
 
     pub fn from_toml_file(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config file {}", path.display()))?;
         toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))
     }
 }
@@ -84,16 +91,30 @@ pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7080";
 
 impl Config {
     pub fn from_settings(s: ServeSettings) -> anyhow::Result<Config> {
-        let data_dir = s
-            .data_dir
-            .context("--data-dir (or EDGELOOP_DATA_DIR, or data-dir in the config file) is required")?;
-        let grpc_listen = s.grpc_listen.unwrap_or_else(|| DEFAULT_GRPC_LISTEN.parse().expect("valid default"));
-        let http_listen = s.http_listen.unwrap_or_else(|| DEFAULT_HTTP_LISTEN.parse().expect("valid default"));
+        let data_dir = s.data_dir.context(
+            "--data-dir (or EDGELOOP_DATA_DIR, or data-dir in the config file) is required",
+        )?;
+        let grpc_listen = s
+            .grpc_listen
+            .unwrap_or_else(|| DEFAULT_GRPC_LISTEN.parse().expect("valid default"));
+        let http_listen = s
+            .http_listen
+            .unwrap_or_else(|| DEFAULT_HTTP_LISTEN.parse().expect("valid default"));
         let heartbeat = s.heartbeat_interval_secs.unwrap_or(10);
-        anyhow::ensure!((1..=3600).contains(&heartbeat), "heartbeat-interval-secs must be 1..=3600");
+        anyhow::ensure!(
+            (1..=3600).contains(&heartbeat),
+            "heartbeat-interval-secs must be 1..=3600"
+        );
         let cert_days = s.cert_lifetime_days.unwrap_or(365);
-        anyhow::ensure!((1..=3650).contains(&cert_days), "cert-lifetime-days must be 1..=3650");
-        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+        anyhow::ensure!(
+            (1..=3650).contains(&cert_days),
+            "cert-lifetime-days must be 1..=3650"
+        );
+        let mut names = vec![
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+            "::1".to_string(),
+        ];
         if !grpc_listen.ip().is_unspecified() {
             names.push(grpc_listen.ip().to_string());
         }
@@ -105,9 +126,14 @@ impl Config {
             let valid = name.parse::<IpAddr>().is_ok()
                 || (name.len() <= 253
                     && name.split('.').all(|l| {
-                        !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                        !l.is_empty()
+                            && l.len() <= 63
+                            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
                     }));
-            anyhow::ensure!(valid, "server name {name:?} is neither an IP address nor a DNS name");
+            anyhow::ensure!(
+                valid,
+                "server name {name:?} is neither an IP address nor a DNS name"
+            );
             names.push(name);
         }
         Ok(Config {
@@ -153,7 +179,10 @@ mod tests {
     #[test]
     fn refusals() {
         assert!(toml::from_str::<ServeSettings>("no-such-key = 1").is_err());
-        assert!(Config::from_settings(ServeSettings::default()).is_err(), "data dir required");
+        assert!(
+            Config::from_settings(ServeSettings::default()).is_err(),
+            "data dir required"
+        );
         let bad_name = ServeSettings {
             data_dir: Some("/d".into()),
             server_names: Some(vec!["bad name!".into()]),

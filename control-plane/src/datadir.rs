@@ -26,7 +26,9 @@ impl DataDir {
             .mode(0o700)
             .create(root)
             .with_context(|| format!("creating data dir {}", root.display()))?;
-        Ok(Self { root: root.to_path_buf() })
+        Ok(Self {
+            root: root.to_path_buf(),
+        })
     }
 
     pub fn db(&self) -> PathBuf {

@@ -44,7 +44,10 @@ impl Error {
     }
 
     pub fn not_found(kind: &'static str, id: impl Into<String>) -> Self {
-        Self::NotFound { kind, id: id.into() }
+        Self::NotFound {
+            kind,
+            id: id.into(),
+        }
     }
 
     fn code(&self) -> &'static str {
@@ -143,10 +146,14 @@ impl From<Error> for tonic::Status {
     fn from(e: Error) -> Self {
         use tonic::Status;
         match e {
-            Error::BadRequest { field: Some(f), message } => {
-                Status::invalid_argument(format!("{f}: {message}"))
-            }
-            Error::BadRequest { field: None, message } => Status::invalid_argument(message),
+            Error::BadRequest {
+                field: Some(f),
+                message,
+            } => Status::invalid_argument(format!("{f}: {message}")),
+            Error::BadRequest {
+                field: None,
+                message,
+            } => Status::invalid_argument(message),
             Error::Unauthenticated(m) => Status::unauthenticated(m),
             Error::PermissionDenied(m) => Status::permission_denied(m),
             e @ Error::NotFound { .. } => Status::not_found(e.to_string()),
@@ -168,14 +175,46 @@ mod tests {
     #[test]
     fn http_and_grpc_mapping_table() {
         let cases: Vec<(Error, StatusCode, tonic::Code)> = vec![
-            (Error::bad_field("x", "y"), StatusCode::BAD_REQUEST, tonic::Code::InvalidArgument),
-            (Error::Unauthenticated("t".into()), StatusCode::UNAUTHORIZED, tonic::Code::Unauthenticated),
-            (Error::PermissionDenied("r".into()), StatusCode::FORBIDDEN, tonic::Code::PermissionDenied),
-            (Error::not_found("device", "d"), StatusCode::NOT_FOUND, tonic::Code::NotFound),
-            (Error::Conflict("c".into()), StatusCode::CONFLICT, tonic::Code::AlreadyExists),
-            (Error::PayloadTooLarge { limit: 1 }, StatusCode::PAYLOAD_TOO_LARGE, tonic::Code::ResourceExhausted),
-            (Error::Unavailable("u".into()), StatusCode::SERVICE_UNAVAILABLE, tonic::Code::Unavailable),
-            (Error::Internal(anyhow::anyhow!("secret detail")), StatusCode::INTERNAL_SERVER_ERROR, tonic::Code::Internal),
+            (
+                Error::bad_field("x", "y"),
+                StatusCode::BAD_REQUEST,
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                Error::Unauthenticated("t".into()),
+                StatusCode::UNAUTHORIZED,
+                tonic::Code::Unauthenticated,
+            ),
+            (
+                Error::PermissionDenied("r".into()),
+                StatusCode::FORBIDDEN,
+                tonic::Code::PermissionDenied,
+            ),
+            (
+                Error::not_found("device", "d"),
+                StatusCode::NOT_FOUND,
+                tonic::Code::NotFound,
+            ),
+            (
+                Error::Conflict("c".into()),
+                StatusCode::CONFLICT,
+                tonic::Code::AlreadyExists,
+            ),
+            (
+                Error::PayloadTooLarge { limit: 1 },
+                StatusCode::PAYLOAD_TOO_LARGE,
+                tonic::Code::ResourceExhausted,
+            ),
+            (
+                Error::Unavailable("u".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+                tonic::Code::Unavailable,
+            ),
+            (
+                Error::Internal(anyhow::anyhow!("secret detail")),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                tonic::Code::Internal,
+            ),
         ];
         for (err, http, grpc) in cases {
             assert_eq!(err.http_status(), http, "{err:?}");

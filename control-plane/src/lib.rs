@@ -67,7 +67,8 @@ impl Server {
     pub async fn start(config: Config) -> anyhow::Result<Server> {
         edgeloop_client_core::install_crypto_provider();
         let dir = DataDir::create(&config.data_dir)?;
-        let store = Store::open(&dir.db()).with_context(|| format!("opening store {}", dir.db().display()))?;
+        let store = Store::open(&dir.db())
+            .with_context(|| format!("opening store {}", dir.db().display()))?;
         let artifacts = LocalArtifactStore::open(&dir.artifacts())
             .with_context(|| format!("opening artifact store {}", dir.artifacts().display()))?;
         let pki = Pki::load_or_init(&dir.pki(), &config.server_names).context("loading PKI")?;
@@ -96,11 +97,15 @@ impl Server {
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {
-        self.grpc.local_addr().expect("bound listener has an address")
+        self.grpc
+            .local_addr()
+            .expect("bound listener has an address")
     }
 
     pub fn http_addr(&self) -> SocketAddr {
-        self.http.local_addr().expect("bound listener has an address")
+        self.http
+            .local_addr()
+            .expect("bound listener has an address")
     }
 
     /// The admin token, only on the start that created it.
@@ -121,8 +126,16 @@ impl Server {
     pub async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let core = self.core;
         tracing::info!(grpc = %self.grpc.local_addr()?, http = %self.http.local_addr()?, "control plane serving");
-        let grpc = tokio::spawn(api::grpc::serve(core.clone(), self.grpc, core.shutdown.clone()));
-        let http = tokio::spawn(api::rest::serve(core.clone(), self.http, core.shutdown.clone()));
+        let grpc = tokio::spawn(api::grpc::serve(
+            core.clone(),
+            self.grpc,
+            core.shutdown.clone(),
+        ));
+        let http = tokio::spawn(api::rest::serve(
+            core.clone(),
+            self.http,
+            core.shutdown.clone(),
+        ));
         let mut grpc = std::pin::pin!(grpc);
         let mut http = std::pin::pin!(http);
         // A server that dies on its own is an error; otherwise wait for the signal.
@@ -160,8 +173,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     if let Some(token) = server.new_admin_token() {
         // Printed once, on the start that created it; the file keeps it.
         println!("admin token: {token}");
-        println!("(saved to {}, mode 0600)", server.admin_token_path().display());
+        println!(
+            "(saved to {}, mode 0600)",
+            server.admin_token_path().display()
+        );
     }
     server.serve(shutdown).await
 }
-

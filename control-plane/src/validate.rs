@@ -10,7 +10,9 @@ use crate::error::Error;
 /// appear in certificates, URLs and file names.
 pub fn name(field: &str, value: &str) -> Result<(), Error> {
     let ok = (1..=63).contains(&value.len())
-        && value.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-'))
+        && value
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-'))
         && !value.starts_with('-')
         && !value.ends_with('-');
     if ok {
@@ -26,7 +28,9 @@ pub fn name(field: &str, value: &str) -> Result<(), Error> {
 /// Model versions: 1..=64 of [A-Za-z0-9._+-], starting with an alphanumeric.
 pub fn version(field: &str, value: &str) -> Result<(), Error> {
     let ok = (1..=64).contains(&value.len())
-        && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'+' | b'-'))
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'+' | b'-'))
         && value.as_bytes()[0].is_ascii_alphanumeric();
     if ok {
         Ok(())
@@ -46,13 +50,22 @@ pub fn labels(field: &str, labels: &BTreeMap<String, String>) -> Result<(), Erro
     }
     for (k, v) in labels {
         let key_ok = (1..=63).contains(&k.len())
-            && k.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'));
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'));
         if !key_ok {
-            return Err(Error::bad_field(format!("{field}.{k}"), format!("label key {k:?} is invalid")));
+            return Err(Error::bad_field(
+                format!("{field}.{k}"),
+                format!("label key {k:?} is invalid"),
+            ));
         }
-        let value_ok = v.len() <= 63 && v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        let value_ok = v.len() <= 63
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
         if !value_ok {
-            return Err(Error::bad_field(format!("{field}.{k}"), format!("label value {v:?} is invalid")));
+            return Err(Error::bad_field(
+                format!("{field}.{k}"),
+                format!("label value {v:?} is invalid"),
+            ));
         }
     }
     Ok(())
@@ -75,9 +88,22 @@ mod tests {
         for good in ["a", "cam-01", "x9", &"a".repeat(63)] {
             assert!(name("n", good).is_ok(), "{good}");
         }
-        for bad in ["", "-a", "a-", "A", "a_b", "a.b", "../x", &"a".repeat(64), "ü"] {
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "A",
+            "a_b",
+            "a.b",
+            "../x",
+            &"a".repeat(64),
+            "ü",
+        ] {
             let err = name("n", bad).unwrap_err();
-            assert!(matches!(err, Error::BadRequest { field: Some(ref f), .. } if f == "n"), "{bad}");
+            assert!(
+                matches!(err, Error::BadRequest { field: Some(ref f), .. } if f == "n"),
+                "{bad}"
+            );
         }
     }
 
@@ -93,7 +119,11 @@ mod tests {
 
     #[test]
     fn label_rules() {
-        let ok: BTreeMap<_, _> = [("site".to_string(), "berlin-1".to_string()), ("gpu".into(), "".into())].into();
+        let ok: BTreeMap<_, _> = [
+            ("site".to_string(), "berlin-1".to_string()),
+            ("gpu".into(), "".into()),
+        ]
+        .into();
         assert!(labels("labels", &ok).is_ok());
         let bad: BTreeMap<_, _> = [("site".to_string(), "has space".to_string())].into();
         let err = labels("labels", &bad).unwrap_err();

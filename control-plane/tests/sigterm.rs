@@ -20,7 +20,13 @@ struct Running {
 
 async fn start(data_dir: &std::path::Path) -> Running {
     let mut child = Command::new(env!("CARGO_BIN_EXE_control-plane"))
-        .args(["serve", "--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
         .arg("--data-dir")
         .arg(data_dir)
         .env("NO_COLOR", "1")
@@ -46,7 +52,9 @@ async fn start(data_dir: &std::path::Path) -> Running {
     let mut stdout_lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut stdout = vec![];
     // The token lines are printed before serving starts.
-    while let Ok(Ok(Some(line))) = tokio::time::timeout(Duration::from_millis(200), stdout_lines.next_line()).await {
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout(Duration::from_millis(200), stdout_lines.next_line()).await
+    {
         stdout.push(line);
     }
     Running {
@@ -63,12 +71,22 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let data_dir = dir.path().join("cp");
     let mut cp = start(&data_dir).await;
 
-    let printed: Vec<_> = cp.stdout.iter().filter(|l| l.starts_with("admin token: ")).collect();
+    let printed: Vec<_> = cp
+        .stdout
+        .iter()
+        .filter(|l| l.starts_with("admin token: "))
+        .collect();
     assert_eq!(printed.len(), 1, "{:?}", cp.stdout);
     let token_path = data_dir.join("admin.token");
-    let token = std::fs::read_to_string(&token_path).unwrap().trim().to_string();
+    let token = std::fs::read_to_string(&token_path)
+        .unwrap()
+        .trim()
+        .to_string();
     assert_eq!(printed[0].trim_start_matches("admin token: "), token);
-    assert_eq!(std::fs::metadata(&token_path).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&token_path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
 
     // An upload that is still streaming when SIGTERM arrives.
     let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
@@ -87,11 +105,21 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     tx.send(Ok(chunks.next().unwrap().to_vec())).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    kill(Pid::from_raw(cp.child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    kill(
+        Pid::from_raw(cp.child.id().unwrap() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Draining: no new connections are accepted...
-    let fresh = reqwest::Client::new().get(format!("{}/healthz", cp.http)).send().await;
-    assert!(fresh.is_err(), "new request accepted while draining: {fresh:?}");
+    let fresh = reqwest::Client::new()
+        .get(format!("{}/healthz", cp.http))
+        .send()
+        .await;
+    assert!(
+        fresh.is_err(),
+        "new request accepted while draining: {fresh:?}"
+    );
     // ...but the one in flight finishes.
     for chunk in chunks {
         tx.send(Ok(chunk.to_vec())).await.unwrap();
@@ -100,12 +128,19 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let resp = upload.await.unwrap().unwrap();
     assert_eq!(resp.status(), 201);
 
-    let status = tokio::time::timeout(Duration::from_secs(30), cp.child.wait()).await.unwrap().unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), cp.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(status.code(), Some(0));
 
     // Restart: the token is not printed again, and the upload survived.
     let mut again = start(&data_dir).await;
-    assert!(!again.stdout.iter().any(|l| l.contains("admin token")), "{:?}", again.stdout);
+    assert!(
+        !again.stdout.iter().any(|l| l.contains("admin token")),
+        "{:?}",
+        again.stdout
+    );
     let got = reqwest::Client::new()
         .get(format!("{}/api/v1/artifacts/{digest}", again.http))
         .bearer_auth(&token)
@@ -114,15 +149,24 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
         .unwrap();
     assert_eq!(got.status(), 200);
     assert_eq!(got.bytes().await.unwrap().len(), data.len());
-    kill(Pid::from_raw(again.child.id().unwrap() as i32), Signal::SIGINT).unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), again.child.wait()).await.unwrap().unwrap();
+    kill(
+        Pid::from_raw(again.child.id().unwrap() as i32),
+        Signal::SIGINT,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), again.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(status.code(), Some(0));
 }
 
 fn tokio_stream_from(
     rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, std::io::Error>>,
 ) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> {
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
 }
 
 #[tokio::test]

@@ -50,7 +50,10 @@ impl FromStr for Digest {
         }
         // Uppercase is refused so that one digest has exactly one spelling; it
         // is used as a file name and a database key.
-        if !hex_part.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        if !hex_part
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
             return Err(DigestError::NotHex);
         }
         let mut out = [0u8; 32];
@@ -130,11 +133,20 @@ mod tests {
     #[test]
     fn parse_table() {
         let good = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
-        assert_eq!(good.parse::<Digest>().map(|d| d.to_hex()), Ok(good.to_string()));
+        assert_eq!(
+            good.parse::<Digest>().map(|d| d.to_hex()),
+            Ok(good.to_string())
+        );
         assert!(format!("sha256:{good}").parse::<Digest>().is_ok());
         assert_eq!("abc".parse::<Digest>(), Err(DigestError::Length(3)));
-        assert_eq!(good.to_uppercase().parse::<Digest>(), Err(DigestError::NotHex));
-        assert_eq!(format!("{}zz", &good[..62]).parse::<Digest>(), Err(DigestError::NotHex));
+        assert_eq!(
+            good.to_uppercase().parse::<Digest>(),
+            Err(DigestError::NotHex)
+        );
+        assert_eq!(
+            format!("{}zz", &good[..62]).parse::<Digest>(),
+            Err(DigestError::NotHex)
+        );
         assert!("../../../../etc/passwd".parse::<Digest>().is_err());
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edgeloop_client_core::{enroll, BootstrapToken, Identity, IdentityStore, Role};
-use edgeloop_control_plane::{Config, Core, Server, ServeSettings};
+use edgeloop_control_plane::{Config, Core, ServeSettings, Server};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
@@ -49,7 +49,10 @@ impl ControlPlane {
         let data_dir = config.data_dir.clone();
         let server = Server::start(config).await.unwrap();
         let first_start = server.new_admin_token().is_some();
-        let admin_token = std::fs::read_to_string(server.admin_token_path()).unwrap().trim().to_string();
+        let admin_token = std::fs::read_to_string(server.admin_token_path())
+            .unwrap()
+            .trim()
+            .to_string();
         if let Some(printed) = server.new_admin_token() {
             assert_eq!(printed, admin_token, "printed token is the one in the file");
         }
@@ -81,7 +84,10 @@ impl ControlPlane {
 
     /// Creates a bootstrap token through the console API.
     pub async fn token(&self, kind: &str, name: &str) -> String {
-        let (status, body) = self.api().post("/api/v1/tokens", json!({"kind": kind, "name": name})).await;
+        let (status, body) = self
+            .api()
+            .post("/api/v1/tokens", json!({"kind": kind, "name": name}))
+            .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         body["token"].as_str().unwrap().to_string()
     }
@@ -89,9 +95,15 @@ impl ControlPlane {
     /// Enrolls directly through client-core, as an agent or bridge would.
     pub async fn enroll(&self, role: Role, token: &str, dir: &Path) -> Identity {
         let token: BootstrapToken = token.parse().unwrap();
-        enroll(role, &self.grpc_url, &token, &IdentityStore::new(dir), Default::default())
-            .await
-            .unwrap()
+        enroll(
+            role,
+            &self.grpc_url,
+            &token,
+            &IdentityStore::new(dir),
+            Default::default(),
+        )
+        .await
+        .unwrap()
     }
 }
 
@@ -109,7 +121,10 @@ impl Api {
         Api {
             base: base.to_string(),
             token: token.map(str::to_string),
-            client: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap(),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
         }
     }
 
@@ -132,7 +147,8 @@ impl Api {
         let body = if bytes.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
         };
         (status, body)
     }
@@ -142,15 +158,27 @@ impl Api {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.send(self.request(reqwest::Method::POST, path).json(&body)).await
+        self.send(self.request(reqwest::Method::POST, path).json(&body))
+            .await
     }
 
     pub async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.send(self.request(reqwest::Method::PUT, path).json(&body)).await
+        self.send(self.request(reqwest::Method::PUT, path).json(&body))
+            .await
     }
 
-    pub async fn raw(&self, method: reqwest::Method, path: &str, body: impl Into<reqwest::Body>) -> (StatusCode, Value) {
-        self.send(self.request(method, path).header("content-type", "application/json").body(body)).await
+    pub async fn raw(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> (StatusCode, Value) {
+        self.send(
+            self.request(method, path)
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await
     }
 }
 
@@ -165,7 +193,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -173,7 +204,9 @@ where
 /// Every regular file under `dir`, recursively.
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = vec![];
-    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
     for e in entries {
         let p = e.unwrap().path();
         if p.is_dir() {

@@ -15,7 +15,9 @@ use reqwest::Method;
 use tonic::Code;
 
 fn blob(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 fn stored_blobs(cp: &ControlPlane) -> Vec<std::path::PathBuf> {
@@ -34,37 +36,82 @@ async fn upload_verifies_the_digest_and_a_mismatch_leaves_nothing() {
 
     // Wrong digest: 400 naming the digest, and no file anywhere.
     let wrong = Digest::of(b"something else");
-    let (status, body) = api.raw(Method::PUT, &format!("/api/v1/artifacts/{wrong}"), data.clone()).await;
+    let (status, body) = api
+        .raw(
+            Method::PUT,
+            &format!("/api/v1/artifacts/{wrong}"),
+            data.clone(),
+        )
+        .await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["field"], "digest");
     assert!(stored_blobs(&cp).is_empty(), "{:?}", stored_blobs(&cp));
-    let head = api.client.head(api.url(&format!("/api/v1/artifacts/{wrong}"))).bearer_auth(&cp.admin_token).send().await.unwrap();
+    let head = api
+        .client
+        .head(api.url(&format!("/api/v1/artifacts/{wrong}")))
+        .bearer_auth(&cp.admin_token)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(head.status(), 404);
 
     // Not a digest at all.
-    let (status, body) = api.raw(Method::PUT, "/api/v1/artifacts/..%2F..%2Fetc%2Fpasswd", data.clone()).await;
+    let (status, body) = api
+        .raw(
+            Method::PUT,
+            "/api/v1/artifacts/..%2F..%2Fetc%2Fpasswd",
+            data.clone(),
+        )
+        .await;
     assert_eq!(status, 400, "{body}");
 
     // Over the size limit: 413, nothing stored.
     let big = blob(300_000, 1);
-    let (status, body) = api.raw(Method::PUT, &format!("/api/v1/artifacts/{}", Digest::of(&big)), big).await;
+    let (status, body) = api
+        .raw(
+            Method::PUT,
+            &format!("/api/v1/artifacts/{}", Digest::of(&big)),
+            big,
+        )
+        .await;
     assert_eq!(status, 413, "{body}");
     assert!(stored_blobs(&cp).is_empty());
 
     // Over the limit without a Content-Length (chunked): still 413.
     let big = blob(300_000, 2);
     let big_digest = Digest::of(&big);
-    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = big.chunks(10_000).map(|c| Ok(bytes::Bytes::copy_from_slice(c))).collect();
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = big
+        .chunks(10_000)
+        .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+        .collect();
     let stream_body = reqwest::Body::wrap_stream(futures::stream::iter(chunks));
-    let (status, _) = api.raw(Method::PUT, &format!("/api/v1/artifacts/{big_digest}"), stream_body).await;
+    let (status, _) = api
+        .raw(
+            Method::PUT,
+            &format!("/api/v1/artifacts/{big_digest}"),
+            stream_body,
+        )
+        .await;
     assert_eq!(status, 413);
     assert!(stored_blobs(&cp).is_empty());
 
     // The right digest: stored once, idempotent, readable whole and by range.
-    let (status, body) = api.raw(Method::PUT, &format!("/api/v1/artifacts/{digest}"), data.clone()).await;
+    let (status, body) = api
+        .raw(
+            Method::PUT,
+            &format!("/api/v1/artifacts/{digest}"),
+            data.clone(),
+        )
+        .await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["size"], 100_000);
-    let (status, _) = api.raw(Method::PUT, &format!("/api/v1/artifacts/{digest}"), data.clone()).await;
+    let (status, _) = api
+        .raw(
+            Method::PUT,
+            &format!("/api/v1/artifacts/{digest}"),
+            data.clone(),
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(stored_blobs(&cp).len(), 1);
 
@@ -72,7 +119,12 @@ async fn upload_verifies_the_digest_and_a_mismatch_leaves_nothing() {
     let got = api.request(Method::GET, &path).send().await.unwrap();
     assert_eq!(got.status(), 200);
     assert_eq!(got.bytes().await.unwrap().as_ref(), &data[..]);
-    let part = api.request(Method::GET, &path).header("range", "bytes=99000-").send().await.unwrap();
+    let part = api
+        .request(Method::GET, &path)
+        .header("range", "bytes=99000-")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(part.status(), 206);
     assert_eq!(part.headers()["content-range"], "bytes 99000-99999/100000");
     assert_eq!(part.bytes().await.unwrap().as_ref(), &data[99_000..]);
@@ -86,24 +138,55 @@ async fn upload_verifies_the_digest_and_a_mismatch_leaves_nothing() {
 async fn devices_watch_assignments_and_fetch_only_assigned_artifacts_from_an_offset() {
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
-    let identity = cp.enroll(Role::Device, &cp.token("device", "edge-1").await, &dir.path().join("d")).await;
+    let identity = cp
+        .enroll(
+            Role::Device,
+            &cp.token("device", "edge-1").await,
+            &dir.path().join("d"),
+        )
+        .await;
     let model = blob(1_000_000, 3);
     let digest = Digest::of(&model);
-    let (status, _) = cp.api().raw(Method::PUT, &format!("/api/v1/artifacts/{digest}"), model.clone()).await;
+    let (status, _) = cp
+        .api()
+        .raw(
+            Method::PUT,
+            &format!("/api/v1/artifacts/{digest}"),
+            model.clone(),
+        )
+        .await;
     assert_eq!(status, 201);
     let other = blob(10, 9);
     let other_digest = Digest::of(&other);
-    cp.api().raw(Method::PUT, &format!("/api/v1/artifacts/{other_digest}"), other).await;
+    cp.api()
+        .raw(
+            Method::PUT,
+            &format!("/api/v1/artifacts/{other_digest}"),
+            other,
+        )
+        .await;
 
-    let channel = mtls_endpoint(&cp.grpc_url, &identity).unwrap().connect().await.unwrap();
+    let channel = mtls_endpoint(&cp.grpc_url, &identity)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut client = AgentServiceClient::new(channel);
-    let mut watch = client.watch_assignments(WatchAssignmentsRequest::default()).await.unwrap().into_inner();
+    let mut watch = client
+        .watch_assignments(WatchAssignmentsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     let first = watch.message().await.unwrap().unwrap();
     assert_eq!((first.generation, first.assignments.len()), (0, 0));
 
     // Not assigned yet: refused.
     let err = client
-        .fetch_artifact(FetchArtifactRequest { digest: digest.to_string(), offset: 0, max_chunk_bytes: 0 })
+        .fetch_artifact(FetchArtifactRequest {
+            digest: digest.to_string(),
+            offset: 0,
+            max_chunk_bytes: 0,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
@@ -117,7 +200,9 @@ async fn devices_watch_assignments_and_fetch_only_assigned_artifacts_from_an_off
         deployment_id: "dep-1".into(),
         activation_timeout_seconds: 60,
     };
-    assignments::replace(&cp.core.store, &cp.core.events, "edge-1", vec![assignment]).await.unwrap();
+    assignments::replace(&cp.core.store, &cp.core.events, "edge-1", vec![assignment])
+        .await
+        .unwrap();
     let next = watch.message().await.unwrap().unwrap();
     assert_eq!(next.generation, 1);
     assert_eq!(next.assignments[0].artifact_digest, digest.to_string());
@@ -125,7 +210,11 @@ async fn devices_watch_assignments_and_fetch_only_assigned_artifacts_from_an_off
     // Resume from an offset, in bounded chunks.
     let offset = 400_000u64;
     let mut stream = client
-        .fetch_artifact(FetchArtifactRequest { digest: digest.to_string(), offset, max_chunk_bytes: 65_536 })
+        .fetch_artifact(FetchArtifactRequest {
+            digest: digest.to_string(),
+            offset,
+            max_chunk_bytes: 65_536,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -140,28 +229,49 @@ async fn devices_watch_assignments_and_fetch_only_assigned_artifacts_from_an_off
 
     // Still refused: assigned to nobody.
     let err = client
-        .fetch_artifact(FetchArtifactRequest { digest: other_digest.to_string(), offset: 0, max_chunk_bytes: 0 })
+        .fetch_artifact(FetchArtifactRequest {
+            digest: other_digest.to_string(),
+            offset: 0,
+            max_chunk_bytes: 0,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
     let err = client
-        .fetch_artifact(FetchArtifactRequest { digest: "not-a-digest".into(), offset: 0, max_chunk_bytes: 0 })
+        .fetch_artifact(FetchArtifactRequest {
+            digest: "not-a-digest".into(),
+            offset: 0,
+            max_chunk_bytes: 0,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     let err = client
-        .fetch_artifact(FetchArtifactRequest { digest: digest.to_string(), offset: 2_000_000, max_chunk_bytes: 0 })
+        .fetch_artifact(FetchArtifactRequest {
+            digest: digest.to_string(),
+            offset: 2_000_000,
+            max_chunk_bytes: 0,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::OutOfRange);
     cp.stop().await;
 }
 
-fn upload(header: CheckpointHeader, data: &[u8], chunk: usize) -> impl futures::Stream<Item = CheckpointUpload> {
-    let mut msgs = vec![CheckpointUpload { part: Some(Part::Header(header)) }];
+fn upload(
+    header: CheckpointHeader,
+    data: &[u8],
+    chunk: usize,
+) -> impl futures::Stream<Item = CheckpointUpload> {
+    let mut msgs = vec![CheckpointUpload {
+        part: Some(Part::Header(header)),
+    }];
     for (i, c) in data.chunks(chunk).enumerate() {
         msgs.push(CheckpointUpload {
-            part: Some(Part::Chunk(Chunk { offset: (i * chunk) as u64, data: c.to_vec() })),
+            part: Some(Part::Chunk(Chunk {
+                offset: (i * chunk) as u64,
+                data: c.to_vec(),
+            })),
         });
     }
     futures::stream::iter(msgs)
@@ -171,8 +281,18 @@ fn upload(header: CheckpointHeader, data: &[u8], chunk: usize) -> impl futures::
 async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
-    let identity = cp.enroll(Role::Cluster, &cp.token("cluster", "gpu-1").await, &dir.path().join("b")).await;
-    let channel = mtls_endpoint(&cp.grpc_url, &identity).unwrap().connect().await.unwrap();
+    let identity = cp
+        .enroll(
+            Role::Cluster,
+            &cp.token("cluster", "gpu-1").await,
+            &dir.path().join("b"),
+        )
+        .await;
+    let channel = mtls_endpoint(&cp.grpc_url, &identity)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut client = BridgeServiceClient::new(channel);
     let weights = blob(500_000, 5);
     let digest = Digest::of(&weights);
@@ -187,33 +307,69 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
     };
 
     let bad = client
-        .upload_checkpoint(upload(header(Digest::of(b"x").to_string(), weights.len() as u64), &weights, 100_000))
+        .upload_checkpoint(upload(
+            header(Digest::of(b"x").to_string(), weights.len() as u64),
+            &weights,
+            100_000,
+        ))
         .await
         .unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument, "{bad}");
     let short = client
-        .upload_checkpoint(upload(header(digest.to_string(), weights.len() as u64 + 1), &weights, 100_000))
+        .upload_checkpoint(upload(
+            header(digest.to_string(), weights.len() as u64 + 1),
+            &weights,
+            100_000,
+        ))
         .await
         .unwrap_err();
     assert_eq!(short.code(), Code::InvalidArgument, "{short}");
     assert!(stored_blobs(&cp).is_empty());
-    assert!(edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, "job-1").unwrap().is_none());
+    assert!(
+        edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, "job-1")
+            .unwrap()
+            .is_none()
+    );
 
     let receipt = client
-        .upload_checkpoint(upload(header(digest.to_string(), weights.len() as u64), &weights, 100_000))
+        .upload_checkpoint(upload(
+            header(digest.to_string(), weights.len() as u64),
+            &weights,
+            100_000,
+        ))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(receipt.digest, digest.to_string());
-    let latest = edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, "job-1").unwrap().unwrap();
-    assert_eq!((latest.step, latest.digest, latest.has_optimizer_state), (1000, digest, true));
+    let latest = edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, "job-1")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (latest.step, latest.digest, latest.has_optimizer_state),
+        (1000, digest, true)
+    );
     assert_eq!(latest.cluster, "gpu-1");
-    let got = cp.api().request(Method::GET, &format!("/api/v1/artifacts/{digest}")).send().await.unwrap();
+    let got = cp
+        .api()
+        .request(Method::GET, &format!("/api/v1/artifacts/{digest}"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(got.bytes().await.unwrap().as_ref(), &weights[..]);
 
     // A device certificate cannot use the bridge service.
-    let device = cp.enroll(Role::Device, &cp.token("device", "not-a-bridge").await, &dir.path().join("d")).await;
-    let channel = mtls_endpoint(&cp.grpc_url, &device).unwrap().connect().await.unwrap();
+    let device = cp
+        .enroll(
+            Role::Device,
+            &cp.token("device", "not-a-bridge").await,
+            &dir.path().join("d"),
+        )
+        .await;
+    let channel = mtls_endpoint(&cp.grpc_url, &device)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let err = BridgeServiceClient::new(channel)
         .heartbeat(edgeloop_proto::common::v1::HeartbeatRequest::default())
         .await

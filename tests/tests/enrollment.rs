@@ -5,7 +5,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use edgeloop_client_core::tls::{enroll_endpoint, mtls_endpoint};
-use edgeloop_client_core::{enroll, BootstrapToken, EnrollAttemptError, Identity, IdentityStore, MemberConfig, Role, SessionError};
+use edgeloop_client_core::{
+    enroll, BootstrapToken, EnrollAttemptError, Identity, IdentityStore, MemberConfig, Role,
+    SessionError,
+};
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::agent::v1::WatchAssignmentsRequest;
 use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
@@ -30,13 +33,23 @@ fn member_config(cp: &ControlPlane, dir: &std::path::Path, token: Option<String>
 async fn status_of(cp: &ControlPlane, kind: &str, id: &str) -> Option<serde_json::Value> {
     let (status, body) = cp.api().get(&format!("/api/v1/{kind}")).await;
     assert_eq!(status, 200, "{body}");
-    body.as_array().unwrap().iter().find(|m| m["id"] == id).cloned()
+    body.as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == id)
+        .cloned()
 }
 
 async fn heartbeat(cp: &ControlPlane, identity: &Identity) -> Result<(), tonic::Status> {
-    let channel = mtls_endpoint(&cp.grpc_url, identity).unwrap().connect().await
+    let channel = mtls_endpoint(&cp.grpc_url, identity)
+        .unwrap()
+        .connect()
+        .await
         .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    AgentServiceClient::new(channel).heartbeat(HeartbeatRequest::default()).await.map(|_| ())
+    AgentServiceClient::new(channel)
+        .heartbeat(HeartbeatRequest::default())
+        .await
+        .map(|_| ())
 }
 
 #[tokio::test]
@@ -49,17 +62,27 @@ async fn agent_and_bridge_enroll_heartbeat_and_are_listed_online_then_offline() 
     let stop_agents = CancellationToken::new();
     let agent_dir = dir.path().join("agent");
     let bridge_dir = dir.path().join("bridge");
-    let agent = tokio::spawn(edgeloop_edge_agent::run(member_config(&cp, &agent_dir, Some(device_token)), stop_agents.clone()));
-    let bridge = tokio::spawn(edgeloop_trainer_bridge::run(member_config(&cp, &bridge_dir, Some(cluster_token)), stop_agents.clone()));
+    let agent = tokio::spawn(edgeloop_edge_agent::run(
+        member_config(&cp, &agent_dir, Some(device_token)),
+        stop_agents.clone(),
+    ));
+    let bridge = tokio::spawn(edgeloop_trainer_bridge::run(
+        member_config(&cp, &bridge_dir, Some(cluster_token)),
+        stop_agents.clone(),
+    ));
 
     let device = eventually(Duration::from_secs(20), "device online", || async {
-        status_of(&cp, "devices", "cam-01").await.filter(|d| d["status"] == "online")
+        status_of(&cp, "devices", "cam-01")
+            .await
+            .filter(|d| d["status"] == "online")
     })
     .await;
     assert!(device["last_seen"].is_string(), "{device}");
     assert_eq!(device["capabilities"]["os"], std::env::consts::OS);
     let cluster = eventually(Duration::from_secs(20), "cluster online", || async {
-        status_of(&cp, "clusters", "gpu-a").await.filter(|d| d["status"] == "online")
+        status_of(&cp, "clusters", "gpu-a")
+            .await
+            .filter(|d| d["status"] == "online")
     })
     .await;
     assert_eq!(cluster["capabilities"]["engines"][0], "local");
@@ -67,14 +90,19 @@ async fn agent_and_bridge_enroll_heartbeat_and_are_listed_online_then_offline() 
     // Heartbeats keep last_seen moving.
     let first_seen = device["last_seen"].as_str().unwrap().to_string();
     eventually(Duration::from_secs(10), "last_seen advances", || async {
-        status_of(&cp, "devices", "cam-01").await.filter(|d| d["last_seen"].as_str() != Some(&first_seen))
+        status_of(&cp, "devices", "cam-01")
+            .await
+            .filter(|d| d["last_seen"].as_str() != Some(&first_seen))
     })
     .await;
 
     // The key stayed on the device, private.
     for d in [&agent_dir, &bridge_dir] {
         let key = d.join("identity/key.pem");
-        assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 
     stop_agents.cancel();
@@ -82,15 +110,22 @@ async fn agent_and_bridge_enroll_heartbeat_and_are_listed_online_then_offline() 
     bridge.await.unwrap().unwrap();
     // Three missed heartbeats (1 s interval in tests) and it shows offline.
     eventually(Duration::from_secs(10), "device offline", || async {
-        status_of(&cp, "devices", "cam-01").await.filter(|d| d["status"] == "offline")
+        status_of(&cp, "devices", "cam-01")
+            .await
+            .filter(|d| d["status"] == "offline")
     })
     .await;
 
     // A restarted agent reuses its identity: no token needed.
     let stop_again = CancellationToken::new();
-    let agent = tokio::spawn(edgeloop_edge_agent::run(member_config(&cp, &agent_dir, None), stop_again.clone()));
+    let agent = tokio::spawn(edgeloop_edge_agent::run(
+        member_config(&cp, &agent_dir, None),
+        stop_again.clone(),
+    ));
     eventually(Duration::from_secs(20), "device online again", || async {
-        status_of(&cp, "devices", "cam-01").await.filter(|d| d["status"] == "online")
+        status_of(&cp, "devices", "cam-01")
+            .await
+            .filter(|d| d["status"] == "online")
     })
     .await;
     stop_again.cancel();
@@ -104,14 +139,27 @@ async fn calls_without_a_client_certificate_are_refused() {
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let token: BootstrapToken = cp.token("device", "d1").await.parse().unwrap();
     // Server-authenticated TLS only, as used for Enroll.
-    let channel = enroll_endpoint(&cp.grpc_url, token.ca_fingerprint).unwrap().connect().await.unwrap();
+    let channel = enroll_endpoint(&cp.grpc_url, token.ca_fingerprint)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut agent = AgentServiceClient::new(channel.clone());
-    let err = agent.heartbeat(HeartbeatRequest::default()).await.unwrap_err();
+    let err = agent
+        .heartbeat(HeartbeatRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err}");
-    let err = agent.watch_assignments(WatchAssignmentsRequest::default()).await.unwrap_err();
+    let err = agent
+        .watch_assignments(WatchAssignmentsRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err}");
     let mut bridge = BridgeServiceClient::new(channel);
-    let err = bridge.heartbeat(HeartbeatRequest::default()).await.unwrap_err();
+    let err = bridge
+        .heartbeat(HeartbeatRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err}");
     cp.stop().await;
 }
@@ -120,19 +168,29 @@ async fn calls_without_a_client_certificate_are_refused() {
 async fn a_certificate_from_another_ca_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
-    let real = cp.enroll(Role::Device, &cp.token("device", "victim").await, &dir.path().join("d")).await;
+    let real = cp
+        .enroll(
+            Role::Device,
+            &cp.token("device", "victim").await,
+            &dir.path().join("d"),
+        )
+        .await;
     heartbeat(&cp, &real).await.unwrap();
 
     // A rogue CA issues a certificate claiming the same identity.
     let rogue_key = KeyPair::generate().unwrap();
     let mut rogue_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     rogue_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    rogue_params.distinguished_name.push(DnType::CommonName, "Rogue CA");
+    rogue_params
+        .distinguished_name
+        .push(DnType::CommonName, "Rogue CA");
     let rogue_ca = rogue_params.self_signed(&rogue_key).unwrap();
     let issuer = Issuer::new(rogue_params, rogue_key);
     let key = KeyPair::generate().unwrap();
     let mut params = CertificateParams::default();
-    params.distinguished_name.push(DnType::CommonName, "device/victim");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "device/victim");
     let cert = params.signed_by(&key, &issuer).unwrap();
     let forged = Identity {
         name: "device/victim".into(),
@@ -153,15 +211,24 @@ async fn a_revoked_device_is_refused_on_its_next_call_and_its_agent_stops() {
     let token = cp.token("device", "lost-01").await;
     let agent_dir = dir.path().join("agent");
     let stop = CancellationToken::new();
-    let agent = tokio::spawn(edgeloop_edge_agent::run(member_config(&cp, &agent_dir, Some(token)), stop.clone()));
+    let agent = tokio::spawn(edgeloop_edge_agent::run(
+        member_config(&cp, &agent_dir, Some(token)),
+        stop.clone(),
+    ));
     eventually(Duration::from_secs(20), "device online", || async {
-        status_of(&cp, "devices", "lost-01").await.filter(|d| d["status"] == "online")
+        status_of(&cp, "devices", "lost-01")
+            .await
+            .filter(|d| d["status"] == "online")
     })
     .await;
     let identity = IdentityStore::new(&agent_dir).load().unwrap().unwrap();
 
     // A watch stream open at revocation time is closed too.
-    let channel = mtls_endpoint(&cp.grpc_url, &identity).unwrap().connect().await.unwrap();
+    let channel = mtls_endpoint(&cp.grpc_url, &identity)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut watch = AgentServiceClient::new(channel)
         .watch_assignments(WatchAssignmentsRequest::default())
         .await
@@ -171,7 +238,10 @@ async fn a_revoked_device_is_refused_on_its_next_call_and_its_agent_stops() {
 
     let (status, body) = cp
         .api()
-        .post("/api/v1/devices/lost-01/revoke", serde_json::json!({"reason": "stolen"}))
+        .post(
+            "/api/v1/devices/lost-01/revoke",
+            serde_json::json!({"reason": "stolen"}),
+        )
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "revoked");
@@ -183,7 +253,10 @@ async fn a_revoked_device_is_refused_on_its_next_call_and_its_agent_stops() {
     assert_eq!(err.code(), Code::PermissionDenied, "{err}");
 
     // The agent's loop ends with the refusal instead of retrying forever.
-    let result = tokio::time::timeout(Duration::from_secs(20), agent).await.unwrap().unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(20), agent)
+        .await
+        .unwrap()
+        .unwrap();
     let err = result.unwrap_err();
     assert!(format!("{err:#}").contains("revoked"), "{err:#}");
     cp.stop().await;
@@ -196,7 +269,14 @@ async fn a_token_works_once_expires_and_enrolls_only_its_kind() {
 
     let once = cp.token("device", "once").await;
     cp.enroll(Role::Device, &once, &dir.path().join("a")).await;
-    let reuse = enroll(Role::Device, &cp.grpc_url, &once.parse().unwrap(), &IdentityStore::new(&dir.path().join("b")), Default::default()).await;
+    let reuse = enroll(
+        Role::Device,
+        &cp.grpc_url,
+        &once.parse().unwrap(),
+        &IdentityStore::new(&dir.path().join("b")),
+        Default::default(),
+    )
+    .await;
     match reuse {
         Err(EnrollAttemptError::Fatal(SessionError::Refused { status, .. })) => {
             assert_eq!(status.code(), Code::Unauthenticated);
@@ -204,7 +284,10 @@ async fn a_token_works_once_expires_and_enrolls_only_its_kind() {
         }
         other => panic!("reused token: {other:?}"),
     }
-    assert!(IdentityStore::new(&dir.path().join("b")).load().unwrap().is_none());
+    assert!(IdentityStore::new(&dir.path().join("b"))
+        .load()
+        .unwrap()
+        .is_none());
 
     // Let time pass for a token by moving its expiry into the past.
     let stale = cp.token("device", "stale").await;
@@ -219,7 +302,14 @@ async fn a_token_works_once_expires_and_enrolls_only_its_kind() {
         })
         .unwrap()
         .unwrap();
-    let expired = enroll(Role::Device, &cp.grpc_url, &stale.parse().unwrap(), &IdentityStore::new(&dir.path().join("c")), Default::default()).await;
+    let expired = enroll(
+        Role::Device,
+        &cp.grpc_url,
+        &stale.parse().unwrap(),
+        &IdentityStore::new(&dir.path().join("c")),
+        Default::default(),
+    )
+    .await;
     match expired {
         Err(EnrollAttemptError::Fatal(SessionError::Refused { status, .. })) => {
             assert_eq!(status.code(), Code::Unauthenticated);
@@ -228,24 +318,58 @@ async fn a_token_works_once_expires_and_enrolls_only_its_kind() {
         other => panic!("expired token: {other:?}"),
     }
     let (_, tokens) = cp.api().get("/api/v1/tokens").await;
-    let states: Vec<_> = tokens.as_array().unwrap().iter().map(|t| (t["member_id"].clone(), t["state"].clone())).collect();
-    assert!(states.contains(&("once".into(), "used".into())), "{states:?}");
-    assert!(states.contains(&("stale".into(), "expired".into())), "{states:?}");
+    let states: Vec<_> = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["member_id"].clone(), t["state"].clone()))
+        .collect();
+    assert!(
+        states.contains(&("once".into(), "used".into())),
+        "{states:?}"
+    );
+    assert!(
+        states.contains(&("stale".into(), "expired".into())),
+        "{states:?}"
+    );
 
     // A device token cannot enroll a bridge, and is not spent by trying.
     let device_only = cp.token("device", "dev-only").await;
-    let wrong = enroll(Role::Cluster, &cp.grpc_url, &device_only.parse().unwrap(), &IdentityStore::new(&dir.path().join("d")), Default::default()).await;
+    let wrong = enroll(
+        Role::Cluster,
+        &cp.grpc_url,
+        &device_only.parse().unwrap(),
+        &IdentityStore::new(&dir.path().join("d")),
+        Default::default(),
+    )
+    .await;
     match wrong {
-        Err(EnrollAttemptError::Fatal(SessionError::Refused { status, .. })) => assert_eq!(status.code(), Code::PermissionDenied),
+        Err(EnrollAttemptError::Fatal(SessionError::Refused { status, .. })) => {
+            assert_eq!(status.code(), Code::PermissionDenied)
+        }
         other => panic!("wrong kind: {other:?}"),
     }
-    cp.enroll(Role::Device, &device_only, &dir.path().join("e")).await;
+    cp.enroll(Role::Device, &device_only, &dir.path().join("e"))
+        .await;
 
     // A made-up secret with a real id is refused.
     let mut forged: BootstrapToken = cp.token("device", "forged").await.parse().unwrap();
     forged.secret = "0".repeat(64);
-    let bad = enroll(Role::Device, &cp.grpc_url, &forged, &IdentityStore::new(&dir.path().join("f")), Default::default()).await;
-    assert!(matches!(bad, Err(EnrollAttemptError::Fatal(SessionError::Refused { .. }))), "{bad:?}");
+    let bad = enroll(
+        Role::Device,
+        &cp.grpc_url,
+        &forged,
+        &IdentityStore::new(&dir.path().join("f")),
+        Default::default(),
+    )
+    .await;
+    assert!(
+        matches!(
+            bad,
+            Err(EnrollAttemptError::Fatal(SessionError::Refused { .. }))
+        ),
+        "{bad:?}"
+    );
     cp.stop().await;
 }
 
@@ -255,7 +379,14 @@ async fn a_token_pinned_to_another_ca_never_reaches_the_server() {
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let mut token: BootstrapToken = cp.token("device", "pinned").await.parse().unwrap();
     token.ca_fingerprint = edgeloop_models::Digest::of(b"some other CA");
-    let result = enroll(Role::Device, &cp.grpc_url, &token, &IdentityStore::new(&dir.path().join("a")), Default::default()).await;
+    let result = enroll(
+        Role::Device,
+        &cp.grpc_url,
+        &token,
+        &IdentityStore::new(&dir.path().join("a")),
+        Default::default(),
+    )
+    .await;
     assert!(result.is_err(), "{result:?}");
     // The real token is still unused: the secret never left the device.
     let (_, tokens) = cp.api().get("/api/v1/tokens").await;

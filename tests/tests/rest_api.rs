@@ -10,7 +10,13 @@ use serde_json::{json, Value};
 /// Everything the API can list, to compare before and after a rejection.
 async fn snapshot(api: &Api) -> Value {
     let mut all = serde_json::Map::new();
-    for path in ["/api/v1/tokens", "/api/v1/devices", "/api/v1/clusters", "/api/v1/models", "/api/v1/models/digits/versions"] {
+    for path in [
+        "/api/v1/tokens",
+        "/api/v1/devices",
+        "/api/v1/clusters",
+        "/api/v1/models",
+        "/api/v1/models/digits/versions",
+    ] {
         let (status, body) = api.get(path).await;
         assert_eq!(status, 200, "{path}: {body}");
         all.insert(path.to_string(), body);
@@ -28,8 +34,23 @@ struct Case {
     field: Option<&'static str>,
 }
 
-fn case(name: &'static str, method: Method, path: &'static str, body: impl Into<Vec<u8>>, status: u16, field: Option<&'static str>) -> Case {
-    Case { name, method, path, body: body.into(), auth: Some("admin"), status, field }
+fn case(
+    name: &'static str,
+    method: Method,
+    path: &'static str,
+    body: impl Into<Vec<u8>>,
+    status: u16,
+    field: Option<&'static str>,
+) -> Case {
+    Case {
+        name,
+        method,
+        path,
+        body: body.into(),
+        auth: Some("admin"),
+        status,
+        field,
+    }
 }
 
 #[tokio::test]
@@ -43,51 +64,297 @@ async fn bad_inputs_get_the_right_status_name_the_field_and_change_nothing() {
     // Some state for conflicts to hit.
     let artifact = b"model bytes".to_vec();
     let digest = Digest::of(&artifact);
-    assert_eq!(api.raw(Method::PUT, &format!("/api/v1/artifacts/{digest}"), artifact).await.0, 201);
-    assert_eq!(api.post("/api/v1/models", json!({"name": "digits", "task": "classification"})).await.0, 201);
+    assert_eq!(
+        api.raw(
+            Method::PUT,
+            &format!("/api/v1/artifacts/{digest}"),
+            artifact
+        )
+        .await
+        .0,
+        201
+    );
+    assert_eq!(
+        api.post(
+            "/api/v1/models",
+            json!({"name": "digits", "task": "classification"})
+        )
+        .await
+        .0,
+        201
+    );
     let (status, v1) = api
-        .post("/api/v1/models/digits/versions", json!({"version": "1", "artifact_digest": digest.to_string()}))
+        .post(
+            "/api/v1/models/digits/versions",
+            json!({"version": "1", "artifact_digest": digest.to_string()}),
+        )
         .await;
     assert_eq!(status, 201, "{v1}");
-    assert_eq!(api.post("/api/v1/tokens", json!({"kind": "device", "name": "taken"})).await.0, 201);
+    assert_eq!(
+        api.post("/api/v1/tokens", json!({"kind": "device", "name": "taken"}))
+            .await
+            .0,
+        201
+    );
     let before = snapshot(&api).await;
 
     let d = digest.to_string();
-    let version_with_parent = format!(r#"{{"version":"2","artifact_digest":"{d}","lineage":{{"parent_version":"9"}}}}"#);
+    let version_with_parent =
+        format!(r#"{{"version":"2","artifact_digest":"{d}","lineage":{{"parent_version":"9"}}}}"#);
     let version_dup = format!(r#"{{"version":"1","artifact_digest":"{d}"}}"#);
-    let version_unknown_lineage = format!(r#"{{"artifact_digest":"{d}","lineage":{{"parent":"1"}}}}"#);
+    let version_unknown_lineage =
+        format!(r#"{{"artifact_digest":"{d}","lineage":{{"parent":"1"}}}}"#);
     let huge = format!(r#"{{"kind":"device","name":"{}"}}"#, "a".repeat(10_000));
     let cases = vec![
-        case("malformed JSON", Method::POST, "/api/v1/tokens", r#"{"kind": "device""#, 400, None),
-        case("not an object", Method::POST, "/api/v1/tokens", "42", 400, None),
-        case("unknown field", Method::POST, "/api/v1/tokens", r#"{"kind":"device","colour":"red"}"#, 400, Some("colour")),
-        case("missing field", Method::POST, "/api/v1/tokens", r#"{"name":"x"}"#, 400, Some("kind")),
-        case("wrong enum", Method::POST, "/api/v1/tokens", r#"{"kind":"toaster"}"#, 400, Some("kind")),
-        case("wrong type", Method::POST, "/api/v1/tokens", r#"{"kind":"device","ttl_seconds":"soon"}"#, 400, Some("ttl_seconds")),
-        case("ttl out of range", Method::POST, "/api/v1/tokens", r#"{"kind":"device","ttl_seconds":1}"#, 400, Some("ttl_seconds")),
-        case("bad name", Method::POST, "/api/v1/tokens", r#"{"kind":"device","name":"../etc"}"#, 400, Some("name")),
-        case("bad label", Method::POST, "/api/v1/tokens", r#"{"kind":"device","labels":{"site":"a b"}}"#, 400, Some("labels.site")),
-        case("nested wrong type", Method::POST, "/api/v1/tokens", r#"{"kind":"device","labels":{"site":1}}"#, 400, Some("labels.site")),
-        case("token conflict", Method::POST, "/api/v1/tokens", r#"{"kind":"device","name":"taken"}"#, 409, None),
-        case("body over limit", Method::POST, "/api/v1/tokens", huge, 413, None),
-        case("model conflict", Method::POST, "/api/v1/models", r#"{"name":"digits"}"#, 409, None),
-        case("model bad name", Method::POST, "/api/v1/models", r#"{"name":"Digits!"}"#, 400, Some("name")),
-        case("version conflict", Method::POST, "/api/v1/models/digits/versions", version_dup, 409, None),
-        case("version of missing model", Method::POST, "/api/v1/models/nope/versions", format!(r#"{{"artifact_digest":"{d}"}}"#), 404, None),
-        case("version bad digest", Method::POST, "/api/v1/models/digits/versions", r#"{"artifact_digest":"abc"}"#, 400, Some("artifact_digest")),
-        case("version artifact missing", Method::POST, "/api/v1/models/digits/versions", format!(r#"{{"artifact_digest":"{}"}}"#, Digest::of(b"nope")), 400, Some("artifact_digest")),
-        case("version unknown parent", Method::POST, "/api/v1/models/digits/versions", version_with_parent, 400, Some("lineage.parent_version")),
-        case("lineage unknown field", Method::POST, "/api/v1/models/digits/versions", version_unknown_lineage, 400, Some("lineage.parent")),
-        case("missing device", Method::GET, "/api/v1/devices/ghost", "", 404, None),
-        case("revoke missing device", Method::POST, "/api/v1/devices/ghost/revoke", "", 404, None),
-        case("labels missing cluster", Method::PUT, "/api/v1/clusters/ghost/labels", r#"{"labels":{}}"#, 404, None),
-        case("missing model", Method::GET, "/api/v1/models/ghost", "", 404, None),
-        case("missing version", Method::GET, "/api/v1/models/digits/versions/9", "", 404, None),
-        case("missing artifact", Method::GET, "/api/v1/artifacts/0000000000000000000000000000000000000000000000000000000000000000", "", 404, None),
-        case("unknown route", Method::GET, "/api/v1/nothing-here", "", 404, None),
-        Case { auth: None, ..case("no token", Method::POST, "/api/v1/models", r#"{"name":"sneaky"}"#, 401, None) },
-        Case { auth: Some("wrong"), ..case("bad token", Method::POST, "/api/v1/models", r#"{"name":"sneaky"}"#, 401, None) },
-        Case { auth: None, ..case("no token on read", Method::GET, "/api/v1/devices", "", 401, None) },
+        case(
+            "malformed JSON",
+            Method::POST,
+            "/api/v1/tokens",
+            r#"{"kind": "device""#,
+            400,
+            None,
+        ),
+        case(
+            "not an object",
+            Method::POST,
+            "/api/v1/tokens",
+            "42",
+            400,
+            None,
+        ),
+        case(
+            "unknown field",
+            Method::POST,
+            "/api/v1/tokens",
+            r#"{"kind":"device","colour":"red"}"#,
+            400,
+            Some("colour"),
+        ),
+        case(
+            "missing field",
+            Method::POST,
+            "/api/v1/tokens",
+            r#"{"name":"x"}"#,
+            400,
+            Some("kind"),
+        ),
+        case(
+            "wrong enum",
+            Method::POST,
+            "/api/v1/tokens",
+            r#"{"kind":"toaster"}"#,
+            400,
+            Some("kind"),
+        ),
+        case(
+            "wrong type",
+            Method::POST,
+            "/api/v1/tokens",
+            r#"{"kind":"device","ttl_seconds":"soon"}"#,
+            400,
+            Some("ttl_seconds"),
+        ),
+        case(
+            "ttl out of range",
+            Method::POST,
+            "/api/v1/tokens",
+            r#"{"kind":"device","ttl_seconds":1}"#,
+            400,
+            Some("ttl_seconds"),
+        ),
+        case(
+            "bad name",
+            Method::POST,
+            "/api/v1/tokens",
+            r#"{"kind":"device","name":"../etc"}"#,
+            400,
+            Some("name"),
+        ),
+        case(
+            "bad label",
+            Method::POST,
+            "/api/v1/tokens",
+            r#"{"kind":"device","labels":{"site":"a b"}}"#,
+            400,
+            Some("labels.site"),
+        ),
+        case(
+            "nested wrong type",
+            Method::POST,
+            "/api/v1/tokens",
+            r#"{"kind":"device","labels":{"site":1}}"#,
+            400,
+            Some("labels.site"),
+        ),
+        case(
+            "token conflict",
+            Method::POST,
+            "/api/v1/tokens",
+            r#"{"kind":"device","name":"taken"}"#,
+            409,
+            None,
+        ),
+        case(
+            "body over limit",
+            Method::POST,
+            "/api/v1/tokens",
+            huge,
+            413,
+            None,
+        ),
+        case(
+            "model conflict",
+            Method::POST,
+            "/api/v1/models",
+            r#"{"name":"digits"}"#,
+            409,
+            None,
+        ),
+        case(
+            "model bad name",
+            Method::POST,
+            "/api/v1/models",
+            r#"{"name":"Digits!"}"#,
+            400,
+            Some("name"),
+        ),
+        case(
+            "version conflict",
+            Method::POST,
+            "/api/v1/models/digits/versions",
+            version_dup,
+            409,
+            None,
+        ),
+        case(
+            "version of missing model",
+            Method::POST,
+            "/api/v1/models/nope/versions",
+            format!(r#"{{"artifact_digest":"{d}"}}"#),
+            404,
+            None,
+        ),
+        case(
+            "version bad digest",
+            Method::POST,
+            "/api/v1/models/digits/versions",
+            r#"{"artifact_digest":"abc"}"#,
+            400,
+            Some("artifact_digest"),
+        ),
+        case(
+            "version artifact missing",
+            Method::POST,
+            "/api/v1/models/digits/versions",
+            format!(r#"{{"artifact_digest":"{}"}}"#, Digest::of(b"nope")),
+            400,
+            Some("artifact_digest"),
+        ),
+        case(
+            "version unknown parent",
+            Method::POST,
+            "/api/v1/models/digits/versions",
+            version_with_parent,
+            400,
+            Some("lineage.parent_version"),
+        ),
+        case(
+            "lineage unknown field",
+            Method::POST,
+            "/api/v1/models/digits/versions",
+            version_unknown_lineage,
+            400,
+            Some("lineage.parent"),
+        ),
+        case(
+            "missing device",
+            Method::GET,
+            "/api/v1/devices/ghost",
+            "",
+            404,
+            None,
+        ),
+        case(
+            "revoke missing device",
+            Method::POST,
+            "/api/v1/devices/ghost/revoke",
+            "",
+            404,
+            None,
+        ),
+        case(
+            "labels missing cluster",
+            Method::PUT,
+            "/api/v1/clusters/ghost/labels",
+            r#"{"labels":{}}"#,
+            404,
+            None,
+        ),
+        case(
+            "missing model",
+            Method::GET,
+            "/api/v1/models/ghost",
+            "",
+            404,
+            None,
+        ),
+        case(
+            "missing version",
+            Method::GET,
+            "/api/v1/models/digits/versions/9",
+            "",
+            404,
+            None,
+        ),
+        case(
+            "missing artifact",
+            Method::GET,
+            "/api/v1/artifacts/0000000000000000000000000000000000000000000000000000000000000000",
+            "",
+            404,
+            None,
+        ),
+        case(
+            "unknown route",
+            Method::GET,
+            "/api/v1/nothing-here",
+            "",
+            404,
+            None,
+        ),
+        Case {
+            auth: None,
+            ..case(
+                "no token",
+                Method::POST,
+                "/api/v1/models",
+                r#"{"name":"sneaky"}"#,
+                401,
+                None,
+            )
+        },
+        Case {
+            auth: Some("wrong"),
+            ..case(
+                "bad token",
+                Method::POST,
+                "/api/v1/models",
+                r#"{"name":"sneaky"}"#,
+                401,
+                None,
+            )
+        },
+        Case {
+            auth: None,
+            ..case(
+                "no token on read",
+                Method::GET,
+                "/api/v1/devices",
+                "",
+                401,
+                None,
+            )
+        },
     ];
     for c in cases {
         let token = match c.auth {
@@ -96,9 +363,22 @@ async fn bad_inputs_get_the_right_status_name_the_field_and_change_nothing() {
         };
         let client = Api::new(&cp.http_base, token);
         let (status, body) = client.raw(c.method.clone(), c.path, c.body.clone()).await;
-        assert_eq!(status, StatusCode::from_u16(c.status).unwrap(), "{}: {body}", c.name);
-        assert!(body["error"]["code"].is_string(), "{}: error body {body}", c.name);
-        assert!(body["error"]["message"].is_string(), "{}: error body {body}", c.name);
+        assert_eq!(
+            status,
+            StatusCode::from_u16(c.status).unwrap(),
+            "{}: {body}",
+            c.name
+        );
+        assert!(
+            body["error"]["code"].is_string(),
+            "{}: error body {body}",
+            c.name
+        );
+        assert!(
+            body["error"]["message"].is_string(),
+            "{}: error body {body}",
+            c.name
+        );
         if let Some(field) = c.field {
             assert_eq!(body["error"]["field"], field, "{}: {body}", c.name);
         }
@@ -114,10 +394,30 @@ async fn registry_records_versions_with_lineage() {
     let api = cp.api();
     let a = Digest::of(b"v1");
     let b = Digest::of(b"v2");
-    api.raw(Method::PUT, &format!("/api/v1/artifacts/{a}"), b"v1".to_vec()).await;
-    api.raw(Method::PUT, &format!("/api/v1/artifacts/{b}"), b"v2".to_vec()).await;
-    assert_eq!(api.post("/api/v1/models", json!({"name": "digits"})).await.0, 201);
-    let (s, v1) = api.post("/api/v1/models/digits/versions", json!({"artifact_digest": a.to_string()})).await;
+    api.raw(
+        Method::PUT,
+        &format!("/api/v1/artifacts/{a}"),
+        b"v1".to_vec(),
+    )
+    .await;
+    api.raw(
+        Method::PUT,
+        &format!("/api/v1/artifacts/{b}"),
+        b"v2".to_vec(),
+    )
+    .await;
+    assert_eq!(
+        api.post("/api/v1/models", json!({"name": "digits"}))
+            .await
+            .0,
+        201
+    );
+    let (s, v1) = api
+        .post(
+            "/api/v1/models/digits/versions",
+            json!({"artifact_digest": a.to_string()}),
+        )
+        .await;
     assert_eq!(s, 201, "{v1}");
     assert_eq!(v1["version"], "1", "versions number themselves");
     let (s, v2) = api
@@ -147,8 +447,14 @@ async fn health_readiness_and_openapi_need_no_token() {
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let anon = Api::new(&cp.http_base, None);
-    assert_eq!(anon.get("/healthz").await, (StatusCode::OK, json!({"status": "ok"})));
-    assert_eq!(anon.get("/readyz").await, (StatusCode::OK, json!({"status": "ready"})));
+    assert_eq!(
+        anon.get("/healthz").await,
+        (StatusCode::OK, json!({"status": "ok"}))
+    );
+    assert_eq!(
+        anon.get("/readyz").await,
+        (StatusCode::OK, json!({"status": "ready"}))
+    );
     let (status, doc) = anon.get("/api/v1/openapi.json").await;
     assert_eq!(status, 200);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
@@ -162,10 +468,22 @@ async fn health_readiness_and_openapi_need_no_token() {
         "/api/v1/models/{name}/versions/{version}",
         "/healthz",
     ] {
-        assert!(doc["paths"][path].is_object(), "{path} missing from OpenAPI");
+        assert!(
+            doc["paths"][path].is_object(),
+            "{path} missing from OpenAPI"
+        );
     }
-    for schema in ["CreateToken", "MemberView", "ModelVersionRecord", "Lineage", "ErrorBody"] {
-        assert!(doc["components"]["schemas"][schema].is_object(), "{schema} missing");
+    for schema in [
+        "CreateToken",
+        "MemberView",
+        "ModelVersionRecord",
+        "Lineage",
+        "ErrorBody",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "{schema} missing"
+        );
     }
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
     cp.stop().await;

@@ -94,7 +94,12 @@ impl From<edgeloop_proto::common::v1::Capabilities> for CapabilitiesRecord {
             os: cap(c.os),
             arch: cap(c.arch),
             hostname: cap(c.hostname),
-            execution_providers: c.execution_providers.into_iter().take(16).map(cap).collect(),
+            execution_providers: c
+                .execution_providers
+                .into_iter()
+                .take(16)
+                .map(cap)
+                .collect(),
             gpus: c
                 .gpus
                 .into_iter()
@@ -109,7 +114,12 @@ impl From<edgeloop_proto::common::v1::Capabilities> for CapabilitiesRecord {
             engines: c.engines.into_iter().take(16).map(cap).collect(),
             driver_version: cap(c.driver_version),
             cuda_version: cap(c.cuda_version),
-            extra: c.extra.into_iter().take(64).map(|(k, v)| (cap(k), cap(v))).collect(),
+            extra: c
+                .extra
+                .into_iter()
+                .take(64)
+                .map(|(k, v)| (cap(k), cap(v)))
+                .collect(),
         }
     }
 }
@@ -146,7 +156,11 @@ pub enum MemberStatus {
 }
 
 /// Online means a heartbeat arrived within `offline_after`.
-pub fn member_status(member: &Member, now: OffsetDateTime, offline_after: Duration) -> MemberStatus {
+pub fn member_status(
+    member: &Member,
+    now: OffsetDateTime,
+    offline_after: Duration,
+) -> MemberStatus {
     if member.revoked_at.is_some() {
         return MemberStatus::Revoked;
     }
@@ -288,7 +302,12 @@ pub const MIN_TOKEN_TTL: u64 = 60;
 pub const MAX_TOKEN_TTL: u64 = 30 * 24 * 3600;
 pub const DEFAULT_TOKEN_TTL: u64 = 24 * 3600;
 
-pub async fn create_token(store: &Store, pki: &Pki, req: CreateToken, now: OffsetDateTime) -> Result<CreatedToken> {
+pub async fn create_token(
+    store: &Store,
+    pki: &Pki,
+    req: CreateToken,
+    now: OffsetDateTime,
+) -> Result<CreatedToken> {
     let member_id = match req.name {
         Some(name) => {
             validate::name("name", &name)?;
@@ -318,11 +337,9 @@ pub async fn create_token(store: &Store, pki: &Pki, req: CreateToken, now: Offse
             req.kind.as_str()
         )));
     }
-    let pending = store
-        .tokens
-        .values()?
-        .into_iter()
-        .any(|t| t.kind == req.kind && t.member_id == member_id && token_state(&t, now) == TokenState::Unused);
+    let pending = store.tokens.values()?.into_iter().any(|t| {
+        t.kind == req.kind && t.member_id == member_id && token_state(&t, now) == TokenState::Unused
+    });
     if pending {
         return Err(Error::Conflict(format!(
             "an unused bootstrap token for {} {member_id:?} already exists",
@@ -372,10 +389,20 @@ pub fn token_refusal(
         )));
     }
     match token_state(record, now) {
-        TokenState::Used => Some(Error::Unauthenticated("bootstrap token was already used".into())),
+        TokenState::Used => Some(Error::Unauthenticated(
+            "bootstrap token was already used".into(),
+        )),
         TokenState::Expired => Some(Error::Unauthenticated("bootstrap token has expired".into())),
         TokenState::Unused => None,
     }
+}
+
+/// What an Enroll call presents.
+pub struct Enrollment<'a> {
+    pub kind: MemberKind,
+    pub token: &'a str,
+    pub csr_pem: &'a str,
+    pub capabilities: CapabilitiesRecord,
 }
 
 /// Consumes a bootstrap token and signs the caller's CSR. The token is spent
@@ -383,13 +410,16 @@ pub fn token_refusal(
 pub async fn enroll(
     store: &Store,
     pki: &Pki,
-    kind: MemberKind,
-    token: &str,
-    csr_pem: &str,
-    capabilities: CapabilitiesRecord,
+    req: Enrollment<'_>,
     cert_lifetime: Duration,
     now: OffsetDateTime,
 ) -> Result<(Member, SignedCert)> {
+    let Enrollment {
+        kind,
+        token,
+        csr_pem,
+        capabilities,
+    } = req;
     let token: BootstrapToken = token
         .parse()
         .map_err(|e| Error::Unauthenticated(format!("malformed bootstrap token: {e}")))?;
@@ -408,7 +438,9 @@ pub async fn enroll(
             used_at: Some(now),
             ..t
         }),
-        _ => Err(Error::Unauthenticated("bootstrap token was already used".into())),
+        _ => Err(Error::Unauthenticated(
+            "bootstrap token was already used".into(),
+        )),
     })?;
     spent?;
     let member = Member {
@@ -438,7 +470,8 @@ pub fn authorize(
     cert_identity: Option<&str>,
     cert_fingerprint: Digest,
 ) -> Result<Member> {
-    let identity = cert_identity.ok_or_else(|| Error::Unauthenticated("client certificate has no identity".into()))?;
+    let identity = cert_identity
+        .ok_or_else(|| Error::Unauthenticated("client certificate has no identity".into()))?;
     let (cert_kind, id) = MemberKind::parse_identity(identity)
         .ok_or_else(|| Error::Unauthenticated(format!("unrecognised identity {identity:?}")))?;
     if cert_kind != kind {
@@ -452,10 +485,14 @@ pub fn authorize(
         .get(id)?
         .ok_or_else(|| Error::Unauthenticated(format!("{identity} is not enrolled")))?;
     if member.revoked_at.is_some() {
-        return Err(Error::PermissionDenied(format!("{identity} has been revoked")));
+        return Err(Error::PermissionDenied(format!(
+            "{identity} has been revoked"
+        )));
     }
     if member.cert_fingerprint != cert_fingerprint {
-        return Err(Error::Unauthenticated(format!("this certificate is no longer valid for {identity}")));
+        return Err(Error::Unauthenticated(format!(
+            "this certificate is no longer valid for {identity}"
+        )));
     }
     Ok(member)
 }
@@ -467,21 +504,25 @@ pub fn heartbeat(
     capabilities: Option<CapabilitiesRecord>,
     now: OffsetDateTime,
 ) -> Result<Member> {
-    store
-        .members(kind)
-        .update(id, |m| match m {
-            Some(m) if m.revoked_at.is_none() => Ok(Member {
-                last_seen: Some(now),
-                capabilities: capabilities.clone().unwrap_or(m.capabilities.clone()),
-                ..m
-            }),
-            Some(_) => Err(Error::PermissionDenied(format!("{} has been revoked", kind.identity(id)))),
-            None => Err(Error::not_found(kind.as_str(), id)),
-        })?
+    store.members(kind).update(id, |m| match m {
+        Some(m) if m.revoked_at.is_none() => Ok(Member {
+            last_seen: Some(now),
+            capabilities: capabilities.clone().unwrap_or(m.capabilities.clone()),
+            ..m
+        }),
+        Some(_) => Err(Error::PermissionDenied(format!(
+            "{} has been revoked",
+            kind.identity(id)
+        ))),
+        None => Err(Error::not_found(kind.as_str(), id)),
+    })?
 }
 
 pub fn get(store: &Store, kind: MemberKind, id: &str) -> Result<Member> {
-    store.members(kind).get(id)?.ok_or_else(|| Error::not_found(kind.as_str(), id))
+    store
+        .members(kind)
+        .get(id)?
+        .ok_or_else(|| Error::not_found(kind.as_str(), id))
 }
 
 pub async fn revoke(
@@ -506,7 +547,10 @@ pub async fn revoke(
         None => Err(Error::not_found(kind.as_str(), id)),
     })??;
     store.flush().await?;
-    events.publish(FleetEvent::Revoked { kind, id: id.to_string() });
+    events.publish(FleetEvent::Revoked {
+        kind,
+        id: id.to_string(),
+    });
     Ok(member)
 }
 
@@ -563,7 +607,11 @@ mod tests {
             (Some(100), true, 100, MemberStatus::Revoked),
         ];
         for (seen, revoked, now, want) in cases {
-            assert_eq!(member_status(&member(seen, revoked), at(now), window), want, "{seen:?} {revoked} {now}");
+            assert_eq!(
+                member_status(&member(seen, revoked), at(now), window),
+                want,
+                "{seen:?} {revoked} {now}"
+            );
         }
     }
 
@@ -582,13 +630,37 @@ mod tests {
         };
         let d = MemberKind::Device;
         let c = MemberKind::Cluster;
-        type Case = (BootstrapTokenRecord, Digest, MemberKind, i64, Option<&'static str>);
+        type Case = (
+            BootstrapTokenRecord,
+            Digest,
+            MemberKind,
+            i64,
+            Option<&'static str>,
+        );
         let cases: Vec<Case> = vec![
             (record(d, 100, None), secret, d, 50, None),
-            (record(d, 100, None), Digest::of(b"wrong"), d, 50, Some("unknown")),
-            (record(d, 100, None), secret, c, 50, Some("enrolls a device")),
+            (
+                record(d, 100, None),
+                Digest::of(b"wrong"),
+                d,
+                50,
+                Some("unknown"),
+            ),
+            (
+                record(d, 100, None),
+                secret,
+                c,
+                50,
+                Some("enrolls a device"),
+            ),
             (record(d, 100, None), secret, d, 100, Some("expired")),
-            (record(d, 100, Some(10)), secret, d, 50, Some("already used")),
+            (
+                record(d, 100, Some(10)),
+                secret,
+                d,
+                50,
+                Some("already used"),
+            ),
         ];
         for (rec, presented, kind, now, want) in cases {
             let got = token_refusal(&rec, presented, kind, at(now)).map(|e| e.to_string());
@@ -602,8 +674,14 @@ mod tests {
 
     #[test]
     fn identity_round_trip() {
-        assert_eq!(MemberKind::parse_identity("device/cam-1"), Some((MemberKind::Device, "cam-1")));
-        assert_eq!(MemberKind::parse_identity("cluster/gpu"), Some((MemberKind::Cluster, "gpu")));
+        assert_eq!(
+            MemberKind::parse_identity("device/cam-1"),
+            Some((MemberKind::Device, "cam-1"))
+        );
+        assert_eq!(
+            MemberKind::parse_identity("cluster/gpu"),
+            Some((MemberKind::Cluster, "gpu"))
+        );
         assert_eq!(MemberKind::parse_identity("admin/x"), None);
         assert_eq!(MemberKind::parse_identity("device"), None);
     }

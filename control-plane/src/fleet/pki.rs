@@ -10,8 +10,8 @@ use anyhow::Context as _;
 use edgeloop_models::fs::write_atomic;
 use edgeloop_models::Digest;
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
@@ -88,11 +88,18 @@ impl Pki {
             let key = KeyPair::generate().context("generating the CA key")?;
             let mut params = CertificateParams::new(Vec::<String>::new())?;
             let mut dn = DistinguishedName::new();
-            dn.push(DnType::CommonName, format!("Edgeloop CA {:08x}", rand::random::<u32>()));
+            dn.push(
+                DnType::CommonName,
+                format!("Edgeloop CA {:08x}", rand::random::<u32>()),
+            );
             dn.push(DnType::OrganizationName, "Edgeloop");
             params.distinguished_name = dn;
             params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-            params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+            params.key_usages = vec![
+                KeyUsagePurpose::KeyCertSign,
+                KeyUsagePurpose::CrlSign,
+                KeyUsagePurpose::DigitalSignature,
+            ];
             params.not_before = now - Duration::hours(1);
             params.not_after = now + Duration::days(3650);
             params.serial_number = Some(random_serial());
@@ -105,13 +112,15 @@ impl Pki {
         };
         let ca_der = pem_to_der(&ca_pem)?;
         let ca_fingerprint = Digest::of(ca_der.as_ref());
-        let issuer = Issuer::from_ca_cert_der(&ca_der, ca_key).context("loading the CA as issuer")?;
+        let issuer =
+            Issuer::from_ca_cert_der(&ca_der, ca_key).context("loading the CA as issuer")?;
 
         let mut names: Vec<String> = server_names.to_vec();
         names.sort();
         names.dedup();
         let names_json = serde_json::to_string(&names)?;
-        let reuse = std::fs::read_to_string(&paths.server_names).ok().as_deref() == Some(names_json.as_str())
+        let reuse = std::fs::read_to_string(&paths.server_names).ok().as_deref()
+            == Some(names_json.as_str())
             && server_cert_valid_for(&paths.server_cert, now + Duration::days(30));
         let (server_chain_pem, server_key_pem) = if reuse {
             (
@@ -125,11 +134,16 @@ impl Pki {
             dn.push(DnType::CommonName, "edgeloop control plane");
             params.distinguished_name = dn;
             params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+            params.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
             params.not_before = now - Duration::hours(1);
             params.not_after = now + Duration::days(397);
             params.serial_number = Some(random_serial());
-            let cert = params.signed_by(&key, &issuer).context("signing the server certificate")?;
+            let cert = params
+                .signed_by(&key, &issuer)
+                .context("signing the server certificate")?;
             let chain = format!("{}{}", cert.pem(), ca_pem);
             write_atomic(&paths.server_key, key.serialize_pem().as_bytes(), 0o600)?;
             write_atomic(&paths.server_cert, chain.as_bytes(), 0o644)?;
@@ -164,12 +178,21 @@ impl Pki {
     /// Signs the public key in `csr_pem` as `identity` (e.g. `device/cam-01`).
     /// The CSR's signature is checked (proof the caller holds the key); its
     /// requested subject and extensions are ignored.
-    pub fn sign_client(&self, csr_pem: &str, identity: &str, not_after: OffsetDateTime) -> Result<SignedCert, Error> {
+    pub fn sign_client(
+        &self,
+        csr_pem: &str,
+        identity: &str,
+        not_after: OffsetDateTime,
+    ) -> Result<SignedCert, Error> {
         if csr_pem.len() > 16 * 1024 {
             return Err(Error::bad_field("csr_pem", "CSR is larger than 16 KiB"));
         }
-        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
-            .map_err(|e| Error::bad_field("csr_pem", format!("not a valid, self-signed PKCS#10 CSR: {e}")))?;
+        let csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| {
+            Error::bad_field(
+                "csr_pem",
+                format!("not a valid, self-signed PKCS#10 CSR: {e}"),
+            )
+        })?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, identity);
@@ -192,9 +215,15 @@ impl Pki {
 }
 
 fn server_cert_valid_for(path: &Path, until: OffsetDateTime) -> bool {
-    let Ok(pem) = std::fs::read_to_string(path) else { return false };
-    let Ok(der) = pem_to_der(&pem) else { return false };
-    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der.as_ref()) else { return false };
+    let Ok(pem) = std::fs::read_to_string(path) else {
+        return false;
+    };
+    let Ok(der) = pem_to_der(&pem) else {
+        return false;
+    };
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der.as_ref()) else {
+        return false;
+    };
     cert.validity().not_after.timestamp() > until.unix_timestamp()
 }
 
@@ -216,18 +245,30 @@ mod tests {
         let pki = Pki::load_or_init(dir.path(), &names).unwrap();
         let again = Pki::load_or_init(dir.path(), &names).unwrap();
         assert_eq!(pki.ca_fingerprint(), again.ca_fingerprint());
-        assert_eq!(pki.server_chain_pem(), again.server_chain_pem(), "server cert reused");
+        assert_eq!(
+            pki.server_chain_pem(),
+            again.server_chain_pem(),
+            "server cert reused"
+        );
         let renamed = Pki::load_or_init(dir.path(), &["example.test".to_string()]).unwrap();
         assert_eq!(pki.ca_fingerprint(), renamed.ca_fingerprint());
-        assert_ne!(pki.server_chain_pem(), renamed.server_chain_pem(), "server cert reissued");
+        assert_ne!(
+            pki.server_chain_pem(),
+            renamed.server_chain_pem(),
+            "server cert reissued"
+        );
 
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(dir.path().join("ca.key")).unwrap().permissions().mode();
+        let mode = std::fs::metadata(dir.path().join("ca.key"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
 
         let key = KeyPair::generate().unwrap();
         let mut req = CertificateParams::default();
-        req.distinguished_name.push(DnType::CommonName, "device/admin-please");
+        req.distinguished_name
+            .push(DnType::CommonName, "device/admin-please");
         let csr = req.serialize_request(&key).unwrap().pem().unwrap();
         let not_after = OffsetDateTime::now_utc() + Duration::days(1);
         let signed = pki.sign_client(&csr, "device/cam-01", not_after).unwrap();
@@ -235,9 +276,16 @@ mod tests {
         assert_eq!(identity_of(der.as_ref()).as_deref(), Some("device/cam-01"));
         assert_eq!(Digest::of(der.as_ref()), signed.fingerprint);
 
-        for bad in ["", "garbage", "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n"] {
+        for bad in [
+            "",
+            "garbage",
+            "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+        ] {
             let err = pki.sign_client(bad, "device/x", not_after).unwrap_err();
-            assert!(matches!(err, Error::BadRequest { field: Some(ref f), .. } if f == "csr_pem"), "{bad:?}");
+            assert!(
+                matches!(err, Error::BadRequest { field: Some(ref f), .. } if f == "csr_pem"),
+                "{bad:?}"
+            );
         }
     }
 }

@@ -70,15 +70,26 @@ fn telemetry_key(device: &str, sequence: u64) -> String {
 
 /// Stores a report unless this sequence was stored before. Returns the
 /// highest stored sequence for the device (the ack).
-pub fn record_telemetry(store: &Store, device: &str, report: pb::TelemetryReport, now: OffsetDateTime) -> Result<u64> {
+pub fn record_telemetry(
+    store: &Store,
+    device: &str,
+    report: pb::TelemetryReport,
+    now: OffsetDateTime,
+) -> Result<u64> {
     if report.sequence == 0 {
         return Err(Error::bad_field("sequence", "must start at 1"));
     }
     if report.models.len() > MAX_MODELS_PER_REPORT {
-        return Err(Error::bad_field("models", format!("at most {MAX_MODELS_PER_REPORT} per report")));
+        return Err(Error::bad_field(
+            "models",
+            format!("at most {MAX_MODELS_PER_REPORT} per report"),
+        ));
     }
     if report.events.len() > MAX_EVENTS_PER_REPORT {
-        return Err(Error::bad_field("events", format!("at most {MAX_EVENTS_PER_REPORT} per report")));
+        return Err(Error::bad_field(
+            "events",
+            format!("at most {MAX_EVENTS_PER_REPORT} per report"),
+        ));
     }
     let record = TelemetryRecord {
         device: device.to_string(),
@@ -110,16 +121,27 @@ pub fn record_telemetry(store: &Store, device: &str, report: pb::TelemetryReport
             .collect(),
     };
     // A replayed sequence is a duplicate: keep the first copy.
-    store.telemetry.insert_new(&telemetry_key(device, record.sequence), &record)?;
+    store
+        .telemetry
+        .insert_new(&telemetry_key(device, record.sequence), &record)?;
     Ok(store
         .telemetry
         .last_with_prefix(&format!("{device}/"))?
         .map_or(0, |(_, r)| r.sequence))
 }
 
-pub fn record_status(store: &Store, device: &str, report: pb::AssignmentStatusReport, now: OffsetDateTime) -> Result<()> {
-    let state = pb::AssignmentState::try_from(report.state)
-        .map_err(|_| Error::bad_field("state", format!("unknown assignment state {}", report.state)))?;
+pub fn record_status(
+    store: &Store,
+    device: &str,
+    report: pb::AssignmentStatusReport,
+    now: OffsetDateTime,
+) -> Result<()> {
+    let state = pb::AssignmentState::try_from(report.state).map_err(|_| {
+        Error::bad_field(
+            "state",
+            format!("unknown assignment state {}", report.state),
+        )
+    })?;
     if state == pb::AssignmentState::Unspecified {
         return Err(Error::bad_field("state", "must be set"));
     }

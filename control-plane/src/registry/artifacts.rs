@@ -54,13 +54,22 @@ pub struct UploadLimits {
 pub trait ArtifactStore: Send + Sync + 'static {
     /// Streams `body` into the store. Nothing becomes visible unless the whole
     /// body arrived, fits the limits, and hashes to `expected`.
-    async fn put(&self, expected: Digest, body: ByteStream, limits: UploadLimits) -> Result<PutOutcome, ArtifactError>;
+    async fn put(
+        &self,
+        expected: Digest,
+        body: ByteStream,
+        limits: UploadLimits,
+    ) -> Result<PutOutcome, ArtifactError>;
 
     /// Size of a stored artifact, or None.
     async fn head(&self, digest: Digest) -> Result<Option<u64>, ArtifactError>;
 
     /// Reads from `offset` to the end; returns the total size too.
-    async fn open_at(&self, digest: Digest, offset: u64) -> Result<(u64, ArtifactReader), ArtifactError>;
+    async fn open_at(
+        &self,
+        digest: Digest,
+        offset: u64,
+    ) -> Result<(u64, ArtifactReader), ArtifactError>;
 }
 
 /// `<root>/sha256/<first two hex>/<digest>`; uploads in progress live in
@@ -137,11 +146,16 @@ impl LocalArtifactStore {
 
 #[async_trait]
 impl ArtifactStore for LocalArtifactStore {
-    async fn put(&self, expected: Digest, body: ByteStream, limits: UploadLimits) -> Result<PutOutcome, ArtifactError> {
-        let tmp = self
-            .root
-            .join("tmp")
-            .join(format!("{}-{:016x}", expected, rand::random::<u64>()));
+    async fn put(
+        &self,
+        expected: Digest,
+        body: ByteStream,
+        limits: UploadLimits,
+    ) -> Result<PutOutcome, ArtifactError> {
+        let tmp =
+            self.root
+                .join("tmp")
+                .join(format!("{}-{:016x}", expected, rand::random::<u64>()));
         let written = self.write_temp(&tmp, body, limits).await;
         let (actual, size) = match written {
             Ok(v) => v,
@@ -163,7 +177,10 @@ impl ArtifactStore for LocalArtifactStore {
                 created: false,
             });
         }
-        let dir = dest.parent().map(Path::to_path_buf).unwrap_or_else(|| self.root.clone());
+        let dir = dest
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| self.root.clone());
         tokio::fs::create_dir_all(&dir).await?;
         tokio::fs::rename(&tmp, &dest).await?;
         // The rename is durable only once the directory entry is.
@@ -185,10 +202,16 @@ impl ArtifactStore for LocalArtifactStore {
         }
     }
 
-    async fn open_at(&self, digest: Digest, offset: u64) -> Result<(u64, ArtifactReader), ArtifactError> {
+    async fn open_at(
+        &self,
+        digest: Digest,
+        offset: u64,
+    ) -> Result<(u64, ArtifactReader), ArtifactError> {
         let mut file = match tokio::fs::File::open(self.path_of(digest)).await {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ArtifactError::NotFound(digest)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(ArtifactError::NotFound(digest))
+            }
             Err(e) => return Err(e.into()),
         };
         let size = file.metadata().await?.len();
@@ -203,7 +226,8 @@ mod tests {
     use tokio::io::AsyncReadExt;
 
     fn body(parts: &[&'static [u8]]) -> ByteStream {
-        let parts: Vec<Result<Bytes, ArtifactError>> = parts.iter().map(|p| Ok(Bytes::from_static(p))).collect();
+        let parts: Vec<Result<Bytes, ArtifactError>> =
+            parts.iter().map(|p| Ok(Bytes::from_static(p))).collect();
         Box::pin(futures::stream::iter(parts))
     }
 
@@ -236,9 +260,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalArtifactStore::open(dir.path()).unwrap();
         let d = Digest::of(b"hello world");
-        let out = store.put(d, body(&[b"hello ", b"world"]), no_limit()).await.unwrap();
+        let out = store
+            .put(d, body(&[b"hello ", b"world"]), no_limit())
+            .await
+            .unwrap();
         assert_eq!((out.size, out.created), (11, true));
-        let again = store.put(d, body(&[b"hello world"]), no_limit()).await.unwrap();
+        let again = store
+            .put(d, body(&[b"hello world"]), no_limit())
+            .await
+            .unwrap();
         assert!(!again.created);
         assert_eq!(store.head(d).await.unwrap(), Some(11));
         let (size, mut r) = store.open_at(d, 6).await.unwrap();
@@ -252,25 +282,46 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalArtifactStore::open(dir.path()).unwrap();
         let d = Digest::of(b"expected");
-        let err = store.put(d, body(&[b"other"]), no_limit()).await.unwrap_err();
+        let err = store
+            .put(d, body(&[b"other"]), no_limit())
+            .await
+            .unwrap_err();
         assert!(matches!(err, ArtifactError::DigestMismatch { .. }));
 
-        let small = UploadLimits { max_bytes: 4, declared_size: None };
-        let err = store.put(Digest::of(b"12345"), body(&[b"12", b"345"]), small).await.unwrap_err();
+        let small = UploadLimits {
+            max_bytes: 4,
+            declared_size: None,
+        };
+        let err = store
+            .put(Digest::of(b"12345"), body(&[b"12", b"345"]), small)
+            .await
+            .unwrap_err();
         assert!(matches!(err, ArtifactError::TooLarge { limit: 4 }));
 
-        let declared = UploadLimits { max_bytes: 100, declared_size: Some(3) };
-        let err = store.put(Digest::of(b"1234"), body(&[b"1234"]), declared).await.unwrap_err();
+        let declared = UploadLimits {
+            max_bytes: 100,
+            declared_size: Some(3),
+        };
+        let err = store
+            .put(Digest::of(b"1234"), body(&[b"1234"]), declared)
+            .await
+            .unwrap_err();
         assert!(matches!(err, ArtifactError::SizeMismatch { .. }));
 
         let broken: ByteStream = Box::pin(futures::stream::iter(vec![
             Ok(Bytes::from_static(b"part")),
             Err(ArtifactError::Body("connection reset".into())),
         ]));
-        assert!(store.put(Digest::of(b"part"), broken, no_limit()).await.is_err());
+        assert!(store
+            .put(Digest::of(b"part"), broken, no_limit())
+            .await
+            .is_err());
 
         assert_eq!(entries(dir.path()), 0, "{:?}", walk(dir.path()));
         assert_eq!(store.head(d).await.unwrap(), None);
-        assert!(matches!(store.open_at(d, 0).await, Err(ArtifactError::NotFound(_))));
+        assert!(matches!(
+            store.open_at(d, 0).await,
+            Err(ArtifactError::NotFound(_))
+        ));
     }
 }

@@ -32,6 +32,12 @@ pub fn key(job_id: &str, step: u64) -> String {
 }
 
 /// The newest checkpoint of a job: the one to resume from.
-pub fn latest(store: &Store, job_id: &str) -> Result<Option<CheckpointRecord>, crate::store::StoreError> {
-    Ok(store.checkpoints.last_with_prefix(&format!("{job_id}/"))?.map(|(_, v)| v))
+pub fn latest(
+    store: &Store,
+    job_id: &str,
+) -> Result<Option<CheckpointRecord>, crate::store::StoreError> {
+    Ok(store
+        .checkpoints
+        .last_with_prefix(&format!("{job_id}/"))?
+        .map(|(_, v)| v))
 }

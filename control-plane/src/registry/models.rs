@@ -111,7 +111,11 @@ fn version_key(model: &str, version: &str) -> String {
     format!("{model}/{version}")
 }
 
-pub async fn create_model(store: &Store, req: CreateModel, now: OffsetDateTime) -> Result<ModelRecord> {
+pub async fn create_model(
+    store: &Store,
+    req: CreateModel,
+    now: OffsetDateTime,
+) -> Result<ModelRecord> {
     validate::name("name", &req.name)?;
     let description = req.description.unwrap_or_default();
     validate::text("description", &description, 4096)?;
@@ -128,14 +132,20 @@ pub async fn create_model(store: &Store, req: CreateModel, now: OffsetDateTime) 
         created_at: now,
     };
     if !store.models.insert_new(&record.name, &record)? {
-        return Err(Error::Conflict(format!("model {:?} already exists", record.name)));
+        return Err(Error::Conflict(format!(
+            "model {:?} already exists",
+            record.name
+        )));
     }
     store.flush().await?;
     Ok(record)
 }
 
 pub fn get_model(store: &Store, name: &str) -> Result<ModelRecord> {
-    store.models.get(name)?.ok_or_else(|| Error::not_found("model", name))
+    store
+        .models
+        .get(name)?
+        .ok_or_else(|| Error::not_found("model", name))
 }
 
 pub fn list_versions(store: &Store, model: &str) -> Result<Vec<ModelVersionRecord>> {
@@ -146,7 +156,11 @@ pub fn list_versions(store: &Store, model: &str) -> Result<Vec<ModelVersionRecor
         .into_iter()
         .map(|(_, v)| v)
         .collect();
-    versions.sort_by(|a, b| a.created_at.cmp(&b.created_at).then_with(|| a.version.cmp(&b.version)));
+    versions.sort_by(|a, b| {
+        a.created_at
+            .cmp(&b.created_at)
+            .then_with(|| a.version.cmp(&b.version))
+    });
     Ok(versions)
 }
 
@@ -171,19 +185,31 @@ pub async fn create_version(
     }
     let format = req.format.unwrap_or_else(|| "onnx".to_string());
     if !FORMATS.contains(&format.as_str()) {
-        return Err(Error::bad_field("format", format!("unknown format {format:?}; expected one of {FORMATS:?}")));
+        return Err(Error::bad_field(
+            "format",
+            format!("unknown format {format:?}; expected one of {FORMATS:?}"),
+        ));
     }
     let artifact_size = artifacts.head(req.artifact_digest).await?.ok_or_else(|| {
-        Error::bad_field("artifact_digest", format!("artifact {} has not been uploaded", req.artifact_digest))
+        Error::bad_field(
+            "artifact_digest",
+            format!("artifact {} has not been uploaded", req.artifact_digest),
+        )
     })?;
     if let Some(m) = req.manifest_digest {
         if artifacts.head(m).await?.is_none() {
-            return Err(Error::bad_field("manifest_digest", format!("artifact {m} has not been uploaded")));
+            return Err(Error::bad_field(
+                "manifest_digest",
+                format!("artifact {m} has not been uploaded"),
+            ));
         }
     }
     let metrics = req.metrics.unwrap_or_default();
     if let Some((k, _)) = metrics.iter().find(|(_, v)| !v.is_finite()) {
-        return Err(Error::bad_field(format!("metrics.{k}"), "must be a finite number"));
+        return Err(Error::bad_field(
+            format!("metrics.{k}"),
+            "must be a finite number",
+        ));
     }
     let lineage = req.lineage.unwrap_or_default();
     if let Some(parent) = &lineage.parent_version {
@@ -198,7 +224,11 @@ pub async fn create_version(
         validate::text("lineage.trigger", t, 128)?;
     }
     let explicit = req.version.is_some();
-    let mut next = store.model_versions.scan_prefix(&format!("{model}/"))?.len() + 1;
+    let mut next = store
+        .model_versions
+        .scan_prefix(&format!("{model}/"))?
+        .len()
+        + 1;
     loop {
         let version = req.version.clone().unwrap_or_else(|| next.to_string());
         let record = ModelVersionRecord {
@@ -212,12 +242,17 @@ pub async fn create_version(
             lineage: lineage.clone(),
             created_at: now,
         };
-        if store.model_versions.insert_new(&version_key(model, &version), &record)? {
+        if store
+            .model_versions
+            .insert_new(&version_key(model, &version), &record)?
+        {
             store.flush().await?;
             return Ok(record);
         }
         if explicit {
-            return Err(Error::Conflict(format!("model {model:?} already has version {version:?}")));
+            return Err(Error::Conflict(format!(
+                "model {model:?} already has version {version:?}"
+            )));
         }
         next += 1;
     }

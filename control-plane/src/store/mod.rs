@@ -135,7 +135,9 @@ mod tests {
             store.force_schema_version(SCHEMA_VERSION + 1).unwrap();
         }
         let err = Store::open(&path).err().unwrap();
-        assert!(matches!(err, StoreError::SchemaTooNew { found, supported } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION));
+        assert!(
+            matches!(err, StoreError::SchemaTooNew { found, supported } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION)
+        );
         assert!(err.to_string().contains("newer Edgeloop"), "{err}");
     }
 

@@ -7,7 +7,9 @@ use std::time::SystemTime;
 use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_server::AgentService;
-use edgeloop_proto::common::v1::{EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse};
+use edgeloop_proto::common::v1::{
+    EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse,
+};
 use futures::Stream;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
@@ -36,19 +38,24 @@ impl AgentApi {
 }
 
 /// Enrollment, shared by both services.
-pub(super) async fn enroll(core: &Core, kind: MemberKind, req: EnrollRequest) -> Result<EnrollResponse, Status> {
-    let lifetime = time::Duration::try_from(core.config.cert_lifetime).unwrap_or(time::Duration::days(365));
-    let (member, cert) = members::enroll(
-        &core.store,
-        &core.pki,
+pub(super) async fn enroll(
+    core: &Core,
+    kind: MemberKind,
+    req: EnrollRequest,
+) -> Result<EnrollResponse, Status> {
+    let lifetime =
+        time::Duration::try_from(core.config.cert_lifetime).unwrap_or(time::Duration::days(365));
+    let enrollment = members::Enrollment {
         kind,
-        &req.bootstrap_token,
-        &req.csr_pem,
-        req.capabilities.map(CapabilitiesRecord::from).unwrap_or_default(),
-        lifetime,
-        core.now(),
-    )
-    .await?;
+        token: &req.bootstrap_token,
+        csr_pem: &req.csr_pem,
+        capabilities: req
+            .capabilities
+            .map(CapabilitiesRecord::from)
+            .unwrap_or_default(),
+    };
+    let (member, cert) =
+        members::enroll(&core.store, &core.pki, enrollment, lifetime, core.now()).await?;
     tracing::info!(identity = %kind.identity(&member.id), "enrolled");
     Ok(EnrollResponse {
         identity: kind.identity(&member.id),
@@ -76,12 +83,25 @@ pub(super) fn heartbeat<T>(
 
 #[tonic::async_trait]
 impl AgentService for AgentApi {
-    async fn enroll(&self, req: Request<EnrollRequest>) -> Result<Response<EnrollResponse>, Status> {
-        Ok(Response::new(enroll(&self.core, MemberKind::Device, req.into_inner()).await?))
+    async fn enroll(
+        &self,
+        req: Request<EnrollRequest>,
+    ) -> Result<Response<EnrollResponse>, Status> {
+        Ok(Response::new(
+            enroll(&self.core, MemberKind::Device, req.into_inner()).await?,
+        ))
     }
 
-    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
-        Ok(Response::new(heartbeat(&self.core, MemberKind::Device, req, |r| r.capabilities)?))
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        Ok(Response::new(heartbeat(
+            &self.core,
+            MemberKind::Device,
+            req,
+            |r| r.capabilities,
+        )?))
     }
 
     type WatchAssignmentsStream = BoxStream<pb::AssignmentSet>;
@@ -154,9 +174,17 @@ impl AgentService for AgentApi {
                 "artifact {digest} is not assigned to device/{device}"
             )));
         }
-        let (size, mut reader) = self.core.artifacts.open_at(digest, req.offset).await.map_err(Error::from)?;
+        let (size, mut reader) = self
+            .core
+            .artifacts
+            .open_at(digest, req.offset)
+            .await
+            .map_err(Error::from)?;
         if req.offset > size {
-            return Err(Status::out_of_range(format!("offset {} is past the end ({size} bytes)", req.offset)));
+            return Err(Status::out_of_range(format!(
+                "offset {} is past the end ({size} bytes)",
+                req.offset
+            )));
         }
         let chunk = match req.max_chunk_bytes as usize {
             0 => DEFAULT_CHUNK,
@@ -171,7 +199,9 @@ impl AgentService for AgentApi {
                     Ok(0) => return,
                     Ok(n) => n,
                     Err(e) => {
-                        let _ = tx.send(Err(Status::internal(format!("reading artifact: {e}")))).await;
+                        let _ = tx
+                            .send(Err(Status::internal(format!("reading artifact: {e}"))))
+                            .await;
                         return;
                     }
                 };
@@ -189,12 +219,22 @@ impl AgentService for AgentApi {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn report_telemetry(&self, req: Request<pb::TelemetryReport>) -> Result<Response<pb::TelemetryAck>, Status> {
+    async fn report_telemetry(
+        &self,
+        req: Request<pb::TelemetryReport>,
+    ) -> Result<Response<pb::TelemetryAck>, Status> {
         let device = caller(&self.core, &req, MemberKind::Device)?.id;
-        let acked = telemetry::record_telemetry(&self.core.store, &device, req.into_inner(), self.core.now())?;
+        let acked = telemetry::record_telemetry(
+            &self.core.store,
+            &device,
+            req.into_inner(),
+            self.core.now(),
+        )?;
         // The ack lets the agent drop its buffered copy, so persist first.
         self.core.store.flush().await.map_err(Error::from)?;
-        Ok(Response::new(pb::TelemetryAck { acked_sequence: acked }))
+        Ok(Response::new(pb::TelemetryAck {
+            acked_sequence: acked,
+        }))
     }
 
     async fn report_assignment_status(

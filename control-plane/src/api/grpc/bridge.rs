@@ -13,7 +13,9 @@ use std::time::Duration;
 use edgeloop_models::Digest;
 use edgeloop_proto::bridge::v1 as pb;
 use edgeloop_proto::bridge::v1::bridge_service_server::BridgeService;
-use edgeloop_proto::common::v1::{EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse};
+use edgeloop_proto::common::v1::{
+    EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse,
+};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -42,8 +44,17 @@ impl BridgeApi {
 }
 
 fn validate_header(h: &pb::CheckpointHeader, max_bytes: u64) -> Result<Digest, Error> {
-    if h.job_id.is_empty() || h.job_id.len() > 128 || !h.job_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-        return Err(Error::bad_field("header.job_id", "must be 1-128 of A-Z a-z 0-9 - _"));
+    if h.job_id.is_empty()
+        || h.job_id.len() > 128
+        || !h
+            .job_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(Error::bad_field(
+            "header.job_id",
+            "must be 1-128 of A-Z a-z 0-9 - _",
+        ));
     }
     let digest = h
         .digest
@@ -63,15 +74,31 @@ fn validate_header(h: &pb::CheckpointHeader, max_bytes: u64) -> Result<Digest, E
 
 #[tonic::async_trait]
 impl BridgeService for BridgeApi {
-    async fn enroll(&self, req: Request<EnrollRequest>) -> Result<Response<EnrollResponse>, Status> {
-        Ok(Response::new(super::agent::enroll(&self.core, MemberKind::Cluster, req.into_inner()).await?))
+    async fn enroll(
+        &self,
+        req: Request<EnrollRequest>,
+    ) -> Result<Response<EnrollResponse>, Status> {
+        Ok(Response::new(
+            super::agent::enroll(&self.core, MemberKind::Cluster, req.into_inner()).await?,
+        ))
     }
 
-    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
-        Ok(Response::new(super::agent::heartbeat(&self.core, MemberKind::Cluster, req, |r| r.capabilities)?))
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        Ok(Response::new(super::agent::heartbeat(
+            &self.core,
+            MemberKind::Cluster,
+            req,
+            |r| r.capabilities,
+        )?))
     }
 
-    async fn lease_job(&self, req: Request<pb::LeaseJobRequest>) -> Result<Response<pb::LeaseJobResponse>, Status> {
+    async fn lease_job(
+        &self,
+        req: Request<pb::LeaseJobRequest>,
+    ) -> Result<Response<pb::LeaseJobResponse>, Status> {
         caller(&self.core, &req, MemberKind::Cluster)?;
         let wait = Duration::from_secs(req.into_inner().wait_seconds.into()).min(MAX_LEASE_WAIT);
         tokio::select! {
@@ -86,7 +113,10 @@ impl BridgeService for BridgeApi {
 
     type WatchJobsStream = BoxStream<pb::JobEvent>;
 
-    async fn watch_jobs(&self, req: Request<pb::WatchJobsRequest>) -> Result<Response<Self::WatchJobsStream>, Status> {
+    async fn watch_jobs(
+        &self,
+        req: Request<pb::WatchJobsRequest>,
+    ) -> Result<Response<Self::WatchJobsStream>, Status> {
         let cluster = caller(&self.core, &req, MemberKind::Cluster)?.id;
         let core = self.core.clone();
         let events = core.events.subscribe();
@@ -103,7 +133,10 @@ impl BridgeService for BridgeApi {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn report_progress(&self, req: Request<pb::ProgressReport>) -> Result<Response<pb::ProgressAck>, Status> {
+    async fn report_progress(
+        &self,
+        req: Request<pb::ProgressReport>,
+    ) -> Result<Response<pb::ProgressAck>, Status> {
         caller(&self.core, &req, MemberKind::Cluster)?;
         let job = req.into_inner().job_id;
         Err(Error::not_found("job", job).into())
@@ -119,7 +152,11 @@ impl BridgeService for BridgeApi {
             Some(pb::CheckpointUpload {
                 part: Some(pb::checkpoint_upload::Part::Header(h)),
             }) => h,
-            _ => return Err(Status::invalid_argument("header: the first message must be the checkpoint header")),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "header: the first message must be the checkpoint header",
+                ))
+            }
         };
         let max = self.core.config.max_artifact_bytes;
         let digest = validate_header(&header, max)?;
@@ -136,7 +173,9 @@ impl BridgeService for BridgeApi {
                     "chunk at offset {} but expected {expected_offset}",
                     c.offset
                 ))),
-                _ => Err(ArtifactError::Body("only chunks may follow the header".into())),
+                _ => Err(ArtifactError::Body(
+                    "only chunks may follow the header".into(),
+                )),
             }
         });
         let outcome = self

@@ -21,9 +21,16 @@ use crate::Core;
 /// Largest single gRPC message; artifacts and checkpoints move in chunks.
 const MAX_MESSAGE_BYTES: usize = 8 << 20;
 
-pub async fn serve(core: Arc<Core>, listener: TcpListener, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn serve(
+    core: Arc<Core>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(core.pki.server_chain_pem(), core.pki.server_key_pem()))
+        .identity(Identity::from_pem(
+            core.pki.server_chain_pem(),
+            core.pki.server_key_pem(),
+        ))
         .client_ca_root(Certificate::from_pem(core.pki.ca_pem()))
         .client_auth_optional(true);
     Server::builder()

@@ -23,7 +23,8 @@ pub struct ArtifactInfo {
 }
 
 fn parse_digest(raw: &str) -> Result<Digest, Error> {
-    raw.parse().map_err(|e| Error::bad_field("digest", format!("{e}")))
+    raw.parse()
+        .map_err(|e| Error::bad_field("digest", format!("{e}")))
 }
 
 /// Uploads an artifact. The body is streamed to disk and stored only if its
@@ -55,9 +56,20 @@ pub async fn upload(
         .map_err(|e| ArtifactError::Body(e.to_string()));
     let outcome = core
         .artifacts
-        .put(digest, Box::pin(body), UploadLimits { max_bytes: limit, declared_size: None })
+        .put(
+            digest,
+            Box::pin(body),
+            UploadLimits {
+                max_bytes: limit,
+                declared_size: None,
+            },
+        )
         .await?;
-    let status = if outcome.created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if outcome.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((
         status,
         Json(ArtifactInfo {
@@ -88,34 +100,45 @@ pub async fn download(
     let digest = parse_digest(&digest)?;
     let start = range_start(&headers);
     let (size, reader) = core.artifacts.open_at(digest, start.unwrap_or(0)).await?;
-    let etag = HeaderValue::from_str(&format!("\"{digest}\"")).map_err(|e| Error::Internal(e.into()))?;
+    let etag =
+        HeaderValue::from_str(&format!("\"{digest}\"")).map_err(|e| Error::Internal(e.into()))?;
     let mut response = match start {
         Some(s) if s >= size && size > 0 => {
             let mut r = StatusCode::RANGE_NOT_SATISFIABLE.into_response();
             r.headers_mut().insert(
                 header::CONTENT_RANGE,
-                HeaderValue::from_str(&format!("bytes */{size}")).map_err(|e| Error::Internal(e.into()))?,
+                HeaderValue::from_str(&format!("bytes */{size}"))
+                    .map_err(|e| Error::Internal(e.into()))?,
             );
             return Ok(r);
         }
         Some(s) if s > 0 => {
-            let mut r = (StatusCode::PARTIAL_CONTENT, Body::from_stream(ReaderStream::new(reader))).into_response();
+            let mut r = (
+                StatusCode::PARTIAL_CONTENT,
+                Body::from_stream(ReaderStream::new(reader)),
+            )
+                .into_response();
             let h = r.headers_mut();
             h.insert(
                 header::CONTENT_RANGE,
-                HeaderValue::from_str(&format!("bytes {s}-{}/{size}", size - 1)).map_err(|e| Error::Internal(e.into()))?,
+                HeaderValue::from_str(&format!("bytes {s}-{}/{size}", size - 1))
+                    .map_err(|e| Error::Internal(e.into()))?,
             );
             h.insert(header::CONTENT_LENGTH, HeaderValue::from(size - s));
             r
         }
         _ => {
             let mut r = Body::from_stream(ReaderStream::new(reader)).into_response();
-            r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+            r.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(size));
             r
         }
     };
     let h = response.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
     h.insert(header::ETAG, etag);
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     Ok(response)
@@ -126,13 +149,20 @@ pub async fn download(
     params(("digest" = String, Path)),
     responses((status = 200, description = "stored; Content-Length is its size"), (status = 404, description = "not stored")),
     security(("bearer" = [])))]
-pub async fn head(State(core): State<Arc<Core>>, Path(digest): Path<String>) -> Result<Response, Error> {
+pub async fn head(
+    State(core): State<Arc<Core>>,
+    Path(digest): Path<String>,
+) -> Result<Response, Error> {
     let digest = parse_digest(&digest)?;
     match core.artifacts.head(digest).await? {
         Some(size) => {
             let mut r = StatusCode::OK.into_response();
-            r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(size));
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            r.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
             Ok(r)
         }
         None => Ok(StatusCode::NOT_FOUND.into_response()),

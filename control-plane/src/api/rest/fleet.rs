@@ -31,7 +31,13 @@ pub async fn create_token(
     responses((status = 200, body = Vec<TokenView>), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn list_tokens(State(core): State<Arc<Core>>) -> Result<Json<Vec<TokenView>>, Error> {
     let now = core.now();
-    let tokens = core.store.tokens.values()?.into_iter().map(|t| TokenView::new(t, now)).collect();
+    let tokens = core
+        .store
+        .tokens
+        .values()?
+        .into_iter()
+        .map(|t| TokenView::new(t, now))
+        .collect();
     Ok(Json(tokens))
 }
 
@@ -54,7 +60,11 @@ fn list(core: &Core, kind: MemberKind) -> Result<Json<Vec<MemberView>>, Error> {
 
 fn show(core: &Core, kind: MemberKind, id: &str) -> Result<Json<MemberView>, Error> {
     let member = members::get(&core.store, kind, id)?;
-    Ok(Json(MemberView::new(member, core.now(), offline_after(core))))
+    Ok(Json(MemberView::new(
+        member,
+        core.now(),
+        offline_after(core),
+    )))
 }
 
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
@@ -72,14 +82,33 @@ pub struct LabelsRequest {
     pub labels: BTreeMap<String, String>,
 }
 
-async fn revoke(core: &Core, kind: MemberKind, id: &str, req: RevokeRequest) -> Result<Json<MemberView>, Error> {
-    let member = members::revoke(&core.store, &core.events, kind, id, req.reason, core.now()).await?;
-    Ok(Json(MemberView::new(member, core.now(), offline_after(core))))
+async fn revoke(
+    core: &Core,
+    kind: MemberKind,
+    id: &str,
+    req: RevokeRequest,
+) -> Result<Json<MemberView>, Error> {
+    let member =
+        members::revoke(&core.store, &core.events, kind, id, req.reason, core.now()).await?;
+    Ok(Json(MemberView::new(
+        member,
+        core.now(),
+        offline_after(core),
+    )))
 }
 
-async fn set_labels(core: &Core, kind: MemberKind, id: &str, req: LabelsRequest) -> Result<Json<MemberView>, Error> {
+async fn set_labels(
+    core: &Core,
+    kind: MemberKind,
+    id: &str,
+    req: LabelsRequest,
+) -> Result<Json<MemberView>, Error> {
     let member = members::set_labels(&core.store, kind, id, req.labels).await?;
-    Ok(Json(MemberView::new(member, core.now(), offline_after(core))))
+    Ok(Json(MemberView::new(
+        member,
+        core.now(),
+        offline_after(core),
+    )))
 }
 
 /// Lists devices with their online/offline status and last-seen time.
@@ -91,7 +120,10 @@ pub async fn list_devices(State(core): State<Arc<Core>>) -> Result<Json<Vec<Memb
 
 #[utoipa::path(get, path = "/api/v1/devices/{id}", tag = "fleet", params(("id" = String, Path)),
     responses((status = 200, body = MemberView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
-pub async fn get_device(State(core): State<Arc<Core>>, Path(id): Path<String>) -> Result<Json<MemberView>, Error> {
+pub async fn get_device(
+    State(core): State<Arc<Core>>,
+    Path(id): Path<String>,
+) -> Result<Json<MemberView>, Error> {
     show(&core, MemberKind::Device, &id)
 }
 
@@ -127,7 +159,10 @@ pub async fn list_clusters(State(core): State<Arc<Core>>) -> Result<Json<Vec<Mem
 
 #[utoipa::path(get, path = "/api/v1/clusters/{id}", tag = "fleet", params(("id" = String, Path)),
     responses((status = 200, body = MemberView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
-pub async fn get_cluster(State(core): State<Arc<Core>>, Path(id): Path<String>) -> Result<Json<MemberView>, Error> {
+pub async fn get_cluster(
+    State(core): State<Arc<Core>>,
+    Path(id): Path<String>,
+) -> Result<Json<MemberView>, Error> {
     show(&core, MemberKind::Cluster, &id)
 }
 

@@ -22,7 +22,10 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
         let message = inner.to_string();
         // serde reports a missing field at its parent's path, with the
         // field's name in backticks; name the field itself.
-        let named = message.split('`').nth(1).filter(|_| message.starts_with("missing field"));
+        let named = message
+            .split('`')
+            .nth(1)
+            .filter(|_| message.starts_with("missing field"));
         let field = match (path.as_str(), named) {
             (".", Some(name)) => Some(name.to_string()),
             (parent, Some(name)) => Some(format!("{parent}.{name}")),
@@ -47,9 +50,16 @@ pub struct OptionalJson<T>(pub T);
 
 /// Reads the whole body, refusing more than `limit` bytes without reading them all.
 pub async fn body_bytes(req: Request, limit: usize) -> Result<Bytes, Error> {
-    let too_large = Error::PayloadTooLarge { limit: limit as u64 };
+    let too_large = Error::PayloadTooLarge {
+        limit: limit as u64,
+    };
     if let Some(len) = req.headers().get(http::header::CONTENT_LENGTH) {
-        if len.to_str().ok().and_then(|l| l.parse::<u64>().ok()).is_some_and(|l| l > limit as u64) {
+        if len
+            .to_str()
+            .ok()
+            .and_then(|l| l.parse::<u64>().ok())
+            .is_some_and(|l| l > limit as u64)
+        {
             return Err(too_large);
         }
     }
@@ -100,13 +110,24 @@ mod tests {
 
     #[test]
     fn names_the_field() {
-        assert_eq!(field_of(r#"{"kind":"device","colour":"red"}"#).as_deref(), Some("colour"));
+        assert_eq!(
+            field_of(r#"{"kind":"device","colour":"red"}"#).as_deref(),
+            Some("colour")
+        );
         assert_eq!(field_of(r#"{"name":"x"}"#).as_deref(), Some("kind"));
         assert_eq!(field_of(r#"{"kind":"toaster"}"#).as_deref(), Some("kind"));
-        assert_eq!(field_of(r#"{"kind":"device","ttl_seconds":"soon"}"#).as_deref(), Some("ttl_seconds"));
-        assert_eq!(field_of(r#"{"kind":"device","labels":{"a":1}}"#).as_deref(), Some("labels.a"));
+        assert_eq!(
+            field_of(r#"{"kind":"device","ttl_seconds":"soon"}"#).as_deref(),
+            Some("ttl_seconds")
+        );
+        assert_eq!(
+            field_of(r#"{"kind":"device","labels":{"a":1}}"#).as_deref(),
+            Some("labels.a")
+        );
         match parse_body::<CreateToken>(br#"{"kind":"#) {
-            Err(Error::BadRequest { message, .. }) => assert!(message.starts_with("malformed JSON"), "{message}"),
+            Err(Error::BadRequest { message, .. }) => {
+                assert!(message.starts_with("malformed JSON"), "{message}")
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(field_of("42"), None);
@@ -117,7 +138,9 @@ mod tests {
     fn nested_unknown_field_is_named() {
         let body = r#"{"artifact_digest":"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad","lineage":{"parent":"1"}}"#;
         match parse_body::<CreateModelVersion>(body.as_bytes()) {
-            Err(Error::BadRequest { field, .. }) => assert_eq!(field.as_deref(), Some("lineage.parent")),
+            Err(Error::BadRequest { field, .. }) => {
+                assert_eq!(field.as_deref(), Some("lineage.parent"))
+            }
             other => panic!("{other:?}"),
         }
         match parse_body::<CreateModelVersion>(br#"{"artifact_digest":"nope"}"#) {

@@ -23,7 +23,10 @@ use crate::Core;
 
 pub fn router(core: Arc<Core>) -> Router {
     let protected = Router::new()
-        .route("/api/v1/tokens", post(fleet::create_token).get(fleet::list_tokens))
+        .route(
+            "/api/v1/tokens",
+            post(fleet::create_token).get(fleet::list_tokens),
+        )
         .route("/api/v1/devices", get(fleet::list_devices))
         .route("/api/v1/devices/{id}", get(fleet::get_device))
         .route("/api/v1/devices/{id}/revoke", post(fleet::revoke_device))
@@ -31,18 +34,29 @@ pub fn router(core: Arc<Core>) -> Router {
         .route("/api/v1/clusters", get(fleet::list_clusters))
         .route("/api/v1/clusters/{id}", get(fleet::get_cluster))
         .route("/api/v1/clusters/{id}/revoke", post(fleet::revoke_cluster))
-        .route("/api/v1/clusters/{id}/labels", put(fleet::set_cluster_labels))
+        .route(
+            "/api/v1/clusters/{id}/labels",
+            put(fleet::set_cluster_labels),
+        )
         .route(
             "/api/v1/artifacts/{digest}",
-            put(artifacts::upload).get(artifacts::download).head(artifacts::head),
+            put(artifacts::upload)
+                .get(artifacts::download)
+                .head(artifacts::head),
         )
-        .route("/api/v1/models", post(models::create_model).get(models::list_models))
+        .route(
+            "/api/v1/models",
+            post(models::create_model).get(models::list_models),
+        )
         .route("/api/v1/models/{name}", get(models::get_model))
         .route(
             "/api/v1/models/{name}/versions",
             post(models::create_version).get(models::list_versions),
         )
-        .route("/api/v1/models/{name}/versions/{version}", get(models::get_version))
+        .route(
+            "/api/v1/models/{name}/versions/{version}",
+            get(models::get_version),
+        )
         .route_layer(middleware::from_fn_with_state(core.clone(), require_admin));
     Router::new()
         .merge(protected)
@@ -54,7 +68,11 @@ pub fn router(core: Arc<Core>) -> Router {
 }
 
 /// Serves the REST API until `shutdown`, then finishes in-flight requests.
-pub async fn serve(core: Arc<Core>, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    core: Arc<Core>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     axum::serve(listener, router(core))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
@@ -68,9 +86,13 @@ async fn require_admin(State(core): State<Arc<Core>>, req: Request, next: Next) 
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     match presented {
-        None => Error::Unauthenticated("missing bearer token (Authorization: Bearer <admin token>)".into())
-            .into_response(),
-        Some(token) if !core.is_admin_token(token) => Error::Unauthenticated("invalid bearer token".into()).into_response(),
+        None => Error::Unauthenticated(
+            "missing bearer token (Authorization: Bearer <admin token>)".into(),
+        )
+        .into_response(),
+        Some(token) if !core.is_admin_token(token) => {
+            Error::Unauthenticated("invalid bearer token".into()).into_response()
+        }
         Some(_) => next.run(req).await,
     }
 }

@@ -8,7 +8,9 @@ use axum::Json;
 
 use super::json::ValidJson;
 use crate::error::{Error, ErrorBody};
-use crate::registry::models::{self, CreateModel, CreateModelVersion, ModelRecord, ModelVersionRecord};
+use crate::registry::models::{
+    self, CreateModel, CreateModelVersion, ModelRecord, ModelVersionRecord,
+};
 use crate::Core;
 
 #[utoipa::path(post, path = "/api/v1/models", tag = "registry", request_body = CreateModel,
@@ -30,7 +32,10 @@ pub async fn list_models(State(core): State<Arc<Core>>) -> Result<Json<Vec<Model
 
 #[utoipa::path(get, path = "/api/v1/models/{name}", tag = "registry", params(("name" = String, Path)),
     responses((status = 200, body = ModelRecord), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
-pub async fn get_model(State(core): State<Arc<Core>>, Path(name): Path<String>) -> Result<Json<ModelRecord>, Error> {
+pub async fn get_model(
+    State(core): State<Arc<Core>>,
+    Path(name): Path<String>,
+) -> Result<Json<ModelRecord>, Error> {
     Ok(Json(models::get_model(&core.store, &name)?))
 }
 
@@ -44,7 +49,9 @@ pub async fn create_version(
     Path(name): Path<String>,
     ValidJson(req): ValidJson<CreateModelVersion>,
 ) -> Result<(StatusCode, Json<ModelVersionRecord>), Error> {
-    let version = models::create_version(&core.store, core.artifacts.as_ref(), &name, req, core.now()).await?;
+    let version =
+        models::create_version(&core.store, core.artifacts.as_ref(), &name, req, core.now())
+            .await?;
     Ok((StatusCode::CREATED, Json(version)))
 }
 
