@@ -22,10 +22,15 @@ echo "==> clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 echo "==> tests"
-cargo test --workspace
+log="$(mktemp)"
+cargo test --workspace 2>&1 | tee "$log"
 
 echo "==> quick start smoke run"
 smoke="$(mktemp -d)"
-trap 'rm -rf "$smoke"' EXIT
+trap 'rm -rf "$smoke" "$log"' EXIT
 EDGELOOP_HOME="$smoke" EDGELOOP_GRPC_LISTEN=127.0.0.1:17443 EDGELOOP_HTTP_LISTEN=127.0.0.1:17080 \
   scripts/quickstart.sh --check
+
+# One closing line for the whole suite (cargo prints one per test binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
