@@ -2,6 +2,7 @@
 //! client, and helpers to enroll agents and bridges against it.
 #![allow(clippy::unwrap_used)]
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,8 @@ pub use edgeloop_control_plane;
 /// A running control plane, served by the same `Server::serve` as the binary.
 pub struct ControlPlane {
     pub data_dir: PathBuf,
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
     pub grpc_url: String,
     pub http_base: String,
     pub admin_token: String,
@@ -56,13 +59,16 @@ impl ControlPlane {
         if let Some(printed) = server.new_admin_token() {
             assert_eq!(printed, admin_token, "printed token is the one in the file");
         }
-        let grpc_url = format!("https://localhost:{}", server.grpc_addr().port());
-        let http_base = format!("http://{}", server.http_addr());
+        let (grpc_addr, http_addr) = (server.grpc_addr(), server.http_addr());
+        let grpc_url = format!("https://localhost:{}", grpc_addr.port());
+        let http_base = format!("http://{http_addr}");
         let core = server.core();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(server.serve(shutdown.clone()));
         ControlPlane {
             data_dir,
+            grpc_addr,
+            http_addr,
             grpc_url,
             http_base,
             admin_token,

@@ -393,3 +393,117 @@ async fn a_token_pinned_to_another_ca_never_reaches_the_server() {
     assert_eq!(tokens[0]["state"], "unused");
     cp.stop().await;
 }
+
+#[tokio::test]
+async fn the_agent_reconnects_after_the_control_plane_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp_dir = dir.path().join("cp");
+    let cp = ControlPlane::start(&cp_dir).await;
+    let token = cp.token("device", "steady").await;
+    let stop = CancellationToken::new();
+    let agent = tokio::spawn(edgeloop_edge_agent::run(
+        member_config(&cp, &dir.path().join("agent"), Some(token)),
+        stop.clone(),
+    ));
+    eventually(Duration::from_secs(20), "device online", || async {
+        status_of(&cp, "devices", "steady")
+            .await
+            .filter(|d| d["status"] == "online")
+    })
+    .await;
+    // Same ports, so the agent's URL stays valid.
+    let mut s = edgeloop_tests::settings(&cp_dir);
+    s.grpc_listen = Some(cp.grpc_addr);
+    s.http_listen = Some(cp.http_addr);
+    cp.stop().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !agent.is_finished(),
+        "the agent keeps retrying while the control plane is away"
+    );
+
+    let cp = ControlPlane::start_with(s).await;
+    let restarted_at = time::OffsetDateTime::now_utc();
+    eventually(
+        Duration::from_secs(20),
+        "heartbeat after restart",
+        || async {
+            status_of(&cp, "devices", "steady").await.filter(|d| {
+                let seen = time::OffsetDateTime::parse(
+                    d["last_seen"].as_str().unwrap(),
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .unwrap();
+                seen > restarted_at && d["status"] == "online"
+            })
+        },
+    )
+    .await;
+    stop.cancel();
+    agent.await.unwrap().unwrap();
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_enrollments_with_one_token_yield_exactly_one_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let token: BootstrapToken = cp.token("device", "racer").await.parse().unwrap();
+    let attempts = (0..8).map(|i| {
+        let url = cp.grpc_url.clone();
+        let token = token.clone();
+        let store = IdentityStore::new(&dir.path().join(format!("r{i}")));
+        tokio::spawn(async move {
+            enroll(Role::Device, &url, &token, &store, Default::default())
+                .await
+                .is_ok()
+        })
+    });
+    let wins = futures::future::join_all(attempts)
+        .await
+        .into_iter()
+        .filter(|r| *r.as_ref().unwrap())
+        .count();
+    assert_eq!(wins, 1);
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn labels_are_replaced_and_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let (status, body) = cp
+        .api()
+        .post(
+            "/api/v1/tokens",
+            serde_json::json!({"kind": "device", "name": "lab", "labels": {"site": "berlin"}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    cp.enroll(
+        Role::Device,
+        body["token"].as_str().unwrap(),
+        &dir.path().join("d"),
+    )
+    .await;
+    let (_, device) = cp.api().get("/api/v1/devices/lab").await;
+    assert_eq!(
+        device["labels"],
+        serde_json::json!({"site": "berlin"}),
+        "labels from the token"
+    );
+    let (status, device) = cp
+        .api()
+        .put(
+            "/api/v1/devices/lab/labels",
+            serde_json::json!({"labels": {"gpu": "cuda", "site": "paris"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{device}");
+    let (_, device) = cp.api().get("/api/v1/devices/lab").await;
+    assert_eq!(
+        device["labels"],
+        serde_json::json!({"gpu": "cuda", "site": "paris"})
+    );
+    cp.stop().await;
+}
