@@ -20,6 +20,20 @@ fn blob(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// The status code of a fetch that must be refused.
+async fn fetch_refusal(
+    client: &mut AgentServiceClient<tonic::transport::Channel>,
+    digest: impl ToString,
+    offset: u64,
+) -> Code {
+    let req = FetchArtifactRequest {
+        digest: digest.to_string(),
+        offset,
+        max_chunk_bytes: 0,
+    };
+    client.fetch_artifact(req).await.unwrap_err().code()
+}
+
 fn stored_blobs(cp: &ControlPlane) -> Vec<std::path::PathBuf> {
     files_under(&cp.data_dir.join("artifacts"))
 }
@@ -181,15 +195,10 @@ async fn devices_watch_assignments_and_fetch_only_assigned_artifacts_from_an_off
     assert_eq!((first.generation, first.assignments.len()), (0, 0));
 
     // Not assigned yet: refused.
-    let err = client
-        .fetch_artifact(FetchArtifactRequest {
-            digest: digest.to_string(),
-            offset: 0,
-            max_chunk_bytes: 0,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::PermissionDenied);
+    assert_eq!(
+        fetch_refusal(&mut client, digest.to_string(), 0).await,
+        Code::PermissionDenied
+    );
 
     let assignment = AssignmentRecord {
         model_name: "digits".into(),
@@ -228,33 +237,18 @@ async fn devices_watch_assignments_and_fetch_only_assigned_artifacts_from_an_off
     assert_eq!(&got[..], &model[offset as usize..]);
 
     // Still refused: assigned to nobody.
-    let err = client
-        .fetch_artifact(FetchArtifactRequest {
-            digest: other_digest.to_string(),
-            offset: 0,
-            max_chunk_bytes: 0,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::PermissionDenied);
-    let err = client
-        .fetch_artifact(FetchArtifactRequest {
-            digest: "not-a-digest".into(),
-            offset: 0,
-            max_chunk_bytes: 0,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
-    let err = client
-        .fetch_artifact(FetchArtifactRequest {
-            digest: digest.to_string(),
-            offset: 2_000_000,
-            max_chunk_bytes: 0,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::OutOfRange);
+    assert_eq!(
+        fetch_refusal(&mut client, other_digest.to_string(), 0).await,
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        fetch_refusal(&mut client, "not-a-digest".into(), 0).await,
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        fetch_refusal(&mut client, digest.to_string(), 2_000_000).await,
+        Code::OutOfRange
+    );
     cp.stop().await;
 }
 
