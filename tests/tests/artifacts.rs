@@ -242,7 +242,7 @@ async fn devices_watch_assignments_and_fetch_only_assigned_artifacts_from_an_off
         Code::PermissionDenied
     );
     assert_eq!(
-        fetch_refusal(&mut client, "not-a-digest".into(), 0).await,
+        fetch_refusal(&mut client, "not-a-digest", 0).await,
         Code::InvalidArgument
     );
     assert_eq!(
