@@ -331,9 +331,16 @@ pub async fn create_token(
             format!("must be between {MIN_TOKEN_TTL} and {MAX_TOKEN_TTL}"),
         ));
     }
-    if store.members(req.kind).contains(&member_id)? {
+    if let Some(existing) = store.members(req.kind).get(&member_id)? {
+        // Ids are never reused, so a revoked certificate can never come back
+        // to life under a new enrollment.
+        let why = if existing.revoked_at.is_some() {
+            "was revoked; ids are not reused"
+        } else {
+            "is already enrolled"
+        };
         return Err(Error::Conflict(format!(
-            "{} {member_id:?} is already enrolled",
+            "{} {member_id:?} {why}",
             req.kind.as_str()
         )));
     }
