@@ -1,9 +1,14 @@
-//! Model handling shared by every Edgeloop component: content digests today;
-//! ONNX inspection, quantization and signed manifests as they land.
+//! Model handling shared by every Edgeloop component: content digests, crash-safe
+//! files, tensors, `.npz` data sets, the ONNX IR, and ONNX Runtime.
 //!
 //! This crate does no network I/O.
 
 pub mod digest;
 pub mod fs;
+pub mod npz;
+pub mod onnx;
+pub mod runtime;
+pub mod tensor;
 
 pub use digest::{Digest, DigestError, Sha256Writer};
+pub use tensor::{DType, Tensor};

@@ -1,0 +1,1 @@
+//! `.npz` data sets: one array per model input, keyed by the input name.

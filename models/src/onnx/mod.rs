@@ -1,0 +1,1 @@
+//! The ONNX IR: decode, encode (lossless), inspect, validate.
