@@ -91,6 +91,9 @@ pub fn dtype_name(code: i32) -> String {
         21 => "uint4",
         22 => "int4",
         23 => "float4e2m1",
+        24 => "float8e8m0",
+        25 => "uint2",
+        26 => "int2",
         other => return format!("unknown({other})"),
     };
     name.to_string()
@@ -100,11 +103,12 @@ pub fn dtype_name(code: i32) -> String {
 pub(crate) fn dtype_bits(code: i32) -> Option<u64> {
     Some(match code {
         1 | 6 | 12 => 32,
-        2 | 3 | 9 | 17..=20 => 8,
+        2 | 3 | 9 | 17..=20 | 24 => 8,
         4 | 5 | 10 | 16 => 16,
         7 | 11 | 13 | 14 => 64,
         15 => 128,
         21..=23 => 4,
+        25 | 26 => 2,
         _ => return None,
     })
 }

@@ -11,8 +11,10 @@ use super::tensor::{element_count, external_ref, TensorError};
 pub enum ValidationError {
     #[error("model has no graph")]
     NoGraph,
-    #[error("model declares no opset for the default domain")]
-    NoDefaultOpset,
+    #[error("model declares no opset")]
+    NoOpset,
+    #[error("{node}: domain {domain:?} has no opset import")]
+    UndeclaredDomain { node: String, domain: String },
     #[error("ir_version {0} is not supported (need 3 or later)")]
     IrVersion(i64),
     #[error("{node}: op_type is empty")]
@@ -31,8 +33,21 @@ pub enum ValidationError {
     Tensor(#[from] TensorError),
 }
 
+/// The highest `TensorProto.DataType` code known (INT2 in ONNX 1.18+).
+const MAX_ELEMENT_TYPE: i32 = 26;
+
 struct Checker<'a> {
     model_dir: Option<&'a Path>,
+    /// Declared opset domains, with "ai.onnx" spelled "".
+    domains: HashSet<String>,
+}
+
+fn canonical_domain(d: &str) -> &str {
+    if d == "ai.onnx" {
+        ""
+    } else {
+        d
+    }
 }
 
 fn node_label(index: usize, node: &ir::NodeProto) -> String {
@@ -45,7 +60,7 @@ fn node_label(index: usize, node: &ir::NodeProto) -> String {
 
 fn check_elem_type(value: &str, code: i32) -> Result<(), ValidationError> {
     // 0 (undefined) is allowed in value_info: it means "not known yet".
-    if (0..=23).contains(&code) {
+    if (0..=MAX_ELEMENT_TYPE).contains(&code) {
         Ok(())
     } else {
         Err(ValidationError::BadElementType {
@@ -130,9 +145,10 @@ impl Checker<'_> {
         .into_iter()
         .max()
         .unwrap_or(0) as u64;
-        // Packed 4-bit types store two elements per int32 entry.
-        let typed_elements = if bits == 4 { typed * 2 } else { typed };
-        let ok = typed_elements == count || (bits == 4 && typed_elements == count + 1);
+        // Sub-byte types pack 8/bits elements into each entry, padding the last.
+        let per_entry = if bits < 8 { 8 / bits } else { 1 };
+        let typed_elements = typed * per_entry;
+        let ok = typed_elements >= count && typed_elements < count + per_entry;
         if !ok {
             return Err(mismatch(typed_elements).into());
         }
@@ -162,6 +178,12 @@ impl Checker<'_> {
             let label = || node_label(index, node);
             if node.op_type().is_empty() {
                 return Err(ValidationError::EmptyOpType { node: label() });
+            }
+            if !self.domains.contains(canonical_domain(node.domain())) {
+                return Err(ValidationError::UndeclaredDomain {
+                    node: label(),
+                    domain: node.domain().to_string(),
+                });
             }
             for input in &node.input {
                 // "" marks an omitted optional input.
@@ -220,11 +242,18 @@ pub fn validate(model: &ir::ModelProto, model_dir: Option<&Path>) -> Result<(), 
     if model.ir_version() < 3 {
         return Err(ValidationError::IrVersion(model.ir_version()));
     }
-    if super::default_opset(model).is_none() {
-        return Err(ValidationError::NoDefaultOpset);
+    if model.opset_import.is_empty() {
+        return Err(ValidationError::NoOpset);
     }
     let graph = model.graph.as_ref().ok_or(ValidationError::NoGraph)?;
-    Checker { model_dir }.check_graph(graph, &HashSet::new())
+    // Model-local functions act as ops in their own domains.
+    let domains = model
+        .opset_import
+        .iter()
+        .map(|o| canonical_domain(o.domain()).to_string())
+        .chain(model.functions.iter().map(|f| canonical_domain(f.domain()).to_string()))
+        .collect();
+    Checker { model_dir, domains }.check_graph(graph, &HashSet::new())
 }
 
 #[cfg(test)]
@@ -293,7 +322,10 @@ mod tests {
 
         let mut no_opset = model(vec![node("Relu", &["x"], &["y"])], &["y"]);
         no_opset.opset_import.clear();
-        assert_eq!(validate(&no_opset, None), Err(ValidationError::NoDefaultOpset));
+        assert_eq!(validate(&no_opset, None), Err(ValidationError::NoOpset));
+        let mut custom = model(vec![node("Relu", &["x"], &["y"])], &["y"]);
+        custom.graph.mut_or_insert_default().node[0].set_domain("com.example".into());
+        assert!(matches!(validate(&custom, None), Err(ValidationError::UndeclaredDomain { domain, .. }) if domain == "com.example"));
         let mut old = no_opset.clone();
         old.set_ir_version(2);
         assert_eq!(validate(&old, None), Err(ValidationError::IrVersion(2)));
