@@ -3,10 +3,13 @@
 //!
 //! This crate does no network I/O.
 
+pub mod dataset;
 pub mod digest;
 pub mod fs;
+pub mod manifest;
 pub mod npz;
 pub mod onnx;
+pub mod quantize;
 pub mod runtime;
 pub mod tensor;
 

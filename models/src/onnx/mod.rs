@@ -16,7 +16,7 @@ use std::path::Path;
 
 pub use generated::onnx_ir as ir;
 pub use inspect::{inspect, Dim, Inspection, ValueSummary};
-pub use tensor::{from_tensor, to_tensor, TensorError};
+pub use tensor::{from_tensor, internalize_external_data, to_tensor, TensorError};
 pub use validate::{validate, ValidationError};
 
 use protobuf::Message;

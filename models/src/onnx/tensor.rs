@@ -294,3 +294,22 @@ mod tests {
         assert!(matches!(to_tensor(&p, Some(dir.path())), Err(TensorError::External { .. })), "past the end");
     }
 }
+
+/// Reads every external-data initializer into the model itself, so the model
+/// can be transformed and loaded from memory. Paths are checked as in
+/// [`to_tensor`]; the model must then fit in protobuf's 2 GiB.
+pub fn internalize_external_data(model: &mut ir::ModelProto, model_dir: &Path) -> Result<usize, TensorError> {
+    let mut count = 0;
+    let Some(graph) = model.graph.as_mut() else { return Ok(0) };
+    for t in graph.initializer.iter_mut() {
+        if external_ref(t)?.is_none() {
+            continue;
+        }
+        let value = to_tensor(t, Some(model_dir))?;
+        let mut inline = from_tensor(t.name(), &value);
+        inline.doc_string = t.doc_string.clone();
+        *t = inline;
+        count += 1;
+    }
+    Ok(count)
+}

@@ -1,0 +1,167 @@
+//! Calibration and evaluation sets: `.npz` files with one array per model
+//! input (keyed by the input's name) and, for evaluation, an int64 `label`
+//! array. Checked against the model's declared inputs, each problem named.
+
+use std::path::Path;
+
+use ndarray::{Axis, Slice};
+
+use crate::npz::{Npz, NpzError};
+use crate::onnx::{Dim, ValueSummary};
+use crate::tensor::Tensor;
+
+/// The key of the label array in an evaluation set.
+pub const LABEL_KEY: &str = "label";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    #[error(transparent)]
+    Npz(#[from] NpzError),
+    #[error("{file}: no array for model input {input:?} (the file has: {available})")]
+    MissingInput { file: String, input: String, available: String },
+    #[error("{file}: array {input:?} is {found}, but the model input is {expected}")]
+    DType { file: String, input: String, found: String, expected: String },
+    #[error("{file}: array {input:?} has shape {found:?}, but the model input is {expected}")]
+    Shape { file: String, input: String, found: Vec<usize>, expected: String },
+    #[error("{file}: arrays disagree on the number of samples ({detail})")]
+    SampleCount { file: String, detail: String },
+    #[error("{file}: {reason}")]
+    Label { file: String, reason: String },
+    #[error("{file}: holds no samples")]
+    Empty { file: String },
+}
+
+/// Samples for a model, split into batches along axis 0.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    /// Each batch: input name -> tensor.
+    pub batches: Vec<Vec<(String, Tensor)>>,
+    /// Labels in sample order, when the file had them.
+    pub labels: Option<Vec<i64>>,
+    pub samples: usize,
+}
+
+fn shape_text(shape: &Option<Vec<Dim>>) -> String {
+    match shape {
+        None => "of any shape".into(),
+        Some(dims) => format!("[{}]", dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+    }
+}
+
+fn slice_rows(t: &Tensor, start: usize, end: usize) -> Tensor {
+    let s = Slice::from(start..end);
+    match t {
+        Tensor::F32(a) => Tensor::F32(a.slice_axis(Axis(0), s).to_owned()),
+        Tensor::F64(a) => Tensor::F64(a.slice_axis(Axis(0), s).to_owned()),
+        Tensor::F16(a) => Tensor::F16(a.slice_axis(Axis(0), s).to_owned()),
+        Tensor::I8(a) => Tensor::I8(a.slice_axis(Axis(0), s).to_owned()),
+        Tensor::U8(a) => Tensor::U8(a.slice_axis(Axis(0), s).to_owned()),
+        Tensor::I32(a) => Tensor::I32(a.slice_axis(Axis(0), s).to_owned()),
+        Tensor::I64(a) => Tensor::I64(a.slice_axis(Axis(0), s).to_owned()),
+        Tensor::Bool(a) => Tensor::Bool(a.slice_axis(Axis(0), s).to_owned()),
+    }
+}
+
+impl Dataset {
+    /// Reads `path` for a model with `inputs`. With `need_labels`, the file
+    /// must also hold `label` (int64, one per sample).
+    pub fn read(path: &Path, inputs: &[ValueSummary], need_labels: bool) -> Result<Dataset, DatasetError> {
+        let npz = Npz::read(path)?;
+        Self::from_npz(&npz, &path.display().to_string(), inputs, need_labels)
+    }
+
+    pub fn from_npz(npz: &Npz, file: &str, inputs: &[ValueSummary], need_labels: bool) -> Result<Dataset, DatasetError> {
+        let file = file.to_string();
+        let available = || npz.names().collect::<Vec<_>>().join(", ");
+        let mut arrays = vec![];
+        let mut fixed_batch = None;
+        for input in inputs {
+            let t = npz.get(&input.name).ok_or_else(|| DatasetError::MissingInput {
+                file: file.clone(),
+                input: input.name.clone(),
+                available: available(),
+            })?;
+            if t.dtype().numpy_name() != input.dtype {
+                return Err(DatasetError::DType {
+                    file: file.clone(),
+                    input: input.name.clone(),
+                    found: t.dtype().to_string(),
+                    expected: input.dtype.clone(),
+                });
+            }
+            if let Some(dims) = &input.shape {
+                let shape = t.shape();
+                let bad = || DatasetError::Shape {
+                    file: file.clone(),
+                    input: input.name.clone(),
+                    found: shape.to_vec(),
+                    expected: shape_text(&input.shape),
+                };
+                if shape.len() != dims.len() || shape.is_empty() {
+                    return Err(bad());
+                }
+                // Axis 0 is the sample axis; the rest must match fixed dims.
+                for (d, &n) in dims.iter().zip(shape).skip(1) {
+                    if let Dim::Fixed(f) = d {
+                        if *f != n as i64 {
+                            return Err(bad());
+                        }
+                    }
+                }
+                if let Some(Dim::Fixed(b)) = dims.first() {
+                    fixed_batch = Some(*b as usize);
+                }
+            }
+            arrays.push((input.name.clone(), t.clone()));
+        }
+        let samples = arrays.first().map(|(_, t)| t.shape().first().copied().unwrap_or(0)).unwrap_or(0);
+        if let Some((name, t)) = arrays.iter().find(|(_, t)| t.shape().first().copied() != Some(samples)) {
+            return Err(DatasetError::SampleCount {
+                file,
+                detail: format!("{name:?} has {:?} along axis 0, {:?} has {samples}", t.shape().first(), arrays[0].0),
+            });
+        }
+        if samples == 0 {
+            return Err(DatasetError::Empty { file });
+        }
+        let labels = match npz.get(LABEL_KEY) {
+            Some(Tensor::I64(l)) if l.ndim() == 1 && l.len() == samples => Some(l.iter().copied().collect()),
+            Some(Tensor::I64(l)) => {
+                return Err(DatasetError::Label {
+                    file,
+                    reason: format!("{LABEL_KEY:?} must be 1-D with {samples} entries, has shape {:?}", l.shape()),
+                })
+            }
+            Some(other) => {
+                return Err(DatasetError::Label {
+                    file,
+                    reason: format!("{LABEL_KEY:?} must be int64 class ids, is {}", other.dtype()),
+                })
+            }
+            None if need_labels => {
+                return Err(DatasetError::Label {
+                    file,
+                    reason: format!("an evaluation set needs a {LABEL_KEY:?} array (int64 class ids); the file has: {}", available()),
+                })
+            }
+            None => None,
+        };
+        let batch = fixed_batch.unwrap_or(64).max(1);
+        let mut batches = vec![];
+        let mut start = 0;
+        while start < samples {
+            let end = (start + batch).min(samples);
+            if fixed_batch.is_some() && end - start != batch {
+                break; // a fixed-batch model cannot take a short last batch
+            }
+            batches.push(arrays.iter().map(|(n, t)| (n.clone(), slice_rows(t, start, end))).collect());
+            start = end;
+        }
+        Ok(Dataset { batches, labels, samples })
+    }
+}
+
+/// The first sample of a batch, keeping the batch axis (length 1).
+pub fn first_row(t: &Tensor) -> Tensor {
+    slice_rows(t, 0, 1)
+}
