@@ -4,7 +4,7 @@
 # Idempotent; prints the directory on its last line.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-deps="${EDGELOOP_DEPS:-$repo/.edgeloop/deps}"
+deps="${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}"
 dest="$deps/onnx-1.22.0/node"
 if [ -f "$dest/.complete" ]; then
   echo "$dest"

@@ -6,6 +6,7 @@
 //! the tests both go through [`run`] / [`Server`].
 
 pub mod api;
+pub mod cli;
 pub mod config;
 pub mod datadir;
 pub mod error;

@@ -18,11 +18,25 @@ pub enum DatasetError {
     #[error(transparent)]
     Npz(#[from] NpzError),
     #[error("{file}: no array for model input {input:?} (the file has: {available})")]
-    MissingInput { file: String, input: String, available: String },
+    MissingInput {
+        file: String,
+        input: String,
+        available: String,
+    },
     #[error("{file}: array {input:?} is {found}, but the model input is {expected}")]
-    DType { file: String, input: String, found: String, expected: String },
+    DType {
+        file: String,
+        input: String,
+        found: String,
+        expected: String,
+    },
     #[error("{file}: array {input:?} has shape {found:?}, but the model input is {expected}")]
-    Shape { file: String, input: String, found: Vec<usize>, expected: String },
+    Shape {
+        file: String,
+        input: String,
+        found: Vec<usize>,
+        expected: String,
+    },
     #[error("{file}: arrays disagree on the number of samples ({detail})")]
     SampleCount { file: String, detail: String },
     #[error("{file}: {reason}")]
@@ -44,7 +58,13 @@ pub struct Dataset {
 fn shape_text(shape: &Option<Vec<Dim>>) -> String {
     match shape {
         None => "of any shape".into(),
-        Some(dims) => format!("[{}]", dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        Some(dims) => format!(
+            "[{}]",
+            dims.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 
@@ -65,22 +85,33 @@ fn slice_rows(t: &Tensor, start: usize, end: usize) -> Tensor {
 impl Dataset {
     /// Reads `path` for a model with `inputs`. With `need_labels`, the file
     /// must also hold `label` (int64, one per sample).
-    pub fn read(path: &Path, inputs: &[ValueSummary], need_labels: bool) -> Result<Dataset, DatasetError> {
+    pub fn read(
+        path: &Path,
+        inputs: &[ValueSummary],
+        need_labels: bool,
+    ) -> Result<Dataset, DatasetError> {
         let npz = Npz::read(path)?;
         Self::from_npz(&npz, &path.display().to_string(), inputs, need_labels)
     }
 
-    pub fn from_npz(npz: &Npz, file: &str, inputs: &[ValueSummary], need_labels: bool) -> Result<Dataset, DatasetError> {
+    pub fn from_npz(
+        npz: &Npz,
+        file: &str,
+        inputs: &[ValueSummary],
+        need_labels: bool,
+    ) -> Result<Dataset, DatasetError> {
         let file = file.to_string();
         let available = || npz.names().collect::<Vec<_>>().join(", ");
         let mut arrays = vec![];
         let mut fixed_batch = None;
         for input in inputs {
-            let t = npz.get(&input.name).ok_or_else(|| DatasetError::MissingInput {
-                file: file.clone(),
-                input: input.name.clone(),
-                available: available(),
-            })?;
+            let t = npz
+                .get(&input.name)
+                .ok_or_else(|| DatasetError::MissingInput {
+                    file: file.clone(),
+                    input: input.name.clone(),
+                    available: available(),
+                })?;
             if t.dtype().numpy_name() != input.dtype {
                 return Err(DatasetError::DType {
                     file: file.clone(),
@@ -114,11 +145,21 @@ impl Dataset {
             }
             arrays.push((input.name.clone(), t.clone()));
         }
-        let samples = arrays.first().map(|(_, t)| t.shape().first().copied().unwrap_or(0)).unwrap_or(0);
-        if let Some((name, t)) = arrays.iter().find(|(_, t)| t.shape().first().copied() != Some(samples)) {
+        let samples = arrays
+            .first()
+            .map(|(_, t)| t.shape().first().copied().unwrap_or(0))
+            .unwrap_or(0);
+        if let Some((name, t)) = arrays
+            .iter()
+            .find(|(_, t)| t.shape().first().copied() != Some(samples))
+        {
             return Err(DatasetError::SampleCount {
                 file,
-                detail: format!("{name:?} has {:?} along axis 0, {:?} has {samples}", t.shape().first(), arrays[0].0),
+                detail: format!(
+                    "{name:?} has {:?} along axis 0, {:?} has {samples}",
+                    t.shape().first(),
+                    arrays[0].0
+                ),
             });
         }
         if samples == 0 {
@@ -154,14 +195,92 @@ impl Dataset {
             if fixed_batch.is_some() && end - start != batch {
                 break; // a fixed-batch model cannot take a short last batch
             }
-            batches.push(arrays.iter().map(|(n, t)| (n.clone(), slice_rows(t, start, end))).collect());
+            batches.push(
+                arrays
+                    .iter()
+                    .map(|(n, t)| (n.clone(), slice_rows(t, start, end)))
+                    .collect(),
+            );
             start = end;
         }
-        Ok(Dataset { batches, labels, samples })
+        Ok(Dataset {
+            batches,
+            labels,
+            samples,
+        })
     }
 }
 
 /// The first sample of a batch, keeping the batch axis (length 1).
 pub fn first_row(t: &Tensor) -> Tensor {
     slice_rows(t, 0, 1)
+}
+
+/// Reference statistics for drift detection: a histogram of every float
+/// input over the whole set, and the share of each predicted class.
+pub fn reference_stats(
+    data: &Dataset,
+    predictions: &[i64],
+    bins: usize,
+) -> crate::manifest::ReferenceStats {
+    use crate::manifest::{ClassShare, InputHistogram, ReferenceStats};
+    let bins = bins.max(1);
+    let mut inputs = vec![];
+    let names: Vec<String> = data
+        .batches
+        .first()
+        .map(|b| b.iter().map(|(n, _)| n.clone()).collect())
+        .unwrap_or_default();
+    for name in names {
+        let values = || {
+            data.batches
+                .iter()
+                .flat_map(|b| b.iter().filter(|(n, _)| *n == name))
+                .flat_map(|(_, t)| match t {
+                    Tensor::F32(a) => a
+                        .iter()
+                        .map(|&v| f64::from(v))
+                        .filter(|v| v.is_finite())
+                        .collect::<Vec<_>>(),
+                    _ => vec![],
+                })
+        };
+        let (lo, hi) = values().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| {
+            (l.min(v), h.max(v))
+        });
+        if !lo.is_finite() {
+            continue;
+        }
+        // A constant input still gets one bin of width 1.
+        let hi = if hi > lo { hi } else { lo + 1.0 };
+        let width = (hi - lo) / bins as f64;
+        let mut counts = vec![0u64; bins];
+        for v in values() {
+            counts[(((v - lo) / width) as usize).min(bins - 1)] += 1;
+        }
+        let bin_edges = (0..=bins)
+            .map(|i| if i == bins { hi } else { lo + width * i as f64 })
+            .collect();
+        inputs.push(InputHistogram {
+            name,
+            bin_edges,
+            counts,
+        });
+    }
+    let mut per_class: std::collections::BTreeMap<i64, u64> = std::collections::BTreeMap::new();
+    for &p in predictions {
+        *per_class.entry(p).or_default() += 1;
+    }
+    let total = predictions.len().max(1) as f64;
+    ReferenceStats {
+        inputs,
+        prediction_distribution: per_class
+            .into_iter()
+            .map(|(class, n)| ClassShare {
+                class,
+                share: n as f64 / total,
+            })
+            .collect(),
+        sample_count: data.samples as u64,
+    }
 }

@@ -4,6 +4,7 @@
 //! This crate does no network I/O.
 
 pub mod dataset;
+pub mod deps;
 pub mod digest;
 pub mod fs;
 pub mod manifest;

@@ -149,6 +149,9 @@ mod tests {
     #[test]
     fn shape_and_dtype() {
         let t = Tensor::F32(ArrayD::zeros(vec![2, 3]));
-        assert_eq!((t.dtype(), t.shape(), t.len()), (DType::F32, &[2usize, 3][..], 6));
+        assert_eq!(
+            (t.dtype(), t.shape(), t.len()),
+            (DType::F32, &[2usize, 3][..], 6)
+        );
     }
 }

@@ -2,17 +2,20 @@
 //! fetched by scripts/fetch-onnx-node-tests.sh): every model decodes,
 //! validates, and re-encodes to an equal model.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::PathBuf;
 
 use edgeloop_models::onnx;
 
 pub fn node_tests_dir() -> PathBuf {
-    let dir = std::env::var_os("EDGELOOP_ONNX_NODE_TESTS").map(PathBuf::from).unwrap_or_else(|| {
-        let deps = std::env::var_os("EDGELOOP_DEPS")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.edgeloop/deps"));
-        deps.join("onnx-1.22.0/node")
-    });
+    let dir = std::env::var_os("EDGELOOP_ONNX_NODE_TESTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            edgeloop_models::deps::dir()
+                .expect("HOME or EDGELOOP_DEPS is set")
+                .join("onnx-1.22.0/node")
+        });
     assert!(
         dir.join(".complete").exists(),
         "ONNX node tests not found at {}: run scripts/fetch-onnx-node-tests.sh (scripts/test.sh does)",
@@ -34,7 +37,11 @@ pub fn cases() -> Vec<PathBuf> {
 #[test]
 fn every_node_test_model_round_trips_and_validates() {
     let cases = cases();
-    assert!(cases.len() > 1700, "expected ~1765 cases, found {}", cases.len());
+    assert!(
+        cases.len() > 1700,
+        "expected ~1765 cases, found {}",
+        cases.len()
+    );
     let mut byte_identical = 0;
     let mut invalid = vec![];
     for case in &cases {
@@ -43,18 +50,36 @@ fn every_node_test_model_round_trips_and_validates() {
         let encoded = onnx::encode(&model);
         let again = onnx::decode(&encoded).unwrap();
         // Compared as canonical bytes, not with ==: NaN weights are equal bit for bit.
-        assert!(onnx::encode(&again) == encoded, "{}: round trip changed the model", case.display());
+        assert!(
+            onnx::encode(&again) == encoded,
+            "{}: round trip changed the model",
+            case.display()
+        );
         if encoded == bytes {
             byte_identical += 1;
         }
         if let Err(e) = onnx::validate(&model, Some(case)) {
-            invalid.push(format!("{}: {e}", case.file_name().unwrap().to_string_lossy()));
+            invalid.push(format!(
+                "{}: {e}",
+                case.file_name().unwrap().to_string_lossy()
+            ));
         }
         let summary = onnx::inspect(&model);
         assert!(!summary.outputs.is_empty(), "{}", case.display());
     }
-    println!("{} cases; {byte_identical} re-encode byte for byte", cases.len());
+    println!(
+        "{} cases; {byte_identical} re-encode byte for byte",
+        cases.len()
+    );
     // Fields are declared in number order, as protobuf's reference encoder writes them.
-    assert_eq!(byte_identical, cases.len(), "some models re-encode to different bytes");
-    assert!(invalid.is_empty(), "valid conformance models refused:\n{}", invalid.join("\n"));
+    assert_eq!(
+        byte_identical,
+        cases.len(),
+        "some models re-encode to different bytes"
+    );
+    assert!(
+        invalid.is_empty(),
+        "valid conformance models refused:\n{}",
+        invalid.join("\n")
+    );
 }

@@ -1,6 +1,8 @@
 //! The ONNX decoder faces untrusted bytes: whatever it is given, decode,
 //! validate and inspect return, and never panic.
 
+#![allow(clippy::unwrap_used)]
+
 use edgeloop_models::onnx::{self, ir};
 use proptest::prelude::*;
 
@@ -16,7 +18,10 @@ fn seed_model() -> Vec<u8> {
     n.input = vec!["x".into(), "w".into()];
     n.output = vec!["y".into()];
     g.node.push(n);
-    let w = onnx::from_tensor("w", &edgeloop_models::Tensor::F32(ndarray::ArrayD::zeros(vec![4, 4])));
+    let w = onnx::from_tensor(
+        "w",
+        &edgeloop_models::Tensor::F32(ndarray::ArrayD::zeros(vec![4, 4])),
+    );
     g.initializer.push(w);
     onnx::encode(&m)
 }
@@ -35,7 +40,11 @@ fn exercise(bytes: &[u8]) {
         let again = onnx::decode(&encoded).expect("re-encoded model decodes");
         // Lengths, not bytes: unknown fields of different numbers may be
         // written in another order (rust-protobuf keeps them in a hash map).
-        assert_eq!(onnx::encode(&again).len(), encoded.len(), "re-encoding is stable");
+        assert_eq!(
+            onnx::encode(&again).len(),
+            encoded.len(),
+            "re-encoding is stable"
+        );
     }
 }
 

@@ -2,34 +2,41 @@
 //! outputs stay close to float, weights become int8, unsupported ops stay
 //! float, and external data is read from beside the model.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 use edgeloop_models::dataset::{Dataset, DatasetError};
 use edgeloop_models::npz::Npz;
 use edgeloop_models::onnx::{self, ir};
 use edgeloop_models::quantize::{
-    calibrate, calibration_targets, convert_fp16, quantize_dynamic, quantize_static, CalibrationMethod, DynamicOptions,
-    Fp16Options, StaticOptions,
+    calibrate, calibration_targets, convert_fp16, quantize_dynamic, quantize_static,
+    CalibrationMethod, DynamicOptions, Fp16Options, StaticOptions,
 };
 use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::Tensor;
 use ndarray::{ArrayD, IxDyn};
 
 fn runtime() -> OrtRuntime {
-    let path = std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../.edgeloop/deps/onnxruntime-1.31.1/libonnxruntime.so.1.31.1")
-    });
-    assert!(path.is_file(), "ONNX Runtime not found at {}: run scripts/fetch-onnxruntime.sh", path.display());
-    OrtRuntime::load(Some(&path)).expect("load ONNX Runtime")
+    let path = OrtRuntime::resolve_library_path(None).expect("a library location");
+    assert!(
+        path.is_file(),
+        "ONNX Runtime not found at {}: run scripts/fetch-onnxruntime.sh",
+        path.display()
+    );
+    OrtRuntime::load(None).expect("load ONNX Runtime")
 }
 
 /// Deterministic pseudo-random floats in [-1, 1).
 fn noise(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -92,16 +99,39 @@ fn small_cnn() -> ir::ModelProto {
     g.set_name("small_cnn".into());
     g.input.push(value("input", &[-1, 1, 8, 8]));
     g.output.push(value("logits", &[-1, 10]));
-    g.initializer.push(onnx::from_tensor("conv_w", &f32_tensor(&[4, 1, 3, 3], noise(36, 1))));
-    g.initializer.push(onnx::from_tensor("conv_b", &f32_tensor(&[4], noise(4, 2))));
-    g.initializer.push(onnx::from_tensor("fc_w", &f32_tensor(&[10, 64], noise(640, 3).iter().map(|v| v * 0.3).collect())));
-    g.initializer.push(onnx::from_tensor("fc_b", &f32_tensor(&[10], noise(10, 4))));
+    g.initializer.push(onnx::from_tensor(
+        "conv_w",
+        &f32_tensor(&[4, 1, 3, 3], noise(36, 1)),
+    ));
+    g.initializer
+        .push(onnx::from_tensor("conv_b", &f32_tensor(&[4], noise(4, 2))));
+    g.initializer.push(onnx::from_tensor(
+        "fc_w",
+        &f32_tensor(&[10, 64], noise(640, 3).iter().map(|v| v * 0.3).collect()),
+    ));
+    g.initializer
+        .push(onnx::from_tensor("fc_b", &f32_tensor(&[10], noise(10, 4))));
     g.node = vec![
-        node("Conv", &["input", "conv_w", "conv_b"], &["conv"], &[("pads", vec![1, 1, 1, 1]), ("kernel_shape", vec![3, 3])]),
+        node(
+            "Conv",
+            &["input", "conv_w", "conv_b"],
+            &["conv"],
+            &[("pads", vec![1, 1, 1, 1]), ("kernel_shape", vec![3, 3])],
+        ),
         node("Relu", &["conv"], &["relu"], &[]),
-        node("MaxPool", &["relu"], &["pool"], &[("kernel_shape", vec![2, 2]), ("strides", vec![2, 2])]),
+        node(
+            "MaxPool",
+            &["relu"],
+            &["pool"],
+            &[("kernel_shape", vec![2, 2]), ("strides", vec![2, 2])],
+        ),
         node("Flatten", &["pool"], &["flat"], &[]),
-        node("Gemm", &["flat", "fc_w", "fc_b"], &["fc"], &[("transB", vec![1])]),
+        node(
+            "Gemm",
+            &["flat", "fc_w", "fc_b"],
+            &["fc"],
+            &[("transB", vec![1])],
+        ),
         node("Tanh", &["fc"], &["logits"], &[]),
     ];
     onnx::validate(&m, None).unwrap();
@@ -110,12 +140,19 @@ fn small_cnn() -> ir::ModelProto {
 
 fn batches(n_batches: usize, seed: u64) -> Vec<Vec<(String, Tensor)>> {
     (0..n_batches)
-        .map(|b| vec![("input".to_string(), f32_tensor(&[16, 1, 8, 8], noise(16 * 64, seed + b as u64)))])
+        .map(|b| {
+            vec![(
+                "input".to_string(),
+                f32_tensor(&[16, 1, 8, 8], noise(16 * 64, seed + b as u64)),
+            )]
+        })
         .collect()
 }
 
 fn run(rt: &OrtRuntime, model: &ir::ModelProto, batch: &[(String, Tensor)]) -> Vec<f32> {
-    let mut s = rt.session(&onnx::encode(model), &SessionOptions::default()).expect("model loads in ORT");
+    let mut s = rt
+        .session(&onnx::encode(model), &SessionOptions::default())
+        .expect("model loads in ORT");
     let inputs: Vec<(&str, &Tensor)> = batch.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let out = s.run(&inputs).expect("model runs");
     match &out[0].1 {
@@ -125,7 +162,10 @@ fn run(rt: &OrtRuntime, model: &ir::ModelProto, batch: &[(String, Tensor)]) -> V
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn ops(model: &ir::ModelProto) -> HashMap<String, usize> {
@@ -143,19 +183,40 @@ fn static_qdq_is_close_to_float_and_leaves_unsupported_ops_in_float() {
     let calib = batches(4, 100);
     let eval = batches(1, 999);
     let want = run(&rt, &model, &eval[0]);
-    for method in [CalibrationMethod::MinMax, CalibrationMethod::Percentile(99.99), CalibrationMethod::Entropy] {
+    for method in [
+        CalibrationMethod::MinMax,
+        CalibrationMethod::Percentile(99.99),
+        CalibrationMethod::Entropy,
+    ] {
         let opts = StaticOptions::default();
         let targets = calibration_targets(&model, &opts);
-        assert!(targets.contains(&"input".to_string()) && targets.contains(&"relu".to_string()), "{targets:?}");
-        assert!(!targets.contains(&"conv".to_string()), "Q/DQ goes after the Relu, not between Conv and Relu");
+        assert!(
+            targets.contains(&"input".to_string()) && targets.contains(&"relu".to_string()),
+            "{targets:?}"
+        );
+        assert!(
+            !targets.contains(&"conv".to_string()),
+            "Q/DQ goes after the Relu, not between Conv and Relu"
+        );
         let observed = calibrate(&rt, &model, &targets, &calib, method).unwrap();
-        let ranges: HashMap<String, (f32, f32)> = observed.iter().map(|(k, o)| (k.clone(), o.range(method))).collect();
+        let ranges: HashMap<String, (f32, f32)> = observed
+            .iter()
+            .map(|(k, o)| (k.clone(), o.range(method)))
+            .collect();
         let (q, report) = quantize_static(&model, &ranges, &opts).unwrap();
         onnx::validate(&q, None).unwrap();
         let h = ops(&q);
-        assert!(h["QuantizeLinear"] >= 3 && h["DequantizeLinear"] >= 5, "{method}: {h:?}");
+        assert!(
+            h["QuantizeLinear"] >= 3 && h["DequantizeLinear"] >= 5,
+            "{method}: {h:?}"
+        );
         // Weights are stored as int8, biases as int32; the float copies are gone.
-        let inits: HashMap<&str, i32> = q.graph.initializer.iter().map(|t| (t.name(), t.data_type())).collect();
+        let inits: HashMap<&str, i32> = q
+            .graph
+            .initializer
+            .iter()
+            .map(|t| (t.name(), t.data_type()))
+            .collect();
         assert_eq!(inits.get("conv_w_quantized"), Some(&3));
         assert_eq!(inits.get("conv_b_quantized"), Some(&6));
         assert!(!inits.contains_key("conv_w") && !inits.contains_key("fc_w"));
@@ -167,7 +228,11 @@ fn static_qdq_is_close_to_float_and_leaves_unsupported_ops_in_float() {
         // Entropy clips tails by design, which costs more on random weights
         // than on trained ones; its accuracy on a trained model is checked
         // by the MNIST gate test.
-        let tolerance = if method == CalibrationMethod::Entropy { 0.5 } else { 0.08 };
+        let tolerance = if method == CalibrationMethod::Entropy {
+            0.5
+        } else {
+            0.08
+        };
         assert!(err < tolerance, "{method}: max |float - int8| = {err}");
         assert!(onnx::encode(&q).len() < onnx::encode(&model).len());
     }
@@ -195,12 +260,18 @@ fn fp16_keeps_io_types_and_stays_close() {
     let model = small_cnn();
     let (h, report) = convert_fp16(&model, &Fp16Options::default()).unwrap();
     onnx::validate(&h, None).unwrap();
-    assert!(h.graph.initializer.iter().all(|t| t.data_type() == 10), "weights are float16");
+    assert!(
+        h.graph.initializer.iter().all(|t| t.data_type() == 10),
+        "weights are float16"
+    );
     assert!(report.left_in_float.is_empty(), "{report:?}");
     let eval = batches(1, 8);
     let err = max_abs_diff(&run(&rt, &model, &eval[0]), &run(&rt, &h, &eval[0]));
     assert!(err < 0.01, "max |float - fp16| = {err}");
-    let keep = Fp16Options { keep_io_types: false, ..Fp16Options::default() };
+    let keep = Fp16Options {
+        keep_io_types: false,
+        ..Fp16Options::default()
+    };
     let (h, _) = convert_fp16(&model, &keep).unwrap();
     let summary = onnx::inspect(&h);
     assert_eq!(summary.inputs[0].dtype, "float16");
@@ -214,19 +285,30 @@ fn a_mismatched_calibration_set_is_named() {
     let mut npz = Npz::new();
     npz.insert("input", f32_tensor(&[4, 1, 9, 9], noise(4 * 81, 1)));
     match Dataset::from_npz(&npz, "calib.npz", &inputs, false) {
-        Err(DatasetError::Shape { input, found, .. }) => assert_eq!((input.as_str(), found), ("input", vec![4, 1, 9, 9])),
+        Err(DatasetError::Shape { input, found, .. }) => {
+            assert_eq!((input.as_str(), found), ("input", vec![4, 1, 9, 9]))
+        }
         other => panic!("{other:?}"),
     }
     let mut wrong_key = Npz::new();
     wrong_key.insert("image", f32_tensor(&[4, 1, 8, 8], noise(256, 1)));
     let err = Dataset::from_npz(&wrong_key, "calib.npz", &inputs, false).unwrap_err();
-    assert!(matches!(&err, DatasetError::MissingInput { input, available, .. } if input == "input" && available == "image"), "{err}");
+    assert!(
+        matches!(&err, DatasetError::MissingInput { input, available, .. } if input == "input" && available == "image"),
+        "{err}"
+    );
     let mut wrong_type = Npz::new();
     wrong_type.insert("input", Tensor::F64(ArrayD::zeros(IxDyn(&[4, 1, 8, 8]))));
-    assert!(matches!(Dataset::from_npz(&wrong_type, "c.npz", &inputs, false), Err(DatasetError::DType { .. })));
+    assert!(matches!(
+        Dataset::from_npz(&wrong_type, "c.npz", &inputs, false),
+        Err(DatasetError::DType { .. })
+    ));
     let mut no_labels = Npz::new();
     no_labels.insert("input", f32_tensor(&[4, 1, 8, 8], noise(256, 1)));
-    assert!(matches!(Dataset::from_npz(&no_labels, "eval.npz", &inputs, true), Err(DatasetError::Label { .. })));
+    assert!(matches!(
+        Dataset::from_npz(&no_labels, "eval.npz", &inputs, true),
+        Err(DatasetError::Label { .. })
+    ));
     no_labels.insert("label", Tensor::I64(ArrayD::zeros(IxDyn(&[4]))));
     let ok = Dataset::from_npz(&no_labels, "eval.npz", &inputs, true).unwrap();
     assert_eq!((ok.samples, ok.labels.unwrap().len()), (4, 4));
@@ -238,11 +320,21 @@ fn a_model_with_external_data_is_inspected_and_quantized() {
     let dir = tempfile::tempdir().unwrap();
     let mut model = small_cnn();
     // Move the Gemm weight out into weights.bin, as large models do.
-    let fc = model.graph.mut_or_insert_default().initializer.iter_mut().find(|t| t.name() == "fc_w").unwrap();
+    let fc = model
+        .graph
+        .mut_or_insert_default()
+        .initializer
+        .iter_mut()
+        .find(|t| t.name() == "fc_w")
+        .unwrap();
     let raw = fc.raw_data.take().unwrap();
     std::fs::write(dir.path().join("weights.bin"), &raw).unwrap();
     fc.set_data_location(ir::tensor_proto::DataLocation::EXTERNAL);
-    for (k, v) in [("location", "weights.bin".to_string()), ("offset", "0".into()), ("length", raw.len().to_string())] {
+    for (k, v) in [
+        ("location", "weights.bin".to_string()),
+        ("offset", "0".into()),
+        ("length", raw.len().to_string()),
+    ] {
         let mut e = ir::StringStringEntryProto::new();
         e.set_key(k.into());
         e.set_value(v);
@@ -252,7 +344,10 @@ fn a_model_with_external_data_is_inspected_and_quantized() {
     assert_eq!(summary.external_data.len(), 1);
     assert_eq!(summary.external_data[0].location, "weights.bin");
     onnx::validate(&model, Some(dir.path())).unwrap();
-    assert_eq!(onnx::internalize_external_data(&mut model, dir.path()).unwrap(), 1);
+    assert_eq!(
+        onnx::internalize_external_data(&mut model, dir.path()).unwrap(),
+        1
+    );
     let (q, _) = quantize_dynamic(&model, &DynamicOptions::default()).unwrap();
     let eval = batches(1, 3);
     assert_eq!(run(&rt, &q, &eval[0]).len(), 160);

@@ -117,7 +117,10 @@ pub(crate) fn summarize(v: &ir::ValueInfoProto) -> ValueSummary {
     use ir::type_proto::Value;
     let (dtype, shape) = match v.type_.as_ref().and_then(|t| t.value.as_ref()) {
         Some(Value::TensorType(t)) => (dtype_name(t.elem_type()), shape_of(t.shape.as_ref())),
-        Some(Value::SparseTensorType(t)) => (format!("sparse {}", dtype_name(t.elem_type())), shape_of(t.shape.as_ref())),
+        Some(Value::SparseTensorType(t)) => (
+            format!("sparse {}", dtype_name(t.elem_type())),
+            shape_of(t.shape.as_ref()),
+        ),
         Some(Value::SequenceType(_)) => ("sequence".to_string(), None),
         Some(Value::MapType(_)) => ("map".to_string(), None),
         Some(Value::OptionalType(_)) => ("optional".to_string(), None),
@@ -162,7 +165,8 @@ fn count_ops(graph: &ir::GraphProto, histogram: &mut BTreeMap<String, usize>, no
 
 pub fn inspect(model: &ir::ModelProto) -> Inspection {
     let graph = model.graph.as_ref().cloned().unwrap_or_default();
-    let initializer_names: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
+    let initializer_names: std::collections::HashSet<&str> =
+        graph.initializer.iter().map(|t| t.name()).collect();
     let mut op_histogram = BTreeMap::new();
     let mut node_count = 0;
     count_ops(&graph, &mut op_histogram, &mut node_count);
@@ -188,8 +192,14 @@ pub fn inspect(model: &ir::ModelProto) -> Inspection {
     }
     Inspection {
         ir_version: model.ir_version(),
-        opsets: model.opset_import.iter().map(|o| (o.domain().to_string(), o.version())).collect(),
-        producer: format!("{} {}", model.producer_name(), model.producer_version()).trim().to_string(),
+        opsets: model
+            .opset_import
+            .iter()
+            .map(|o| (o.domain().to_string(), o.version()))
+            .collect(),
+        producer: format!("{} {}", model.producer_name(), model.producer_version())
+            .trim()
+            .to_string(),
         graph_name: graph.name().to_string(),
         // Before IR 4, initializers were also listed as inputs; they are not
         // inputs a caller feeds.
@@ -206,6 +216,10 @@ pub fn inspect(model: &ir::ModelProto) -> Inspection {
         parameter_count,
         bytes_by_dtype,
         external_data,
-        metadata: model.metadata_props.iter().map(|kv| (kv.key().to_string(), kv.value().to_string())).collect(),
+        metadata: model
+            .metadata_props
+            .iter()
+            .map(|kv| (kv.key().to_string(), kv.value().to_string()))
+            .collect(),
     }
 }

@@ -7,7 +7,7 @@ mod inspect;
 mod tensor;
 mod validate;
 
-#[allow(clippy::all, missing_docs, unused_qualifications)]
+#[allow(clippy::all, clippy::unwrap_used, missing_docs, unused_qualifications)]
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/onnx_ir/mod.rs"));
 }
@@ -108,7 +108,10 @@ mod tests {
         assert_eq!(back, m);
         assert_eq!(encode(&back), bytes, "byte-identical re-encode");
         assert_eq!(back.metadata_props[0].value(), "edgeloop");
-        assert_eq!(back.special_fields.unknown_fields().get(999), Some(UnknownValueRef::Varint(42)));
+        assert_eq!(
+            back.special_fields.unknown_fields().get(999),
+            Some(UnknownValueRef::Varint(42))
+        );
         let node = &back.graph.node[0];
         assert_eq!(
             node.special_fields.unknown_fields().get(777),
@@ -119,7 +122,12 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        for bytes in [&b""[..], b"\xff\xff\xff\xff", b"\x0a\xff\xff\xff\xff\x0f", b"hello world"] {
+        for bytes in [
+            &b""[..],
+            b"\xff\xff\xff\xff",
+            b"\x0a\xff\xff\xff\xff\x0f",
+            b"hello world",
+        ] {
             let _ = decode(bytes);
         }
         assert!(decode(b"\x3a\x05ab").is_err(), "truncated graph field");

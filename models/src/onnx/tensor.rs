@@ -17,14 +17,20 @@ pub enum TensorError {
     #[error("tensor {tensor:?}: invalid dims {dims:?}")]
     BadDims { tensor: String, dims: Vec<i64> },
     #[error("tensor {tensor:?}: dims declare {declared} elements but the data holds {actual}")]
-    DataMismatch { tensor: String, declared: u64, actual: u64 },
+    DataMismatch {
+        tensor: String,
+        declared: u64,
+        actual: u64,
+    },
     #[error("tensor {tensor:?}: external data {reason}")]
     External { tensor: String, reason: String },
 }
 
 /// Element count of `dims`, or None if a dim is negative or the product overflows.
 pub(crate) fn element_count(dims: &[i64]) -> Option<u64> {
-    dims.iter().try_fold(1u64, |acc, &d| u64::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
+    dims.iter().try_fold(1u64, |acc, &d| {
+        u64::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    })
 }
 
 /// The external-data entries of a tensor, checked: a relative path that
@@ -36,7 +42,8 @@ pub(crate) struct ExternalRef {
 }
 
 pub(crate) fn external_ref(t: &ir::TensorProto) -> Result<Option<ExternalRef>, TensorError> {
-    let is_external = t.data_location.map(|l| l.value()) == Some(ir::tensor_proto::DataLocation::EXTERNAL as i32);
+    let is_external =
+        t.data_location.map(|l| l.value()) == Some(ir::tensor_proto::DataLocation::EXTERNAL as i32);
     if !is_external {
         return Ok(None);
     }
@@ -50,17 +57,33 @@ pub(crate) fn external_ref(t: &ir::TensorProto) -> Result<Option<ExternalRef>, T
     for kv in &t.external_data {
         match kv.key() {
             "location" => location = Some(kv.value().to_string()),
-            "offset" => offset = kv.value().parse().map_err(|_| err(format!("offset {:?} is not a number", kv.value())))?,
-            "length" => length = Some(kv.value().parse().map_err(|_| err(format!("length {:?} is not a number", kv.value())))?),
+            "offset" => {
+                offset = kv
+                    .value()
+                    .parse()
+                    .map_err(|_| err(format!("offset {:?} is not a number", kv.value())))?
+            }
+            "length" => {
+                length = Some(
+                    kv.value()
+                        .parse()
+                        .map_err(|_| err(format!("length {:?} is not a number", kv.value())))?,
+                )
+            }
             _ => {}
         }
     }
     let location = location.ok_or_else(|| err("has no location".into()))?;
     let path = PathBuf::from(&location);
     // Only plain relative paths: no root, no "..", nothing that could leave the model directory.
-    let plain = !location.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+    let plain = !location.is_empty()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
     if !plain {
-        return Err(err(format!("location {location:?} escapes the model directory")));
+        return Err(err(format!(
+            "location {location:?} escapes the model directory"
+        )));
     }
     Ok(Some(ExternalRef {
         location: path,
@@ -75,10 +98,17 @@ fn dims_of(t: &ir::TensorProto) -> Result<Vec<usize>, TensorError> {
         dims: t.dims.clone(),
     };
     element_count(&t.dims).ok_or_else(bad)?;
-    t.dims.iter().map(|&d| usize::try_from(d).map_err(|_| bad())).collect()
+    t.dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| bad()))
+        .collect()
 }
 
-fn raw_bytes(t: &ir::TensorProto, model_dir: Option<&Path>, declared_bytes: u64) -> Result<Option<Vec<u8>>, TensorError> {
+fn raw_bytes(
+    t: &ir::TensorProto,
+    model_dir: Option<&Path>,
+    declared_bytes: u64,
+) -> Result<Option<Vec<u8>>, TensorError> {
     if let Some(ext) = external_ref(t)? {
         let err = |reason: String| TensorError::External {
             tensor: t.name().to_string(),
@@ -86,7 +116,8 @@ fn raw_bytes(t: &ir::TensorProto, model_dir: Option<&Path>, declared_bytes: u64)
         };
         let dir = model_dir.ok_or_else(|| err("needs the model's directory to be read".into()))?;
         let path = dir.join(&ext.location);
-        let mut f = std::fs::File::open(&path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+        let mut f =
+            std::fs::File::open(&path).map_err(|e| err(format!("{}: {e}", path.display())))?;
         let file_len = f.metadata().map_err(|e| err(e.to_string()))?.len();
         let length = ext.length.unwrap_or(declared_bytes);
         if length != declared_bytes {
@@ -96,11 +127,19 @@ fn raw_bytes(t: &ir::TensorProto, model_dir: Option<&Path>, declared_bytes: u64)
                 actual: length,
             });
         }
-        let end = ext.offset.checked_add(length).ok_or_else(|| err("offset + length overflows".into()))?;
+        let end = ext
+            .offset
+            .checked_add(length)
+            .ok_or_else(|| err("offset + length overflows".into()))?;
         if end > file_len {
-            return Err(err(format!("needs bytes {}..{end} but {} holds {file_len}", ext.offset, path.display())));
+            return Err(err(format!(
+                "needs bytes {}..{end} but {} holds {file_len}",
+                ext.offset,
+                path.display()
+            )));
         }
-        f.seek(SeekFrom::Start(ext.offset)).map_err(|e| err(e.to_string()))?;
+        f.seek(SeekFrom::Start(ext.offset))
+            .map_err(|e| err(e.to_string()))?;
         // Safe to allocate now: the length was checked against the file.
         let mut buf = vec![0u8; length as usize];
         f.read_exact(&mut buf).map_err(|e| err(e.to_string()))?;
@@ -142,52 +181,91 @@ pub fn to_tensor(t: &ir::TensorProto, model_dir: Option<&Path>) -> Result<Tensor
     }
     let ix = IxDyn(&shape);
     // Typed fields: counts are checked by ArrayD::from_shape_vec below.
-    let shaped = |len: usize| if len as u64 == count { Ok(()) } else { Err(mismatch(len as u64)) };
+    let shaped = |len: usize| {
+        if len as u64 == count {
+            Ok(())
+        } else {
+            Err(mismatch(len as u64))
+        }
+    };
     let tensor = match (dtype, raw) {
-        (DType::F32, Some(r)) => Tensor::F32(ArrayD::from_shape_vec(ix, from_le(&r, f32::from_le_bytes)).map_err(|_| mismatch(0))?),
+        (DType::F32, Some(r)) => Tensor::F32(
+            ArrayD::from_shape_vec(ix, from_le(&r, f32::from_le_bytes)).map_err(|_| mismatch(0))?,
+        ),
         (DType::F32, None) => {
             shaped(t.float_data.len())?;
             Tensor::F32(ArrayD::from_shape_vec(ix, t.float_data.clone()).map_err(|_| mismatch(0))?)
         }
-        (DType::F64, Some(r)) => Tensor::F64(ArrayD::from_shape_vec(ix, from_le(&r, f64::from_le_bytes)).map_err(|_| mismatch(0))?),
+        (DType::F64, Some(r)) => Tensor::F64(
+            ArrayD::from_shape_vec(ix, from_le(&r, f64::from_le_bytes)).map_err(|_| mismatch(0))?,
+        ),
         (DType::F64, None) => {
             shaped(t.double_data.len())?;
             Tensor::F64(ArrayD::from_shape_vec(ix, t.double_data.clone()).map_err(|_| mismatch(0))?)
         }
-        (DType::I64, Some(r)) => Tensor::I64(ArrayD::from_shape_vec(ix, from_le(&r, i64::from_le_bytes)).map_err(|_| mismatch(0))?),
+        (DType::I64, Some(r)) => Tensor::I64(
+            ArrayD::from_shape_vec(ix, from_le(&r, i64::from_le_bytes)).map_err(|_| mismatch(0))?,
+        ),
         (DType::I64, None) => {
             shaped(t.int64_data.len())?;
             Tensor::I64(ArrayD::from_shape_vec(ix, t.int64_data.clone()).map_err(|_| mismatch(0))?)
         }
-        (DType::I32, Some(r)) => Tensor::I32(ArrayD::from_shape_vec(ix, from_le(&r, i32::from_le_bytes)).map_err(|_| mismatch(0))?),
+        (DType::I32, Some(r)) => Tensor::I32(
+            ArrayD::from_shape_vec(ix, from_le(&r, i32::from_le_bytes)).map_err(|_| mismatch(0))?,
+        ),
         (DType::I32, None) => {
             shaped(t.int32_data.len())?;
             Tensor::I32(ArrayD::from_shape_vec(ix, t.int32_data.clone()).map_err(|_| mismatch(0))?)
         }
         // Small types are stored one per int32 in the typed field.
-        (DType::I8, Some(r)) => Tensor::I8(ArrayD::from_shape_vec(ix, r.iter().map(|&b| b as i8).collect()).map_err(|_| mismatch(0))?),
+        (DType::I8, Some(r)) => Tensor::I8(
+            ArrayD::from_shape_vec(ix, r.iter().map(|&b| b as i8).collect())
+                .map_err(|_| mismatch(0))?,
+        ),
         (DType::I8, None) => {
             shaped(t.int32_data.len())?;
-            Tensor::I8(ArrayD::from_shape_vec(ix, t.int32_data.iter().map(|&v| v as i8).collect()).map_err(|_| mismatch(0))?)
+            Tensor::I8(
+                ArrayD::from_shape_vec(ix, t.int32_data.iter().map(|&v| v as i8).collect())
+                    .map_err(|_| mismatch(0))?,
+            )
         }
         (DType::U8, Some(r)) => Tensor::U8(ArrayD::from_shape_vec(ix, r).map_err(|_| mismatch(0))?),
         (DType::U8, None) => {
             shaped(t.int32_data.len())?;
-            Tensor::U8(ArrayD::from_shape_vec(ix, t.int32_data.iter().map(|&v| v as u8).collect()).map_err(|_| mismatch(0))?)
+            Tensor::U8(
+                ArrayD::from_shape_vec(ix, t.int32_data.iter().map(|&v| v as u8).collect())
+                    .map_err(|_| mismatch(0))?,
+            )
         }
-        (DType::Bool, Some(r)) => Tensor::Bool(ArrayD::from_shape_vec(ix, r.iter().map(|&b| b != 0).collect()).map_err(|_| mismatch(0))?),
+        (DType::Bool, Some(r)) => Tensor::Bool(
+            ArrayD::from_shape_vec(ix, r.iter().map(|&b| b != 0).collect())
+                .map_err(|_| mismatch(0))?,
+        ),
         (DType::Bool, None) => {
             shaped(t.int32_data.len())?;
-            Tensor::Bool(ArrayD::from_shape_vec(ix, t.int32_data.iter().map(|&v| v != 0).collect()).map_err(|_| mismatch(0))?)
+            Tensor::Bool(
+                ArrayD::from_shape_vec(ix, t.int32_data.iter().map(|&v| v != 0).collect())
+                    .map_err(|_| mismatch(0))?,
+            )
         }
         (DType::F16, Some(r)) => Tensor::F16(
-            ArrayD::from_shape_vec(ix, from_le(&r, |b: [u8; 2]| half::f16::from_bits(u16::from_le_bytes(b)))).map_err(|_| mismatch(0))?,
+            ArrayD::from_shape_vec(
+                ix,
+                from_le(&r, |b: [u8; 2]| half::f16::from_bits(u16::from_le_bytes(b))),
+            )
+            .map_err(|_| mismatch(0))?,
         ),
         (DType::F16, None) => {
             shaped(t.int32_data.len())?;
             Tensor::F16(
-                ArrayD::from_shape_vec(ix, t.int32_data.iter().map(|&v| half::f16::from_bits(v as u16)).collect())
-                    .map_err(|_| mismatch(0))?,
+                ArrayD::from_shape_vec(
+                    ix,
+                    t.int32_data
+                        .iter()
+                        .map(|&v| half::f16::from_bits(v as u16))
+                        .collect(),
+                )
+                .map_err(|_| mismatch(0))?,
             )
         }
     };
@@ -215,6 +293,30 @@ pub fn from_tensor(name: &str, t: &Tensor) -> ir::TensorProto {
     p
 }
 
+/// Reads every external-data initializer into the model itself, so the model
+/// can be transformed and loaded from memory. Paths are checked as in
+/// [`to_tensor`]; the model must then fit in protobuf's 2 GiB.
+pub fn internalize_external_data(
+    model: &mut ir::ModelProto,
+    model_dir: &Path,
+) -> Result<usize, TensorError> {
+    let mut count = 0;
+    let Some(graph) = model.graph.as_mut() else {
+        return Ok(0);
+    };
+    for t in graph.initializer.iter_mut() {
+        if external_ref(t)?.is_none() {
+            continue;
+        }
+        let value = to_tensor(t, Some(model_dir))?;
+        let mut inline = from_tensor(t.name(), &value);
+        inline.doc_string = t.doc_string.clone();
+        *t = inline;
+        count += 1;
+    }
+    Ok(count)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,14 +325,39 @@ mod tests {
     fn round_trip_every_dtype() {
         let shape = IxDyn(&[2, 3]);
         let cases = vec![
-            Tensor::F32(ArrayD::from_shape_vec(shape.clone(), vec![1.5, -2.0, 0.0, 3.25, 1e-3, -7.0]).unwrap()),
-            Tensor::F64(ArrayD::from_shape_vec(shape.clone(), vec![1.5, -2.0, 0.0, 3.25, 1e-3, -7.0]).unwrap()),
-            Tensor::F16(ArrayD::from_shape_vec(shape.clone(), [1.5f32, -2.0, 0.0, 3.25, 0.5, -7.0].map(half::f16::from_f32).to_vec()).unwrap()),
-            Tensor::I8(ArrayD::from_shape_vec(shape.clone(), vec![-128, -1, 0, 1, 2, 127]).unwrap()),
+            Tensor::F32(
+                ArrayD::from_shape_vec(shape.clone(), vec![1.5, -2.0, 0.0, 3.25, 1e-3, -7.0])
+                    .unwrap(),
+            ),
+            Tensor::F64(
+                ArrayD::from_shape_vec(shape.clone(), vec![1.5, -2.0, 0.0, 3.25, 1e-3, -7.0])
+                    .unwrap(),
+            ),
+            Tensor::F16(
+                ArrayD::from_shape_vec(
+                    shape.clone(),
+                    [1.5f32, -2.0, 0.0, 3.25, 0.5, -7.0]
+                        .map(half::f16::from_f32)
+                        .to_vec(),
+                )
+                .unwrap(),
+            ),
+            Tensor::I8(
+                ArrayD::from_shape_vec(shape.clone(), vec![-128, -1, 0, 1, 2, 127]).unwrap(),
+            ),
             Tensor::U8(ArrayD::from_shape_vec(shape.clone(), vec![0, 1, 2, 3, 254, 255]).unwrap()),
-            Tensor::I32(ArrayD::from_shape_vec(shape.clone(), vec![i32::MIN, -1, 0, 1, 2, i32::MAX]).unwrap()),
-            Tensor::I64(ArrayD::from_shape_vec(shape.clone(), vec![i64::MIN, -1, 0, 1, 2, i64::MAX]).unwrap()),
-            Tensor::Bool(ArrayD::from_shape_vec(shape.clone(), vec![true, false, true, true, false, false]).unwrap()),
+            Tensor::I32(
+                ArrayD::from_shape_vec(shape.clone(), vec![i32::MIN, -1, 0, 1, 2, i32::MAX])
+                    .unwrap(),
+            ),
+            Tensor::I64(
+                ArrayD::from_shape_vec(shape.clone(), vec![i64::MIN, -1, 0, 1, 2, i64::MAX])
+                    .unwrap(),
+            ),
+            Tensor::Bool(
+                ArrayD::from_shape_vec(shape.clone(), vec![true, false, true, true, false, false])
+                    .unwrap(),
+            ),
         ];
         for t in cases {
             let p = from_tensor("w", &t);
@@ -244,9 +371,15 @@ mod tests {
         p.set_data_type(1);
         p.dims = vec![2];
         p.float_data = vec![1.0, 2.0];
-        assert_eq!(to_tensor(&p, None).unwrap(), Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[2]), vec![1.0, 2.0]).unwrap()));
+        assert_eq!(
+            to_tensor(&p, None).unwrap(),
+            Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[2]), vec![1.0, 2.0]).unwrap())
+        );
         p.float_data.push(3.0);
-        assert!(matches!(to_tensor(&p, None), Err(TensorError::DataMismatch { .. })));
+        assert!(matches!(
+            to_tensor(&p, None),
+            Err(TensorError::DataMismatch { .. })
+        ));
     }
 
     #[test]
@@ -256,17 +389,29 @@ mod tests {
         p.set_data_type(1);
         p.dims = vec![1 << 30, 1 << 30];
         p.set_raw_data(vec![0; 16]);
-        assert!(matches!(to_tensor(&p, None), Err(TensorError::DataMismatch { .. })));
+        assert!(matches!(
+            to_tensor(&p, None),
+            Err(TensorError::DataMismatch { .. })
+        ));
         p.dims = vec![i64::MAX, i64::MAX];
-        assert!(matches!(to_tensor(&p, None), Err(TensorError::BadDims { .. })));
+        assert!(matches!(
+            to_tensor(&p, None),
+            Err(TensorError::BadDims { .. })
+        ));
         p.dims = vec![-1];
-        assert!(matches!(to_tensor(&p, None), Err(TensorError::BadDims { .. })));
+        assert!(matches!(
+            to_tensor(&p, None),
+            Err(TensorError::BadDims { .. })
+        ));
     }
 
     #[test]
     fn external_data_is_read_from_inside_the_model_dir_only() {
         let dir = tempfile::tempdir().unwrap();
-        let values: Vec<u8> = [1.0f32, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let values: Vec<u8> = [1.0f32, 2.0, 3.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         let mut file = vec![0u8; 8];
         file.extend_from_slice(&values);
         std::fs::write(dir.path().join("weights.bin"), &file).unwrap();
@@ -281,35 +426,36 @@ mod tests {
         p.set_data_type(1);
         p.dims = vec![3];
         p.set_data_location(ir::tensor_proto::DataLocation::EXTERNAL);
-        p.external_data = vec![kv("location", "weights.bin"), kv("offset", "8"), kv("length", "12")];
+        p.external_data = vec![
+            kv("location", "weights.bin"),
+            kv("offset", "8"),
+            kv("length", "12"),
+        ];
         assert_eq!(
             to_tensor(&p, Some(dir.path())).unwrap(),
             Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[3]), vec![1.0, 2.0, 3.0]).unwrap())
         );
         for escape in ["../weights.bin", "/etc/passwd", "a/../../x", ""] {
             p.external_data[0] = kv("location", escape);
-            assert!(matches!(to_tensor(&p, Some(dir.path())), Err(TensorError::External { .. })), "{escape}");
+            assert!(
+                matches!(
+                    to_tensor(&p, Some(dir.path())),
+                    Err(TensorError::External { .. })
+                ),
+                "{escape}"
+            );
         }
-        p.external_data = vec![kv("location", "weights.bin"), kv("offset", "16"), kv("length", "12")];
-        assert!(matches!(to_tensor(&p, Some(dir.path())), Err(TensorError::External { .. })), "past the end");
+        p.external_data = vec![
+            kv("location", "weights.bin"),
+            kv("offset", "16"),
+            kv("length", "12"),
+        ];
+        assert!(
+            matches!(
+                to_tensor(&p, Some(dir.path())),
+                Err(TensorError::External { .. })
+            ),
+            "past the end"
+        );
     }
-}
-
-/// Reads every external-data initializer into the model itself, so the model
-/// can be transformed and loaded from memory. Paths are checked as in
-/// [`to_tensor`]; the model must then fit in protobuf's 2 GiB.
-pub fn internalize_external_data(model: &mut ir::ModelProto, model_dir: &Path) -> Result<usize, TensorError> {
-    let mut count = 0;
-    let Some(graph) = model.graph.as_mut() else { return Ok(0) };
-    for t in graph.initializer.iter_mut() {
-        if external_ref(t)?.is_none() {
-            continue;
-        }
-        let value = to_tensor(t, Some(model_dir))?;
-        let mut inline = from_tensor(t.name(), &value);
-        inline.doc_string = t.doc_string.clone();
-        *t = inline;
-        count += 1;
-    }
-    Ok(count)
 }

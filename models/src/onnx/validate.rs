@@ -19,7 +19,9 @@ pub enum ValidationError {
     IrVersion(i64),
     #[error("{node}: op_type is empty")]
     EmptyOpType { node: String },
-    #[error("{node}: input {input:?} is not a graph input, an initializer, or an earlier node's output")]
+    #[error(
+        "{node}: input {input:?} is not a graph input, an initializer, or an earlier node's output"
+    )]
     UndefinedInput { node: String, input: String },
     #[error("{node}: output {name:?} is already produced elsewhere (names must be assigned once)")]
     DuplicateName { node: String, name: String },
@@ -74,7 +76,9 @@ fn check_value_info(v: &ir::ValueInfoProto, what: &'static str) -> Result<(), Va
     if v.name().is_empty() {
         return Err(ValidationError::Unnamed(what));
     }
-    if let Some(ir::type_proto::Value::TensorType(t)) = v.type_.as_ref().and_then(|t| t.value.as_ref()) {
+    if let Some(ir::type_proto::Value::TensorType(t)) =
+        v.type_.as_ref().and_then(|t| t.value.as_ref())
+    {
         check_elem_type(v.name(), t.elem_type())?;
     }
     Ok(())
@@ -105,10 +109,13 @@ impl Checker<'_> {
             }
             return Ok(());
         };
-        let bytes_needed = count.checked_mul(bits).map(|b| b.div_ceil(8)).ok_or_else(|| TensorError::BadDims {
-            tensor: name.clone(),
-            dims: t.dims.clone(),
-        })?;
+        let bytes_needed = count
+            .checked_mul(bits)
+            .map(|b| b.div_ceil(8))
+            .ok_or_else(|| TensorError::BadDims {
+                tensor: name.clone(),
+                dims: t.dims.clone(),
+            })?;
         if let Some(ext) = external_ref(t)? {
             if let Some(dir) = self.model_dir {
                 let path = dir.join(&ext.location);
@@ -119,10 +126,15 @@ impl Checker<'_> {
                     })?
                     .len();
                 let want = ext.length.unwrap_or(bytes_needed);
-                if want != bytes_needed || ext.offset.checked_add(want).is_none_or(|end| end > len) {
+                if want != bytes_needed || ext.offset.checked_add(want).is_none_or(|end| end > len)
+                {
                     return Err(TensorError::External {
                         tensor: name,
-                        reason: format!("needs {bytes_needed} bytes at offset {} of {}, which holds {len}", ext.offset, path.display()),
+                        reason: format!(
+                            "needs {bytes_needed} bytes at offset {} of {}, which holds {len}",
+                            ext.offset,
+                            path.display()
+                        ),
                     }
                     .into());
                 }
@@ -155,7 +167,11 @@ impl Checker<'_> {
         Ok(())
     }
 
-    fn check_graph(&self, graph: &ir::GraphProto, outer: &HashSet<String>) -> Result<(), ValidationError> {
+    fn check_graph(
+        &self,
+        graph: &ir::GraphProto,
+        outer: &HashSet<String>,
+    ) -> Result<(), ValidationError> {
         let mut defined: HashSet<String> = outer.clone();
         for input in &graph.input {
             check_value_info(input, "graph input")?;
@@ -207,7 +223,9 @@ impl Checker<'_> {
                 if output.is_empty() {
                     continue;
                 }
-                if !produced.insert(output.clone()) || graph.initializer.iter().any(|t| t.name() == output) {
+                if !produced.insert(output.clone())
+                    || graph.initializer.iter().any(|t| t.name() == output)
+                {
                     return Err(ValidationError::DuplicateName {
                         node: label(),
                         name: output.clone(),
@@ -226,7 +244,11 @@ impl Checker<'_> {
     }
 
     /// Tensor-valued attributes (e.g. Constant's `value`) may be unnamed.
-    fn check_initializer_like(&self, t: &ir::TensorProto, node: &str) -> Result<(), ValidationError> {
+    fn check_initializer_like(
+        &self,
+        t: &ir::TensorProto,
+        node: &str,
+    ) -> Result<(), ValidationError> {
         if t.name().is_empty() {
             let mut named = t.clone();
             named.set_name(format!("{node} attribute"));
@@ -251,7 +273,12 @@ pub fn validate(model: &ir::ModelProto, model_dir: Option<&Path>) -> Result<(), 
         .opset_import
         .iter()
         .map(|o| canonical_domain(o.domain()).to_string())
-        .chain(model.functions.iter().map(|f| canonical_domain(f.domain()).to_string()))
+        .chain(
+            model
+                .functions
+                .iter()
+                .map(|f| canonical_domain(f.domain()).to_string()),
+        )
         .collect();
     Checker { model_dir, domains }.check_graph(graph, &HashSet::new())
 }
@@ -300,7 +327,13 @@ mod tests {
 
     #[test]
     fn a_good_model_passes() {
-        let m = model(vec![node("Add", &["x", "w"], &["s"]), node("Relu", &["s"], &["y"])], &["y"]);
+        let m = model(
+            vec![
+                node("Add", &["x", "w"], &["s"]),
+                node("Relu", &["s"], &["y"]),
+            ],
+            &["y"],
+        );
         assert_eq!(validate(&m, None), Ok(()));
     }
 
@@ -309,23 +342,45 @@ mod tests {
         let undefined = model(vec![node("Relu", &["nope"], &["y"])], &["y"]);
         assert_eq!(
             validate(&undefined, None),
-            Err(ValidationError::UndefinedInput { node: "node #0 (Relu)".into(), input: "nope".into() })
+            Err(ValidationError::UndefinedInput {
+                node: "node #0 (Relu)".into(),
+                input: "nope".into()
+            })
         );
-        let out_of_order = model(vec![node("Relu", &["s"], &["y"]), node("Relu", &["x"], &["s"])], &["y"]);
-        assert!(matches!(validate(&out_of_order, None), Err(ValidationError::UndefinedInput { .. })));
-        let twice = model(vec![node("Relu", &["x"], &["y"]), node("Relu", &["x"], &["y"])], &["y"]);
-        assert!(matches!(validate(&twice, None), Err(ValidationError::DuplicateName { name, .. }) if name == "y"));
+        let out_of_order = model(
+            vec![node("Relu", &["s"], &["y"]), node("Relu", &["x"], &["s"])],
+            &["y"],
+        );
+        assert!(matches!(
+            validate(&out_of_order, None),
+            Err(ValidationError::UndefinedInput { .. })
+        ));
+        let twice = model(
+            vec![node("Relu", &["x"], &["y"]), node("Relu", &["x"], &["y"])],
+            &["y"],
+        );
+        assert!(
+            matches!(validate(&twice, None), Err(ValidationError::DuplicateName { name, .. }) if name == "y")
+        );
         let unproduced = model(vec![node("Relu", &["x"], &["y"])], &["z"]);
-        assert_eq!(validate(&unproduced, None), Err(ValidationError::UnproducedOutput("z".into())));
+        assert_eq!(
+            validate(&unproduced, None),
+            Err(ValidationError::UnproducedOutput("z".into()))
+        );
         let empty_op = model(vec![node("", &["x"], &["y"])], &["y"]);
-        assert!(matches!(validate(&empty_op, None), Err(ValidationError::EmptyOpType { .. })));
+        assert!(matches!(
+            validate(&empty_op, None),
+            Err(ValidationError::EmptyOpType { .. })
+        ));
 
         let mut no_opset = model(vec![node("Relu", &["x"], &["y"])], &["y"]);
         no_opset.opset_import.clear();
         assert_eq!(validate(&no_opset, None), Err(ValidationError::NoOpset));
         let mut custom = model(vec![node("Relu", &["x"], &["y"])], &["y"]);
         custom.graph.mut_or_insert_default().node[0].set_domain("com.example".into());
-        assert!(matches!(validate(&custom, None), Err(ValidationError::UndeclaredDomain { domain, .. }) if domain == "com.example"));
+        assert!(
+            matches!(validate(&custom, None), Err(ValidationError::UndeclaredDomain { domain, .. }) if domain == "com.example")
+        );
         let mut old = no_opset.clone();
         old.set_ir_version(2);
         assert_eq!(validate(&old, None), Err(ValidationError::IrVersion(2)));
@@ -335,10 +390,15 @@ mod tests {
 
         let mut short = model(vec![node("Relu", &["x"], &["y"])], &["y"]);
         short.graph.mut_or_insert_default().initializer[0].set_raw_data(vec![0; 7]);
-        assert!(matches!(validate(&short, None), Err(ValidationError::Tensor(TensorError::DataMismatch { tensor, .. })) if tensor == "w"));
+        assert!(
+            matches!(validate(&short, None), Err(ValidationError::Tensor(TensorError::DataMismatch { tensor, .. })) if tensor == "w")
+        );
         let mut bomb = short.clone();
         bomb.graph.mut_or_insert_default().initializer[0].dims = vec![i64::MAX, 4];
-        assert!(matches!(validate(&bomb, None), Err(ValidationError::Tensor(TensorError::BadDims { .. }))));
+        assert!(matches!(
+            validate(&bomb, None),
+            Err(ValidationError::Tensor(TensorError::BadDims { .. }))
+        ));
     }
 
     #[test]
@@ -351,7 +411,9 @@ mod tests {
         loc.set_key("location".into());
         loc.set_value("../../etc/shadow".into());
         w.external_data.push(loc);
-        assert!(matches!(validate(&m, None), Err(ValidationError::Tensor(TensorError::External { tensor, .. })) if tensor == "w"));
+        assert!(
+            matches!(validate(&m, None), Err(ValidationError::Tensor(TensorError::External { tensor, .. })) if tensor == "w")
+        );
 
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("w.bin"), [0u8; 8]).unwrap();
@@ -359,7 +421,10 @@ mod tests {
         w.external_data[0].set_value("w.bin".into());
         assert_eq!(validate(&m, Some(dir.path())), Ok(()));
         std::fs::write(dir.path().join("w.bin"), [0u8; 4]).unwrap();
-        assert!(matches!(validate(&m, Some(dir.path())), Err(ValidationError::Tensor(TensorError::External { .. }))));
+        assert!(matches!(
+            validate(&m, Some(dir.path())),
+            Err(ValidationError::Tensor(TensorError::External { .. }))
+        ));
     }
 
     #[test]
@@ -376,7 +441,10 @@ mod tests {
         m.graph.mut_or_insert_default().input.push(value("cond"));
         assert_eq!(validate(&m, None), Ok(()));
         then_g.node[0].input[0] = "inner_only".into();
-        m.graph.mut_or_insert_default().node[0].attribute[0].g = protobuf::MessageField::some(then_g);
-        assert!(matches!(validate(&m, None), Err(ValidationError::UndefinedInput { input, .. }) if input == "inner_only"));
+        m.graph.mut_or_insert_default().node[0].attribute[0].g =
+            protobuf::MessageField::some(then_g);
+        assert!(
+            matches!(validate(&m, None), Err(ValidationError::UndefinedInput { input, .. }) if input == "inner_only")
+        );
     }
 }

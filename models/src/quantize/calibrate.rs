@@ -123,7 +123,9 @@ pub fn entropy_threshold(hist: &[u64], amax: f32, levels: usize) -> f32 {
             let start = j * i / levels;
             let end = ((j + 1) * i / levels).max(start + 1);
             let mass: f64 = hist[start..end].iter().map(|&c| c as f64).sum::<f64>();
-            let nonzero = (start..end).filter(|&k| hist[k] > 0 || (k == i - 1 && tail > 0)).count();
+            let nonzero = (start..end)
+                .filter(|&k| hist[k] > 0 || (k == i - 1 && tail > 0))
+                .count();
             if nonzero > 0 {
                 for k in start..end {
                     if hist[k] > 0 || (k == i - 1 && tail > 0) {
@@ -161,7 +163,10 @@ pub fn expose(model: &ir::ModelProto, targets: &[String]) -> ir::ModelProto {
 /// One calibration batch: input name -> tensor.
 pub type Batch = Vec<(String, Tensor)>;
 
-fn run_batch(session: &mut ModelSession, batch: &Batch) -> Result<Vec<(String, Tensor)>, QuantizeError> {
+fn run_batch(
+    session: &mut ModelSession,
+    batch: &Batch,
+) -> Result<Vec<(String, Tensor)>, QuantizeError> {
     let inputs: Vec<(&str, &Tensor)> = batch.iter().map(|(n, t)| (n.as_str(), t)).collect();
     Ok(session.run(&inputs)?)
 }
@@ -179,13 +184,24 @@ pub fn calibrate(
         return Err(QuantizeError::Data("the calibration set is empty".into()));
     }
     let exposed = expose(model, targets);
-    let mut options = SessionOptions::default();
     // Graph optimisations could fold away the tensors we asked to see.
-    options.optimization = crate::runtime::GraphOptimization::Disabled;
+    let options = SessionOptions {
+        optimization: crate::runtime::GraphOptimization::Disabled,
+        ..SessionOptions::default()
+    };
     let mut session = runtime.session(&onnx::encode(&exposed), &options)?;
     let mut observed: HashMap<String, Observed> = targets
         .iter()
-        .map(|t| (t.clone(), Observed { min: f32::INFINITY, max: f32::NEG_INFINITY, histogram: vec![] }))
+        .map(|t| {
+            (
+                t.clone(),
+                Observed {
+                    min: f32::INFINITY,
+                    max: f32::NEG_INFINITY,
+                    histogram: vec![],
+                },
+            )
+        })
         .collect();
     for batch in batches {
         for (name, value) in run_batch(&mut session, batch)? {
@@ -199,7 +215,9 @@ pub fn calibrate(
     }
     for (name, o) in observed.iter_mut() {
         if !o.min.is_finite() || !o.max.is_finite() {
-            return Err(QuantizeError::Data(format!("tensor {name:?} produced no finite float values")));
+            return Err(QuantizeError::Data(format!(
+                "tensor {name:?} produced no finite float values"
+            )));
         }
     }
     if method != CalibrationMethod::MinMax {
@@ -257,7 +275,11 @@ mod tests {
         let mut hist = vec![0u64; HISTOGRAM_BINS];
         hist[100] = 1000;
         hist[2047] = 1;
-        let o = Observed { min: 0.0, max: 10.0, histogram: hist };
+        let o = Observed {
+            min: 0.0,
+            max: 10.0,
+            histogram: hist,
+        };
         assert_eq!(o.range(CalibrationMethod::MinMax), (0.0, 10.0));
         let (lo, hi) = o.range(CalibrationMethod::Percentile(99.0));
         assert_eq!(lo, 0.0);

@@ -81,7 +81,10 @@ fn candidate(editor: &Editor<'_>, i: usize, n: &ir::NodeProto) -> Result<Candida
     }
 }
 
-pub fn quantize_dynamic(model: &ir::ModelProto, opts: &DynamicOptions) -> Result<(ir::ModelProto, Report), QuantizeError> {
+pub fn quantize_dynamic(
+    model: &ir::ModelProto,
+    opts: &DynamicOptions,
+) -> Result<(ir::ModelProto, Report), QuantizeError> {
     let opset = default_opset(model);
     if opset < 10 {
         return Err(QuantizeError::OpsetTooOld(opset));
@@ -97,15 +100,27 @@ pub fn quantize_dynamic(model: &ir::ModelProto, opts: &DynamicOptions) -> Result
         if !matches!(n.op_type(), "MatMul" | "Gemm") || !matches!(n.domain(), "" | "ai.onnx") {
             continue;
         }
-        let label = if n.name().is_empty() { format!("#{i} {}", n.op_type()) } else { n.name().to_string() };
+        let label = if n.name().is_empty() {
+            format!("#{i} {}", n.op_type())
+        } else {
+            n.name().to_string()
+        };
         if opts.exclude.iter().any(|e| e == n.name()) {
-            report.left_in_float.push(FloatNode { node: label, op_type: n.op_type().to_string(), reason: "excluded by request".into() });
+            report.left_in_float.push(FloatNode {
+                node: label,
+                op_type: n.op_type().to_string(),
+                reason: "excluded by request".into(),
+            });
             continue;
         }
         let c = match candidate(&editor, i, &n) {
             Ok(c) => c,
             Err(reason) => {
-                report.left_in_float.push(FloatNode { node: label, op_type: n.op_type().to_string(), reason });
+                report.left_in_float.push(FloatNode {
+                    node: label,
+                    op_type: n.op_type().to_string(),
+                    reason,
+                });
                 continue;
             }
         };
@@ -118,43 +133,87 @@ pub fn quantize_dynamic(model: &ir::ModelProto, opts: &DynamicOptions) -> Result
         };
         let base = c.w_name.clone();
         let wq_name = editor.add_initializer(&base, "_quantized", &Tensor::I8(wq));
-        let wzp = editor.add_initializer(&base, "_zero_point", &Tensor::I8(ArrayD::zeros(IxDyn(&[]))));
+        let wzp =
+            editor.add_initializer(&base, "_zero_point", &Tensor::I8(ArrayD::zeros(IxDyn(&[]))));
         let scaled: Vec<f32> = scales.iter().map(|s| s * c.alpha).collect();
-        let ws_name = editor.add_initializer(&base, "_scale", &Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[scaled.len()]), scaled).expect("1-D")));
+        let ws_name = editor.add_initializer(
+            &base,
+            "_scale",
+            &Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[scaled.len()]), scaled).expect("1-D")),
+        );
 
         let xq = editor.fresh(&c.x, "_quantized");
         let xs = editor.fresh(&c.x, "_scale");
         let xz = editor.fresh(&c.x, "_zero_point");
-        new_nodes.push(node("DynamicQuantizeLinear", editor.fresh(&c.x, "_DynamicQuantizeLinear"), &[&c.x], &[&xq, &xs, &xz]));
+        new_nodes.push(node(
+            "DynamicQuantizeLinear",
+            editor.fresh(&c.x, "_DynamicQuantizeLinear"),
+            &[&c.x],
+            &[&xq, &xs, &xz],
+        ));
         let acc = editor.fresh(&c.y, "_int32");
-        new_nodes.push(node("MatMulInteger", editor.fresh(&c.y, "_MatMulInteger"), &[&xq, &wq_name, &xz, &wzp], &[&acc]));
+        new_nodes.push(node(
+            "MatMulInteger",
+            editor.fresh(&c.y, "_MatMulInteger"),
+            &[&xq, &wq_name, &xz, &wzp],
+            &[&acc],
+        ));
         let accf = editor.fresh(&c.y, "_float");
         let mut cast = node("Cast", editor.fresh(&c.y, "_Cast"), &[&acc], &[&accf]);
         cast.attribute.push(int_attr("to", 1));
         new_nodes.push(cast);
         let scale = editor.fresh(&c.y, "_output_scale");
-        new_nodes.push(node("Mul", editor.fresh(&c.y, "_ScaleMul"), &[&xs, &ws_name], &[&scale]));
+        new_nodes.push(node(
+            "Mul",
+            editor.fresh(&c.y, "_ScaleMul"),
+            &[&xs, &ws_name],
+            &[&scale],
+        ));
         match c.bias {
-            None => new_nodes.push(node("Mul", editor.fresh(&c.y, "_Mul"), &[&accf, &scale], &[&c.y])),
+            None => new_nodes.push(node(
+                "Mul",
+                editor.fresh(&c.y, "_Mul"),
+                &[&accf, &scale],
+                &[&c.y],
+            )),
             Some((bias, beta)) => {
                 let unbiased = editor.fresh(&c.y, "_unbiased");
-                new_nodes.push(node("Mul", editor.fresh(&c.y, "_Mul"), &[&accf, &scale], &[&unbiased]));
+                new_nodes.push(node(
+                    "Mul",
+                    editor.fresh(&c.y, "_Mul"),
+                    &[&accf, &scale],
+                    &[&unbiased],
+                ));
                 let bias_in = if beta == 1.0 {
                     bias
                 } else {
-                    let b = editor.add_initializer(&c.y, "_beta", &Tensor::F32(ArrayD::from_elem(IxDyn(&[]), beta)));
+                    let b = editor.add_initializer(
+                        &c.y,
+                        "_beta",
+                        &Tensor::F32(ArrayD::from_elem(IxDyn(&[]), beta)),
+                    );
                     let scaled = editor.fresh(&bias, "_scaled");
-                    new_nodes.push(node("Mul", editor.fresh(&bias, "_BetaMul"), &[&bias, &b], &[&scaled]));
+                    new_nodes.push(node(
+                        "Mul",
+                        editor.fresh(&bias, "_BetaMul"),
+                        &[&bias, &b],
+                        &[&scaled],
+                    ));
                     scaled
                 };
-                new_nodes.push(node("Add", editor.fresh(&c.y, "_Add"), &[&unbiased, &bias_in], &[&c.y]));
+                new_nodes.push(node(
+                    "Add",
+                    editor.fresh(&c.y, "_Add"),
+                    &[&unbiased, &bias_in],
+                    &[&c.y],
+                ));
             }
         }
         report.quantized_nodes.push(label);
         replaced.push((c.index, base));
     }
     // Remove replaced nodes (highest index first), then their float weights.
-    replaced.sort_by(|a, b| b.0.cmp(&a.0));
+    replaced.sort_by_key(|r| std::cmp::Reverse(r.0));
     for (index, _) in &replaced {
         editor.graph.node.remove(*index);
     }

@@ -14,19 +14,72 @@ use crate::tensor::Tensor;
 /// Ops whose float outputs have the type of their float inputs and that
 /// have float16 kernels in ONNX Runtime's CPU and CUDA providers.
 const HALF_SAFE: &[&str] = &[
-    "Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "Sigmoid", "Tanh",
-    "Softmax", "LogSoftmax", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization",
-    "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Identity", "Dropout", "Clip", "Pad", "Erf",
-    "Sqrt", "Exp", "Abs", "Neg", "Split", "Slice", "Gather", "Expand", "Tile", "Gelu", "HardSigmoid", "HardSwish",
-    "Constant", "Cast",
+    "Conv",
+    "ConvTranspose",
+    "MatMul",
+    "Gemm",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Relu",
+    "LeakyRelu",
+    "Sigmoid",
+    "Tanh",
+    "Softmax",
+    "LogSoftmax",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "BatchNormalization",
+    "Flatten",
+    "Reshape",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Concat",
+    "Identity",
+    "Dropout",
+    "Clip",
+    "Pad",
+    "Erf",
+    "Sqrt",
+    "Exp",
+    "Abs",
+    "Neg",
+    "Split",
+    "Slice",
+    "Gather",
+    "Expand",
+    "Tile",
+    "Gelu",
+    "HardSigmoid",
+    "HardSwish",
+    "Constant",
+    "Cast",
 ];
 
 /// Ops kept in float32 because half precision hurts them (accumulations,
 /// coordinates, thresholds) or kernels are missing. Their float outputs
 /// stay float32.
 pub const KEEP_FP32: &[&str] = &[
-    "Resize", "Upsample", "Range", "CumSum", "TopK", "NonMaxSuppression", "RoiAlign", "ReduceMean", "ReduceSum",
-    "LayerNormalization", "Pow", "Log", "Min", "Max", "RandomUniformLike", "RandomNormalLike",
+    "Resize",
+    "Upsample",
+    "Range",
+    "CumSum",
+    "TopK",
+    "NonMaxSuppression",
+    "RoiAlign",
+    "ReduceMean",
+    "ReduceSum",
+    "LayerNormalization",
+    "Pow",
+    "Log",
+    "Min",
+    "Max",
+    "RandomUniformLike",
+    "RandomNormalLike",
 ];
 
 /// Ops with more than one float output.
@@ -66,23 +119,38 @@ fn is_tensor_float(v: &ir::ValueInfoProto) -> bool {
 }
 
 fn set_elem_type(v: &mut ir::ValueInfoProto, code: i32) {
-    if let Some(ir::type_proto::Value::TensorType(t)) = v.type_.as_mut().and_then(|t| t.value.as_mut()) {
+    if let Some(ir::type_proto::Value::TensorType(t)) =
+        v.type_.as_mut().and_then(|t| t.value.as_mut())
+    {
         t.set_elem_type(code);
     }
 }
 
-pub fn convert_fp16(model: &ir::ModelProto, opts: &Fp16Options) -> Result<(ir::ModelProto, Report), QuantizeError> {
+pub fn convert_fp16(
+    model: &ir::ModelProto,
+    opts: &Fp16Options,
+) -> Result<(ir::ModelProto, Report), QuantizeError> {
     let mut out = model.clone();
     let graph = out.graph.as_mut().ok_or(QuantizeError::NoGraph)?;
     topological_sort(graph);
-    let keep: HashSet<&str> = KEEP_FP32.iter().copied().chain(opts.keep_fp32_ops.iter().map(String::as_str)).collect();
+    let keep: HashSet<&str> = KEEP_FP32
+        .iter()
+        .copied()
+        .chain(opts.keep_fp32_ops.iter().map(String::as_str))
+        .collect();
     let mut editor = Editor::new(graph);
     let mut report = Report::default();
 
     // Float tensors, by the precision they now have.
     let mut half: HashSet<String> = HashSet::new();
     let mut single: HashSet<String> = HashSet::new();
-    let float_inits: HashSet<String> = editor.graph.initializer.iter().filter(|t| t.data_type() == 1).map(|t| t.name().to_string()).collect();
+    let float_inits: HashSet<String> = editor
+        .graph
+        .initializer
+        .iter()
+        .filter(|t| t.data_type() == 1)
+        .map(|t| t.name().to_string())
+        .collect();
     single.extend(float_inits.iter().cloned());
     let mut new_nodes = vec![];
     // Casts created so far, so a tensor is converted once per direction.
@@ -101,14 +169,20 @@ pub fn convert_fp16(model: &ir::ModelProto, opts: &Fp16Options) -> Result<(ir::M
     }
     let mut half_inits: HashSet<String> = HashSet::new();
     let readers = consumers(editor.graph);
-    let is_half_node = |n: &ir::NodeProto| matches!(n.domain(), "" | "ai.onnx") && HALF_SAFE.contains(&n.op_type()) && !keep.contains(n.op_type());
+    let is_half_node = |n: &ir::NodeProto| {
+        matches!(n.domain(), "" | "ai.onnx")
+            && HALF_SAFE.contains(&n.op_type())
+            && !keep.contains(n.op_type())
+    };
     // An initializer becomes half in place when every reader runs in half.
     for name in &float_inits {
-        let all_half = readers.get(name).is_some_and(|r| r.iter().all(|&i| {
-            let n = &editor.graph.node[i];
-            // Shape-like float inputs (Resize scales, Clip bounds in old opsets) stay.
-            is_half_node(n) && n.op_type() != "Clip"
-        }));
+        let all_half = readers.get(name).is_some_and(|r| {
+            r.iter().all(|&i| {
+                let n = &editor.graph.node[i];
+                // Shape-like float inputs (Resize scales, Clip bounds in old opsets) stay.
+                is_half_node(n) && n.op_type() != "Clip"
+            })
+        });
         if all_half {
             half_inits.insert(name.clone());
         }
@@ -133,21 +207,33 @@ pub fn convert_fp16(model: &ir::ModelProto, opts: &Fp16Options) -> Result<(ir::M
             any_float_input |= is_half || is_single;
             let wanted_half = half_node && n.op_type() != "Clip";
             let replacement = if wanted_half && is_single {
-                Some(to_half_cast.entry(input.clone()).or_insert_with(|| {
-                    let o = editor.fresh(input, "_fp16");
-                    let mut c = node("Cast", editor.fresh(input, "_CastToFp16"), &[input], &[&o]);
-                    c.attribute.push(int_attr("to", 10));
-                    new_nodes.push(c);
-                    o
-                }).clone())
+                Some(
+                    to_half_cast
+                        .entry(input.clone())
+                        .or_insert_with(|| {
+                            let o = editor.fresh(input, "_fp16");
+                            let mut c =
+                                node("Cast", editor.fresh(input, "_CastToFp16"), &[input], &[&o]);
+                            c.attribute.push(int_attr("to", 10));
+                            new_nodes.push(c);
+                            o
+                        })
+                        .clone(),
+                )
             } else if !wanted_half && is_half {
-                Some(to_single_cast.entry(input.clone()).or_insert_with(|| {
-                    let o = editor.fresh(input, "_fp32");
-                    let mut c = node("Cast", editor.fresh(input, "_CastToFp32"), &[input], &[&o]);
-                    c.attribute.push(int_attr("to", 1));
-                    new_nodes.push(c);
-                    o
-                }).clone())
+                Some(
+                    to_single_cast
+                        .entry(input.clone())
+                        .or_insert_with(|| {
+                            let o = editor.fresh(input, "_fp32");
+                            let mut c =
+                                node("Cast", editor.fresh(input, "_CastToFp32"), &[input], &[&o]);
+                            c.attribute.push(int_attr("to", 1));
+                            new_nodes.push(c);
+                            o
+                        })
+                        .clone(),
+                )
             } else {
                 None
             };
@@ -157,7 +243,9 @@ pub fn convert_fp16(model: &ir::ModelProto, opts: &Fp16Options) -> Result<(ir::M
         }
         let float_outputs: Vec<String> = match n.op_type() {
             "Constant" => {
-                let float_value = n.attribute.iter().any(|a| a.name() == "value" && a.t.as_ref().is_some_and(|t| t.data_type() == 1));
+                let float_value = n.attribute.iter().any(|a| {
+                    a.name() == "value" && a.t.as_ref().is_some_and(|t| t.data_type() == 1)
+                });
                 if float_value && half_node {
                     for a in editor.graph.node[i].attribute.iter_mut() {
                         if let Some(t) = a.t.as_mut() {
@@ -169,7 +257,11 @@ pub fn convert_fp16(model: &ir::ModelProto, opts: &Fp16Options) -> Result<(ir::M
                 vec![]
             }
             "Cast" => {
-                let to = n.attribute.iter().find(|a| a.name() == "to").and_then(|a| a.i);
+                let to = n
+                    .attribute
+                    .iter()
+                    .find(|a| a.name() == "to")
+                    .and_then(|a| a.i);
                 if to == Some(1) && half_node {
                     for a in editor.graph.node[i].attribute.iter_mut() {
                         if a.name() == "to" {
@@ -193,12 +285,24 @@ pub fn convert_fp16(model: &ir::ModelProto, opts: &Fp16Options) -> Result<(ir::M
         }
         if !half_node && any_float_input {
             report.left_in_float.push(FloatNode {
-                node: if n.name().is_empty() { format!("#{i} {}", n.op_type()) } else { n.name().to_string() },
+                node: if n.name().is_empty() {
+                    format!("#{i} {}", n.op_type())
+                } else {
+                    n.name().to_string()
+                },
                 op_type: n.op_type().to_string(),
-                reason: if keep.contains(n.op_type()) { "kept in float32 for precision".into() } else { "no float16 conversion for this op".into() },
+                reason: if keep.contains(n.op_type()) {
+                    "kept in float32 for precision".into()
+                } else {
+                    "no float16 conversion for this op".into()
+                },
             });
         } else if half_node && any_float_input {
-            report.quantized_nodes.push(if n.name().is_empty() { format!("#{i} {}", n.op_type()) } else { n.name().to_string() });
+            report.quantized_nodes.push(if n.name().is_empty() {
+                format!("#{i} {}", n.op_type())
+            } else {
+                n.name().to_string()
+            });
         }
     }
 
@@ -218,7 +322,12 @@ pub fn convert_fp16(model: &ir::ModelProto, opts: &Fp16Options) -> Result<(ir::M
                     }
                 }
             }
-            let mut c = node("Cast", editor.fresh(o.name(), "_CastToFp32"), &[&inner], &[o.name()]);
+            let mut c = node(
+                "Cast",
+                editor.fresh(o.name(), "_CastToFp32"),
+                &[&inner],
+                &[o.name()],
+            );
             c.attribute.push(int_attr("to", 1));
             new_nodes.push(c);
         } else {

@@ -8,7 +8,10 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::calibrate::{calibrate, CalibrationMethod};
-use super::{calibration_targets, convert_fp16, quantize_dynamic, quantize_static, DynamicOptions, Fp16Options, QuantizeError, Report, StaticOptions};
+use super::{
+    calibration_targets, convert_fp16, quantize_dynamic, quantize_static, DynamicOptions,
+    Fp16Options, QuantizeError, Report, StaticOptions,
+};
 use crate::dataset::Dataset;
 use crate::onnx::{self, ir};
 use crate::runtime::{OrtRuntime, SessionOptions};
@@ -54,9 +57,15 @@ impl Candidate {
     /// fast first.
     pub fn default_order() -> Vec<Candidate> {
         vec![
-            Candidate::Static { method: CalibrationMethodName::Entropy },
-            Candidate::Static { method: CalibrationMethodName::Percentile },
-            Candidate::Static { method: CalibrationMethodName::MinMax },
+            Candidate::Static {
+                method: CalibrationMethodName::Entropy,
+            },
+            Candidate::Static {
+                method: CalibrationMethodName::Percentile,
+            },
+            Candidate::Static {
+                method: CalibrationMethodName::MinMax,
+            },
             Candidate::Dynamic,
             Candidate::Fp16,
         ]
@@ -118,20 +127,38 @@ pub struct GateOutcome {
 }
 
 /// Predictions (argmax over the last axis of the first output) per sample.
-fn predictions(runtime: &OrtRuntime, model: &ir::ModelProto, data: &Dataset) -> Result<Vec<i64>, QuantizeError> {
+pub fn predictions(
+    runtime: &OrtRuntime,
+    model: &ir::ModelProto,
+    data: &Dataset,
+) -> Result<Vec<i64>, QuantizeError> {
     let mut session = runtime.session(&onnx::encode(model), &single_thread())?;
     let mut out = Vec::with_capacity(data.samples);
     for batch in &data.batches {
         let inputs: Vec<(&str, &Tensor)> = batch.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let outputs = session.run(&inputs)?;
-        let (name, first) = outputs.first().ok_or_else(|| QuantizeError::Data("model has no outputs".into()))?;
+        let (name, first) = outputs
+            .first()
+            .ok_or_else(|| QuantizeError::Data("model has no outputs".into()))?;
         let Tensor::F32(logits) = first else {
-            return Err(QuantizeError::Data(format!("output {name:?} is {}, expected float32 scores", first.dtype())));
+            return Err(QuantizeError::Data(format!(
+                "output {name:?} is {}, expected float32 scores",
+                first.dtype()
+            )));
         };
         let classes = *logits.shape().last().unwrap_or(&1);
         let flat: Vec<f32> = logits.iter().copied().collect();
         for row in flat.chunks(classes.max(1)) {
-            let best = row.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b });
+            let best = row
+                .iter()
+                .enumerate()
+                .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
+                    if v > b.1 {
+                        (i, v)
+                    } else {
+                        b
+                    }
+                });
             out.push(best.0 as i64);
         }
     }
@@ -146,7 +173,12 @@ fn single_thread() -> SessionOptions {
     }
 }
 
-fn median_latency_ms(runtime: &OrtRuntime, model: &ir::ModelProto, data: &Dataset, runs: usize) -> Result<f64, QuantizeError> {
+fn median_latency_ms(
+    runtime: &OrtRuntime,
+    model: &ir::ModelProto,
+    data: &Dataset,
+    runs: usize,
+) -> Result<f64, QuantizeError> {
     let mut session = runtime.session(&onnx::encode(model), &single_thread())?;
     let sample: Vec<(String, Tensor)> = data.batches[0]
         .iter()
@@ -179,7 +211,10 @@ pub fn run_gate(
     eval: &Dataset,
     opts: &GateOptions,
 ) -> Result<GateOutcome, QuantizeError> {
-    let labels = eval.labels.as_ref().ok_or_else(|| QuantizeError::Data("the evaluation set has no labels".into()))?;
+    let labels = eval
+        .labels
+        .as_ref()
+        .ok_or_else(|| QuantizeError::Data("the evaluation set has no labels".into()))?;
     let float_pred = predictions(runtime, model, eval)?;
     let float_acc = accuracy(&float_pred, labels);
     let float_latency = median_latency_ms(runtime, model, eval, opts.latency_runs)?;
@@ -202,12 +237,17 @@ pub fn run_gate(
             Candidate::Static { method } => {
                 let method = match method {
                     CalibrationMethodName::Entropy => CalibrationMethod::Entropy,
-                    CalibrationMethodName::Percentile => CalibrationMethod::Percentile(opts.percentile),
+                    CalibrationMethodName::Percentile => {
+                        CalibrationMethod::Percentile(opts.percentile)
+                    }
                     CalibrationMethodName::MinMax => CalibrationMethod::MinMax,
                 };
                 let targets = calibration_targets(model, &opts.static_options);
                 let observed = calibrate(runtime, model, &targets, &calibration.batches, method)?;
-                let ranges = observed.iter().map(|(k, o)| (k.clone(), o.range(method))).collect();
+                let ranges = observed
+                    .iter()
+                    .map(|(k, o)| (k.clone(), o.range(method)))
+                    .collect();
                 quantize_static(model, &ranges, &opts.static_options)?
             }
             Candidate::Dynamic => quantize_dynamic(model, &DynamicOptions::default())?,
@@ -216,7 +256,8 @@ pub fn run_gate(
         let quantize_ms = start.elapsed().as_secs_f64() * 1000.0;
         let name = candidate.label();
         // A candidate that ONNX Runtime cannot load or run is rejected, not fatal.
-        let measured = predictions(runtime, &q, eval).and_then(|p| Ok((p, median_latency_ms(runtime, &q, eval, opts.latency_runs)?)));
+        let measured = predictions(runtime, &q, eval)
+            .and_then(|p| Ok((p, median_latency_ms(runtime, &q, eval, opts.latency_runs)?)));
         let m = match measured {
             Ok((pred, latency)) => {
                 let acc = accuracy(&pred, labels);
@@ -224,7 +265,10 @@ pub fn run_gate(
                 let drop = float_acc - acc;
                 let slower = latency > float_latency * (1.0 + opts.latency_tolerance);
                 let verdict = if drop > opts.budget_points {
-                    format!("accuracy drop {drop:.2} points exceeds the budget of {:.2}", opts.budget_points)
+                    format!(
+                        "accuracy drop {drop:.2} points exceeds the budget of {:.2}",
+                        opts.budget_points
+                    )
                 } else if slower {
                     format!("slower than float ({latency:.3} ms vs {float_latency:.3} ms)")
                 } else {
@@ -261,7 +305,11 @@ pub fn run_gate(
         .iter()
         .enumerate()
         .filter(|(_, m)| m.accepted && m.size_bytes < float.size_bytes)
-        .min_by(|a, b| a.1.size_bytes.cmp(&b.1.size_bytes).then(b.1.accuracy.total_cmp(&a.1.accuracy)));
+        .min_by(|a, b| {
+            a.1.size_bytes
+                .cmp(&b.1.size_bytes)
+                .then(b.1.accuracy.total_cmp(&a.1.accuracy))
+        });
     let (chosen, reason, chosen_model) = match best {
         Some((i, m)) => (
             m.name.clone(),

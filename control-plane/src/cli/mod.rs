@@ -1,0 +1,33 @@
+//! The `edgeloop` CLI for ML teams. Today: model tooling that runs locally
+//! (inspect, quantize behind the accuracy gate, verify a signed manifest).
+
+mod model;
+mod model_quantize;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "edgeloop",
+    version,
+    about = "Edgeloop: train, quantize, ship and watch models at the edge"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Work with ONNX models locally.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Model(cmd) => model::run(cmd),
+    }
+}

@@ -1,0 +1,176 @@
+//! `edgeloop model inspect | quantize | verify`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand, ValueEnum};
+use edgeloop_models::onnx;
+
+#[derive(Debug, Subcommand)]
+pub enum ModelCommand {
+    /// Versions, inputs and outputs, ops, parameters, external data.
+    Inspect {
+        model: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Quantize behind the accuracy gate and write the chosen model and its signed manifest.
+    Quantize(QuantizeArgs),
+    /// Check a model against its signed manifest.
+    Verify {
+        model: PathBuf,
+        manifest: PathBuf,
+        /// Trusted public key (hex); defaults to the key beside the default signing key.
+        #[arg(long, env = "EDGELOOP_MANIFEST_PUBLIC_KEY")]
+        public_key: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Method {
+    /// Try every candidate in order and let the gate choose.
+    Auto,
+    StaticEntropy,
+    StaticPercentile,
+    StaticMinmax,
+    Dynamic,
+    Fp16,
+}
+
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    pub model: PathBuf,
+    /// `.npz` with one array per model input.
+    #[arg(long)]
+    pub calibration: PathBuf,
+    /// `.npz` with one array per model input and an int64 `label` array.
+    #[arg(long)]
+    pub eval: PathBuf,
+    /// Where to write the chosen model; the manifest goes beside it as OUT.manifest.json.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, value_enum, default_value_t = Method::Auto)]
+    pub method: Method,
+    /// Largest acceptable top-1 accuracy drop, in points.
+    #[arg(long, default_value_t = 1.0)]
+    pub budget: f64,
+    /// Percentile for the percentile calibration method.
+    #[arg(long, default_value_t = 99.99)]
+    pub percentile: f64,
+    /// Model name in the manifest (default: the file stem).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Semantic version in the manifest.
+    #[arg(long, default_value = "0.1.0")]
+    pub version: String,
+    /// ed25519 signing key (hex); created with mode 0600 if missing.
+    #[arg(long, env = "EDGELOOP_MANIFEST_SIGNING_KEY")]
+    pub signing_key: Option<PathBuf>,
+    /// ONNX Runtime library (else ORT_DYLIB_PATH, else the default install).
+    #[arg(long)]
+    pub ort_library: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        ModelCommand::Inspect { model, json } => inspect(&model, json),
+        ModelCommand::Quantize(args) => super::model_quantize::quantize(args),
+        ModelCommand::Verify {
+            model,
+            manifest,
+            public_key,
+        } => super::model_quantize::verify(&model, &manifest, public_key.as_deref()),
+    }
+}
+
+fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let model = onnx::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let validation = onnx::validate(&model, Some(dir));
+    let summary = onnx::inspect(&model);
+    if json {
+        let mut value = serde_json::to_value(&summary)?;
+        value["valid"] = serde_json::Value::Bool(validation.is_ok());
+        if let Err(e) = &validation {
+            value["validation_error"] = serde_json::Value::String(e.to_string());
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print!("{}", render_inspection(path, &summary));
+        match &validation {
+            Ok(()) => println!("valid:        yes"),
+            Err(e) => println!("valid:        NO: {e}"),
+        }
+    }
+    Ok(if validation.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}
+
+fn shape(s: &onnx::ValueSummary) -> String {
+    match &s.shape {
+        None => "?".into(),
+        Some(d) => format!(
+            "[{}]",
+            d.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+pub fn render_inspection(path: &Path, s: &onnx::Inspection) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "model:        {}", path.display());
+    let _ = writeln!(out, "ir_version:   {}", s.ir_version);
+    let opsets: Vec<String> = s
+        .opsets
+        .iter()
+        .map(|(d, v)| format!("{}={v}", if d.is_empty() { "ai.onnx" } else { d }))
+        .collect();
+    let _ = writeln!(out, "opsets:       {}", opsets.join(", "));
+    if !s.producer.is_empty() {
+        let _ = writeln!(out, "producer:     {}", s.producer);
+    }
+    for (title, values) in [("inputs", &s.inputs), ("outputs", &s.outputs)] {
+        let _ = writeln!(out, "{title}:");
+        for v in values.iter() {
+            let _ = writeln!(out, "  {:<24} {:<10} {}", v.name, v.dtype, shape(v));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "nodes:        {} ({} op types)",
+        s.node_count,
+        s.op_histogram.len()
+    );
+    for (op, n) in &s.op_histogram {
+        let _ = writeln!(out, "  {op:<24} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "parameters:   {} in {} initializers",
+        s.parameter_count, s.initializer_count
+    );
+    for (dtype, bytes) in &s.bytes_by_dtype {
+        let _ = writeln!(out, "  {dtype:<24} {bytes} bytes");
+    }
+    if !s.external_data.is_empty() {
+        let _ = writeln!(out, "external data:");
+        for e in &s.external_data {
+            let _ = writeln!(out, "  {:<24} {} @ {}", e.tensor, e.location, e.offset);
+        }
+    }
+    out
+}
