@@ -15,6 +15,10 @@ for crate in openssl-sys aws-lc-sys aws-lc-rs; do
   fi
 done
 
+echo "==> dependencies (idempotent; in \${EDGELOOP_DEPS:-\$HOME/.edgeloop/deps})"
+scripts/fetch-onnxruntime.sh
+scripts/fetch-onnx-node-tests.sh
+
 echo "==> build"
 cargo build --workspace --all-targets
 
