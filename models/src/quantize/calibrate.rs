@@ -38,7 +38,7 @@ pub const HISTOGRAM_BINS: usize = 2048;
 pub struct Observed {
     pub min: f32,
     pub max: f32,
-    /// Counts of |x| over [0, amax] in HISTOGRAM_BINS bins (second pass).
+    /// Counts of non-zero |x| over [0, amax] in HISTOGRAM_BINS bins (second pass).
     pub histogram: Vec<u64>,
 }
 
@@ -233,7 +233,11 @@ pub fn calibrate(
                         continue;
                     }
                     let scale = HISTOGRAM_BINS as f32 / amax;
-                    for &v in a.iter().filter(|v| v.is_finite()) {
+                    // Exact zeros (padding, Relu, black pixels) are always
+                    // representable and say nothing about where to clip; as a
+                    // spike in the first bin they would drag the KL search
+                    // towards tiny thresholds.
+                    for &v in a.iter().filter(|v| v.is_finite() && **v != 0.0) {
                         let bin = ((v.abs() * scale) as usize).min(HISTOGRAM_BINS - 1);
                         o.histogram[bin] += 1;
                     }

@@ -173,7 +173,7 @@ fn single_thread() -> SessionOptions {
     }
 }
 
-fn median_latency_ms(
+pub fn median_latency_ms(
     runtime: &OrtRuntime,
     model: &ir::ModelProto,
     data: &Dataset,

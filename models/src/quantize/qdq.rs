@@ -71,6 +71,18 @@ const PASS_THROUGH: &[&str] = &[
     "GlobalMaxPool",
 ];
 
+/// Ops whose output keeps the input's quantization parameters.
+const SAME_PARAMS: &[&str] = &[
+    "MaxPool",
+    "GlobalMaxPool",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+];
+
 fn is_float_constant(t: Option<&ir::TensorProto>, rank: &[usize]) -> bool {
     t.is_some_and(|t| t.data_type() == 1 && rank.contains(&t.dims.len()))
 }
@@ -234,7 +246,7 @@ pub fn quantize_static(
     let graph = out.graph.as_mut().ok_or(QuantizeError::NoGraph)?;
     let mut editor = Editor::new(graph);
     let plan = plan(&mut editor, &opts);
-    let act_params: BTreeMap<String, (f32, u8)> = plan
+    let mut act_params: BTreeMap<String, (f32, u8)> = plan
         .activations
         .iter()
         .map(|t| {
@@ -245,6 +257,17 @@ pub fn quantize_static(
             Ok((t.clone(), activation_params(lo, hi)))
         })
         .collect::<Result<_, QuantizeError>>()?;
+    // Ops that only move or select values keep their input's parameters, so
+    // the runtime can drop the DQ/Q pair around them and stay in int8.
+    for n in editor.graph.node.iter() {
+        if SAME_PARAMS.contains(&n.op_type()) {
+            if let (Some(input), Some(output)) = (n.input.first(), n.output.first()) {
+                if let (Some(&p), true) = (act_params.get(input), act_params.contains_key(output)) {
+                    act_params.insert(output.clone(), p);
+                }
+            }
+        }
+    }
 
     let mut quantized_nodes = vec![];
     let mut new_nodes = vec![];
