@@ -77,6 +77,11 @@ fn quantize_writes_a_signed_manifest_that_verifies_and_catches_tampering() {
         serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
     assert_eq!(manifest["manifest"]["version"], "1.2.0");
     assert_eq!(manifest["manifest"]["name"], "mlp");
+    assert_eq!(manifest["manifest"]["lineage"]["job"], "train-42");
+    assert_eq!(
+        manifest["manifest"]["lineage"]["dataset"],
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
     assert_eq!(
         manifest["manifest"]["artifact"]["size"],
         std::fs::metadata(&out).unwrap().len()

@@ -65,6 +65,18 @@ pub struct QuantizeArgs {
     /// Semantic version in the manifest.
     #[arg(long, default_value = "0.1.0")]
     pub version: String,
+    /// Lineage: the training job that produced the model.
+    #[arg(long)]
+    pub job: Option<String>,
+    /// Lineage: sha256 of the checkpoint it was exported from.
+    #[arg(long)]
+    pub checkpoint: Option<edgeloop_models::Digest>,
+    /// Lineage: sha256 of the dataset snapshot it was trained on.
+    #[arg(long)]
+    pub dataset: Option<edgeloop_models::Digest>,
+    /// Lineage: the version this one replaces.
+    #[arg(long)]
+    pub parent_version: Option<String>,
     /// ed25519 signing key (hex); created with mode 0600 if missing.
     #[arg(long, env = "EDGELOOP_MANIFEST_SIGNING_KEY")]
     pub signing_key: Option<PathBuf>,

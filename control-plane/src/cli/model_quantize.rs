@@ -95,6 +95,10 @@ pub fn manifest_path(out: &Path) -> PathBuf {
 }
 
 pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.budget >= 0.0 && args.budget.is_finite(),
+        "--budget must be a finite number >= 0"
+    );
     let mut model =
         onnx::read(&args.model).with_context(|| format!("reading {}", args.model.display()))?;
     let dir = args
@@ -115,10 +119,6 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
         candidates: candidates(args.method),
         ..GateOptions::default()
     };
-    anyhow::ensure!(
-        args.budget >= 0.0 && args.budget.is_finite(),
-        "--budget must be a finite number >= 0"
-    );
     let outcome = run_gate(&runtime, &model, &calibration, &eval, &opts)?;
 
     let bytes = onnx::encode(&outcome.chosen_model);
@@ -153,7 +153,12 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
         },
         quantization: Some(QuantizationRecord::new(outcome.chosen.clone(), &outcome)?),
         reference_stats: Some(reference_stats(&eval, &chosen_predictions, 32)),
-        lineage: Lineage::default(),
+        lineage: Lineage {
+            job: args.job.clone(),
+            checkpoint: args.checkpoint,
+            dataset: args.dataset,
+            parent_version: args.parent_version.clone(),
+        },
         health_probe: None,
         created_at: time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)?,
