@@ -9,18 +9,15 @@ use crate::error::Error;
 /// starting or ending with '-'. Used for device, cluster and model names: they
 /// appear in certificates, URLs and file names.
 pub fn name(field: &str, value: &str) -> Result<(), Error> {
-    let ok = (1..=63).contains(&value.len())
-        && value
-            .bytes()
-            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-'))
-        && !value.starts_with('-')
-        && !value.ends_with('-');
-    if ok {
+    if edgeloop_models::names::is_valid_name(value) {
         Ok(())
     } else {
         Err(Error::bad_field(
             field,
-            format!("{value:?} is not a valid name: use 1-63 lowercase letters, digits and '-', not starting or ending with '-'"),
+            format!(
+                "{value:?} is not a valid name: {}",
+                edgeloop_models::names::NAME_RULE
+            ),
         ))
     }
 }

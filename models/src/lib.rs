@@ -8,6 +8,7 @@ pub mod deps;
 pub mod digest;
 pub mod fs;
 pub mod manifest;
+pub mod names;
 pub mod npz;
 pub mod onnx;
 pub mod quantize;

@@ -529,18 +529,12 @@ impl Lineage {
 /// The registry's model-name rule (a DNS label), so every signed manifest
 /// names a model the control plane can hold.
 fn check_name(field: &str, value: &str) -> Result<(), ManifestError> {
-    let ok = (1..=63).contains(&value.len())
-        && value
-            .bytes()
-            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-'))
-        && !value.starts_with('-')
-        && !value.ends_with('-');
-    if ok {
+    if crate::names::is_valid_name(value) {
         Ok(())
     } else {
         Err(invalid(
             field,
-            format!("{value:?} is not a valid name: use 1-63 lowercase letters, digits and '-', not starting or ending with '-'"),
+            format!("{value:?} is not a valid name: {}", crate::names::NAME_RULE),
         ))
     }
 }

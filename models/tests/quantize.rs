@@ -352,3 +352,76 @@ fn a_model_with_external_data_is_inspected_and_quantized() {
     let eval = batches(1, 3);
     assert_eq!(run(&rt, &q, &eval[0]).len(), 160);
 }
+
+/// ONNX's LSTM conformance models feed W, R (and B) as inputs; a deployed
+/// model has them as constants. Make them initializers, then quantize.
+fn lstm_case(name: &str) -> (ir::ModelProto, Vec<(String, Tensor)>, Vec<Tensor>) {
+    use protobuf::Message;
+    let dir = edgeloop_models::deps::dir()
+        .unwrap()
+        .join("onnx-1.22.0/node")
+        .join(name);
+    assert!(
+        dir.exists(),
+        "{}: run scripts/fetch-onnx-node-tests.sh",
+        dir.display()
+    );
+    let mut model = onnx::read(&dir.join("model.onnx")).unwrap();
+    let load = |f: &str| {
+        onnx::to_tensor(
+            &ir::TensorProto::parse_from_bytes(
+                &std::fs::read(dir.join("test_data_set_0").join(f)).unwrap(),
+            )
+            .unwrap(),
+            None,
+        )
+        .unwrap()
+    };
+    let g = model.graph.mut_or_insert_default();
+    let names: Vec<String> = g.input.iter().map(|i| i.name().to_string()).collect();
+    let mut feeds = vec![];
+    for (k, n) in names.iter().enumerate() {
+        let t = load(&format!("input_{k}.pb"));
+        if k == 0 {
+            feeds.push((n.clone(), t));
+        } else {
+            g.initializer.push(onnx::from_tensor(n, &t));
+        }
+    }
+    g.input.truncate(1);
+    let outputs = (0..g.output.len())
+        .map(|k| load(&format!("output_{k}.pb")))
+        .collect();
+    (model, feeds, outputs)
+}
+
+#[test]
+fn dynamic_int8_runs_lstm_on_onnx_runtime_contrib_kernel() {
+    let rt = runtime();
+    for case in [
+        "test_lstm_defaults",
+        "test_lstm_with_initial_bias",
+        "test_lstm_with_peepholes",
+    ] {
+        let (model, feeds, expected) = lstm_case(case);
+        let (q, report) = quantize_dynamic(&model, &DynamicOptions::default()).unwrap();
+        assert_eq!(report.quantized_nodes.len(), 1, "{case}: {report:?}");
+        assert_eq!(ops(&q).get("DynamicQuantizeLSTM"), Some(&1), "{case}");
+        assert!(
+            q.graph.initializer.iter().any(|t| t.data_type() == 3),
+            "{case}: int8 weights"
+        );
+        let float_out = run(&rt, &model, &feeds);
+        let got = run(&rt, &q, &feeds);
+        let Tensor::F32(want) = &expected[0] else {
+            panic!()
+        };
+        let want: Vec<f32> = want.iter().copied().collect();
+        assert!(
+            max_abs_diff(&want, &float_out) < 1e-4,
+            "{case}: float matches the reference"
+        );
+        let err = max_abs_diff(&float_out, &got);
+        assert!(err < 0.02, "{case}: max |float - int8| = {err}");
+    }
+}

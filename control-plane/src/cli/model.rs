@@ -17,7 +17,7 @@ pub enum ModelCommand {
         json: bool,
     },
     /// Quantize behind the accuracy gate and write the chosen model and its signed manifest.
-    Quantize(QuantizeArgs),
+    Quantize(Box<QuantizeArgs>),
     /// Check a model against its signed manifest.
     Verify {
         model: PathBuf,
@@ -90,7 +90,7 @@ pub struct QuantizeArgs {
 pub fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         ModelCommand::Inspect { model, json } => inspect(&model, json),
-        ModelCommand::Quantize(args) => super::model_quantize::quantize(args),
+        ModelCommand::Quantize(args) => super::model_quantize::quantize(*args),
         ModelCommand::Verify {
             model,
             manifest,

@@ -95,8 +95,36 @@ pub fn quantize_dynamic(
     let mut report = Report::default();
     let mut replaced = vec![];
     let mut new_nodes = vec![];
+    let mut uses_contrib = false;
     for i in 0..editor.graph.node.len() {
         let n = editor.graph.node[i].clone();
+        if n.op_type() == "LSTM" && matches!(n.domain(), "" | "ai.onnx") {
+            let label = if n.name().is_empty() {
+                format!("#{i} LSTM")
+            } else {
+                n.name().to_string()
+            };
+            if opts.exclude.iter().any(|e| e == n.name()) {
+                report.left_in_float.push(FloatNode {
+                    node: label,
+                    op_type: "LSTM".into(),
+                    reason: "excluded by request".into(),
+                });
+                continue;
+            }
+            match quantize_lstm(&mut editor, i) {
+                Ok(()) => {
+                    uses_contrib = true;
+                    report.quantized_nodes.push(label);
+                }
+                Err(reason) => report.left_in_float.push(FloatNode {
+                    node: label,
+                    op_type: "LSTM".into(),
+                    reason,
+                }),
+            }
+            continue;
+        }
         if !matches!(n.op_type(), "MatMul" | "Gemm") || !matches!(n.domain(), "" | "ai.onnx") {
             continue;
         }
@@ -222,5 +250,85 @@ pub fn quantize_dynamic(
         editor.drop_if_unused(w);
     }
     topological_sort(editor.graph);
+    if uses_contrib && !out.opset_import.iter().any(|o| o.domain() == MS_DOMAIN) {
+        let mut o = ir::OperatorSetIdProto::new();
+        o.set_domain(MS_DOMAIN.into());
+        o.set_version(1);
+        out.opset_import.push(o);
+    }
     Ok((out, report))
+}
+
+/// ONNX Runtime's contrib domain, home of DynamicQuantizeLSTM.
+const MS_DOMAIN: &str = "com.microsoft";
+
+/// Per-direction symmetric int8 for an LSTM weight [D, 4H, K], transposed
+/// to the [D, K, 4H] layout DynamicQuantizeLSTM expects.
+fn lstm_weight(editor: &mut Editor<'_>, name: &str) -> Result<(String, String, String), String> {
+    let w = match editor.initializer(name).map(|t| to_tensor(t, None)) {
+        Some(Ok(Tensor::F32(w))) if w.ndim() == 3 => w,
+        _ => return Err(format!("{name} is not a constant 3-D float tensor")),
+    };
+    let t = w
+        .permuted_axes(vec![0, 2, 1])
+        .as_standard_layout()
+        .to_owned();
+    let (q, scales) = quantize_per_channel(&t, 0);
+    let dirs = scales.len();
+    let q_name = editor.add_initializer(name, "_quantized", &Tensor::I8(q));
+    let s_name = editor.add_initializer(
+        name,
+        "_scale",
+        &Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[dirs]), scales).expect("1-D")),
+    );
+    let z_name = editor.add_initializer(
+        name,
+        "_zero_point",
+        &Tensor::I8(ArrayD::zeros(IxDyn(&[dirs]))),
+    );
+    Ok((q_name, s_name, z_name))
+}
+
+/// Replaces LSTM node `i` with com.microsoft DynamicQuantizeLSTM: int8
+/// weights, activations quantized inside the kernel at run time.
+fn quantize_lstm(editor: &mut Editor<'_>, i: usize) -> Result<(), String> {
+    let n = editor.graph.node[i].clone();
+    if attr_i(&n, "layout").unwrap_or(0) != 0 {
+        return Err("batch-major layout is not supported by DynamicQuantizeLSTM".into());
+    }
+    let input = |k: usize| n.input.get(k).cloned().unwrap_or_default();
+    let (w, r) = (input(1), input(2));
+    // Check both before adding anything, so a refusal leaves the graph as it was.
+    for name in [&w, &r] {
+        if !matches!(
+            editor
+                .initializer(name)
+                .map(|t| (t.data_type(), t.dims.len())),
+            Some((1, 3))
+        ) {
+            return Err(format!("{name} is not a constant 3-D float tensor"));
+        }
+    }
+    let (wq, ws, wz) = lstm_weight(editor, &w)?;
+    let (rq, rs, rz) = lstm_weight(editor, &r)?;
+    let node = &mut editor.graph.node[i];
+    node.set_op_type("DynamicQuantizeLSTM".into());
+    node.set_domain(MS_DOMAIN.into());
+    node.input = vec![
+        input(0),
+        wq,
+        rq,
+        input(3),
+        input(4),
+        input(5),
+        input(6),
+        input(7),
+        ws,
+        wz,
+        rs,
+        rz,
+    ];
+    editor.drop_if_unused(&w);
+    editor.drop_if_unused(&r);
+    Ok(())
 }
