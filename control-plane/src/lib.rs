@@ -11,6 +11,7 @@ pub mod config;
 pub mod datadir;
 pub mod error;
 pub mod fleet;
+pub mod r#loop;
 pub mod registry;
 pub mod store;
 pub mod validate;

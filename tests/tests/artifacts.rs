@@ -288,10 +288,41 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
         .await
         .unwrap();
     let mut client = BridgeServiceClient::new(channel);
+    // Checkpoints belong to a job this bridge has leased.
+    let (status, job) = cp
+        .api()
+        .post(
+            "/api/v1/jobs",
+            serde_json::json!({"spec": {"name": "train", "command": ["true"], "checkpoint": {"every_steps": 10}}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{job}");
+    let job_id = job["id"].as_str().unwrap().to_string();
+    let stranger = CheckpointHeader {
+        job_id: job_id.clone(),
+        attempt: 1,
+        step: 1,
+        digest: Digest::of(b"x").to_string(),
+        size: 1,
+        has_optimizer_state: false,
+        metadata: Default::default(),
+    };
+    let err = client
+        .upload_checkpoint(upload(stranger, b"x", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "not leased yet: {err}");
+    client
+        .lease_job(edgeloop_proto::bridge::v1::LeaseJobRequest {
+            wait_seconds: 1,
+            engines: vec![],
+        })
+        .await
+        .unwrap();
     let weights = blob(500_000, 5);
     let digest = Digest::of(&weights);
     let header = |digest: String, size: u64| CheckpointHeader {
-        job_id: "job-1".into(),
+        job_id: job_id.clone(),
         attempt: 1,
         step: 1000,
         digest,
@@ -320,7 +351,7 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
     assert_eq!(short.code(), Code::InvalidArgument, "{short}");
     assert!(stored_blobs(&cp).is_empty());
     assert!(
-        edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, "job-1")
+        edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, &job_id)
             .unwrap()
             .is_none()
     );
@@ -335,7 +366,7 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
         .unwrap()
         .into_inner();
     assert_eq!(receipt.digest, digest.to_string());
-    let latest = edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, "job-1")
+    let latest = edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, &job_id)
         .unwrap()
         .unwrap();
     assert_eq!(

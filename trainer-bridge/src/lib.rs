@@ -2,6 +2,11 @@
 //! cluster (mTLS identity in its data dir, key mode 0600) and heartbeats with
 //! reconnect backoff. Job leasing and the engines build on this.
 
+pub mod engines;
+pub mod launch;
+pub mod preflight;
+pub mod spec;
+
 use edgeloop_client_core::member::host_capabilities;
 use edgeloop_client_core::{run_member, Role};
 use edgeloop_proto::common::v1::Capabilities;

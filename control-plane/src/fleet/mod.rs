@@ -14,8 +14,17 @@ use members::MemberKind;
 /// without polling the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FleetEvent {
-    AssignmentsChanged { device: String },
-    Revoked { kind: MemberKind, id: String },
+    AssignmentsChanged {
+        device: String,
+    },
+    Revoked {
+        kind: MemberKind,
+        id: String,
+    },
+    /// A job was queued, cancelled or otherwise changed.
+    JobChanged {
+        job: String,
+    },
 }
 
 #[derive(Clone)]

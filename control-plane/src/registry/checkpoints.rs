@@ -10,11 +10,12 @@ use time::OffsetDateTime;
 
 use crate::store::Store;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CheckpointRecord {
     pub job_id: String,
     pub attempt: u32,
     pub step: u64,
+    #[schema(value_type = String)]
     pub digest: Digest,
     pub size: u64,
     pub has_optimizer_state: bool,
@@ -29,6 +30,19 @@ pub struct CheckpointRecord {
 /// Zero-padded so that key order is step order.
 pub fn key(job_id: &str, step: u64) -> String {
     format!("{job_id}/{step:020}")
+}
+
+/// Every checkpoint of a job, oldest step first.
+pub fn list(
+    store: &Store,
+    job_id: &str,
+) -> Result<Vec<CheckpointRecord>, crate::store::StoreError> {
+    Ok(store
+        .checkpoints
+        .scan_prefix(&format!("{job_id}/"))?
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect())
 }
 
 /// The newest checkpoint of a job: the one to resume from.

@@ -10,6 +10,7 @@ pub use tree::Tree;
 use crate::fleet::assignments::AssignmentSetRecord;
 use crate::fleet::members::{BootstrapTokenRecord, Member, MemberKind};
 use crate::fleet::telemetry::{AssignmentStatusRecord, TelemetryRecord};
+use crate::r#loop::jobs::JobRecord;
 use crate::registry::checkpoints::CheckpointRecord;
 use crate::registry::models::{ModelRecord, ModelVersionRecord};
 
@@ -54,6 +55,7 @@ pub struct Store {
     pub assignment_status: Tree<AssignmentStatusRecord>,
     pub telemetry: Tree<TelemetryRecord>,
     pub checkpoints: Tree<CheckpointRecord>,
+    pub jobs: Tree<JobRecord>,
 }
 
 impl Store {
@@ -89,6 +91,7 @@ impl Store {
             assignment_status: Tree::open(&db, "assignment_status")?,
             telemetry: Tree::open(&db, "telemetry")?,
             checkpoints: Tree::open(&db, "checkpoints")?,
+            jobs: Tree::open(&db, "jobs")?,
             db,
         })
     }

@@ -1,10 +1,9 @@
 //! `edgeloop.bridge.v1.BridgeService`.
 //!
-//! The job queue itself arrives with the trainer-bridge wing; until then no
-//! job can be queued, so LeaseJob long-polls and answers "nothing to run", and
-//! ReportProgress names the unknown job. Checkpoint upload is complete: it
-//! streams into the artifact store with the same digest and size checks as
-//! the REST upload, and records which job and step the checkpoint belongs to.
+//! Bridges lease queued jobs (long-poll), report progress (which renews the
+//! lease and carries cancellation back), watch for cancellations, and upload
+//! checkpoints, which stream into the artifact store with the same digest and
+//! size checks as the REST upload.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -24,6 +23,8 @@ use tonic::{Request, Response, Status, Streaming};
 use super::auth::caller;
 use crate::error::Error;
 use crate::fleet::members::MemberKind;
+use crate::fleet::FleetEvent;
+use crate::r#loop::jobs::{self, JobState};
 use crate::registry::artifacts::{ArtifactError, UploadLimits};
 use crate::registry::checkpoints::{self, CheckpointRecord};
 use crate::{validate, Core};
@@ -99,11 +100,38 @@ impl BridgeService for BridgeApi {
         &self,
         req: Request<pb::LeaseJobRequest>,
     ) -> Result<Response<pb::LeaseJobResponse>, Status> {
-        caller(&self.core, &req, MemberKind::Cluster)?;
+        let cluster = caller(&self.core, &req, MemberKind::Cluster)?.id;
         let wait = Duration::from_secs(req.into_inner().wait_seconds.into()).min(MAX_LEASE_WAIT);
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = self.core.shutdown.cancelled() => {}
+        let deadline = tokio::time::Instant::now() + wait;
+        // Subscribe before looking, so a job queued in between wakes us.
+        let mut events = self.core.events.subscribe();
+        loop {
+            if let Some(job) = jobs::lease(&self.core.store, &cluster, self.core.now()).await? {
+                tracing::info!(job = %job.id, %cluster, attempt = job.attempt, "job leased");
+                let resume = checkpoints::latest(&self.core.store, &job.id).map_err(Error::from)?;
+                return Ok(Response::new(pb::LeaseJobResponse {
+                    job: Some(pb::Job {
+                        id: job.id.clone(),
+                        spec_json: job.spec.to_string(),
+                        attempt: job.attempt,
+                        resume_from_checkpoint: resume
+                            .map(|c| c.digest.to_string())
+                            .unwrap_or_default(),
+                    }),
+                    lease_expires_at: job
+                        .lease_expires_at
+                        .map(|t| std::time::SystemTime::from(t).into()),
+                }));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = self.core.shutdown.cancelled() => break,
+                ev = events.recv() => {
+                    if matches!(ev, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
+                        break;
+                    }
+                }
+            }
         }
         Ok(Response::new(pb::LeaseJobResponse {
             job: None,
@@ -119,14 +147,46 @@ impl BridgeService for BridgeApi {
     ) -> Result<Response<Self::WatchJobsStream>, Status> {
         let cluster = caller(&self.core, &req, MemberKind::Cluster)?.id;
         let core = self.core.clone();
-        let events = core.events.subscribe();
-        let (tx, rx) = mpsc::channel::<Result<pb::JobEvent, Status>>(4);
+        let mut events = core.events.subscribe();
+        let revoked_events = core.events.subscribe();
+        let (tx, rx) = mpsc::channel::<Result<pb::JobEvent, Status>>(16);
         tokio::spawn(async move {
-            tokio::select! {
-                _ = core.shutdown.cancelled() => {}
-                _ = tx.closed() => {}
-                _ = super::revoked(events, MemberKind::Cluster, &cluster) => {
-                    let _ = tx.send(Err(Status::permission_denied(format!("cluster/{cluster} has been revoked")))).await;
+            let revoked = super::revoked(revoked_events, MemberKind::Cluster, &cluster);
+            tokio::pin!(revoked);
+            // Cancellations already pending when the watch starts count too.
+            let mut announced = std::collections::HashSet::new();
+            loop {
+                if let Ok(all) = core.store.jobs.values() {
+                    for j in all.iter().filter(|j| {
+                        j.cancel_requested
+                            && !j.state.is_terminal()
+                            && j.leased_by.as_deref() == Some(cluster.as_str())
+                    }) {
+                        if announced.insert(j.id.clone()) {
+                            let ev = pb::JobEvent {
+                                job_id: j.id.clone(),
+                                event: Some(pb::job_event::Event::Cancel(pb::Cancel {
+                                    reason: "cancelled by request".into(),
+                                })),
+                            };
+                            if tx.send(Ok(ev)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                tokio::select! {
+                    _ = core.shutdown.cancelled() => return,
+                    _ = tx.closed() => return,
+                    _ = &mut revoked => {
+                        let _ = tx.send(Err(Status::permission_denied(format!("cluster/{cluster} has been revoked")))).await;
+                        return;
+                    }
+                    ev = events.recv() => match ev {
+                        Ok(FleetEvent::JobChanged { .. }) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Ok(_) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    },
                 }
             }
         });
@@ -137,9 +197,46 @@ impl BridgeService for BridgeApi {
         &self,
         req: Request<pb::ProgressReport>,
     ) -> Result<Response<pb::ProgressAck>, Status> {
-        caller(&self.core, &req, MemberKind::Cluster)?;
-        let job = req.into_inner().job_id;
-        Err(Error::not_found("job", job).into())
+        let cluster = caller(&self.core, &req, MemberKind::Cluster)?.id;
+        let r = req.into_inner();
+        let state = match pb::JobState::try_from(r.state) {
+            Ok(pb::JobState::Running) | Ok(pb::JobState::Starting) => JobState::Running,
+            Ok(pb::JobState::Succeeded) => JobState::Succeeded,
+            Ok(pb::JobState::Failed) => JobState::Failed,
+            Ok(pb::JobState::Cancelled) => JobState::Cancelled,
+            _ => {
+                return Err(Error::bad_field(
+                    "state",
+                    format!("{} is not a state a bridge reports", r.state),
+                )
+                .into())
+            }
+        };
+        let report = jobs::Report {
+            attempt: r.attempt,
+            state,
+            step: r.step,
+            metrics: r.metrics.into_iter().take(256).collect(),
+            message: r.message,
+            engine_job_id: Some(r.engine_job_id).filter(|s| !s.is_empty()),
+            exit_code: (state == JobState::Failed).then_some(r.exit_code),
+        };
+        let job = jobs::report(
+            &self.core.store,
+            &r.job_id,
+            &cluster,
+            &report,
+            self.core.now(),
+        )
+        .await?;
+        if job.state.is_terminal() {
+            self.core.events.publish(FleetEvent::JobChanged {
+                job: job.id.clone(),
+            });
+        }
+        Ok(Response::new(pb::ProgressAck {
+            cancel_requested: job.cancel_requested,
+        }))
     }
 
     async fn upload_checkpoint(
@@ -160,6 +257,13 @@ impl BridgeService for BridgeApi {
         };
         let max = self.core.config.max_artifact_bytes;
         let digest = validate_header(&header, max)?;
+        let job = jobs::get(&self.core.store, &header.job_id)?;
+        if job.leased_by.as_deref() != Some(cluster.as_str()) {
+            return Err(Status::permission_denied(format!(
+                "job {:?} is not leased by cluster/{cluster}",
+                job.id
+            )));
+        }
         // Chunks must arrive in order, with no gaps or overlaps.
         let mut expected_offset = 0u64;
         let body = stream.map(move |msg| {

@@ -3,6 +3,7 @@
 
 mod artifacts;
 mod fleet;
+mod jobs;
 pub mod json;
 mod models;
 pub mod openapi;
@@ -57,6 +58,9 @@ pub fn router(core: Arc<Core>) -> Router {
             "/api/v1/models/{name}/versions/{version}",
             get(models::get_version),
         )
+        .route("/api/v1/jobs", post(jobs::create).get(jobs::list))
+        .route("/api/v1/jobs/{id}", get(jobs::show))
+        .route("/api/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route_layer(middleware::from_fn_with_state(core.clone(), require_admin));
     Router::new()
         .merge(protected)

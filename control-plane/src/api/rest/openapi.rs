@@ -4,7 +4,7 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{artifacts, fleet, models};
+use super::{artifacts, fleet, jobs, models};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -31,9 +31,13 @@ use super::{artifacts, fleet, models};
         models::create_version,
         models::list_versions,
         models::get_version,
+        jobs::create,
+        jobs::list,
+        jobs::show,
+        jobs::cancel,
     ),
     modifiers(&BearerAuth),
-    tags((name = "fleet"), (name = "registry"), (name = "health"))
+    tags((name = "fleet"), (name = "registry"), (name = "loop"), (name = "health"))
 )]
 pub struct ApiDoc;
 

@@ -1,0 +1,4 @@
+//! The loop wing: training jobs today; drift, triggers and retraining
+//! pipelines build on it.
+
+pub mod jobs;

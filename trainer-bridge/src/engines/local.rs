@@ -1,0 +1,213 @@
+//! The embedded engine: the job's processes run on this machine. A job with
+//! `nodes = N` starts N process groups, one per "node", with the launcher's
+//! rank environment, so multi-node contracts can be exercised without a
+//! cluster.
+//!
+//! Each submission gets a state directory holding the process group ids and,
+//! once a rank exits, its exit code (written by a `sh` wrapper). State is
+//! read from those files, so a restarted bridge re-adopts what is running
+//! instead of starting it again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use async_trait::async_trait;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher};
+
+pub struct LocalEngine {
+    state_dir: PathBuf,
+}
+
+impl LocalEngine {
+    pub fn new(state_dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(state_dir)?;
+        Ok(Self {
+            state_dir: state_dir.to_path_buf(),
+        })
+    }
+
+    fn dir(&self, id: &EngineJobId) -> Result<PathBuf, EngineError> {
+        // Ids are ours (job id + attempt), but never let one walk out of the state dir.
+        if id.0.is_empty()
+            || !id
+                .0
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(EngineError::NotFound(id.0.clone()));
+        }
+        Ok(self.state_dir.join(&id.0))
+    }
+}
+
+/// The environment of each local "node" for the launcher.
+pub fn rank_env(launch: &Launch, node: u32) -> BTreeMap<String, String> {
+    let mut env = launch.env.clone();
+    match launch.launcher {
+        Launcher::None => {}
+        Launcher::Torchrun { nproc_per_node }
+        | Launcher::Horovod {
+            slots_per_node: nproc_per_node,
+        } => {
+            let nproc = nproc_per_node.max(1);
+            env.insert("MASTER_ADDR".into(), "127.0.0.1".into());
+            env.insert(
+                "MASTER_PORT".into(),
+                master_port(&launch.job_id).to_string(),
+            );
+            env.insert("NNODES".into(), launch.nodes.to_string());
+            env.insert("NODE_RANK".into(), node.to_string());
+            env.insert("NPROC_PER_NODE".into(), nproc.to_string());
+            env.insert("WORLD_SIZE".into(), (launch.nodes * nproc).to_string());
+            env.insert("RANK".into(), (node * nproc).to_string());
+            env.insert("LOCAL_RANK".into(), "0".into());
+        }
+    }
+    env
+}
+
+/// A port derived from the job id, in the dynamic range, so ranks agree on
+/// it without talking.
+pub fn master_port(job_id: &str) -> u16 {
+    let h = job_id
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    29_500 + (h % 20_000) as u16
+}
+
+fn read_i32(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn alive(pgid: i32) -> bool {
+    // Signal 0 checks for existence without touching the group.
+    killpg(Pid::from_raw(pgid), None).is_ok()
+}
+
+#[async_trait]
+impl Engine for LocalEngine {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    async fn submit(&self, launch: &Launch) -> Result<EngineJobId, EngineError> {
+        if launch.command.is_empty() {
+            return Err(EngineError::Refused("empty command".into()));
+        }
+        let id = EngineJobId(format!("{}-a{}", launch.job_id, launch.attempt));
+        let dir = self.dir(&id)?;
+        if dir.join("nodes").exists() {
+            // Submitted before (e.g. by this bridge before it restarted).
+            return Ok(id);
+        }
+        std::fs::create_dir_all(&dir)?;
+        if let Some(parent) = launch.log_path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::create_dir_all(&launch.workdir)?;
+        for node in 0..launch.nodes.max(1) {
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&launch.log_path)?;
+            let exit_file = dir.join(format!("exit-{node}"));
+            // The wrapper records the exit code where a restarted bridge can
+            // read it; "$@" keeps the arguments exactly as given.
+            let mut cmd = tokio::process::Command::new("sh");
+            cmd.arg("-c")
+                .arg("\"$@\"; code=$?; echo $code > \"$EDGELOOP_LOCAL_EXIT_FILE.tmp\" && mv \"$EDGELOOP_LOCAL_EXIT_FILE.tmp\" \"$EDGELOOP_LOCAL_EXIT_FILE\"; exit $code")
+                .arg("edgeloop-local")
+                .args(&launch.command)
+                .current_dir(&launch.workdir)
+                .env_clear()
+                .env("PATH", std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()))
+                .env("HOME", std::env::var("HOME").unwrap_or_default())
+                .envs(rank_env(launch, node))
+                .env("EDGELOOP_LOCAL_EXIT_FILE", &exit_file)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .process_group(0)
+                .kill_on_drop(false);
+            let child = cmd.spawn()?;
+            let pid = child.id().ok_or_else(|| {
+                EngineError::Protocol("child exited before reporting its pid".into())
+            })?;
+            std::fs::write(dir.join(format!("pgid-{node}")), pid.to_string())?;
+            // Reap it in the background so it does not linger as a zombie;
+            // the exit file is the source of truth.
+            tokio::spawn(async move {
+                let mut child = child;
+                let _ = child.wait().await;
+            });
+        }
+        std::fs::write(
+            dir.join("log_path"),
+            launch.log_path.as_os_str().as_encoded_bytes(),
+        )?;
+        std::fs::write(dir.join("nodes"), launch.nodes.max(1).to_string())?;
+        Ok(id)
+    }
+
+    async fn status(&self, id: &EngineJobId) -> Result<EngineState, EngineError> {
+        let dir = self.dir(id)?;
+        let nodes =
+            read_i32(&dir.join("nodes")).ok_or_else(|| EngineError::NotFound(id.0.clone()))?;
+        if dir.join("cancelled").exists() {
+            return Ok(EngineState::Cancelled);
+        }
+        let mut running = false;
+        for node in 0..nodes {
+            match read_i32(&dir.join(format!("exit-{node}"))) {
+                Some(0) => {}
+                Some(code) => {
+                    return Ok(EngineState::Failed {
+                        exit_code: Some(code),
+                        reason: format!("node {node} exited with {code}"),
+                    })
+                }
+                None => {
+                    let pgid = read_i32(&dir.join(format!("pgid-{node}"))).unwrap_or(0);
+                    if pgid > 0 && alive(pgid) {
+                        running = true;
+                    } else {
+                        // Killed without the wrapper noticing (kill -9 of the group, reboot).
+                        return Ok(EngineState::Failed {
+                            exit_code: None,
+                            reason: format!("node {node} vanished without an exit code (killed)"),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(if running {
+            EngineState::Running
+        } else {
+            EngineState::Succeeded
+        })
+    }
+
+    async fn cancel(&self, id: &EngineJobId) -> Result<(), EngineError> {
+        let dir = self.dir(id)?;
+        let nodes =
+            read_i32(&dir.join("nodes")).ok_or_else(|| EngineError::NotFound(id.0.clone()))?;
+        std::fs::write(dir.join("cancelled"), "1")?;
+        for node in 0..nodes {
+            if let Some(pgid) = read_i32(&dir.join(format!("pgid-{node}"))).filter(|p| *p > 0) {
+                let _ = killpg(Pid::from_raw(pgid), Signal::SIGTERM);
+            }
+        }
+        Ok(())
+    }
+
+    async fn logs(&self, id: &EngineJobId) -> Result<String, EngineError> {
+        let dir = self.dir(id)?;
+        let log = std::fs::read_to_string(dir.join("log_path"))
+            .map_err(|_| EngineError::NotFound(id.0.clone()))?;
+        Ok(std::fs::read_to_string(log).unwrap_or_default())
+    }
+}

@@ -1,0 +1,100 @@
+//! Engines run a launched job on a cluster: the embedded `local` one
+//! (subprocesses on this machine), Slurm (slurmrestd), Ray (Jobs API), and
+//! Kubernetes. They all take the same [`Launch`] and report the same
+//! [`EngineState`], so the bridge's job loop never branches on the engine.
+
+pub mod local;
+pub mod ray;
+pub mod slurm;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+
+/// How a multi-process job is started on each node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Launcher {
+    /// One process per node, run as given.
+    None,
+    /// `torchrun`-style: the engine sets MASTER_ADDR, MASTER_PORT,
+    /// WORLD_SIZE, RANK, LOCAL_RANK, NNODES, NPROC_PER_NODE for each process.
+    Torchrun { nproc_per_node: u32 },
+    /// `horovodrun`/`mpirun`-style: one rank per GPU slot across the nodes.
+    Horovod { slots_per_node: u32 },
+}
+
+/// Everything an engine needs to start one attempt of a job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    pub job_id: String,
+    pub attempt: u32,
+    /// Engine-visible name (e.g. the Slurm job name).
+    pub name: String,
+    /// Container image, for engines that run containers (Kubernetes).
+    pub image: Option<String>,
+    /// Program and arguments.
+    pub command: Vec<String>,
+    /// Environment for the training processes (the checkpoint contract's
+    /// EDGELOOP_* variables, NCCL settings, user env).
+    pub env: BTreeMap<String, String>,
+    pub workdir: PathBuf,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub cpus_per_node: u32,
+    pub memory_mb: u64,
+    pub launcher: Launcher,
+    /// Where the engine should write the job's combined output, when it can.
+    pub log_path: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineState {
+    Pending,
+    Running,
+    Succeeded,
+    Failed {
+        exit_code: Option<i32>,
+        reason: String,
+    },
+    Cancelled,
+}
+
+impl EngineState {
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            EngineState::Succeeded | EngineState::Failed { .. } | EngineState::Cancelled
+        )
+    }
+}
+
+/// The engine's own id for a submitted job (Slurm job id, Ray submission id,
+/// Kubernetes Job name, local process group).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EngineJobId(pub String);
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The engine refused the job as specified (e.g. more GPUs than a node has).
+    #[error("the engine refused the job: {0}")]
+    Refused(String),
+    #[error("engine unavailable: {0}")]
+    Unavailable(String),
+    #[error("no such job on the engine: {0}")]
+    NotFound(String),
+    #[error("unexpected answer from the engine: {0}")]
+    Protocol(String),
+    #[error("engine I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[async_trait]
+pub trait Engine: Send + Sync {
+    fn name(&self) -> &'static str;
+    async fn submit(&self, launch: &Launch) -> Result<EngineJobId, EngineError>;
+    async fn status(&self, id: &EngineJobId) -> Result<EngineState, EngineError>;
+    async fn cancel(&self, id: &EngineJobId) -> Result<(), EngineError>;
+    /// The job's output so far (may be truncated by the engine).
+    async fn logs(&self, id: &EngineJobId) -> Result<String, EngineError>;
+}

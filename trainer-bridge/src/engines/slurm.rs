@@ -1,0 +1,1082 @@
+//! The Slurm engine: jobs go to slurmrestd (OpenAPI plugin `v0.0.38`, Slurm
+//! 22.05) with JWT auth (`X-SLURM-USER-NAME` / `X-SLURM-USER-TOKEN`).
+//!
+//! A [`Launch`] becomes one batch job whose script starts the processes with
+//! `srun` (one job step, `--kill-on-bad-exit`, so one dead rank ends the
+//! whole group and the bridge can restart it from a checkpoint):
+//!
+//! - [`Launcher::None`]: one task per node, the command run as given.
+//! - [`Launcher::Torchrun`]: `nproc_per_node` tasks per node, one per
+//!   training process. The batch script computes `MASTER_ADDR` (first host of
+//!   `SLURM_JOB_NODELIST`), `MASTER_PORT` (20000 + job id mod 10000, so
+//!   every attempt of every job gets a deterministic port), `NNODES`,
+//!   `NPROC_PER_NODE`, `WORLD_SIZE`; each task sets `RANK` (`SLURM_PROCID`),
+//!   `LOCAL_RANK` (`SLURM_LOCALID`), `NODE_RANK` (`SLURM_NODEID`) and
+//!   `LOCAL_WORLD_SIZE`, then execs the command. This is the env torchrun
+//!   gives its workers, so a `torch.distributed` script with `env://` init
+//!   runs unchanged. We do not wrap the command in `torchrun` itself: Slurm
+//!   already is the per-node agent, torchrun need not be installed, and a
+//!   command that is itself `torchrun ...` still works with
+//!   `nproc_per_node = 1` (it reads `MASTER_ADDR`/`NODE_RANK` etc. from the
+//!   env or its own flags).
+//! - [`Launcher::Horovod`]: `slots_per_node` tasks per node with the same
+//!   rank env; MPI is bootstrapped by srun's PMI, as Horovod-on-Slurm does.
+//!
+//! Resources: `--nodes=N` (as a string: slurmrestd silently ignores the
+//! `[min, max]` array form), `tasks`/`tasks_per_node`, `cpus_per_task` =
+//! cpus_per_node / tasks per node, `memory_per_node`, `gres=gpu:N`. The job
+//! environment is exactly [`Launch::env`] plus `PATH` (slurmrestd does not
+//! pass its own environment on), and Slurm's own `SLURM_*` variables.
+//!
+//! Logs: the job's output file is [`Launch::log_path`] (stdout and stderr).
+//! Slurm writes it on the batch node, so [`SlurmEngine::logs`] assumes a
+//! filesystem shared between the bridge and the compute nodes (or that they
+//! are the same machine).
+//!
+//! Quirks of Slurm 22.05 handled here: an unknown job id is HTTP 500 with
+//! error 2017 (not 404); `exit_code` is a raw wait status (768 = exit 3); a
+//! refused submission is HTTP 500 with a Slurm error code in 2000..3000 (and
+//! still uses up a job id); `%` in an output path is a pattern character.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher};
+
+const API: &str = "slurm/v0.0.38";
+/// Slurm's "Invalid job id specified".
+const ESLURM_INVALID_JOB_ID: i64 = 2017;
+/// Slurm's "Job/step already completing or completed".
+const ESLURM_ALREADY_DONE: i64 = 2021;
+/// At most this much of the end of a job's output is returned by `logs`.
+pub const MAX_LOG_BYTES: u64 = 1 << 20;
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// A Slurm cluster reached through slurmrestd.
+#[derive(Clone)]
+pub struct SlurmEngine {
+    base_url: String,
+    user: String,
+    token: String,
+    partition: Option<String>,
+    client: reqwest::Client,
+}
+
+impl std::fmt::Debug for SlurmEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlurmEngine")
+            .field("base_url", &self.base_url)
+            .field("user", &self.user)
+            .field("token", &"<redacted>")
+            .field("partition", &self.partition)
+            .finish()
+    }
+}
+
+impl SlurmEngine {
+    /// `url` is slurmrestd's base (`http://127.0.0.1:16820`), `user` and
+    /// `token` the JWT pair (`scontrol token username=USER`), `partition`
+    /// the partition to submit to (the cluster's default when `None`).
+    pub fn new(
+        url: impl Into<String>,
+        user: impl Into<String>,
+        token: impl Into<String>,
+        partition: Option<String>,
+    ) -> Result<Self, EngineError> {
+        edgeloop_client_core::install_crypto_provider();
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| EngineError::Unavailable(format!("building the HTTP client: {e}")))?;
+        Ok(Self {
+            base_url: url.into().trim_end_matches('/').to_string(),
+            user: user.into(),
+            token: token.into(),
+            partition: partition.filter(|p| !p.is_empty()),
+            client,
+        })
+    }
+
+    /// From `EDGELOOP_SLURMRESTD_URL`, `EDGELOOP_SLURM_USER`,
+    /// `EDGELOOP_SLURM_JWT` and the optional `EDGELOOP_SLURM_PARTITION`
+    /// (the variables `scripts/slurm-up.sh` writes to its env file).
+    pub fn from_env() -> Result<Self, EngineError> {
+        let var = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| EngineError::Unavailable(format!("{name} is not set")))
+        };
+        Self::new(
+            var("EDGELOOP_SLURMRESTD_URL")?,
+            var("EDGELOOP_SLURM_USER")?,
+            var("EDGELOOP_SLURM_JWT")?,
+            std::env::var("EDGELOOP_SLURM_PARTITION").ok(),
+        )
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/{API}/{path}", self.base_url)
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.client
+            .request(method, self.url(path))
+            .header("X-SLURM-USER-NAME", &self.user)
+            .header("X-SLURM-USER-TOKEN", &self.token)
+    }
+
+    /// Sends a request; answers the status and the parsed JSON body.
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<(u16, Value), EngineError> {
+        let resp = req.send().await.map_err(|e| {
+            EngineError::Unavailable(format!("slurmrestd at {}: {e}", self.base_url))
+        })?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("reading slurmrestd's answer: {e}")))?;
+        if status == 401 || status == 403 {
+            return Err(EngineError::Unavailable(format!(
+                "slurmrestd refused the credentials (HTTP {status}); is EDGELOOP_SLURM_JWT valid and unexpired?"
+            )));
+        }
+        let body = serde_json::from_str(&text).map_err(|e| {
+            EngineError::Protocol(format!(
+                "HTTP {status} from slurmrestd is not JSON ({e}): {}",
+                snippet(&text)
+            ))
+        })?;
+        Ok((status, body))
+    }
+
+    /// The job's record (`jobs[0]` of `GET job/{id}`).
+    async fn job(&self, id: &EngineJobId) -> Result<JobInfo, EngineError> {
+        let path = job_path(id)?;
+        let (status, body) = self.send(self.request(reqwest::Method::GET, &path)).await?;
+        let errors = slurm_errors(&body);
+        if errors.iter().any(|e| e.code == Some(ESLURM_INVALID_JOB_ID)) {
+            return Err(EngineError::NotFound(id.0.clone()));
+        }
+        if status != 200 || !errors.is_empty() {
+            return Err(EngineError::Protocol(format!(
+                "GET {path}: HTTP {status}: {}",
+                describe_errors(&errors)
+            )));
+        }
+        let mut resp: JobsResponse = serde_json::from_value(body).map_err(|e| {
+            EngineError::Protocol(format!("GET {path}: unexpected job record: {e}"))
+        })?;
+        if resp.jobs.is_empty() {
+            return Err(EngineError::NotFound(id.0.clone()));
+        }
+        Ok(resp.jobs.swap_remove(0))
+    }
+}
+
+#[async_trait]
+impl Engine for SlurmEngine {
+    fn name(&self) -> &'static str {
+        "slurm"
+    }
+
+    async fn submit(&self, launch: &Launch) -> Result<EngineJobId, EngineError> {
+        let path_env = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_string());
+        let cwd = std::env::current_dir()?;
+        let body = submit_body(launch, self.partition.as_deref(), &path_env, &cwd)?;
+        let (status, resp) = self
+            .send(
+                self.request(reqwest::Method::POST, "job/submit")
+                    .json(&body),
+            )
+            .await?;
+        let errors = slurm_errors(&resp);
+        if !errors.is_empty() || status != 200 {
+            return Err(submit_error(status, &errors));
+        }
+        match resp.get("job_id").and_then(Value::as_u64) {
+            Some(id) => {
+                tracing::info!(job = %launch.job_id, attempt = launch.attempt, slurm_job = id, "submitted to Slurm");
+                Ok(EngineJobId(id.to_string()))
+            }
+            None => Err(EngineError::Protocol(format!(
+                "job/submit answered no job_id: {}",
+                snippet(&resp.to_string())
+            ))),
+        }
+    }
+
+    async fn status(&self, id: &EngineJobId) -> Result<EngineState, EngineError> {
+        let job = self.job(id).await?;
+        let state = job.job_state.as_deref().unwrap_or_default();
+        map_state(state, job.exit_code, job.state_reason.as_deref()).ok_or_else(|| {
+            EngineError::Protocol(format!("Slurm job {} has an unknown state {state:?}", id.0))
+        })
+    }
+
+    async fn cancel(&self, id: &EngineJobId) -> Result<(), EngineError> {
+        let path = job_path(id)?;
+        let (status, body) = self
+            .send(self.request(reqwest::Method::DELETE, &path))
+            .await?;
+        let errors = slurm_errors(&body);
+        if errors.iter().any(|e| e.code == Some(ESLURM_INVALID_JOB_ID)) {
+            return Err(EngineError::NotFound(id.0.clone()));
+        }
+        // Cancelling a finished job is not an error: the job is stopped.
+        let errors: Vec<_> = errors
+            .into_iter()
+            .filter(|e| e.code != Some(ESLURM_ALREADY_DONE))
+            .collect();
+        if !errors.is_empty() || (status != 200 && status != 500) {
+            return Err(EngineError::Protocol(format!(
+                "DELETE {path}: HTTP {status}: {}",
+                describe_errors(&errors)
+            )));
+        }
+        Ok(())
+    }
+
+    async fn logs(&self, id: &EngineJobId) -> Result<String, EngineError> {
+        let job = self.job(id).await?;
+        let Some(out) = job.standard_output.as_deref().filter(|s| !s.is_empty()) else {
+            return Ok(String::new());
+        };
+        let mut path = PathBuf::from(unescape_output_path(out));
+        if path.is_relative() {
+            if let Some(dir) = job.current_working_directory.as_deref() {
+                path = Path::new(dir).join(path);
+            }
+        }
+        tokio::task::spawn_blocking(move || read_tail(&path, MAX_LOG_BYTES))
+            .await
+            .map_err(|e| EngineError::Io(std::io::Error::other(e)))?
+    }
+}
+
+/// The fields of a job record this engine reads.
+#[derive(Debug, Deserialize)]
+struct JobInfo {
+    job_state: Option<String>,
+    exit_code: Option<i64>,
+    state_reason: Option<String>,
+    standard_output: Option<String>,
+    current_working_directory: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct JobsResponse {
+    #[serde(default)]
+    jobs: Vec<JobInfo>,
+}
+
+/// One entry of slurmrestd's `errors` array. Submission errors carry
+/// `error_code`, the others `error_number`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlurmError {
+    pub code: Option<i64>,
+    pub message: String,
+}
+
+/// The `errors` of a slurmrestd answer.
+pub fn slurm_errors(body: &Value) -> Vec<SlurmError> {
+    let Some(errors) = body.get("errors").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    errors
+        .iter()
+        .map(|e| {
+            let code = e
+                .get("error_code")
+                .or_else(|| e.get("error_number"))
+                .and_then(Value::as_i64);
+            let text = |k: &str| e.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
+            let message = match (text("error"), text("description")) {
+                (Some(a), Some(b)) => format!("{a}: {b}"),
+                (Some(a), None) | (None, Some(a)) => a.to_string(),
+                (None, None) => e.to_string(),
+            };
+            SlurmError { code, message }
+        })
+        .collect()
+}
+
+fn describe_errors(errors: &[SlurmError]) -> String {
+    if errors.is_empty() {
+        return "no error given".to_string();
+    }
+    errors
+        .iter()
+        .map(|e| match e.code {
+            Some(c) => format!("{} (error {c})", e.message),
+            None => e.message.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Classifies a failed submission: Slurm's job errors (2000..3000, e.g. 2014
+/// "Requested node configuration is not available", 2015 for too many nodes)
+/// are refusals of the job as specified; anything else (communication with
+/// slurmctld, a parse failure of our request) is not the job's fault.
+pub fn submit_error(status: u16, errors: &[SlurmError]) -> EngineError {
+    if let Some(e) = errors
+        .iter()
+        .find(|e| e.code.is_some_and(|c| (2000..3000).contains(&c)))
+    {
+        return EngineError::Refused(e.message.clone());
+    }
+    let text = format!("job/submit: HTTP {status}: {}", describe_errors(errors));
+    if errors
+        .iter()
+        .any(|e| e.code.is_some_and(|c| (1000..2000).contains(&c)))
+    {
+        EngineError::Unavailable(text)
+    } else {
+        EngineError::Protocol(text)
+    }
+}
+
+/// `job/{id}`, refusing ids that are not Slurm job ids (they could not name a
+/// job, and must not reach the URL path unchecked).
+fn job_path(id: &EngineJobId) -> Result<String, EngineError> {
+    if id.0.is_empty() || id.0.len() > 20 || !id.0.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(EngineError::NotFound(id.0.clone()));
+    }
+    Ok(format!("job/{}", id.0))
+}
+
+fn snippet(s: &str) -> String {
+    let mut out: String = s.chars().take(300).collect();
+    if out.len() < s.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// How a process ended, decoded from a wait status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitStatus {
+    Exited(i32),
+    Signaled(i32),
+}
+
+/// Decodes a raw wait status as Slurm reports it in `exit_code`
+/// (`768` = exited with 3, `9` = killed by SIGKILL, `0x89` = SIGKILL + core).
+pub fn decode_wait_status(raw: i64) -> WaitStatus {
+    let sig = (raw & 0x7f) as i32;
+    if sig == 0 || sig == 0x7f {
+        WaitStatus::Exited(((raw >> 8) & 0xff) as i32)
+    } else {
+        WaitStatus::Signaled(sig)
+    }
+}
+
+/// Maps a Slurm `job_state` (with the raw `exit_code` and `state_reason`)
+/// to an [`EngineState`]; `None` for a state this engine does not know.
+/// `COMPLETING` (processes still being cleaned up) counts as running, so a
+/// terminal state is only reported once the job's processes are gone.
+pub fn map_state(
+    job_state: &str,
+    exit_code: Option<i64>,
+    reason: Option<&str>,
+) -> Option<EngineState> {
+    let reason = reason.filter(|r| !r.is_empty() && *r != "None");
+    let failed = |what: &str| {
+        let (code, how) = match exit_code.map(decode_wait_status) {
+            Some(WaitStatus::Exited(0)) | None => (None, String::new()),
+            Some(WaitStatus::Exited(c)) => (Some(c), format!(", exit code {c}")),
+            Some(WaitStatus::Signaled(s)) => (None, format!(", killed by signal {s}")),
+        };
+        let mut text = format!("Slurm job {what}{how}");
+        if let Some(r) = reason {
+            let _ = write!(text, " ({r})");
+        }
+        EngineState::Failed {
+            exit_code: code,
+            reason: text,
+        }
+    };
+    Some(match job_state.to_ascii_uppercase().as_str() {
+        "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"
+        | "RESV_DEL_HOLD" | "POWER_UP_NODE" => EngineState::Pending,
+        "RUNNING" | "COMPLETING" | "SUSPENDED" | "STOPPED" | "SIGNALING" | "STAGE_OUT"
+        | "RESIZING" => EngineState::Running,
+        "COMPLETED" => match exit_code.map(decode_wait_status) {
+            Some(WaitStatus::Exited(0)) | None => EngineState::Succeeded,
+            // Not seen in practice; never report success for a bad status.
+            Some(_) => failed("completed"),
+        },
+        "CANCELLED" => EngineState::Cancelled,
+        "FAILED" => failed("failed"),
+        "TIMEOUT" => failed("hit its time limit"),
+        "NODE_FAIL" => failed("lost a node"),
+        "PREEMPTED" => failed("was preempted"),
+        "OUT_OF_MEMORY" => failed("ran out of memory"),
+        "BOOT_FAIL" => failed("could not boot its nodes"),
+        "DEADLINE" => failed("missed its deadline"),
+        "SPECIAL_EXIT" => failed("ended with a special exit"),
+        "REVOKED" => failed("was revoked (federation)"),
+        _ => return None,
+    })
+}
+
+/// Quotes `s` as one bash word. Plain words stay as they are; anything else
+/// is single-quoted, with `'` written as `'\''`, so no expansion of any kind
+/// happens (`$`, backquotes, `!`, globs, newlines are all literal).
+pub fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'_' | b'-' | b'.' | b'/' | b':' | b',' | b'+' | b'@' | b'%'
+                )
+        });
+    if plain {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        if c == '\'' {
+            out.push_str("'\\''");
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('\'');
+    out
+}
+
+fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Tasks (processes) per node for a launcher.
+fn tasks_per_node(launcher: &Launcher) -> u32 {
+    match launcher {
+        Launcher::None => 1,
+        Launcher::Torchrun { nproc_per_node } => (*nproc_per_node).max(1),
+        Launcher::Horovod { slots_per_node } => (*slots_per_node).max(1),
+    }
+}
+
+/// The batch script for a launch: everything runs as one `srun` step.
+pub fn batch_script(launch: &Launch) -> Result<String, EngineError> {
+    if launch.command.is_empty() {
+        return Err(EngineError::Refused("the job has no command".to_string()));
+    }
+    if launch.command.iter().any(|w| w.contains('\0')) {
+        return Err(EngineError::Refused(
+            "the command contains a NUL byte".to_string(),
+        ));
+    }
+    let nodes = launch.nodes.max(1);
+    let per_node = tasks_per_node(&launch.launcher);
+    let cpus_per_task = (launch.cpus_per_node / per_node).max(1);
+    let command = launch
+        .command
+        .iter()
+        .map(|w| shell_quote(w))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let one_line = |s: &str| s.replace(['\n', '\r'], " ");
+
+    let mut s = String::new();
+    let _ = writeln!(s, "#!/bin/bash");
+    let _ = writeln!(
+        s,
+        "# Edgeloop job {} attempt {}: generated by the trainer-bridge's Slurm engine.",
+        one_line(&launch.job_id),
+        launch.attempt
+    );
+    let _ = writeln!(s, "set -eu");
+    let srun = format!(
+        "exec srun --nodes={nodes} --ntasks={} --ntasks-per-node={per_node} --cpus-per-task={cpus_per_task} --kill-on-bad-exit=1",
+        u64::from(nodes) * u64::from(per_node)
+    );
+    match &launch.launcher {
+        Launcher::None => {
+            let _ = writeln!(s, "{srun} {command}");
+        }
+        Launcher::Torchrun { .. } | Launcher::Horovod { .. } => {
+            // The batch script runs on the first node of the allocation.
+            let _ = writeln!(
+                s,
+                "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" 2>/dev/null | head -n 1 || true)"
+            );
+            let _ = writeln!(s, "[ -n \"$MASTER_ADDR\" ] || MASTER_ADDR=$(hostname)");
+            let _ = writeln!(s, "export MASTER_ADDR");
+            let _ = writeln!(s, "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))");
+            let _ = writeln!(
+                s,
+                "export NNODES={nodes} NPROC_PER_NODE={per_node} WORLD_SIZE={}",
+                u64::from(nodes) * u64::from(per_node)
+            );
+            let task = format!(
+                "export RANK=\"$SLURM_PROCID\" LOCAL_RANK=\"$SLURM_LOCALID\" NODE_RANK=\"$SLURM_NODEID\" LOCAL_WORLD_SIZE={per_node}; exec \"$@\""
+            );
+            let _ = writeln!(
+                s,
+                "{srun} /bin/bash -c {} edgeloop-task {command}",
+                shell_quote(&task)
+            );
+        }
+    }
+    Ok(s)
+}
+
+/// Escapes `%` in an output path (Slurm expands `%j` and friends), unless the
+/// path holds a backslash, which turns the expansion off altogether.
+pub fn escape_output_path(path: &str) -> String {
+    if path.contains('\\') {
+        path.to_string()
+    } else {
+        path.replace('%', "%%")
+    }
+}
+
+/// The inverse of [`escape_output_path`], for the path a job record reports.
+pub fn unescape_output_path(path: &str) -> String {
+    if path.contains('\\') {
+        path.to_string()
+    } else {
+        path.replace("%%", "%")
+    }
+}
+
+fn utf8_path<'a>(what: &str, path: &'a Path) -> Result<&'a str, EngineError> {
+    path.to_str()
+        .ok_or_else(|| EngineError::Refused(format!("the {what} {} is not UTF-8", path.display())))
+}
+
+/// The body of `POST job/submit` for a launch. `path_env` is the `PATH` the
+/// job gets unless the launch sets one; `cwd` resolves relative paths.
+pub fn submit_body(
+    launch: &Launch,
+    partition: Option<&str>,
+    path_env: &str,
+    cwd: &Path,
+) -> Result<Value, EngineError> {
+    let script = batch_script(launch)?;
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    env.insert("PATH".to_string(), path_env.to_string());
+    for (k, v) in &launch.env {
+        if !is_env_name(k) {
+            return Err(EngineError::Refused(format!(
+                "{k:?} is not a valid environment variable name"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(EngineError::Refused(format!(
+                "the value of {k} contains a NUL byte"
+            )));
+        }
+        env.insert(k.clone(), v.clone());
+    }
+    let workdir = cwd.join(&launch.workdir);
+    let log_path = workdir.join(&launch.log_path);
+    let nodes = launch.nodes.max(1);
+    let per_node = tasks_per_node(&launch.launcher);
+
+    let mut job = json!({
+        "name": launch.name,
+        "comment": format!("edgeloop job {} attempt {}", launch.job_id, launch.attempt),
+        "nodes": nodes.to_string(),
+        "tasks": u64::from(nodes) * u64::from(per_node),
+        "tasks_per_node": per_node,
+        "cpus_per_task": (launch.cpus_per_node / per_node).max(1),
+        "current_working_directory": utf8_path("working directory", &workdir)?,
+        "standard_output": escape_output_path(utf8_path("log path", &log_path)?),
+        "environment": env,
+        // The bridge restarts failed jobs itself, from a checkpoint.
+        "requeue": false,
+    });
+    if launch.memory_mb > 0 {
+        job["memory_per_node"] = json!(launch.memory_mb);
+    }
+    if launch.gpus_per_node > 0 {
+        job["gres"] = json!(format!("gpu:{}", launch.gpus_per_node));
+    }
+    if let Some(p) = partition {
+        job["partition"] = json!(p);
+    }
+    Ok(json!({ "script": script, "job": job }))
+}
+
+/// The last `max` bytes of a file, as text; empty when it does not exist yet
+/// (a pending job has not opened its output file).
+fn read_tail(path: &Path, max: u64) -> Result<String, EngineError> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let len = file.metadata()?.len();
+    if len > max {
+        file.seek(SeekFrom::Start(len - max))?;
+    }
+    let mut buf = Vec::new();
+    file.take(max).read_to_end(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn launch() -> Launch {
+        Launch {
+            job_id: "job-1".into(),
+            attempt: 2,
+            name: "train".into(),
+            image: None,
+            command: vec![
+                "python".into(),
+                "train.py".into(),
+                "--lr".into(),
+                "0.1".into(),
+            ],
+            env: BTreeMap::from([("EDGELOOP_JOB_ID".to_string(), "job-1".to_string())]),
+            workdir: PathBuf::from("/work/job"),
+            nodes: 2,
+            gpus_per_node: 2,
+            cpus_per_node: 8,
+            memory_mb: 1000,
+            launcher: Launcher::Torchrun { nproc_per_node: 2 },
+            log_path: PathBuf::from("/logs/job-1-100%.log"),
+        }
+    }
+
+    const ADVERSARIAL: &[&str] = &[
+        "",
+        " ",
+        "plain",
+        "it's",
+        "''",
+        "'\\''",
+        "a b\tc\nd",
+        "$HOME",
+        "${HOME:-x}",
+        "$(touch /tmp/edgeloop-pwned)",
+        "`touch /tmp/edgeloop-pwned`",
+        "\"double\" \\ back\\slash",
+        "*",
+        "?",
+        "[a]",
+        "~",
+        "~root",
+        "!!",
+        "!$",
+        "a;b&&c||d|e",
+        "<in >out 2>&1",
+        "#comment",
+        "-e",
+        "--",
+        "x=y",
+        "{a,b}",
+        "%j %%",
+        "ünïcødé ✓",
+        "\r\n",
+        "\u{1b}[31m",
+    ];
+
+    /// Runs `bash -c "printf '%s\0' WORDS"` and splits the output.
+    fn bash_words(script: &str) -> Vec<String> {
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut words: Vec<String> = text.split('\0').map(str::to_string).collect();
+        assert_eq!(words.pop().as_deref(), Some(""));
+        words
+    }
+
+    #[test]
+    fn shell_quote_round_trips_adversarial_strings_through_bash() {
+        let quoted = ADVERSARIAL
+            .iter()
+            .map(|w| shell_quote(w))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let words = bash_words(&format!("printf '%s\\0' {quoted}"));
+        assert_eq!(words, ADVERSARIAL);
+        assert!(!Path::new("/tmp/edgeloop-pwned").exists());
+    }
+
+    #[test]
+    fn shell_quote_survives_nesting_in_bash_dash_c() {
+        // Quoting twice (a script passed to `bash -c`) still yields the words.
+        for w in ADVERSARIAL {
+            let inner = format!("printf '%s\\0' {}", shell_quote(w));
+            let words = bash_words(&format!("bash -c {}", shell_quote(&inner)));
+            assert_eq!(words, [*w], "{w:?}");
+        }
+    }
+
+    #[test]
+    fn shell_quote_leaves_plain_words_alone() {
+        assert_eq!(shell_quote("train.py"), "train.py");
+        assert_eq!(shell_quote("/usr/bin/python3"), "/usr/bin/python3");
+        assert_eq!(shell_quote("--lr"), "--lr");
+        assert_eq!(shell_quote("x=y"), "'x=y'");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+    }
+
+    #[test]
+    fn wait_status_decoding() {
+        assert_eq!(decode_wait_status(0), WaitStatus::Exited(0));
+        assert_eq!(decode_wait_status(768), WaitStatus::Exited(3));
+        assert_eq!(decode_wait_status(256), WaitStatus::Exited(1));
+        assert_eq!(decode_wait_status(255 << 8), WaitStatus::Exited(255));
+        assert_eq!(decode_wait_status(137 << 8), WaitStatus::Exited(137));
+        assert_eq!(decode_wait_status(9), WaitStatus::Signaled(9));
+        assert_eq!(decode_wait_status(15), WaitStatus::Signaled(15));
+        assert_eq!(decode_wait_status(0x80 | 11), WaitStatus::Signaled(11));
+    }
+
+    #[test]
+    fn state_mapping_table() {
+        let failed = |code: Option<i32>| move |s: Option<EngineState>| matches!(s, Some(EngineState::Failed { exit_code, .. }) if exit_code == code);
+        assert_eq!(
+            map_state("PENDING", Some(0), Some("Resources")),
+            Some(EngineState::Pending)
+        );
+        assert_eq!(
+            map_state("CONFIGURING", None, None),
+            Some(EngineState::Pending)
+        );
+        assert_eq!(
+            map_state("REQUEUED", None, None),
+            Some(EngineState::Pending)
+        );
+        assert_eq!(
+            map_state("RUNNING", Some(0), None),
+            Some(EngineState::Running)
+        );
+        assert_eq!(
+            map_state("COMPLETING", Some(768), None),
+            Some(EngineState::Running)
+        );
+        assert_eq!(
+            map_state("SUSPENDED", None, None),
+            Some(EngineState::Running)
+        );
+        assert_eq!(
+            map_state("COMPLETED", Some(0), Some("None")),
+            Some(EngineState::Succeeded)
+        );
+        assert_eq!(
+            map_state("completed", None, None),
+            Some(EngineState::Succeeded)
+        );
+        assert!(failed(Some(3))(map_state("COMPLETED", Some(768), None)));
+        assert_eq!(
+            map_state("CANCELLED", Some(15), None),
+            Some(EngineState::Cancelled)
+        );
+        assert!(failed(Some(3))(map_state(
+            "FAILED",
+            Some(768),
+            Some("NonZeroExitCode")
+        )));
+        assert!(failed(None)(map_state("FAILED", Some(9), None)));
+        assert!(failed(None)(map_state(
+            "FAILED",
+            Some(0),
+            Some("JobLaunchFailure")
+        )));
+        for s in [
+            "TIMEOUT",
+            "NODE_FAIL",
+            "PREEMPTED",
+            "OUT_OF_MEMORY",
+            "BOOT_FAIL",
+            "DEADLINE",
+        ] {
+            assert!(failed(None)(map_state(s, Some(0), None)), "{s}");
+        }
+        assert_eq!(map_state("WHATEVER", None, None), None);
+        assert_eq!(map_state("", None, None), None);
+
+        let Some(EngineState::Failed { reason, .. }) =
+            map_state("FAILED", Some(768), Some("NonZeroExitCode"))
+        else {
+            panic!("not failed");
+        };
+        assert_eq!(reason, "Slurm job failed, exit code 3 (NonZeroExitCode)");
+        let Some(EngineState::Failed { reason, .. }) =
+            map_state("OUT_OF_MEMORY", Some(9), Some("OutOfMemory"))
+        else {
+            panic!("not failed");
+        };
+        assert_eq!(
+            reason,
+            "Slurm job ran out of memory, killed by signal 9 (OutOfMemory)"
+        );
+    }
+
+    #[test]
+    fn errors_are_parsed_and_classified() {
+        let refused = json!({"errors": [{"error_code": 2014, "error": "Requested node configuration is not available"}]});
+        let errors = slurm_errors(&refused);
+        assert_eq!(
+            errors,
+            [SlurmError {
+                code: Some(2014),
+                message: "Requested node configuration is not available".into()
+            }]
+        );
+        match submit_error(500, &errors) {
+            EngineError::Refused(m) => {
+                assert_eq!(m, "Requested node configuration is not available")
+            }
+            e => panic!("{e:?}"),
+        }
+        let parse = json!({"errors": [{"error": "Invalid node count list size", "error_code": -1},
+                                      {"error_code": 9001, "error": "Failure during parsing"}]});
+        assert!(matches!(
+            submit_error(500, &slurm_errors(&parse)),
+            EngineError::Protocol(_)
+        ));
+        let comm =
+            json!({"errors": [{"error_code": 1007, "error": "Protocol authentication error"}]});
+        assert!(matches!(
+            submit_error(500, &slurm_errors(&comm)),
+            EngineError::Unavailable(_)
+        ));
+        let unknown = json!({"errors": [{"description": "Unable to find JobId=9", "error_number": 2017,
+                                         "error": "Invalid job id specified", "source": "slurm_load_job"}]});
+        assert_eq!(slurm_errors(&unknown)[0].code, Some(ESLURM_INVALID_JOB_ID));
+        assert_eq!(
+            slurm_errors(&unknown)[0].message,
+            "Invalid job id specified: Unable to find JobId=9"
+        );
+        assert!(slurm_errors(&json!({"errors": []})).is_empty());
+        assert!(slurm_errors(&json!({})).is_empty());
+    }
+
+    #[test]
+    fn job_ids_are_checked_before_they_reach_a_url() {
+        assert_eq!(job_path(&EngineJobId("42".into())).unwrap(), "job/42");
+        for bad in [
+            "",
+            "../ping",
+            "4 2",
+            "42?x=1",
+            "abc",
+            "123456789012345678901",
+        ] {
+            assert!(
+                matches!(
+                    job_path(&EngineJobId(bad.into())),
+                    Err(EngineError::NotFound(_))
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn output_paths_escape_slurm_patterns() {
+        assert_eq!(escape_output_path("/l/a%j.log"), "/l/a%%j.log");
+        assert_eq!(unescape_output_path("/l/a%%j.log"), "/l/a%j.log");
+        assert_eq!(escape_output_path("/l/a\\%j.log"), "/l/a\\%j.log");
+        for p in ["/plain/x.log", "/l/100%/x%%y", "/l/%"] {
+            assert_eq!(unescape_output_path(&escape_output_path(p)), p);
+        }
+    }
+
+    #[test]
+    fn torchrun_script_sets_the_rank_env_per_task() {
+        let script = batch_script(&launch()).unwrap();
+        assert!(script.starts_with("#!/bin/bash\n"), "{script}");
+        assert!(
+            script.contains("scontrol show hostnames \"$SLURM_JOB_NODELIST\""),
+            "{script}"
+        );
+        assert!(
+            script.contains("export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))"),
+            "{script}"
+        );
+        assert!(
+            script.contains("export NNODES=2 NPROC_PER_NODE=2 WORLD_SIZE=4\n"),
+            "{script}"
+        );
+        assert!(
+            script.contains(
+                "exec srun --nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=4 --kill-on-bad-exit=1 /bin/bash -c "
+            ),
+            "{script}"
+        );
+        assert!(
+            script
+                .trim_end()
+                .ends_with("edgeloop-task python train.py --lr 0.1"),
+            "{script}"
+        );
+    }
+
+    #[test]
+    fn generated_scripts_parse_and_run_the_exact_words() {
+        // Run the generated script with stand-ins for srun and scontrol: the
+        // task must see the adversarial words verbatim and the rank env.
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let write_exe = |name: &str, body: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            let p = bin.join(name);
+            std::fs::write(&p, body).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        // srun: drop its own options, run the command as task 1 of node 1.
+        write_exe(
+            "srun",
+            "#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nSLURM_PROCID=3 SLURM_LOCALID=1 SLURM_NODEID=1 exec \"$@\"\n",
+        );
+        write_exe("scontrol", "#!/bin/bash\nprintf 'node-a\\nnode-b\\n'\n");
+        let out = dir.path().join("out");
+        let mut l = launch();
+        l.command = vec!["/bin/bash".into(), "-c".into(), format!(
+            "printf '%s\\0' \"$@\" \"$RANK $LOCAL_RANK $NODE_RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $NNODES $NPROC_PER_NODE\" > {}",
+            shell_quote(out.to_str().unwrap())
+        ), "argv0".into()];
+        l.command.extend(ADVERSARIAL.iter().map(|s| s.to_string()));
+        for launcher in [Launcher::Torchrun { nproc_per_node: 2 }, Launcher::None] {
+            l.launcher = launcher.clone();
+            let script = batch_script(&l).unwrap();
+            let status = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(&script)
+                .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+                .env("SLURM_JOB_NODELIST", "node-[a-b]")
+                .env("SLURM_JOB_ID", "12345")
+                .status()
+                .unwrap();
+            assert!(status.success(), "{script}");
+            let text = std::fs::read_to_string(&out).unwrap();
+            let mut words: Vec<&str> = text.split('\0').collect();
+            assert_eq!(words.pop(), Some(""));
+            let env = words.pop().unwrap();
+            assert_eq!(words, ADVERSARIAL);
+            if launcher == Launcher::None {
+                assert_eq!(env.trim(), "", "launcher none sets no rank env");
+            } else {
+                assert_eq!(env, "3 1 1 4 node-a 22345 2 2");
+            }
+        }
+    }
+
+    #[test]
+    fn launcher_none_runs_one_task_per_node() {
+        let mut l = launch();
+        l.launcher = Launcher::None;
+        l.nodes = 3;
+        l.cpus_per_node = 0;
+        let script = batch_script(&l).unwrap();
+        assert!(
+            script.contains("exec srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 python train.py --lr 0.1\n"),
+            "{script}"
+        );
+        assert!(!script.contains("MASTER_ADDR"));
+    }
+
+    #[test]
+    fn submit_body_has_the_resources_and_env() {
+        let body = submit_body(&launch(), Some("gpu"), "/usr/bin:/bin", Path::new("/")).unwrap();
+        let job = &body["job"];
+        assert_eq!(job["nodes"], "2");
+        assert_eq!(job["tasks"], 4);
+        assert_eq!(job["tasks_per_node"], 2);
+        assert_eq!(job["cpus_per_task"], 4);
+        assert_eq!(job["memory_per_node"], 1000);
+        assert_eq!(job["gres"], "gpu:2");
+        assert_eq!(job["partition"], "gpu");
+        assert_eq!(job["name"], "train");
+        assert_eq!(job["current_working_directory"], "/work/job");
+        assert_eq!(job["standard_output"], "/logs/job-1-100%%.log");
+        assert_eq!(job["environment"]["EDGELOOP_JOB_ID"], "job-1");
+        assert_eq!(job["environment"]["PATH"], "/usr/bin:/bin");
+        assert_eq!(job["requeue"], false);
+        assert!(body["script"]
+            .as_str()
+            .unwrap()
+            .starts_with("#!/bin/bash\n"));
+
+        let mut l = launch();
+        l.gpus_per_node = 0;
+        l.memory_mb = 0;
+        l.workdir = PathBuf::from("rel");
+        l.log_path = PathBuf::from("out.log");
+        l.env.insert("PATH".into(), "/opt/bin".into());
+        let body = submit_body(&l, None, "/usr/bin", Path::new("/home/u")).unwrap();
+        let job = &body["job"];
+        assert!(
+            job.get("gres").is_none()
+                && job.get("memory_per_node").is_none()
+                && job.get("partition").is_none()
+        );
+        assert_eq!(job["current_working_directory"], "/home/u/rel");
+        assert_eq!(job["standard_output"], "/home/u/rel/out.log");
+        assert_eq!(
+            job["environment"]["PATH"], "/opt/bin",
+            "the launch's PATH wins"
+        );
+    }
+
+    #[test]
+    fn bad_launches_are_refused() {
+        let mut l = launch();
+        l.env.insert("A=B".into(), "x".into());
+        assert!(matches!(
+            submit_body(&l, None, "/bin", Path::new("/")),
+            Err(EngineError::Refused(_))
+        ));
+        let mut l = launch();
+        l.env.insert("1X".into(), "x".into());
+        assert!(matches!(
+            submit_body(&l, None, "/bin", Path::new("/")),
+            Err(EngineError::Refused(_))
+        ));
+        let mut l = launch();
+        l.command.clear();
+        assert!(matches!(batch_script(&l), Err(EngineError::Refused(_))));
+        let mut l = launch();
+        l.command.push("a\0b".into());
+        assert!(matches!(batch_script(&l), Err(EngineError::Refused(_))));
+        let mut l = launch();
+        l.job_id = "x\nrm -rf /".into();
+        assert!(!batch_script(&l).unwrap().contains("\nrm -rf"));
+    }
+
+    #[test]
+    fn read_tail_returns_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        assert_eq!(read_tail(&p, 10).unwrap(), "");
+        std::fs::write(&p, "0123456789abcdef").unwrap();
+        assert_eq!(read_tail(&p, 6).unwrap(), "abcdef");
+        assert_eq!(read_tail(&p, 100).unwrap(), "0123456789abcdef");
+    }
+}

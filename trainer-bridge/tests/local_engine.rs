@@ -1,0 +1,123 @@
+//! The embedded local engine: runs, fails with exit codes, cancels, survives
+//! a kill -9, and is re-adopted by a new engine over the same state dir.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use edgeloop_trainer_bridge::engines::local::LocalEngine;
+use edgeloop_trainer_bridge::engines::{Engine, EngineJobId, EngineState, Launch, Launcher};
+
+fn launch(
+    dir: &std::path::Path,
+    job: &str,
+    script: &str,
+    nodes: u32,
+    launcher: Launcher,
+) -> Launch {
+    Launch {
+        job_id: job.into(),
+        attempt: 1,
+        name: job.into(),
+        image: None,
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        env: BTreeMap::from([("EDGELOOP_JOB_ID".to_string(), job.to_string())]),
+        workdir: dir.join("work"),
+        nodes,
+        gpus_per_node: 0,
+        cpus_per_node: 1,
+        memory_mb: 256,
+        launcher,
+        log_path: dir.join("logs").join(format!("{job}.log")),
+    }
+}
+
+async fn wait_terminal(engine: &LocalEngine, id: &EngineJobId) -> EngineState {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = engine.status(id).await.unwrap();
+        if s.is_terminal() {
+            return s;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn runs_multi_node_with_rank_env_and_reports_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = LocalEngine::new(&dir.path().join("state")).unwrap();
+    let l = launch(
+        dir.path(),
+        "ok",
+        "echo rank=$RANK world=$WORLD_SIZE job=$EDGELOOP_JOB_ID >> out.txt",
+        2,
+        Launcher::Torchrun { nproc_per_node: 1 },
+    );
+    let id = engine.submit(&l).await.unwrap();
+    assert_eq!(wait_terminal(&engine, &id).await, EngineState::Succeeded);
+    let out = std::fs::read_to_string(dir.path().join("work/out.txt")).unwrap();
+    assert!(
+        out.contains("rank=0 world=2 job=ok") && out.contains("rank=1 world=2 job=ok"),
+        "{out}"
+    );
+    // Submitting the same attempt again adopts it instead of starting twice.
+    assert_eq!(engine.submit(&l).await.unwrap(), id);
+
+    let bad = launch(dir.path(), "bad", "echo oops; exit 3", 1, Launcher::None);
+    let id = engine.submit(&bad).await.unwrap();
+    match wait_terminal(&engine, &id).await {
+        EngineState::Failed { exit_code, .. } => assert_eq!(exit_code, Some(3)),
+        other => panic!("{other:?}"),
+    }
+    assert!(engine.logs(&id).await.unwrap().contains("oops"));
+    assert!(engine.status(&EngineJobId("../etc".into())).await.is_err());
+}
+
+#[tokio::test]
+async fn cancel_kill_and_readoption() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let engine = LocalEngine::new(&state).unwrap();
+    let id = engine
+        .submit(&launch(dir.path(), "long", "sleep 600", 1, Launcher::None))
+        .await
+        .unwrap();
+    assert_eq!(engine.status(&id).await.unwrap(), EngineState::Running);
+    // A new engine over the same state (a restarted bridge) sees it running.
+    let again = LocalEngine::new(&state).unwrap();
+    assert_eq!(again.status(&id).await.unwrap(), EngineState::Running);
+    again.cancel(&id).await.unwrap();
+    assert_eq!(wait_terminal(&engine, &id).await, EngineState::Cancelled);
+
+    // kill -9 of the whole process group: no exit code, reported as failed.
+    let id = engine
+        .submit(&launch(
+            dir.path(),
+            "victim",
+            "sleep 600",
+            1,
+            Launcher::None,
+        ))
+        .await
+        .unwrap();
+    let pgid: i32 = std::fs::read_to_string(state.join(&id.0).join("pgid-0"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    match wait_terminal(&engine, &id).await {
+        EngineState::Failed {
+            exit_code: None,
+            reason,
+        } => assert!(reason.contains("killed"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
