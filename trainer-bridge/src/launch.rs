@@ -65,7 +65,10 @@ pub fn contract_env(
         None => String::new(),
     };
     Ok(BTreeMap::from([
-        (CHECKPOINT_DIR.to_string(), utf8("checkpoint", checkpoint_dir)?),
+        (
+            CHECKPOINT_DIR.to_string(),
+            utf8("checkpoint", checkpoint_dir)?,
+        ),
         (RESUME_FROM.to_string(), resume),
         (JOB_ID.to_string(), job_id.to_string()),
         (REPORT_URL.to_string(), report_url.to_string()),
@@ -90,7 +93,7 @@ pub struct AttemptPlan<'a> {
 pub fn build_launch(spec: &JobSpec, plan: &AttemptPlan<'_>) -> Launch {
     let gpus = spec.resources.gpus_per_node;
     let launcher = match &spec.launcher {
-        LauncherSpec::None => Launcher::None,
+        LauncherSpec::None {} => Launcher::None,
         LauncherSpec::Torchrun { .. } => Launcher::Torchrun {
             nproc_per_node: spec.launcher.procs_per_node(gpus),
         },
@@ -200,8 +203,8 @@ pub fn torchrun_env(rank: &RankInfo) -> Result<BTreeMap<String, String>, LaunchE
     // u32 * u32 fits in u64; ranks of that size are refused by the spec's
     // limits long before, but the arithmetic stays exact.
     let world = u64::from(rank.nnodes) * u64::from(rank.nproc_per_node);
-    let global = u64::from(rank.node_rank) * u64::from(rank.nproc_per_node)
-        + u64::from(rank.local_rank);
+    let global =
+        u64::from(rank.node_rank) * u64::from(rank.nproc_per_node) + u64::from(rank.local_rank);
     Ok(BTreeMap::from([
         ("MASTER_ADDR".to_string(), rank.master_addr.clone()),
         ("MASTER_PORT".to_string(), rank.master_port.to_string()),
@@ -232,7 +235,9 @@ pub fn horovod_command(
         return Err(LaunchError::Hosts("no hosts".into()));
     }
     if slots_per_node == 0 {
-        return Err(LaunchError::Hosts("slots_per_node must be at least 1".into()));
+        return Err(LaunchError::Hosts(
+            "slots_per_node must be at least 1".into(),
+        ));
     }
     if command.is_empty() {
         return Err(LaunchError::Hosts("no command to run".into()));

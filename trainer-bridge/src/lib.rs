@@ -1,18 +1,31 @@
-//! The Edgeloop trainer bridge. Today: enrolls with the control plane as a
-//! cluster (mTLS identity in its data dir, key mode 0600) and heartbeats with
-//! reconnect backoff. Job leasing and the engines build on this.
+//! The Edgeloop trainer bridge: enrolls with the control plane as a cluster
+//! (mTLS identity in its data dir, key mode 0600), heartbeats, and runs the
+//! jobs it leases on its engine, uploading checkpoints as they are committed.
 
+pub mod checkpoint;
 pub mod engines;
 pub mod launch;
 pub mod preflight;
+pub mod runner;
 pub mod spec;
 
-use edgeloop_client_core::member::host_capabilities;
-use edgeloop_client_core::{run_member, Role};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use edgeloop_client_core::member::{create_private_dir, host_capabilities};
+use edgeloop_client_core::session::{ensure_identity, SessionError};
+use edgeloop_client_core::tls::mtls_endpoint;
+use edgeloop_client_core::{heartbeat_loop, IdentityStore, Role};
+use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
 use edgeloop_proto::common::v1::Capabilities;
 use tokio_util::sync::CancellationToken;
 
 pub use edgeloop_client_core::{MemberConfig as Config, MemberSettings as BridgeSettings};
+
+use engines::local::LocalEngine;
+use preflight::ClusterFacts;
+use runner::Runner;
 
 /// What this bridge reports: the host, and the engines it can drive.
 pub fn capabilities(config: &Config) -> Capabilities {
@@ -22,9 +35,57 @@ pub fn capabilities(config: &Config) -> Capabilities {
     }
 }
 
-/// Runs the bridge until `shutdown`.
+/// Runs the bridge until `shutdown`: heartbeats and the job loop side by side.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    run_member(Role::Cluster, &config, capabilities(&config), shutdown).await?;
+    edgeloop_client_core::install_crypto_provider();
+    create_private_dir(&config.data_dir)
+        .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    let caps = capabilities(&config);
+    let store = IdentityStore::new(&config.data_dir);
+    let identity = match ensure_identity(
+        Role::Cluster,
+        &config.control_plane,
+        config.bootstrap_token.as_deref(),
+        &store,
+        caps.clone(),
+        config.backoff,
+        &shutdown,
+    )
+    .await
+    {
+        Err(SessionError::Cancelled) => return Ok(()),
+        other => other?,
+    };
+    let channel = mtls_endpoint(&config.control_plane, &identity)?.connect_lazy();
+    let engine = LocalEngine::new(&config.data_dir.join("engine-local"))
+        .context("local engine state dir")?;
+    let runner = Arc::new(Runner {
+        client: BridgeServiceClient::new(channel),
+        engine: Arc::new(engine),
+        data_dir: config.data_dir.clone(),
+        facts: ClusterFacts {
+            driver_version: Some(caps.driver_version.clone()).filter(|s| !s.is_empty()),
+            cuda_version: Some(caps.cuda_version.clone()).filter(|s| !s.is_empty()),
+            gpus_per_node: caps.gpus.iter().map(|g| g.count).sum(),
+            gpu_type: caps.gpus.first().map(|g| g.model.clone()),
+            engines: caps.engines.clone(),
+        },
+        poll: Duration::from_millis(500),
+    });
+    let jobs = tokio::spawn(runner.run(shutdown.clone()));
+    let beats = heartbeat_loop(
+        Role::Cluster,
+        &config.control_plane,
+        &identity,
+        caps,
+        config.backoff,
+        shutdown.clone(),
+    )
+    .await;
+    // A refused heartbeat (revoked) ends the bridge; stop the job loop too.
+    shutdown.cancel();
+    let _ = jobs.await;
+    beats?;
     tracing::info!("trainer bridge stopped");
     Ok(())
 }

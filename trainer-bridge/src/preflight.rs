@@ -26,7 +26,7 @@
 
 use std::fmt;
 
-use crate::spec::{EngineKind, Framework, JobSpec, Requirement, Version};
+use crate::spec::{EngineKind, Framework, JobSpec, Requirement, Version, VersionOp};
 
 /// What the bridge knows about its cluster.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -119,11 +119,7 @@ pub struct FrameworkBuilds {
 }
 
 const fn builds(major: u32, minor: u32, cuda: &'static [(u32, u32)]) -> FrameworkBuilds {
-    FrameworkBuilds {
-        major,
-        minor,
-        cuda,
-    }
+    FrameworkBuilds { major, minor, cuda }
 }
 
 /// Source: pytorch.org "Previous PyTorch Versions" (the `cuXYZ` wheel index
@@ -307,7 +303,7 @@ fn cuda_refusals(requirements: &[Requirement], cluster: &ClusterFacts) -> Vec<Re
         }
         let index = group
             .iter()
-            .find(|(_, r)| r.op != crate::spec::VersionOp::Lt && r.op != crate::spec::VersionOp::Le)
+            .find(|(_, r)| r.op != VersionOp::Lt && r.op != VersionOp::Le)
             .or(group.first())
             .map(|(i, _)| *i)
             .unwrap_or(0);
@@ -356,9 +352,18 @@ fn min_cuda_needed(framework: Framework, reqs: &[&Requirement]) -> Option<Need> 
                 // Newer than the table (`cuda>=14.0`): the bound itself.
                 None => reqs
                     .iter()
-                    .filter(|r| !matches!(r.op, crate::spec::VersionOp::Lt | crate::spec::VersionOp::Le))
+                    .filter(|r| {
+                        !matches!(
+                            r.op,
+                            VersionOp::Lt | VersionOp::Le
+                        )
+                    })
                     .map(|r| r.version.truncate(2))
-                    .filter(|v| CUDA_RELEASES.iter().all(|r| *v > Version(vec![r.major, r.minor])))
+                    .filter(|v| {
+                        CUDA_RELEASES
+                            .iter()
+                            .all(|r| *v > Version(vec![r.major, r.minor]))
+                    })
                     .max()?,
             };
             Some(Need {
@@ -438,11 +443,10 @@ fn minor_compat_note(need: &Version, cap: &Capability, cluster: &ClusterFacts) -
     if max.major() != need.major() || driver < compat_min {
         return None;
     }
-    let full = min_driver_for_cuda(need)
-        .map(|d| format!("driver ≥ {d}"))
-        .unwrap_or_else(|| "a newer driver".to_string());
+    // Without a known full-support driver there is no advice to give.
+    let full = min_driver_for_cuda(need)?;
     Some(format!(
-        " (CUDA {}.x minor-version compatibility might start it, but without PTX JIT for newer code; CUDA {need} needs {full})",
+        " (CUDA {}.x minor-version compatibility might start it, but without PTX JIT for newer code; CUDA {need} needs driver ≥ {full})",
         need.major()
     ))
 }

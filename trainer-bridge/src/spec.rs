@@ -63,7 +63,11 @@ pub struct JobSpec {
     pub restarts: RestartPolicy,
     /// Framework requirements such as `torch>=2.0` or `cuda>=11.8`; the
     /// pre-flight check holds them against the cluster.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "deserialize_requirements"
+    )]
     pub requirements: Vec<Requirement>,
     /// The engine the job must run on; any engine when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,12 +110,13 @@ pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
 /// How processes are started on each node. Internally tagged, e.g.
 /// `{type: torchrun, nproc_per_node: 8}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum LauncherSpec {
-    /// One process per node, run as given.
-    #[default]
-    None,
+    /// One process per node, run as given. A struct variant, so that
+    /// `deny_unknown_fields` refuses `{type: none, nproc_per_node: 2}` (serde
+    /// ignores extra fields of a unit variant).
+    None {},
     Torchrun {
         /// Processes per node; defaults to the GPUs per node (1 without GPUs).
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,6 +131,12 @@ pub enum LauncherSpec {
     },
 }
 
+impl Default for LauncherSpec {
+    fn default() -> Self {
+        LauncherSpec::None {}
+    }
+}
+
 fn default_master_port() -> u16 {
     DEFAULT_MASTER_PORT
 }
@@ -136,7 +147,7 @@ impl LauncherSpec {
     pub fn procs_per_node(&self, gpus_per_node: u32) -> u32 {
         let default = gpus_per_node.max(1);
         match self {
-            LauncherSpec::None => 1,
+            LauncherSpec::None {} => 1,
             LauncherSpec::Torchrun { nproc_per_node, .. } => nproc_per_node.unwrap_or(default),
             LauncherSpec::Horovod { slots_per_node } => slots_per_node.unwrap_or(default),
         }
@@ -381,7 +392,8 @@ impl JobSpec {
         self.validate_launcher()?;
         self.validate_nccl()?;
         for (i, uri) in self.datasets.iter().enumerate() {
-            validate_dataset_uri(uri).map_err(|m| SpecError::invalid(format!("datasets[{i}]"), m))?;
+            validate_dataset_uri(uri)
+                .map_err(|m| SpecError::invalid(format!("datasets[{i}]"), m))?;
         }
         for key in self.hyperparameters.keys() {
             if key.is_empty() {
@@ -417,7 +429,7 @@ impl JobSpec {
                     "NCCL settings go under `nccl`, where they are checked",
                 ));
             }
-            if !matches!(self.launcher, LauncherSpec::None) && TORCHRUN_VARS.contains(&key.as_str())
+            if !matches!(self.launcher, LauncherSpec::None {}) && TORCHRUN_VARS.contains(&key.as_str())
             {
                 return Err(SpecError::invalid(
                     field,
@@ -477,7 +489,7 @@ impl JobSpec {
     fn validate_launcher(&self) -> Result<(), SpecError> {
         let gpus = self.resources.gpus_per_node;
         let (field, count) = match &self.launcher {
-            LauncherSpec::None => return Ok(()),
+            LauncherSpec::None {} => return Ok(()),
             LauncherSpec::Torchrun {
                 nproc_per_node,
                 master_port,
@@ -621,6 +633,15 @@ fn validate_dataset_uri(uri: &str) -> Result<(), String> {
 /// just past the offending key or value, or just past the object missing a
 /// field.
 fn parse_json(bytes: &[u8], format: &'static str) -> Result<JobSpec, SpecError> {
+    // serde's derived structs also accept a sequence of field values in
+    // order; a spec is always a map.
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|&b| b != b'{') {
+        return Err(SpecError::Malformed {
+            format,
+            message: "the job spec must be a mapping of fields".into(),
+        });
+    }
     let err = match serde_json::from_slice::<JobSpec>(bytes) {
         Ok(spec) => return Ok(spec),
         Err(e) => e,
@@ -638,6 +659,19 @@ fn parse_json(bytes: &[u8], format: &'static str) -> Result<JobSpec, SpecError> 
     }
     let offset = offset_of(bytes, err.line(), err.column());
     let mut path = path_at(bytes, offset);
+    if let Some((index, rest)) = split_index_prefix(&message) {
+        // The position may be past the element (or the next comma): the
+        // marker, not the position, says which element.
+        if path.ends_with(']') {
+            if let Some(open) = path.rfind('[') {
+                path.truncate(open);
+            }
+        }
+        return Err(SpecError::Invalid {
+            field: format!("{path}{index}"),
+            message: rest.to_string(),
+        });
+    }
     // serde names a missing or unknown field in backticks; make it part of
     // the path unless the position already ends on it.
     let named = ["missing field `", "unknown field `"]
@@ -679,8 +713,13 @@ fn offset_of(bytes: &[u8], line: usize, column: usize) -> usize {
 }
 
 enum Frame {
-    Object { key: Option<String>, expect_key: bool },
-    Array { index: usize },
+    Object {
+        key: Option<String>,
+        expect_key: bool,
+    },
+    Array {
+        index: usize,
+    },
 }
 
 /// The path (`a.b[2].c`) of the innermost key or element open at `offset` in
@@ -737,6 +776,46 @@ fn path_at(bytes: &[u8], offset: usize) -> String {
         }
     }
     path
+}
+
+/// Parses each entry inside the list's visitor so that an error carries the
+/// entry's index: serde_json positions a custom error at the end of the
+/// enclosing list (or just past the next comma), which names the list but not
+/// reliably the element. The `[i]: ` prefix is moved into the path by
+/// [`parse_json`].
+fn deserialize_requirements<'de, D>(deserializer: D) -> Result<Vec<Requirement>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Entries;
+    impl<'de> serde::de::Visitor<'de> for Entries {
+        type Value = Vec<Requirement>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of requirements such as \"torch>=2.0\"")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut entries = Vec::new();
+            while let Some(text) = seq.next_element::<String>()? {
+                let requirement = Requirement::parse(&text).map_err(|m| {
+                    <A::Error as serde::de::Error>::custom(format!("[{}]: {m}", entries.len()))
+                })?;
+                entries.push(requirement);
+            }
+            Ok(entries)
+        }
+    }
+    deserializer.deserialize_seq(Entries)
+}
+
+/// Splits a leading `[i]: ` element marker off a message.
+fn split_index_prefix(message: &str) -> Option<(&str, &str)> {
+    let rest = message.strip_prefix('[')?;
+    let close = rest.find("]: ")?;
+    let index = &rest[..close];
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((&message[..close + 2], &rest[close + 3..]))
 }
 
 /// A software the job needs, as `torch>=2.0`, `cuda>=11.8`,
@@ -837,7 +916,11 @@ impl Version {
 
     /// The first `n` components (padded with zeros).
     pub fn truncate(&self, n: usize) -> Version {
-        Version((0..n).map(|i| self.0.get(i).copied().unwrap_or(0)).collect())
+        Version(
+            (0..n)
+                .map(|i| self.0.get(i).copied().unwrap_or(0))
+                .collect(),
+        )
     }
 }
 

@@ -1,0 +1,188 @@
+//! A trainer bridge running jobs end to end on the local engine: the job
+//! runs, its committed checkpoints reach the control plane, a kill -9 of
+//! the training process resumes from the last checkpoint, cancel stops it,
+//! and an incompatible job is refused by the pre-flight check.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use edgeloop_client_core::{Backoff, MemberConfig};
+use edgeloop_tests::{eventually, ControlPlane};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+fn trainer() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/contract_trainer.sh")
+        .display()
+        .to_string()
+}
+
+fn spec(name: &str, total: u32, step_seconds: &str) -> Value {
+    json!({
+        "name": name,
+        "command": ["sh", trainer()],
+        "env": {"TOTAL": total.to_string(), "EVERY": "5", "STEP_SECONDS": step_seconds},
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
+        "checkpoint": {"every_steps": 5, "keep_last": 2},
+        "restarts": {"max_restarts": 2, "backoff_seconds": 1, "backoff_max_seconds": 2}
+    })
+}
+
+async fn start_bridge(
+    cp: &ControlPlane,
+    dir: &Path,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let token = cp.token("cluster", "local-gpu").await;
+    let config = MemberConfig {
+        data_dir: dir.to_path_buf(),
+        control_plane: cp.grpc_url.clone(),
+        bootstrap_token: Some(token),
+        backoff: Backoff {
+            base: Duration::from_millis(50),
+            max: Duration::from_millis(500),
+        },
+    };
+    let stop = CancellationToken::new();
+    (
+        stop.clone(),
+        tokio::spawn(edgeloop_trainer_bridge::run(config, stop)),
+    )
+}
+
+async fn job_state(cp: &ControlPlane, id: &str) -> Value {
+    cp.api().get(&format!("/api/v1/jobs/{id}")).await.1
+}
+
+async fn submit(cp: &ControlPlane, spec: Value) -> String {
+    let (status, job) = cp.api().post("/api/v1/jobs", json!({"spec": spec})).await;
+    assert_eq!(status, 201, "{job}");
+    job["id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_job_runs_uploads_checkpoints_and_resumes_after_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let bridge_dir = dir.path().join("bridge");
+    let (stop, bridge) = start_bridge(&cp, &bridge_dir).await;
+
+    // A clean run.
+    let id = submit(&cp, spec("clean", 20, "0.02")).await;
+    let done = eventually(Duration::from_secs(60), "clean job succeeds", || async {
+        Some(job_state(&cp, &id).await).filter(|j| j["state"] == "succeeded")
+    })
+    .await;
+    assert_eq!(done["step"], 20);
+    let steps: Vec<u64> = done["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        vec![5, 10, 15, 20],
+        "every committed checkpoint reached the control plane"
+    );
+    assert_eq!(done["checkpoints"][3]["has_optimizer_state"], true);
+    // Only the last keep_last stay on the bridge's disk.
+    let local: Vec<String> =
+        std::fs::read_dir(bridge_dir.join("jobs").join(&id).join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+    assert_eq!(local.len(), 2, "{local:?}");
+
+    // kill -9 mid-run: the next attempt resumes from the last checkpoint.
+    let id = submit(&cp, spec("killed", 40, "0.1")).await;
+    let ckpts = bridge_dir.join("jobs").join(&id).join("checkpoints");
+    eventually(
+        Duration::from_secs(60),
+        "a checkpoint past step 10",
+        || async {
+            edgeloop_trainer_bridge::checkpoint::scan(&ckpts)
+                .last()
+                .filter(|c| c.step >= 10)
+                .map(|c| c.step)
+        },
+    )
+    .await;
+    let state_dir = bridge_dir.join("engine-local").join(format!("{id}-a1"));
+    let pgid: i32 = std::fs::read_to_string(state_dir.join("pgid-0"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let done = eventually(
+        Duration::from_secs(90),
+        "killed job recovers and succeeds",
+        || async {
+            Some(job_state(&cp, &id).await)
+                .filter(|j| j["state"] == "succeeded" || j["state"] == "failed")
+        },
+    )
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["step"], 40);
+    assert_eq!(done["attempt"], 2, "one restart");
+    let log =
+        std::fs::read_to_string(bridge_dir.join("jobs").join(&id).join("trainer.log")).unwrap();
+    let resumed: u64 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("attempt 2 resumed from "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(resumed >= 10 && resumed.is_multiple_of(5), "{log}");
+    assert!(log.contains("finished at 40"), "{log}");
+
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_stops_a_running_job_and_preflight_refuses_what_cannot_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let (stop, bridge) = start_bridge(&cp, &dir.path().join("bridge")).await;
+
+    let id = submit(&cp, spec("long", 10_000, "0.05")).await;
+    eventually(Duration::from_secs(30), "running", || async {
+        Some(job_state(&cp, &id).await).filter(|j| j["state"] == "running")
+    })
+    .await;
+    cp.api()
+        .post(&format!("/api/v1/jobs/{id}/cancel"), json!({}))
+        .await;
+    eventually(Duration::from_secs(30), "cancelled", || async {
+        Some(job_state(&cp, &id).await).filter(|j| j["state"] == "cancelled")
+    })
+    .await;
+
+    // This machine has no GPUs: a job needing 4 per node is refused with the reason.
+    let mut gpu = spec("gpu-job", 10, "0.01");
+    gpu["resources"]["gpus_per_node"] = json!(4);
+    let id = submit(&cp, gpu).await;
+    let failed = eventually(Duration::from_secs(30), "refused", || async {
+        Some(job_state(&cp, &id).await).filter(|j| j["state"] == "failed")
+    })
+    .await;
+    let msg = failed["last_message"].as_str().unwrap();
+    assert!(msg.contains("pre-flight") && msg.contains("4"), "{msg}");
+
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    cp.stop().await;
+}

@@ -1,0 +1,250 @@
+//! The checkpoint contract, bridge side. A trainer writes checkpoints into
+//! `$EDGELOOP_CHECKPOINT_DIR/step-<N>/`, and writes `manifest.json` last:
+//!
+//! ```json
+//! {"step": 1200, "wall_time": 93.5, "metrics": {"loss": 0.12},
+//!  "optimizer_state": true,
+//!  "files": [{"path": "weights.safetensors", "sha256": "<64 hex>"}]}
+//! ```
+//!
+//! A directory without a manifest, with a manifest that does not parse, or
+//! whose files do not hash to the manifest's digests is torn (the trainer
+//! died mid-write) and is never resumed from or uploaded.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Component, Path, PathBuf};
+
+use edgeloop_models::{Digest, Sha256Writer};
+use serde::Deserialize;
+
+pub const MANIFEST: &str = "manifest.json";
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CheckpointManifest {
+    pub step: u64,
+    #[serde(default)]
+    pub wall_time: f64,
+    #[serde(default)]
+    pub metrics: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub optimizer_state: bool,
+    pub files: Vec<CheckpointFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CheckpointFile {
+    pub path: String,
+    pub sha256: Digest,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Committed {
+    pub step: u64,
+    pub dir: PathBuf,
+    pub manifest: CheckpointManifest,
+}
+
+fn hash_file(path: &Path) -> std::io::Result<Digest> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256Writer::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(h.finish());
+        }
+        h.update(&buf[..n]);
+    }
+}
+
+fn plain_relative(p: &str) -> bool {
+    !p.is_empty()
+        && Path::new(p)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// Why a checkpoint directory is not committed, or its manifest.
+pub fn verify(dir: &Path) -> Result<CheckpointManifest, String> {
+    let step: u64 = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("step-"))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| "not named step-<N>".to_string())?;
+    let raw =
+        std::fs::read(dir.join(MANIFEST)).map_err(|e| format!("no readable {MANIFEST}: {e}"))?;
+    if raw.len() > 4 << 20 {
+        return Err(format!("{MANIFEST} is larger than 4 MiB"));
+    }
+    let m: CheckpointManifest =
+        serde_json::from_slice(&raw).map_err(|e| format!("{MANIFEST}: {e}"))?;
+    if m.step != step {
+        return Err(format!(
+            "{MANIFEST} says step {}, the directory says {step}",
+            m.step
+        ));
+    }
+    if m.files.is_empty() {
+        return Err("lists no files".into());
+    }
+    for f in &m.files {
+        if !plain_relative(&f.path) || f.path == MANIFEST {
+            return Err(format!(
+                "file path {:?} is not a plain relative path",
+                f.path
+            ));
+        }
+        let actual = hash_file(&dir.join(&f.path)).map_err(|e| format!("{}: {e}", f.path))?;
+        if actual != f.sha256 {
+            return Err(format!(
+                "{}: sha256 is {actual}, the manifest says {}",
+                f.path, f.sha256
+            ));
+        }
+    }
+    Ok(m)
+}
+
+/// Every committed checkpoint under `root`, by step. Torn ones are skipped
+/// (and logged), never returned.
+pub fn scan(root: &Path) -> Vec<Committed> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return vec![];
+    };
+    let mut out: Vec<Committed> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .filter_map(|dir| match verify(&dir) {
+            Ok(manifest) => Some(Committed {
+                step: manifest.step,
+                dir,
+                manifest,
+            }),
+            Err(reason) => {
+                tracing::debug!(dir = %dir.display(), %reason, "not a committed checkpoint");
+                None
+            }
+        })
+        .collect();
+    out.sort_by_key(|c| c.step);
+    out
+}
+
+/// Packs a committed checkpoint into one deterministic zip (stored, fixed
+/// timestamps, sorted paths), so the same checkpoint always has the same
+/// digest and an interrupted upload can simply be sent again.
+pub fn pack(c: &Committed) -> std::io::Result<Vec<u8>> {
+    let mut paths: Vec<&str> = c.manifest.files.iter().map(|f| f.path.as_str()).collect();
+    paths.push(MANIFEST);
+    paths.sort_unstable();
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Stored)
+        .last_modified_time(zip::DateTime::default())
+        .large_file(true)
+        .unix_permissions(0o644);
+    for p in paths {
+        zip.start_file(p, options).map_err(std::io::Error::other)?;
+        let mut f = std::fs::File::open(c.dir.join(p))?;
+        std::io::copy(&mut f, &mut zip)?;
+    }
+    let cursor = zip.finish().map_err(std::io::Error::other)?;
+    let mut bytes = cursor.into_inner();
+    bytes.flush()?;
+    Ok(bytes)
+}
+
+/// Deletes committed checkpoints older than the newest `keep`, and torn
+/// directories older than the newest committed one.
+pub fn prune(root: &Path, keep: usize) -> std::io::Result<()> {
+    let committed = scan(root);
+    let newest = committed.last().map(|c| c.step);
+    let keep_from = committed.len().saturating_sub(keep.max(1));
+    let kept: std::collections::HashSet<PathBuf> = committed[keep_from..]
+        .iter()
+        .map(|c| c.dir.clone())
+        .collect();
+    for entry in std::fs::read_dir(root)?.filter_map(|e| e.ok()) {
+        let p = entry.path();
+        let step = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("step-"))
+            .and_then(|n| n.parse::<u64>().ok());
+        let (Some(step), Some(newest)) = (step, newest) else {
+            continue;
+        };
+        if !kept.contains(&p) && step <= newest {
+            std::fs::remove_dir_all(&p)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_ckpt(root: &Path, step: u64, payload: &[u8], with_manifest: bool, lie: bool) {
+        let dir = root.join(format!("step-{step}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("weights.bin"), payload).unwrap();
+        if with_manifest {
+            let digest = if lie {
+                Digest::of(b"something else")
+            } else {
+                Digest::of(payload)
+            };
+            let m = serde_json::json!({"step": step, "wall_time": 1.5, "metrics": {"loss": 0.5}, "optimizer_state": true,
+                "files": [{"path": "weights.bin", "sha256": digest.to_string()}]});
+            std::fs::write(dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn only_committed_checkpoints_count_and_packing_is_deterministic() {
+        let root = tempfile::tempdir().unwrap();
+        write_ckpt(root.path(), 100, b"w100", true, false);
+        write_ckpt(root.path(), 200, b"w200", true, false);
+        write_ckpt(root.path(), 300, b"w300", false, false); // torn: no manifest
+        write_ckpt(root.path(), 400, b"w400", true, true); // torn: digest mismatch
+        std::fs::create_dir_all(root.path().join("step-x")).unwrap();
+        let found = scan(root.path());
+        assert_eq!(
+            found.iter().map(|c| c.step).collect::<Vec<_>>(),
+            vec![100, 200]
+        );
+        assert!(found[1].manifest.optimizer_state);
+        assert_eq!(pack(&found[1]).unwrap(), pack(&found[1]).unwrap());
+        assert!(verify(&root.path().join("step-400"))
+            .unwrap_err()
+            .contains("sha256"));
+
+        prune(root.path(), 1).unwrap();
+        let left: Vec<_> = std::fs::read_dir(root.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(
+            left.contains(&"step-200".to_string()) && !left.contains(&"step-100".to_string()),
+            "{left:?}"
+        );
+        assert!(
+            left.contains(&"step-300".to_string()),
+            "newer torn dirs may still be in progress: {left:?}"
+        );
+    }
+
+    #[test]
+    fn escaping_paths_are_torn() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("step-1");
+        std::fs::create_dir_all(&dir).unwrap();
+        let m = serde_json::json!({"step": 1, "files": [{"path": "../secret", "sha256": Digest::of(b"").to_string()}]});
+        std::fs::write(dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+        assert!(verify(&dir).unwrap_err().contains("plain relative"));
+    }
+}

@@ -1,0 +1,407 @@
+//! The bridge's job loop: lease a job, check it against the cluster, run it
+//! on the engine, upload its committed checkpoints, report progress, follow
+//! cancellation, and restart a failed attempt from the last checkpoint with
+//! backoff until `max_restarts`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgeloop_client_core::Backoff;
+use edgeloop_proto::bridge::v1 as pb;
+use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
+use edgeloop_proto::common::v1::Chunk;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::checkpoint::{self, Committed};
+use crate::engines::{Engine, EngineState};
+use crate::launch::{build_launch, contract_env, AttemptPlan};
+use crate::preflight::{self, ClusterFacts};
+use crate::spec::JobSpec;
+
+/// One progress report, as the job loop sees it.
+struct Progress<'a> {
+    job: &'a str,
+    attempt: u32,
+    state: pb::JobState,
+    step: u64,
+    message: String,
+    engine_id: &'a str,
+    exit_code: Option<i32>,
+    metrics: &'a std::collections::BTreeMap<String, f64>,
+}
+
+pub struct Runner {
+    pub client: BridgeServiceClient<Channel>,
+    pub engine: Arc<dyn Engine>,
+    pub data_dir: PathBuf,
+    pub facts: ClusterFacts,
+    /// How often a running job is polled, scanned for checkpoints and reported.
+    pub poll: Duration,
+}
+
+const CHUNK: usize = 1 << 20;
+
+fn state_of(s: &EngineState) -> pb::JobState {
+    match s {
+        EngineState::Pending => pb::JobState::Starting,
+        EngineState::Running => pb::JobState::Running,
+        EngineState::Succeeded => pb::JobState::Succeeded,
+        EngineState::Failed { .. } => pb::JobState::Failed,
+        EngineState::Cancelled => pb::JobState::Cancelled,
+    }
+}
+
+/// The delay before restart number `restart` (0-based): exponential from the
+/// spec's backoff, capped at its maximum. Pure, so it is tested directly.
+pub fn restart_delay(spec: &JobSpec, restart: u32) -> Duration {
+    let base = Duration::from_secs(spec.restarts.backoff_seconds.into());
+    let max = Duration::from_secs(spec.restarts.backoff_max_seconds.into());
+    Backoff { base, max }.delay(restart, 1.0)
+}
+
+impl Runner {
+    /// Leases and runs jobs until `shutdown`. Jobs run concurrently.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut attempt = 0u32;
+        while !shutdown.is_cancelled() {
+            let req = pb::LeaseJobRequest {
+                wait_seconds: 20,
+                engines: vec![self.engine.name().to_string()],
+            };
+            let mut client = self.client.clone();
+            let leased = tokio::select! {
+                r = client.lease_job(req) => r,
+                _ = shutdown.cancelled() => break,
+            };
+            match leased {
+                Ok(resp) => {
+                    attempt = 0;
+                    if let Some(job) = resp.into_inner().job {
+                        let me = self.clone();
+                        let stop = shutdown.clone();
+                        tasks.spawn(async move { me.run_job(job, stop).await });
+                    }
+                }
+                Err(status) => {
+                    let delay = Backoff::default().next(attempt);
+                    attempt = attempt.saturating_add(1);
+                    tracing::warn!(%status, ?delay, "lease failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.cancelled() => break,
+                    }
+                }
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+        // Jobs keep running on the engine; a restarted bridge re-adopts them.
+        tasks.abort_all();
+    }
+
+    async fn report(&self, p: Progress<'_>) -> bool {
+        let Progress {
+            job,
+            attempt,
+            state,
+            step,
+            message,
+            engine_id,
+            exit_code,
+            metrics,
+        } = p;
+        let mut client = self.client.clone();
+        let r = pb::ProgressReport {
+            job_id: job.to_string(),
+            attempt,
+            state: state as i32,
+            step,
+            metrics: metrics.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            message,
+            engine_job_id: engine_id.to_string(),
+            exit_code: exit_code.unwrap_or(0),
+            at: Some(std::time::SystemTime::now().into()),
+        };
+        match client.report_progress(r).await {
+            Ok(ack) => ack.into_inner().cancel_requested,
+            Err(status) => {
+                tracing::warn!(%status, job, "progress report failed");
+                false
+            }
+        }
+    }
+
+    async fn upload(&self, job: &str, attempt: u32, c: &Committed) -> Result<(), String> {
+        let bytes = checkpoint::pack(c).map_err(|e| e.to_string())?;
+        let digest = edgeloop_models::Digest::of(&bytes);
+        let header = pb::CheckpointHeader {
+            job_id: job.to_string(),
+            attempt,
+            step: c.step,
+            digest: digest.to_string(),
+            size: bytes.len() as u64,
+            has_optimizer_state: c.manifest.optimizer_state,
+            metadata: c
+                .manifest
+                .metrics
+                .iter()
+                .map(|(k, v)| (format!("metric.{k}"), v.to_string()))
+                .collect(),
+        };
+        let mut msgs = vec![pb::CheckpointUpload {
+            part: Some(pb::checkpoint_upload::Part::Header(header)),
+        }];
+        for (i, part) in bytes.chunks(CHUNK).enumerate() {
+            msgs.push(pb::CheckpointUpload {
+                part: Some(pb::checkpoint_upload::Part::Chunk(Chunk {
+                    offset: (i * CHUNK) as u64,
+                    data: part.to_vec(),
+                })),
+            });
+        }
+        let mut client = self.client.clone();
+        client
+            .upload_checkpoint(futures::stream::iter(msgs))
+            .await
+            .map_err(|s| s.to_string())?;
+        Ok(())
+    }
+
+    async fn run_job(&self, job: pb::Job, shutdown: CancellationToken) {
+        let id = job.id.clone();
+        let mut attempt = job.attempt;
+        let no_metrics = Default::default();
+        let spec = match JobSpec::from_json(job.spec_json.as_bytes()) {
+            Ok(s) => s,
+            Err(e) => {
+                self.report(Progress {
+                    job: &id,
+                    attempt,
+                    state: pb::JobState::Failed,
+                    step: 0,
+                    message: format!("invalid spec: {e}"),
+                    engine_id: "",
+                    exit_code: None,
+                    metrics: &no_metrics,
+                })
+                .await;
+                return;
+            }
+        };
+        if let Err(refusals) = preflight::check(&spec, &self.facts) {
+            let why = refusals
+                .iter()
+                .map(|r| format!("{}: {}", r.field, r.reason))
+                .collect::<Vec<_>>()
+                .join("; ");
+            tracing::warn!(job = %id, %why, "pre-flight check refused the job");
+            self.report(Progress {
+                job: &id,
+                attempt,
+                state: pb::JobState::Failed,
+                step: 0,
+                message: format!("pre-flight check refused: {why}"),
+                engine_id: "",
+                exit_code: None,
+                metrics: &no_metrics,
+            })
+            .await;
+            return;
+        }
+        let job_dir = self.data_dir.join("jobs").join(&id);
+        let ckpt_dir = job_dir.join("checkpoints");
+        if let Err(e) = std::fs::create_dir_all(&ckpt_dir) {
+            self.report(Progress {
+                job: &id,
+                attempt,
+                state: pb::JobState::Failed,
+                step: 0,
+                message: format!("creating {}: {e}", ckpt_dir.display()),
+                engine_id: "",
+                exit_code: None,
+                metrics: &no_metrics,
+            })
+            .await;
+            return;
+        }
+        let mut restarts = 0u32;
+        let mut uploaded: Option<u64> = None;
+        loop {
+            let resume: Option<Committed> = checkpoint::scan(&ckpt_dir).pop();
+            let contract = match contract_env(
+                &id,
+                attempt,
+                &ckpt_dir,
+                resume.as_ref().map(|c| c.dir.as_path()),
+                "",
+            ) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.report(Progress {
+                        job: &id,
+                        attempt,
+                        state: pb::JobState::Failed,
+                        step: 0,
+                        message: e.to_string(),
+                        engine_id: "",
+                        exit_code: None,
+                        metrics: &no_metrics,
+                    })
+                    .await;
+                    return;
+                }
+            };
+            let log = job_dir.join(format!("attempt-{attempt}.log"));
+            let launch = build_launch(
+                &spec,
+                &AttemptPlan {
+                    job_id: &id,
+                    attempt,
+                    job_dir: &job_dir,
+                    log_path: &log,
+                    contract: &contract,
+                },
+            );
+            let engine_id = match self.engine.submit(&launch).await {
+                Ok(e) => e,
+                Err(e) => {
+                    self.report(Progress {
+                        job: &id,
+                        attempt,
+                        state: pb::JobState::Failed,
+                        step: 0,
+                        message: format!("{} refused the job: {e}", self.engine.name()),
+                        engine_id: "",
+                        exit_code: None,
+                        metrics: &no_metrics,
+                    })
+                    .await;
+                    return;
+                }
+            };
+            tracing::info!(job = %id, attempt, engine = self.engine.name(), engine_id = %engine_id.0, resume = ?resume.as_ref().map(|c| c.step), "attempt started");
+            let final_state = loop {
+                let state = match self.engine.status(&engine_id).await {
+                    Ok(s) => s,
+                    Err(e) => EngineState::Failed {
+                        exit_code: None,
+                        reason: e.to_string(),
+                    },
+                };
+                let committed = checkpoint::scan(&ckpt_dir);
+                let pending: Vec<&Committed> = committed
+                    .iter()
+                    .filter(|c| uploaded.is_none_or(|u| c.step > u))
+                    .collect();
+                for c in pending {
+                    match self.upload(&id, attempt, c).await {
+                        Ok(()) => {
+                            uploaded = Some(c.step);
+                            tracing::info!(job = %id, step = c.step, "checkpoint uploaded");
+                        }
+                        // Retried on the next poll; the digest makes it idempotent.
+                        Err(e) => {
+                            tracing::warn!(job = %id, step = c.step, error = %e, "checkpoint upload failed")
+                        }
+                    }
+                }
+                if uploaded.is_some() {
+                    let _ = checkpoint::prune(&ckpt_dir, spec.checkpoint.keep_last as usize);
+                }
+                let latest = committed.last();
+                let step = latest.map_or(0, |c| c.step);
+                let metrics = latest
+                    .map(|c| c.manifest.metrics.clone())
+                    .unwrap_or_default();
+                if state.is_terminal() {
+                    break (state, step, metrics);
+                }
+                let cancel = self
+                    .report(Progress {
+                        job: &id,
+                        attempt,
+                        state: state_of(&state),
+                        step,
+                        message: String::new(),
+                        engine_id: &engine_id.0,
+                        exit_code: None,
+                        metrics: &metrics,
+                    })
+                    .await;
+                if cancel {
+                    tracing::info!(job = %id, "cancel requested");
+                    let _ = self.engine.cancel(&engine_id).await;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(self.poll) => {}
+                    // The job keeps running on the engine; a restarted bridge re-adopts it.
+                    _ = shutdown.cancelled() => return,
+                }
+            };
+            let (state, step, metrics) = final_state;
+            match &state {
+                EngineState::Failed { exit_code, reason }
+                    if restarts < spec.restarts.max_restarts =>
+                {
+                    let delay = restart_delay(&spec, restarts);
+                    restarts += 1;
+                    tracing::warn!(job = %id, attempt, %reason, ?delay, restarts, "attempt failed; restarting from the last checkpoint");
+                    self.report(Progress {
+                        job: &id,
+                        attempt,
+                        state: pb::JobState::Running,
+                        step,
+                        message: format!(
+                            "attempt {attempt} failed ({reason}); restart {restarts} in {delay:?}"
+                        ),
+                        engine_id: &engine_id.0,
+                        exit_code: *exit_code,
+                        metrics: &metrics,
+                    })
+                    .await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.cancelled() => return,
+                    }
+                    attempt += 1;
+                }
+                EngineState::Failed { exit_code, reason } => {
+                    let msg = format!("failed after {restarts} restarts: {reason}");
+                    self.report(Progress {
+                        job: &id,
+                        attempt,
+                        state: pb::JobState::Failed,
+                        step,
+                        message: msg,
+                        engine_id: &engine_id.0,
+                        exit_code: *exit_code,
+                        metrics: &metrics,
+                    })
+                    .await;
+                    return;
+                }
+                other => {
+                    self.report(Progress {
+                        job: &id,
+                        attempt,
+                        state: state_of(other),
+                        step,
+                        message: String::new(),
+                        engine_id: &engine_id.0,
+                        exit_code: None,
+                        metrics: &metrics,
+                    })
+                    .await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Where a bridge keeps a job's files: `<data_dir>/jobs/<id>/`.
+pub fn job_dir(data_dir: &Path, job: &str) -> PathBuf {
+    data_dir.join("jobs").join(job)
+}
