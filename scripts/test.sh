@@ -20,6 +20,16 @@ scripts/fetch-onnxruntime.sh
 scripts/fetch-onnx-node-tests.sh
 scripts/fetch-mnist-models.sh
 
+echo "==> engines (real Slurm and Ray on this machine; stopped again at the end)"
+stop_engines() {
+  scripts/ray-down.sh >/dev/null 2>&1 || true
+  scripts/slurm-down.sh >/dev/null 2>&1 || true
+}
+trap stop_engines EXIT
+EDGELOOP_SLURM_ENV="$(scripts/slurm-up.sh | tail -n 1)"
+EDGELOOP_RAY_ENV="$(scripts/ray-up.sh | tail -n 1)"
+export EDGELOOP_SLURM_ENV EDGELOOP_RAY_ENV
+
 echo "==> build"
 cargo build --workspace --all-targets
 
@@ -32,7 +42,7 @@ cargo test --workspace 2>&1 | tee "$log"
 
 echo "==> quick start smoke run"
 smoke="$(mktemp -d)"
-trap 'rm -rf "$smoke" "$log"' EXIT
+trap 'rm -rf "$smoke" "$log"; stop_engines' EXIT
 EDGELOOP_HOME="$smoke" EDGELOOP_GRPC_LISTEN=127.0.0.1:17443 EDGELOOP_HTTP_LISTEN=127.0.0.1:17080 \
   scripts/quickstart.sh --check
 

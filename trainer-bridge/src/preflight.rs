@@ -352,12 +352,7 @@ fn min_cuda_needed(framework: Framework, reqs: &[&Requirement]) -> Option<Need> 
                 // Newer than the table (`cuda>=14.0`): the bound itself.
                 None => reqs
                     .iter()
-                    .filter(|r| {
-                        !matches!(
-                            r.op,
-                            VersionOp::Lt | VersionOp::Le
-                        )
-                    })
+                    .filter(|r| !matches!(r.op, VersionOp::Lt | VersionOp::Le))
                     .map(|r| r.version.truncate(2))
                     .filter(|v| {
                         CUDA_RELEASES

@@ -429,7 +429,8 @@ impl JobSpec {
                     "NCCL settings go under `nccl`, where they are checked",
                 ));
             }
-            if !matches!(self.launcher, LauncherSpec::None {}) && TORCHRUN_VARS.contains(&key.as_str())
+            if !matches!(self.launcher, LauncherSpec::None {})
+                && TORCHRUN_VARS.contains(&key.as_str())
             {
                 return Err(SpecError::invalid(
                     field,
@@ -793,7 +794,10 @@ where
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("a list of requirements such as \"torch>=2.0\"")
         }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
             let mut entries = Vec::new();
             while let Some(text) = seq.next_element::<String>()? {
                 let requirement = Requirement::parse(&text).map_err(|m| {

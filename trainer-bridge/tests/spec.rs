@@ -7,8 +7,8 @@ use std::path::Path;
 
 use edgeloop_trainer_bridge::engines::Launcher;
 use edgeloop_trainer_bridge::launch::{
-    build_launch, contract_env, horovod_command, job_env, master_port, torchrun_env,
-    AttemptPlan, LaunchError, RankInfo,
+    build_launch, contract_env, horovod_command, job_env, master_port, torchrun_env, AttemptPlan,
+    LaunchError, RankInfo,
 };
 use edgeloop_trainer_bridge::preflight::{check, gpu_type_matches, ClusterFacts, Refusal};
 use edgeloop_trainer_bridge::spec::{
@@ -126,29 +126,59 @@ fn parse_errors_name_the_field() {
     use serde_json::json;
     let cases: Vec<(serde_json::Value, &str)> = vec![
         (json!({"nmae": "x"}), "nmae"),
-        (json!({"resources": {"gpu_per_node": 1}}), "resources.gpu_per_node"),
+        (
+            json!({"resources": {"gpu_per_node": 1}}),
+            "resources.gpu_per_node",
+        ),
         (json!({"resources": {"nodes": "two"}}), "resources.nodes"),
         (json!({"resources": {"nodes": -1}}), "resources.nodes"),
-        (json!({"resources": {"memory_mb": 1.5}}), "resources.memory_mb"),
+        (
+            json!({"resources": {"memory_mb": 1.5}}),
+            "resources.memory_mb",
+        ),
         (json!({"command": "python"}), "command"),
         (json!({"command": ["python", 3]}), "command[1]"),
         (json!({"env": {"SEED": 42}}), "env.SEED"),
         (json!({"launcher": {"type": "mpi"}}), "launcher.type"),
-        (json!({"launcher": {"type": "none", "nproc_per_node": 2}}), "launcher.nproc_per_node"),
+        (
+            json!({"launcher": {"type": "none", "nproc_per_node": 2}}),
+            "launcher.nproc_per_node",
+        ),
         // Values inside the tagged launcher are buffered by serde: the
         // section is named, and the message says what was wrong.
-        (json!({"launcher": {"type": "torchrun", "master_port": 70000}}), "launcher"),
-        (json!({"resources": {"gpus_per_node": 4294967296u64}}), "resources.gpus_per_node"),
+        (
+            json!({"launcher": {"type": "torchrun", "master_port": 70000}}),
+            "launcher",
+        ),
+        (
+            json!({"resources": {"gpus_per_node": 4294967296u64}}),
+            "resources.gpus_per_node",
+        ),
         (json!({"hyperparameters": []}), "hyperparameters"),
         (json!({"requirements": "torch>=2.0"}), "requirements"),
-        (json!({"launcher": {"type": "torchrun", "nprocs": 2}}), "launcher.nprocs"),
-        (json!({"launcher": {"type": "horovod", "master_port": 1}}), "launcher.master_port"),
+        (
+            json!({"launcher": {"type": "torchrun", "nprocs": 2}}),
+            "launcher.nprocs",
+        ),
+        (
+            json!({"launcher": {"type": "horovod", "master_port": 1}}),
+            "launcher.master_port",
+        ),
         (json!({"launcher": {"nproc_per_node": 2}}), "launcher.type"),
         (json!({"precision": "int4"}), "precision"),
         (json!({"engine": "nomad"}), "engine"),
-        (json!({"checkpoint": {"every_step": 5}}), "checkpoint.every_step"),
-        (json!({"restarts": {"max_restarts": 1e3}}), "restarts.max_restarts"),
-        (json!({"requirements": ["torch>=2.0", "jax>=0.4"]}), "requirements[1]"),
+        (
+            json!({"checkpoint": {"every_step": 5}}),
+            "checkpoint.every_step",
+        ),
+        (
+            json!({"restarts": {"max_restarts": 1e3}}),
+            "restarts.max_restarts",
+        ),
+        (
+            json!({"requirements": ["torch>=2.0", "jax>=0.4"]}),
+            "requirements[1]",
+        ),
         (json!({"requirements": ["torch=>2.0"]}), "requirements[0]"),
         (json!({"datasets": [{"uri": "s3://x"}]}), "datasets[0]"),
     ];
@@ -157,17 +187,32 @@ fn parse_errors_name_the_field() {
         assert_eq!(got, want, "for {patch}");
     }
     // Missing required fields are named, at the top and below.
-    assert_eq!(field_of(JobSpec::from_json(br#"{"command": ["x"]}"#)), "name");
+    assert_eq!(
+        field_of(JobSpec::from_json(br#"{"command": ["x"]}"#)),
+        "name"
+    );
     assert_eq!(field_of(JobSpec::from_json(br#"{"name": "x"}"#)), "command");
 }
 
 #[test]
 fn yaml_parse_errors_name_the_field_too() {
     let cases = [
-        ("name: a\ncommand: [x]\nresources:\n  gpus: 2\n", "resources.gpus"),
-        ("name: a\ncommand: [x]\nresources:\n  nodes: many\n", "resources.nodes"),
-        ("name: a\ncommand: [x]\nnccl:\n  NCCL_DEBUG: 3\n", "nccl.NCCL_DEBUG"),
-        ("name: a\ncommand: [x]\nrequirements:\n- torch>=2.0\n- mxnet>=1.9\n", "requirements[1]"),
+        (
+            "name: a\ncommand: [x]\nresources:\n  gpus: 2\n",
+            "resources.gpus",
+        ),
+        (
+            "name: a\ncommand: [x]\nresources:\n  nodes: many\n",
+            "resources.nodes",
+        ),
+        (
+            "name: a\ncommand: [x]\nnccl:\n  NCCL_DEBUG: 3\n",
+            "nccl.NCCL_DEBUG",
+        ),
+        (
+            "name: a\ncommand: [x]\nrequirements:\n- torch>=2.0\n- mxnet>=1.9\n",
+            "requirements[1]",
+        ),
         ("command: [x]\n", "name"),
     ];
     for (yaml, want) in cases {
@@ -186,7 +231,10 @@ fn malformed_documents_are_reported_as_such() {
     }
     for bad in ["name: [", "- a\n- b", "", "a: b: c"] {
         let err = JobSpec::from_yaml(bad).unwrap_err();
-        assert!(matches!(err, SpecError::Malformed { .. }), "{bad:?}: {err:?}");
+        assert!(
+            matches!(err, SpecError::Malformed { .. }),
+            "{bad:?}: {err:?}"
+        );
     }
     // JSON syntax errors keep serde's line and column: they are the author's.
     let err = JobSpec::from_json(b"{\n  \"name\": \"a\",\n  oops\n}").unwrap_err();
@@ -197,8 +245,14 @@ fn malformed_documents_are_reported_as_such() {
 fn unknown_fields_in_messages_are_explained() {
     let err = json_with(serde_json::json!({"resources": {"gpu_per_node": 1}})).unwrap_err();
     let text = err.to_string();
-    assert!(text.starts_with("resources.gpu_per_node: unknown field `gpu_per_node`"), "{text}");
-    assert!(text.contains("gpus_per_node"), "lists the expected fields: {text}");
+    assert!(
+        text.starts_with("resources.gpu_per_node: unknown field `gpu_per_node`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("gpus_per_node"),
+        "lists the expected fields: {text}"
+    );
 }
 
 #[test]
@@ -213,10 +267,26 @@ fn validation_names_the_field() {
         (json!({"command": [""]}), "command[0]", "empty"),
         (json!({"command": ["x", "a\u{0}b"]}), "command[1]", "NUL"),
         (json!({"args": ["ok", "\u{0}"]}), "args[1]", "NUL"),
-        (json!({"env": {"1BAD": "x"}}), "env.1BAD", "environment variable name"),
-        (json!({"env": {"A-B": "x"}}), "env.A-B", "environment variable name"),
-        (json!({"env": {"NCCL_DEBUG": "INFO"}}), "env.NCCL_DEBUG", "under `nccl`"),
-        (json!({"env": {"EDGELOOP_JOB_ID": "x"}}), "env.EDGELOOP_JOB_ID", "set by the bridge"),
+        (
+            json!({"env": {"1BAD": "x"}}),
+            "env.1BAD",
+            "environment variable name",
+        ),
+        (
+            json!({"env": {"A-B": "x"}}),
+            "env.A-B",
+            "environment variable name",
+        ),
+        (
+            json!({"env": {"NCCL_DEBUG": "INFO"}}),
+            "env.NCCL_DEBUG",
+            "under `nccl`",
+        ),
+        (
+            json!({"env": {"EDGELOOP_JOB_ID": "x"}}),
+            "env.EDGELOOP_JOB_ID",
+            "set by the bridge",
+        ),
         (json!({"env": {"OK": "a\u{0}"}}), "env.OK", "NUL"),
         (
             json!({"env": {"RANK": "0"}, "launcher": {"type": "torchrun"}}),
@@ -224,12 +294,36 @@ fn validation_names_the_field() {
             "launcher sets",
         ),
         (json!({"working_dir": ""}), "working_dir", "non-empty"),
-        (json!({"resources": {"nodes": 0}}), "resources.nodes", "1..=1024"),
-        (json!({"resources": {"nodes": 1025}}), "resources.nodes", "1..=1024"),
-        (json!({"resources": {"gpus_per_node": 17}}), "resources.gpus_per_node", "0..=16"),
-        (json!({"resources": {"cpus": 0}}), "resources.cpus", "at least 1"),
-        (json!({"resources": {"memory_mb": 0}}), "resources.memory_mb", "at least 1"),
-        (json!({"resources": {"gpu_type": "A100"}}), "resources.gpu_type", "no GPUs"),
+        (
+            json!({"resources": {"nodes": 0}}),
+            "resources.nodes",
+            "1..=1024",
+        ),
+        (
+            json!({"resources": {"nodes": 1025}}),
+            "resources.nodes",
+            "1..=1024",
+        ),
+        (
+            json!({"resources": {"gpus_per_node": 17}}),
+            "resources.gpus_per_node",
+            "0..=16",
+        ),
+        (
+            json!({"resources": {"cpus": 0}}),
+            "resources.cpus",
+            "at least 1",
+        ),
+        (
+            json!({"resources": {"memory_mb": 0}}),
+            "resources.memory_mb",
+            "at least 1",
+        ),
+        (
+            json!({"resources": {"gpu_type": "A100"}}),
+            "resources.gpu_type",
+            "no GPUs",
+        ),
         (
             json!({"resources": {"gpus_per_node": 1, "gpu_type": " "}}),
             "resources.gpu_type",
@@ -255,24 +349,72 @@ fn validation_names_the_field() {
             "launcher.slots_per_node",
             "only 2 GPUs",
         ),
-        (json!({"nccl": {"NCCL_ALGO": "Ring"}}), "nccl.NCCL_ALGO", "not passed through"),
-        (json!({"nccl": {"NCCL_IB_": "x"}}), "nccl.NCCL_IB_", "not passed through"),
-        (json!({"nccl": {"LD_PRELOAD": "x"}}), "nccl.LD_PRELOAD", "not passed through"),
-        (json!({"nccl": {"NCCL_IB_HCA": "\u{0}"}}), "nccl.NCCL_IB_HCA", "NUL"),
-        (json!({"datasets": ["ftp://x/y"]}), "datasets[0]", "not supported"),
-        (json!({"datasets": ["s3://ok", "/local/path"]}), "datasets[1]", "not a URI"),
+        (
+            json!({"nccl": {"NCCL_ALGO": "Ring"}}),
+            "nccl.NCCL_ALGO",
+            "not passed through",
+        ),
+        (
+            json!({"nccl": {"NCCL_IB_": "x"}}),
+            "nccl.NCCL_IB_",
+            "not passed through",
+        ),
+        (
+            json!({"nccl": {"LD_PRELOAD": "x"}}),
+            "nccl.LD_PRELOAD",
+            "not passed through",
+        ),
+        (
+            json!({"nccl": {"NCCL_IB_HCA": "\u{0}"}}),
+            "nccl.NCCL_IB_HCA",
+            "NUL",
+        ),
+        (
+            json!({"datasets": ["ftp://x/y"]}),
+            "datasets[0]",
+            "not supported",
+        ),
+        (
+            json!({"datasets": ["s3://ok", "/local/path"]}),
+            "datasets[1]",
+            "not a URI",
+        ),
         (json!({"datasets": ["s3://"]}), "datasets[0]", "no location"),
-        (json!({"datasets": ["https://a b"]}), "datasets[0]", "whitespace"),
-        (json!({"hyperparameters": {"": 1}}), "hyperparameters", "empty name"),
-        (json!({"checkpoint": {}}), "checkpoint.every_steps", "every_minutes"),
-        (json!({"checkpoint": {"every_steps": 0}}), "checkpoint.every_steps", "at least 1"),
-        (json!({"checkpoint": {"every_minutes": 0}}), "checkpoint.every_minutes", "at least 1"),
+        (
+            json!({"datasets": ["https://a b"]}),
+            "datasets[0]",
+            "whitespace",
+        ),
+        (
+            json!({"hyperparameters": {"": 1}}),
+            "hyperparameters",
+            "empty name",
+        ),
+        (
+            json!({"checkpoint": {}}),
+            "checkpoint.every_steps",
+            "every_minutes",
+        ),
+        (
+            json!({"checkpoint": {"every_steps": 0}}),
+            "checkpoint.every_steps",
+            "at least 1",
+        ),
+        (
+            json!({"checkpoint": {"every_minutes": 0}}),
+            "checkpoint.every_minutes",
+            "at least 1",
+        ),
         (
             json!({"checkpoint": {"every_steps": 5, "keep_last": 0}}),
             "checkpoint.keep_last",
             "at least 1",
         ),
-        (json!({"restarts": {"max_restarts": 101}}), "restarts.max_restarts", "more than 100"),
+        (
+            json!({"restarts": {"max_restarts": 101}}),
+            "restarts.max_restarts",
+            "more than 100",
+        ),
         (
             json!({"restarts": {"backoff_seconds": 700}}),
             "restarts.backoff_seconds",
@@ -323,8 +465,18 @@ fn requirements_parse_into_framework_op_version() {
         ("torch>=2.0", Framework::Torch, VersionOp::Ge, "2.0"),
         ("PyTorch == 2.1.2", Framework::Torch, VersionOp::Eq, "2.1.2"),
         ("cuda<=12.4", Framework::Cuda, VersionOp::Le, "12.4"),
-        ("tensorflow>2.13", Framework::TensorFlow, VersionOp::Gt, "2.13"),
-        ("tensorflow-gpu<2.12", Framework::TensorFlow, VersionOp::Lt, "2.12"),
+        (
+            "tensorflow>2.13",
+            Framework::TensorFlow,
+            VersionOp::Gt,
+            "2.13",
+        ),
+        (
+            "tensorflow-gpu<2.12",
+            Framework::TensorFlow,
+            VersionOp::Lt,
+            "2.12",
+        ),
         ("torch~=2.4", Framework::Torch, VersionOp::Compatible, "2.4"),
     ];
     for (text, framework, op, version) in cases {
@@ -422,7 +574,10 @@ fn gpu_count_refusal_is_exact() {
     );
     cluster.gpus_per_node = 0;
     let got = refusals(&gpu_spec(1, &[]), &cluster);
-    assert_eq!(got[0].reason, "needs 1 GPUs per node, the cluster has no GPUs");
+    assert_eq!(
+        got[0].reason,
+        "needs 1 GPUs per node, the cluster has no GPUs"
+    );
     // Asking for fewer or as many is fine.
     cluster.gpus_per_node = 8;
     assert!(check(&gpu_spec(8, &[]), &cluster).is_ok());
@@ -461,7 +616,7 @@ fn cuda_requirements_against_drivers() {
         ("cuda>=14.0", "580.65.06", false), // beyond the table: the bound itself
         ("cuda==12.2.1", "535.54.03", true),
         ("cuda<12.0", "450.51.05", true), // only an upper bound needs nothing
-        ("cuda>10.2", "440.33", true), // 10.2.89 > 10.2
+        ("cuda>10.2", "440.33", true),    // 10.2.89 > 10.2
         ("cuda>10.2", "418.39", false),
         ("cuda>10.2", "450.51.05", true),
         ("cuda~=11.6", "510.39.01", true),
@@ -494,7 +649,7 @@ fn torch_requirements_against_drivers() {
         ("torch>=2.0", "470.82.01", false), // every release needs ≥ 11.7
         ("torch>=2.0", "515.43.04", true),
         ("torch>=1.10", "470.82.01", true), // 1.10 had cu102
-        ("torch>2.7", "520.61.05", true), // 2.7.1 is allowed, and has cu118
+        ("torch>2.7", "520.61.05", true),   // 2.7.1 is allowed, and has cu118
         ("torch>2.7.9", "515.43.04", false),
         ("torch<2.0", "450.51.05", true),
         ("torch~=2.8", "555.42.02", false),
@@ -544,7 +699,10 @@ fn framework_refusals_explain_the_number() {
          supports ≤ 12.2 (CUDA 12.x minor-version compatibility might start it, but without \
          PTX JIT for newer code; CUDA 12.6 needs driver ≥ 560.28.03)"
     );
-    let got = refusals(&gpu_spec(1, &["cuda<13", "tensorflow>=2.15"]), &driver("470.82.01"));
+    let got = refusals(
+        &gpu_spec(1, &["cuda<13", "tensorflow>=2.15"]),
+        &driver("470.82.01"),
+    );
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].field, "requirements[1]");
     assert_eq!(
@@ -562,7 +720,12 @@ fn framework_refusals_explain_the_number() {
     let fields: Vec<&str> = got.iter().map(|r| r.field.as_str()).collect();
     assert_eq!(
         fields,
-        ["resources.gpus_per_node", "requirements[0]", "requirements[1]", "requirements[2]"]
+        [
+            "resources.gpus_per_node",
+            "requirements[0]",
+            "requirements[1]",
+            "requirements[2]"
+        ]
     );
     let driver_too_old = refusals(&gpu_spec(1, &["cuda>=10.0"]), &driver("396.26"));
     assert_eq!(
@@ -582,7 +745,10 @@ fn reported_cuda_version_wins_over_the_driver_table() {
     };
     assert!(check(&gpu_spec(1, &["cuda>=13.1"]), &cluster).is_ok());
     let got = refusals(&gpu_spec(1, &["cuda>=13.2"]), &cluster);
-    assert_eq!(got[0].reason, "image needs CUDA 13.2, cluster driver 590.10 reports CUDA ≤ 13.1");
+    assert_eq!(
+        got[0].reason,
+        "image needs CUDA 13.2, cluster driver 590.10 reports CUDA ≤ 13.1"
+    );
     // Only a CUDA version.
     let cluster = ClusterFacts {
         driver_version: None,
@@ -599,7 +765,11 @@ fn reported_cuda_version_wins_over_the_driver_table() {
 #[test]
 fn cuda_is_not_checked_without_gpus_or_facts() {
     // A CPU job needs no driver at all.
-    assert!(check(&gpu_spec(0, &["cuda>=12.2", "torch==2.8"]), &driver("470.82")).is_ok());
+    assert!(check(
+        &gpu_spec(0, &["cuda>=12.2", "torch==2.8"]),
+        &driver("470.82")
+    )
+    .is_ok());
     // No facts about the driver: nothing to hold the job against.
     let unknown = ClusterFacts {
         driver_version: None,
@@ -701,7 +871,10 @@ fn contract_env_refuses_non_utf8_paths() {
     let bad = Path::new(OsStr::from_bytes(b"/data/\xff"));
     assert!(matches!(
         contract_env("j", 0, bad, None, "u"),
-        Err(LaunchError::NotUtf8 { what: "checkpoint", .. })
+        Err(LaunchError::NotUtf8 {
+            what: "checkpoint",
+            ..
+        })
     ));
     assert!(matches!(
         contract_env("j", 0, Path::new("/ok"), Some(bad), "u"),
@@ -728,7 +901,12 @@ fn launch_from_the_full_spec() {
     assert_eq!(launch.command, ["python", "train.py", "--epochs", "3"]);
     assert_eq!(launch.workdir, Path::new("/data/jobs/job-7/src"));
     assert_eq!(
-        (launch.nodes, launch.gpus_per_node, launch.cpus_per_node, launch.memory_mb),
+        (
+            launch.nodes,
+            launch.gpus_per_node,
+            launch.cpus_per_node,
+            launch.memory_mb
+        ),
         (2, 8, 32, 256_000)
     );
     assert_eq!(launch.launcher, Launcher::Torchrun { nproc_per_node: 8 });
@@ -745,7 +923,10 @@ fn launch_from_the_full_spec() {
         ("EDGELOOP_CHECKPOINT_EVERY_STEPS", "500"),
         ("EDGELOOP_CHECKPOINT_EVERY_MINUTES", "20"),
         ("EDGELOOP_PRECISION", "bf16"),
-        ("EDGELOOP_DATASETS", r#"["s3://bucket/mnist","hf://datasets/mnist"]"#),
+        (
+            "EDGELOOP_DATASETS",
+            r#"["s3://bucket/mnist","hf://datasets/mnist"]"#,
+        ),
         ("EDGELOOP_JOB_ID", "job-7"),
         ("EDGELOOP_ATTEMPT", "2"),
         ("EDGELOOP_RESUME_FROM", "/data/jobs/job-7/ckpt/step-500"),
@@ -784,8 +965,16 @@ fn launchers_and_workdirs_map_over() {
             Launcher::Horovod { slots_per_node: 4 },
             "/jobs/j",
         ),
-        (json!({"working_dir": "/abs/dir"}), Launcher::None, "/abs/dir"),
-        (json!({"working_dir": "rel/dir"}), Launcher::None, "/jobs/j/rel/dir"),
+        (
+            json!({"working_dir": "/abs/dir"}),
+            Launcher::None,
+            "/abs/dir",
+        ),
+        (
+            json!({"working_dir": "rel/dir"}),
+            Launcher::None,
+            "/jobs/j/rel/dir",
+        ),
     ];
     for (patch, launcher, workdir) in table {
         let spec = json_with(patch.clone()).unwrap();
@@ -869,11 +1058,29 @@ fn horovod_command_table() {
     let cmd = s(&["python", "train.py", "--lr", "0.1"]);
     assert_eq!(
         horovod_command(&s(&["node-0", "node-1"]), 4, &cmd).unwrap(),
-        s(&["horovodrun", "-np", "8", "-H", "node-0:4,node-1:4", "python", "train.py", "--lr", "0.1"])
+        s(&[
+            "horovodrun",
+            "-np",
+            "8",
+            "-H",
+            "node-0:4,node-1:4",
+            "python",
+            "train.py",
+            "--lr",
+            "0.1"
+        ])
     );
     assert_eq!(
         horovod_command(&s(&["10.0.0.5"]), 1, &cmd[..2]).unwrap(),
-        s(&["horovodrun", "-np", "1", "-H", "10.0.0.5:1", "python", "train.py"])
+        s(&[
+            "horovodrun",
+            "-np",
+            "1",
+            "-H",
+            "10.0.0.5:1",
+            "python",
+            "train.py"
+        ])
     );
     for (hosts, slots, command) in [
         (s(&[]), 1, cmd.clone()),
@@ -885,7 +1092,10 @@ fn horovod_command_table() {
         (s(&[""]), 1, cmd.clone()),
     ] {
         assert!(
-            matches!(horovod_command(&hosts, slots, &command), Err(LaunchError::Hosts(_))),
+            matches!(
+                horovod_command(&hosts, slots, &command),
+                Err(LaunchError::Hosts(_))
+            ),
             "{hosts:?} {slots}"
         );
     }
