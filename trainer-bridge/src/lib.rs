@@ -9,6 +9,7 @@ pub mod preflight;
 pub mod runner;
 pub mod spec;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,13 +25,36 @@ use tokio_util::sync::CancellationToken;
 pub use edgeloop_client_core::{MemberConfig as Config, MemberSettings as BridgeSettings};
 
 use engines::local::LocalEngine;
+use engines::Engine;
 use preflight::ClusterFacts;
 use runner::Runner;
 
+/// The engines this bridge can drive: `local` always; Slurm and Ray when
+/// their settings are in the environment (see `engines::slurm`, `engines::ray`).
+pub fn engines(config: &Config) -> anyhow::Result<BTreeMap<String, Arc<dyn Engine>>> {
+    let mut engines: BTreeMap<String, Arc<dyn Engine>> = BTreeMap::new();
+    let local = LocalEngine::new(&config.data_dir.join("engine-local"))
+        .context("local engine state dir")?;
+    engines.insert("local".into(), Arc::new(local));
+    if std::env::var_os("EDGELOOP_SLURMRESTD_URL").is_some() {
+        engines.insert(
+            "slurm".into(),
+            Arc::new(engines::slurm::SlurmEngine::from_env().context("Slurm settings")?),
+        );
+    }
+    if std::env::var_os(engines::ray::DASHBOARD_URL_ENV).is_some() {
+        engines.insert(
+            "ray".into(),
+            Arc::new(engines::ray::RayEngine::from_env().context("Ray settings")?),
+        );
+    }
+    Ok(engines)
+}
+
 /// What this bridge reports: the host, and the engines it can drive.
-pub fn capabilities(config: &Config) -> Capabilities {
+pub fn capabilities(config: &Config, engines: &BTreeMap<String, Arc<dyn Engine>>) -> Capabilities {
     Capabilities {
-        engines: vec!["local".to_string()],
+        engines: engines.keys().cloned().collect(),
         ..host_capabilities(&config.data_dir, env!("CARGO_PKG_VERSION"))
     }
 }
@@ -40,7 +64,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     edgeloop_client_core::install_crypto_provider();
     create_private_dir(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-    let caps = capabilities(&config);
+    let engines = engines(&config)?;
+    let caps = capabilities(&config, &engines);
     let store = IdentityStore::new(&config.data_dir);
     let identity = match ensure_identity(
         Role::Cluster,
@@ -57,11 +82,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         other => other?,
     };
     let channel = mtls_endpoint(&config.control_plane, &identity)?.connect_lazy();
-    let engine = LocalEngine::new(&config.data_dir.join("engine-local"))
-        .context("local engine state dir")?;
     let runner = Arc::new(Runner {
         client: BridgeServiceClient::new(channel),
-        engine: Arc::new(engine),
+        engines,
         data_dir: config.data_dir.clone(),
         facts: ClusterFacts {
             driver_version: Some(caps.driver_version.clone()).filter(|s| !s.is_empty()),

@@ -34,7 +34,9 @@ struct Progress<'a> {
 
 pub struct Runner {
     pub client: BridgeServiceClient<Channel>,
-    pub engine: Arc<dyn Engine>,
+    /// The engines this bridge drives, by name; a job picks one with its
+    /// spec's `engine`, else `local`.
+    pub engines: std::collections::BTreeMap<String, Arc<dyn Engine>>,
     pub data_dir: PathBuf,
     pub facts: ClusterFacts,
     /// How often a running job is polled, scanned for checkpoints and reported.
@@ -69,7 +71,7 @@ impl Runner {
         while !shutdown.is_cancelled() {
             let req = pb::LeaseJobRequest {
                 wait_seconds: 20,
-                engines: vec![self.engine.name().to_string()],
+                engines: self.engines.keys().cloned().collect(),
             };
             let mut client = self.client.clone();
             let leased = tokio::select! {
@@ -210,6 +212,24 @@ impl Runner {
             .await;
             return;
         }
+        let wanted = spec.engine.map_or("local", |e| e.as_str());
+        let Some(engine) = self.engines.get(wanted).cloned() else {
+            let have = self.engines.keys().cloned().collect::<Vec<_>>().join(", ");
+            self.report(Progress {
+                job: &id,
+                attempt,
+                state: pb::JobState::Failed,
+                step: 0,
+                message: format!(
+                    "engine {wanted:?} is not configured on this bridge (it has: {have})"
+                ),
+                engine_id: "",
+                exit_code: None,
+                metrics: &no_metrics,
+            })
+            .await;
+            return;
+        };
         let job_dir = self.data_dir.join("jobs").join(&id);
         let ckpt_dir = job_dir.join("checkpoints");
         if let Err(e) = std::fs::create_dir_all(&ckpt_dir) {
@@ -264,7 +284,7 @@ impl Runner {
                     contract: &contract,
                 },
             );
-            let engine_id = match self.engine.submit(&launch).await {
+            let engine_id = match submit_with_retry(engine.as_ref(), &launch, &shutdown).await {
                 Ok(e) => e,
                 Err(e) => {
                     self.report(Progress {
@@ -272,7 +292,7 @@ impl Runner {
                         attempt,
                         state: pb::JobState::Failed,
                         step: 0,
-                        message: format!("{} refused the job: {e}", self.engine.name()),
+                        message: format!("{} did not take the job: {e}", engine.name()),
                         engine_id: "",
                         exit_code: None,
                         metrics: &no_metrics,
@@ -281,9 +301,9 @@ impl Runner {
                     return;
                 }
             };
-            tracing::info!(job = %id, attempt, engine = self.engine.name(), engine_id = %engine_id.0, resume = ?resume.as_ref().map(|c| c.step), "attempt started");
+            tracing::info!(job = %id, attempt, engine = engine.name(), engine_id = %engine_id.0, resume = ?resume.as_ref().map(|c| c.step), "attempt started");
             let final_state = loop {
-                let state = match self.engine.status(&engine_id).await {
+                let state = match engine.status(&engine_id).await {
                     Ok(s) => s,
                     Err(e) => EngineState::Failed {
                         exit_code: None,
@@ -332,7 +352,7 @@ impl Runner {
                     .await;
                 if cancel {
                     tracing::info!(job = %id, "cancel requested");
-                    let _ = self.engine.cancel(&engine_id).await;
+                    let _ = engine.cancel(&engine_id).await;
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(self.poll) => {}
@@ -397,6 +417,34 @@ impl Runner {
                     return;
                 }
             }
+        }
+    }
+}
+
+/// Submits, retrying with backoff while the engine is unreachable (a
+/// restarting slurmrestd or Ray head); a refusal is final at once.
+async fn submit_with_retry(
+    engine: &dyn Engine,
+    launch: &crate::engines::Launch,
+    shutdown: &CancellationToken,
+) -> Result<crate::engines::EngineJobId, crate::engines::EngineError> {
+    const ATTEMPTS: u32 = 6;
+    let backoff = Backoff {
+        base: Duration::from_millis(500),
+        max: Duration::from_secs(10),
+    };
+    let mut tries = 0;
+    loop {
+        match engine.submit(launch).await {
+            Err(crate::engines::EngineError::Unavailable(why))
+                if tries + 1 < ATTEMPTS && !shutdown.is_cancelled() =>
+            {
+                let delay = backoff.next(tries);
+                tracing::warn!(engine = engine.name(), %why, ?delay, "engine unavailable; retrying the submission");
+                tries += 1;
+                tokio::time::sleep(delay).await;
+            }
+            other => return other,
         }
     }
 }

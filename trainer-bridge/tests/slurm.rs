@@ -13,13 +13,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use edgeloop_trainer_bridge::engines::slurm::SlurmEngine;
-use edgeloop_trainer_bridge::engines::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher};
+use edgeloop_trainer_bridge::engines::{
+    Engine, EngineError, EngineJobId, EngineState, Launch, Launcher,
+};
 
 fn env_file() -> PathBuf {
     if let Ok(p) = std::env::var("EDGELOOP_SLURM_ENV") {
         return PathBuf::from(p);
     }
-    let dir = std::env::var("EDGELOOP_SLURM_DIR").unwrap_or_else(|_| "/tmp/edgeloop-slurm".to_string());
+    let dir =
+        std::env::var("EDGELOOP_SLURM_DIR").unwrap_or_else(|_| "/tmp/edgeloop-slurm".to_string());
     Path::new(&dir).join("env")
 }
 
@@ -56,9 +59,15 @@ fn launch(dir: &Path, name: &str, command: &[&str]) -> Launch {
         command: command.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::from([
             ("EDGELOOP_JOB_ID".to_string(), format!("slurm-test-{name}")),
-            ("EDGELOOP_CHECKPOINT_DIR".to_string(), dir.join("ckpt").display().to_string()),
+            (
+                "EDGELOOP_CHECKPOINT_DIR".to_string(),
+                dir.join("ckpt").display().to_string(),
+            ),
             ("EDGELOOP_RESUME_FROM".to_string(), String::new()),
-            ("EDGELOOP_ODD".to_string(), "it's $HOME `x` \"q\"".to_string()),
+            (
+                "EDGELOOP_ODD".to_string(),
+                "it's $HOME `x` \"q\"".to_string(),
+            ),
         ]),
         workdir: dir.to_path_buf(),
         nodes: 1,
@@ -72,7 +81,10 @@ fn launch(dir: &Path, name: &str, command: &[&str]) -> Launch {
 
 /// A temp dir the job (running as root, in another process tree) can use.
 fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("edgeloop-slurm-test-").tempdir_in("/tmp").unwrap()
+    tempfile::Builder::new()
+        .prefix("edgeloop-slurm-test-")
+        .tempdir_in("/tmp")
+        .unwrap()
 }
 
 /// Polls every 200 ms until `done` holds for the state, or the deadline.
@@ -88,7 +100,11 @@ async fn wait_for(
         if done(&state) {
             return state;
         }
-        assert!(Instant::now() < deadline, "Slurm job {} still {state:?} after {secs} s", id.0);
+        assert!(
+            Instant::now() < deadline,
+            "Slurm job {} still {state:?} after {secs} s",
+            id.0
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -107,19 +123,35 @@ async fn job_completes_with_fake_gpu_and_launch_env() {
     let mut l = launch(
         dir.path(),
         "env",
-        &["/bin/sh", "-c", "env > env.txt; printf '%s\\n' \"$1\"", "argv0", "it's $HOME `x` \"q\" *"],
+        &[
+            "/bin/sh",
+            "-c",
+            "env > env.txt; printf '%s\\n' \"$1\"",
+            "argv0",
+            "it's $HOME `x` \"q\" *",
+        ],
     );
     l.gpus_per_node = 1;
     let id = engine.submit(&l).await.unwrap();
     let state = wait_for(&engine, &id, 60, EngineState::is_terminal).await;
     let logs = engine.logs(&id).await.unwrap();
     assert_eq!(state, EngineState::Succeeded, "logs: {logs}");
-    assert_eq!(logs, "it's $HOME `x` \"q\" *\n", "arguments reach the job verbatim");
+    assert_eq!(
+        logs, "it's $HOME `x` \"q\" *\n",
+        "arguments reach the job verbatim"
+    );
 
     let env = env_map(&std::fs::read_to_string(dir.path().join("env.txt")).unwrap());
-    assert!(env.get("CUDA_VISIBLE_DEVICES").is_some_and(|v| !v.is_empty()), "{env:?}");
+    assert!(
+        env.get("CUDA_VISIBLE_DEVICES")
+            .is_some_and(|v| !v.is_empty()),
+        "{env:?}"
+    );
     assert_eq!(env["EDGELOOP_JOB_ID"], "slurm-test-env");
-    assert_eq!(env["EDGELOOP_CHECKPOINT_DIR"], dir.path().join("ckpt").display().to_string());
+    assert_eq!(
+        env["EDGELOOP_CHECKPOINT_DIR"],
+        dir.path().join("ckpt").display().to_string()
+    );
     assert_eq!(env["EDGELOOP_RESUME_FROM"], "");
     assert_eq!(env["EDGELOOP_ODD"], "it's $HOME `x` \"q\"");
     assert_eq!(env["SLURM_JOB_ID"], id.0);
@@ -131,17 +163,41 @@ async fn job_completes_with_fake_gpu_and_launch_env() {
 async fn exit_3_is_failed_with_exit_code_3() {
     let engine = engine();
     let dir = tempdir();
-    let id = engine.submit(&launch(dir.path(), "exit3", &["/bin/sh", "-c", "echo bye; exit 3"])).await.unwrap();
+    let id = engine
+        .submit(&launch(
+            dir.path(),
+            "exit3",
+            &["/bin/sh", "-c", "echo bye; exit 3"],
+        ))
+        .await
+        .unwrap();
     let state = wait_for(&engine, &id, 60, EngineState::is_terminal).await;
-    assert!(matches!(state, EngineState::Failed { exit_code: Some(3), .. }), "{state:?}");
-    assert_eq!(engine.logs(&id).await.unwrap(), "bye\n");
+    assert!(
+        matches!(
+            state,
+            EngineState::Failed {
+                exit_code: Some(3),
+                ..
+            }
+        ),
+        "{state:?}"
+    );
+    let logs = engine.logs(&id).await.unwrap();
+    assert!(logs.contains("bye\n"), "{logs}");
+    assert!(
+        logs.contains("exit code 3"),
+        "srun's report is in the log too: {logs}"
+    );
 }
 
 #[tokio::test]
 async fn cancel_stops_a_running_job() {
     let engine = engine();
     let dir = tempdir();
-    let id = engine.submit(&launch(dir.path(), "cancel", &["sleep", "600"])).await.unwrap();
+    let id = engine
+        .submit(&launch(dir.path(), "cancel", &["sleep", "600"]))
+        .await
+        .unwrap();
     wait_for(&engine, &id, 60, |s| *s == EngineState::Running).await;
     engine.cancel(&id).await.unwrap();
     let state = wait_for(&engine, &id, 30, EngineState::is_terminal).await;
@@ -158,7 +214,10 @@ async fn more_gpus_than_a_node_has_is_refused() {
     l.gpus_per_node = 3;
     match engine.submit(&l).await {
         Err(EngineError::Refused(msg)) => {
-            assert!(msg.contains("Requested node configuration is not available"), "{msg}")
+            assert!(
+                msg.contains("Requested node configuration is not available"),
+                "{msg}"
+            )
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
@@ -169,9 +228,18 @@ async fn unknown_job_is_not_found() {
     let engine = engine();
     for id in ["987654321", "not-a-job"] {
         let id = EngineJobId(id.to_string());
-        assert!(matches!(engine.status(&id).await, Err(EngineError::NotFound(_))), "{id:?}");
-        assert!(matches!(engine.cancel(&id).await, Err(EngineError::NotFound(_))), "{id:?}");
-        assert!(matches!(engine.logs(&id).await, Err(EngineError::NotFound(_))), "{id:?}");
+        assert!(
+            matches!(engine.status(&id).await, Err(EngineError::NotFound(_))),
+            "{id:?}"
+        );
+        assert!(
+            matches!(engine.cancel(&id).await, Err(EngineError::NotFound(_))),
+            "{id:?}"
+        );
+        assert!(
+            matches!(engine.logs(&id).await, Err(EngineError::NotFound(_))),
+            "{id:?}"
+        );
     }
 }
 
@@ -183,7 +251,12 @@ async fn torchrun_launcher_sets_the_rendezvous_env() {
     l.launcher = Launcher::Torchrun { nproc_per_node: 1 };
     let id = engine.submit(&l).await.unwrap();
     let state = wait_for(&engine, &id, 60, EngineState::is_terminal).await;
-    assert_eq!(state, EngineState::Succeeded, "logs: {}", engine.logs(&id).await.unwrap());
+    assert_eq!(
+        state,
+        EngineState::Succeeded,
+        "logs: {}",
+        engine.logs(&id).await.unwrap()
+    );
     let env = env_map(&std::fs::read_to_string(dir.path().join("env.txt")).unwrap());
     assert_eq!(env["RANK"], "0");
     assert_eq!(env["LOCAL_RANK"], "0");
@@ -196,4 +269,35 @@ async fn torchrun_launcher_sets_the_rendezvous_env() {
     let job: u32 = id.0.parse().unwrap();
     assert_eq!(port, 20000 + job % 10000);
     assert_eq!(env["EDGELOOP_JOB_ID"], "slurm-test-torchrun");
+}
+
+#[tokio::test]
+async fn torchrun_launcher_starts_one_task_per_process() {
+    let engine = engine();
+    let dir = tempdir();
+    let mut l = launch(
+        dir.path(),
+        "torchrun2",
+        &["/bin/sh", "-c", "env > \"env-$RANK.txt\""],
+    );
+    l.launcher = Launcher::Torchrun { nproc_per_node: 2 };
+    l.cpus_per_node = 2;
+    let id = engine.submit(&l).await.unwrap();
+    let state = wait_for(&engine, &id, 60, EngineState::is_terminal).await;
+    assert_eq!(
+        state,
+        EngineState::Succeeded,
+        "logs: {}",
+        engine.logs(&id).await.unwrap()
+    );
+    for rank in ["0", "1"] {
+        let env =
+            env_map(&std::fs::read_to_string(dir.path().join(format!("env-{rank}.txt"))).unwrap());
+        assert_eq!(env["RANK"], rank);
+        assert_eq!(env["LOCAL_RANK"], rank);
+        assert_eq!(env["NODE_RANK"], "0");
+        assert_eq!(env["WORLD_SIZE"], "2");
+        assert_eq!(env["NPROC_PER_NODE"], "2");
+        assert_eq!(env["LOCAL_WORLD_SIZE"], "2");
+    }
 }

@@ -51,6 +51,14 @@ use serde_json::{json, Value};
 use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher};
 
 const API: &str = "slurm/v0.0.38";
+/// slurmrestd's base URL (`http://127.0.0.1:16820`).
+pub const URL_ENV: &str = "EDGELOOP_SLURMRESTD_URL";
+/// The user the JWT was issued for.
+pub const USER_ENV: &str = "EDGELOOP_SLURM_USER";
+/// The JWT (`scontrol token username=USER lifespan=SECONDS`).
+pub const JWT_ENV: &str = "EDGELOOP_SLURM_JWT";
+/// The partition to submit to (optional; the cluster's default otherwise).
+pub const PARTITION_ENV: &str = "EDGELOOP_SLURM_PARTITION";
 /// Slurm's "Invalid job id specified".
 const ESLURM_INVALID_JOB_ID: i64 = 2017;
 /// Slurm's "Job/step already completing or completed".
@@ -116,10 +124,10 @@ impl SlurmEngine {
                 .ok_or_else(|| EngineError::Unavailable(format!("{name} is not set")))
         };
         Self::new(
-            var("EDGELOOP_SLURMRESTD_URL")?,
-            var("EDGELOOP_SLURM_USER")?,
-            var("EDGELOOP_SLURM_JWT")?,
-            std::env::var("EDGELOOP_SLURM_PARTITION").ok(),
+            var(URL_ENV)?,
+            var(USER_ENV)?,
+            var(JWT_ENV)?,
+            std::env::var(PARTITION_ENV).ok(),
         )
     }
 

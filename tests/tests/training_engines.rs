@@ -1,0 +1,125 @@
+//! The same contract trainer, run by a bridge on the real Ray and Slurm that
+//! scripts/ray-up.sh and scripts/slurm-up.sh start: each runs the job to
+//! completion and its checkpoints reach the control plane.
+//!
+//! One test per process would be cleaner for the environment; the engines'
+//! settings are loaded into this test binary's environment once, before any
+//! bridge starts.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use edgeloop_client_core::{Backoff, MemberConfig};
+use edgeloop_tests::{eventually, ControlPlane};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+/// Loads `KEY=VALUE` lines from an engine's env file into this process.
+fn load_env_file(var: &str, default: &str, script: &str) {
+    let path = std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}: run {script} (scripts/test.sh does)",
+            path.display()
+        )
+    });
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            std::env::set_var(k.trim(), v.trim());
+        }
+    }
+}
+
+fn spec(name: &str, engine: &str) -> Value {
+    let trainer = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/contract_trainer.sh");
+    json!({
+        "name": name,
+        "engine": engine,
+        "command": ["sh", trainer.display().to_string()],
+        "env": {"TOTAL": "15", "EVERY": "5", "STEP_SECONDS": "0.02"},
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1, "memory_mb": 256},
+        "checkpoint": {"every_steps": 5, "keep_last": 3},
+        "restarts": {"max_restarts": 0}
+    })
+}
+
+#[tokio::test]
+async fn ray_and_slurm_run_the_contract_trainer_to_completion() {
+    load_env_file(
+        "EDGELOOP_RAY_ENV",
+        "/tmp/edgeloop-ray/env",
+        "scripts/ray-up.sh",
+    );
+    load_env_file(
+        "EDGELOOP_SLURM_ENV",
+        "/tmp/edgeloop-slurm/env",
+        "scripts/slurm-up.sh",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let config = MemberConfig {
+        data_dir: dir.path().join("bridge"),
+        control_plane: cp.grpc_url.clone(),
+        bootstrap_token: Some(cp.token("cluster", "engines").await),
+        backoff: Backoff {
+            base: Duration::from_millis(50),
+            max: Duration::from_millis(500),
+        },
+    };
+    let stop = CancellationToken::new();
+    let bridge = tokio::spawn(edgeloop_trainer_bridge::run(config, stop.clone()));
+    let cluster = eventually(Duration::from_secs(20), "bridge online", || async {
+        let (_, list) = cp.api().get("/api/v1/clusters").await;
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["status"] == "online")
+            .cloned()
+    })
+    .await;
+    assert_eq!(
+        cluster["capabilities"]["engines"],
+        json!(["local", "ray", "slurm"])
+    );
+
+    for engine in ["ray", "slurm"] {
+        let (status, job) = cp
+            .api()
+            .post(
+                "/api/v1/jobs",
+                json!({"spec": spec(&format!("on-{engine}"), engine)}),
+            )
+            .await;
+        assert_eq!(status, 201, "{job}");
+        let id = job["id"].as_str().unwrap().to_string();
+        let done = eventually(Duration::from_secs(120), "job ends", || async {
+            let (_, j) = cp.api().get(&format!("/api/v1/jobs/{id}")).await;
+            Some(j).filter(|j| {
+                matches!(
+                    j["state"].as_str(),
+                    Some("succeeded" | "failed" | "cancelled")
+                )
+            })
+        })
+        .await;
+        assert_eq!(done["state"], "succeeded", "{engine}: {done}");
+        let steps: Vec<u64> = done["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["step"].as_u64().unwrap())
+            .collect();
+        assert_eq!(steps, vec![5, 10, 15], "{engine}");
+        assert!(
+            !done["engine_job_id"].as_str().unwrap_or("").is_empty(),
+            "{engine}: {done}"
+        );
+    }
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    cp.stop().await;
+}
