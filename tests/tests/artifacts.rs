@@ -316,6 +316,7 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
         .lease_job(edgeloop_proto::bridge::v1::LeaseJobRequest {
             wait_seconds: 1,
             engines: vec![],
+            running_jobs: vec![],
         })
         .await
         .unwrap();

@@ -88,6 +88,7 @@ async fn a_job_is_queued_leased_reported_and_cancelled() {
         .lease_job(LeaseJobRequest {
             wait_seconds: 1,
             engines: vec!["local".into()],
+            running_jobs: vec![],
         })
         .await
         .unwrap()
@@ -98,11 +99,13 @@ async fn a_job_is_queued_leased_reported_and_cancelled() {
         serde_json::from_str::<serde_json::Value>(&j.spec_json).unwrap()["name"],
         "mnist"
     );
-    // Nothing else to lease: the long-poll returns empty after its wait.
+    // Nothing else to lease while the bridge says it runs the job: the
+    // long-poll returns empty after its wait.
     let empty = b
         .lease_job(LeaseJobRequest {
             wait_seconds: 1,
             engines: vec![],
+            running_jobs: vec![id.clone()],
         })
         .await
         .unwrap()
@@ -181,6 +184,7 @@ async fn a_job_is_queued_leased_reported_and_cancelled() {
         .lease_job(LeaseJobRequest {
             wait_seconds: 0,
             engines: vec![],
+            running_jobs: vec![id.clone()],
         })
         .await
         .unwrap()
@@ -200,6 +204,7 @@ async fn a_long_poll_wakes_when_a_job_is_queued_and_a_restarted_bridge_readopts(
             b.lease_job(LeaseJobRequest {
                 wait_seconds: 20,
                 engines: vec![],
+                running_jobs: vec![],
             })
             .await
             .unwrap()
@@ -237,6 +242,7 @@ async fn a_long_poll_wakes_when_a_job_is_queued_and_a_restarted_bridge_readopts(
         .lease_job(LeaseJobRequest {
             wait_seconds: 1,
             engines: vec![],
+            running_jobs: vec![],
         })
         .await
         .unwrap()

@@ -186,3 +186,59 @@ async fn cancel_stops_a_running_job_and_preflight_refuses_what_cannot_run() {
     bridge.await.unwrap().unwrap();
     cp.stop().await;
 }
+
+#[tokio::test]
+async fn a_restarted_bridge_adopts_its_running_job_instead_of_starting_it_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let bridge_dir = dir.path().join("bridge");
+    let (stop, bridge) = start_bridge(&cp, &bridge_dir).await;
+    let id = submit(&cp, spec("adopted", 60, "0.05")).await;
+    let ckpts = bridge_dir.join("jobs").join(&id).join("checkpoints");
+    eventually(
+        Duration::from_secs(60),
+        "running with a checkpoint",
+        || async {
+            edgeloop_trainer_bridge::checkpoint::scan(&ckpts)
+                .last()
+                .map(|c| c.step)
+        },
+    )
+    .await;
+    // The bridge goes away; the training processes do not.
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+
+    // Same data dir, so the same identity: no token this time.
+    let config = MemberConfig {
+        data_dir: bridge_dir.clone(),
+        control_plane: cp.grpc_url.clone(),
+        bootstrap_token: None,
+        backoff: Backoff {
+            base: Duration::from_millis(50),
+            max: Duration::from_millis(500),
+        },
+    };
+    let stop = CancellationToken::new();
+    let bridge = tokio::spawn(edgeloop_trainer_bridge::run(config, stop.clone()));
+    let done = eventually(Duration::from_secs(90), "adopted job ends", || async {
+        Some(job_state(&cp, &id).await)
+            .filter(|j| matches!(j["state"].as_str(), Some("succeeded" | "failed")))
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["attempt"], 1, "adopted, not restarted");
+    let engine_runs: Vec<String> = std::fs::read_dir(bridge_dir.join("engine-local"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(&id))
+        .collect();
+    assert_eq!(engine_runs, vec![format!("{id}-a1")], "started once");
+    let log =
+        std::fs::read_to_string(bridge_dir.join("jobs").join(&id).join("trainer.log")).unwrap();
+    assert!(!log.contains("resumed"), "{log}");
+    assert!(log.contains("finished at 60"), "{log}");
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    cp.stop().await;
+}

@@ -94,6 +94,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             engines: caps.engines.clone(),
         },
         poll: Duration::from_millis(500),
+        running: Default::default(),
     });
     let jobs = tokio::spawn(runner.run(shutdown.clone()));
     let beats = heartbeat_loop(

@@ -41,6 +41,9 @@ pub struct Runner {
     pub facts: ClusterFacts,
     /// How often a running job is polled, scanned for checkpoints and reported.
     pub poll: Duration,
+    /// Jobs this process is running, sent with every lease request so the
+    /// control plane can tell a restart (orphaned jobs) from a busy bridge.
+    pub running: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 const CHUNK: usize = 1 << 20;
@@ -64,6 +67,16 @@ pub fn restart_delay(spec: &JobSpec, restart: u32) -> Duration {
 }
 
 impl Runner {
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<String>> {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn running_jobs(&self) -> Vec<String> {
+        self.lock_running().iter().cloned().collect()
+    }
+
     /// Leases and runs jobs until `shutdown`. Jobs run concurrently.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut tasks = tokio::task::JoinSet::new();
@@ -72,6 +85,7 @@ impl Runner {
             let req = pb::LeaseJobRequest {
                 wait_seconds: 20,
                 engines: self.engines.keys().cloned().collect(),
+                running_jobs: self.running_jobs(),
             };
             let mut client = self.client.clone();
             let leased = tokio::select! {
@@ -82,9 +96,14 @@ impl Runner {
                 Ok(resp) => {
                     attempt = 0;
                     if let Some(job) = resp.into_inner().job {
+                        self.lock_running().insert(job.id.clone());
                         let me = self.clone();
                         let stop = shutdown.clone();
-                        tasks.spawn(async move { me.run_job(job, stop).await });
+                        tasks.spawn(async move {
+                            let id = job.id.clone();
+                            me.run_job(job, stop).await;
+                            me.lock_running().remove(&id);
+                        });
                     }
                 }
                 Err(status) => {
@@ -248,6 +267,13 @@ impl Runner {
         }
         let mut restarts = 0u32;
         let mut uploaded: Option<u64> = None;
+        // Handed back after a bridge restart: attach to the running attempt.
+        let mut adopt = Some(job.engine_job_id.clone())
+            .filter(|e| !e.is_empty())
+            .map(crate::engines::EngineJobId);
+        if let Some(e) = &adopt {
+            tracing::info!(job = %id, attempt, engine_id = %e.0, "re-adopting a running job");
+        }
         loop {
             let resume: Option<Committed> = checkpoint::scan(&ckpt_dir).pop();
             let contract = match contract_env(
@@ -284,7 +310,11 @@ impl Runner {
                     contract: &contract,
                 },
             );
-            let engine_id = match submit_with_retry(engine.as_ref(), &launch, &shutdown).await {
+            let submitted = match adopt.take() {
+                Some(e) => Ok(e),
+                None => submit_with_retry(engine.as_ref(), &launch, &shutdown).await,
+            };
+            let engine_id = match submitted {
                 Ok(e) => e,
                 Err(e) => {
                     self.report(Progress {

@@ -84,22 +84,23 @@ pub fn lease_lapsed(job: &JobRecord, now: OffsetDateTime) -> bool {
         && job.lease_expires_at.is_some_and(|t| now >= t)
 }
 
-/// Whether `cluster` may take `job` now: queued (or lapsed), not cancelled,
-/// and either untargeted or targeted at this cluster.
-pub fn leasable_by(job: &JobRecord, cluster: &str, now: OffsetDateTime) -> bool {
+/// Whether `cluster`, which is running `running` right now, may take `job`:
+/// queued (or its lease lapsed), or leased to this very cluster but not among
+/// what it runs (its bridge restarted and lost track); never a cancelled
+/// one; and only if untargeted or targeted at this cluster.
+pub fn leasable_by(job: &JobRecord, cluster: &str, running: &[String], now: OffsetDateTime) -> bool {
     let free = job.state == JobState::Queued || lease_lapsed(job, now);
-    free && !job.cancel_requested && job.cluster.as_deref().is_none_or(|c| c == cluster)
+    let orphaned = matches!(job.state, JobState::Leased | JobState::Running)
+        && job.leased_by.as_deref() == Some(cluster)
+        && !running.contains(&job.id);
+    (free || orphaned) && !job.cancel_requested && job.cluster.as_deref().is_none_or(|c| c == cluster)
 }
 
 /// The job a cluster gets: its own lapsed or running jobs first (re-adoption
 /// after a bridge restart), then the oldest leasable one.
-pub fn pick<'a>(
-    jobs: &'a [JobRecord],
-    cluster: &str,
-    now: OffsetDateTime,
-) -> Option<&'a JobRecord> {
+pub fn pick<'a>(jobs: &'a [JobRecord], cluster: &str, running: &[String], now: OffsetDateTime) -> Option<&'a JobRecord> {
     jobs.iter()
-        .filter(|j| leasable_by(j, cluster, now))
+        .filter(|j| leasable_by(j, cluster, running, now))
         .min_by(|a, b| {
             let mine = |j: &JobRecord| j.leased_by.as_deref() != Some(cluster);
             mine(a)
@@ -254,19 +255,20 @@ pub fn get(store: &Store, id: &str) -> Result<JobRecord> {
 }
 
 /// Leases the next job for `cluster`, if any, atomically.
-pub async fn lease(store: &Store, cluster: &str, now: OffsetDateTime) -> Result<Option<JobRecord>> {
+pub async fn lease(store: &Store, cluster: &str, running: &[String], now: OffsetDateTime) -> Result<Option<JobRecord>> {
     loop {
         let jobs = store.jobs.values()?;
-        let Some(candidate) = pick(&jobs, cluster, now) else {
+        let Some(candidate) = pick(&jobs, cluster, running, now) else {
             return Ok(None);
         };
         let id = candidate.id.clone();
         let taken = store.jobs.update(&id, |cur| match cur {
-            Some(j) if leasable_by(&j, cluster, now) => {
-                // Re-adoption by the same cluster keeps the attempt; anything
-                // else starts a new one.
-                let readopt =
-                    j.leased_by.as_deref() == Some(cluster) && j.state == JobState::Running;
+            Some(j) if leasable_by(&j, cluster, running, now) => {
+                // Re-adoption by the same cluster keeps the attempt (the engine may
+                // still be running it); anything else starts a new one.
+                let readopt = j.leased_by.as_deref() == Some(cluster)
+                    && matches!(j.state, JobState::Running | JobState::Leased)
+                    && j.engine_job_id.is_some();
                 Ok(JobRecord {
                     state: if readopt {
                         JobState::Running
@@ -368,8 +370,8 @@ mod tests {
             ..job("c", 1)
         };
         let jobs = vec![a.clone(), b.clone(), c];
-        assert_eq!(pick(&jobs, "gpu", now).map(|j| j.id.as_str()), Some("a"));
-        assert_eq!(pick(&jobs, "other", now).map(|j| j.id.as_str()), Some("b"));
+        assert_eq!(pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()), Some("a"));
+        assert_eq!(pick(&jobs, "other", &[], now).map(|j| j.id.as_str()), Some("b"));
         // A lapsed running job of mine comes first (re-adoption).
         let mine = JobRecord {
             state: JobState::Running,
@@ -383,8 +385,22 @@ mod tests {
             lease_expires_at: Some(at(2000)),
             ..job("t", 0)
         };
-        let jobs = vec![a, mine, theirs_live];
-        assert_eq!(pick(&jobs, "gpu", now).map(|j| j.id.as_str()), Some("m"));
+        let jobs = vec![a.clone(), mine, theirs_live.clone()];
+        assert_eq!(pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()), Some("m"));
+        // A live lease of mine that my bridge says it is not running is
+        // orphaned (the bridge restarted): handed back.
+        let live_mine = JobRecord {
+            state: JobState::Running,
+            leased_by: Some("gpu".into()),
+            lease_expires_at: Some(at(2000)),
+            ..job("live", 60)
+        };
+        let jobs = vec![a, live_mine, theirs_live];
+        assert_eq!(pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()), Some("live"));
+        // ...but not while my bridge still runs it.
+        assert_eq!(pick(&jobs, "gpu", &["live".to_string()], now).map(|j| j.id.as_str()), Some("a"));
+        // Another cluster's live lease is never taken.
+        assert_eq!(pick(&jobs[1..], "x", &[], now).map(|j| j.id.as_str()), None);
     }
 
     #[test]

@@ -101,12 +101,14 @@ impl BridgeService for BridgeApi {
         req: Request<pb::LeaseJobRequest>,
     ) -> Result<Response<pb::LeaseJobResponse>, Status> {
         let cluster = caller(&self.core, &req, MemberKind::Cluster)?.id;
-        let wait = Duration::from_secs(req.into_inner().wait_seconds.into()).min(MAX_LEASE_WAIT);
+        let req = req.into_inner();
+        let wait = Duration::from_secs(req.wait_seconds.into()).min(MAX_LEASE_WAIT);
+        let running: Vec<String> = req.running_jobs.into_iter().take(10_000).collect();
         let deadline = tokio::time::Instant::now() + wait;
         // Subscribe before looking, so a job queued in between wakes us.
         let mut events = self.core.events.subscribe();
         loop {
-            if let Some(job) = jobs::lease(&self.core.store, &cluster, self.core.now()).await? {
+            if let Some(job) = jobs::lease(&self.core.store, &cluster, &running, self.core.now()).await? {
                 tracing::info!(job = %job.id, %cluster, attempt = job.attempt, "job leased");
                 let resume = checkpoints::latest(&self.core.store, &job.id).map_err(Error::from)?;
                 return Ok(Response::new(pb::LeaseJobResponse {
@@ -116,6 +118,12 @@ impl BridgeService for BridgeApi {
                         attempt: job.attempt,
                         resume_from_checkpoint: resume
                             .map(|c| c.digest.to_string())
+                            .unwrap_or_default(),
+                        // Handed back for re-adoption: attach to what runs.
+                        engine_job_id: job
+                            .engine_job_id
+                            .clone()
+                            .filter(|_| job.state == JobState::Running)
                             .unwrap_or_default(),
                     }),
                     lease_expires_at: job
