@@ -88,17 +88,29 @@ pub fn lease_lapsed(job: &JobRecord, now: OffsetDateTime) -> bool {
 /// queued (or its lease lapsed), or leased to this very cluster but not among
 /// what it runs (its bridge restarted and lost track); never a cancelled
 /// one; and only if untargeted or targeted at this cluster.
-pub fn leasable_by(job: &JobRecord, cluster: &str, running: &[String], now: OffsetDateTime) -> bool {
+pub fn leasable_by(
+    job: &JobRecord,
+    cluster: &str,
+    running: &[String],
+    now: OffsetDateTime,
+) -> bool {
     let free = job.state == JobState::Queued || lease_lapsed(job, now);
     let orphaned = matches!(job.state, JobState::Leased | JobState::Running)
         && job.leased_by.as_deref() == Some(cluster)
         && !running.contains(&job.id);
-    (free || orphaned) && !job.cancel_requested && job.cluster.as_deref().is_none_or(|c| c == cluster)
+    (free || orphaned)
+        && !job.cancel_requested
+        && job.cluster.as_deref().is_none_or(|c| c == cluster)
 }
 
 /// The job a cluster gets: its own lapsed or running jobs first (re-adoption
 /// after a bridge restart), then the oldest leasable one.
-pub fn pick<'a>(jobs: &'a [JobRecord], cluster: &str, running: &[String], now: OffsetDateTime) -> Option<&'a JobRecord> {
+pub fn pick<'a>(
+    jobs: &'a [JobRecord],
+    cluster: &str,
+    running: &[String],
+    now: OffsetDateTime,
+) -> Option<&'a JobRecord> {
     jobs.iter()
         .filter(|j| leasable_by(j, cluster, running, now))
         .min_by(|a, b| {
@@ -255,7 +267,12 @@ pub fn get(store: &Store, id: &str) -> Result<JobRecord> {
 }
 
 /// Leases the next job for `cluster`, if any, atomically.
-pub async fn lease(store: &Store, cluster: &str, running: &[String], now: OffsetDateTime) -> Result<Option<JobRecord>> {
+pub async fn lease(
+    store: &Store,
+    cluster: &str,
+    running: &[String],
+    now: OffsetDateTime,
+) -> Result<Option<JobRecord>> {
     loop {
         let jobs = store.jobs.values()?;
         let Some(candidate) = pick(&jobs, cluster, running, now) else {
@@ -370,8 +387,14 @@ mod tests {
             ..job("c", 1)
         };
         let jobs = vec![a.clone(), b.clone(), c];
-        assert_eq!(pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()), Some("a"));
-        assert_eq!(pick(&jobs, "other", &[], now).map(|j| j.id.as_str()), Some("b"));
+        assert_eq!(
+            pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()),
+            Some("a")
+        );
+        assert_eq!(
+            pick(&jobs, "other", &[], now).map(|j| j.id.as_str()),
+            Some("b")
+        );
         // A lapsed running job of mine comes first (re-adoption).
         let mine = JobRecord {
             state: JobState::Running,
@@ -386,7 +409,10 @@ mod tests {
             ..job("t", 0)
         };
         let jobs = vec![a.clone(), mine, theirs_live.clone()];
-        assert_eq!(pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()), Some("m"));
+        assert_eq!(
+            pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()),
+            Some("m")
+        );
         // A live lease of mine that my bridge says it is not running is
         // orphaned (the bridge restarted): handed back.
         let live_mine = JobRecord {
@@ -396,11 +422,17 @@ mod tests {
             ..job("live", 60)
         };
         let jobs = vec![a, live_mine, theirs_live];
-        assert_eq!(pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()), Some("live"));
+        assert_eq!(
+            pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()),
+            Some("live")
+        );
         // ...but not while my bridge still runs it.
-        assert_eq!(pick(&jobs, "gpu", &["live".to_string()], now).map(|j| j.id.as_str()), Some("a"));
+        assert_eq!(
+            pick(&jobs, "gpu", &["live".to_string()], now).map(|j| j.id.as_str()),
+            Some("a")
+        );
         // Another cluster's live lease is never taken.
-        assert_eq!(pick(&jobs[1..], "x", &[], now).map(|j| j.id.as_str()), None);
+        assert_eq!(pick(&jobs[1..], "y", &[], now).map(|j| j.id.as_str()), None);
     }
 
     #[test]

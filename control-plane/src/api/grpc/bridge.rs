@@ -108,7 +108,9 @@ impl BridgeService for BridgeApi {
         // Subscribe before looking, so a job queued in between wakes us.
         let mut events = self.core.events.subscribe();
         loop {
-            if let Some(job) = jobs::lease(&self.core.store, &cluster, &running, self.core.now()).await? {
+            if let Some(job) =
+                jobs::lease(&self.core.store, &cluster, &running, self.core.now()).await?
+            {
                 tracing::info!(job = %job.id, %cluster, attempt = job.attempt, "job leased");
                 let resume = checkpoints::latest(&self.core.store, &job.id).map_err(Error::from)?;
                 return Ok(Response::new(pb::LeaseJobResponse {
