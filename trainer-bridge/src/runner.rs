@@ -122,6 +122,23 @@ impl Runner {
         tasks.abort_all();
     }
 
+    /// Ends the job as failed before anything ran (bad spec, refused by the
+    /// pre-flight check or the engine).
+    async fn fail(&self, job: &str, attempt: u32, message: String) {
+        let no_metrics = Default::default();
+        self.report(Progress {
+            job,
+            attempt,
+            state: pb::JobState::Failed,
+            step: 0,
+            message,
+            engine_id: "",
+            exit_code: None,
+            metrics: &no_metrics,
+        })
+        .await;
+    }
+
     async fn report(&self, p: Progress<'_>) -> bool {
         let Progress {
             job,
@@ -193,21 +210,10 @@ impl Runner {
     async fn run_job(&self, job: pb::Job, shutdown: CancellationToken) {
         let id = job.id.clone();
         let mut attempt = job.attempt;
-        let no_metrics = Default::default();
         let spec = match JobSpec::from_json(job.spec_json.as_bytes()) {
             Ok(s) => s,
             Err(e) => {
-                self.report(Progress {
-                    job: &id,
-                    attempt,
-                    state: pb::JobState::Failed,
-                    step: 0,
-                    message: format!("invalid spec: {e}"),
-                    engine_id: "",
-                    exit_code: None,
-                    metrics: &no_metrics,
-                })
-                .await;
+                self.fail(&id, attempt, format!("invalid spec: {e}")).await;
                 return;
             }
         };
@@ -218,50 +224,29 @@ impl Runner {
                 .collect::<Vec<_>>()
                 .join("; ");
             tracing::warn!(job = %id, %why, "pre-flight check refused the job");
-            self.report(Progress {
-                job: &id,
-                attempt,
-                state: pb::JobState::Failed,
-                step: 0,
-                message: format!("pre-flight check refused: {why}"),
-                engine_id: "",
-                exit_code: None,
-                metrics: &no_metrics,
-            })
-            .await;
+            self.fail(&id, attempt, format!("pre-flight check refused: {why}"))
+                .await;
             return;
         }
         let wanted = spec.engine.map_or("local", |e| e.as_str());
         let Some(engine) = self.engines.get(wanted).cloned() else {
             let have = self.engines.keys().cloned().collect::<Vec<_>>().join(", ");
-            self.report(Progress {
-                job: &id,
+            self.fail(
+                &id,
                 attempt,
-                state: pb::JobState::Failed,
-                step: 0,
-                message: format!(
-                    "engine {wanted:?} is not configured on this bridge (it has: {have})"
-                ),
-                engine_id: "",
-                exit_code: None,
-                metrics: &no_metrics,
-            })
+                format!("engine {wanted:?} is not configured on this bridge (it has: {have})"),
+            )
             .await;
             return;
         };
         let job_dir = self.data_dir.join("jobs").join(&id);
         let ckpt_dir = job_dir.join("checkpoints");
         if let Err(e) = std::fs::create_dir_all(&ckpt_dir) {
-            self.report(Progress {
-                job: &id,
+            self.fail(
+                &id,
                 attempt,
-                state: pb::JobState::Failed,
-                step: 0,
-                message: format!("creating {}: {e}", ckpt_dir.display()),
-                engine_id: "",
-                exit_code: None,
-                metrics: &no_metrics,
-            })
+                format!("creating {}: {e}", ckpt_dir.display()),
+            )
             .await;
             return;
         }
@@ -285,17 +270,7 @@ impl Runner {
             ) {
                 Ok(c) => c,
                 Err(e) => {
-                    self.report(Progress {
-                        job: &id,
-                        attempt,
-                        state: pb::JobState::Failed,
-                        step: 0,
-                        message: e.to_string(),
-                        engine_id: "",
-                        exit_code: None,
-                        metrics: &no_metrics,
-                    })
-                    .await;
+                    self.fail(&id, attempt, e.to_string()).await;
                     return;
                 }
             };
@@ -317,16 +292,11 @@ impl Runner {
             let engine_id = match submitted {
                 Ok(e) => e,
                 Err(e) => {
-                    self.report(Progress {
-                        job: &id,
+                    self.fail(
+                        &id,
                         attempt,
-                        state: pb::JobState::Failed,
-                        step: 0,
-                        message: format!("{} did not take the job: {e}", engine.name()),
-                        engine_id: "",
-                        exit_code: None,
-                        metrics: &no_metrics,
-                    })
+                        format!("{} did not take the job: {e}", engine.name()),
+                    )
                     .await;
                     return;
                 }
