@@ -98,6 +98,25 @@ async fn a_job_runs_uploads_checkpoints_and_resumes_after_kill_9() {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
     assert_eq!(local.len(), 2, "{local:?}");
+    // Every progress report the trainer sent became TensorBoard scalars.
+    let tb = bridge_dir.join("jobs").join(&id).join("tensorboard");
+    let file = std::fs::read_dir(&tb)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let records =
+        edgeloop_trainer_bridge::tensorboard::read_records(&std::fs::read(&file).unwrap()).unwrap();
+    assert!(
+        records.len() >= 11,
+        "file version + one event per reported step: {}",
+        records.len()
+    );
+    assert!(records
+        .iter()
+        .skip(1)
+        .all(|r| r.windows(4).any(|w| w == b"loss")));
 
     // kill -9 mid-run: the next attempt resumes from the last checkpoint.
     let id = submit(&cp, spec("killed", 40, "0.1")).await;

@@ -6,8 +6,10 @@ pub mod checkpoint;
 pub mod engines;
 pub mod launch;
 pub mod preflight;
+pub mod progress;
 pub mod runner;
 pub mod spec;
+pub mod tensorboard;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -95,6 +97,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         },
         poll: Duration::from_millis(500),
         running: Default::default(),
+        progress: progress::ProgressHub::start(
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            config.data_dir.join("jobs"),
+            shutdown.clone(),
+        )
+        .await
+        .context("starting the progress endpoint")?,
     });
     let jobs = tokio::spawn(runner.run(shutdown.clone()));
     let beats = heartbeat_loop(

@@ -44,6 +44,8 @@ pub struct Runner {
     /// Jobs this process is running, sent with every lease request so the
     /// control plane can tell a restart (orphaned jobs) from a busy bridge.
     pub running: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Where trainers report progress (`EDGELOOP_REPORT_URL`).
+    pub progress: Arc<crate::progress::ProgressHub>,
 }
 
 const CHUNK: usize = 1 << 20;
@@ -103,6 +105,7 @@ impl Runner {
                             let id = job.id.clone();
                             me.run_job(job, stop).await;
                             me.lock_running().remove(&id);
+                            me.progress.forget(&id);
                         });
                     }
                 }
@@ -266,7 +269,7 @@ impl Runner {
                 attempt,
                 &ckpt_dir,
                 resume.as_ref().map(|c| c.dir.as_path()),
-                "",
+                &self.progress.url_for(&id),
             ) {
                 Ok(c) => c,
                 Err(e) => {
@@ -331,10 +334,17 @@ impl Runner {
                     let _ = checkpoint::prune(&ckpt_dir, spec.checkpoint.keep_last as usize);
                 }
                 let latest = committed.last();
-                let step = latest.map_or(0, |c| c.step);
-                let metrics = latest
-                    .map(|c| c.manifest.metrics.clone())
-                    .unwrap_or_default();
+                let reported = self.progress.latest(&id);
+                // The trainer's own reports are fresher than its checkpoints.
+                let step = latest
+                    .map_or(0, |c| c.step)
+                    .max(reported.as_ref().map_or(0, |r| r.step));
+                let metrics = match reported {
+                    Some(r) if !r.metrics.is_empty() => r.metrics,
+                    _ => latest
+                        .map(|c| c.manifest.metrics.clone())
+                        .unwrap_or_default(),
+                };
                 if state.is_terminal() {
                     break (state, step, metrics);
                 }
