@@ -119,7 +119,83 @@ async fn ray_and_slurm_run_the_contract_trainer_to_completion() {
             "{engine}: {done}"
         );
     }
+
+    // kill -9 of the training process on Slurm: the next attempt resumes
+    // from the last committed checkpoint and finishes.
+    let mut long = spec("slurm-killed", "slurm");
+    long["env"] = json!({"TOTAL": "40", "EVERY": "5", "STEP_SECONDS": "0.1"});
+    long["restarts"] = json!({"max_restarts": 2, "backoff_seconds": 1, "backoff_max_seconds": 2});
+    let (_, job) = cp.api().post("/api/v1/jobs", json!({"spec": long})).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let ckpts = dir.path().join("bridge/jobs").join(&id).join("checkpoints");
+    eventually(
+        Duration::from_secs(60),
+        "a checkpoint past step 10",
+        || async {
+            edgeloop_trainer_bridge::checkpoint::scan(&ckpts)
+                .last()
+                .filter(|c| c.step >= 10)
+                .map(|c| c.step)
+        },
+    )
+    .await;
+    let killed = kill_trainer_of(&id);
+    assert!(killed > 0, "found the training process of {id}");
+    let done = eventually(
+        Duration::from_secs(120),
+        "killed Slurm job recovers",
+        || async {
+            let (_, j) = cp.api().get(&format!("/api/v1/jobs/{id}")).await;
+            Some(j).filter(|j| {
+                matches!(
+                    j["state"].as_str(),
+                    Some("succeeded" | "failed" | "cancelled")
+                )
+            })
+        },
+    )
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(
+        (done["step"].as_u64(), done["attempt"].as_u64()),
+        (Some(40), Some(2)),
+        "{done}"
+    );
+    let log = std::fs::read_to_string(dir.path().join("bridge/jobs").join(&id).join("trainer.log"))
+        .unwrap();
+    assert!(
+        log.contains("attempt 2 resumed from") && log.contains("finished at 40"),
+        "{log}"
+    );
+
     stop.cancel();
     bridge.await.unwrap().unwrap();
     cp.stop().await;
+}
+
+/// SIGKILLs every `sh contract_trainer.sh` process whose environment carries
+/// this job's id, the way a node failure would end it. Returns how many.
+fn kill_trainer_of(job: &str) -> usize {
+    let marker = format!("EDGELOOP_JOB_ID={job}");
+    let mut killed = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let is_trainer = cmdline.windows(19).any(|w| w == b"contract_trainer.sh");
+        let is_job = environ.split(|b| *b == 0).any(|kv| kv == marker.as_bytes());
+        if is_trainer
+            && is_job
+            && nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
 }
