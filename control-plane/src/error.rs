@@ -95,6 +95,8 @@ impl From<ArtifactError> for Error {
                 field: None,
                 message: format!("reading the upload failed: {m}"),
             },
+            ArtifactError::Incomplete { .. } => Error::Unavailable(e.to_string()),
+            ArtifactError::Offset { .. } => Error::bad_field("offset", e.to_string()),
             ArtifactError::Io(_) => Error::Internal(e.into()),
         }
     }

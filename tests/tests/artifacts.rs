@@ -34,8 +34,14 @@ async fn fetch_refusal(
     client.fetch_artifact(req).await.unwrap_err().code()
 }
 
+/// Stored (or half-written) artifacts; held parts of resumable uploads in
+/// `partial/` are not artifacts.
 fn stored_blobs(cp: &ControlPlane) -> Vec<std::path::PathBuf> {
-    files_under(&cp.data_dir.join("artifacts"))
+    let root = cp.data_dir.join("artifacts");
+    files_under(&root)
+        .into_iter()
+        .filter(|p| !p.starts_with(root.join("partial")))
+        .collect()
 }
 
 #[tokio::test]
@@ -306,6 +312,7 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
         size: 1,
         has_optimizer_state: false,
         metadata: Default::default(),
+        offset: 0,
     };
     let err = client
         .upload_checkpoint(upload(stranger, b"x", 1))
@@ -330,6 +337,7 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
         size,
         has_optimizer_state: true,
         metadata: Default::default(),
+        offset: 0,
     };
 
     let bad = client
@@ -349,7 +357,8 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
         ))
         .await
         .unwrap_err();
-    assert_eq!(short.code(), Code::InvalidArgument, "{short}");
+    // Fewer bytes than declared: held for a resume, not stored.
+    assert_eq!(short.code(), Code::Unavailable, "{short}");
     assert!(stored_blobs(&cp).is_empty());
     assert!(
         edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, &job_id)
@@ -401,5 +410,125 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn an_interrupted_checkpoint_upload_resumes_where_it_stopped() {
+    use edgeloop_proto::bridge::v1::{CheckpointUploadOffsetRequest, LeaseJobRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let identity = cp
+        .enroll(
+            Role::Cluster,
+            &cp.token("cluster", "gpu-r").await,
+            &dir.path().join("b"),
+        )
+        .await;
+    let mut client = BridgeServiceClient::new(
+        mtls_endpoint(&cp.grpc_url, &identity)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let (_, job) = cp
+        .api()
+        .post("/api/v1/jobs", serde_json::json!({"spec": {"name": "resumable", "command": ["true"], "checkpoint": {"every_steps": 1}}}))
+        .await;
+    let job_id = job["id"].as_str().unwrap().to_string();
+    client
+        .lease_job(LeaseJobRequest {
+            wait_seconds: 1,
+            engines: vec![],
+            running_jobs: vec![],
+        })
+        .await
+        .unwrap();
+
+    let data = blob(300_000, 11);
+    let digest = Digest::of(&data);
+    let header = |offset: u64| CheckpointHeader {
+        job_id: job_id.clone(),
+        attempt: 1,
+        step: 7,
+        digest: digest.to_string(),
+        size: data.len() as u64,
+        has_optimizer_state: true,
+        metadata: Default::default(),
+        offset,
+    };
+    let msgs = |offset: u64, until: usize| {
+        let mut m = vec![CheckpointUpload {
+            part: Some(Part::Header(header(offset))),
+        }];
+        for (i, c) in data[offset as usize..until].chunks(50_000).enumerate() {
+            m.push(CheckpointUpload {
+                part: Some(Part::Chunk(Chunk {
+                    offset: offset + (i * 50_000) as u64,
+                    data: c.to_vec(),
+                })),
+            });
+        }
+        futures::stream::iter(m)
+    };
+    let ask = |client: &mut BridgeServiceClient<tonic::transport::Channel>| {
+        let req = CheckpointUploadOffsetRequest {
+            job_id: job_id.clone(),
+            digest: digest.to_string(),
+        };
+        let mut client = client.clone();
+        async move {
+            client
+                .get_checkpoint_upload_offset(req)
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+
+    // The connection "breaks" after 150 000 bytes.
+    let err = client
+        .upload_checkpoint(msgs(0, 150_000))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.message().contains("resume from offset 150000"), "{err}");
+    let held = ask(&mut client).await;
+    assert_eq!((held.offset, held.complete), (150_000, false));
+    assert!(
+        edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, &job_id)
+            .unwrap()
+            .is_none()
+    );
+
+    // A wrong offset is refused and changes nothing.
+    let err = client
+        .upload_checkpoint(msgs(100_000, 200_000))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert_eq!(ask(&mut client).await.offset, 150_000);
+
+    // The rest, from where it stopped.
+    let receipt = client
+        .upload_checkpoint(msgs(150_000, data.len()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(receipt.digest, digest.to_string());
+    let held = ask(&mut client).await;
+    assert!(held.complete);
+    let got = cp
+        .api()
+        .request(Method::GET, &format!("/api/v1/artifacts/{digest}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.bytes().await.unwrap().as_ref(), &data[..]);
+    let latest = edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, &job_id)
+        .unwrap()
+        .unwrap();
+    assert_eq!((latest.step, latest.digest), (7, digest));
     cp.stop().await;
 }

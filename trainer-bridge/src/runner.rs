@@ -177,7 +177,23 @@ impl Runner {
     async fn upload(&self, job: &str, attempt: u32, c: &Committed) -> Result<(), String> {
         let bytes = checkpoint::pack(c).map_err(|e| e.to_string())?;
         let digest = edgeloop_models::Digest::of(&bytes);
+        // Resume an upload a broken connection interrupted.
+        let mut client = self.client.clone();
+        let held = client
+            .get_checkpoint_upload_offset(pb::CheckpointUploadOffsetRequest {
+                job_id: job.to_string(),
+                digest: digest.to_string(),
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| s.to_string())?;
+        let offset = if held.complete {
+            bytes.len() as u64
+        } else {
+            held.offset.min(bytes.len() as u64)
+        };
         let header = pb::CheckpointHeader {
+            offset,
             job_id: job.to_string(),
             attempt,
             step: c.step,
@@ -194,15 +210,14 @@ impl Runner {
         let mut msgs = vec![pb::CheckpointUpload {
             part: Some(pb::checkpoint_upload::Part::Header(header)),
         }];
-        for (i, part) in bytes.chunks(CHUNK).enumerate() {
+        for (i, part) in bytes[offset as usize..].chunks(CHUNK).enumerate() {
             msgs.push(pb::CheckpointUpload {
                 part: Some(pb::checkpoint_upload::Part::Chunk(Chunk {
-                    offset: (i * CHUNK) as u64,
+                    offset: offset + (i * CHUNK) as u64,
                     data: part.to_vec(),
                 })),
             });
         }
-        let mut client = self.client.clone();
         client
             .upload_checkpoint(futures::stream::iter(msgs))
             .await

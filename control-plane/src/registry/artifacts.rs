@@ -27,6 +27,12 @@ pub enum ArtifactError {
     NotFound(Digest),
     #[error("upload stream failed: {0}")]
     Body(String),
+    #[error(
+        "upload incomplete: received {received} of {expected} bytes; resume from offset {received}"
+    )]
+    Incomplete { received: u64, expected: u64 },
+    #[error("cannot resume at offset {requested}: {held} bytes are held")]
+    Offset { requested: u64, held: u64 },
     #[error("artifact store I/O: {0}")]
     Io(#[from] io::Error),
 }
@@ -61,6 +67,40 @@ pub trait ArtifactStore: Send + Sync + 'static {
         limits: UploadLimits,
     ) -> Result<PutOutcome, ArtifactError>;
 
+    /// Bytes already held of an interrupted resumable upload (0 if none).
+    async fn partial_len(&self, _digest: Digest) -> Result<u64, ArtifactError> {
+        Ok(0)
+    }
+
+    /// Like [`ArtifactStore::put`], for a body of exactly `size` bytes that
+    /// may arrive over several calls: what arrives is kept when the body
+    /// ends early or breaks, and the next call continues at `offset`.
+    /// Stores that cannot resume accept only offset 0.
+    async fn put_resumable(
+        &self,
+        expected: Digest,
+        body: ByteStream,
+        size: u64,
+        max_bytes: u64,
+        offset: u64,
+    ) -> Result<PutOutcome, ArtifactError> {
+        if offset != 0 {
+            return Err(ArtifactError::Offset {
+                requested: offset,
+                held: 0,
+            });
+        }
+        self.put(
+            expected,
+            body,
+            UploadLimits {
+                max_bytes,
+                declared_size: Some(size),
+            },
+        )
+        .await
+    }
+
     /// Size of a stored artifact, or None.
     async fn head(&self, digest: Digest) -> Result<Option<u64>, ArtifactError>;
 
@@ -92,7 +132,46 @@ impl LocalArtifactStore {
             std::fs::remove_dir_all(&tmp)?;
         }
         std::fs::create_dir_all(&tmp)?;
+        // Partial resumable uploads survive restarts: resuming them is the point.
+        std::fs::create_dir_all(store.root.join("partial"))?;
         Ok(store)
+    }
+
+    fn partial_path(&self, digest: Digest) -> PathBuf {
+        self.root.join("partial").join(digest.to_hex())
+    }
+
+    /// Moves a verified file into the store (or drops it if already there).
+    async fn commit(
+        &self,
+        file: &Path,
+        digest: Digest,
+        size: u64,
+    ) -> Result<PutOutcome, ArtifactError> {
+        let dest = self.path_of(digest);
+        if tokio::fs::try_exists(&dest).await? {
+            tokio::fs::remove_file(file).await?;
+            return Ok(PutOutcome {
+                digest,
+                size,
+                created: false,
+            });
+        }
+        let dir = dest
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| self.root.clone());
+        tokio::fs::create_dir_all(&dir).await?;
+        tokio::fs::rename(file, &dest).await?;
+        // The rename is durable only once the directory entry is.
+        tokio::task::spawn_blocking(move || sync_dir(&dir))
+            .await
+            .map_err(io::Error::other)??;
+        Ok(PutOutcome {
+            digest,
+            size,
+            created: true,
+        })
     }
 
     fn path_of(&self, digest: Digest) -> PathBuf {
@@ -168,30 +247,102 @@ impl ArtifactStore for LocalArtifactStore {
             let _ = tokio::fs::remove_file(&tmp).await;
             return Err(ArtifactError::DigestMismatch { expected, actual });
         }
-        let dest = self.path_of(expected);
-        if tokio::fs::try_exists(&dest).await? {
-            tokio::fs::remove_file(&tmp).await?;
+        self.commit(&tmp, expected, size).await
+    }
+
+    async fn partial_len(&self, digest: Digest) -> Result<u64, ArtifactError> {
+        match tokio::fs::metadata(self.partial_path(digest)).await {
+            Ok(m) => Ok(m.len()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn put_resumable(
+        &self,
+        expected: Digest,
+        mut body: ByteStream,
+        size: u64,
+        max_bytes: u64,
+        offset: u64,
+    ) -> Result<PutOutcome, ArtifactError> {
+        if size > max_bytes {
+            return Err(ArtifactError::TooLarge { limit: max_bytes });
+        }
+        if let Some(stored) = self.head(expected).await? {
+            // Already whole: nothing more is needed.
             return Ok(PutOutcome {
                 digest: expected,
-                size,
+                size: stored,
                 created: false,
             });
         }
-        let dir = dest
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| self.root.clone());
-        tokio::fs::create_dir_all(&dir).await?;
-        tokio::fs::rename(&tmp, &dest).await?;
-        // The rename is durable only once the directory entry is.
-        tokio::task::spawn_blocking(move || sync_dir(&dir))
-            .await
-            .map_err(io::Error::other)??;
-        Ok(PutOutcome {
-            digest: expected,
-            size,
-            created: true,
-        })
+        let partial = self.partial_path(expected);
+        let held = self.partial_len(expected).await?;
+        // Continue exactly where the held bytes end, or start over at 0.
+        if offset != 0 && offset != held {
+            return Err(ArtifactError::Offset {
+                requested: offset,
+                held,
+            });
+        }
+        let mut hasher = Sha256Writer::new();
+        let mut file = if offset == 0 {
+            tokio::fs::File::create(&partial).await?
+        } else {
+            // Re-hash what is held so the digest covers the whole artifact.
+            let mut existing = tokio::fs::File::open(&partial).await?;
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                let n = tokio::io::AsyncReadExt::read(&mut existing, &mut buf).await?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+            }
+            tokio::fs::OpenOptions::new()
+                .append(true)
+                .open(&partial)
+                .await?
+        };
+        let mut broken = None;
+        while let Some(chunk) = body.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    broken = Some(e);
+                    break;
+                }
+            };
+            if hasher.len() + chunk.len() as u64 > size {
+                let actual = hasher.len() + chunk.len() as u64;
+                drop(file);
+                let _ = tokio::fs::remove_file(&partial).await;
+                return Err(ArtifactError::SizeMismatch {
+                    expected: size,
+                    actual,
+                });
+            }
+            hasher.update(&chunk);
+            file.write_all(&chunk).await?;
+        }
+        file.sync_all().await?;
+        drop(file);
+        if let Some(e) = broken {
+            return Err(e);
+        }
+        if hasher.len() < size {
+            return Err(ArtifactError::Incomplete {
+                received: hasher.len(),
+                expected: size,
+            });
+        }
+        let actual = hasher.finish();
+        if actual != expected {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(ArtifactError::DigestMismatch { expected, actual });
+        }
+        self.commit(&partial, expected, size).await
     }
 
     async fn head(&self, digest: Digest) -> Result<Option<u64>, ArtifactError> {

@@ -25,7 +25,7 @@ use crate::error::Error;
 use crate::fleet::members::MemberKind;
 use crate::fleet::FleetEvent;
 use crate::r#loop::jobs::{self, JobState};
-use crate::registry::artifacts::{ArtifactError, UploadLimits};
+use crate::registry::artifacts::ArtifactError;
 use crate::registry::checkpoints::{self, CheckpointRecord};
 use crate::{validate, Core};
 
@@ -249,6 +249,47 @@ impl BridgeService for BridgeApi {
         }))
     }
 
+    async fn get_checkpoint_upload_offset(
+        &self,
+        req: Request<pb::CheckpointUploadOffsetRequest>,
+    ) -> Result<Response<pb::CheckpointUploadOffset>, Status> {
+        let cluster = caller(&self.core, &req, MemberKind::Cluster)?.id;
+        let req = req.into_inner();
+        let job = jobs::get(&self.core.store, &req.job_id)?;
+        if job.leased_by.as_deref() != Some(cluster.as_str()) {
+            return Err(Status::permission_denied(format!(
+                "job {:?} is not leased by cluster/{cluster}",
+                job.id
+            )));
+        }
+        let digest: Digest = req
+            .digest
+            .parse()
+            .map_err(|e| Status::from(Error::bad_field("digest", format!("{e}"))))?;
+        if let Some(size) = self
+            .core
+            .artifacts
+            .head(digest)
+            .await
+            .map_err(Error::from)?
+        {
+            return Ok(Response::new(pb::CheckpointUploadOffset {
+                offset: size,
+                complete: true,
+            }));
+        }
+        let offset = self
+            .core
+            .artifacts
+            .partial_len(digest)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::CheckpointUploadOffset {
+            offset,
+            complete: false,
+        }))
+    }
+
     async fn upload_checkpoint(
         &self,
         req: Request<Streaming<pb::CheckpointUpload>>,
@@ -275,7 +316,7 @@ impl BridgeService for BridgeApi {
             )));
         }
         // Chunks must arrive in order, with no gaps or overlaps.
-        let mut expected_offset = 0u64;
+        let mut expected_offset = header.offset;
         let body = stream.map(move |msg| {
             let msg = msg.map_err(|s| ArtifactError::Body(s.to_string()))?;
             match msg.part {
@@ -295,14 +336,7 @@ impl BridgeService for BridgeApi {
         let outcome = self
             .core
             .artifacts
-            .put(
-                digest,
-                Box::pin(body),
-                UploadLimits {
-                    max_bytes: max,
-                    declared_size: Some(header.size),
-                },
-            )
+            .put_resumable(digest, Box::pin(body), header.size, max, header.offset)
             .await
             .map_err(Error::from)?;
         let record = CheckpointRecord {
