@@ -98,6 +98,24 @@ impl ControlPlane {
         body["token"].as_str().unwrap().to_string()
     }
 
+    /// Settings for an agent or bridge against this control plane, with a
+    /// fast reconnect backoff for tests.
+    pub fn member_config(
+        &self,
+        dir: &Path,
+        token: Option<String>,
+    ) -> edgeloop_client_core::MemberConfig {
+        edgeloop_client_core::MemberConfig {
+            data_dir: dir.to_path_buf(),
+            control_plane: self.grpc_url.clone(),
+            bootstrap_token: token,
+            backoff: edgeloop_client_core::Backoff {
+                base: Duration::from_millis(50),
+                max: Duration::from_millis(500),
+            },
+        }
+    }
+
     /// Enrolls directly through client-core, as an agent or bridge would.
     pub async fn enroll(&self, role: Role, token: &str, dir: &Path) -> Identity {
         let token: BootstrapToken = token.parse().unwrap();
@@ -222,4 +240,20 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// Waits until the job's checkpoint directory holds a committed checkpoint
+/// at `min_step` or later, and returns its step.
+pub async fn checkpoint_at_least(checkpoints: &Path, min_step: u64) -> u64 {
+    eventually(
+        Duration::from_secs(60),
+        "a committed checkpoint",
+        || async {
+            edgeloop_trainer_bridge::checkpoint::scan(checkpoints)
+                .last()
+                .filter(|c| c.step >= min_step)
+                .map(|c| c.step)
+        },
+    )
+    .await
 }

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use edgeloop_client_core::tls::{enroll_endpoint, mtls_endpoint};
 use edgeloop_client_core::{
-    enroll, BootstrapToken, EnrollAttemptError, Identity, IdentityStore, MemberConfig, Role,
-    SessionError,
+    enroll, BootstrapToken, EnrollAttemptError, Identity, IdentityStore, Role, SessionError,
 };
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::agent::v1::WatchAssignmentsRequest;
@@ -17,18 +16,6 @@ use edgeloop_tests::{eventually, ControlPlane};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
-
-fn member_config(cp: &ControlPlane, dir: &std::path::Path, token: Option<String>) -> MemberConfig {
-    MemberConfig {
-        data_dir: dir.to_path_buf(),
-        control_plane: cp.grpc_url.clone(),
-        bootstrap_token: token,
-        backoff: edgeloop_client_core::Backoff {
-            base: Duration::from_millis(50),
-            max: Duration::from_millis(500),
-        },
-    }
-}
 
 async fn status_of(cp: &ControlPlane, kind: &str, id: &str) -> Option<serde_json::Value> {
     let (status, body) = cp.api().get(&format!("/api/v1/{kind}")).await;
@@ -63,11 +50,11 @@ async fn agent_and_bridge_enroll_heartbeat_and_are_listed_online_then_offline() 
     let agent_dir = dir.path().join("agent");
     let bridge_dir = dir.path().join("bridge");
     let agent = tokio::spawn(edgeloop_edge_agent::run(
-        member_config(&cp, &agent_dir, Some(device_token)),
+        cp.member_config(&agent_dir, Some(device_token)),
         stop_agents.clone(),
     ));
     let bridge = tokio::spawn(edgeloop_trainer_bridge::run(
-        member_config(&cp, &bridge_dir, Some(cluster_token)),
+        cp.member_config(&bridge_dir, Some(cluster_token)),
         stop_agents.clone(),
     ));
 
@@ -119,7 +106,7 @@ async fn agent_and_bridge_enroll_heartbeat_and_are_listed_online_then_offline() 
     // A restarted agent reuses its identity: no token needed.
     let stop_again = CancellationToken::new();
     let agent = tokio::spawn(edgeloop_edge_agent::run(
-        member_config(&cp, &agent_dir, None),
+        cp.member_config(&agent_dir, None),
         stop_again.clone(),
     ));
     eventually(Duration::from_secs(20), "device online again", || async {
@@ -212,7 +199,7 @@ async fn a_revoked_device_is_refused_on_its_next_call_and_its_agent_stops() {
     let agent_dir = dir.path().join("agent");
     let stop = CancellationToken::new();
     let agent = tokio::spawn(edgeloop_edge_agent::run(
-        member_config(&cp, &agent_dir, Some(token)),
+        cp.member_config(&agent_dir, Some(token)),
         stop.clone(),
     ));
     eventually(Duration::from_secs(20), "device online", || async {
@@ -402,7 +389,7 @@ async fn the_agent_reconnects_after_the_control_plane_restarts() {
     let token = cp.token("device", "steady").await;
     let stop = CancellationToken::new();
     let agent = tokio::spawn(edgeloop_edge_agent::run(
-        member_config(&cp, &dir.path().join("agent"), Some(token)),
+        cp.member_config(&dir.path().join("agent"), Some(token)),
         stop.clone(),
     ));
     eventually(Duration::from_secs(20), "device online", || async {

@@ -8,8 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use edgeloop_client_core::{Backoff, MemberConfig};
-use edgeloop_tests::{eventually, ControlPlane};
+use edgeloop_tests::{checkpoint_at_least, eventually, ControlPlane};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -39,15 +38,7 @@ async fn start_bridge(
     tokio::task::JoinHandle<anyhow::Result<()>>,
 ) {
     let token = cp.token("cluster", "local-gpu").await;
-    let config = MemberConfig {
-        data_dir: dir.to_path_buf(),
-        control_plane: cp.grpc_url.clone(),
-        bootstrap_token: Some(token),
-        backoff: Backoff {
-            base: Duration::from_millis(50),
-            max: Duration::from_millis(500),
-        },
-    };
+    let config = cp.member_config(dir, Some(token));
     let stop = CancellationToken::new();
     (
         stop.clone(),
@@ -121,17 +112,7 @@ async fn a_job_runs_uploads_checkpoints_and_resumes_after_kill_9() {
     // kill -9 mid-run: the next attempt resumes from the last checkpoint.
     let id = submit(&cp, spec("killed", 40, "0.1")).await;
     let ckpts = bridge_dir.join("jobs").join(&id).join("checkpoints");
-    eventually(
-        Duration::from_secs(60),
-        "a checkpoint past step 10",
-        || async {
-            edgeloop_trainer_bridge::checkpoint::scan(&ckpts)
-                .last()
-                .filter(|c| c.step >= 10)
-                .map(|c| c.step)
-        },
-    )
-    .await;
+    checkpoint_at_least(&ckpts, 10).await;
     let state_dir = bridge_dir.join("engine-local").join(format!("{id}-a1"));
     let pgid: i32 = std::fs::read_to_string(state_dir.join("pgid-0"))
         .unwrap()
@@ -229,15 +210,7 @@ async fn a_restarted_bridge_adopts_its_running_job_instead_of_starting_it_again(
     bridge.await.unwrap().unwrap();
 
     // Same data dir, so the same identity: no token this time.
-    let config = MemberConfig {
-        data_dir: bridge_dir.clone(),
-        control_plane: cp.grpc_url.clone(),
-        bootstrap_token: None,
-        backoff: Backoff {
-            base: Duration::from_millis(50),
-            max: Duration::from_millis(500),
-        },
-    };
+    let config = cp.member_config(&bridge_dir, None);
     let stop = CancellationToken::new();
     let bridge = tokio::spawn(edgeloop_trainer_bridge::run(config, stop.clone()));
     let done = eventually(Duration::from_secs(90), "adopted job ends", || async {

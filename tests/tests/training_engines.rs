@@ -11,8 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use edgeloop_client_core::{Backoff, MemberConfig};
-use edgeloop_tests::{eventually, ControlPlane};
+use edgeloop_tests::{checkpoint_at_least, eventually, ControlPlane};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -61,15 +60,10 @@ async fn ray_and_slurm_run_the_contract_trainer_to_completion() {
     );
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
-    let config = MemberConfig {
-        data_dir: dir.path().join("bridge"),
-        control_plane: cp.grpc_url.clone(),
-        bootstrap_token: Some(cp.token("cluster", "engines").await),
-        backoff: Backoff {
-            base: Duration::from_millis(50),
-            max: Duration::from_millis(500),
-        },
-    };
+    let config = cp.member_config(
+        &dir.path().join("bridge"),
+        Some(cp.token("cluster", "engines").await),
+    );
     let stop = CancellationToken::new();
     let bridge = tokio::spawn(edgeloop_trainer_bridge::run(config, stop.clone()));
     let cluster = eventually(Duration::from_secs(20), "bridge online", || async {
@@ -128,17 +122,7 @@ async fn ray_and_slurm_run_the_contract_trainer_to_completion() {
     let (_, job) = cp.api().post("/api/v1/jobs", json!({"spec": long})).await;
     let id = job["id"].as_str().unwrap().to_string();
     let ckpts = dir.path().join("bridge/jobs").join(&id).join("checkpoints");
-    eventually(
-        Duration::from_secs(60),
-        "a checkpoint past step 10",
-        || async {
-            edgeloop_trainer_bridge::checkpoint::scan(&ckpts)
-                .last()
-                .filter(|c| c.step >= 10)
-                .map(|c| c.step)
-        },
-    )
-    .await;
+    checkpoint_at_least(&ckpts, 10).await;
     let killed = kill_trainer_of(&id);
     assert!(killed > 0, "found the training process of {id}");
     let done = eventually(

@@ -110,27 +110,53 @@ pub fn verify(dir: &Path) -> Result<CheckpointManifest, String> {
 /// Every committed checkpoint under `root`, by step. Torn ones are skipped
 /// (and logged), never returned.
 pub fn scan(root: &Path) -> Vec<Committed> {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return vec![];
-    };
-    let mut out: Vec<Committed> = entries
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .filter_map(|dir| match verify(&dir) {
-            Ok(manifest) => Some(Committed {
-                step: manifest.step,
-                dir,
-                manifest,
-            }),
-            Err(reason) => {
-                tracing::debug!(dir = %dir.display(), %reason, "not a committed checkpoint");
-                None
+    Scanner::default().scan(root)
+}
+
+/// [`scan`] for a directory watched while a job runs: a checkpoint is
+/// hashed once, when it first shows up committed, not on every poll
+/// (checkpoints can be gigabytes). Committed checkpoints are immutable by
+/// the contract, so what was verified stays verified while it exists.
+#[derive(Debug, Default)]
+pub struct Scanner {
+    verified: BTreeMap<PathBuf, Committed>,
+}
+
+impl Scanner {
+    pub fn scan(&mut self, root: &Path) -> Vec<Committed> {
+        let Ok(entries) = std::fs::read_dir(root) else {
+            self.verified.clear();
+            return vec![];
+        };
+        let dirs: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect();
+        // Forget what was pruned or removed.
+        self.verified.retain(|dir, _| dirs.contains(dir));
+        for dir in dirs {
+            if self.verified.contains_key(&dir) {
+                continue;
             }
-        })
-        .collect();
-    out.sort_by_key(|c| c.step);
-    out
+            match verify(&dir) {
+                Ok(manifest) => {
+                    let c = Committed {
+                        step: manifest.step,
+                        dir: dir.clone(),
+                        manifest,
+                    };
+                    self.verified.insert(dir, c);
+                }
+                Err(reason) => {
+                    tracing::debug!(dir = %dir.display(), %reason, "not a committed checkpoint")
+                }
+            }
+        }
+        let mut out: Vec<Committed> = self.verified.values().cloned().collect();
+        out.sort_by_key(|c| c.step);
+        out
+    }
 }
 
 /// Packs a committed checkpoint into one deterministic zip (stored, fixed
@@ -160,7 +186,11 @@ pub fn pack(c: &Committed) -> std::io::Result<Vec<u8>> {
 /// Deletes committed checkpoints older than the newest `keep`, and torn
 /// directories older than the newest committed one.
 pub fn prune(root: &Path, keep: usize) -> std::io::Result<()> {
-    let committed = scan(root);
+    prune_committed(root, &scan(root), keep)
+}
+
+/// [`prune`], given what a scan of `root` just found.
+pub fn prune_committed(root: &Path, committed: &[Committed], keep: usize) -> std::io::Result<()> {
     let newest = committed.last().map(|c| c.step);
     let keep_from = committed.len().saturating_sub(keep.max(1));
     let kept: std::collections::HashSet<PathBuf> = committed[keep_from..]

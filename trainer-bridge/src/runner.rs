@@ -270,6 +270,7 @@ impl Runner {
         }
         let mut restarts = 0u32;
         let mut uploaded: Option<u64> = None;
+        let mut scanner = checkpoint::Scanner::default();
         // Handed back after a bridge restart: attach to the running attempt.
         let mut adopt = Some(job.engine_job_id.clone())
             .filter(|e| !e.is_empty())
@@ -278,7 +279,7 @@ impl Runner {
             tracing::info!(job = %id, attempt, engine_id = %e.0, "re-adopting a running job");
         }
         loop {
-            let resume: Option<Committed> = checkpoint::scan(&ckpt_dir).pop();
+            let resume: Option<Committed> = scanner.scan(&ckpt_dir).pop();
             let contract = match contract_env(
                 &id,
                 attempt,
@@ -328,7 +329,7 @@ impl Runner {
                         reason: e.to_string(),
                     },
                 };
-                let committed = checkpoint::scan(&ckpt_dir);
+                let committed = scanner.scan(&ckpt_dir);
                 let pending: Vec<&Committed> = committed
                     .iter()
                     .filter(|c| uploaded.is_none_or(|u| c.step > u))
@@ -346,7 +347,11 @@ impl Runner {
                     }
                 }
                 if uploaded.is_some() {
-                    let _ = checkpoint::prune(&ckpt_dir, spec.checkpoint.keep_last as usize);
+                    let _ = checkpoint::prune_committed(
+                        &ckpt_dir,
+                        &committed,
+                        spec.checkpoint.keep_last as usize,
+                    );
                 }
                 let latest = committed.last();
                 let reported = self.progress.latest(&id);
