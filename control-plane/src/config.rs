@@ -45,6 +45,10 @@ pub struct ServeSettings {
     /// Seconds to let in-flight requests finish after SIGTERM.
     #[arg(long, env = "EDGELOOP_DRAIN_TIMEOUT_SECS")]
     pub drain_timeout_secs: Option<u64>,
+    /// Seconds a job lease lasts without a progress report; after that the
+    /// job goes to another bridge, which resumes it from its last checkpoint.
+    #[arg(long, env = "EDGELOOP_JOB_LEASE_SECS")]
+    pub job_lease_secs: Option<u32>,
 }
 
 impl ServeSettings {
@@ -62,6 +66,7 @@ impl ServeSettings {
             max_json_bytes: self.max_json_bytes.or(lower.max_json_bytes),
             cert_lifetime_days: self.cert_lifetime_days.or(lower.cert_lifetime_days),
             drain_timeout_secs: self.drain_timeout_secs.or(lower.drain_timeout_secs),
+            job_lease_secs: self.job_lease_secs.or(lower.job_lease_secs),
         }
     }
 
@@ -84,6 +89,7 @@ pub struct Config {
     pub max_json_bytes: usize,
     pub cert_lifetime: Duration,
     pub drain_timeout: Duration,
+    pub job_lease: Duration,
 }
 
 pub const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:7443";
@@ -109,6 +115,13 @@ impl Config {
         anyhow::ensure!(
             (1..=3650).contains(&cert_days),
             "cert-lifetime-days must be 1..=3650"
+        );
+        let lease = s.job_lease_secs.unwrap_or(300);
+        // Bridges report about twice a second, so a few seconds is enough
+        // for a test; a day is already longer than any bridge outage worth waiting for.
+        anyhow::ensure!(
+            (2..=86_400).contains(&lease),
+            "job-lease-secs must be 2..=86400"
         );
         let mut names = vec![
             "localhost".to_string(),
@@ -146,6 +159,7 @@ impl Config {
             max_json_bytes: s.max_json_bytes.unwrap_or(1 << 20),
             cert_lifetime: Duration::from_secs(u64::from(cert_days) * 86_400),
             drain_timeout: Duration::from_secs(s.drain_timeout_secs.unwrap_or(30)),
+            job_lease: Duration::from_secs(lease.into()),
         })
     }
 

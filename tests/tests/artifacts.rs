@@ -392,6 +392,54 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
         .unwrap();
     assert_eq!(got.bytes().await.unwrap().as_ref(), &weights[..]);
 
+    // The bridge holding the lease can download it again, from an offset.
+    let fetch = |digest: String, offset: u64| edgeloop_proto::bridge::v1::FetchCheckpointRequest {
+        job_id: job_id.clone(),
+        digest,
+        offset,
+    };
+    let mut stream = client
+        .fetch_checkpoint(fetch(digest.to_string(), 123_456))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut fetched = Vec::new();
+    while let Some(c) = stream.message().await.unwrap() {
+        assert_eq!(c.offset, 123_456 + fetched.len() as u64);
+        fetched.extend_from_slice(&c.data);
+    }
+    assert_eq!(&fetched[..], &weights[123_456..]);
+    // Not a checkpoint of this job: not found, even though the blob exists elsewhere.
+    let err = client
+        .fetch_checkpoint(fetch(Digest::of(b"x").to_string(), 0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err}");
+    let err = client
+        .fetch_checkpoint(fetch("nope".into(), 0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    // Another cluster, not holding the lease, may not read the weights.
+    let other = cp
+        .enroll(
+            Role::Cluster,
+            &cp.token("cluster", "gpu-2").await,
+            &dir.path().join("b2"),
+        )
+        .await;
+    let err = BridgeServiceClient::new(
+        mtls_endpoint(&cp.grpc_url, &other)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .fetch_checkpoint(fetch(digest.to_string(), 0))
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err}");
+
     // A device certificate cannot use the bridge service.
     let device = cp
         .enroll(

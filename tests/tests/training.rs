@@ -234,3 +234,117 @@ async fn a_restarted_bridge_adopts_its_running_job_instead_of_starting_it_again(
     bridge.await.unwrap().unwrap();
     cp.stop().await;
 }
+
+#[tokio::test]
+async fn a_job_whose_bridge_died_resumes_on_another_bridge_from_the_uploaded_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(edgeloop_control_plane::config::ServeSettings {
+        job_lease_secs: Some(3),
+        ..edgeloop_tests::settings(&dir.path().join("cp"))
+    })
+    .await;
+    let first_dir = dir.path().join("bridge-a");
+    let (stop, bridge) = start_bridge(&cp, &first_dir).await;
+    let mut s = spec("moved", 60, "0.1");
+    // Progress as JSON lines on stdout, the other half of the contract.
+    s["env"]["REPORT_VIA"] = json!("stdout");
+    let id = submit(&cp, s).await;
+
+    // Wait until the control plane holds a checkpoint of step >= 10.
+    let uploaded = eventually(
+        Duration::from_secs(60),
+        "an uploaded checkpoint",
+        || async {
+            job_state(&cp, &id).await["checkpoints"]
+                .as_array()
+                .and_then(|c| c.last().cloned())
+                .and_then(|c| c["step"].as_u64())
+                .filter(|s| *s >= 10)
+        },
+    )
+    .await;
+    let job = job_state(&cp, &id).await;
+    let from_stdout = job["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["metrics"]["from_stdout"] == 1.0);
+    assert!(
+        from_stdout,
+        "stdout progress reached the control plane: {job}"
+    );
+
+    // The first machine dies: its bridge and its training processes.
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    let engine =
+        edgeloop_trainer_bridge::engines::local::LocalEngine::new(&first_dir.join("engine-local"))
+            .unwrap();
+    edgeloop_trainer_bridge::engines::Engine::cancel(
+        &engine,
+        &edgeloop_trainer_bridge::engines::EngineJobId(format!("{id}-a1")),
+    )
+    .await
+    .unwrap();
+
+    // Another bridge, with an empty disk, takes the job once the lease lapses.
+    let second_dir = dir.path().join("bridge-b");
+    let token = cp.token("cluster", "other-gpu").await;
+    let stop = CancellationToken::new();
+    let bridge = tokio::spawn(edgeloop_trainer_bridge::run(
+        cp.member_config(&second_dir, Some(token)),
+        stop.clone(),
+    ));
+    let done = eventually(Duration::from_secs(120), "the moved job ends", || async {
+        Some(job_state(&cp, &id).await)
+            .filter(|j| matches!(j["state"].as_str(), Some("succeeded" | "failed")))
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["attempt"], 2, "{done}");
+    let log =
+        std::fs::read_to_string(second_dir.join("jobs").join(&id).join("trainer.log")).unwrap();
+    let resumed: u64 = log
+        .lines()
+        .find_map(|l| l.split("resumed from ").nth(1))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the second bridge resumed: {log}"));
+    assert!(
+        resumed >= uploaded,
+        "resumed from {resumed}, uploaded {uploaded}"
+    );
+    assert!(log.contains("finished at 60"), "{log}");
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn a_job_failing_the_same_way_twice_without_progress_is_not_restarted_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let (stop, bridge) = start_bridge(&cp, &dir.path().join("bridge")).await;
+    let id = submit(
+        &cp,
+        json!({
+            "name": "broken",
+            "command": ["sh", "-c", "echo 'config.yaml: no such file' >&2; exit 3"],
+            "restarts": {"max_restarts": 10, "backoff_seconds": 1, "backoff_max_seconds": 1}
+        }),
+    )
+    .await;
+    let done = eventually(Duration::from_secs(60), "the broken job ends", || async {
+        Some(job_state(&cp, &id).await).filter(|j| j["state"] == "failed")
+    })
+    .await;
+    assert_eq!(
+        done["attempt"], 2,
+        "stopped after the second identical failure: {done}"
+    );
+    assert_eq!(done["exit_code"], 3, "{done}");
+    let msg = done["last_message"].as_str().unwrap();
+    assert!(msg.contains("deterministically"), "{msg}");
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    cp.stop().await;
+}

@@ -45,7 +45,7 @@ pub struct Committed {
     pub manifest: CheckpointManifest,
 }
 
-fn hash_file(path: &Path) -> std::io::Result<Digest> {
+pub(crate) fn hash_file(path: &Path) -> std::io::Result<Digest> {
     let mut f = std::fs::File::open(path)?;
     let mut h = Sha256Writer::new();
     let mut buf = vec![0u8; 1 << 16];
@@ -183,6 +183,66 @@ pub fn pack(c: &Committed) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Unpacks a checkpoint zip made by [`pack`] (downloaded from the control
+/// plane) into `root/step-<step>/`, by way of `scratch`, so that a
+/// half-written directory never carries the committed name. The zip is
+/// untrusted input: entries must be plain relative files, and the result must
+/// verify as a committed checkpoint of that step before it is moved in.
+pub fn unpack(
+    zip_path: &Path,
+    root: &Path,
+    scratch: &Path,
+    step: u64,
+) -> Result<Committed, String> {
+    let name = format!("step-{step}");
+    let staging = scratch.join(&name);
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)
+            .map_err(|e| format!("clearing {}: {e}", staging.display()))?;
+    }
+    std::fs::create_dir_all(&staging)
+        .map_err(|e| format!("creating {}: {e}", staging.display()))?;
+    let file = std::fs::File::open(zip_path).map_err(|e| format!("{}: {e}", zip_path.display()))?;
+    let mut zip = zip::ZipArchive::new(file).map_err(|e| format!("not a checkpoint zip: {e}"))?;
+    for i in 0..zip.len() {
+        let mut entry = zip.by_index(i).map_err(|e| format!("zip entry {i}: {e}"))?;
+        let rel = entry
+            .enclosed_name()
+            .filter(|p| p.to_str().is_some_and(plain_relative))
+            .ok_or_else(|| format!("zip entry {:?} is not a plain relative path", entry.name()))?;
+        if entry.is_dir() {
+            continue;
+        }
+        let dest = staging.join(rel);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        let mut out =
+            std::fs::File::create(&dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+        std::io::copy(&mut entry, &mut out).map_err(|e| format!("{}: {e}", dest.display()))?;
+        out.sync_all()
+            .map_err(|e| format!("{}: {e}", dest.display()))?;
+    }
+    let manifest =
+        verify(&staging).map_err(|e| format!("the downloaded checkpoint is torn: {e}"))?;
+    let target = root.join(&name);
+    if target.exists() {
+        std::fs::remove_dir_all(&target)
+            .map_err(|e| format!("clearing {}: {e}", target.display()))?;
+    }
+    std::fs::create_dir_all(root).map_err(|e| format!("creating {}: {e}", root.display()))?;
+    std::fs::rename(&staging, &target)
+        .map_err(|e| format!("moving into {}: {e}", target.display()))?;
+    if let Ok(d) = std::fs::File::open(root) {
+        let _ = d.sync_all();
+    }
+    Ok(Committed {
+        step,
+        dir: target,
+        manifest,
+    })
+}
+
 /// Deletes committed checkpoints older than the newest `keep`, and torn
 /// directories older than the newest committed one.
 pub fn prune(root: &Path, keep: usize) -> std::io::Result<()> {
@@ -266,6 +326,33 @@ mod tests {
             left.contains(&"step-300".to_string()),
             "newer torn dirs may still be in progress: {left:?}"
         );
+    }
+
+    #[test]
+    fn a_packed_checkpoint_unpacks_to_the_same_committed_checkpoint() {
+        let src = tempfile::tempdir().unwrap();
+        write_ckpt(src.path(), 7, b"weights", true, false);
+        let committed = scan(src.path()).pop().unwrap();
+        let zip_path = src.path().join("c.zip");
+        std::fs::write(&zip_path, pack(&committed).unwrap()).unwrap();
+
+        let dst = tempfile::tempdir().unwrap();
+        let root = dst.path().join("checkpoints");
+        let got = unpack(&zip_path, &root, &dst.path().join("scratch"), 7).unwrap();
+        assert_eq!(got.step, 7);
+        assert_eq!(got.manifest, committed.manifest);
+        assert_eq!(scan(&root).len(), 1);
+        // Packing it again gives the same bytes, so the digest matches the upload's.
+        assert_eq!(pack(&got).unwrap(), pack(&committed).unwrap());
+
+        // A zip whose step disagrees with the manifest is refused, and nothing lands.
+        let other = dst.path().join("other");
+        let err = unpack(&zip_path, &other, &dst.path().join("scratch"), 8).unwrap_err();
+        assert!(err.contains("torn"), "{err}");
+        assert!(scan(&other).is_empty());
+        // So is something that is not a zip.
+        std::fs::write(&zip_path, b"not a zip").unwrap();
+        assert!(unpack(&zip_path, &other, &dst.path().join("scratch"), 7).is_err());
     }
 
     #[test]

@@ -68,6 +68,46 @@ pub fn restart_delay(spec: &JobSpec, restart: u32) -> Duration {
     Backoff { base, max }.delay(restart, 1.0)
 }
 
+/// One failed attempt, as the restart decision sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailedAttempt {
+    pub exit_code: Option<i32>,
+    /// A newer checkpoint was committed during the attempt.
+    pub progressed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestartDecision {
+    Restart(Duration),
+    GiveUp(String),
+}
+
+/// Whether to restart after the failures so far (oldest first), given
+/// `restarts` already made. Besides the spec's limit, a job that fails twice
+/// in a row with the same exit code and no new checkpoint in between is
+/// failing deterministically (a bug, a missing file, a bad hyperparameter):
+/// restarting it would only burn GPU hours until `max_restarts`. A kill by
+/// a signal (no exit code) is the cluster's doing, so it never counts as
+/// deterministic. Pure, so it is tested with tables.
+pub fn decide_restart(
+    spec: &JobSpec,
+    restarts: u32,
+    failures: &[FailedAttempt],
+) -> RestartDecision {
+    if let [.., a, b] = failures {
+        if !a.progressed && !b.progressed && a.exit_code.is_some() && a.exit_code == b.exit_code {
+            let code = b.exit_code.unwrap_or_default();
+            return RestartDecision::GiveUp(format!(
+                "failing deterministically: exit code {code} twice in a row with no new checkpoint, so not restarting again"
+            ));
+        }
+    }
+    if restarts >= spec.restarts.max_restarts {
+        return RestartDecision::GiveUp(format!("failed after {restarts} restarts"));
+    }
+    RestartDecision::Restart(restart_delay(spec, restarts))
+}
+
 impl Runner {
     fn lock_running(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<String>> {
         self.running
@@ -225,6 +265,79 @@ impl Runner {
         Ok(())
     }
 
+    /// Downloads checkpoint `digest` (step `step`) of `job` from the control
+    /// plane into `ckpt_dir`: the job ran on another bridge that went away,
+    /// and this one resumes it. The download resumes from a partial file
+    /// after a broken connection or a bridge restart, and the result must
+    /// match the digest and verify as a committed checkpoint.
+    async fn fetch_checkpoint(
+        &self,
+        job: &str,
+        digest: &str,
+        step: u64,
+        job_dir: &Path,
+        ckpt_dir: &Path,
+    ) -> Result<Committed, String> {
+        use tokio::io::AsyncWriteExt as _;
+        let want: edgeloop_models::Digest = digest
+            .parse()
+            .map_err(|e| format!("the control plane sent a bad digest {digest:?}: {e}"))?;
+        let scratch = job_dir.join(".fetch");
+        tokio::fs::create_dir_all(&scratch)
+            .await
+            .map_err(|e| format!("creating {}: {e}", scratch.display()))?;
+        let partial = scratch.join(format!("{want}.zip.partial"));
+        let mut offset = tokio::fs::metadata(&partial).await.map_or(0, |m| m.len());
+        let mut client = self.client.clone();
+        let mut stream = client
+            .fetch_checkpoint(pb::FetchCheckpointRequest {
+                job_id: job.to_string(),
+                digest: want.to_string(),
+                offset,
+            })
+            .await
+            .map_err(|s| s.to_string())?
+            .into_inner();
+        let mut file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&partial)
+            .await
+            .map_err(|e| format!("{}: {e}", partial.display()))?;
+        while let Some(chunk) = stream.message().await.map_err(|s| s.to_string())? {
+            if chunk.offset != offset {
+                return Err(format!(
+                    "chunk at offset {} but expected {offset}",
+                    chunk.offset
+                ));
+            }
+            file.write_all(&chunk.data)
+                .await
+                .map_err(|e| format!("{}: {e}", partial.display()))?;
+            offset += chunk.data.len() as u64;
+        }
+        file.sync_all()
+            .await
+            .map_err(|e| format!("{}: {e}", partial.display()))?;
+        drop(file);
+        let (zip, root, scratch_dir) = (partial.clone(), ckpt_dir.to_path_buf(), scratch.clone());
+        tokio::task::spawn_blocking(move || {
+            let got = checkpoint::hash_file(&zip).map_err(|e| format!("{}: {e}", zip.display()))?;
+            if got != want {
+                // Start over next time rather than resuming garbage.
+                let _ = std::fs::remove_file(&zip);
+                return Err(format!(
+                    "downloaded checkpoint has sha256 {got}, expected {want}"
+                ));
+            }
+            let c = checkpoint::unpack(&zip, &root, &scratch_dir, step)?;
+            let _ = std::fs::remove_file(&zip);
+            Ok(c)
+        })
+        .await
+        .map_err(|e| format!("unpacking: {e}"))?
+    }
+
     async fn run_job(&self, job: pb::Job, shutdown: CancellationToken) {
         let id = job.id.clone();
         let mut attempt = job.attempt;
@@ -269,6 +382,7 @@ impl Runner {
             return;
         }
         let mut restarts = 0u32;
+        let mut failures: Vec<FailedAttempt> = Vec::new();
         let mut uploaded: Option<u64> = None;
         let mut scanner = checkpoint::Scanner::default();
         // Handed back after a bridge restart: attach to the running attempt.
@@ -277,6 +391,44 @@ impl Runner {
             .map(crate::engines::EngineJobId);
         if let Some(e) = &adopt {
             tracing::info!(job = %id, attempt, engine_id = %e.0, "re-adopting a running job");
+        }
+        // The job ran elsewhere before (its bridge went away): bring its last
+        // checkpoint here unless this disk already has it or a newer one.
+        let local_newest = scanner.scan(&ckpt_dir).last().map(|c| c.step);
+        if adopt.is_none()
+            && !job.resume_from_checkpoint.is_empty()
+            && local_newest.is_none_or(|s| s < job.resume_from_step)
+        {
+            // A few tries: starting over from an older checkpoint throws
+            // away GPU hours, so a passing network fault should not cause it.
+            for tries in 0..4u32 {
+                match self
+                    .fetch_checkpoint(
+                        &id,
+                        &job.resume_from_checkpoint,
+                        job.resume_from_step,
+                        &job_dir,
+                        &ckpt_dir,
+                    )
+                    .await
+                {
+                    Ok(c) => {
+                        tracing::info!(job = %id, step = c.step, "fetched the last checkpoint from the control plane");
+                        uploaded = Some(c.step);
+                        break;
+                    }
+                    Err(e) if tries < 3 => {
+                        tracing::warn!(job = %id, error = %e, "fetching the last checkpoint failed; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(Backoff::default().next(tries)) => {}
+                            _ = shutdown.cancelled() => return,
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(job = %id, error = %e, "could not fetch the last checkpoint; resuming from what this disk has")
+                    }
+                }
+            }
         }
         loop {
             let resume: Option<Committed> = scanner.scan(&ckpt_dir).pop();
@@ -321,7 +473,28 @@ impl Runner {
                 }
             };
             tracing::info!(job = %id, attempt, engine = engine.name(), engine_id = %engine_id.0, resume = ?resume.as_ref().map(|c| c.step), "attempt started");
+            let started_from = resume.as_ref().map(|c| c.step);
+            let mut stdout_reports = crate::progress::StdoutReports::default();
+            let mut polls = 0u64;
             let final_state = loop {
+                polls += 1;
+                // Progress printed as JSON lines: from the output file the
+                // engine writes, else (Ray) from its log API every few polls.
+                let lines = if log.exists() {
+                    stdout_reports.poll_file(&log)
+                } else if polls % 10 == 1 {
+                    match engine.logs(&engine_id).await {
+                        Ok(text) => stdout_reports.poll_text(text.as_bytes()),
+                        Err(_) => vec![],
+                    }
+                } else {
+                    vec![]
+                };
+                for r in lines {
+                    if let Err(e) = self.progress.record(&id, r) {
+                        tracing::warn!(job = %id, error = %e, "recording progress");
+                    }
+                }
                 let state = match engine.status(&engine_id).await {
                     Ok(s) => s,
                     Err(e) => EngineState::Failed {
@@ -391,46 +564,54 @@ impl Runner {
                 }
             };
             let (state, step, metrics) = final_state;
+            if let EngineState::Failed { exit_code, .. } = &state {
+                let newest = scanner.scan(&ckpt_dir).last().map(|c| c.step);
+                failures.push(FailedAttempt {
+                    exit_code: *exit_code,
+                    progressed: newest > started_from,
+                });
+            }
             match &state {
-                EngineState::Failed { exit_code, reason }
-                    if restarts < spec.restarts.max_restarts =>
-                {
-                    let delay = restart_delay(&spec, restarts);
-                    restarts += 1;
-                    tracing::warn!(job = %id, attempt, %reason, ?delay, restarts, "attempt failed; restarting from the last checkpoint");
-                    self.report(Progress {
-                        job: &id,
-                        attempt,
-                        state: pb::JobState::Running,
-                        step,
-                        message: format!(
-                            "attempt {attempt} failed ({reason}); restart {restarts} in {delay:?}"
-                        ),
-                        engine_id: &engine_id.0,
-                        exit_code: *exit_code,
-                        metrics: &metrics,
-                    })
-                    .await;
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = shutdown.cancelled() => return,
-                    }
-                    attempt += 1;
-                }
                 EngineState::Failed { exit_code, reason } => {
-                    let msg = format!("failed after {restarts} restarts: {reason}");
-                    self.report(Progress {
-                        job: &id,
-                        attempt,
-                        state: pb::JobState::Failed,
-                        step,
-                        message: msg,
-                        engine_id: &engine_id.0,
-                        exit_code: *exit_code,
-                        metrics: &metrics,
-                    })
-                    .await;
-                    return;
+                    match decide_restart(&spec, restarts, &failures) {
+                        RestartDecision::Restart(delay) => {
+                            restarts += 1;
+                            tracing::warn!(job = %id, attempt, %reason, ?delay, restarts, "attempt failed; restarting from the last checkpoint");
+                            self.report(Progress {
+                                job: &id,
+                                attempt,
+                                state: pb::JobState::Running,
+                                step,
+                                message: format!(
+                                    "attempt {attempt} failed ({reason}); restart {restarts} in {delay:?}"
+                                ),
+                                engine_id: &engine_id.0,
+                                exit_code: *exit_code,
+                                metrics: &metrics,
+                            })
+                            .await;
+                            tokio::select! {
+                                _ = tokio::time::sleep(delay) => {}
+                                _ = shutdown.cancelled() => return,
+                            }
+                            attempt += 1;
+                        }
+                        RestartDecision::GiveUp(why) => {
+                            tracing::warn!(job = %id, attempt, %reason, %why, "job failed");
+                            self.report(Progress {
+                                job: &id,
+                                attempt,
+                                state: pb::JobState::Failed,
+                                step,
+                                message: format!("{why}: {reason}"),
+                                engine_id: &engine_id.0,
+                                exit_code: *exit_code,
+                                metrics: &metrics,
+                            })
+                            .await;
+                            return;
+                        }
+                    }
                 }
                 other => {
                     self.report(Progress {
@@ -482,4 +663,78 @@ async fn submit_with_retry(
 /// Where a bridge keeps a job's files: `<data_dir>/jobs/<id>/`.
 pub fn job_dir(data_dir: &Path, job: &str) -> PathBuf {
     data_dir.join("jobs").join(job)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(max_restarts: u32) -> JobSpec {
+        let mut s = JobSpec::from_json(br#"{"name": "t", "command": ["true"]}"#).unwrap();
+        s.restarts.max_restarts = max_restarts;
+        s.restarts.backoff_seconds = 2;
+        s.restarts.backoff_max_seconds = 5;
+        s
+    }
+
+    const fn f(exit_code: Option<i32>, progressed: bool) -> FailedAttempt {
+        FailedAttempt {
+            exit_code,
+            progressed,
+        }
+    }
+
+    enum Want {
+        Restart(u64),
+        GiveUp(&'static str),
+    }
+
+    #[test]
+    fn restart_decisions() {
+        use Want::{GiveUp, Restart};
+        let s = spec(3);
+        // (restarts so far, failures oldest first, expected)
+        let table: &[(u32, &[FailedAttempt], Want)] = &[
+            (0, &[f(Some(1), false)], Restart(2)),
+            (1, &[f(Some(1), true), f(Some(1), true)], Restart(4)),
+            // Backoff is capped at backoff_max_seconds.
+            (
+                2,
+                &[f(Some(1), true), f(Some(2), false), f(Some(1), true)],
+                Restart(5),
+            ),
+            // Same code twice with no new checkpoint: deterministic.
+            (
+                1,
+                &[f(Some(1), false), f(Some(1), false)],
+                GiveUp("deterministically: exit code 1"),
+            ),
+            // Different codes, or progress in between, or killed by a signal: not.
+            (1, &[f(Some(1), false), f(Some(2), false)], Restart(4)),
+            (1, &[f(Some(1), true), f(Some(1), false)], Restart(4)),
+            (1, &[f(None, false), f(None, false)], Restart(4)),
+            // Only the last two count.
+            (
+                2,
+                &[f(Some(3), false), f(Some(3), true), f(Some(3), false)],
+                Restart(5),
+            ),
+            // The limit.
+            (3, &[f(Some(1), true)], GiveUp("failed after 3 restarts")),
+        ];
+        for (i, (restarts, failures, want)) in table.iter().enumerate() {
+            let got = decide_restart(&s, *restarts, failures);
+            let ok = match (want, &got) {
+                (Restart(secs), RestartDecision::Restart(d)) => *d == Duration::from_secs(*secs),
+                (GiveUp(needle), RestartDecision::GiveUp(why)) => why.contains(needle),
+                _ => false,
+            };
+            assert!(ok, "case {i}: {got:?}");
+        }
+        let gave_up = |d: &RestartDecision, needle: &str| matches!(d, RestartDecision::GiveUp(w) if w.contains(needle));
+        assert!(gave_up(
+            &decide_restart(&spec(0), 0, &[f(Some(1), true)]),
+            "after 0 restarts"
+        ));
+    }
 }

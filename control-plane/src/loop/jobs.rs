@@ -15,9 +15,11 @@ use utoipa::ToSchema;
 use crate::error::{Error, Result};
 use crate::store::Store;
 
-/// How long a lease lasts without a progress report. Generous, because a
-/// bridge that restarts re-adopts its jobs within this window.
-pub const LEASE_TTL: Duration = Duration::minutes(5);
+/// The lease the table tests use. The running value comes from the config
+/// (`job_lease_secs`, 5 minutes by default): generous, because a bridge that
+/// restarts re-adopts its jobs within this window.
+#[cfg(test)]
+const LEASE_TTL: Duration = Duration::minutes(5);
 /// Progress events kept per job (the newest).
 pub const HISTORY_LIMIT: usize = 200;
 
@@ -142,6 +144,7 @@ pub fn apply_report(
     cluster: &str,
     report: &Report,
     now: OffsetDateTime,
+    lease: Duration,
 ) -> Result<JobRecord> {
     if job.leased_by.as_deref() != Some(cluster) {
         return Err(Error::PermissionDenied(format!(
@@ -189,7 +192,7 @@ pub fn apply_report(
     next.lease_expires_at = if report.state.is_terminal() {
         None
     } else {
-        Some(now + LEASE_TTL)
+        Some(now + lease)
     };
     next.updated_at = now;
     next.history.push(ProgressEvent {
@@ -272,6 +275,7 @@ pub async fn lease(
     cluster: &str,
     running: &[String],
     now: OffsetDateTime,
+    lease: Duration,
 ) -> Result<Option<JobRecord>> {
     loop {
         let jobs = store.jobs.values()?;
@@ -293,7 +297,7 @@ pub async fn lease(
                         JobState::Leased
                     },
                     leased_by: Some(cluster.to_string()),
-                    lease_expires_at: Some(now + LEASE_TTL),
+                    lease_expires_at: Some(now + lease),
                     attempt: if readopt { j.attempt } else { j.attempt + 1 },
                     updated_at: now,
                     ..j
@@ -315,9 +319,10 @@ pub async fn report(
     cluster: &str,
     report: &Report,
     now: OffsetDateTime,
+    lease: Duration,
 ) -> Result<JobRecord> {
     let job = store.jobs.update(id, |cur| match cur {
-        Some(j) => apply_report(&j, cluster, report, now),
+        Some(j) => apply_report(&j, cluster, report, now, lease),
         None => Err(Error::not_found("job", id)),
     })??;
     store.flush().await?;
@@ -467,34 +472,42 @@ mod tests {
             engine_job_id: Some("123".into()),
             exit_code: None,
         };
-        let next = apply_report(&held, "c", &r(JobState::Running, 2, 100), at(5)).unwrap();
+        let next =
+            apply_report(&held, "c", &r(JobState::Running, 2, 100), at(5), LEASE_TTL).unwrap();
         assert_eq!(
             (next.state, next.step, next.lease_expires_at),
             (JobState::Running, 100, Some(at(5) + LEASE_TTL))
         );
         assert_eq!(next.history.len(), 1);
         assert!(matches!(
-            apply_report(&held, "d", &r(JobState::Running, 2, 1), at(5)),
+            apply_report(&held, "d", &r(JobState::Running, 2, 1), at(5), LEASE_TTL),
             Err(Error::PermissionDenied(_))
         ));
         assert!(matches!(
-            apply_report(&held, "c", &r(JobState::Running, 1, 1), at(5)),
+            apply_report(&held, "c", &r(JobState::Running, 1, 1), at(5), LEASE_TTL),
             Err(Error::Conflict(_))
         ));
         assert!(matches!(
-            apply_report(&held, "c", &r(JobState::Queued, 2, 1), at(5)),
+            apply_report(&held, "c", &r(JobState::Queued, 2, 1), at(5), LEASE_TTL),
             Err(Error::BadRequest { .. })
         ));
-        let done = apply_report(&next, "c", &r(JobState::Succeeded, 2, 200), at(6)).unwrap();
+        let done = apply_report(
+            &next,
+            "c",
+            &r(JobState::Succeeded, 2, 200),
+            at(6),
+            LEASE_TTL,
+        )
+        .unwrap();
         assert_eq!(done.lease_expires_at, None);
         assert!(matches!(
-            apply_report(&done, "c", &r(JobState::Running, 2, 300), at(7)),
+            apply_report(&done, "c", &r(JobState::Running, 2, 300), at(7), LEASE_TTL),
             Err(Error::Conflict(_))
         ));
         let mut nan = r(JobState::Running, 2, 1);
         nan.metrics.insert("loss".into(), f64::NAN);
         assert!(
-            matches!(apply_report(&held, "c", &nan, at(5)), Err(Error::BadRequest { field: Some(f), .. }) if f == "metrics.loss")
+            matches!(apply_report(&held, "c", &nan, at(5), LEASE_TTL), Err(Error::BadRequest { field: Some(f), .. }) if f == "metrics.loss")
         );
     }
 }

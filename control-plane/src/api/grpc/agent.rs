@@ -10,7 +10,7 @@ use edgeloop_proto::agent::v1::agent_service_server::AgentService;
 use edgeloop_proto::common::v1::{
     EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse,
 };
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -174,49 +174,14 @@ impl AgentService for AgentApi {
                 "artifact {digest} is not assigned to device/{device}"
             )));
         }
-        let (size, mut reader) = self
-            .core
-            .artifacts
-            .open_at(digest, req.offset)
-            .await
-            .map_err(Error::from)?;
-        if req.offset > size {
-            return Err(Status::out_of_range(format!(
-                "offset {} is past the end ({size} bytes)",
-                req.offset
-            )));
-        }
-        let chunk = match req.max_chunk_bytes as usize {
-            0 => DEFAULT_CHUNK,
-            n => n.min(MAX_CHUNK),
-        };
-        let (tx, rx) = mpsc::channel(4);
-        let mut offset = req.offset;
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; chunk];
-            loop {
-                let n = match reader.read(&mut buf).await {
-                    Ok(0) => return,
-                    Ok(n) => n,
-                    Err(e) => {
-                        let _ = tx
-                            .send(Err(Status::internal(format!("reading artifact: {e}"))))
-                            .await;
-                        return;
-                    }
-                };
-                let msg = pb::ArtifactChunk {
-                    offset,
-                    data: buf[..n].to_vec(),
-                    total_size: size,
-                };
-                offset += n as u64;
-                if tx.send(Ok(msg)).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let chunks = stream_artifact(&self.core, digest, req.offset, req.max_chunk_bytes).await?;
+        Ok(Response::new(Box::pin(chunks.map(|c| {
+            c.map(|c| pb::ArtifactChunk {
+                offset: c.offset,
+                data: c.data,
+                total_size: c.total_size,
+            })
+        }))))
     }
 
     async fn report_telemetry(
@@ -246,4 +211,63 @@ impl AgentService for AgentApi {
         self.core.store.flush().await.map_err(Error::from)?;
         Ok(Response::new(pb::AssignmentStatusAck {}))
     }
+}
+
+/// One piece of an artifact read from an offset.
+pub(super) struct ArtifactPiece {
+    pub offset: u64,
+    pub data: Vec<u8>,
+    pub total_size: u64,
+}
+
+/// Streams an artifact from `offset` in chunks of at most `max_chunk_bytes`
+/// (0: the default), for devices' model downloads and bridges' checkpoint
+/// downloads alike. Authorisation is the caller's job.
+pub(super) async fn stream_artifact(
+    core: &Core,
+    digest: Digest,
+    offset: u64,
+    max_chunk_bytes: u32,
+) -> Result<ReceiverStream<Result<ArtifactPiece, Status>>, Status> {
+    let (size, mut reader) = core
+        .artifacts
+        .open_at(digest, offset)
+        .await
+        .map_err(Error::from)?;
+    if offset > size {
+        return Err(Status::out_of_range(format!(
+            "offset {offset} is past the end ({size} bytes)"
+        )));
+    }
+    let chunk = match max_chunk_bytes as usize {
+        0 => DEFAULT_CHUNK,
+        n => n.min(MAX_CHUNK),
+    };
+    let (tx, rx) = mpsc::channel(4);
+    let mut offset = offset;
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; chunk];
+        loop {
+            let n = match reader.read(&mut buf).await {
+                Ok(0) => return,
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = tx
+                        .send(Err(Status::internal(format!("reading artifact: {e}"))))
+                        .await;
+                    return;
+                }
+            };
+            let piece = ArtifactPiece {
+                offset,
+                data: buf[..n].to_vec(),
+                total_size: size,
+            };
+            offset += n as u64;
+            if tx.send(Ok(piece)).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(ReceiverStream::new(rx))
 }

@@ -42,6 +42,10 @@ impl BridgeApi {
     pub fn new(core: Arc<Core>) -> Self {
         Self { core }
     }
+
+    fn lease(&self) -> time::Duration {
+        time::Duration::try_from(self.core.config.job_lease).unwrap_or(time::Duration::MAX)
+    }
 }
 
 fn validate_header(h: &pb::CheckpointHeader, max_bytes: u64) -> Result<Digest, Error> {
@@ -108,8 +112,14 @@ impl BridgeService for BridgeApi {
         // Subscribe before looking, so a job queued in between wakes us.
         let mut events = self.core.events.subscribe();
         loop {
-            if let Some(job) =
-                jobs::lease(&self.core.store, &cluster, &running, self.core.now()).await?
+            if let Some(job) = jobs::lease(
+                &self.core.store,
+                &cluster,
+                &running,
+                self.core.now(),
+                self.lease(),
+            )
+            .await?
             {
                 tracing::info!(job = %job.id, %cluster, attempt = job.attempt, "job leased");
                 let resume = checkpoints::latest(&self.core.store, &job.id).map_err(Error::from)?;
@@ -119,8 +129,10 @@ impl BridgeService for BridgeApi {
                         spec_json: job.spec.to_string(),
                         attempt: job.attempt,
                         resume_from_checkpoint: resume
+                            .as_ref()
                             .map(|c| c.digest.to_string())
                             .unwrap_or_default(),
+                        resume_from_step: resume.as_ref().map_or(0, |c| c.step),
                         // Handed back for re-adoption: attach to what runs.
                         engine_job_id: job
                             .engine_job_id
@@ -237,6 +249,7 @@ impl BridgeService for BridgeApi {
             &cluster,
             &report,
             self.core.now(),
+            self.lease(),
         )
         .await?;
         if job.state.is_terminal() {
@@ -288,6 +301,46 @@ impl BridgeService for BridgeApi {
             offset,
             complete: false,
         }))
+    }
+
+    type FetchCheckpointStream = BoxStream<edgeloop_proto::common::v1::Chunk>;
+
+    async fn fetch_checkpoint(
+        &self,
+        req: Request<pb::FetchCheckpointRequest>,
+    ) -> Result<Response<Self::FetchCheckpointStream>, Status> {
+        let cluster = caller(&self.core, &req, MemberKind::Cluster)?.id;
+        let req = req.into_inner();
+        let digest: Digest = req
+            .digest
+            .parse()
+            .map_err(|e| Status::from(Error::bad_field("digest", format!("{e}"))))?;
+        let job = jobs::get(&self.core.store, &req.job_id)?;
+        // Only the bridge running the job may read its checkpoints: they are
+        // the team's weights, not something every cluster should see.
+        if job.leased_by.as_deref() != Some(cluster.as_str()) {
+            return Err(Status::permission_denied(format!(
+                "job {:?} is not leased by cluster/{cluster}",
+                job.id
+            )));
+        }
+        let known = checkpoints::list(&self.core.store, &job.id)
+            .map_err(Error::from)?
+            .iter()
+            .any(|c| c.digest == digest);
+        if !known {
+            return Err(Status::not_found(format!(
+                "job {:?} has no checkpoint {digest}",
+                job.id
+            )));
+        }
+        let chunks = super::agent::stream_artifact(&self.core, digest, req.offset, 0).await?;
+        Ok(Response::new(Box::pin(chunks.map(|c| {
+            c.map(|c| edgeloop_proto::common::v1::Chunk {
+                offset: c.offset,
+                data: c.data,
+            })
+        }))))
     }
 
     async fn upload_checkpoint(
