@@ -50,7 +50,10 @@ async fn agent_and_bridge_enroll_heartbeat_and_are_listed_online_then_offline() 
     let agent_dir = dir.path().join("agent");
     let bridge_dir = dir.path().join("bridge");
     let agent = tokio::spawn(edgeloop_edge_agent::run(
-        cp.member_config(&agent_dir, Some(device_token)),
+        edgeloop_edge_agent::AgentConfig::new(
+            cp.member_config(&agent_dir, Some(device_token)),
+            vec![],
+        ),
         stop_agents.clone(),
     ));
     let bridge = tokio::spawn(edgeloop_trainer_bridge::run(
@@ -106,7 +109,7 @@ async fn agent_and_bridge_enroll_heartbeat_and_are_listed_online_then_offline() 
     // A restarted agent reuses its identity: no token needed.
     let stop_again = CancellationToken::new();
     let agent = tokio::spawn(edgeloop_edge_agent::run(
-        cp.member_config(&agent_dir, None),
+        edgeloop_edge_agent::AgentConfig::new(cp.member_config(&agent_dir, None), vec![]),
         stop_again.clone(),
     ));
     eventually(Duration::from_secs(20), "device online again", || async {
@@ -199,7 +202,7 @@ async fn a_revoked_device_is_refused_on_its_next_call_and_its_agent_stops() {
     let agent_dir = dir.path().join("agent");
     let stop = CancellationToken::new();
     let agent = tokio::spawn(edgeloop_edge_agent::run(
-        cp.member_config(&agent_dir, Some(token)),
+        edgeloop_edge_agent::AgentConfig::new(cp.member_config(&agent_dir, Some(token)), vec![]),
         stop.clone(),
     ));
     eventually(Duration::from_secs(20), "device online", || async {
@@ -389,7 +392,10 @@ async fn the_agent_reconnects_after_the_control_plane_restarts() {
     let token = cp.token("device", "steady").await;
     let stop = CancellationToken::new();
     let agent = tokio::spawn(edgeloop_edge_agent::run(
-        cp.member_config(&dir.path().join("agent"), Some(token)),
+        edgeloop_edge_agent::AgentConfig::new(
+            cp.member_config(&dir.path().join("agent"), Some(token)),
+            vec![],
+        ),
         stop.clone(),
     ));
     eventually(Duration::from_secs(20), "device online", || async {

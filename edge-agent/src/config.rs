@@ -1,0 +1,366 @@
+//! The agent's settings: flags > `EDGELOOP_*` env vars > a TOML file
+//! (kebab-case keys), resolved once into [`AgentConfig`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use edgeloop_client_core::{MemberConfig, MemberSettings};
+use edgeloop_models::manifest::PublicKey;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AgentSettings {
+    /// Local state: identity (key 0600), model slots, telemetry buffer.
+    #[arg(long, env = "EDGELOOP_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// gRPC URL of the control plane, e.g. https://cp.example:7443
+    #[arg(long, env = "EDGELOOP_CONTROL_PLANE")]
+    pub control_plane: Option<String>,
+    /// One-time bootstrap token; needed only for the first start.
+    #[arg(long, env = "EDGELOOP_BOOTSTRAP_TOKEN")]
+    pub bootstrap_token: Option<String>,
+
+    /// Where the Open Inference Protocol v2 REST API listens.
+    #[arg(long, env = "EDGELOOP_INFERENCE_LISTEN")]
+    pub inference_listen: Option<SocketAddr>,
+    /// The ONNX Runtime library (else `ORT_DYLIB_PATH`, else the default
+    /// location `scripts/fetch-onnxruntime.sh` fills).
+    #[arg(long, env = "EDGELOOP_ORT_LIBRARY")]
+    pub ort_library: Option<PathBuf>,
+    /// Execution providers in priority order: `tensorrt`, `cuda`, `cpu`
+    /// (comma separated). Unavailable GPU providers fall back to the CPU with a warning.
+    #[arg(long, env = "EDGELOOP_PROVIDERS", value_delimiter = ',')]
+    pub providers: Option<Vec<String>>,
+    /// CUDA memory arena limit per session, in MiB.
+    #[arg(long, env = "EDGELOOP_CUDA_MEM_LIMIT_MB")]
+    pub cuda_mem_limit_mb: Option<u64>,
+    /// Session workers per model (ort's `Session::run` takes `&mut self`).
+    #[arg(long, env = "EDGELOOP_WORKERS_PER_MODEL")]
+    pub workers_per_model: Option<usize>,
+    /// Largest batch the dynamic batcher forms (1 turns batching off).
+    #[arg(long, env = "EDGELOOP_MAX_BATCH_SIZE")]
+    pub max_batch_size: Option<usize>,
+    /// Longest a request waits for others to batch with, in microseconds.
+    #[arg(long, env = "EDGELOOP_MAX_QUEUE_DELAY_US")]
+    pub max_queue_delay_us: Option<u64>,
+    /// Requests queued per model before new ones get 503 + Retry-After.
+    #[arg(long, env = "EDGELOOP_QUEUE_CAPACITY")]
+    pub queue_capacity: Option<usize>,
+    /// Largest inference request body, in bytes.
+    #[arg(long, env = "EDGELOOP_MAX_REQUEST_BYTES")]
+    pub max_request_bytes: Option<usize>,
+    /// Model downloads running at once.
+    #[arg(long, env = "EDGELOOP_DOWNLOAD_CONCURRENCY")]
+    pub download_concurrency: Option<usize>,
+    /// Ed25519 public keys (64 hex characters each, comma separated) whose
+    /// manifest signatures this device accepts.
+    #[arg(long, env = "EDGELOOP_TRUSTED_KEYS", value_delimiter = ',')]
+    pub trusted_keys: Option<Vec<String>>,
+    /// Accept model versions without a signed manifest (development only).
+    #[arg(long, env = "EDGELOOP_ALLOW_UNSIGNED")]
+    pub allow_unsigned: Option<bool>,
+    /// Seconds between telemetry batches.
+    #[arg(long, env = "EDGELOOP_TELEMETRY_INTERVAL_SECS")]
+    pub telemetry_interval_secs: Option<u64>,
+    /// Telemetry batches kept while offline; past this the oldest are dropped (and counted).
+    #[arg(long, env = "EDGELOOP_TELEMETRY_MAX_BATCHES")]
+    pub telemetry_max_batches: Option<u64>,
+}
+
+impl AgentSettings {
+    /// Each field from `self` if set, else from `lower`.
+    pub fn or(self, lower: AgentSettings) -> AgentSettings {
+        AgentSettings {
+            data_dir: self.data_dir.or(lower.data_dir),
+            control_plane: self.control_plane.or(lower.control_plane),
+            bootstrap_token: self.bootstrap_token.or(lower.bootstrap_token),
+            inference_listen: self.inference_listen.or(lower.inference_listen),
+            ort_library: self.ort_library.or(lower.ort_library),
+            providers: self.providers.or(lower.providers),
+            cuda_mem_limit_mb: self.cuda_mem_limit_mb.or(lower.cuda_mem_limit_mb),
+            workers_per_model: self.workers_per_model.or(lower.workers_per_model),
+            max_batch_size: self.max_batch_size.or(lower.max_batch_size),
+            max_queue_delay_us: self.max_queue_delay_us.or(lower.max_queue_delay_us),
+            queue_capacity: self.queue_capacity.or(lower.queue_capacity),
+            max_request_bytes: self.max_request_bytes.or(lower.max_request_bytes),
+            download_concurrency: self.download_concurrency.or(lower.download_concurrency),
+            trusted_keys: self.trusted_keys.or(lower.trusted_keys),
+            allow_unsigned: self.allow_unsigned.or(lower.allow_unsigned),
+            telemetry_interval_secs: self
+                .telemetry_interval_secs
+                .or(lower.telemetry_interval_secs),
+            telemetry_max_batches: self.telemetry_max_batches.or(lower.telemetry_max_batches),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    TensorRt,
+    Cuda,
+    Cpu,
+}
+
+/// How inference is served.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub ort_library: Option<PathBuf>,
+    pub providers: Vec<Provider>,
+    pub cuda_mem_limit_bytes: Option<usize>,
+    pub workers_per_model: usize,
+    pub max_batch_size: usize,
+    pub max_queue_delay: Duration,
+    pub queue_capacity: usize,
+    pub max_request_bytes: usize,
+}
+
+/// How models are synced.
+#[derive(Debug, Clone)]
+pub struct SyncConfig {
+    pub download_concurrency: usize,
+    pub trusted_keys: Vec<PublicKey>,
+    pub allow_unsigned: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct TelemetryConfig {
+    pub interval: Duration,
+    pub max_batches: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub member: MemberConfig,
+    pub serve: ServeConfig,
+    pub sync: SyncConfig,
+    pub telemetry: TelemetryConfig,
+}
+
+pub const DEFAULT_INFERENCE_LISTEN: &str = "127.0.0.1:8000";
+
+fn parse_provider(s: &str) -> anyhow::Result<Provider> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "tensorrt" | "trt" => Ok(Provider::TensorRt),
+        "cuda" => Ok(Provider::Cuda),
+        "cpu" => Ok(Provider::Cpu),
+        other => anyhow::bail!(
+            "providers: unknown execution provider {other:?}; expected tensorrt, cuda or cpu"
+        ),
+    }
+}
+
+fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
+    field: &str,
+    v: T,
+    lo: T,
+    hi: T,
+) -> anyhow::Result<T> {
+    anyhow::ensure!(v >= lo && v <= hi, "{field} must be {lo}..={hi}, got {v}");
+    Ok(v)
+}
+
+impl AgentConfig {
+    /// The defaults around a member identity (what tests and embedders
+    /// start from): inference on an ephemeral loopback port, CPU only.
+    pub fn new(member: MemberConfig, trusted_keys: Vec<PublicKey>) -> AgentConfig {
+        let mut c = AgentConfig::from_settings(AgentSettings {
+            data_dir: Some(member.data_dir.clone()),
+            control_plane: Some(member.control_plane.clone()),
+            allow_unsigned: Some(true),
+            inference_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            ..Default::default()
+        })
+        .expect("the defaults are valid");
+        c.member = member;
+        c.sync.trusted_keys = trusted_keys;
+        c.sync.allow_unsigned = false;
+        c
+    }
+
+    pub fn from_settings(s: AgentSettings) -> anyhow::Result<AgentConfig> {
+        let member = MemberConfig::from_settings(MemberSettings {
+            data_dir: s.data_dir,
+            control_plane: s.control_plane,
+            bootstrap_token: s.bootstrap_token,
+        })?;
+        let mut providers = s
+            .providers
+            .unwrap_or_else(|| vec!["cpu".into()])
+            .iter()
+            .map(|p| parse_provider(p))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        // The CPU is always the last resort.
+        if !providers.contains(&Provider::Cpu) {
+            providers.push(Provider::Cpu);
+        }
+        let trusted_keys = s
+            .trusted_keys
+            .unwrap_or_default()
+            .iter()
+            .filter(|k| !k.trim().is_empty())
+            .map(|k| {
+                PublicKey::from_hex(k.trim())
+                    .with_context(|| format!("trusted-keys: {k:?} is not an ed25519 public key"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let allow_unsigned = s.allow_unsigned.unwrap_or(false);
+        anyhow::ensure!(
+            allow_unsigned || !trusted_keys.is_empty(),
+            "trusted-keys is required (the keys whose manifest signatures this device accepts), \
+             unless allow-unsigned is set for development"
+        );
+        Ok(AgentConfig {
+            member,
+            serve: ServeConfig {
+                listen: s
+                    .inference_listen
+                    .unwrap_or_else(|| DEFAULT_INFERENCE_LISTEN.parse().expect("valid default")),
+                ort_library: s.ort_library,
+                providers,
+                cuda_mem_limit_bytes: s
+                    .cuda_mem_limit_mb
+                    .map(|mb| usize::try_from(mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)),
+                workers_per_model: in_range(
+                    "workers-per-model",
+                    s.workers_per_model.unwrap_or(2),
+                    1,
+                    64,
+                )?,
+                max_batch_size: in_range(
+                    "max-batch-size",
+                    s.max_batch_size.unwrap_or(16),
+                    1,
+                    4096,
+                )?,
+                max_queue_delay: Duration::from_micros(in_range(
+                    "max-queue-delay-us",
+                    s.max_queue_delay_us.unwrap_or(500),
+                    0,
+                    1_000_000,
+                )?),
+                queue_capacity: in_range(
+                    "queue-capacity",
+                    s.queue_capacity.unwrap_or(1024),
+                    1,
+                    1 << 20,
+                )?,
+                max_request_bytes: in_range(
+                    "max-request-bytes",
+                    s.max_request_bytes.unwrap_or(16 << 20),
+                    1024,
+                    1 << 30,
+                )?,
+            },
+            sync: SyncConfig {
+                download_concurrency: in_range(
+                    "download-concurrency",
+                    s.download_concurrency.unwrap_or(2),
+                    1,
+                    16,
+                )?,
+                trusted_keys,
+                allow_unsigned,
+            },
+            telemetry: TelemetryConfig {
+                interval: Duration::from_secs(in_range(
+                    "telemetry-interval-secs",
+                    s.telemetry_interval_secs.unwrap_or(30),
+                    1,
+                    86_400,
+                )?),
+                max_batches: in_range(
+                    "telemetry-max-batches",
+                    s.telemetry_max_batches.unwrap_or(10_000),
+                    1,
+                    10_000_000,
+                )?,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> AgentSettings {
+        AgentSettings {
+            data_dir: Some("/tmp/x".into()),
+            control_plane: Some("https://127.0.0.1:7443".into()),
+            allow_unsigned: Some(true),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_and_validation() {
+        let c = AgentConfig::from_settings(base()).unwrap();
+        assert_eq!(c.serve.providers, vec![Provider::Cpu]);
+        assert_eq!(c.serve.listen.to_string(), DEFAULT_INFERENCE_LISTEN);
+
+        let gpu = AgentConfig::from_settings(AgentSettings {
+            providers: Some(vec!["TensorRT".into(), "cuda".into()]),
+            ..base()
+        })
+        .unwrap();
+        assert_eq!(
+            gpu.serve.providers,
+            vec![Provider::TensorRt, Provider::Cuda, Provider::Cpu]
+        );
+
+        let cases: Vec<(AgentSettings, &str)> = vec![
+            (
+                AgentSettings {
+                    providers: Some(vec!["rocm".into()]),
+                    ..base()
+                },
+                "providers",
+            ),
+            (
+                AgentSettings {
+                    max_batch_size: Some(0),
+                    ..base()
+                },
+                "max-batch-size",
+            ),
+            (
+                AgentSettings {
+                    trusted_keys: Some(vec!["abc".into()]),
+                    ..base()
+                },
+                "trusted-keys",
+            ),
+            (
+                AgentSettings {
+                    allow_unsigned: None,
+                    ..base()
+                },
+                "trusted-keys is required",
+            ),
+        ];
+        for (s, field) in cases {
+            let err = format!("{:#}", AgentConfig::from_settings(s).unwrap_err());
+            assert!(err.contains(field), "{field}: {err}");
+        }
+    }
+
+    #[test]
+    fn flags_beat_the_file() {
+        let flags = AgentSettings {
+            max_batch_size: Some(4),
+            ..Default::default()
+        };
+        let file = AgentSettings {
+            max_batch_size: Some(8),
+            queue_capacity: Some(10),
+            ..Default::default()
+        };
+        let merged = flags.or(file);
+        assert_eq!(merged.max_batch_size, Some(4));
+        assert_eq!(merged.queue_capacity, Some(10));
+    }
+}
