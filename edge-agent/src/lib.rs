@@ -5,6 +5,8 @@
 //! buffers telemetry while offline.
 
 pub mod config;
+pub mod observe;
+pub mod serving;
 
 use edgeloop_client_core::member::host_capabilities;
 use edgeloop_client_core::{run_member, Role};
