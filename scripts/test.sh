@@ -40,6 +40,10 @@ echo "==> tests"
 log="$(mktemp)"
 cargo test --workspace 2>&1 | tee "$log"
 
+echo "==> PyTorch reference trainer (workloads/pytorch; its DDP run is skipped where torch is not importable)"
+python="$(scripts/python-env.sh | tail -n 1)"
+"$python" workloads/pytorch/test_contract.py 2>&1 | tee -a "$log"
+
 echo "==> quick start smoke run"
 smoke="$(mktemp -d)"
 trap 'rm -rf "$smoke" "$log"; stop_engines' EXIT
