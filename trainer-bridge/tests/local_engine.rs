@@ -66,6 +66,32 @@ async fn runs_multi_node_with_rank_env_and_reports_exit_codes() {
     // Submitting the same attempt again adopts it instead of starting twice.
     assert_eq!(engine.submit(&l).await.unwrap(), id);
 
+    // torchrun semantics: nproc_per_node processes on each node, one per rank.
+    let l = launch(
+        dir.path(),
+        "ranks",
+        "echo rank=$RANK local=$LOCAL_RANK node=$NODE_RANK world=$WORLD_SIZE >> ranks.txt",
+        2,
+        Launcher::Torchrun { nproc_per_node: 2 },
+    );
+    let id = engine.submit(&l).await.unwrap();
+    assert_eq!(wait_terminal(&engine, &id).await, EngineState::Succeeded);
+    let mut lines: Vec<String> = std::fs::read_to_string(dir.path().join("work/ranks.txt"))
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        vec![
+            "rank=0 local=0 node=0 world=4",
+            "rank=1 local=1 node=0 world=4",
+            "rank=2 local=0 node=1 world=4",
+            "rank=3 local=1 node=1 world=4",
+        ]
+    );
+
     let bad = launch(dir.path(), "bad", "echo oops; exit 3", 1, Launcher::None);
     let id = engine.submit(&bad).await.unwrap();
     match wait_terminal(&engine, &id).await {

@@ -1138,3 +1138,31 @@ proptest! {
         let _ = Requirement::parse(&text);
     }
 }
+
+/// Every job spec shown in the docs parses: a copied example must work.
+#[test]
+fn the_job_specs_in_the_docs_parse() {
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&docs).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "md") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for block in text.split("```json").skip(1) {
+            let body = block.split("```").next().unwrap();
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(body) else {
+                continue;
+            };
+            // Job specs are the objects with a command; the others are manifests etc.
+            if value.get("command").is_none() {
+                continue;
+            }
+            edgeloop_trainer_bridge::spec::JobSpec::from_json(body.as_bytes())
+                .unwrap_or_else(|e| panic!("{}: {e}\n{body}", path.display()));
+            seen += 1;
+        }
+    }
+    assert!(seen >= 1, "no job spec examples found in docs/");
+}

@@ -44,30 +44,55 @@ impl LocalEngine {
     }
 }
 
-/// The environment of each local "node" for the launcher.
-pub fn rank_env(launch: &Launch, node: u32) -> BTreeMap<String, String> {
-    let mut env = launch.env.clone();
+/// The environment of every process the launch starts on this machine, in
+/// rank order. `torchrun` starts `nproc_per_node` processes on each node, so
+/// the local engine does the same: one process per rank, each with its own
+/// `RANK`/`LOCAL_RANK` (a job with fewer processes than `WORLD_SIZE` would
+/// hang at rendezvous). `none` and Horovod start one process per node.
+pub fn process_envs(launch: &Launch) -> Result<Vec<BTreeMap<String, String>>, EngineError> {
+    let nodes = launch.nodes.max(1);
+    let mut out = Vec::new();
     match launch.launcher {
-        Launcher::None => {}
-        Launcher::Torchrun { nproc_per_node }
-        | Launcher::Horovod {
-            slots_per_node: nproc_per_node,
-        } => {
+        Launcher::None => out.extend((0..nodes).map(|_| launch.env.clone())),
+        Launcher::Torchrun { nproc_per_node } => {
             let nproc = nproc_per_node.max(1);
-            env.insert("MASTER_ADDR".into(), "127.0.0.1".into());
-            env.insert(
-                "MASTER_PORT".into(),
-                master_port(&launch.job_id).to_string(),
-            );
-            env.insert("NNODES".into(), launch.nodes.to_string());
-            env.insert("NODE_RANK".into(), node.to_string());
-            env.insert("NPROC_PER_NODE".into(), nproc.to_string());
-            env.insert("WORLD_SIZE".into(), (launch.nodes * nproc).to_string());
-            env.insert("RANK".into(), (node * nproc).to_string());
-            env.insert("LOCAL_RANK".into(), "0".into());
+            for node_rank in 0..nodes {
+                for local_rank in 0..nproc {
+                    let rank = crate::launch::torchrun_env(&crate::launch::RankInfo {
+                        master_addr: "127.0.0.1".into(),
+                        master_port: master_port(&launch.job_id),
+                        nnodes: nodes,
+                        nproc_per_node: nproc,
+                        node_rank,
+                        local_rank,
+                    })
+                    .map_err(|e| EngineError::Refused(e.to_string()))?;
+                    let mut env = launch.env.clone();
+                    env.extend(rank);
+                    out.push(env);
+                }
+            }
+        }
+        Launcher::Horovod { slots_per_node } => {
+            let nproc = slots_per_node.max(1);
+            for node in 0..nodes {
+                let mut env = launch.env.clone();
+                env.insert("MASTER_ADDR".into(), "127.0.0.1".into());
+                env.insert(
+                    "MASTER_PORT".into(),
+                    master_port(&launch.job_id).to_string(),
+                );
+                env.insert("NNODES".into(), nodes.to_string());
+                env.insert("NODE_RANK".into(), node.to_string());
+                env.insert("NPROC_PER_NODE".into(), nproc.to_string());
+                env.insert("WORLD_SIZE".into(), (nodes * nproc).to_string());
+                env.insert("RANK".into(), (node * nproc).to_string());
+                env.insert("LOCAL_RANK".into(), "0".into());
+                out.push(env);
+            }
         }
     }
-    env
+    Ok(out)
 }
 
 /// A port derived from the job id, in the dynamic range, so ranks agree on
@@ -109,7 +134,9 @@ impl Engine for LocalEngine {
             std::fs::create_dir_all(parent)?;
         }
         std::fs::create_dir_all(&launch.workdir)?;
-        for node in 0..launch.nodes.max(1) {
+        let envs = process_envs(launch)?;
+        // State files are per process ("node" below is a process index).
+        for (node, env) in envs.iter().enumerate() {
             let log = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -126,7 +153,7 @@ impl Engine for LocalEngine {
                 .env_clear()
                 .env("PATH", std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()))
                 .env("HOME", std::env::var("HOME").unwrap_or_default())
-                .envs(rank_env(launch, node))
+                .envs(env)
                 .env("EDGELOOP_LOCAL_EXIT_FILE", &exit_file)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
@@ -149,7 +176,7 @@ impl Engine for LocalEngine {
             dir.join("log_path"),
             launch.log_path.as_os_str().as_encoded_bytes(),
         )?;
-        std::fs::write(dir.join("nodes"), launch.nodes.max(1).to_string())?;
+        std::fs::write(dir.join("nodes"), envs.len().to_string())?;
         Ok(id)
     }
 
