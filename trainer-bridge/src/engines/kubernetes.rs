@@ -1118,3 +1118,716 @@ impl Engine for KubernetesEngine {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    const JOB_ID: &str = "train-1a2b3c4d";
+    const CKPT: &str = "/data/jobs/train-1a2b3c4d/checkpoints";
+
+    fn launch() -> Launch {
+        Launch {
+            job_id: JOB_ID.into(),
+            attempt: 2,
+            name: "train".into(),
+            image: Some("pytorch/pytorch:2.3.0-cuda12.1".into()),
+            command: vec![
+                "python".into(),
+                "train.py".into(),
+                "--lr".into(),
+                "$(HOME) $$ $".into(),
+            ],
+            env: BTreeMap::from([
+                ("EDGELOOP_JOB_ID".to_string(), JOB_ID.to_string()),
+                (CHECKPOINT_DIR.to_string(), CKPT.to_string()),
+                ("MASTER_PORT".to_string(), "29511".to_string()),
+                ("PRICE".to_string(), "$(NODE_RANK)$5".to_string()),
+            ]),
+            workdir: PathBuf::from("/data/jobs/train-1a2b3c4d"),
+            nodes: 2,
+            gpus_per_node: 4,
+            cpus_per_node: 16,
+            memory_mb: 64000,
+            launcher: Launcher::Torchrun { nproc_per_node: 1 },
+            log_path: PathBuf::from("/data/jobs/train-1a2b3c4d/attempt-2.log"),
+        }
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            namespace: "ml".into(),
+            volume: SharedVolume::HostPath,
+        }
+    }
+
+    /// The object as the API server receives it, and read back typed.
+    fn wire<T: serde::Serialize + serde::de::DeserializeOwned>(obj: &T) -> (Value, T) {
+        let v = serde_json::to_value(obj).unwrap();
+        let back = serde_json::from_value(v.clone()).unwrap();
+        (v, back)
+    }
+
+    fn job_of(l: &Launch) -> (Value, Job) {
+        wire(&build_job(l, &settings()).unwrap())
+    }
+
+    fn container(job: &Job) -> &Container {
+        &job.spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+    }
+
+    /// Plain values and downward-API paths of the container's env.
+    fn env_of(job: &Job) -> BTreeMap<String, String> {
+        container(job)
+            .env
+            .iter()
+            .flatten()
+            .map(|e| {
+                let v = match (&e.value, &e.value_from) {
+                    (Some(v), None) => v.clone(),
+                    (None, Some(src)) => {
+                        format!("field:{}", src.field_ref.as_ref().unwrap().field_path)
+                    }
+                    other => panic!("{}: {other:?}", e.name),
+                };
+                (e.name.clone(), v)
+            })
+            .collect()
+    }
+
+    /// Kubernetes' `$(VAR)` expansion (k8s.io/kubernetes
+    /// third_party/forked/golang/expansion): `$$` is `$`, `$(NAME)` a
+    /// defined variable's value, anything else stays.
+    fn k8s_expand(input: &str, env: &BTreeMap<String, String>) -> String {
+        let b = input.as_bytes();
+        let mut out = String::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'$' && i + 1 < b.len() {
+                if b[i + 1] == b'$' {
+                    out.push('$');
+                    i += 2;
+                    continue;
+                }
+                if b[i + 1] == b'(' {
+                    if let Some(end) = input[i + 2..].find(')') {
+                        let name = &input[i + 2..i + 2 + end];
+                        match env.get(name) {
+                            Some(v) => out.push_str(v),
+                            None => out.push_str(&format!("$({name})")),
+                        }
+                        i += 2 + end + 1;
+                        continue;
+                    }
+                }
+                out.push('$');
+                i += 1;
+                continue;
+            }
+            let c = input[i..].chars().next().unwrap();
+            out.push(c);
+            i += c.len_utf8();
+        }
+        out
+    }
+
+    #[test]
+    fn the_job_is_indexed_one_pod_per_node_and_kubernetes_never_restarts_a_pod() {
+        let (v, job) = job_of(&launch());
+        let name = "train-1a2b3c4d-2";
+        assert_eq!(job.metadata.name.as_deref(), Some(name));
+        assert_eq!(job.metadata.namespace.as_deref(), Some("ml"));
+        let spec = job.spec.as_ref().unwrap();
+        assert_eq!(spec.completion_mode.as_deref(), Some("Indexed"));
+        assert_eq!((spec.completions, spec.parallelism), (Some(2), Some(2)));
+        assert_eq!(spec.backoff_limit, Some(0));
+        assert_eq!(
+            spec.ttl_seconds_after_finished,
+            Some(TTL_SECONDS_AFTER_FINISHED)
+        );
+        let pod = spec.template.spec.as_ref().unwrap();
+        assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(pod.subdomain.as_deref(), Some(name));
+        assert_eq!(pod.enable_service_links, Some(false));
+        // The wire names the API server reads.
+        assert_eq!(v["spec"]["completionMode"], "Indexed");
+        assert_eq!(v["spec"]["template"]["spec"]["restartPolicy"], "Never");
+        assert_eq!(v["apiVersion"], "batch/v1");
+        assert_eq!(v["kind"], "Job");
+
+        let rules = &spec.pod_failure_policy.as_ref().unwrap().rules;
+        assert_eq!(rules.len(), 2);
+        assert!(rules.iter().all(|r| r.action == "FailJob"), "{rules:?}");
+        let cond = &rules[0].on_pod_conditions.as_ref().unwrap()[0];
+        assert_eq!(
+            (cond.type_.as_str(), cond.status.as_str()),
+            ("DisruptionTarget", "True")
+        );
+        let codes = rules[1].on_exit_codes.as_ref().unwrap();
+        assert_eq!(codes.container_name.as_deref(), Some(CONTAINER_NAME));
+        assert_eq!(
+            (codes.operator.as_str(), codes.values.as_slice()),
+            ("NotIn", &[0][..])
+        );
+
+        let labels = job.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[LABEL_JOB_ID], JOB_ID);
+        assert_eq!(labels[LABEL_ATTEMPT], "2");
+        assert_eq!(
+            job.metadata.annotations.as_ref().unwrap()[ANNOTATION_JOB_ID],
+            JOB_ID
+        );
+        let pod_labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap();
+        assert_eq!(pod_labels[LABEL_OBJECT], name);
+        assert_eq!(pod_labels[LABEL_JOB_ID], JOB_ID);
+        assert_eq!(pod_labels[LABEL_ATTEMPT], "2");
+
+        let c = container(&job);
+        assert_eq!(c.name, CONTAINER_NAME);
+        assert_eq!(c.image.as_deref(), Some("pytorch/pytorch:2.3.0-cuda12.1"));
+        assert_eq!(c.working_dir.as_deref(), Some("/data/jobs/train-1a2b3c4d"));
+    }
+
+    #[test]
+    fn resources_table() {
+        let q = |s: &str| Quantity(s.to_string());
+        // (gpus, cpus, memory_mb) -> (requests, limits)
+        type Map = Option<BTreeMap<String, Quantity>>;
+        let cases: Vec<((u32, u32, u64), Map, Map)> = vec![
+            (
+                (4, 16, 64000),
+                Some(BTreeMap::from([
+                    ("cpu".into(), q("16")),
+                    ("memory".into(), q("64000Mi")),
+                ])),
+                Some(BTreeMap::from([
+                    ("cpu".into(), q("16")),
+                    ("memory".into(), q("64000Mi")),
+                    ("nvidia.com/gpu".into(), q("4")),
+                ])),
+            ),
+            (
+                (1, 0, 0),
+                None,
+                Some(BTreeMap::from([("nvidia.com/gpu".into(), q("1"))])),
+            ),
+            (
+                (0, 2, 0),
+                Some(BTreeMap::from([("cpu".into(), q("2"))])),
+                Some(BTreeMap::from([("cpu".into(), q("2"))])),
+            ),
+            ((0, 0, 0), None, None),
+        ];
+        for ((gpus, cpus, mem), requests, limits) in cases {
+            let mut l = launch();
+            (l.gpus_per_node, l.cpus_per_node, l.memory_mb) = (gpus, cpus, mem);
+            let (_, job) = job_of(&l);
+            let r = container(&job).resources.clone().unwrap();
+            assert_eq!(r.requests, requests, "{gpus} {cpus} {mem}");
+            assert_eq!(r.limits, limits, "{gpus} {cpus} {mem}");
+        }
+    }
+
+    #[test]
+    fn torchrun_one_process_per_node_gets_the_rank_env_from_the_completion_index() {
+        let (_, job) = job_of(&launch());
+        let env = env_of(&job);
+        let index = format!("field:metadata.annotations['{INDEX_ANNOTATION}']");
+        let expect = [
+            ("MASTER_ADDR", "train-1a2b3c4d-2-0.train-1a2b3c4d-2"),
+            ("MASTER_PORT", "29511"),
+            ("WORLD_SIZE", "2"),
+            ("NNODES", "2"),
+            ("NPROC_PER_NODE", "1"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "1"),
+            ("NODE_RANK", index.as_str()),
+            ("RANK", index.as_str()),
+            ("EDGELOOP_JOB_ID", JOB_ID),
+            (CHECKPOINT_DIR, CKPT),
+        ];
+        for (k, v) in expect {
+            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}: {env:?}");
+        }
+        let names: Vec<&str> = container(&job)
+            .env
+            .iter()
+            .flatten()
+            .map(|e| e.name.as_str())
+            .collect();
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "no variable twice: {names:?}");
+        let c = container(&job);
+        assert_eq!(c.command.as_deref(), Some(&["python".to_string()][..]));
+    }
+
+    #[test]
+    fn torchrun_several_processes_per_node_runs_under_torchrun() {
+        let mut l = launch();
+        l.launcher = Launcher::Torchrun { nproc_per_node: 4 };
+        let (_, job) = job_of(&l);
+        let env = env_of(&job);
+        assert_eq!(env["WORLD_SIZE"], "8");
+        assert_eq!(env["NPROC_PER_NODE"], "4");
+        assert!(env["NODE_RANK"].starts_with("field:"));
+        assert!(
+            !env.contains_key("RANK") && !env.contains_key("LOCAL_RANK"),
+            "{env:?}"
+        );
+        let c = container(&job);
+        let mut words = c.command.clone().unwrap();
+        words.extend(c.args.clone().unwrap());
+        assert_eq!(
+            words[..8],
+            [
+                "torchrun",
+                "--nnodes=2",
+                "--nproc-per-node=4",
+                "--node-rank=$(NODE_RANK)",
+                "--master-addr=train-1a2b3c4d-2-0.train-1a2b3c4d-2",
+                "--master-port=29511",
+                "--no-python",
+                "python",
+            ]
+        );
+        // What the kubelet makes of it in pod 1.
+        let mut pod_env: BTreeMap<String, String> = env.clone();
+        pod_env.insert("NODE_RANK".into(), "1".into());
+        let run: Vec<String> = words.iter().map(|w| k8s_expand(w, &pod_env)).collect();
+        assert_eq!(run[3], "--node-rank=1");
+        assert_eq!(run[8..], ["train.py", "--lr", "$(HOME) $$ $"]);
+    }
+
+    #[test]
+    fn launcher_none_and_horovod() {
+        let mut l = launch();
+        l.launcher = Launcher::None;
+        let (_, job) = job_of(&l);
+        let env = env_of(&job);
+        assert!(!env.contains_key("MASTER_ADDR") && !env.contains_key("NODE_RANK"));
+        assert_eq!(env["MASTER_PORT"], "29511", "the launch's own env stays");
+
+        l.launcher = Launcher::Horovod { slots_per_node: 2 };
+        l.nodes = 1;
+        let (_, job) = job_of(&l);
+        let c = container(&job);
+        let mut words = c.command.clone().unwrap();
+        words.extend(c.args.clone().unwrap());
+        assert_eq!(words[..5], ["horovodrun", "-np", "2", "-H", "localhost:2"]);
+        assert_eq!(words[5], "python");
+
+        l.nodes = 3;
+        match build_job(&l, &settings()) {
+            Err(EngineError::Refused(m)) => assert!(m.contains("MPI"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_word_and_value_survives_kubernetes_expansion() {
+        let words = [
+            "$(HOME)",
+            "$$",
+            "$",
+            "a$",
+            "$$(X)",
+            "$(",
+            "$(NODE_RANK)",
+            "${PATH}",
+            "`x` 'y' \"z\"",
+            "ünï $(WORLD_SIZE)",
+        ];
+        let mut l = launch();
+        l.command = words.iter().map(|w| w.to_string()).collect();
+        for w in words {
+            l.env.insert(format!("V{}", l.env.len()), w.to_string());
+        }
+        let (_, job) = job_of(&l);
+        let c = container(&job);
+        // What the kubelet has when it expands: every variable defined.
+        let mut defined = BTreeMap::new();
+        for e in c.env.iter().flatten() {
+            defined.insert(e.name.clone(), "EXPANDED".to_string());
+        }
+        defined.insert("HOME".into(), "EXPANDED".into());
+        let mut run = c.command.clone().unwrap();
+        run.extend(c.args.clone().unwrap_or_default());
+        let run: Vec<String> = run.iter().map(|w| k8s_expand(w, &defined)).collect();
+        assert_eq!(run, words);
+        for e in c.env.iter().flatten() {
+            if let (Some(v), Some(given)) = (&e.value, l.env.get(&e.name)) {
+                assert_eq!(&k8s_expand(v, &defined), given, "{}", e.name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_service_is_headless_and_names_the_pods_subdomain() {
+        let (v, svc) = wire(&build_service(&launch(), &settings()));
+        let (_, job) = job_of(&launch());
+        let spec = svc.spec.as_ref().unwrap();
+        assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(v["spec"]["clusterIP"], "None");
+        assert_eq!(v["kind"], "Service");
+        assert_eq!(spec.publish_not_ready_addresses, Some(true));
+        assert_eq!(svc.metadata.name, job.metadata.name);
+        let template = &job.spec.as_ref().unwrap().template;
+        assert_eq!(
+            template.spec.as_ref().unwrap().subdomain,
+            svc.metadata.name,
+            "pods resolve as <job>-<i>.<service>"
+        );
+        let pod_labels = template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        for (k, val) in spec.selector.as_ref().unwrap() {
+            assert_eq!(pod_labels.get(k), Some(val), "the selector picks the pods");
+        }
+        assert!(is_from(&svc.metadata, &launch()));
+        let mut other = launch();
+        other.attempt = 3;
+        assert!(!is_from(&svc.metadata, &other));
+    }
+
+    #[test]
+    fn object_names_are_dns_labels_short_enough_for_pod_hostnames() {
+        let long = "x".repeat(63) + "-0123abcd";
+        let cases: Vec<(&str, u32, Option<&str>)> = vec![
+            ("train-1a2b3c4d", 1, Some("train-1a2b3c4d-1")),
+            ("train-1a2b3c4d", 12, Some("train-1a2b3c4d-12")),
+            ("Train_Run.7", 1, None),
+            ("7-runs-0000aaaa", 1, None),
+            ("", 1, None),
+            ("---", 4294967295, None),
+            (&long, 4294967295, None),
+            ("ü-only-ünicode", 1, None),
+        ];
+        let mut seen = HashSet::new();
+        for (id, attempt, want) in cases {
+            let name = object_name(id, attempt);
+            assert!(is_dns_label(&name), "{id:?} -> {name:?}");
+            assert!(name.len() <= MAX_NAME_LEN, "{name}");
+            assert!(name.starts_with(|c: char| c.is_ascii_lowercase()), "{name}");
+            assert!(name.ends_with(&format!("-{attempt}")), "{name}");
+            assert!(
+                is_dns_label(&format!("{name}-{}", u32::MAX)),
+                "the hostname of any pod index fits"
+            );
+            if let Some(w) = want {
+                assert_eq!(name, w);
+            }
+            assert!(
+                seen.insert(name.clone()),
+                "distinct ids, distinct names: {name}"
+            );
+            assert_eq!(name, object_name(id, attempt), "deterministic");
+        }
+        // Ids that clean up to the same text still differ.
+        assert_ne!(object_name("a_b-1", 1), object_name("a.b-1", 1));
+        assert_ne!(object_name(&long, 1), object_name(&(long.clone() + "x"), 1));
+    }
+
+    #[test]
+    fn label_values_table() {
+        for (raw, want) in [
+            ("train-1a2b3c4d", Some("train-1a2b3c4d")),
+            ("A.b_c-9", Some("A.b_c-9")),
+            ("", Some("")),
+            ("-x", None),
+            ("a b", None),
+            (&*"y".repeat(70), None),
+        ] {
+            let v = label_value(raw);
+            let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+            assert!(v.len() <= 63 && v.bytes().all(ok), "{raw:?} -> {v:?}");
+            assert!(
+                v.is_empty()
+                    || (v.starts_with(|c: char| c.is_ascii_alphanumeric())
+                        && v.ends_with(|c: char| c.is_ascii_alphanumeric())),
+                "{v}"
+            );
+            if let Some(w) = want {
+                assert_eq!(v, w);
+            } else {
+                assert!(v.ends_with(&short_hash(raw)), "{v}");
+            }
+        }
+    }
+
+    #[test]
+    fn refusals() {
+        let refused = |l: &Launch, needle: &str| match build(l, &settings()) {
+            Err(EngineError::Refused(m)) => assert!(m.contains(needle), "{needle}: {m}"),
+            other => panic!("{needle}: {other:?}"),
+        };
+        let mut l = launch();
+        l.image = None;
+        refused(&l, "kubernetes needs an image");
+        l.image = Some("  ".into());
+        refused(&l, "kubernetes needs an image");
+        let mut l = launch();
+        l.command.clear();
+        refused(&l, "no command");
+        let mut l = launch();
+        l.command.push("a\0b".into());
+        refused(&l, "NUL");
+        let mut l = launch();
+        l.env.insert("A=B".into(), "x".into());
+        refused(&l, "not a valid environment variable name");
+        let mut l = launch();
+        l.env.insert("X".into(), "a\0".into());
+        refused(&l, "NUL");
+        let mut l = launch();
+        l.launcher = Launcher::Torchrun { nproc_per_node: 0 };
+        refused(&l, "nproc_per_node = 0");
+        let mut l = launch();
+        l.workdir = PathBuf::from("rel/dir");
+        refused(&l, "must be absolute");
+        let mut l = launch();
+        l.launcher = Launcher::Horovod { slots_per_node: 0 };
+        l.nodes = 1;
+        refused(&l, "slots_per_node");
+    }
+
+    #[test]
+    fn shared_directories_are_mounted_at_their_own_paths() {
+        // The checkpoint dir inside the working dir: one hostPath mount.
+        let (_, job) = job_of(&launch());
+        let pod = job.spec.as_ref().unwrap().template.spec.clone().unwrap();
+        let vols = pod.volumes.unwrap();
+        assert_eq!(vols.len(), 1);
+        let hp = vols[0].host_path.clone().unwrap();
+        assert_eq!(hp.path, "/data/jobs/train-1a2b3c4d");
+        assert_eq!(hp.type_.as_deref(), Some("DirectoryOrCreate"));
+        let mounts = container(&job).volume_mounts.clone().unwrap();
+        assert_eq!(mounts[0].mount_path, hp.path);
+        assert_eq!(mounts[0].name, vols[0].name);
+
+        // A working dir elsewhere: both.
+        let mut l = launch();
+        l.workdir = PathBuf::from("/src/project");
+        let (_, job) = job_of(&l);
+        let mounts: Vec<String> = container(&job)
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.clone())
+            .collect();
+        assert_eq!(mounts, [CKPT, "/src/project"]);
+
+        // A claim that holds /data/jobs.
+        let claim = Settings {
+            namespace: "ml".into(),
+            volume: SharedVolume::Claim {
+                name: "edgeloop-jobs".into(),
+                root: PathBuf::from("/data/jobs"),
+            },
+        };
+        let job = build_job(&launch(), &claim).unwrap();
+        let pod = job.spec.as_ref().unwrap().template.spec.clone().unwrap();
+        let vols = pod.volumes.unwrap();
+        assert_eq!(
+            vols[0].persistent_volume_claim.as_ref().unwrap().claim_name,
+            "edgeloop-jobs"
+        );
+        let m = &container(&job).volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (m.mount_path.as_str(), m.sub_path.as_deref()),
+            ("/data/jobs/train-1a2b3c4d", Some("train-1a2b3c4d"))
+        );
+        let mut l = launch();
+        l.workdir = PathBuf::from("/elsewhere");
+        match build_job(&l, &claim) {
+            Err(EngineError::Refused(m)) => assert!(m.contains("not under /data/jobs"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn relative_paths_are_made_absolute_against_the_bridge_cwd() {
+        let mut l = launch();
+        l.workdir = PathBuf::from("data/jobs/x");
+        l.env
+            .insert(CHECKPOINT_DIR.into(), "data/jobs/x/checkpoints".into());
+        l.env.insert(RESUME_FROM.into(), String::new());
+        let a = absolutize(&l, Path::new("/srv/bridge"));
+        assert_eq!(a.workdir, PathBuf::from("/srv/bridge/data/jobs/x"));
+        assert_eq!(a.env[CHECKPOINT_DIR], "/srv/bridge/data/jobs/x/checkpoints");
+        assert_eq!(a.env[RESUME_FROM], "", "empty stays empty: a first run");
+        assert_eq!(absolutize(&launch(), Path::new("/srv")), launch());
+    }
+
+    fn job_with_status(status: Value) -> Job {
+        serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "j-1"},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn failed_pod(name: &str, code: i32, finished: &str) -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name},
+            "status": {"phase": "Failed", "containerStatuses": [{
+                "name": CONTAINER_NAME, "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": code, "finishedAt": finished}}
+            }]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn status_mapping_table() {
+        let pods = vec![
+            failed_pod("j-1-1-bbbbb", 143, "2026-01-01T00:00:09Z"),
+            failed_pod("j-1-0-aaaaa", 3, "2026-01-01T00:00:05Z"),
+        ];
+        let cond = |t: &str, reason: &str, message: &str| json!({"conditions": [{"type": t, "status": "True", "reason": reason, "message": message}]});
+        let cases: Vec<(Value, &[Pod], EngineState)> = vec![
+            (json!({}), &[], EngineState::Pending),
+            (json!({"active": 2, "ready": 0}), &[], EngineState::Pending),
+            (json!({"active": 2, "ready": 1}), &[], EngineState::Running),
+            (json!({"active": 1, "succeeded": 1}), &[], EngineState::Running),
+            (
+                json!({"active": 1, "conditions": [{"type": "FailureTarget", "status": "True"}]}),
+                &[],
+                EngineState::Running,
+            ),
+            (
+                json!({"conditions": [{"type": "Suspended", "status": "True"}]}),
+                &[],
+                EngineState::Pending,
+            ),
+            (
+                json!({"succeeded": 2, "conditions": [
+                    {"type": "SuccessCriteriaMet", "status": "True"},
+                    {"type": "Complete", "status": "True"}]}),
+                &[],
+                EngineState::Succeeded,
+            ),
+            (
+                json!({"conditions": [{"type": "Complete", "status": "False"}], "ready": 1}),
+                &[],
+                EngineState::Running,
+            ),
+            (
+                cond(
+                    "Failed",
+                    "PodFailurePolicy",
+                    "Container trainer for pod ml/j-1-0-aaaaa failed with exit code 3 matching FailJob rule at index 1",
+                ),
+                &pods,
+                EngineState::Failed {
+                    exit_code: Some(3),
+                    reason: "Kubernetes Job failed (PodFailurePolicy): Container trainer for pod ml/j-1-0-aaaaa failed with exit code 3 matching FailJob rule at index 1".into(),
+                },
+            ),
+            (
+                cond("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
+                &pods,
+                EngineState::Failed {
+                    exit_code: Some(3),
+                    reason: "Kubernetes Job failed (BackoffLimitExceeded): Job has reached the specified backoff limit".into(),
+                },
+            ),
+            (
+                cond(
+                    "Failed",
+                    "PodFailurePolicy",
+                    "Pod ml/j-1-0-aaaaa has condition DisruptionTarget matching FailJob rule at index 0",
+                ),
+                &[],
+                EngineState::Failed {
+                    exit_code: None,
+                    reason: "Kubernetes Job failed (PodFailurePolicy): Pod ml/j-1-0-aaaaa has condition DisruptionTarget matching FailJob rule at index 0".into(),
+                },
+            ),
+            (
+                cond(
+                    "Failed",
+                    "PodFailurePolicy",
+                    "Container trainer for pod ml/gone failed with exit code 42 matching FailJob rule at index 1",
+                ),
+                &[],
+                EngineState::Failed {
+                    exit_code: Some(42),
+                    reason: "Kubernetes Job failed (PodFailurePolicy): Container trainer for pod ml/gone failed with exit code 42 matching FailJob rule at index 1".into(),
+                },
+            ),
+        ];
+        for (status, pods, want) in cases {
+            let job = job_with_status(status.clone());
+            assert_eq!(map_status(&job, pods), want, "{status}");
+        }
+    }
+
+    #[test]
+    fn the_pod_named_in_the_message_wins_over_the_first_to_fail() {
+        let pods = vec![
+            failed_pod("j-1-0-aaaaa", 137, "2026-01-01T00:00:01Z"),
+            failed_pod("j-1-1-bbbbb", 5, "2026-01-01T00:00:09Z"),
+        ];
+        assert_eq!(
+            failure_exit_code(
+                "Container trainer for pod ml/j-1-1-bbbbb failed with exit code 5 matching",
+                &pods
+            ),
+            Some(5)
+        );
+        assert_eq!(failure_exit_code("", &pods), Some(137));
+        assert_eq!(failure_exit_code("", &[]), None);
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let bad_ns = Settings {
+            namespace: "Not_A_Namespace".into(),
+            volume: SharedVolume::HostPath,
+        };
+        assert!(matches!(
+            KubernetesEngine::with_url("http://127.0.0.1:1", None, bad_ns),
+            Err(EngineError::Unavailable(_))
+        ));
+        assert!(matches!(
+            KubernetesEngine::with_url("127.0.0.1:6443", None, settings()),
+            Err(EngineError::Unavailable(_))
+        ));
+        let e = KubernetesEngine::with_url(
+            "https://k8s.example:6443/",
+            Some("secret-token".into()),
+            settings(),
+        )
+        .unwrap();
+        assert_eq!(e.name(), "kubernetes");
+        let debug = format!("{e:?}");
+        assert!(!debug.contains("secret-token"), "{debug}");
+        assert!(debug.contains("k8s.example"), "{debug}");
+        for bad in ["", "UPPER", "a/b", "../x", &"a".repeat(64)] {
+            assert!(
+                matches!(
+                    checked_name(&EngineJobId(bad.into())),
+                    Err(EngineError::NotFound(_))
+                ),
+                "{bad}"
+            );
+        }
+    }
+}
