@@ -80,7 +80,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::batch::v1::{
-    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement,
+    Job, JobCondition, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement,
     PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
@@ -89,7 +89,7 @@ use k8s_openapi::api::core::v1::{
     Service, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use sha2::{Digest, Sha256};
 
@@ -629,10 +629,7 @@ pub fn build(launch: &Launch, settings: &Settings) -> Result<Objects, EngineErro
     })
 }
 
-fn condition<'a>(
-    job: &'a Job,
-    kind: &str,
-) -> Option<&'a k8s_openapi::api::batch::v1::JobCondition> {
+fn condition<'a>(job: &'a Job, kind: &str) -> Option<&'a JobCondition> {
     job.status
         .as_ref()?
         .conditions
@@ -642,12 +639,7 @@ fn condition<'a>(
 }
 
 /// The trainer container's exit code in a pod, when it ended with one.
-fn exit_code_of(
-    pod: &Pod,
-) -> Option<(
-    i32,
-    Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
-)> {
+fn exit_code_of(pod: &Pod) -> Option<(i32, Option<Time>)> {
     let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
     let st = statuses.iter().find(|s| s.name == CONTAINER_NAME)?;
     let term = st.state.as_ref()?.terminated.as_ref()?;
@@ -681,7 +673,7 @@ pub fn failure_exit_code(message: &str, pods: &[Pod]) -> Option<i32> {
     }
     failed
         .iter()
-        .min_by(|a, b| a.2.cmp(&b.2))
+        .min_by_key(|(_, _, finished)| (finished.is_none(), finished.clone()))
         .map(|(_, code, _)| *code)
 }
 
