@@ -2,6 +2,8 @@
 //! client, and helpers to enroll agents and bridges against it.
 #![allow(clippy::unwrap_used)]
 
+pub mod fake_k8s;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -31,8 +31,9 @@ use engines::Engine;
 use preflight::ClusterFacts;
 use runner::Runner;
 
-/// The engines this bridge can drive: `local` always; Slurm and Ray when
-/// their settings are in the environment (see `engines::slurm`, `engines::ray`).
+/// The engines this bridge can drive: `local` always; Slurm, Ray and
+/// Kubernetes when their settings are in the environment (see
+/// `engines::slurm`, `engines::ray`, `engines::kubernetes`).
 pub fn engines(config: &Config) -> anyhow::Result<BTreeMap<String, Arc<dyn Engine>>> {
     let mut engines: BTreeMap<String, Arc<dyn Engine>> = BTreeMap::new();
     let local = LocalEngine::new(&config.data_dir.join("engine-local"))
@@ -48,6 +49,18 @@ pub fn engines(config: &Config) -> anyhow::Result<BTreeMap<String, Arc<dyn Engin
         engines.insert(
             "ray".into(),
             Arc::new(engines::ray::RayEngine::from_env().context("Ray settings")?),
+        );
+    }
+    let k8s_set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    if k8s_set(engines::kubernetes::API_URL_ENV) || k8s_set(engines::kubernetes::KUBECONFIG_ENV) {
+        // Where the runner keeps job directories (`runner::job_dir`).
+        let jobs_root = config.data_dir.join("jobs");
+        engines.insert(
+            "kubernetes".into(),
+            Arc::new(
+                engines::kubernetes::KubernetesEngine::from_env(&jobs_root)
+                    .context("Kubernetes settings")?,
+            ),
         );
     }
     Ok(engines)

@@ -3,6 +3,7 @@
 //! Kubernetes. They all take the same [`Launch`] and report the same
 //! [`EngineState`], so the bridge's job loop never branches on the engine.
 
+pub mod kubernetes;
 pub mod local;
 pub mod ray;
 pub mod slurm;

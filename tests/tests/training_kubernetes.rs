@@ -1,0 +1,205 @@
+//! A real control plane and a real trainer bridge whose kubernetes engine
+//! talks to a **fake** API server (`edgeloop_tests::fake_k8s`: its fake
+//! kubelet runs each pod's command as a local process, ignoring the image).
+//! The contract trainer runs to completion and its checkpoints reach the
+//! control plane; a kill -9 of the trainer fails the Job and the next
+//! attempt, a new Job, resumes from the last checkpoint; cancel deletes it.
+//!
+//! The engine's settings are environment variables read when the bridge
+//! starts, and tests in one binary share the environment: this file holds
+//! one test, so nothing else reads or writes them concurrently.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use edgeloop_tests::fake_k8s::FakeKubernetes;
+use edgeloop_tests::{checkpoint_at_least, eventually, ControlPlane};
+use edgeloop_trainer_bridge::engines::kubernetes;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "edgeloop-test";
+
+fn spec(name: &str, total: u32, step_seconds: &str, max_restarts: u32) -> Value {
+    let trainer = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/contract_trainer.sh");
+    json!({
+        "name": name,
+        "engine": "kubernetes",
+        "image": "registry.example/edgeloop/contract-trainer:1",
+        "command": ["sh", trainer.display().to_string()],
+        "env": {"TOTAL": total.to_string(), "EVERY": "5", "STEP_SECONDS": step_seconds},
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1, "memory_mb": 256},
+        "checkpoint": {"every_steps": 5, "keep_last": 3},
+        "restarts": {"max_restarts": max_restarts, "backoff_seconds": 1, "backoff_max_seconds": 2}
+    })
+}
+
+async fn submit(cp: &ControlPlane, spec: Value) -> String {
+    let (status, job) = cp.api().post("/api/v1/jobs", json!({"spec": spec})).await;
+    assert_eq!(status, 201, "{job}");
+    job["id"].as_str().unwrap().to_string()
+}
+
+async fn ended(cp: &ControlPlane, id: &str) -> Value {
+    eventually(Duration::from_secs(120), "job ends", || async {
+        let (_, j) = cp.api().get(&format!("/api/v1/jobs/{id}")).await;
+        Some(j).filter(|j| {
+            matches!(
+                j["state"].as_str(),
+                Some("succeeded" | "failed" | "cancelled")
+            )
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn fake_api_kubernetes_jobs_run_the_contract_trainer_resume_and_cancel() {
+    let fake = FakeKubernetes::start().await;
+    std::env::set_var(kubernetes::API_URL_ENV, &fake.url);
+    std::env::set_var(kubernetes::NAMESPACE_ENV, NS);
+
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let config = cp.member_config(
+        &dir.path().join("bridge"),
+        Some(cp.token("cluster", "k8s").await),
+    );
+    let stop = CancellationToken::new();
+    let bridge = tokio::spawn(edgeloop_trainer_bridge::run(config, stop.clone()));
+    let cluster = eventually(Duration::from_secs(20), "bridge online", || async {
+        let (_, list) = cp.api().get("/api/v1/clusters").await;
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["status"] == "online")
+            .cloned()
+    })
+    .await;
+    let engines = cluster["capabilities"]["engines"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(engines.contains(&json!("kubernetes")), "{cluster}");
+
+    // 1. Runs to completion; every checkpoint reaches the control plane.
+    let id = submit(&cp, spec("on-k8s", 15, "0.02", 0)).await;
+    let done = ended(&cp, &id).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let steps: Vec<u64> = done["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, vec![5, 10, 15], "{done}");
+    let k8s_job = done["engine_job_id"].as_str().unwrap().to_string();
+    let job = fake
+        .job(NS, &k8s_job)
+        .unwrap_or_else(|| panic!("{k8s_job} in {:?}", fake.jobs()));
+    let conditions = job.status.unwrap().conditions.unwrap();
+    assert!(
+        conditions.iter().any(|c| c.type_ == "Complete"),
+        "{conditions:?}"
+    );
+    assert_eq!(
+        job.metadata.annotations.unwrap()[kubernetes::ANNOTATION_JOB_ID],
+        id
+    );
+
+    // 2. kill -9 of the trainer: the pod fails, so does the Job; the next
+    // attempt is a new Job that resumes from the last committed checkpoint.
+    let id = submit(&cp, spec("k8s-killed", 40, "0.1", 2)).await;
+    let job_dir = dir.path().join("bridge/jobs").join(&id);
+    checkpoint_at_least(&job_dir.join("checkpoints"), 10).await;
+    assert!(
+        kill_trainer_of(&id) > 0,
+        "found the training process of {id}"
+    );
+    let done = ended(&cp, &id).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(
+        (done["step"].as_u64(), done["attempt"].as_u64()),
+        (Some(40), Some(2)),
+        "{done}"
+    );
+    let log = std::fs::read_to_string(job_dir.join("trainer.log")).unwrap();
+    assert!(
+        log.contains("attempt 2 resumed from") && log.contains("finished at 40"),
+        "{log}"
+    );
+    let first = fake.job(NS, &format!("{id}-1")).unwrap();
+    let failed = first
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Failed")
+        .unwrap();
+    assert!(
+        failed.message.unwrap_or_default().contains("exit code 137"),
+        "SIGKILL is exit code 137 in a container"
+    );
+    assert!(
+        fake.job(NS, &format!("{id}-2")).is_some(),
+        "{:?}",
+        fake.jobs()
+    );
+
+    // 3. Cancel: the Job and its Service are deleted, the process stopped.
+    let id = submit(&cp, spec("k8s-cancelled", 1000, "0.1", 2)).await;
+    checkpoint_at_least(
+        &dir.path().join("bridge/jobs").join(&id).join("checkpoints"),
+        5,
+    )
+    .await;
+    let (status, body) = cp
+        .api()
+        .post(&format!("/api/v1/jobs/{id}/cancel"), json!({}))
+        .await;
+    assert!(status.is_success(), "{status} {body}");
+    let done = ended(&cp, &id).await;
+    assert_eq!(done["state"], "cancelled", "{done}");
+    let name = format!("{id}-1");
+    assert!(fake.job(NS, &name).is_none(), "{:?}", fake.jobs());
+    assert!(fake.service(NS, &name).is_none(), "{:?}", fake.services());
+    eventually(Duration::from_secs(10), "trainer stopped", || async {
+        Some(()).filter(|_| fake.live_processes() == 0)
+    })
+    .await;
+    assert!(fake.unexpected().is_empty(), "{:?}", fake.unexpected());
+
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    cp.stop().await;
+}
+
+/// SIGKILLs every `sh contract_trainer.sh` process whose environment carries
+/// this job's id, the way a node failure would end it. Returns how many.
+fn kill_trainer_of(job: &str) -> usize {
+    let marker = format!("EDGELOOP_JOB_ID={job}");
+    let mut killed = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let is_trainer = cmdline.windows(19).any(|w| w == b"contract_trainer.sh");
+        let is_job = environ.split(|b| *b == 0).any(|kv| kv == marker.as_bytes());
+        if is_trainer
+            && is_job
+            && nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
+}
