@@ -50,6 +50,9 @@ pub struct Runner {
 
 const CHUNK: usize = 1 << 20;
 
+/// How long an engine may be unreachable before its job counts as lost.
+const ENGINE_OUTAGE_GRACE: Duration = Duration::from_secs(120);
+
 fn state_of(s: &EngineState) -> pb::JobState {
     match s {
         EngineState::Pending => pb::JobState::Starting,
@@ -476,6 +479,8 @@ impl Runner {
             let started_from = resume.as_ref().map(|c| c.step);
             let mut stdout_reports = crate::progress::StdoutReports::default();
             let mut polls = 0u64;
+            let mut unreachable_since: Option<tokio::time::Instant> = None;
+            let mut last_state = EngineState::Pending;
             let final_state = loop {
                 polls += 1;
                 // Progress printed as JSON lines: from the output file the
@@ -496,12 +501,30 @@ impl Runner {
                     }
                 }
                 let state = match engine.status(&engine_id).await {
-                    Ok(s) => s,
+                    Ok(s) => {
+                        unreachable_since = None;
+                        s
+                    }
+                    // A restarting slurmrestd, Ray head or API server is not a
+                    // failed job: failing it would start a second copy while
+                    // the first still runs. Keep polling for a while.
+                    Err(
+                        e @ (crate::engines::EngineError::Unavailable(_)
+                        | crate::engines::EngineError::Io(_)),
+                    ) if unreachable_since
+                        .get_or_insert_with(tokio::time::Instant::now)
+                        .elapsed()
+                        < ENGINE_OUTAGE_GRACE =>
+                    {
+                        tracing::warn!(job = %id, engine = engine.name(), error = %e, "engine unreachable; still polling");
+                        last_state.clone()
+                    }
                     Err(e) => EngineState::Failed {
                         exit_code: None,
                         reason: e.to_string(),
                     },
                 };
+                last_state = state.clone();
                 let committed = scanner.scan(&ckpt_dir);
                 let pending: Vec<&Committed> = committed
                     .iter()
