@@ -21,6 +21,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
+use anyhow::Context as _;
 use edgeloop_models::manifest::Manifest;
 use edgeloop_proto::agent::v1 as pb;
 use rand::Rng as _;
@@ -143,7 +144,11 @@ impl std::fmt::Debug for Telemetry {
 impl Telemetry {
     /// Opens (or creates) the buffer in `<data_dir>/telemetry`.
     pub fn open(data_dir: &Path, options: TelemetryOptions) -> anyhow::Result<Arc<Telemetry>> {
-        let buffer = buffer::Buffer::open(&data_dir.join("telemetry"), options.limits())?;
+        // Samples hold request inputs: private, like the identity beside them.
+        let dir = data_dir.join("telemetry");
+        edgeloop_client_core::member::create_private_dir(&dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+        let buffer = buffer::Buffer::open(&dir, options.limits())?;
         Ok(Arc::new(Telemetry {
             feedback: Mutex::new(FeedbackState {
                 predictions: PredictionMap::new(

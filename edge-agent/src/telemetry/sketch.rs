@@ -384,7 +384,8 @@ mod tests {
             let z: f64 = xs.iter().map(|x| (x - m).exp()).sum();
             1.0 / z
         };
-        let table: Vec<(Vec<f64>, Option<(i64, f64)>)> = vec![
+        type Row = (Vec<f64>, Option<(i64, f64)>);
+        let table: Vec<Row> = vec![
             // Probabilities: taken as they are.
             (vec![0.1, 0.7, 0.2], Some((1, 0.7))),
             (vec![0.5, 0.5], Some((0, 0.5))),

@@ -431,3 +431,43 @@ async fn the_feedback_route() {
         assert!(message.contains(want), "{body}: {message}");
     }
 }
+
+#[test]
+fn the_buffer_is_private_to_the_agent() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    drop(open(&data, options()));
+    for d in [&data, &data.join("telemetry")] {
+        let mode = std::fs::metadata(d).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", d.display());
+    }
+}
+
+#[test]
+fn the_buffer_and_sequence_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let t = open(dir.path(), options());
+        observe(
+            &t,
+            "m",
+            "r",
+            f32s(&[1, 1], vec![0.0]),
+            f32s(&[1, 2], vec![1.0, 0.0]),
+            true,
+        );
+        assert_eq!(t.close_window().unwrap(), Some(1));
+    }
+    let t = open(dir.path(), options());
+    assert_eq!(t.pending().unwrap(), vec![1]);
+    observe(
+        &t,
+        "m",
+        "r",
+        f32s(&[1, 1], vec![0.0]),
+        f32s(&[1, 2], vec![1.0, 0.0]),
+        true,
+    );
+    assert_eq!(t.close_window().unwrap(), Some(2));
+}
