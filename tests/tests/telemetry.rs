@@ -196,6 +196,18 @@ async fn telemetry_recorded_offline_arrives_exactly_once_after_the_control_plane
     assert_eq!(status, 404, "{body}");
     let (status, body) = api.get("/api/v1/models/m/sketches?limit=0").await;
     assert_eq!(status, 400, "{body}");
+    let (_, doc) = api.get("/api/v1/openapi.json").await;
+    for path in [
+        "/api/v1/devices/{id}/telemetry",
+        "/api/v1/models/{name}/sketches",
+        "/api/v1/models/{name}/samples",
+    ] {
+        assert!(
+            doc["paths"][path].is_object(),
+            "{path} missing from OpenAPI"
+        );
+    }
+    assert!(doc["components"]["schemas"]["SketchRecord"].is_object());
 
     stop.cancel();
     uploader.await.unwrap().unwrap();

@@ -121,6 +121,59 @@ fn check_count(field: &str, len: usize, max: usize) -> Result<()> {
     Ok(())
 }
 
+const MAX_TEXT_BYTES: usize = 256;
+const MAX_MESSAGE_BYTES: usize = 4096;
+const MAX_ATTRIBUTES: usize = 64;
+
+fn check_text(field: &str, value: &str, max: usize) -> Result<()> {
+    if value.len() > max {
+        return Err(Error::bad_field(field, format!("at most {max} bytes")));
+    }
+    Ok(())
+}
+
+fn check_models(at: &str, m: &pb::ModelMetrics) -> Result<()> {
+    check_text(&format!("{at}.model_name"), &m.model_name, MAX_TEXT_BYTES)?;
+    check_text(
+        &format!("{at}.model_version"),
+        &m.model_version,
+        MAX_TEXT_BYTES,
+    )?;
+    check_text(
+        &format!("{at}.execution_provider"),
+        &m.execution_provider,
+        MAX_TEXT_BYTES,
+    )?;
+    for (field, v) in [
+        ("latency_p50_ms", m.latency_p50_ms),
+        ("latency_p99_ms", m.latency_p99_ms),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(Error::bad_field(
+                format!("{at}.{field}"),
+                format!("must be a finite number >= 0, got {v}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_event(at: &str, e: &pb::Event) -> Result<()> {
+    check_text(&format!("{at}.kind"), &e.kind, MAX_TEXT_BYTES)?;
+    check_text(&format!("{at}.message"), &e.message, MAX_MESSAGE_BYTES)?;
+    if e.attributes.len() > MAX_ATTRIBUTES {
+        return Err(Error::bad_field(
+            format!("{at}.attributes"),
+            format!("at most {MAX_ATTRIBUTES}"),
+        ));
+    }
+    for (k, v) in &e.attributes {
+        check_text(&format!("{at}.attributes"), k, MAX_TEXT_BYTES)?;
+        check_text(&format!("{at}.attributes.{k}"), v, MAX_MESSAGE_BYTES)?;
+    }
+    Ok(())
+}
+
 fn store_new(
     store: &Store,
     device: &str,
@@ -142,6 +195,12 @@ fn store_new(
         drift::MAX_SAMPLES_PER_REPORT,
     )?;
     // Everything is checked before anything is written.
+    for (i, m) in report.models.iter().enumerate() {
+        check_models(&format!("models[{i}]"), m)?;
+    }
+    for (i, e) in report.events.iter().enumerate() {
+        check_event(&format!("events[{i}]"), e)?;
+    }
     let sketches = report
         .sketches
         .into_iter()
@@ -322,5 +381,15 @@ mod tests {
         assert!(store.telemetry.scan_prefix("").unwrap().is_empty());
         let err = record_telemetry(&store, "d", report(0), OffsetDateTime::now_utc()).unwrap_err();
         assert!(err.to_string().contains("start at 1"));
+        let mut bad = report(1);
+        bad.models.push(pb::ModelMetrics {
+            latency_p99_ms: f64::INFINITY,
+            ..Default::default()
+        });
+        let err = record_telemetry(&store, "d", bad, OffsetDateTime::now_utc()).unwrap_err();
+        assert!(
+            matches!(&err, Error::BadRequest { field: Some(f), .. } if f == "models[0].latency_p99_ms"),
+            "{err}"
+        );
     }
 }
