@@ -249,13 +249,28 @@ impl Buffer {
     /// `send_failed`.
     pub fn head(&self) -> anyhow::Result<Option<pb::TelemetryReport>> {
         let mut state = self.lock();
-        let Some(item) = self.db.scan_prefix([BATCH]).next() else {
-            return Ok(None);
+        let (seq, mut report) = loop {
+            let Some(item) = self.db.scan_prefix([BATCH]).next() else {
+                return Ok(None);
+            };
+            let (k, v) = item?;
+            let seq = id_of(&k);
+            match pb::TelemetryReport::decode(v.as_ref()) {
+                Ok(report) => break (seq, report),
+                // It would block every later batch: drop it, and count it.
+                Err(e) => {
+                    tracing::error!(seq, error = %e, "telemetry batch is corrupt; dropping it");
+                    let mut batch = sled::Batch::default();
+                    batch.remove(k);
+                    batch.insert(
+                        DROPPED_BATCHES,
+                        &encode_u64(self.meta(DROPPED_BATCHES)? + 1)[..],
+                    );
+                    self.db.apply_batch(batch)?;
+                    state.batches = state.batches.saturating_sub(1);
+                }
+            }
         };
-        let (k, v) = item?;
-        let seq = id_of(&k);
-        let mut report = pb::TelemetryReport::decode(v.as_ref())
-            .with_context(|| format!("telemetry batch {seq} is corrupt"))?;
         report.sequence = seq;
         let keys = match self.attached()? {
             Some((s, keys)) if s == seq => keys,
@@ -611,6 +626,18 @@ mod tests {
         b.push(Default::default()).unwrap();
         let r = b.head().unwrap().unwrap();
         assert_eq!((r.sequence, r.dropped_batches, ids(&r)), (2, 1, vec!["a"]));
+    }
+
+    #[test]
+    fn a_corrupt_batch_is_dropped_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Buffer::open(dir.path(), limits()).unwrap();
+        b.push(Default::default()).unwrap();
+        b.push(Default::default()).unwrap();
+        b.db.insert(key(BATCH, 1), &[0xff, 0xff, 0xff][..]).unwrap();
+        assert_eq!(b.head().unwrap().unwrap().sequence, 2);
+        b.ack(2).unwrap();
+        assert_eq!(b.stats().unwrap().unreported_dropped_batches, 1);
     }
 
     #[test]
