@@ -1,5 +1,12 @@
 //! What devices report: batched telemetry (deduplicated by sequence, since an
 //! agent replays its offline buffer) and the state of each assignment.
+//!
+//! A report's sketches and samples go to their own trees (see
+//! [`super::drift`]), keyed by model and version for drift analysis; the
+//! report's own record is written last, with a compare-and-swap, and is
+//! what marks the sequence as stored. A crash before it leaves keys that the
+//! agent's retry rewrites with the same content, so every report is stored
+//! exactly once.
 
 use std::collections::BTreeMap;
 
@@ -7,13 +14,14 @@ use edgeloop_proto::agent::v1 as pb;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+use super::drift::{self, record_key};
 use crate::error::{Error, Result};
 use crate::store::Store;
 
 pub const MAX_MODELS_PER_REPORT: usize = 256;
 pub const MAX_EVENTS_PER_REPORT: usize = 1024;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TelemetryRecord {
     pub device: String,
     pub sequence: u64,
@@ -23,9 +31,25 @@ pub struct TelemetryRecord {
     pub received_at: OffsetDateTime,
     pub models: Vec<ModelMetricsRecord>,
     pub events: Vec<EventRecord>,
+    /// The window the report's sketches cover.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub window_start: Option<OffsetDateTime>,
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub window_end: Option<OffsetDateTime>,
+    /// Sketches and samples stored with this report (in their own trees).
+    #[serde(default)]
+    pub sketch_count: u64,
+    #[serde(default)]
+    pub sample_count: u64,
+    /// Reports and samples the device dropped unsent (buffer full) since
+    /// its previous report.
+    #[serde(default)]
+    pub dropped_batches: u64,
+    #[serde(default)]
+    pub dropped_samples: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelMetricsRecord {
     pub model_name: String,
     pub model_version: String,
@@ -36,7 +60,7 @@ pub struct ModelMetricsRecord {
     pub execution_provider: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EventRecord {
     #[serde(with = "time::serde::rfc3339::option")]
     pub at: Option<OffsetDateTime>,
@@ -79,21 +103,119 @@ pub fn record_telemetry(
     if report.sequence == 0 {
         return Err(Error::bad_field("sequence", "must start at 1"));
     }
-    if report.models.len() > MAX_MODELS_PER_REPORT {
+    let key = telemetry_key(device, report.sequence);
+    // A replayed sequence is a duplicate: keep the first copy.
+    if !store.telemetry.contains(&key)? {
+        store_new(store, device, &key, report, now)?;
+    }
+    Ok(store
+        .telemetry
+        .last_with_prefix(&format!("{device}/"))?
+        .map_or(0, |(_, r)| r.sequence))
+}
+
+fn check_count(field: &str, len: usize, max: usize) -> Result<()> {
+    if len > max {
+        return Err(Error::bad_field(field, format!("at most {max} per report")));
+    }
+    Ok(())
+}
+
+const MAX_TEXT_BYTES: usize = 256;
+const MAX_MESSAGE_BYTES: usize = 4096;
+const MAX_ATTRIBUTES: usize = 64;
+
+fn check_text(field: &str, value: &str, max: usize) -> Result<()> {
+    if value.len() > max {
+        return Err(Error::bad_field(field, format!("at most {max} bytes")));
+    }
+    Ok(())
+}
+
+fn check_models(at: &str, m: &pb::ModelMetrics) -> Result<()> {
+    check_text(&format!("{at}.model_name"), &m.model_name, MAX_TEXT_BYTES)?;
+    check_text(
+        &format!("{at}.model_version"),
+        &m.model_version,
+        MAX_TEXT_BYTES,
+    )?;
+    check_text(
+        &format!("{at}.execution_provider"),
+        &m.execution_provider,
+        MAX_TEXT_BYTES,
+    )?;
+    for (field, v) in [
+        ("latency_p50_ms", m.latency_p50_ms),
+        ("latency_p99_ms", m.latency_p99_ms),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(Error::bad_field(
+                format!("{at}.{field}"),
+                format!("must be a finite number >= 0, got {v}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_event(at: &str, e: &pb::Event) -> Result<()> {
+    check_text(&format!("{at}.kind"), &e.kind, MAX_TEXT_BYTES)?;
+    check_text(&format!("{at}.message"), &e.message, MAX_MESSAGE_BYTES)?;
+    if e.attributes.len() > MAX_ATTRIBUTES {
         return Err(Error::bad_field(
-            "models",
-            format!("at most {MAX_MODELS_PER_REPORT} per report"),
+            format!("{at}.attributes"),
+            format!("at most {MAX_ATTRIBUTES}"),
         ));
     }
-    if report.events.len() > MAX_EVENTS_PER_REPORT {
-        return Err(Error::bad_field(
-            "events",
-            format!("at most {MAX_EVENTS_PER_REPORT} per report"),
-        ));
+    for (k, v) in &e.attributes {
+        check_text(&format!("{at}.attributes"), k, MAX_TEXT_BYTES)?;
+        check_text(&format!("{at}.attributes.{k}"), v, MAX_MESSAGE_BYTES)?;
     }
+    Ok(())
+}
+
+fn store_new(
+    store: &Store,
+    device: &str,
+    key: &str,
+    report: pb::TelemetryReport,
+    now: OffsetDateTime,
+) -> Result<()> {
+    let seq = report.sequence;
+    check_count("models", report.models.len(), MAX_MODELS_PER_REPORT)?;
+    check_count("events", report.events.len(), MAX_EVENTS_PER_REPORT)?;
+    check_count(
+        "sketches",
+        report.sketches.len(),
+        drift::MAX_SKETCHES_PER_REPORT,
+    )?;
+    check_count(
+        "samples",
+        report.samples.len(),
+        drift::MAX_SAMPLES_PER_REPORT,
+    )?;
+    // Everything is checked before anything is written.
+    for (i, m) in report.models.iter().enumerate() {
+        check_models(&format!("models[{i}]"), m)?;
+    }
+    for (i, e) in report.events.iter().enumerate() {
+        check_event(&format!("events[{i}]"), e)?;
+    }
+    let sketches = report
+        .sketches
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| drift::sketch(&format!("sketches[{i}]"), device, seq, s))
+        .collect::<Result<Vec<_>>>()?;
+    let samples = report
+        .samples
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| drift::sample(&format!("samples[{i}]"), device, seq, s))
+        .collect::<Result<Vec<_>>>()?;
     let record = TelemetryRecord {
         device: device.to_string(),
-        sequence: report.sequence,
+        sequence: seq,
         recorded_at: to_time(report.recorded_at),
         received_at: now,
         models: report
@@ -119,15 +241,32 @@ pub fn record_telemetry(
                 attributes: e.attributes.into_iter().collect(),
             })
             .collect(),
+        window_start: to_time(report.window_start),
+        window_end: to_time(report.window_end),
+        sketch_count: sketches.len() as u64,
+        sample_count: samples.len() as u64,
+        dropped_batches: report.dropped_batches,
+        dropped_samples: report.dropped_samples,
     };
-    // A replayed sequence is a duplicate: keep the first copy.
-    store
-        .telemetry
-        .insert_new(&telemetry_key(device, record.sequence), &record)?;
-    Ok(store
-        .telemetry
-        .last_with_prefix(&format!("{device}/"))?
-        .map_or(0, |(_, r)| r.sequence))
+    if record.dropped_batches > 0 || record.dropped_samples > 0 {
+        tracing::warn!(
+            device,
+            dropped_batches = record.dropped_batches,
+            dropped_samples = record.dropped_samples,
+            "device dropped telemetry while offline"
+        );
+    }
+    for (i, s) in sketches.iter().enumerate() {
+        let k = record_key(&s.model_name, &s.model_version, device, seq, i);
+        store.sketches.insert(&k, s)?;
+    }
+    for (i, s) in samples.iter().enumerate() {
+        let k = record_key(&s.model_name, &s.model_version, device, seq, i);
+        store.samples.insert(&k, s)?;
+    }
+    // Last: this record is what marks the sequence as stored.
+    store.telemetry.insert_new(key, &record)?;
+    Ok(())
 }
 
 pub fn record_status(
@@ -162,4 +301,95 @@ pub fn record_status(
         .assignment_status
         .insert(&format!("{device}/{}", record.model_name), &record)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(sequence: u64) -> pb::TelemetryReport {
+        pb::TelemetryReport {
+            sequence,
+            sketches: vec![pb::ModelSketch {
+                model_name: "m".into(),
+                model_version: "1".into(),
+                requests: 2,
+                features: vec![pb::FeatureHistogram {
+                    name: "x".into(),
+                    bin_edges: vec![0.0, 1.0],
+                    counts: vec![2],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            samples: vec![pb::Sample {
+                kind: pb::SampleKind::Feedback as i32,
+                model_name: "m".into(),
+                model_version: "1".into(),
+                request_id: "r".into(),
+                label: Some(1),
+                ..Default::default()
+            }],
+            dropped_batches: 2,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_replayed_report_is_stored_exactly_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let now = OffsetDateTime::now_utc();
+        assert_eq!(record_telemetry(&store, "d", report(1), now).unwrap(), 1);
+        // The replay differs (a bug on the device): the first copy stays.
+        let mut replay = report(1);
+        replay.sketches[0].requests = 99;
+        assert_eq!(record_telemetry(&store, "d", replay, now).unwrap(), 1);
+        assert_eq!(record_telemetry(&store, "d", report(2), now).unwrap(), 2);
+        assert_eq!(
+            record_telemetry(&store, "other", report(1), now).unwrap(),
+            1
+        );
+
+        let sketches = store.sketches.scan_prefix("m/1/d/").unwrap();
+        assert_eq!(sketches.len(), 2);
+        assert_eq!(sketches[0].1.requests, 2);
+        assert_eq!(store.samples.scan_prefix("m/").unwrap().len(), 3);
+        let rec = store
+            .telemetry
+            .get("d/00000000000000000001")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (rec.sketch_count, rec.sample_count, rec.dropped_batches),
+            (1, 1, 2)
+        );
+    }
+
+    #[test]
+    fn an_invalid_report_stores_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let mut bad = report(1);
+        bad.samples[0].kind = 0;
+        let err = record_telemetry(&store, "d", bad, OffsetDateTime::now_utc()).unwrap_err();
+        assert!(
+            matches!(&err, Error::BadRequest { field: Some(f), .. } if f == "samples[0].kind"),
+            "{err}"
+        );
+        assert!(store.sketches.scan_prefix("").unwrap().is_empty());
+        assert!(store.telemetry.scan_prefix("").unwrap().is_empty());
+        let err = record_telemetry(&store, "d", report(0), OffsetDateTime::now_utc()).unwrap_err();
+        assert!(err.to_string().contains("start at 1"));
+        let mut bad = report(1);
+        bad.models.push(pb::ModelMetrics {
+            latency_p99_ms: f64::INFINITY,
+            ..Default::default()
+        });
+        let err = record_telemetry(&store, "d", bad, OffsetDateTime::now_utc()).unwrap_err();
+        assert!(
+            matches!(&err, Error::BadRequest { field: Some(f), .. } if f == "models[0].latency_p99_ms"),
+            "{err}"
+        );
+    }
 }

@@ -8,6 +8,7 @@ use std::path::Path;
 pub use tree::Tree;
 
 use crate::fleet::assignments::AssignmentSetRecord;
+use crate::fleet::drift::{SampleRecord, SketchRecord};
 use crate::fleet::members::{BootstrapTokenRecord, Member, MemberKind};
 use crate::fleet::telemetry::{AssignmentStatusRecord, TelemetryRecord};
 use crate::r#loop::jobs::JobRecord;
@@ -54,6 +55,10 @@ pub struct Store {
     pub assignments: Tree<AssignmentSetRecord>,
     pub assignment_status: Tree<AssignmentStatusRecord>,
     pub telemetry: Tree<TelemetryRecord>,
+    /// Drift sketches, by model/version/device/sequence.
+    pub sketches: Tree<SketchRecord>,
+    /// Hard examples and labelled feedback, keyed like sketches.
+    pub samples: Tree<SampleRecord>,
     pub checkpoints: Tree<CheckpointRecord>,
     pub jobs: Tree<JobRecord>,
 }
@@ -90,6 +95,8 @@ impl Store {
             assignments: Tree::open(&db, "assignments")?,
             assignment_status: Tree::open(&db, "assignment_status")?,
             telemetry: Tree::open(&db, "telemetry")?,
+            sketches: Tree::open(&db, "sketches")?,
+            samples: Tree::open(&db, "samples")?,
             checkpoints: Tree::open(&db, "checkpoints")?,
             jobs: Tree::open(&db, "jobs")?,
             db,

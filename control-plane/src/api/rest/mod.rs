@@ -7,6 +7,7 @@ mod jobs;
 pub mod json;
 mod models;
 pub mod openapi;
+mod telemetry;
 
 use std::sync::Arc;
 
@@ -32,6 +33,10 @@ pub fn router(core: Arc<Core>) -> Router {
         .route("/api/v1/devices/{id}", get(fleet::get_device))
         .route("/api/v1/devices/{id}/revoke", post(fleet::revoke_device))
         .route("/api/v1/devices/{id}/labels", put(fleet::set_device_labels))
+        .route(
+            "/api/v1/devices/{id}/telemetry",
+            get(telemetry::device_telemetry),
+        )
         .route("/api/v1/clusters", get(fleet::list_clusters))
         .route("/api/v1/clusters/{id}", get(fleet::get_cluster))
         .route("/api/v1/clusters/{id}/revoke", post(fleet::revoke_cluster))
@@ -57,6 +62,14 @@ pub fn router(core: Arc<Core>) -> Router {
         .route(
             "/api/v1/models/{name}/versions/{version}",
             get(models::get_version),
+        )
+        .route(
+            "/api/v1/models/{name}/sketches",
+            get(telemetry::model_sketches),
+        )
+        .route(
+            "/api/v1/models/{name}/samples",
+            get(telemetry::model_samples),
         )
         .route("/api/v1/jobs", post(jobs::create).get(jobs::list))
         .route("/api/v1/jobs/{id}", get(jobs::show))

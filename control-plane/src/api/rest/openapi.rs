@@ -4,7 +4,7 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{artifacts, fleet, jobs, models};
+use super::{artifacts, fleet, jobs, models, telemetry};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -18,6 +18,7 @@ use super::{artifacts, fleet, jobs, models};
         fleet::get_device,
         fleet::revoke_device,
         fleet::set_device_labels,
+        telemetry::device_telemetry,
         fleet::list_clusters,
         fleet::get_cluster,
         fleet::revoke_cluster,
@@ -31,6 +32,8 @@ use super::{artifacts, fleet, jobs, models};
         models::create_version,
         models::list_versions,
         models::get_version,
+        telemetry::model_sketches,
+        telemetry::model_samples,
         jobs::create,
         jobs::list,
         jobs::show,

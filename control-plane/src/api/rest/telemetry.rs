@@ -1,0 +1,134 @@
+//! What devices reported: their telemetry reports, and per model the drift
+//! sketches and samples (hard examples, labelled feedback) drift analysis
+//! and retraining read.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde::Deserialize;
+
+use crate::error::{Error, ErrorBody};
+use crate::fleet::drift::{SampleKind, SampleRecord, SketchRecord};
+use crate::fleet::members::{self, MemberKind};
+use crate::fleet::telemetry::TelemetryRecord;
+use crate::registry::models;
+use crate::Core;
+
+pub const DEFAULT_LIMIT: usize = 100;
+pub const MAX_LIMIT: usize = 1000;
+
+/// Filters; results come in key order (version, device, sequence) and
+/// `after_sequence` pages through one device's reports.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ReportQuery {
+    /// Only this model version.
+    pub version: Option<String>,
+    /// Only this device.
+    pub device: Option<String>,
+    /// Only reports with a higher sequence.
+    pub after_sequence: Option<u64>,
+    /// Only this kind of sample (`hard_example`, `feedback`); samples only.
+    pub kind: Option<SampleKind>,
+    /// At most this many records (default 100, at most 1000).
+    pub limit: Option<usize>,
+}
+
+fn query(q: Result<Query<ReportQuery>, QueryRejection>) -> Result<ReportQuery, Error> {
+    let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
+    if q.limit.is_some_and(|l| l == 0 || l > MAX_LIMIT) {
+        return Err(Error::bad_field(
+            "limit",
+            format!("must be 1 to {MAX_LIMIT}"),
+        ));
+    }
+    Ok(q)
+}
+
+fn prefix(model: &str, q: &ReportQuery) -> String {
+    match &q.version {
+        Some(v) => format!("{model}/{v}/"),
+        None => format!("{model}/"),
+    }
+}
+
+fn keep(q: &ReportQuery, device: &str, sequence: u64) -> bool {
+    q.device.as_deref().is_none_or(|d| d == device)
+        && q.after_sequence.is_none_or(|after| sequence > after)
+}
+
+/// A device's telemetry reports (summaries; sketches and samples are read
+/// per model).
+#[utoipa::path(get, path = "/api/v1/devices/{id}/telemetry", tag = "fleet",
+    params(("id" = String, Path), ReportQuery),
+    responses((status = 200, body = Vec<TelemetryRecord>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn device_telemetry(
+    State(core): State<Arc<Core>>,
+    Path(id): Path<String>,
+    q: Result<Query<ReportQuery>, QueryRejection>,
+) -> Result<Json<Vec<TelemetryRecord>>, Error> {
+    let q = query(q)?;
+    members::get(&core.store, MemberKind::Device, &id)?;
+    let records = core
+        .store
+        .telemetry
+        .scan_prefix(&format!("{id}/"))?
+        .into_iter()
+        .map(|(_, r)| r)
+        .filter(|r| keep(&q, &r.device, r.sequence))
+        .take(q.limit.unwrap_or(DEFAULT_LIMIT))
+        .collect();
+    Ok(Json(records))
+}
+
+/// Drift sketches of a model (one per device, version and window).
+#[utoipa::path(get, path = "/api/v1/models/{name}/sketches", tag = "registry",
+    params(("name" = String, Path), ReportQuery),
+    responses((status = 200, body = Vec<SketchRecord>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn model_sketches(
+    State(core): State<Arc<Core>>,
+    Path(name): Path<String>,
+    q: Result<Query<ReportQuery>, QueryRejection>,
+) -> Result<Json<Vec<SketchRecord>>, Error> {
+    let q = query(q)?;
+    models::get_model(&core.store, &name)?;
+    let records = core
+        .store
+        .sketches
+        .scan_prefix(&prefix(&name, &q))?
+        .into_iter()
+        .map(|(_, r)| r)
+        .filter(|r| keep(&q, &r.device, r.sequence))
+        .take(q.limit.unwrap_or(DEFAULT_LIMIT))
+        .collect();
+    Ok(Json(records))
+}
+
+/// Hard examples and labelled feedback of a model, with their inputs.
+#[utoipa::path(get, path = "/api/v1/models/{name}/samples", tag = "registry",
+    params(("name" = String, Path), ReportQuery),
+    responses((status = 200, body = Vec<SampleRecord>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn model_samples(
+    State(core): State<Arc<Core>>,
+    Path(name): Path<String>,
+    q: Result<Query<ReportQuery>, QueryRejection>,
+) -> Result<Json<Vec<SampleRecord>>, Error> {
+    let q = query(q)?;
+    models::get_model(&core.store, &name)?;
+    let records = core
+        .store
+        .samples
+        .scan_prefix(&prefix(&name, &q))?
+        .into_iter()
+        .map(|(_, r)| r)
+        .filter(|r| keep(&q, &r.device, r.sequence) && q.kind.is_none_or(|k| k == r.kind))
+        .take(q.limit.unwrap_or(DEFAULT_LIMIT))
+        .collect();
+    Ok(Json(records))
+}
