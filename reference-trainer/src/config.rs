@@ -1,6 +1,9 @@
 //! What a run is told: command-line flags, the checkpoint contract's
 //! environment (clap reads each `EDGELOOP_*` variable as its flag's
-//! default), and the `EDGELOOP_HYPERPARAMETERS` object.
+//! default), and the `EDGELOOP_HYPERPARAMETERS` object. The contract's
+//! variables may be set and empty (`EDGELOOP_RESUME_FROM` is empty on a first
+//! run), and empty counts as not given: hence `num_args = 0..=1`, which lets
+//! clap take an empty value, and the `nonempty` filter.
 //!
 //! Precedence for a training setting: flag, then hyperparameter, then (on
 //! resume) the checkpoint's value, then the workload's default. A resumed run
@@ -32,29 +35,29 @@ pub struct Cli {
     #[arg(long, value_enum)]
     pub workload: Option<Workload>,
     /// Where step-<N>/ checkpoints go.
-    #[arg(long, env = "EDGELOOP_CHECKPOINT_DIR")]
+    #[arg(long, env = "EDGELOOP_CHECKPOINT_DIR", num_args = 0..=1, default_missing_value = "")]
     pub checkpoint_dir: Option<String>,
     /// A committed step-<N>/ to continue from; empty means a first run.
     /// (Strings, not paths: clap refuses an empty path, and the contract
     /// spells "no checkpoint" as an empty value.)
-    #[arg(long, env = "EDGELOOP_RESUME_FROM")]
+    #[arg(long, env = "EDGELOOP_RESUME_FROM", num_args = 0..=1, default_missing_value = "")]
     pub resume_from: Option<String>,
     /// Where to POST progress (plain http://).
-    #[arg(long, env = "EDGELOOP_REPORT_URL")]
+    #[arg(long, env = "EDGELOOP_REPORT_URL", num_args = 0..=1, default_missing_value = "")]
     pub report_url: Option<String>,
-    #[arg(long, env = "EDGELOOP_CHECKPOINT_EVERY_STEPS")]
+    #[arg(long, env = "EDGELOOP_CHECKPOINT_EVERY_STEPS", num_args = 0..=1, default_missing_value = "")]
     pub checkpoint_every_steps: Option<String>,
-    #[arg(long, env = "EDGELOOP_CHECKPOINT_EVERY_MINUTES")]
+    #[arg(long, env = "EDGELOOP_CHECKPOINT_EVERY_MINUTES", num_args = 0..=1, default_missing_value = "")]
     pub checkpoint_every_minutes: Option<String>,
     /// A JSON object; see the `HYPERPARAMETERS` keys.
-    #[arg(long, env = "EDGELOOP_HYPERPARAMETERS")]
+    #[arg(long, env = "EDGELOOP_HYPERPARAMETERS", num_args = 0..=1, default_missing_value = "")]
     pub hyperparameters: Option<String>,
     /// A JSON array of dataset URIs; the first `file://` one (or plain path)
     /// is the data.
-    #[arg(long, env = "EDGELOOP_DATASETS")]
+    #[arg(long, env = "EDGELOOP_DATASETS", num_args = 0..=1, default_missing_value = "")]
     pub datasets: Option<String>,
     /// Only fp32 is implemented; another hint is noted and ignored.
-    #[arg(long, env = "EDGELOOP_PRECISION")]
+    #[arg(long, env = "EDGELOOP_PRECISION", num_args = 0..=1, default_missing_value = "")]
     pub precision: Option<String>,
     /// The data: MNIST's digits directory or the rainfall csv (default: where
     /// scripts/fetch-mnist.sh or scripts/fetch-rainfall.sh put it).

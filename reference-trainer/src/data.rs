@@ -292,8 +292,8 @@ pub fn load_rainfall(path: &Path) -> Result<Data, DataError> {
         }
         let label = cells[n_features + 1].trim();
         y.push(match label.parse::<f64>() {
-            Ok(v) if v == 0.0 => 0,
-            Ok(v) if v == 1.0 => 1,
+            Ok(0.0) => 0,
+            Ok(1.0) => 1,
             _ => {
                 return Err(invalid(
                     path,
