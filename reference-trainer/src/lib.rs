@@ -55,7 +55,7 @@ use serde::{Deserialize, Serialize};
 pub enum Workload {
     /// tools/train_mnist.py's CNN on MNIST digits (10 classes).
     MnistCnn,
-    /// An MLP on the NOAA rainfall table: rain tomorrow or not (2 classes).
+    /// An MLP on the NOAA rainfall table: rain or not (2 classes).
     RainfallMlp,
 }
 
