@@ -83,8 +83,9 @@ fn plain_relative(p: &str) -> bool {
 /// directory entry is durable. Nothing else under `root` is touched.
 ///
 /// A `step-<step>/` left by an earlier attempt (one that died before its
-/// manifest, or was resumed from an older checkpoint) loses its manifest
-/// first, so it never vouches for files while they are rewritten.
+/// manifest, or was resumed from an older checkpoint) is replaced whole:
+/// its manifest goes first, so it never vouches for files while they are
+/// removed, then the rest (stray temp files of a killed writer included).
 pub fn write(
     root: &Path,
     step: u64,
@@ -105,6 +106,11 @@ pub fn write(
     std::fs::create_dir_all(root).map_err(io)?;
     match std::fs::remove_file(dir.join(MANIFEST)) {
         Ok(()) => sync_dir(&dir).map_err(io)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
@@ -242,7 +248,9 @@ mod tests {
             ["manifest.json", "state.json", "weights.safetensors"]
         );
 
-        // Rewriting a step (a resumed attempt redoing it) replaces it whole.
+        // Rewriting a step (a resumed attempt redoing it) replaces it whole,
+        // a killed writer's temp file included.
+        std::fs::write(dir.join(".weights.safetensors.tmp-1"), b"stray").unwrap();
         write(
             root.path(),
             7,
@@ -255,6 +263,7 @@ mod tests {
             read(&dir).unwrap().file("weights.safetensors").unwrap(),
             b"w2"
         );
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
     }
 
     #[test]
