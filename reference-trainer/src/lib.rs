@@ -21,14 +21,16 @@
 //! - the optimizer's whole state (Adam's `m`, `v`, `t`) is saved
 //!   ([`optim`]), and the learning rate is a pure function of the step;
 //! - weights and moments are stored as raw f32 (safetensors) and hashed;
-//! - candle's CPU kernels are deterministic for a given thread count (no
-//!   atomics; each parallel task owns its output elements, and gemm splits
-//!   the output, not the reduction). The count is pinned anyway, to the
-//!   `threads` hyperparameter (default 1) recorded in `state.json`, through
-//!   `RAYON_NUM_THREADS`, which both rayon and candle's gemm read: nothing in
-//!   candle promises thread-count-independent results, and a restart on a
-//!   node with more cores must not change them. (Different CPU instruction
-//!   sets, e.g. AVX-512 vs AVX2, may still round differently.)
+//! - candle's CPU kernels are deterministic for a given thread count: no
+//!   atomics, each parallel task owns its output elements, and reductions
+//!   run in a fixed order. With candle 0.9.2, 1 and 2 threads even gave
+//!   identical weights, but nothing in candle promises that, and a restart
+//!   on a node with more cores must not change the result. So the count is
+//!   pinned to the `threads` hyperparameter (default 1, recorded in
+//!   `state.json`) through `RAYON_NUM_THREADS`, which sizes rayon's pool and
+//!   is what candle's matmul passes to gemm. (CPUs with other instruction
+//!   sets, AVX-512 against AVX2 say, may still round differently: gemm
+//!   picks its kernels at run time.)
 //!
 //! # Why candle
 //!

@@ -1,6 +1,6 @@
 //! The built `edgeloop-train` binary, run as the bridge runs it: a run
-//! stopped at a checkpoint and resumed in a new process matches an
-//! uninterrupted one bit for bit; torn checkpoints and missing data are
+//! stopped at a checkpoint (or killed) and resumed in a new process matches
+//! an uninterrupted one bit for bit; torn checkpoints and missing data are
 //! clear errors; reports reach EDGELOOP_REPORT_URL; and the exported ONNX
 //! model computes in ONNX Runtime what candle computed.
 //!
@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::Instant;
 
 use edgeloop_models::dataset::Dataset;
@@ -26,7 +26,7 @@ use edgeloop_models::onnx;
 use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::Tensor as NdTensor;
 use edgeloop_reference_trainer::model::{argmax_rows, Model};
-use edgeloop_reference_trainer::{data, Workload};
+use edgeloop_reference_trainer::{checkpoint, data, Workload};
 
 const BIN: &str = env!("CARGO_BIN_EXE_edgeloop-train");
 
@@ -85,6 +85,10 @@ impl<'a> Run<'a> {
     }
 
     fn output(&self) -> Output {
+        self.command().output().unwrap()
+    }
+
+    fn command(&self) -> Command {
         let mut cmd = Command::new(BIN);
         for var in CONTRACT_VARS {
             cmd.env_remove(var);
@@ -109,7 +113,7 @@ impl<'a> Run<'a> {
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        cmd.output().unwrap()
+        cmd
     }
 
     /// Runs to success; returns the report lines (step, metrics).
@@ -235,6 +239,79 @@ fn rainfall_resume_is_bit_for_bit_across_epochs() {
         serde_json::json!({"workload": "rainfall-mlp", "steps": 25, "batch_size": 1000,
                            "learning_rate": 0.01}),
         &[7, 16],
+    );
+}
+
+/// The newest committed checkpoint under `root`, as the bridge picks it.
+fn newest_committed(root: &Path) -> Option<(u64, PathBuf)> {
+    let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(root)
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let step = path
+                .file_name()?
+                .to_str()?
+                .strip_prefix("step-")?
+                .parse()
+                .ok()?;
+            Some((step, path))
+        })
+        .collect();
+    steps.sort();
+    steps
+        .into_iter()
+        .rev()
+        .find(|(_, dir)| checkpoint::read(dir).is_ok())
+}
+
+/// A run killed with SIGKILL (not stopped politely) and resumed from its
+/// newest committed checkpoint ends exactly as a run that never died.
+#[test]
+fn mnist_killed_run_resumes_bit_for_bit() {
+    require_data(Workload::MnistCnn);
+    let hyper =
+        serde_json::json!({"workload": "mnist-cnn", "steps": 16, "batch_size": 16, "seed": 3});
+    let tmp = tempfile::tempdir().unwrap();
+    let (whole, killed) = (tmp.path().join("whole"), tmp.path().join("killed"));
+    let uninterrupted = Run::new(&whole, hyper.clone()).ok();
+
+    let mut run = Run::new(&killed, hyper.clone());
+    run.every_steps = Some(2);
+    let mut child = run.command().stdout(Stdio::piped()).spawn().unwrap();
+    let t = Instant::now();
+    while !killed.join("step-4").join("manifest.json").exists() {
+        assert!(t.elapsed().as_secs() < 300, "no checkpoint at step 4");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "killed before the end");
+    let before = reports(&String::from_utf8_lossy(&out.stdout));
+    let (resume_step, resume_dir) = newest_committed(&killed).unwrap();
+    assert!(
+        (4..16).contains(&resume_step),
+        "resuming from step {resume_step}"
+    );
+
+    let mut run = Run::new(&killed, hyper);
+    run.every_steps = Some(2);
+    run.resume_from = Some(resume_dir);
+    let after = run.ok();
+    // The killed attempt's steps, then the resumed one's: each the same as
+    // in the run that never died (steps after the checkpoint are redone).
+    let want: BTreeMap<u64, u64> = loss_bits(&uninterrupted).into_iter().collect();
+    for (step, bits) in loss_bits(&before).into_iter().chain(loss_bits(&after)) {
+        assert_eq!(want[&step], bits, "step {step}");
+    }
+    assert_eq!(after.first().unwrap().0, resume_step + 1);
+    assert!(
+        file(&whole, 16, "weights.safetensors") == file(&killed, 16, "weights.safetensors"),
+        "final weights differ after a kill at step {} and a resume from {resume_step}",
+        before.last().map_or(0, |r| r.0)
+    );
+    println!(
+        "mnist-cnn: killed after step {}, resumed from step {resume_step}: identical final weights",
+        before.last().map_or(0, |r| r.0)
     );
 }
 
