@@ -19,6 +19,11 @@ echo "==> dependencies (idempotent; in \${EDGELOOP_DEPS:-\$HOME/.edgeloop/deps})
 scripts/fetch-onnxruntime.sh
 scripts/fetch-onnx-node-tests.sh
 scripts/fetch-mnist-models.sh
+# The reference trainer's data (reference-trainer/tests): the MNIST digits
+# (already there after fetch-mnist-models.sh; named because the trainer reads
+# them itself) and the NOAA rainfall table.
+scripts/fetch-mnist.sh
+scripts/fetch-rainfall.sh
 
 echo "==> engines (real Slurm and Ray on this machine; stopped again at the end)"
 stop_engines() {
