@@ -25,7 +25,7 @@ use edgeloop_edge_agent::sync::assignment::Assignment;
 use edgeloop_edge_agent::sync::generation::Decision;
 use edgeloop_edge_agent::sync::slots::{Staged, MANIFEST_FILE, MODEL_FILE};
 use edgeloop_edge_agent::sync::{
-    AppliedSet, AppliedStore, ModelDir, SlotId, SyncEvent, SyncOptions, Syncer,
+    AppliedSet, AppliedStore, ModelDir, ReportState, SlotId, SyncEvent, SyncOptions, Syncer,
 };
 use edgeloop_models::manifest::{
     ArtifactRef, DimSpec, HealthProbe, IoSignature, Lineage, Manifest, ManifestKey, TensorSpec,
@@ -342,7 +342,7 @@ fn fetched(events: &[SyncEvent], digest: Digest) -> Vec<u64> {
 // ---------------------------------------------------------------------------
 
 struct Env {
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
     cp: ControlPlane,
     device_dir: PathBuf,
     _identity: Identity,
@@ -350,7 +350,7 @@ struct Env {
 }
 
 fn blob(len: usize, seed: u8) -> Vec<u8> {
-    let mut x = u32::from(seed) | 1;
+    let mut x = u32::from(seed).wrapping_mul(0x9E37_79B9) | 1;
     (0..len)
         .map(|_| {
             // xorshift: incompressible enough, reproducible.
@@ -422,7 +422,7 @@ impl Env {
             .await;
         assert_eq!(status, 201, "{body}");
         Env {
-            dir,
+            _dir: dir,
             cp,
             device_dir,
             _identity: identity,
@@ -686,10 +686,14 @@ async fn an_interrupted_download_resumes_from_its_offset_after_the_agent_is_kill
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&progress).ok()?).ok()?;
         v["offset"].as_u64()
     };
-    eventually(WAIT, "the break, with progress on disk", || async {
-        (proxy.tripped() && offset_on_disk().is_some_and(|o| o > 0)).then_some(())
-    })
-    .await;
+    // The agent saves its progress at the break, then retries from there.
+    let mut agent = agent;
+    agent
+        .wait_event("a retry after the break", |e| {
+            matches!(e, SyncEvent::FetchStarted { digest: d, offset } if *d == digest && *offset > 0)
+        })
+        .await;
+    assert!(proxy.tripped());
     // The agent is killed while it waits for the network.
     agent.kill();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -707,8 +711,13 @@ async fn an_interrupted_download_resumes_from_its_offset_after_the_agent_is_kill
     // A new agent process on the same data dir, the network back.
     proxy.heal();
     let mut agent = env.agent(&proxy.url(), false, |_| {});
+    let mut events = agent
+        .wait_event("active after the restart", |e| {
+            matches!(e, SyncEvent::Status { state, .. } if *state == ReportState::Active)
+        })
+        .await;
     env.wait_status("digits", "1", "ASSIGNMENT_STATE_ACTIVE").await;
-    let events = agent.drain();
+    events.extend(agent.drain());
     assert_eq!(fetched(&events, digest), vec![offset], "{events:#?}");
     // What crossed the network after the restart: the rest, not the whole.
     let rest = size as u64 - offset;
@@ -738,7 +747,7 @@ async fn a_download_that_cannot_finish_fails_at_its_deadline_and_the_report_wait
     agent
         .wait_event("the timeout", |e| {
             matches!(e, SyncEvent::Status { state, reason, .. }
-                if *state == edgeloop_edge_agent::sync::ReportState::Failed
+                if *state == ReportState::Failed
                     && reason == "download timed out after 2s")
         })
         .await;
@@ -760,10 +769,10 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
 
     // Signed by a key this device does not trust.
     let a = blob(50_000, 1);
-    let m = sign(&stranger, manifest("1.0.0", &a, None));
+    let untrusted = sign(&stranger, manifest("1.0.0", &a, None));
     env.upload(&a).await;
-    env.upload(&m).await;
-    set.push(record("untrusted", "1", &a, Some(&m)));
+    env.upload(&untrusted).await;
+    set.push(record("untrusted", "1", &a, Some(&untrusted)));
 
     // A trusted manifest that describes another artifact.
     let (b, b_described) = (blob(50_000, 2), blob(50_000, 3));
@@ -828,14 +837,25 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
     assert_eq!(fetched(&events, Digest::of(&c)), vec![200_000]);
     drop(agent);
 
-    // A restart reports the failures again without retrying them.
+    // After a restart, a failure that depended on the moment (the tampered
+    // partial file is gone) is retried from zero; a permanent one (the
+    // signature) is reported again without fetching anything.
     let mut agent = env.agent(&env.cp.grpc_url, false, |_| {});
-    agent
-        .wait_event("the failure re-reported", |e| {
-            matches!(e, SyncEvent::Status { model, .. } if model == "tampered")
+    let mut events = agent
+        .wait_event("the tampered model retried", |e| {
+            matches!(e, SyncEvent::Status { model, state, .. }
+                if model == "tampered" && *state == ReportState::Active)
         })
         .await;
-    assert!(fetched(&agent.drain(), Digest::of(&c)).is_empty());
+    env.wait_status("untrusted", "1", "ASSIGNMENT_STATE_FAILED").await;
+    events.extend(agent.drain());
+    assert_eq!(fetched(&events, Digest::of(&c)), vec![0]);
+    assert!(fetched(&events, Digest::of(&untrusted)).is_empty());
+    assert!(events.iter().any(|e| matches!(e, SyncEvent::Status { model, state, .. }
+        if model == "untrusted" && *state == ReportState::Failed)));
+    let acts = agent.serving.activations();
+    assert_eq!(acts.len(), 1);
+    assert_eq!(acts[0].file_digest, Digest::of(&c));
     drop(agent);
     env.cp.stop().await;
 }
@@ -857,29 +877,32 @@ async fn a_stale_generation_never_overrides_a_newer_one() {
     let g = env.assign(vec![AssignmentRecord::for_version(&v1, "d1", 60)]).await;
     assert_eq!(g, 1);
     let mut agent = env.agent(&env.cp.grpc_url, true, |_| {});
-    agent
+    let mut events = agent
         .wait_event("generation 1 offered", |e| {
             matches!(e, SyncEvent::SetOffered { generation: 1, .. })
         })
-        .await
-        .last()
-        .map(|e| {
-            assert_eq!(
-                *e,
-                SyncEvent::SetOffered {
-                    generation: 1,
-                    decision: Decision::Ignore
-                }
-            )
-        });
+        .await;
+    assert_eq!(
+        events.last(),
+        Some(&SyncEvent::SetOffered {
+            generation: 1,
+            decision: Decision::Ignore
+        })
+    );
     env.assign(vec![]).await;
+    events.extend(
+        agent
+            .wait_event("generation 2 resumed", |e| {
+                *e == SyncEvent::SetOffered {
+                    generation: 2,
+                    decision: Decision::Resume,
+                }
+            })
+            .await,
+    );
     env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)]).await;
     env.wait_status("digits", "2", "ASSIGNMENT_STATE_ACTIVE").await;
-    let events = agent.drain();
-    assert!(events.contains(&SyncEvent::SetOffered {
-        generation: 2,
-        decision: Decision::Resume
-    }));
+    events.extend(agent.drain());
     assert!(events.contains(&SyncEvent::SetOffered {
         generation: 3,
         decision: Decision::Apply
@@ -1084,7 +1107,10 @@ async fn boot_falls_back_to_the_other_slot_when_the_active_one_is_broken() {
     failing.fail_version("2");
     let (serving, acts) = d.boot(failing).await;
     assert_eq!(serving.as_deref(), Some("1"));
-    assert_eq!(acts.len(), 2);
+    assert_eq!(
+        acts.iter().map(|a| (a.spec.version.as_str(), a.ok)).collect::<Vec<_>>(),
+        vec![("2", false), ("1", true)]
+    );
 
     // The active slot's directory vanished entirely.
     let d = disk();

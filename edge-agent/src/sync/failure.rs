@@ -47,6 +47,27 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// Whether trying the same content again must fail the same way (a
+    /// signature, a manifest, the model itself), as opposed to depending on
+    /// the moment (the network, the disk, a tampered partial file). Only
+    /// permanent failures are remembered across restarts.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Failure::InvalidAssignment(_)
+            | Failure::BadSignature(_)
+            | Failure::ManifestMismatch(_)
+            | Failure::Unsigned { .. }
+            | Failure::ProbeInputs(_)
+            | Failure::Activation(_) => true,
+            Failure::BadDigest { .. }
+            | Failure::BadSize { .. }
+            | Failure::NoSpace { .. }
+            | Failure::Refused(_)
+            | Failure::TimedOut { .. }
+            | Failure::Storage(_) => false,
+        }
+    }
+
     pub(crate) fn storage(what: &str, e: impl std::fmt::Display) -> Failure {
         Failure::Storage(format!("{what}: {e}"))
     }

@@ -42,7 +42,8 @@ pub struct Ctx {
 }
 
 /// `models/<name>/status.json`: how the last assignment of a model ended,
-/// so that a restart re-reports a failure instead of retrying it forever.
+/// so that a restart re-reports a permanent failure instead of retrying it
+/// on every start.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Outcome {
     content: Content,
@@ -210,11 +211,12 @@ impl Worker {
             .then_some(o)
     }
 
+    /// Remembers an ending that a retry would only repeat.
     fn record_outcome(&self, content: &Content, phase: &Phase) {
         let (state, reason) = match phase {
-            Phase::Failed { reason } => ("failed", reason.to_string()),
+            Phase::Failed { reason } if reason.is_permanent() => ("failed", reason.to_string()),
             Phase::RolledBack { reason } => ("rolled_back", reason.clone()),
-            _ => ("active", String::new()),
+            _ => ("retry", String::new()),
         };
         let outcome = Outcome {
             content: content.clone(),
