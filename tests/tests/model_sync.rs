@@ -18,9 +18,7 @@ use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
 use edgeloop_control_plane::fleet::telemetry::AssignmentStatusRecord;
 use edgeloop_control_plane::registry::models::ModelVersionRecord;
 use edgeloop_edge_agent::config::SyncConfig;
-use edgeloop_edge_agent::serving::{
-    ActivationError, ModelServing, PrepareSpec, Serving,
-};
+use edgeloop_edge_agent::serving::{ActivationError, ModelServing, PrepareSpec, Serving};
 use edgeloop_edge_agent::sync::assignment::Assignment;
 use edgeloop_edge_agent::sync::generation::Decision;
 use edgeloop_edge_agent::sync::slots::{Staged, MANIFEST_FILE, MODEL_FILE};
@@ -463,7 +461,12 @@ impl Env {
             .await
     }
 
-    async fn version(&self, version: &str, artifact: &[u8], manifest: Option<&[u8]>) -> ModelVersionRecord {
+    async fn version(
+        &self,
+        version: &str,
+        artifact: &[u8],
+        manifest: Option<&[u8]>,
+    ) -> ModelVersionRecord {
         let (status, body) = self.register(version, artifact, manifest).await;
         assert_eq!(status, 201, "{body}");
         serde_json::from_value(body).unwrap()
@@ -542,7 +545,11 @@ async fn registering_a_version_checks_its_manifest_and_probe_inputs() {
     let probe_digest = Digest::of(&probe);
 
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("not-json", b"not a manifest".to_vec(), "not a signed manifest"),
+        (
+            "not-json",
+            b"not a manifest".to_vec(),
+            "not a signed manifest",
+        ),
         (
             "other-artifact",
             sign(&env.key, manifest("1.0.0", &other, None)),
@@ -566,7 +573,10 @@ async fn registering_a_version_checks_its_manifest_and_probe_inputs() {
     for (version, m, message) in cases {
         let (status, body) = env.register(version, &model, Some(&m)).await;
         assert_eq!(status, 400, "{version}: {body}");
-        assert_eq!(body["error"]["field"], "manifest_digest", "{version}: {body}");
+        assert_eq!(
+            body["error"]["field"], "manifest_digest",
+            "{version}: {body}"
+        );
         let text = body["error"]["message"].as_str().unwrap();
         assert!(text.contains(message), "{version}: {text}");
     }
@@ -589,7 +599,10 @@ async fn registering_a_version_checks_its_manifest_and_probe_inputs() {
     );
     // Without a manifest, nothing to check.
     let unsigned = env.version("2", &model, None).await;
-    assert_eq!((unsigned.manifest_digest, unsigned.probe_digest), (None, None));
+    assert_eq!(
+        (unsigned.manifest_digest, unsigned.probe_digest),
+        (None, None)
+    );
     env.cp.stop().await;
 }
 
@@ -601,14 +614,30 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
     let probe_digest = env.upload(&probe).await;
     let s1 = sign(&env.key, manifest("1.0.0", &m1, Some(probe_digest)));
     let v1 = env.version("1", &m1, Some(&s1)).await;
-    let v2 = env.version("2", &m2, Some(&sign(&env.key, manifest("2.0.0", &m2, None)))).await;
-    let v3 = env.version("3", &m3, Some(&sign(&env.key, manifest("3.0.0", &m3, None)))).await;
+    let v2 = env
+        .version(
+            "2",
+            &m2,
+            Some(&sign(&env.key, manifest("2.0.0", &m2, None))),
+        )
+        .await;
+    let v3 = env
+        .version(
+            "3",
+            &m3,
+            Some(&sign(&env.key, manifest("3.0.0", &m3, None))),
+        )
+        .await;
     let mut agent = env.agent(&env.cp.grpc_url, false, |_| {});
     let slot = |id: SlotId| env.model_dir("digits").slot_dir(id).join(MODEL_FILE);
 
     // Assign: downloaded, verified, activated with the verified file.
-    let g1 = env.assign(vec![AssignmentRecord::for_version(&v1, "d1", 60)]).await;
-    let st = env.wait_status("digits", "1", "ASSIGNMENT_STATE_ACTIVE").await;
+    let g1 = env
+        .assign(vec![AssignmentRecord::for_version(&v1, "d1", 60)])
+        .await;
+    let st = env
+        .wait_status("digits", "1", "ASSIGNMENT_STATE_ACTIVE")
+        .await;
     assert_eq!((st.generation, st.execution_provider.as_str()), (g1, CPU));
     let acts = agent.serving.activations();
     assert_eq!(acts.len(), 1);
@@ -625,16 +654,24 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
     assert_eq!(state.generation, g1);
 
     // Upgrade: into the other slot; the old version stays on disk.
-    env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)]).await;
-    env.wait_status("digits", "2", "ASSIGNMENT_STATE_ACTIVE").await;
+    env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)])
+        .await;
+    env.wait_status("digits", "2", "ASSIGNMENT_STATE_ACTIVE")
+        .await;
     assert_eq!(agent.serving.activations()[1].spec.path, slot(SlotId::B));
     assert_eq!(std::fs::read(slot(SlotId::A)).unwrap(), m1);
-    assert_eq!(env.model_dir("digits").load().unwrap().active, Some(SlotId::B));
+    assert_eq!(
+        env.model_dir("digits").load().unwrap().active,
+        Some(SlotId::B)
+    );
     agent.drain();
 
     // The previous version assigned back: restored from disk, no download.
-    env.assign(vec![AssignmentRecord::for_version(&v1, "d1-again", 60)]).await;
-    let st = env.wait_status("digits", "1", "ASSIGNMENT_STATE_ROLLED_BACK").await;
+    env.assign(vec![AssignmentRecord::for_version(&v1, "d1-again", 60)])
+        .await;
+    let st = env
+        .wait_status("digits", "1", "ASSIGNMENT_STATE_ROLLED_BACK")
+        .await;
     assert_eq!(st.execution_provider, CPU);
     assert_eq!(agent.serving.version("digits").as_deref(), Some("1"));
     assert_eq!(agent.serving.activations()[2].spec.path, slot(SlotId::A));
@@ -642,9 +679,16 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
 
     // An activation that fails: rolled back, the serving version untouched.
     agent.serving.fail_version("3");
-    env.assign(vec![AssignmentRecord::for_version(&v3, "d3", 60)]).await;
-    let st = env.wait_status("digits", "3", "ASSIGNMENT_STATE_ROLLED_BACK").await;
-    assert!(st.reason.contains("version 1 still serves"), "{}", st.reason);
+    env.assign(vec![AssignmentRecord::for_version(&v3, "d3", 60)])
+        .await;
+    let st = env
+        .wait_status("digits", "3", "ASSIGNMENT_STATE_ROLLED_BACK")
+        .await;
+    assert!(
+        st.reason.contains("version 1 still serves"),
+        "{}",
+        st.reason
+    );
     assert!(st.reason.contains("told to fail"), "{}", st.reason);
     assert_eq!(agent.serving.version("digits").as_deref(), Some("1"));
     let state = env.model_dir("digits").load().unwrap();
@@ -679,7 +723,8 @@ async fn an_interrupted_download_resumes_from_its_offset_after_the_agent_is_kill
     // The network breaks after about half of the model has gone through.
     let proxy = Proxy::start(env.cp.grpc_addr, (size / 2) as u64).await;
     let agent = env.agent(&proxy.url(), false, |_| {});
-    env.assign(vec![AssignmentRecord::for_version(&v1, "d1", 120)]).await;
+    env.assign(vec![AssignmentRecord::for_version(&v1, "d1", 120)])
+        .await;
     let downloads = env.model_dir("digits").downloads_dir();
     let progress = downloads.join(format!("{digest}.progress"));
     let offset_on_disk = || -> Option<u64> {
@@ -706,17 +751,21 @@ async fn an_interrupted_download_resumes_from_its_offset_after_the_agent_is_kill
         "broke at {offset} of {size}"
     );
     assert!(partial_len >= offset);
-    assert!(env.status("digits").is_none_or(|s| s.state != "ASSIGNMENT_STATE_ACTIVE"));
+    assert!(env
+        .status("digits")
+        .is_none_or(|s| s.state != "ASSIGNMENT_STATE_ACTIVE"));
 
     // A new agent process on the same data dir, the network back.
     proxy.heal();
     let mut agent = env.agent(&proxy.url(), false, |_| {});
     let mut events = agent
-        .wait_event("active after the restart", |e| {
-            matches!(e, SyncEvent::Status { state, .. } if *state == ReportState::Active)
-        })
+        .wait_event(
+            "active after the restart",
+            |e| matches!(e, SyncEvent::Status { state, .. } if *state == ReportState::Active),
+        )
         .await;
-    env.wait_status("digits", "1", "ASSIGNMENT_STATE_ACTIVE").await;
+    env.wait_status("digits", "1", "ASSIGNMENT_STATE_ACTIVE")
+        .await;
     events.extend(agent.drain());
     assert_eq!(fetched(&events, digest), vec![offset], "{events:#?}");
     // What crossed the network after the restart: the rest, not the whole.
@@ -735,15 +784,16 @@ async fn an_interrupted_download_resumes_from_its_offset_after_the_agent_is_kill
 }
 
 #[tokio::test]
-async fn a_download_that_cannot_finish_fails_at_its_deadline_and_the_report_waits_for_the_network(
-) {
+async fn a_download_that_cannot_finish_fails_at_its_deadline_and_the_report_waits_for_the_network()
+{
     let env = Env::start().await;
     let size = 2 << 20;
     let model = blob(size, 9);
     let v1 = env.version("1", &model, None).await;
     let proxy = Proxy::start(env.cp.grpc_addr, (size / 4) as u64).await;
     let mut agent = env.agent(&proxy.url(), true, |_| {});
-    env.assign(vec![AssignmentRecord::for_version(&v1, "d1", 2)]).await;
+    env.assign(vec![AssignmentRecord::for_version(&v1, "d1", 2)])
+        .await;
     agent
         .wait_event("the timeout", |e| {
             matches!(e, SyncEvent::Status { state, reason, .. }
@@ -755,7 +805,9 @@ async fn a_download_that_cannot_finish_fails_at_its_deadline_and_the_report_wait
     assert!(agent.serving.activations().is_empty());
     // Reported once the control plane is reachable again.
     proxy.heal();
-    let st = env.wait_status("digits", "1", "ASSIGNMENT_STATE_FAILED").await;
+    let st = env
+        .wait_status("digits", "1", "ASSIGNMENT_STATE_FAILED")
+        .await;
     assert_eq!(st.reason, "download timed out after 2s");
     drop(agent);
     env.cp.stop().await;
@@ -818,7 +870,10 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
     env.assign(set).await;
     let expect = [
         ("untrusted", "bad signature: manifest is signed by key"),
-        ("mismatch", "the manifest does not match the assignment: it describes artifact"),
+        (
+            "mismatch",
+            "the manifest does not match the assignment: it describes artifact",
+        ),
         ("tampered", "bad digest: artifact"),
         ("unsigned", "unsigned: version 1 has no signed manifest"),
         ("huge", "no space: 1152921504606846976 bytes needed"),
@@ -847,11 +902,14 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
                 if model == "tampered" && *state == ReportState::Active)
         })
         .await;
-    env.wait_status("untrusted", "1", "ASSIGNMENT_STATE_FAILED").await;
+    env.wait_status("untrusted", "1", "ASSIGNMENT_STATE_FAILED")
+        .await;
     events.extend(agent.drain());
     assert_eq!(fetched(&events, Digest::of(&c)), vec![0]);
     assert!(fetched(&events, Digest::of(&untrusted)).is_empty());
-    assert!(events.iter().any(|e| matches!(e, SyncEvent::Status { model, state, .. }
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, SyncEvent::Status { model, state, .. }
         if model == "untrusted" && *state == ReportState::Failed)));
     let acts = agent.serving.activations();
     assert_eq!(acts.len(), 1);
@@ -874,7 +932,9 @@ async fn a_stale_generation_never_overrides_a_newer_one() {
             assignments: vec![],
         })
         .unwrap();
-    let g = env.assign(vec![AssignmentRecord::for_version(&v1, "d1", 60)]).await;
+    let g = env
+        .assign(vec![AssignmentRecord::for_version(&v1, "d1", 60)])
+        .await;
     assert_eq!(g, 1);
     let mut agent = env.agent(&env.cp.grpc_url, true, |_| {});
     let mut events = agent
@@ -900,8 +960,10 @@ async fn a_stale_generation_never_overrides_a_newer_one() {
             })
             .await,
     );
-    env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)]).await;
-    env.wait_status("digits", "2", "ASSIGNMENT_STATE_ACTIVE").await;
+    env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)])
+        .await;
+    env.wait_status("digits", "2", "ASSIGNMENT_STATE_ACTIVE")
+        .await;
     events.extend(agent.drain());
     assert!(events.contains(&SyncEvent::SetOffered {
         generation: 3,
@@ -1068,7 +1130,11 @@ async fn a_crash_at_any_step_of_the_slot_flip_boots_a_valid_model() {
             }
             let (serving, acts) = d.boot(RecordingServing::default()).await;
             let want = if steps == 4 { "2" } else { "1" };
-            assert_eq!(serving.as_deref(), Some(want), "after {steps} steps, torn {torn}");
+            assert_eq!(
+                serving.as_deref(),
+                Some(want),
+                "after {steps} steps, torn {torn}"
+            );
             let last = acts.last().unwrap();
             assert_eq!(last.file_digest, d.digest_of(want), "after {steps} steps");
             assert!(last.spec.manifest.is_some());
@@ -1098,7 +1164,10 @@ async fn boot_falls_back_to_the_other_slot_when_the_active_one_is_broken() {
     let d = disk();
     d.install(2);
     std::fs::write(d.dir.slot_dir(SlotId::B).join(MODEL_FILE), &d.v2.0[..10]).unwrap();
-    assert_eq!(d.boot(RecordingServing::default()).await.0.as_deref(), Some("1"));
+    assert_eq!(
+        d.boot(RecordingServing::default()).await.0.as_deref(),
+        Some("1")
+    );
 
     // The new version's activation fails at boot: the old one serves.
     let d = disk();
@@ -1108,7 +1177,9 @@ async fn boot_falls_back_to_the_other_slot_when_the_active_one_is_broken() {
     let (serving, acts) = d.boot(failing).await;
     assert_eq!(serving.as_deref(), Some("1"));
     assert_eq!(
-        acts.iter().map(|a| (a.spec.version.as_str(), a.ok)).collect::<Vec<_>>(),
+        acts.iter()
+            .map(|a| (a.spec.version.as_str(), a.ok))
+            .collect::<Vec<_>>(),
         vec![("2", false), ("1", true)]
     );
 
@@ -1116,7 +1187,10 @@ async fn boot_falls_back_to_the_other_slot_when_the_active_one_is_broken() {
     let d = disk();
     d.install(4);
     std::fs::remove_dir_all(d.dir.slot_dir(SlotId::B)).unwrap();
-    assert_eq!(d.boot(RecordingServing::default()).await.0.as_deref(), Some("1"));
+    assert_eq!(
+        d.boot(RecordingServing::default()).await.0.as_deref(),
+        Some("1")
+    );
 
     // The signing key is no longer trusted: nothing boots.
     let d = disk();
@@ -1137,6 +1211,10 @@ async fn boot_falls_back_to_the_other_slot_when_the_active_one_is_broken() {
         }),
     );
     let outcomes = syncer.boot().await.unwrap();
-    assert!(outcomes[0].result.as_ref().unwrap_err().contains("bad signature"));
+    assert!(outcomes[0]
+        .result
+        .as_ref()
+        .unwrap_err()
+        .contains("bad signature"));
     assert!(serving.activations().is_empty());
 }

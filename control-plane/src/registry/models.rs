@@ -291,11 +291,8 @@ async fn check_manifest(
         .read_to_end(&mut bytes)
         .await
         .map_err(|e| Error::Internal(anyhow::Error::new(e).context("reading the manifest")))?;
-    let signed = SignedManifest::from_json(&bytes).map_err(|e| {
-        bad(format!(
-            "artifact {manifest} is not a signed manifest: {e}"
-        ))
-    })?;
+    let signed = SignedManifest::from_json(&bytes)
+        .map_err(|e| bad(format!("artifact {manifest} is not a signed manifest: {e}")))?;
     let described = &signed.manifest.artifact;
     if described.sha256 != artifact_digest {
         return Err(bad(format!(

@@ -39,10 +39,7 @@ impl Assignment {
         if !is_valid_name(&a.model_name) {
             return Err((
                 None,
-                Failure::InvalidAssignment(format!(
-                    "model name {:?}: {NAME_RULE}",
-                    a.model_name
-                )),
+                Failure::InvalidAssignment(format!("model name {:?}: {NAME_RULE}", a.model_name)),
             ));
         }
         let model = Some(a.model_name.clone());

@@ -15,7 +15,8 @@ pub type StatusStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>
 
 #[async_trait]
 pub trait ControlPlaneClient: Send + Sync + 'static {
-    async fn watch(&self, known_generation: u64) -> Result<StatusStream<pb::AssignmentSet>, Status>;
+    async fn watch(&self, known_generation: u64)
+        -> Result<StatusStream<pb::AssignmentSet>, Status>;
     async fn fetch(
         &self,
         digest: Digest,
@@ -55,7 +56,10 @@ impl GrpcClient {
 
 #[async_trait]
 impl ControlPlaneClient for GrpcClient {
-    async fn watch(&self, known_generation: u64) -> Result<StatusStream<pb::AssignmentSet>, Status> {
+    async fn watch(
+        &self,
+        known_generation: u64,
+    ) -> Result<StatusStream<pb::AssignmentSet>, Status> {
         let stream = self
             .client
             .clone()

@@ -23,12 +23,12 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::broadcast;
 
+use super::blocking;
 use super::client::{is_refusal, ControlPlaneClient};
 use super::events::SyncEvent;
 use super::failure::Failure;
 use super::space::ensure_space;
 use super::verify::check_file;
-use super::blocking;
 
 #[derive(Debug, Clone, Copy)]
 pub struct DownloadOptions {
@@ -124,8 +124,7 @@ impl Downloader {
         // Complete from an earlier run (e.g. killed before the slot flip).
         if tokio::fs::try_exists(&paths.done).await.unwrap_or(false) {
             let (done, w) = (paths.done.clone(), want);
-            let checked =
-                blocking(move || Ok(check_file(&done, w.what, w.digest, w.size))).await;
+            let checked = blocking(move || Ok(check_file(&done, w.what, w.digest, w.size))).await;
             match checked.map_err(storage)? {
                 Ok(()) => return Ok(paths.done),
                 Err(e) => {
@@ -148,7 +147,9 @@ impl Downloader {
             });
             tracing::info!(what = want.what, digest = %want.digest, offset = p.offset, "fetching");
             let before = p.offset;
-            let interrupted = self.stream_into(dir, &paths, want, &mut p, &mut total).await;
+            let interrupted = self
+                .stream_into(dir, &paths, want, &mut p, &mut total)
+                .await;
             self.persist(&paths, &mut p).await.map_err(storage)?;
             match interrupted {
                 None => {}

@@ -29,11 +29,7 @@ pub enum Failure {
     )]
     Unsigned { version: String },
     #[error("no space: {needed} bytes needed in {dir}, {free} free")]
-    NoSpace {
-        dir: String,
-        needed: u64,
-        free: u64,
-    },
+    NoSpace { dir: String, needed: u64, free: u64 },
     #[error("probe inputs unusable: {0}")]
     ProbeInputs(String),
     #[error("download refused by the control plane: {0}")]

@@ -328,7 +328,8 @@ mod tests {
             provider: "CPUExecutionProvider".into(),
         };
         // (from, event, now, to, reports, other actions)
-        let table: Vec<(Phase, Event, Instant, Phase, Vec<ReportState>, Vec<Action>)> = vec![
+        type Row = (Phase, Event, Instant, Phase, Vec<ReportState>, Vec<Action>);
+        let table: Vec<Row> = vec![
             (
                 Phase::Downloading,
                 Event::Tick,
@@ -446,7 +447,14 @@ mod tests {
                 vec![],
             ),
             // Terminal states absorb everything.
-            (active.clone(), Event::Tick, after, active.clone(), vec![], vec![]),
+            (
+                active.clone(),
+                Event::Tick,
+                after,
+                active.clone(),
+                vec![],
+                vec![],
+            ),
             (
                 active.clone(),
                 Event::Refused(no_space.clone()),

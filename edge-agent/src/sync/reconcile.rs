@@ -66,8 +66,12 @@ impl Reconciler {
                 );
                 return Ok(decision);
             }
-            Decision::Resume => tracing::debug!(generation = set.generation, "resuming assignment set"),
-            Decision::Apply => tracing::info!(generation = set.generation, "applying assignment set"),
+            Decision::Resume => {
+                tracing::debug!(generation = set.generation, "resuming assignment set")
+            }
+            Decision::Apply => {
+                tracing::info!(generation = set.generation, "applying assignment set")
+            }
         }
         let mut assignments: Vec<Assignment> = vec![];
         for wire in &set.assignments {

@@ -50,20 +50,26 @@ pub fn state_to_proto(s: ReportState) -> pb::AssignmentState {
     }
 }
 
+/// Unacknowledged reports by model, each with a sequence number so that an
+/// acknowledgement removes only the report that was sent, not a newer one.
+#[derive(Default)]
+struct Pending {
+    last_seq: u64,
+    by_model: BTreeMap<String, (u64, Report)>,
+}
+
 #[derive(Default)]
 pub struct Reporter {
-    /// Unacknowledged reports, with a sequence number so an acknowledgement
-    /// removes only the report that was sent, not a newer one.
-    pending: Mutex<(u64, BTreeMap<String, (u64, Report)>)>,
+    pending: Mutex<Pending>,
     wake: Notify,
 }
 
 impl Reporter {
     pub fn submit(&self, report: Report) {
         if let Ok(mut p) = self.pending.lock() {
-            p.0 += 1;
-            let seq = p.0;
-            p.1.insert(report.model.clone(), (seq, report));
+            p.last_seq += 1;
+            let seq = p.last_seq;
+            p.by_model.insert(report.model.clone(), (seq, report));
         }
         self.wake.notify_one();
     }
@@ -72,21 +78,21 @@ impl Reporter {
     pub fn pending(&self) -> Vec<Report> {
         self.pending
             .lock()
-            .map(|p| p.1.values().map(|(_, r)| r.clone()).collect())
+            .map(|p| p.by_model.values().map(|(_, r)| r.clone()).collect())
             .unwrap_or_default()
     }
 
     fn snapshot(&self) -> Vec<(u64, Report)> {
         self.pending
             .lock()
-            .map(|p| p.1.values().cloned().collect())
+            .map(|p| p.by_model.values().cloned().collect())
             .unwrap_or_default()
     }
 
     fn acknowledge(&self, model: &str, seq: u64) {
         if let Ok(mut p) = self.pending.lock() {
-            if p.1.get(model).is_some_and(|(s, _)| *s == seq) {
-                p.1.remove(model);
+            if p.by_model.get(model).is_some_and(|(s, _)| *s == seq) {
+                p.by_model.remove(model);
             }
         }
     }

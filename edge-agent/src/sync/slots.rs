@@ -231,13 +231,7 @@ impl ModelDir {
     pub fn mark_broken(&self, state: &mut SlotsState, id: SlotId) -> io::Result<()> {
         match state.get(id).cloned() {
             Some(r) if r.served => {
-                state.set(
-                    id,
-                    Some(SlotRecord {
-                        served: false,
-                        ..r
-                    }),
-                );
+                state.set(id, Some(SlotRecord { served: false, ..r }));
                 self.save(state)
             }
             _ => Ok(()),

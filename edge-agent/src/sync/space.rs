@@ -36,9 +36,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         ensure_space(dir.path(), 1).unwrap();
         let err = ensure_space(dir.path(), u64::MAX).unwrap_err();
-        assert!(
-            err.to_string().starts_with("no space:"),
-            "{err}"
-        );
+        assert!(err.to_string().starts_with("no space:"), "{err}");
     }
 }

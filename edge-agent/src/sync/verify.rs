@@ -156,7 +156,8 @@ pub fn prepare(
         None => (None, None),
         Some(digest) => {
             let manifest_path = dir.join(MANIFEST_FILE);
-            let bytes = std::fs::read(&manifest_path).map_err(|e| Failure::storage("manifest", e))?;
+            let bytes =
+                std::fs::read(&manifest_path).map_err(|e| Failure::storage("manifest", e))?;
             if Digest::of(&bytes) != digest {
                 return Err(Failure::BadDigest {
                     what: "manifest",

@@ -60,7 +60,10 @@ pub async fn watch(
 
 /// A revoked or unknown identity ends sync; anything else is retried.
 fn check_refusal(status: tonic::Status) -> Result<(), SyncError> {
-    if matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied) {
+    if matches!(
+        status.code(),
+        Code::Unauthenticated | Code::PermissionDenied
+    ) {
         return Err(SyncError::Refused(status));
     }
     tracing::warn!(%status, "assignment watch failed; retrying");

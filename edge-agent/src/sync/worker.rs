@@ -183,7 +183,9 @@ impl Worker {
             ReportState::Failed | ReportState::RolledBack => {
                 tracing::warn!(model = %a.model, version = %a.version, ?state, %reason, "assignment ended")
             }
-            _ => tracing::info!(model = %a.model, version = %a.version, ?state, %provider, "assignment status"),
+            _ => {
+                tracing::info!(model = %a.model, version = %a.version, ?state, %provider, "assignment status")
+            }
         }
         let _ = self.ctx.events.send(SyncEvent::Status {
             model: a.model.clone(),
@@ -391,7 +393,8 @@ impl Worker {
     /// the files in, record them. Each is durable before the next starts.
     async fn install(&self, slots: &mut SlotsState, staged: Staged) -> Result<SlotId, Failure> {
         let target = slots.inactive();
-        let (dir, mut state, content) = (self.dir.clone(), slots.clone(), self.assignment.content());
+        let (dir, mut state, content) =
+            (self.dir.clone(), slots.clone(), self.assignment.content());
         let state = blocking(move || {
             dir.clear(&mut state, target)?;
             dir.place(target, &staged)?;
