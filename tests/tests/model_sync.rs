@@ -713,6 +713,53 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
 }
 
 #[tokio::test]
+async fn a_copy_damaged_on_disk_is_downloaded_again_instead_of_activated() {
+    let env = Env::start().await;
+    let (m1, m2) = (blob(100_000, 1), blob(100_000, 2));
+    let v1 = env
+        .version(
+            "1",
+            &m1,
+            Some(&sign(&env.key, manifest("1.0.0", &m1, None))),
+        )
+        .await;
+    let v2 = env
+        .version(
+            "2",
+            &m2,
+            Some(&sign(&env.key, manifest("2.0.0", &m2, None))),
+        )
+        .await;
+    let mut agent = env.agent(&env.cp.grpc_url, false, |_| {});
+    env.assign(vec![AssignmentRecord::for_version(&v1, "d1", 60)])
+        .await;
+    env.wait_status("digits", "1", "ASSIGNMENT_STATE_ACTIVE")
+        .await;
+    env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)])
+        .await;
+    env.wait_status("digits", "2", "ASSIGNMENT_STATE_ACTIVE")
+        .await;
+    agent.drain();
+    // The previous version's file rots in its slot.
+    let slot_a = env.model_dir("digits").slot_dir(SlotId::A).join(MODEL_FILE);
+    let mut rotten = m1.clone();
+    rotten[500] ^= 1;
+    std::fs::write(&slot_a, &rotten).unwrap();
+
+    env.assign(vec![AssignmentRecord::for_version(&v1, "d1-again", 60)])
+        .await;
+    env.wait_status("digits", "1", "ASSIGNMENT_STATE_ACTIVE")
+        .await;
+    assert_eq!(fetched(&agent.drain(), Digest::of(&m1)), vec![0]);
+    let acts = agent.serving.activations();
+    assert_eq!(acts.len(), 3, "the damaged file was never activated");
+    assert_eq!(acts[2].file_digest, Digest::of(&m1));
+    assert_eq!(std::fs::read(&slot_a).unwrap(), m1);
+    drop(agent);
+    env.cp.stop().await;
+}
+
+#[tokio::test]
 async fn an_interrupted_download_resumes_from_its_offset_after_the_agent_is_killed() {
     let env = Env::start().await;
     let size = 4 << 20;

@@ -75,6 +75,9 @@ pub enum Event {
     Downloaded,
     /// The content cannot be used (digest, signature, space, ...).
     Refused(Failure),
+    /// The files already in a slot no longer verify (damaged on disk):
+    /// download them again rather than give up.
+    SlotDamaged(Failure),
     Activated {
         provider: String,
     },
@@ -174,6 +177,17 @@ impl Machine {
                 vec![report(ReportState::Activating, "", ""), Action::Activate],
             ),
             (_, Event::Refused(reason)) => failed(reason),
+            (Phase::Activating { .. }, Event::SlotDamaged(why)) => (
+                Phase::Downloading,
+                vec![
+                    report(
+                        ReportState::Downloading,
+                        format!("the copy on disk is damaged ({why}); downloading again"),
+                        "",
+                    ),
+                    Action::Download,
+                ],
+            ),
             (Phase::Activating { rollback }, Event::Activated { provider }) => {
                 if rollback {
                     (
@@ -445,6 +459,14 @@ mod tests {
                 },
                 vec![ReportState::Failed],
                 vec![],
+            ),
+            (
+                rollback.clone(),
+                Event::SlotDamaged(Failure::Storage("gone".into())),
+                before,
+                Phase::Downloading,
+                vec![ReportState::Downloading],
+                vec![Action::Download],
             ),
             // Terminal states absorb everything.
             (

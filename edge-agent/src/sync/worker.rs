@@ -358,6 +358,14 @@ impl Worker {
             Ok(Ok(spec)) => spec,
             Ok(Err(f)) => {
                 self.forget_broken(slots, slot);
+                // Files that sat on disk may have been damaged since they
+                // were verified; what the content itself gets wrong (its
+                // signature, say) a new download would only repeat.
+                if !fresh && !f.is_permanent() {
+                    tracing::warn!(model = %self.assignment.model, ?slot, error = %f, "slot damaged; downloading again");
+                    self.forget_slot(slots, slot);
+                    return Event::SlotDamaged(f);
+                }
                 return Event::Refused(f);
             }
             Err(e) => return Event::Refused(Failure::storage("preparing activation", e)),
@@ -379,6 +387,17 @@ impl Worker {
                     error: e.to_string(),
                     still_serving: self.ctx.serving.serving(&self.assignment.model),
                 }
+            }
+        }
+    }
+
+    /// Drops a damaged slot's record, unless it is the active one (the
+    /// next install goes to the other slot, and a flip replaces it).
+    fn forget_slot(&self, slots: &mut SlotsState, slot: SlotId) {
+        if slots.active != Some(slot) {
+            slots.set(slot, None);
+            if let Err(e) = self.dir.save(slots) {
+                tracing::warn!(error = %e, "recording a damaged slot");
             }
         }
     }
