@@ -38,7 +38,7 @@ use edgeloop_client_core::{Backoff, IdentityStore, MemberConfig};
 use tokio::sync::{broadcast, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::SyncConfig;
+use crate::config::{AgentConfig, SyncConfig};
 use crate::serving::ModelServing;
 
 pub use boot::BootOutcome;
@@ -225,6 +225,25 @@ impl Syncer {
             .connect_lazy();
         self.run(Arc::new(GrpcClient::new(channel)), shutdown).await
     }
+}
+
+/// The agent's model sync, as `run` starts it beside `run_member`: serve
+/// what is on disk at once, then follow the control plane once enrollment
+/// has stored an identity. Returns when `shutdown` is cancelled, or with an
+/// error when the control plane refuses this device or storage fails.
+pub async fn run(
+    config: &AgentConfig,
+    serving: Arc<dyn ModelServing>,
+    shutdown: CancellationToken,
+) -> Result<(), SyncError> {
+    let syncer = Syncer::new(
+        &config.member.data_dir,
+        config.sync.clone(),
+        serving,
+        SyncOptions::for_member(&config.member),
+    );
+    syncer.boot().await?;
+    syncer.run_enrolled(&config.member, shutdown).await
 }
 
 /// Runs blocking file work off the async threads.
