@@ -7,6 +7,7 @@
 pub mod config;
 pub mod observe;
 pub mod serving;
+pub mod sync;
 pub mod telemetry;
 
 use edgeloop_client_core::member::host_capabilities;

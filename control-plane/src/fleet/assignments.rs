@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::fleet::members::MemberKind;
 use crate::fleet::{Events, FleetEvent};
+use crate::registry::models::ModelVersionRecord;
 use crate::store::Store;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -28,15 +29,40 @@ pub struct AssignmentRecord {
     pub deployment_id: String,
     #[serde(default)]
     pub activation_timeout_seconds: u32,
+    /// The health probe's sample inputs, when the version's manifest has a probe.
+    #[serde(default)]
+    pub probe_inputs_digest: Option<Digest>,
+}
+
+impl AssignmentRecord {
+    /// An assignment of `version`, carrying everything a device fetches.
+    pub fn for_version(
+        version: &ModelVersionRecord,
+        deployment_id: impl Into<String>,
+        activation_timeout_seconds: u32,
+    ) -> AssignmentRecord {
+        AssignmentRecord {
+            model_name: version.model.clone(),
+            model_version: version.version.clone(),
+            artifact_digest: version.artifact_digest,
+            artifact_size: version.artifact_size,
+            manifest_digest: version.manifest_digest,
+            deployment_id: deployment_id.into(),
+            activation_timeout_seconds,
+            probe_inputs_digest: version.probe_digest,
+        }
+    }
 }
 
 impl AssignmentSetRecord {
     /// Whether `digest` is something this device was told to fetch. Devices
     /// may only read artifacts assigned to them.
     pub fn references(&self, digest: Digest) -> bool {
-        self.assignments
-            .iter()
-            .any(|a| a.artifact_digest == digest || a.manifest_digest == Some(digest))
+        self.assignments.iter().any(|a| {
+            a.artifact_digest == digest
+                || a.manifest_digest == Some(digest)
+                || a.probe_inputs_digest == Some(digest)
+        })
     }
 
     pub fn to_proto(&self) -> pb::AssignmentSet {
@@ -53,6 +79,10 @@ impl AssignmentSetRecord {
                     manifest_digest: a.manifest_digest.map(|d| d.to_string()).unwrap_or_default(),
                     deployment_id: a.deployment_id.clone(),
                     activation_timeout_seconds: a.activation_timeout_seconds,
+                    probe_inputs_digest: a
+                        .probe_inputs_digest
+                        .map(|d| d.to_string())
+                        .unwrap_or_default(),
                 })
                 .collect(),
         }

@@ -4,9 +4,11 @@
 
 use std::collections::BTreeMap;
 
+use edgeloop_models::manifest::{SignedManifest, MAX_SIGNED_MANIFEST_BYTES};
 use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+use tokio::io::AsyncReadExt;
 use utoipa::ToSchema;
 
 use crate::error::{Error, Result};
@@ -64,6 +66,11 @@ pub struct ModelVersionRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub manifest_digest: Option<Digest>,
+    /// The health probe's sample inputs (`.npz`), named by the manifest;
+    /// devices fetch it with the model to probe a version before it serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub probe_digest: Option<Digest>,
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
     #[serde(default)]
@@ -196,14 +203,10 @@ pub async fn create_version(
             format!("artifact {} has not been uploaded", req.artifact_digest),
         )
     })?;
-    if let Some(m) = req.manifest_digest {
-        if artifacts.head(m).await?.is_none() {
-            return Err(Error::bad_field(
-                "manifest_digest",
-                format!("artifact {m} has not been uploaded"),
-            ));
-        }
-    }
+    let probe_digest = match req.manifest_digest {
+        Some(m) => check_manifest(artifacts, m, req.artifact_digest, artifact_size).await?,
+        None => None,
+    };
     let metrics = req.metrics.unwrap_or_default();
     if let Some((k, _)) = metrics.iter().find(|(_, v)| !v.is_finite()) {
         return Err(Error::bad_field(
@@ -238,6 +241,7 @@ pub async fn create_version(
             artifact_size,
             format: format.clone(),
             manifest_digest: req.manifest_digest,
+            probe_digest,
             metrics: metrics.clone(),
             lineage: lineage.clone(),
             created_at: now,
@@ -256,4 +260,60 @@ pub async fn create_version(
         }
         next += 1;
     }
+}
+
+/// Checks that `manifest` is an uploaded signed manifest describing this
+/// version's artifact, so that a device is never sent a version whose
+/// manifest disagrees with it (the device refuses those, but only after a
+/// download). Returns the health probe's sample inputs, if the manifest names
+/// any. The signature is not checked here: which keys a device trusts is the
+/// device's configuration.
+async fn check_manifest(
+    artifacts: &dyn ArtifactStore,
+    manifest: Digest,
+    artifact_digest: Digest,
+    artifact_size: u64,
+) -> Result<Option<Digest>> {
+    let bad = |message: String| Error::bad_field("manifest_digest", message);
+    let size = artifacts
+        .head(manifest)
+        .await?
+        .ok_or_else(|| bad(format!("artifact {manifest} has not been uploaded")))?;
+    if size > MAX_SIGNED_MANIFEST_BYTES as u64 {
+        return Err(bad(format!(
+            "artifact {manifest} is {size} bytes, too large for a signed manifest \
+             (at most {MAX_SIGNED_MANIFEST_BYTES})"
+        )));
+    }
+    let (_, mut reader) = artifacts.open_at(manifest, 0).await?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    reader
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| Error::Internal(anyhow::Error::new(e).context("reading the manifest")))?;
+    let signed = SignedManifest::from_json(&bytes)
+        .map_err(|e| bad(format!("artifact {manifest} is not a signed manifest: {e}")))?;
+    let described = &signed.manifest.artifact;
+    if described.sha256 != artifact_digest {
+        return Err(bad(format!(
+            "the manifest describes artifact {}, not {artifact_digest}",
+            described.sha256
+        )));
+    }
+    if described.size != artifact_size {
+        return Err(bad(format!(
+            "the manifest gives the artifact size as {}, but artifact {artifact_digest} is {artifact_size} bytes",
+            described.size
+        )));
+    }
+    let Some(probe) = &signed.manifest.health_probe else {
+        return Ok(None);
+    };
+    if artifacts.head(probe.sample_inputs).await?.is_none() {
+        return Err(bad(format!(
+            "the manifest's health_probe.sample_inputs artifact {} has not been uploaded",
+            probe.sample_inputs
+        )));
+    }
+    Ok(Some(probe.sample_inputs))
 }
