@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod observe;
+pub mod serve;
 pub mod serving;
 
 use edgeloop_client_core::member::host_capabilities;
