@@ -111,7 +111,10 @@ mod tests {
         assert_eq!(joined.shape(), &[3, 3]);
         assert_eq!(split(&joined, &[1, 2]).unwrap(), vec![a.clone(), b]);
         assert!(split(&joined, &[1, 1]).is_none(), "rows must add up");
-        assert!(concat(&[&a, &f32s(&[1, 4], 0.0)]).is_none(), "widths differ");
+        assert!(
+            concat(&[&a, &f32s(&[1, 4], 0.0)]).is_none(),
+            "widths differ"
+        );
         let i = Tensor::I64(ArrayD::zeros(vec![1, 3]));
         assert!(concat(&[&a, &i]).is_none(), "dtypes differ");
     }

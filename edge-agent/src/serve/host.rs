@@ -102,7 +102,11 @@ impl ModelHost {
     }
 
     /// `GET /v2/models/{name}[/versions/{version}]`.
-    pub fn metadata(&self, model: &str, version: Option<&str>) -> Result<ModelMetadata, ServeError> {
+    pub fn metadata(
+        &self,
+        model: &str,
+        version: Option<&str>,
+    ) -> Result<ModelMetadata, ServeError> {
         let v = self.resolve(model, version)?;
         let describe = |io: &[edgeloop_models::runtime::IoInfo]| {
             io.iter()
@@ -143,7 +147,9 @@ impl ModelHost {
             .map_err(|e| fail(format!("sample inputs: {e}")))?;
         let ordered = super::infer::in_model_order(&version.inputs, inputs.clone());
         let batch = match version.inputs.first().map(|i| i.shape.first()) {
-            Some(Some(None)) => ordered.first().and_then(|(_, t)| t.shape().first().copied()),
+            Some(Some(None)) => ordered
+                .first()
+                .and_then(|(_, t)| t.shape().first().copied()),
             _ => None,
         };
         let (key, rows) = batch_key(&ordered);

@@ -38,9 +38,18 @@ pub fn router(host: Arc<ModelHost>) -> Router {
         .route("/v2/models/{name}", get(model_metadata))
         .route("/v2/models/{name}/ready", get(model_ready))
         .route("/v2/models/{name}/infer", post(infer))
-        .route("/v2/models/{name}/versions/{version}", get(version_metadata))
-        .route("/v2/models/{name}/versions/{version}/ready", get(version_ready))
-        .route("/v2/models/{name}/versions/{version}/infer", post(version_infer))
+        .route(
+            "/v2/models/{name}/versions/{version}",
+            get(version_metadata),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/ready",
+            get(version_ready),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/infer",
+            post(version_infer),
+        )
         .route("/metrics", get(metrics))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(limit))
@@ -211,7 +220,10 @@ async fn run(
 
 fn json_bytes(bytes: Vec<u8>) -> Response {
     (
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
         bytes,
     )
         .into_response()

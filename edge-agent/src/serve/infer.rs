@@ -15,7 +15,9 @@ use super::error::ServeError;
 use super::host::ModelHost;
 use super::loader::Version;
 use super::pool::{Job, Named, Rejected};
-use super::protocol::{checked_shape, datatype_name, parse_datatype, supported_datatypes, to_tensor, RequestInput};
+use super::protocol::{
+    checked_shape, datatype_name, parse_datatype, supported_datatypes, to_tensor, RequestInput,
+};
 use crate::observe::Observation;
 
 /// A request in tensors, for callers in this process.
@@ -43,7 +45,14 @@ pub fn new_request_id() -> String {
     b[6] = (b[6] & 0x0f) | 0x40; // version 4
     b[8] = (b[8] & 0x3f) | 0x80; // RFC 4122 variant
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
 
 impl ModelHost {
@@ -171,11 +180,9 @@ pub(super) fn check_inputs(model: &[IoInfo], given: &[(String, Tensor)]) -> Resu
         }
         let shape = tensor.shape();
         let fits = shape.len() == io.shape.len()
-            && io
-                .shape
-                .iter()
-                .zip(shape)
-                .all(|(want, &got)| want.is_none_or(|w| u64::try_from(w).ok() == u64::try_from(got).ok()));
+            && io.shape.iter().zip(shape).all(|(want, &got)| {
+                want.is_none_or(|w| u64::try_from(w).ok() == u64::try_from(got).ok())
+            });
         if !fits {
             let want: Vec<i64> = io.shape.iter().map(|d| d.unwrap_or(-1)).collect();
             return Err(bad(format!(
@@ -183,7 +190,10 @@ pub(super) fn check_inputs(model: &[IoInfo], given: &[(String, Tensor)]) -> Resu
             )));
         }
     }
-    if let Some(missing) = model.iter().find(|io| !given.iter().any(|(n, _)| *n == io.name)) {
+    if let Some(missing) = model
+        .iter()
+        .find(|io| !given.iter().any(|(n, _)| *n == io.name))
+    {
         return Err(ServeError::BadInput {
             name: missing.name.clone(),
             reason: "missing: the model requires it".into(),
@@ -208,7 +218,10 @@ pub(super) fn in_model_order(model: &[IoInfo], given: Named) -> Named {
 }
 
 /// The indices (into the model's outputs) of the outputs asked for.
-fn select_outputs(model: &[IoInfo], wanted: Option<Vec<String>>) -> Result<Option<Vec<usize>>, ServeError> {
+fn select_outputs(
+    model: &[IoInfo],
+    wanted: Option<Vec<String>>,
+) -> Result<Option<Vec<usize>>, ServeError> {
     let Some(wanted) = wanted else {
         return Ok(None);
     };

@@ -168,8 +168,9 @@ impl Registry {
             .iter()
             .map(|(k, v)| (k.clone(), v.load(Ordering::Relaxed).max(0)))
             .collect();
-        let labels =
-            |(m, v): &(String, String)| format!("model=\"{}\",version=\"{}\"", escape(m), escape(v));
+        let labels = |(m, v): &(String, String)| {
+            format!("model=\"{}\",version=\"{}\"", escape(m), escape(v))
+        };
 
         let mut out = String::with_capacity(4096);
         header(
@@ -180,7 +181,11 @@ impl Registry {
         );
         for (key, m) in &versions {
             let n = m.requests.load(Ordering::Relaxed);
-            let _ = writeln!(out, "edgeloop_inference_requests_total{{{}}} {n}", labels(key));
+            let _ = writeln!(
+                out,
+                "edgeloop_inference_requests_total{{{}}} {n}",
+                labels(key)
+            );
         }
         header(
             &mut out,
@@ -190,7 +195,11 @@ impl Registry {
         );
         for (key, m) in &versions {
             let n = m.errors.load(Ordering::Relaxed);
-            let _ = writeln!(out, "edgeloop_inference_errors_total{{{}}} {n}", labels(key));
+            let _ = writeln!(
+                out,
+                "edgeloop_inference_errors_total{{{}}} {n}",
+                labels(key)
+            );
         }
         header(
             &mut out,
@@ -220,7 +229,10 @@ impl Registry {
         );
         for (model, depth) in &depths {
             let model = escape(model);
-            let _ = writeln!(out, "edgeloop_inference_queue_depth{{model=\"{model}\"}} {depth}");
+            let _ = writeln!(
+                out,
+                "edgeloop_inference_queue_depth{{model=\"{model}\"}} {depth}"
+            );
         }
         header(
             &mut out,
@@ -277,12 +289,24 @@ mod tests {
                 .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
                 .to_string()
         };
-        assert!(line("edgeloop_inference_latency_seconds_bucket{model=\"m\",version=\"1\",le=\"0.0001\"}").ends_with(" 1"));
-        assert!(line("edgeloop_inference_latency_seconds_bucket{model=\"m\",version=\"1\",le=\"0.005\"}").ends_with(" 2"));
+        assert!(line(
+            "edgeloop_inference_latency_seconds_bucket{model=\"m\",version=\"1\",le=\"0.0001\"}"
+        )
+        .ends_with(" 1"));
+        assert!(line(
+            "edgeloop_inference_latency_seconds_bucket{model=\"m\",version=\"1\",le=\"0.005\"}"
+        )
+        .ends_with(" 2"));
         assert!(line("edgeloop_inference_latency_seconds_count{").ends_with(" 2"));
         assert!(line("edgeloop_inference_errors_total{").ends_with(" 1"));
-        assert!(line("edgeloop_inference_batch_size_bucket{model=\"m\",version=\"1\",le=\"2.0\"}").ends_with(" 0"));
-        assert!(line("edgeloop_inference_batch_size_bucket{model=\"m\",version=\"1\",le=\"4.0\"}").ends_with(" 1"));
+        assert!(
+            line("edgeloop_inference_batch_size_bucket{model=\"m\",version=\"1\",le=\"2.0\"}")
+                .ends_with(" 0")
+        );
+        assert!(
+            line("edgeloop_inference_batch_size_bucket{model=\"m\",version=\"1\",le=\"4.0\"}")
+                .ends_with(" 1")
+        );
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

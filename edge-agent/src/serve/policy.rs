@@ -119,7 +119,10 @@ mod tests {
         ];
         for (i, (policy, rows, busy, closing, now, want)) in cases.iter().enumerate() {
             let got = decide(policy, rows.iter().copied(), t0, *busy, *closing, at(*now));
-            assert_eq!(got, *want, "case {i}: rows {rows:?}, busy {busy}, t+{now}µs");
+            assert_eq!(
+                got, *want,
+                "case {i}: rows {rows:?}, busy {busy}, t+{now}µs"
+            );
         }
     }
 }

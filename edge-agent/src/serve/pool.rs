@@ -230,11 +230,10 @@ fn run_jobs(session: &mut ModelSession, jobs: Vec<Job>, metrics: &VersionMetrics
     let jobs = jobs.into_iter().filter(|j| !j.reply.is_closed());
     let mut groups: Vec<Vec<Job>> = Vec::new();
     for job in jobs {
-        let group = job.key.as_ref().and_then(|key| {
-            groups
-                .iter_mut()
-                .find(|g| g[0].key.as_ref() == Some(key))
-        });
+        let group = job
+            .key
+            .as_ref()
+            .and_then(|key| groups.iter_mut().find(|g| g[0].key.as_ref() == Some(key)));
         match group {
             Some(group) => group.push(job),
             None => groups.push(vec![job]),

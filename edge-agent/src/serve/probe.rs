@@ -78,7 +78,10 @@ fn compare(kind: &str, specs: &[TensorSpec], actual: &[IoInfo]) -> Result<(), St
 
 /// What a probe output must look like: per output (in model order), its
 /// dimensions, `None` where any size is fine except for the batch dimension.
-pub fn expected_outputs(signature: Option<&IoSignature>, outputs: &[IoInfo]) -> Vec<(String, Vec<Option<i64>>)> {
+pub fn expected_outputs(
+    signature: Option<&IoSignature>,
+    outputs: &[IoInfo],
+) -> Vec<(String, Vec<Option<i64>>)> {
     match signature {
         Some(sig) => sig
             .outputs
@@ -109,11 +112,15 @@ pub fn check_probe(
         };
         let shape = tensor.shape();
         let fits = shape.len() == dims.len()
-            && dims.iter().zip(shape).enumerate().all(|(axis, (want, &got))| match want {
-                Some(n) => u64::try_from(*n).ok() == u64::try_from(got).ok(),
-                None if axis == 0 => batch.is_none_or(|b| b == got),
-                None => true,
-            });
+            && dims
+                .iter()
+                .zip(shape)
+                .enumerate()
+                .all(|(axis, (want, &got))| match want {
+                    Some(n) => u64::try_from(*n).ok() == u64::try_from(got).ok(),
+                    None if axis == 0 => batch.is_none_or(|b| b == got),
+                    None => true,
+                });
         if !fits {
             let batch = batch.map_or_else(String::new, |b| format!(" with batch {b}"));
             return Err(format!(
@@ -181,7 +188,10 @@ mod tests {
         let y = || vec![spec("y", "float32", vec![n(), DimSpec::Fixed(2)])];
         let cases = [
             (
-                sig(vec![spec("z", "float32", vec![n(), DimSpec::Fixed(4)])], y()),
+                sig(
+                    vec![spec("z", "float32", vec![n(), DimSpec::Fixed(4)])],
+                    y(),
+                ),
                 "input `z` is not in the model",
             ),
             (
@@ -189,7 +199,10 @@ mod tests {
                 "says int64, the model has float32",
             ),
             (
-                sig(vec![spec("x", "float32", vec![n(), DimSpec::Fixed(5)])], y()),
+                sig(
+                    vec![spec("x", "float32", vec![n(), DimSpec::Fixed(5)])],
+                    y(),
+                ),
                 "says shape [?, 5], the model has [?, 4]",
             ),
             (sig(vec![], y()), "input `x` is not in the manifest"),
@@ -210,7 +223,10 @@ mod tests {
             )]
         };
         let ms = Duration::from_millis;
-        assert_eq!(check_probe(&expected, &t(&[3, 2], 0.5), Some(3), ms(1), ms(5)), Ok(()));
+        assert_eq!(
+            check_probe(&expected, &t(&[3, 2], 0.5), Some(3), ms(1), ms(5)),
+            Ok(())
+        );
         let cases = [
             (t(&[3, 2], f32::NAN), Some(3), ms(1), "not finite"),
             (t(&[3, 2], f32::INFINITY), Some(3), ms(1), "not finite"),

@@ -136,8 +136,8 @@ pub fn checked_shape(shape: &[i64]) -> Result<(Vec<usize>, usize), String> {
     let mut dims = Vec::with_capacity(shape.len());
     let mut count: usize = 1;
     for &d in shape {
-        let d = usize::try_from(d)
-            .map_err(|_| format!("shape {shape:?} has a negative dimension"))?;
+        let d =
+            usize::try_from(d).map_err(|_| format!("shape {shape:?} has a negative dimension"))?;
         count = count
             .checked_mul(d)
             .ok_or_else(|| format!("shape {shape:?} has too many elements"))?;
@@ -309,11 +309,17 @@ mod tests {
         let nested: FlatData = serde_json::from_str("[[1, 2.5], [3, [4]]]").unwrap();
         assert_eq!(flat, nested);
         assert_eq!(flat.0[1], Scalar::Float(2.5));
-        assert!(serde_json::from_str::<FlatData>("3").is_err(), "not an array");
+        assert!(
+            serde_json::from_str::<FlatData>("3").is_err(),
+            "not an array"
+        );
         assert!(serde_json::from_str::<FlatData>("[\"a\"]").is_err());
         assert!(serde_json::from_str::<FlatData>("[{}]").is_err());
         let deep = "[".repeat(200) + &"]".repeat(200);
-        assert!(serde_json::from_str::<FlatData>(&deep).is_err(), "depth is bounded");
+        assert!(
+            serde_json::from_str::<FlatData>(&deep).is_err(),
+            "depth is bounded"
+        );
     }
 
     #[test]
