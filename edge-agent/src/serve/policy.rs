@@ -91,7 +91,8 @@ mod tests {
             ..policy
         };
         // (policy, rows queued, busy workers, closing, now (µs after the oldest arrived), want)
-        let cases: &[(BatchPolicy, &[usize], usize, bool, u64, Flush)] = &[
+        type Case = (BatchPolicy, &'static [usize], usize, bool, u64, Flush);
+        let cases: &[Case] = &[
             (policy, &[], 1, false, 0, Flush::Idle),
             (policy, &[], 0, true, 900, Flush::Idle),
             // Nobody else is working: a lone request does not wait.

@@ -41,6 +41,9 @@ fn manifest(signature: IoSignature) -> edgeloop_models::manifest::Manifest {
     m
 }
 
+/// What was wrong, the activation, the error kind wanted, part of its message.
+type Case<'a> = (&'a str, PrepareSpec, fn(&ActivationError) -> bool, &'a str);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_activation_keeps_the_old_version_serving() {
     let recorder = Arc::new(Recorder::default());
@@ -69,7 +72,7 @@ async fn a_failed_activation_keeps_the_old_version_serving() {
     );
 
     let missing = models.dir.path().join("missing.onnx");
-    let cases: Vec<(&str, PrepareSpec, fn(&ActivationError) -> bool, &str)> = vec![
+    let cases: Vec<Case<'_>> = vec![
         (
             "NaN output",
             PrepareSpec {

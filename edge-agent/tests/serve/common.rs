@@ -317,8 +317,18 @@ impl Models {
 #[derive(Default)]
 pub struct Recorder {
     pub activated: Mutex<Vec<(String, String, bool)>>,
-    /// (model, version, request id, input names, output names, ok)
-    pub observed: Mutex<Vec<(String, String, String, Vec<String>, Vec<String>, bool)>>,
+    pub observed: Mutex<Vec<Observed>>,
+}
+
+/// One observation, tensors reduced to their names.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    pub model: String,
+    pub version: String,
+    pub id: String,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub ok: bool,
 }
 
 impl Observer for Recorder {
@@ -331,13 +341,13 @@ impl Observer for Recorder {
 
     fn observe(&self, o: &Observation<'_>) {
         let names = |v: &[(String, Tensor)]| v.iter().map(|(n, _)| n.clone()).collect();
-        self.observed.lock().unwrap().push((
-            o.model.into(),
-            o.version.into(),
-            o.request_id.into(),
-            names(o.inputs),
-            names(o.outputs),
-            o.ok,
-        ));
+        self.observed.lock().unwrap().push(Observed {
+            model: o.model.into(),
+            version: o.version.into(),
+            id: o.request_id.into(),
+            inputs: names(o.inputs),
+            outputs: names(o.outputs),
+            ok: o.ok,
+        });
     }
 }

@@ -248,17 +248,13 @@ async fn metrics_parse_and_move_and_the_observer_sees_each_request() {
 
     let observed = recorder.observed.lock().unwrap();
     assert_eq!(observed.len(), 7);
-    let oks = observed.iter().filter(|o| o.5).count();
+    let oks = observed.iter().filter(|o| o.ok).count();
     assert_eq!(oks, 6);
-    for (m, v, id, inputs, outputs, ok) in observed.iter() {
-        assert_eq!((m.as_str(), v.as_str()), (model, version));
-        assert!(!id.is_empty());
-        assert_eq!(
-            inputs,
-            &vec!["x".to_string()],
-            "inputs as sent, also for errors"
-        );
-        assert_eq!(outputs.is_empty(), !ok);
+    for o in observed.iter() {
+        assert_eq!((o.model.as_str(), o.version.as_str()), (model, version));
+        assert!(!o.id.is_empty());
+        assert_eq!(o.inputs, ["x"], "inputs as sent, also for errors");
+        assert_eq!(o.outputs.is_empty(), !o.ok);
     }
-    assert!(observed.iter().any(|o| o.2 == "mine"));
+    assert!(observed.iter().any(|o| o.id == "mine"));
 }
