@@ -23,6 +23,8 @@ pub enum ServeError {
     UnknownVersion { model: String, version: String },
     #[error("no such endpoint: {0}")]
     NoRoute(String),
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
     #[error("request body is over the {limit}-byte limit")]
     TooLarge { limit: usize },
     #[error("model `{model}` has {capacity} requests queued; retry later")]
@@ -41,6 +43,7 @@ impl ServeError {
             ServeError::UnknownModel(_)
             | ServeError::UnknownVersion { .. }
             | ServeError::NoRoute(_) => StatusCode::NOT_FOUND,
+            ServeError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ServeError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ServeError::QueueFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ServeError::Inference(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -164,7 +164,7 @@ impl ModelHost {
                 counted: false,
                 reply,
             })
-            .map_err(|e| fail(format!("could not queue the probe: {e:?}")))?;
+            .map_err(|(e, _)| fail(format!("could not queue the probe: {e:?}")))?;
         let result = answer
             .await
             .map_err(|_| fail("the worker running the probe failed".to_string()))?;

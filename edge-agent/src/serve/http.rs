@@ -13,7 +13,7 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{header, HeaderValue, StatusCode, Uri};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -52,6 +52,7 @@ pub fn router(host: Arc<ModelHost>) -> Router {
         )
         .route("/metrics", get(metrics))
         .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(host)
 }
@@ -171,17 +172,17 @@ async fn run(
         Ok(v) => v,
         Err(e) => return e.response(),
     };
-    let request = body
-        .map_err(|rejection| match rejection.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => ServeError::TooLarge {
-                limit: host.config().max_request_bytes,
-            },
-            _ => ServeError::BadBody(rejection.body_text()),
-        })
-        .and_then(|bytes| {
-            serde_json::from_slice::<InferRequest>(&bytes)
-                .map_err(|e| ServeError::BadBody(e.to_string()))
-        });
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ServeError::TooLarge {
+            limit: host.config().max_request_bytes,
+        },
+        _ => ServeError::BadBody(rejection.body_text()),
+    });
+    // Parsed in place: `data` stays borrowed from the body until decoded.
+    let request = body.as_ref().map_err(Clone::clone).and_then(|bytes| {
+        serde_json::from_slice::<InferRequest<'_>>(bytes)
+            .map_err(|e| ServeError::BadBody(e.to_string()))
+    });
     let (id, decoded) = match request {
         Ok(request) => {
             let id = request.id.unwrap_or_else(new_request_id);
@@ -192,6 +193,7 @@ async fn run(
         }
         Err(e) => (new_request_id(), Err(e)),
     };
+    drop(body);
     let (inputs, result) = match decoded {
         Ok((inputs, outputs)) => execute(&target, inputs, outputs).await,
         Err(e) => (Vec::new(), Err(e)),
@@ -242,4 +244,12 @@ async fn metrics(State(host): Host) -> Response {
 
 async fn no_route(uri: Uri) -> Response {
     ServeError::NoRoute(uri.path().to_string()).response()
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> Response {
+    ServeError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+    .response()
 }

@@ -14,7 +14,7 @@ use super::batch::batch_key;
 use super::error::ServeError;
 use super::host::ModelHost;
 use super::loader::Version;
-use super::pool::{Job, Named, Rejected};
+use super::pool::{Job, Named};
 use super::protocol::{
     checked_shape, datatype_name, parse_datatype, supported_datatypes, to_tensor, RequestInput,
 };
@@ -130,15 +130,14 @@ pub(super) async fn execute(
         counted: true,
         reply,
     };
-    if let Err(rejected) = version.pool.submit(job) {
+    // `Closed` cannot happen here (this request holds the version, so its
+    // pool is open), but either way the answer is "try again".
+    if let Err((_, job)) = version.pool.submit(job) {
         let err = ServeError::QueueFull {
             model: version.model.clone(),
             capacity: version.pool.capacity(),
         };
-        // Only `Closed` is impossible here (the request holds the version),
-        // but either way the answer is "try again".
-        debug_assert_eq!(rejected, Rejected::Full);
-        return (Vec::new(), Err(err));
+        return (job.inputs, Err(err));
     }
     let Ok(result) = answer.await else {
         return (
@@ -259,7 +258,7 @@ fn pick(all: Named, wanted: Option<&[usize]>) -> Named {
 
 /// The protocol's JSON inputs as tensors: datatype known, shape valid, and
 /// exactly as many elements as the shape holds.
-pub(super) fn decode_inputs(inputs: Vec<RequestInput>) -> Result<Named, ServeError> {
+pub(super) fn decode_inputs(inputs: Vec<RequestInput<'_>>) -> Result<Named, ServeError> {
     inputs
         .into_iter()
         .map(|input| {
@@ -274,16 +273,8 @@ pub(super) fn decode_inputs(inputs: Vec<RequestInput>) -> Result<Named, ServeErr
                     supported_datatypes()
                 ))
             })?;
-            let (shape, count) = checked_shape(&input.shape).map_err(bad)?;
-            let data = &input.data.0;
-            if data.len() != count {
-                return Err(bad(format!(
-                    "shape {:?} holds {count} elements, but data has {}",
-                    input.shape,
-                    data.len()
-                )));
-            }
-            let tensor = to_tensor(dtype, shape, data).map_err(bad)?;
+            let (shape, _) = checked_shape(&input.shape).map_err(bad)?;
+            let tensor = to_tensor(dtype, shape, input.data.get()).map_err(bad)?;
             Ok((input.name, tensor))
         })
         .collect()

@@ -129,14 +129,15 @@ impl Pool {
         Ok(pool)
     }
 
-    /// Queues a job without blocking; a full queue refuses it.
-    pub fn submit(&self, job: Job) -> Result<(), Rejected> {
+    /// Queues a job without blocking; a full queue refuses it (and hands
+    /// it back, so its inputs can still be observed).
+    pub fn submit(&self, job: Job) -> Result<(), (Rejected, Job)> {
         let mut state = lock(&self.shared.state);
         if state.closed {
-            return Err(Rejected::Closed);
+            return Err((Rejected::Closed, job));
         }
         if state.queue.len() >= self.shared.capacity {
-            return Err(Rejected::Full);
+            return Err((Rejected::Full, job));
         }
         state.queue.push_back(job);
         drop(state);

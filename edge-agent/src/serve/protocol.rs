@@ -2,17 +2,17 @@
 //! them): datatype names, the infer request and response, and the
 //! conversion between JSON tensors and [`Tensor`]s.
 //!
-//! `data` is read straight into one flat list of scalars whatever its
-//! nesting, without building a `serde_json::Value` tree first: the infer
-//! path parses every request, so this is where its time goes.
-
-use std::fmt;
+//! A tensor's `data` is kept as raw JSON text while the request is parsed
+//! (its `datatype` may come after it) and then read in one pass straight
+//! into the typed array, whatever its nesting: number parsing is most of
+//! the infer path's CPU time, so each number is parsed once, by the
+//! standard library, into its final type.
 
 use edgeloop_models::tensor::{DType, Tensor};
 use ndarray::{ArrayD, IxDyn};
-use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, Serializer};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 /// The protocol's name for an element type.
 pub fn datatype_name(dtype: DType) -> &'static str {
@@ -38,97 +38,31 @@ pub fn supported_datatypes() -> String {
     DType::ALL.map(datatype_name).join(", ")
 }
 
-/// `POST /v2/models/{name}/infer`. Unknown fields (`parameters`) are ignored.
+/// `POST /v2/models/{name}/infer`, borrowing from the body. Unknown fields
+/// (`parameters`) are ignored.
 #[derive(Debug, Deserialize)]
-pub struct InferRequest {
+pub struct InferRequest<'a> {
     #[serde(default)]
     pub id: Option<String>,
-    pub inputs: Vec<RequestInput>,
+    #[serde(borrow)]
+    pub inputs: Vec<RequestInput<'a>>,
     #[serde(default)]
     pub outputs: Option<Vec<RequestOutput>>,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct RequestInput {
+pub struct RequestInput<'a> {
     pub name: String,
     pub shape: Vec<i64>,
     pub datatype: String,
-    pub data: FlatData,
+    /// Valid JSON (the parser checked it), not yet read as numbers.
+    #[serde(borrow)]
+    pub data: &'a RawValue,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct RequestOutput {
     pub name: String,
-}
-
-/// One JSON scalar from a tensor's `data`, kept as JSON gave it so that
-/// integers never pass through `f64` (an INT64 beyond 2^53 stays exact).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Scalar {
-    Float(f64),
-    Int(i64),
-    UInt(u64),
-    Bool(bool),
-}
-
-/// A tensor's `data`, flattened in row-major order: `[1, 2, 3, 4]` and
-/// `[[1, 2], [3, 4]]` read the same.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FlatData(pub Vec<Scalar>);
-
-impl<'de> Deserialize<'de> for FlatData {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut out = Vec::new();
-        // The top level must be an array; nested levels may be arrays or scalars.
-        deserializer.deserialize_seq(Flatten { out: &mut out })?;
-        Ok(FlatData(out))
-    }
-}
-
-/// Appends every scalar it meets to `out`, descending into arrays
-/// (serde_json's recursion limit bounds the depth).
-struct Flatten<'a> {
-    out: &'a mut Vec<Scalar>,
-}
-
-impl<'de> DeserializeSeed<'de> for Flatten<'_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Flatten<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an array of numbers or booleans (flat or nested)")
-    }
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
-        self.out.push(Scalar::Bool(v));
-        Ok(())
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.out.push(Scalar::Int(v));
-        Ok(())
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.out.push(Scalar::UInt(v));
-        Ok(())
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.out.push(Scalar::Float(v));
-        Ok(())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq
-            .next_element_seed(Flatten {
-                out: &mut *self.out,
-            })?
-            .is_some()
-        {}
-        Ok(())
-    }
 }
 
 /// Checks a request shape and returns it as dimensions, with their product.
@@ -146,67 +80,152 @@ pub fn checked_shape(shape: &[i64]) -> Result<(Vec<usize>, usize), String> {
     Ok((dims, count))
 }
 
-/// Builds a tensor of `dtype` and `shape` from JSON scalars, refusing values
-/// the element type cannot hold (3.5 or 300 for UINT8, `true` for FP32).
-pub fn to_tensor(dtype: DType, shape: Vec<usize>, data: &[Scalar]) -> Result<Tensor, String> {
-    fn build<T>(
+/// One scalar of `data`: a JSON number's text, or a boolean.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Token<'a> {
+    Number(&'a str),
+    Bool(bool),
+}
+
+/// Calls `each` on every scalar of a JSON array, flat or nested, in
+/// row-major order. `json` is valid JSON (serde_json checked it, with its
+/// nesting limit); anything but arrays, numbers and booleans is refused.
+fn scan<'a>(
+    json: &'a str,
+    mut each: impl FnMut(Token<'a>) -> Result<(), String>,
+) -> Result<(), String> {
+    let bytes = json.as_bytes();
+    let not_array = || "data must be an array (flat or nested) of numbers or booleans".to_string();
+    let mut i = 0;
+    while bytes.get(i).is_some_and(u8::is_ascii_whitespace) {
+        i += 1;
+    }
+    if bytes.get(i) != Some(&b'[') {
+        return Err(not_array());
+    }
+    let mut depth = 0usize;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'[' => depth += 1,
+            b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Ok(());
+                }
+            }
+            b',' | b' ' | b'\t' | b'\n' | b'\r' => {}
+            b't' | b'f' => {
+                let value = b == b't';
+                each(Token::Bool(value))?;
+                i += if value { 4 } else { 5 };
+                continue;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while bytes
+                    .get(i)
+                    .is_some_and(|c| matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                {
+                    i += 1;
+                }
+                each(Token::Number(&json[start..i]))?;
+                continue;
+            }
+            b'"' => return Err("data holds a string; only numbers and booleans are served".into()),
+            b'n' => return Err("data holds null; only numbers and booleans are served".into()),
+            _ => return Err(not_array()),
+        }
+        i += 1;
+    }
+    Err(not_array())
+}
+
+/// A number's text as an integer of type `T`: `7`, or `7.0` (an integer
+/// written as a float), but not `7.5` or one out of `T`'s range.
+fn integer<T: TryFrom<i64>>(text: &str) -> Option<T> {
+    let value = match text.parse::<i64>() {
+        Ok(v) => v,
+        Err(_) => {
+            let f = text.parse::<f64>().ok()?;
+            if f.fract() != 0.0 || f.abs() >= 9.0e18 {
+                return None;
+            }
+            f as i64
+        }
+    };
+    T::try_from(value).ok()
+}
+
+/// Reads `data` (raw JSON) into a tensor of `dtype` and `shape`, refusing
+/// values the element type cannot hold (3.5 or 300 for UINT8, `true` for
+/// FP32) and an element count other than the shape's.
+pub fn to_tensor(dtype: DType, shape: Vec<usize>, data: &str) -> Result<Tensor, String> {
+    let count = shape.iter().product::<usize>();
+    fn read<T>(
+        data: &str,
         shape: Vec<usize>,
-        data: &[Scalar],
+        count: usize,
         what: &str,
-        convert: impl Fn(Scalar) -> Option<T>,
+        convert: impl Fn(Token<'_>) -> Option<T>,
     ) -> Result<ArrayD<T>, String> {
-        let values = data
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                convert(*v).ok_or_else(|| format!("data[{i}] = {} is not {what}", show(*v)))
-            })
-            .collect::<Result<Vec<T>, String>>()?;
+        // Every element takes at least one byte of JSON, so a shape that
+        // claims more than the body holds allocates no more than the body.
+        let mut values = Vec::with_capacity(count.min(data.len()));
+        let mut seen = 0usize;
+        scan(data, |token| {
+            if seen < count {
+                let value = convert(token).ok_or_else(|| {
+                    let text = match token {
+                        Token::Number(n) => n.to_string(),
+                        Token::Bool(b) => b.to_string(),
+                    };
+                    format!("data[{seen}] = {text} is not {what}")
+                })?;
+                values.push(value);
+            }
+            seen += 1;
+            Ok(())
+        })?;
+        if seen != count {
+            return Err(format!(
+                "shape {shape:?} holds {count} elements, but data has {seen}"
+            ));
+        }
         ArrayD::from_shape_vec(IxDyn(&shape), values).map_err(|e| e.to_string())
     }
-    fn int<T: TryFrom<i64> + TryFrom<u64>>(v: Scalar) -> Option<T> {
-        match v {
-            Scalar::Int(i) => T::try_from(i).ok(),
-            Scalar::UInt(u) => T::try_from(u).ok(),
-            // 2.0 is an integer written as a float; 2.5 is not.
-            Scalar::Float(f) if f.fract() == 0.0 && f.abs() < 9.0e18 => T::try_from(f as i64).ok(),
-            _ => None,
-        }
-    }
-    fn float(v: Scalar) -> Option<f64> {
-        match v {
-            Scalar::Float(f) => Some(f),
-            Scalar::Int(i) => Some(i as f64),
-            Scalar::UInt(u) => Some(u as f64),
-            Scalar::Bool(_) => None,
+    fn number(t: Token<'_>) -> Option<&str> {
+        match t {
+            Token::Number(n) => Some(n),
+            Token::Bool(_) => None,
         }
     }
     Ok(match dtype {
-        DType::F32 => Tensor::F32(build(shape, data, "a number", |v| {
-            float(v).map(|f| f as f32)
+        DType::F32 => Tensor::F32(read(data, shape, count, "a number", |t| {
+            number(t)?.parse().ok()
         })?),
-        DType::F64 => Tensor::F64(build(shape, data, "a number", float)?),
-        DType::F16 => Tensor::F16(build(shape, data, "a number", |v| {
-            float(v).map(half::f16::from_f64)
+        DType::F64 => Tensor::F64(read(data, shape, count, "a number", |t| {
+            number(t)?.parse().ok()
         })?),
-        DType::I8 => Tensor::I8(build(shape, data, "an INT8", int)?),
-        DType::U8 => Tensor::U8(build(shape, data, "a UINT8", int)?),
-        DType::I32 => Tensor::I32(build(shape, data, "an INT32", int)?),
-        DType::I64 => Tensor::I64(build(shape, data, "an INT64", int)?),
-        DType::Bool => Tensor::Bool(build(shape, data, "a boolean", |v| match v {
-            Scalar::Bool(b) => Some(b),
-            _ => None,
+        DType::F16 => Tensor::F16(read(data, shape, count, "a number", |t| {
+            number(t)?.parse().ok().map(half::f16::from_f64)
+        })?),
+        DType::I8 => Tensor::I8(read(data, shape, count, "an INT8", |t| {
+            integer(number(t)?)
+        })?),
+        DType::U8 => Tensor::U8(read(data, shape, count, "a UINT8", |t| {
+            integer(number(t)?)
+        })?),
+        DType::I32 => Tensor::I32(read(data, shape, count, "an INT32", |t| {
+            integer(number(t)?)
+        })?),
+        DType::I64 => Tensor::I64(read(data, shape, count, "an INT64", |t| {
+            integer(number(t)?)
+        })?),
+        DType::Bool => Tensor::Bool(read(data, shape, count, "a boolean", |t| match t {
+            Token::Bool(b) => Some(b),
+            Token::Number(_) => None,
         })?),
     })
-}
-
-fn show(v: Scalar) -> String {
-    match v {
-        Scalar::Float(f) => f.to_string(),
-        Scalar::Int(i) => i.to_string(),
-        Scalar::UInt(u) => u.to_string(),
-        Scalar::Bool(b) => b.to_string(),
-    }
 }
 
 /// The infer response, borrowed from the results so nothing is copied
@@ -303,41 +322,65 @@ mod tests {
         assert_eq!(parse_datatype("fp32"), None, "names are case sensitive");
     }
 
+    fn f32s(json: &str, shape: &[usize]) -> Result<Tensor, String> {
+        to_tensor(DType::F32, shape.to_vec(), json)
+    }
+
     #[test]
     fn nested_and_flat_data_read_the_same() {
-        let flat: FlatData = serde_json::from_str("[1, 2.5, 3, 4]").unwrap();
-        let nested: FlatData = serde_json::from_str("[[1, 2.5], [3, [4]]]").unwrap();
+        let flat = f32s("[1, 2.5, 3e0, -4]", &[2, 2]).unwrap();
+        let nested = f32s(" [[1,2.5],\n [3E0, [-4]]] ", &[2, 2]).unwrap();
         assert_eq!(flat, nested);
-        assert_eq!(flat.0[1], Scalar::Float(2.5));
-        assert!(
-            serde_json::from_str::<FlatData>("3").is_err(),
-            "not an array"
+        assert_eq!(
+            flat,
+            Tensor::F32(ArrayD::from_shape_vec(vec![2, 2], vec![1.0, 2.5, 3.0, -4.0]).unwrap())
         );
-        assert!(serde_json::from_str::<FlatData>("[\"a\"]").is_err());
-        assert!(serde_json::from_str::<FlatData>("[{}]").is_err());
-        let deep = "[".repeat(200) + &"]".repeat(200);
-        assert!(
-            serde_json::from_str::<FlatData>(&deep).is_err(),
-            "depth is bounded"
+        let cases = [
+            ("3", "must be an array"),
+            ("{}", "must be an array"),
+            (r#"["a"]"#, "string"),
+            ("[null]", "null"),
+            ("[[{}]]", "must be an array"),
+            ("[1, 2]", "holds 1 elements, but data has 2"),
+            ("[]", "holds 1 elements, but data has 0"),
+        ];
+        for (json, want) in cases {
+            let err = f32s(json, &[1]).unwrap_err();
+            assert!(err.contains(want), "{json}: {err}");
+        }
+        // Through serde_json, as requests arrive. Neither its skipping of
+        // the raw value nor `scan` recurses, so any depth is safe.
+        let depth = 100_000;
+        let deep = format!(
+            r#"{{"name":"x","shape":[1],"datatype":"FP32","data":{}1{}}}"#,
+            "[".repeat(depth),
+            "]".repeat(depth)
         );
+        let input: RequestInput<'_> = serde_json::from_str(&deep).unwrap();
+        assert_eq!(f32s(input.data.get(), &[1]).unwrap().len(), 1);
     }
 
     #[test]
     fn conversion_refuses_what_the_dtype_cannot_hold() {
-        let data = |s: &str| serde_json::from_str::<FlatData>(s).unwrap().0;
-        let t = to_tensor(DType::I64, vec![2], &data("[9007199254740993, 2.0]")).unwrap();
+        let t = to_tensor(DType::I64, vec![2], "[9007199254740993, 2.0]").unwrap();
         assert_eq!(
             t,
             Tensor::I64(ArrayD::from_shape_vec(vec![2], vec![9007199254740993, 2]).unwrap())
         );
+        let b = to_tensor(DType::Bool, vec![2], "[true, false]").unwrap();
+        assert_eq!(
+            b,
+            Tensor::Bool(ArrayD::from_shape_vec(vec![2], vec![true, false]).unwrap())
+        );
         let cases = [
             (DType::U8, "[300]", "data[0] = 300"),
             (DType::I32, "[2.5]", "not an INT32"),
+            (DType::I64, "[1e300]", "not an INT64"),
             (DType::F32, "[true]", "not a number"),
             (DType::Bool, "[1]", "not a boolean"),
         ];
         for (dtype, json, want) in cases {
-            let err = to_tensor(dtype, vec![1], &data(json)).unwrap_err();
+            let err = to_tensor(dtype, vec![1], json).unwrap_err();
             assert!(err.contains(want), "{dtype}: {err}");
         }
         assert_eq!(checked_shape(&[2, 3]).unwrap(), (vec![2, 3], 6));

@@ -238,7 +238,7 @@ async fn bad_requests_get_their_status_and_a_protocol_error() {
             infer,
             body(&input(json!([1, 1]), "FP32", json!(["a"]))),
             400,
-            "invalid request body",
+            "data holds a string",
         ),
         (
             "bool as FP32",
@@ -303,6 +303,9 @@ async fn bad_requests_get_their_status_and_a_protocol_error() {
             "{what}: {error:?} lacks {message:?}"
         );
     }
+    let wrong_method = server.get(infer).await;
+    assert_eq!(wrong_method.status, 405, "{}", wrong_method.text);
+    assert!(wrong_method.body["error"].as_str().unwrap().contains("GET"));
     // And the good one still works, on the versioned path too.
     let got = server.post("/v2/models/mlp/versions/1/infer", &ok).await;
     assert_eq!(got.status, 200, "{}", got.text);
