@@ -1,5 +1,13 @@
-//! What serving adds, measured against its own baseline in the same run, on
-//! the MNIST MLP (scripts/fetch-mnist-models.sh) and the real ONNX Runtime:
+//! What serving adds, measured against its own baseline in the same run,
+//! with the real ONNX Runtime, on two small models:
+//!
+//! - `mnist-mlp`: the MNIST MLP (scripts/fetch-mnist-models.sh), ~10 µs a
+//!   run: HTTP and JSON dominate a request's cost.
+//! - `wide-mlp`: 784 -> 1024 -> 1024 -> 10 (7 MB of weights, built here),
+//!   where the model dominates and a batch-1 run is bound by reading the
+//!   weights, the case dynamic batching exists for.
+//!
+//! For each:
 //!
 //! (a) latency: sequential batch-1 requests over HTTP on loopback against
 //!     raw `ModelSession::run` on an identically configured session, in
@@ -19,6 +27,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +36,7 @@ use edgeloop_edge_agent::config::{Provider, ServeConfig};
 use edgeloop_edge_agent::observe::NoopObserver;
 use edgeloop_edge_agent::serve::{serve, InferRequest, ModelHost};
 use edgeloop_edge_agent::serving::{ModelServing, PrepareSpec};
+use edgeloop_models::onnx::{self, ir};
 use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::Tensor;
 use ndarray::{ArrayD, IxDyn};
@@ -133,7 +143,7 @@ struct Served {
     shutdown: CancellationToken,
 }
 
-async fn start(config: ServeConfig, model: &std::path::Path) -> Served {
+async fn start(config: ServeConfig, model: &Path) -> Served {
     let host = ModelHost::new(config, Arc::new(NoopObserver));
     host.activate(PrepareSpec {
         model: "mlp".into(),
@@ -194,20 +204,91 @@ fn saturate(served: &Served, request: &[u8], clients: usize, seconds: f64) -> f6
     rate
 }
 
-fn main() {
-    // `cargo bench` passes `--bench`; this harness has no options.
-    let deps = edgeloop_models::deps::dir().expect("HOME or EDGELOOP_DEPS");
-    let model = deps.join("mnist-models/mlp.onnx");
-    assert!(
-        model.is_file(),
-        "{} missing: run scripts/fetch-mnist-models.sh",
-        model.display()
-    );
-    let runtime = OrtRuntime::load(None).expect("ONNX Runtime (scripts/fetch-onnxruntime.sh)");
-    let seconds: f64 = env_or("BENCH_SECONDS", 3.0);
-    let clients: usize = env_or("BENCH_CLIENTS", 32);
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+/// 784 -> 1024 -> 1024 -> 10 with ReLUs, random weights, input `input`
+/// `[N, 784]` like the MNIST MLP.
+fn wide_mlp() -> Vec<u8> {
+    let value = |name: &str, width: i64| {
+        let mut v = ir::ValueInfoProto::new();
+        v.set_name(name.into());
+        let mut t = ir::type_proto::Tensor::new();
+        t.set_elem_type(1);
+        let shape = t.shape.mut_or_insert_default();
+        for d in [None, Some(width)] {
+            let mut dim = ir::tensor_shape_proto::Dimension::new();
+            dim.value = Some(match d {
+                None => ir::tensor_shape_proto::dimension::Value::DimParam("N".into()),
+                Some(w) => ir::tensor_shape_proto::dimension::Value::DimValue(w),
+            });
+            shape.dim.push(dim);
+        }
+        v.type_.mut_or_insert_default().value = Some(ir::type_proto::Value::TensorType(t));
+        v
+    };
+    let node = |op: &str, inputs: &[&str], output: &str| {
+        let mut n = ir::NodeProto::new();
+        n.set_op_type(op.into());
+        n.input = inputs.iter().map(|s| s.to_string()).collect();
+        n.output = vec![output.to_string()];
+        n
+    };
+    let mut seed = 1u64;
+    let mut weights = |shape: &[usize]| {
+        let n: usize = shape.iter().product();
+        let scale = 2.0 / (shape[0] as f32).sqrt();
+        let values = (0..n)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+            })
+            .collect();
+        Tensor::F32(ArrayD::from_shape_vec(IxDyn(shape), values).unwrap())
+    };
+    let mut m = ir::ModelProto::new();
+    m.set_ir_version(8);
+    let mut opset = ir::OperatorSetIdProto::new();
+    opset.set_version(17);
+    m.opset_import.push(opset);
+    let g = m.graph.mut_or_insert_default();
+    g.set_name("wide_mlp".into());
+    g.input.push(value("input", 784));
+    g.output.push(value("logits", 10));
+    let layers = [(784, 1024), (1024, 1024), (1024, 10)];
+    let mut last = "input".to_string();
+    for (i, (fan_in, fan_out)) in layers.into_iter().enumerate() {
+        let (w, b) = (format!("w{i}"), format!("b{i}"));
+        g.initializer
+            .push(onnx::from_tensor(&w, &weights(&[fan_in, fan_out])));
+        g.initializer
+            .push(onnx::from_tensor(&b, &weights(&[fan_out])));
+        let (mm, add) = (format!("mm{i}"), format!("add{i}"));
+        g.node.push(node("MatMul", &[&last, &w], &mm));
+        if i + 1 == layers.len() {
+            g.node.push(node("Add", &[&mm, &b], "logits"));
+        } else {
+            g.node.push(node("Add", &[&mm, &b], &add));
+            let relu = format!("relu{i}");
+            g.node.push(node("Relu", &[&add], &relu));
+            last = relu;
+        }
+    }
+    onnx::validate(&m, None).unwrap();
+    onnx::encode(&m)
+}
 
+struct Options {
+    cores: usize,
+    clients: usize,
+    seconds: f64,
+}
+
+fn bench_model(runtime: &OrtRuntime, label: &str, model: &Path, options: &Options) {
+    let Options {
+        cores,
+        clients,
+        seconds,
+    } = *options;
     let row: Vec<f32> = (0..784).map(|i| ((i * 37) % 255) as f32 / 255.0).collect();
     let body = serde_json::to_vec(&serde_json::json!({
         "inputs": [{ "name": "input", "shape": [1, 784], "datatype": "FP32", "data": row }]
@@ -215,21 +296,18 @@ fn main() {
     .unwrap();
     let request = http_request("/v2/models/mlp/infer", &body);
     let tensor = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[1, 784]), row.clone()).unwrap());
-
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    println!(
-        "serving bench: mnist mlp.onnx, {cores} cores, {WORKERS} workers per model, CPU provider"
-    );
+    println!("== {label} ({} bytes of JSON per request)", body.len());
 
     // (a) Added latency. The raw session gets the options the host gives
     // each of its workers (intra-op threads = cores / workers).
-    let served = server_rt.block_on(start(config(16), &model));
+    let served = server_rt.block_on(start(config(16), model));
     let mut session = runtime
         .session(
-            &std::fs::read(&model).unwrap(),
+            &std::fs::read(model).unwrap(),
             &SessionOptions {
                 intra_op_threads: (cores / WORKERS).max(1),
                 ..SessionOptions::default()
@@ -242,8 +320,7 @@ fn main() {
         .unwrap();
     let mut conn = client_rt.block_on(Conn::open(served.addr));
     let (mut raw, mut http, mut inproc) = (Vec::new(), Vec::new(), Vec::new());
-    let blocks = 30;
-    let per_block = 100;
+    let (blocks, per_block) = (30, 100);
     for block in 0..blocks + 2 {
         let warm = block < 2;
         for _ in 0..per_block {
@@ -266,20 +343,13 @@ fn main() {
         });
         server_rt.block_on(async {
             for _ in 0..per_block {
+                let request = InferRequest {
+                    id: Some("bench".into()),
+                    inputs: vec![("input".into(), tensor.clone())],
+                    outputs: None,
+                };
                 let t = Instant::now();
-                served
-                    .host
-                    .infer(
-                        "mlp",
-                        None,
-                        InferRequest {
-                            id: Some("bench".into()),
-                            inputs: vec![("input".into(), tensor.clone())],
-                            outputs: None,
-                        },
-                    )
-                    .await
-                    .unwrap();
+                served.host.infer("mlp", None, request).await.unwrap();
                 let d = t.elapsed();
                 if !warm {
                     inproc.push(d);
@@ -296,7 +366,7 @@ fn main() {
     let added50 = us(http50) - us(raw50);
     let added99 = us(http99) - us(raw99);
     println!(
-        "(a) latency, batch 1, {} requests each, interleaved",
+        "(a) latency, batch 1, {} sequential requests each, interleaved",
         raw.len()
     );
     println!(
@@ -315,7 +385,7 @@ fn main() {
         us(http99)
     );
     println!(
-        "    added by HTTP serving      p50 {added50:8.1} µs   p99 {added99:8.1} µs   (goal: p50 <= 150 µs: {})",
+        "    added by HTTP serving      p50 {added50:8.1} µs   p99 {added99:8.1} µs   (goal p50 <= 150 µs: {})",
         if added50 <= 150.0 { "met" } else { "NOT met" }
     );
     println!(
@@ -327,22 +397,36 @@ fn main() {
     served.shutdown.cancel();
     drop(served);
 
-    // (b) Throughput at saturation, batching on and off, alternated twice
+    // (b) Throughput at saturation, batching off and on, alternated twice
     // so a noisy neighbour cannot favour one.
-    let on = server_rt.block_on(start(config(16), &model));
-    let off = server_rt.block_on(start(config(1), &model));
+    let on = server_rt.block_on(start(config(16), model));
+    let off = server_rt.block_on(start(config(1), model));
     let (mut rate_on, mut rate_off) = (0.0f64, 0.0f64);
     for _ in 0..2 {
         rate_off = rate_off.max(saturate(&off, &request, clients, seconds));
         rate_on = rate_on.max(saturate(&on, &request, clients, seconds));
     }
+    let batches = on.host.metrics_text();
+    let get = |suffix: &str| {
+        batches
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "edgeloop_inference_batch_size_{suffix}{{model=\"mlp\""
+                ))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let mean_batch = get("sum") / get("count").max(1.0);
     println!(
         "(b) throughput at saturation, {clients} closed-loop clients, best of 2 × {seconds} s"
     );
     println!("    batching off (max batch 1)             {rate_off:9.0} req/s");
-    println!("    batching on (max batch 16, 500 µs)     {rate_on:9.0} req/s");
+    println!("    batching on (max batch 16, 500 µs)     {rate_on:9.0} req/s   (mean batch {mean_batch:.1})");
     println!(
-        "    ratio on / off                         {:9.2}×   (goal >= 2×: {})",
+        "    ratio on / off                         {:9.2}×      (goal >= 2×: {})",
         rate_on / rate_off,
         if rate_on / rate_off >= 2.0 {
             "met"
@@ -350,25 +434,42 @@ fn main() {
             "NOT met"
         }
     );
-    let batches = on.host.metrics_text();
-    let mean = |text: &str| {
-        let get = |suffix: &str| {
-            text.lines()
-                .find(|l| {
-                    l.starts_with(&format!(
-                        "edgeloop_inference_batch_size_{suffix}{{model=\"mlp\""
-                    ))
-                })
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        get("sum") / get("count").max(1.0)
-    };
-    println!(
-        "    mean batch with batching on            {:9.1} requests/run",
-        mean(&batches)
-    );
     on.shutdown.cancel();
     off.shutdown.cancel();
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; this harness takes no options.
+    let deps = edgeloop_models::deps::dir().expect("HOME or EDGELOOP_DEPS");
+    let mnist = deps.join("mnist-models/mlp.onnx");
+    assert!(
+        mnist.is_file(),
+        "{} missing: run scripts/fetch-mnist-models.sh",
+        mnist.display()
+    );
+    let runtime = OrtRuntime::load(None).expect("ONNX Runtime (scripts/fetch-onnxruntime.sh)");
+    let dir = tempfile::tempdir().unwrap();
+    let wide = dir.path().join("wide_mlp.onnx");
+    std::fs::write(&wide, wide_mlp()).unwrap();
+    let options = Options {
+        cores: std::thread::available_parallelism().map_or(1, usize::from),
+        clients: env_or("BENCH_CLIENTS", 32),
+        seconds: env_or("BENCH_SECONDS", 3.0),
+    };
+    println!(
+        "serving bench: {} cores, {WORKERS} workers per model, CPU provider, client in-process on raw TCP",
+        options.cores
+    );
+    bench_model(
+        &runtime,
+        "mnist-mlp (784-128-10-ish, real model)",
+        &mnist,
+        &options,
+    );
+    bench_model(
+        &runtime,
+        "wide-mlp (784-1024-1024-10, synthetic)",
+        &wide,
+        &options,
+    );
 }
