@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod observe;
+pub mod serve;
 pub mod serving;
 pub mod sync;
 pub mod telemetry;

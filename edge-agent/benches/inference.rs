@@ -1,0 +1,475 @@
+//! What serving adds, measured against its own baseline in the same run,
+//! with the real ONNX Runtime, on two small models:
+//!
+//! - `mnist-mlp`: the MNIST MLP (scripts/fetch-mnist-models.sh), ~10 µs a
+//!   run: HTTP and JSON dominate a request's cost.
+//! - `wide-mlp`: 784 -> 1024 -> 1024 -> 10 (7 MB of weights, built here),
+//!   where the model dominates and a batch-1 run is bound by reading the
+//!   weights, the case dynamic batching exists for.
+//!
+//! For each:
+//!
+//! (a) latency: sequential batch-1 requests over HTTP on loopback against
+//!     raw `ModelSession::run` on an identically configured session, in
+//!     interleaved blocks so machine noise hits both alike. Prints p50/p99
+//!     of each and what HTTP adds (goal: added p50 <= 0.15 ms).
+//! (b) throughput at saturation: many closed-loop clients, dynamic batching
+//!     on against off (max batch size 1). Prints both and the ratio (goal >= 2).
+//!
+//! The client is a minimal keep-alive HTTP/1.1 client on raw TCP with
+//! pre-encoded bodies, so what is measured is the server, not a client
+//! library.
+//!
+//!     cargo bench -p edgeloop-edge-agent --bench inference
+//!
+//! `BENCH_SECONDS` (per throughput phase, default 3) and `BENCH_CLIENTS`
+//! (default 32) tune (b).
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use edgeloop_edge_agent::config::{Provider, ServeConfig};
+use edgeloop_edge_agent::observe::NoopObserver;
+use edgeloop_edge_agent::serve::{serve, InferRequest, ModelHost};
+use edgeloop_edge_agent::serving::{ModelServing, PrepareSpec};
+use edgeloop_models::onnx::{self, ir};
+use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
+use edgeloop_models::Tensor;
+use ndarray::{ArrayD, IxDyn};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+const WORKERS: usize = 2;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn config(max_batch_size: usize) -> ServeConfig {
+    ServeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ort_library: None,
+        providers: vec![Provider::Cpu],
+        cuda_mem_limit_bytes: None,
+        workers_per_model: WORKERS,
+        max_batch_size,
+        max_queue_delay: Duration::from_micros(500),
+        queue_capacity: 1024,
+        max_request_bytes: 16 << 20,
+    }
+}
+
+/// A keep-alive HTTP/1.1 connection that sends one request at a time.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    async fn open(addr: std::net::SocketAddr) -> Conn {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        Conn {
+            stream,
+            buf: Vec::with_capacity(16 << 10),
+        }
+    }
+
+    /// Sends `request` (complete, with headers) and reads the whole answer;
+    /// returns its status.
+    async fn send(&mut self, request: &[u8]) -> u16 {
+        self.stream.write_all(request).await.unwrap();
+        self.buf.clear();
+        loop {
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = std::str::from_utf8(&self.buf[..end]).unwrap();
+                let status: u16 = head[9..12].parse().unwrap();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().unwrap())
+                    })
+                    .expect("a content-length");
+                let total = end + 4 + length;
+                while self.buf.len() < total {
+                    self.read_more().await;
+                }
+                return status;
+            }
+            self.read_more().await;
+        }
+    }
+
+    async fn read_more(&mut self) {
+        let mut chunk = [0u8; 16 << 10];
+        let n = self.stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the server closed the connection");
+        self.buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn http_request(path: &str, body: &[u8]) -> Vec<u8> {
+    let mut r = format!(
+        "POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body);
+    r
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+struct Served {
+    host: Arc<ModelHost>,
+    addr: std::net::SocketAddr,
+    shutdown: CancellationToken,
+}
+
+async fn start(config: ServeConfig, model: &Path) -> Served {
+    let host = ModelHost::new(config, Arc::new(NoopObserver));
+    host.activate(PrepareSpec {
+        model: "mlp".into(),
+        version: "1".into(),
+        path: model.to_path_buf(),
+        manifest: None,
+        probe: None,
+    })
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(serve(Arc::clone(&host), listener, shutdown.clone()));
+    Served {
+        host,
+        addr,
+        shutdown,
+    }
+}
+
+/// Closed-loop clients for `seconds`; returns answered requests per second.
+fn saturate(served: &Served, request: &[u8], clients: usize, seconds: f64) -> f64 {
+    // The clients get their own thread, so they never queue behind the server's tasks.
+    let client_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
+    let addr = served.addr;
+    let rate = client_rt.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let (done, answered, request) =
+                (Arc::clone(&done), Arc::clone(&answered), request.to_vec());
+            tasks.push(tokio::spawn(async move {
+                let mut conn = Conn::open(addr).await;
+                while !done.load(Ordering::Relaxed) {
+                    assert_eq!(conn.send(&request).await, 200);
+                    answered.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+        // Warm up, then count.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let start_count = answered.load(Ordering::Relaxed);
+        let started = Instant::now();
+        tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+        let n = answered.load(Ordering::Relaxed) - start_count;
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        done.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        rate
+    });
+    rate
+}
+
+/// 784 -> 1024 -> 1024 -> 10 with ReLUs, random weights, input `input`
+/// `[N, 784]` like the MNIST MLP.
+fn wide_mlp() -> Vec<u8> {
+    let value = |name: &str, width: i64| {
+        let mut v = ir::ValueInfoProto::new();
+        v.set_name(name.into());
+        let mut t = ir::type_proto::Tensor::new();
+        t.set_elem_type(1);
+        let shape = t.shape.mut_or_insert_default();
+        for d in [None, Some(width)] {
+            let mut dim = ir::tensor_shape_proto::Dimension::new();
+            dim.value = Some(match d {
+                None => ir::tensor_shape_proto::dimension::Value::DimParam("N".into()),
+                Some(w) => ir::tensor_shape_proto::dimension::Value::DimValue(w),
+            });
+            shape.dim.push(dim);
+        }
+        v.type_.mut_or_insert_default().value = Some(ir::type_proto::Value::TensorType(t));
+        v
+    };
+    let node = |op: &str, inputs: &[&str], output: &str| {
+        let mut n = ir::NodeProto::new();
+        n.set_op_type(op.into());
+        n.input = inputs.iter().map(|s| s.to_string()).collect();
+        n.output = vec![output.to_string()];
+        n
+    };
+    let mut seed = 1u64;
+    let mut weights = |shape: &[usize]| {
+        let n: usize = shape.iter().product();
+        let scale = 2.0 / (shape[0] as f32).sqrt();
+        let values = (0..n)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+            })
+            .collect();
+        Tensor::F32(ArrayD::from_shape_vec(IxDyn(shape), values).unwrap())
+    };
+    let mut m = ir::ModelProto::new();
+    m.set_ir_version(8);
+    let mut opset = ir::OperatorSetIdProto::new();
+    opset.set_version(17);
+    m.opset_import.push(opset);
+    let g = m.graph.mut_or_insert_default();
+    g.set_name("wide_mlp".into());
+    g.input.push(value("input", 784));
+    g.output.push(value("logits", 10));
+    let layers = [(784, 1024), (1024, 1024), (1024, 10)];
+    let mut last = "input".to_string();
+    for (i, (fan_in, fan_out)) in layers.into_iter().enumerate() {
+        let (w, b) = (format!("w{i}"), format!("b{i}"));
+        g.initializer
+            .push(onnx::from_tensor(&w, &weights(&[fan_in, fan_out])));
+        g.initializer
+            .push(onnx::from_tensor(&b, &weights(&[fan_out])));
+        let (mm, add) = (format!("mm{i}"), format!("add{i}"));
+        g.node.push(node("MatMul", &[&last, &w], &mm));
+        if i + 1 == layers.len() {
+            g.node.push(node("Add", &[&mm, &b], "logits"));
+        } else {
+            g.node.push(node("Add", &[&mm, &b], &add));
+            let relu = format!("relu{i}");
+            g.node.push(node("Relu", &[&add], &relu));
+            last = relu;
+        }
+    }
+    onnx::validate(&m, None).unwrap();
+    onnx::encode(&m)
+}
+
+struct Options {
+    cores: usize,
+    clients: usize,
+    seconds: f64,
+}
+
+fn bench_model(runtime: &OrtRuntime, label: &str, model: &Path, options: &Options) {
+    let Options {
+        cores,
+        clients,
+        seconds,
+    } = *options;
+    let row: Vec<f32> = (0..784).map(|i| ((i * 37) % 255) as f32 / 255.0).collect();
+    let body = serde_json::to_vec(&serde_json::json!({
+        "inputs": [{ "name": "input", "shape": [1, 784], "datatype": "FP32", "data": row }]
+    }))
+    .unwrap();
+    let request = http_request("/v2/models/mlp/infer", &body);
+    let tensor = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[1, 784]), row.clone()).unwrap());
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("== {label} ({} bytes of JSON per request)", body.len());
+
+    // (a) Added latency. The raw session gets the options the host gives
+    // each of its workers (intra-op threads = cores / workers).
+    let served = server_rt.block_on(start(config(16), model));
+    let mut session = runtime
+        .session(
+            &std::fs::read(model).unwrap(),
+            &SessionOptions {
+                intra_op_threads: (cores / WORKERS).max(1),
+                ..SessionOptions::default()
+            },
+        )
+        .unwrap();
+    let client_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut conn = client_rt.block_on(Conn::open(served.addr));
+    let (mut raw, mut http, mut inproc) = (Vec::new(), Vec::new(), Vec::new());
+    let (blocks, per_block) = (30, 100);
+    for block in 0..blocks + 2 {
+        let warm = block < 2;
+        for _ in 0..per_block {
+            let t = Instant::now();
+            session.run(&[("input", &tensor)]).unwrap();
+            let d = t.elapsed();
+            if !warm {
+                raw.push(d);
+            }
+        }
+        client_rt.block_on(async {
+            for _ in 0..per_block {
+                let t = Instant::now();
+                assert_eq!(conn.send(&request).await, 200);
+                let d = t.elapsed();
+                if !warm {
+                    http.push(d);
+                }
+            }
+        });
+        server_rt.block_on(async {
+            for _ in 0..per_block {
+                let request = InferRequest {
+                    id: Some("bench".into()),
+                    inputs: vec![("input".into(), tensor.clone())],
+                    outputs: None,
+                };
+                let t = Instant::now();
+                served.host.infer("mlp", None, request).await.unwrap();
+                let d = t.elapsed();
+                if !warm {
+                    inproc.push(d);
+                }
+            }
+        });
+    }
+    for v in [&mut raw, &mut http, &mut inproc] {
+        v.sort();
+    }
+    let (raw50, raw99) = (percentile(&raw, 0.5), percentile(&raw, 0.99));
+    let (http50, http99) = (percentile(&http, 0.5), percentile(&http, 0.99));
+    let (in50, in99) = (percentile(&inproc, 0.5), percentile(&inproc, 0.99));
+    let added50 = us(http50) - us(raw50);
+    let added99 = us(http99) - us(raw99);
+    println!(
+        "(a) latency, batch 1, {} sequential requests each, interleaved",
+        raw.len()
+    );
+    println!(
+        "    raw ModelSession::run      p50 {:8.1} µs   p99 {:8.1} µs",
+        us(raw50),
+        us(raw99)
+    );
+    println!(
+        "    ModelHost::infer (no HTTP) p50 {:8.1} µs   p99 {:8.1} µs",
+        us(in50),
+        us(in99)
+    );
+    println!(
+        "    HTTP infer (loopback)      p50 {:8.1} µs   p99 {:8.1} µs",
+        us(http50),
+        us(http99)
+    );
+    println!(
+        "    added by HTTP serving      p50 {added50:8.1} µs   p99 {added99:8.1} µs   (goal p50 <= 150 µs: {})",
+        if added50 <= 150.0 { "met" } else { "NOT met" }
+    );
+    println!(
+        "    ratio HTTP / raw           p50 {:8.2}×       p99 {:8.2}×",
+        us(http50) / us(raw50),
+        us(http99) / us(raw99)
+    );
+    drop(conn);
+    served.shutdown.cancel();
+    drop(served);
+
+    // (b) Throughput at saturation, batching off and on, alternated twice
+    // so a noisy neighbour cannot favour one.
+    let on = server_rt.block_on(start(config(16), model));
+    let off = server_rt.block_on(start(config(1), model));
+    let (mut rate_on, mut rate_off) = (0.0f64, 0.0f64);
+    for _ in 0..2 {
+        rate_off = rate_off.max(saturate(&off, &request, clients, seconds));
+        rate_on = rate_on.max(saturate(&on, &request, clients, seconds));
+    }
+    let batches = on.host.metrics_text();
+    let get = |suffix: &str| {
+        batches
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "edgeloop_inference_batch_size_{suffix}{{model=\"mlp\""
+                ))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let mean_batch = get("sum") / get("count").max(1.0);
+    println!(
+        "(b) throughput at saturation, {clients} closed-loop clients, best of 2 × {seconds} s"
+    );
+    println!("    batching off (max batch 1)             {rate_off:9.0} req/s");
+    println!("    batching on (max batch 16, 500 µs)     {rate_on:9.0} req/s   (mean batch {mean_batch:.1})");
+    println!(
+        "    ratio on / off                         {:9.2}×      (goal >= 2×: {})",
+        rate_on / rate_off,
+        if rate_on / rate_off >= 2.0 {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
+    on.shutdown.cancel();
+    off.shutdown.cancel();
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; this harness takes no options.
+    let deps = edgeloop_models::deps::dir().expect("HOME or EDGELOOP_DEPS");
+    let mnist = deps.join("mnist-models/mlp.onnx");
+    assert!(
+        mnist.is_file(),
+        "{} missing: run scripts/fetch-mnist-models.sh",
+        mnist.display()
+    );
+    let runtime = OrtRuntime::load(None).expect("ONNX Runtime (scripts/fetch-onnxruntime.sh)");
+    let dir = tempfile::tempdir().unwrap();
+    let wide = dir.path().join("wide_mlp.onnx");
+    std::fs::write(&wide, wide_mlp()).unwrap();
+    let options = Options {
+        cores: std::thread::available_parallelism().map_or(1, usize::from),
+        clients: env_or("BENCH_CLIENTS", 32),
+        seconds: env_or("BENCH_SECONDS", 3.0),
+    };
+    println!(
+        "serving bench: {} cores, {WORKERS} workers per model, CPU provider, client in-process on raw TCP",
+        options.cores
+    );
+    bench_model(
+        &runtime,
+        "mnist-mlp (784-128-10-ish, real model)",
+        &mnist,
+        &options,
+    );
+    bench_model(
+        &runtime,
+        "wide-mlp (784-1024-1024-10, synthetic)",
+        &wide,
+        &options,
+    );
+}

@@ -1,0 +1,255 @@
+//! The Open Inference Protocol v2 REST API (KServe / Triton) and
+//! `GET /metrics`, as an axum [`Router`]. Every error is the protocol's
+//! `{"error": "..."}` JSON (see [`ServeError::response`]).
+//!
+//! `/v2/health/ready` answers 200 as soon as the host is up, also while no
+//! model is loaded yet: the agent is working (syncing its first assignment),
+//! and an orchestrator must not restart it for that. Whether a model can
+//! take requests is `/v2/models/{name}/ready`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::error::ServeError;
+use super::host::ModelHost;
+use super::infer::{decode_inputs, execute, new_request_id};
+use super::protocol::{InferRequest, InferResponse, ResponseOutput};
+
+type Host = State<Arc<ModelHost>>;
+
+/// The inference API and `/metrics`, ready to serve or to nest.
+pub fn router(host: Arc<ModelHost>) -> Router {
+    let limit = host.config().max_request_bytes;
+    Router::new()
+        .route("/v2", get(server_metadata))
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2/models/{name}", get(model_metadata))
+        .route("/v2/models/{name}/ready", get(model_ready))
+        .route("/v2/models/{name}/infer", post(infer))
+        .route(
+            "/v2/models/{name}/versions/{version}",
+            get(version_metadata),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/ready",
+            get(version_ready),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/infer",
+            post(version_infer),
+        )
+        .route("/metrics", get(metrics))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(host)
+}
+
+/// Serves [`router`] on `listener` until `shutdown`, then finishes the
+/// requests in flight.
+pub async fn serve(
+    host: Arc<ModelHost>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt as _;
+    // Answers are small and written at once: Nagle's algorithm would only
+    // hold them back waiting for an ACK.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, router(host))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+async fn server_metadata() -> Response {
+    Json(json!({
+        "name": "edgeloop-edge-agent",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": [],
+    }))
+    .into_response()
+}
+
+async fn live() -> Response {
+    Json(json!({ "live": true })).into_response()
+}
+
+async fn ready() -> Response {
+    Json(json!({ "ready": true })).into_response()
+}
+
+fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ServeError> {
+    p.map(|Path(v)| v)
+        .map_err(|e| ServeError::NoRoute(e.body_text()))
+}
+
+async fn model_metadata(State(host): Host, name: Result<Path<String>, PathRejection>) -> Response {
+    path(name)
+        .and_then(|name| host.metadata(&name, None))
+        .map_or_else(|e| e.response(), |m| Json(m).into_response())
+}
+
+async fn version_metadata(
+    State(host): Host,
+    p: Result<Path<(String, String)>, PathRejection>,
+) -> Response {
+    path(p)
+        .and_then(|(name, version)| host.metadata(&name, Some(&version)))
+        .map_or_else(|e| e.response(), |m| Json(m).into_response())
+}
+
+fn readiness(host: &ModelHost, name: &str, version: Option<&str>) -> Response {
+    match host.resolve(name, version) {
+        Ok(_) => Json(json!({ "name": name, "ready": true })).into_response(),
+        Err(e) => e.response(),
+    }
+}
+
+async fn model_ready(State(host): Host, name: Result<Path<String>, PathRejection>) -> Response {
+    match path(name) {
+        Ok(name) => readiness(&host, &name, None),
+        Err(e) => e.response(),
+    }
+}
+
+async fn version_ready(
+    State(host): Host,
+    p: Result<Path<(String, String)>, PathRejection>,
+) -> Response {
+    match path(p) {
+        Ok((name, version)) => readiness(&host, &name, Some(&version)),
+        Err(e) => e.response(),
+    }
+}
+
+async fn infer(
+    State(host): Host,
+    name: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match path(name) {
+        Ok(name) => run(&host, &name, None, body).await,
+        Err(e) => e.response(),
+    }
+}
+
+async fn version_infer(
+    State(host): Host,
+    p: Result<Path<(String, String)>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match path(p) {
+        Ok((name, version)) => run(&host, &name, Some(&version), body).await,
+        Err(e) => e.response(),
+    }
+}
+
+/// The infer endpoint: route (404 before anything else), parse, run,
+/// answer. Every request routed to a version is counted and observed,
+/// whatever its outcome.
+async fn run(
+    host: &ModelHost,
+    model: &str,
+    version: Option<&str>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let target = match host.resolve(model, version) {
+        Ok(v) => v,
+        Err(e) => return e.response(),
+    };
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ServeError::TooLarge {
+            limit: host.config().max_request_bytes,
+        },
+        _ => ServeError::BadBody(rejection.body_text()),
+    });
+    // Parsed in place: `data` stays borrowed from the body until decoded.
+    let request = body.as_ref().map_err(Clone::clone).and_then(|bytes| {
+        serde_json::from_slice::<InferRequest<'_>>(bytes)
+            .map_err(|e| ServeError::BadBody(e.to_string()))
+    });
+    let (id, decoded) = match request {
+        Ok(request) => {
+            let id = request.id.unwrap_or_else(new_request_id);
+            let outputs = request
+                .outputs
+                .map(|o| o.into_iter().map(|o| o.name).collect());
+            (id, decode_inputs(request.inputs).map(|i| (i, outputs)))
+        }
+        Err(e) => (new_request_id(), Err(e)),
+    };
+    drop(body);
+    let (inputs, result) = match decoded {
+        Ok((inputs, outputs)) => execute(&target, inputs, outputs).await,
+        Err(e) => (Vec::new(), Err(e)),
+    };
+    let response = match &result {
+        Ok(outputs) => {
+            let body = InferResponse {
+                model_name: &target.model,
+                model_version: &target.version,
+                id: &id,
+                outputs: outputs
+                    .iter()
+                    .map(|(name, tensor)| ResponseOutput::new(name, tensor))
+                    .collect(),
+            };
+            match serde_json::to_vec(&body) {
+                Ok(bytes) => json_bytes(bytes),
+                Err(e) => ServeError::Inference(format!("writing the response: {e}")).response(),
+            }
+        }
+        Err(e) => e.response(),
+    };
+    host.record(&target, &id, &inputs, &result, started);
+    response
+}
+
+fn json_bytes(bytes: Vec<u8>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        bytes,
+    )
+        .into_response()
+}
+
+async fn metrics(State(host): Host) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        host.metrics_text(),
+    )
+        .into_response()
+}
+
+async fn no_route(uri: Uri) -> Response {
+    ServeError::NoRoute(uri.path().to_string()).response()
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> Response {
+    ServeError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+    .response()
+}

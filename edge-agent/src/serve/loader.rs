@@ -1,0 +1,208 @@
+//! Loading a version: ONNX Runtime (once, lazily), one session per worker,
+//! the check against the manifest's signature, and the warmed-up pool.
+//! Everything here blocks; [`Loader::load`] runs on a blocking thread.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use edgeloop_models::runtime::{
+    ExecutionProvider, GraphOptimization, IoInfo, ModelSession, OrtRuntime, SessionOptions,
+};
+use edgeloop_models::tensor::{DType, Tensor};
+use ndarray::{ArrayD, IxDyn};
+
+use super::metrics::{Registry, VersionMetrics};
+use super::policy::BatchPolicy;
+use super::pool::{Named, Pool, PoolOptions};
+use super::probe::check_signature;
+use crate::config::{Provider, ServeConfig};
+use crate::serving::{ActivationError, PrepareSpec};
+
+/// A loaded version: its interface, and the pool that runs it.
+pub struct Version {
+    pub model: String,
+    pub version: String,
+    pub path: PathBuf,
+    /// The execution provider actually in use.
+    pub provider: String,
+    pub inputs: Vec<IoInfo>,
+    pub outputs: Vec<IoInfo>,
+    /// Whether requests may share a run (every input and output has a
+    /// dynamic first dimension, and batching is on).
+    pub batchable: bool,
+    pub pool: Pool,
+    pub metrics: Arc<VersionMetrics>,
+}
+
+/// Holds what loading needs, cheap to clone into a blocking task.
+#[derive(Clone)]
+pub struct Loader {
+    config: ServeConfig,
+    /// Loaded on the first activation, not at start: an agent with no model
+    /// assigned does not pay ONNX Runtime's memory, and one whose library
+    /// is missing still starts (and says why each activation fails).
+    runtime: Arc<Mutex<Option<OrtRuntime>>>,
+    registry: Arc<Registry>,
+}
+
+impl Loader {
+    pub fn new(config: ServeConfig, registry: Arc<Registry>) -> Self {
+        Loader {
+            config,
+            runtime: Arc::new(Mutex::new(None)),
+            registry,
+        }
+    }
+
+    pub fn config(&self) -> &ServeConfig {
+        &self.config
+    }
+
+    fn runtime(&self) -> Result<OrtRuntime, ActivationError> {
+        let mut slot = self.runtime.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(runtime) = slot.as_ref() {
+            return Ok(runtime.clone());
+        }
+        let runtime = OrtRuntime::load(self.config.ort_library.as_deref())
+            .map_err(|e| ActivationError::Load(e.to_string()))?;
+        *slot = Some(runtime.clone());
+        Ok(runtime)
+    }
+
+    fn session_options(&self) -> SessionOptions {
+        // Workers run side by side: split the cores between them rather than
+        // letting each session start a thread per core.
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let workers = self.config.workers_per_model.max(1);
+        let providers = self
+            .config
+            .providers
+            .iter()
+            .map(|p| match p {
+                Provider::TensorRt => ExecutionProvider::TensorRt { device_id: 0 },
+                Provider::Cuda => ExecutionProvider::Cuda {
+                    device_id: 0,
+                    mem_limit_bytes: self.config.cuda_mem_limit_bytes,
+                },
+                Provider::Cpu => ExecutionProvider::Cpu,
+            })
+            .collect();
+        SessionOptions {
+            intra_op_threads: (cores / workers).max(1),
+            optimization: GraphOptimization::All,
+            providers,
+        }
+    }
+
+    /// Loads `spec` into `workers_per_model` sessions, checks them against
+    /// the manifest, and starts its warmed-up pool. Blocking.
+    pub fn load(&self, spec: &PrepareSpec) -> Result<Version, ActivationError> {
+        let load_error = |e: String| ActivationError::Load(e);
+        let runtime = self.runtime()?;
+        let bytes = std::fs::read(&spec.path)
+            .map_err(|e| load_error(format!("reading {}: {e}", spec.path.display())))?;
+        let options = self.session_options();
+        let first = runtime
+            .session(&bytes, &options)
+            .map_err(|e| load_error(e.to_string()))?;
+        if let Some(manifest) = &spec.manifest {
+            check_signature(&manifest.signature, first.inputs(), first.outputs())
+                .map_err(ActivationError::Signature)?;
+        }
+        servable(&first).map_err(load_error)?;
+        let inputs = first.inputs().to_vec();
+        let outputs = first.outputs().to_vec();
+        let provider = first.provider().to_string();
+        let mut sessions = vec![first];
+        for _ in 1..self.config.workers_per_model.max(1) {
+            sessions.push(
+                runtime
+                    .session(&bytes, &options)
+                    .map_err(|e| load_error(e.to_string()))?,
+            );
+        }
+        drop(bytes);
+
+        let dynamic_rows = |io: &[IoInfo]| io.iter().all(|i| matches!(i.shape.first(), Some(None)));
+        let batchable =
+            self.config.max_batch_size > 1 && dynamic_rows(&inputs) && dynamic_rows(&outputs);
+        let policy = BatchPolicy {
+            max_batch_size: if batchable {
+                self.config.max_batch_size
+            } else {
+                1
+            },
+            max_queue_delay: self.config.max_queue_delay,
+        };
+        let metrics = self.registry.version(&spec.model, &spec.version);
+        let depth = self.registry.queue_depth(&spec.model);
+        let pool = Pool::start(
+            sessions,
+            Arc::new(zero_inputs(&inputs)),
+            PoolOptions {
+                name: format!("serve-{}", spec.model),
+                policy,
+                capacity: self.config.queue_capacity,
+                depth,
+                metrics: Arc::clone(&metrics),
+            },
+        )
+        .map_err(ActivationError::Probe)?;
+        Ok(Version {
+            model: spec.model.clone(),
+            version: spec.version.clone(),
+            path: spec.path.clone(),
+            provider,
+            inputs,
+            outputs,
+            batchable,
+            pool,
+            metrics,
+        })
+    }
+}
+
+/// Every input and output must be a tensor of a [`DType`], or no request
+/// could ever be served.
+fn servable(session: &ModelSession) -> Result<(), String> {
+    let bad = |kind: &str, io: &IoInfo| {
+        format!(
+            "{kind} `{}` is not a tensor of a type this agent serves ({})",
+            io.name,
+            super::protocol::supported_datatypes()
+        )
+    };
+    if let Some(i) = session.inputs().iter().find(|i| i.dtype.is_none()) {
+        return Err(bad("input", i));
+    }
+    if let Some(o) = session.outputs().iter().find(|o| o.dtype.is_none()) {
+        return Err(bad("output", o));
+    }
+    Ok(())
+}
+
+/// A batch of one, zeros everywhere; symbolic dimensions are 1.
+pub fn zero_inputs(inputs: &[IoInfo]) -> Named {
+    inputs
+        .iter()
+        .map(|io| {
+            let shape: Vec<usize> = io
+                .shape
+                .iter()
+                .map(|d| d.and_then(|d| usize::try_from(d).ok()).unwrap_or(1))
+                .collect();
+            let shape = IxDyn(&shape);
+            let tensor = match io.dtype.unwrap_or(DType::F32) {
+                DType::F32 => Tensor::F32(ArrayD::zeros(shape)),
+                DType::F64 => Tensor::F64(ArrayD::zeros(shape)),
+                DType::F16 => Tensor::F16(ArrayD::from_elem(shape, half::f16::ZERO)),
+                DType::I8 => Tensor::I8(ArrayD::zeros(shape)),
+                DType::U8 => Tensor::U8(ArrayD::zeros(shape)),
+                DType::I32 => Tensor::I32(ArrayD::zeros(shape)),
+                DType::I64 => Tensor::I64(ArrayD::zeros(shape)),
+                DType::Bool => Tensor::Bool(ArrayD::from_elem(shape, false)),
+            };
+            (io.name.clone(), tensor)
+        })
+        .collect()
+}

@@ -1,0 +1,37 @@
+//! Serving: ONNX Runtime sessions behind the Open Inference Protocol v2.
+//!
+//! [`ModelHost`] implements [`crate::serving::ModelServing`] (sync tells it
+//! what to serve) and runs every request: checked against the model, queued
+//! on a bounded per-version queue, batched with others along dim 0 when the
+//! model allows, run by one of the version's session workers. [`router`]
+//! is the REST API and `/metrics`; [`serve`] runs it on a listener.
+//!
+//! - `host`: the A/B swap and what serves now
+//! - `loader`: sessions, signature check, warm-up
+//! - `probe`: the manifest signature and health probe checks
+//! - `pool`: per-version worker threads and their queue
+//! - `policy`: when the batcher runs what is queued (pure)
+//! - `batch`: joining and splitting tensors along dim 0
+//! - `infer`: one request from arrival to answer
+//! - `protocol`: the OIP v2 JSON bodies
+//! - `http`: the axum routes
+//! - `metrics`: Prometheus counters and histograms
+//! - `error`: request errors and their HTTP answers
+
+mod batch;
+mod error;
+mod host;
+mod http;
+mod infer;
+mod loader;
+mod metrics;
+mod policy;
+mod pool;
+mod probe;
+pub mod protocol;
+
+pub use error::{ServeError, RETRY_AFTER_SECS};
+pub use host::ModelHost;
+pub use http::{router, serve};
+pub use infer::{new_request_id, InferRequest, InferResponse};
+pub use policy::{decide, BatchPolicy, Flush};
