@@ -11,27 +11,99 @@ pub mod serving;
 pub mod sync;
 pub mod telemetry;
 
-use edgeloop_client_core::member::host_capabilities;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use edgeloop_client_core::member::{create_private_dir, host_capabilities};
 use edgeloop_client_core::{run_member, Role};
 use edgeloop_proto::common::v1::Capabilities;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{AgentConfig, AgentSettings};
 
-/// What this device reports at enrollment and in heartbeats.
+/// The file, in the data dir, that holds the inference API's bound address
+/// (`127.0.0.1:8000`), so scripts and tests can find a port chosen by the OS.
+pub const INFERENCE_ADDR_FILE: &str = "inference.addr";
+
+/// What this device reports at enrollment and in heartbeats: the host, and
+/// the execution providers its ONNX Runtime library offers (none when the
+/// library cannot be loaded; the reason goes in `extra`).
 pub fn capabilities(config: &AgentConfig) -> Capabilities {
-    host_capabilities(&config.member.data_dir, env!("CARGO_PKG_VERSION"))
+    let mut caps = host_capabilities(&config.member.data_dir, env!("CARGO_PKG_VERSION"));
+    match edgeloop_models::runtime::OrtRuntime::load(config.serve.ort_library.as_deref()) {
+        Ok(ort) => {
+            caps.execution_providers = ort
+                .available_providers()
+                .into_iter()
+                .map(String::from)
+                .collect();
+        }
+        Err(e) => {
+            caps.extra.insert("onnxruntime_error".into(), e.to_string());
+        }
+    }
+    caps
 }
 
-/// Runs the agent until `shutdown`.
+/// Runs the agent until `shutdown`: the inference API, model sync, the
+/// telemetry uploader and the heartbeat side by side. Serving stops first
+/// on the way out, so the last requests still land in the final telemetry
+/// window, which the uploader then persists.
 pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    run_member(
+    edgeloop_client_core::install_crypto_provider();
+    let data_dir = config.member.data_dir.clone();
+    create_private_dir(&data_dir)
+        .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    let telemetry = telemetry::Telemetry::open(
+        &data_dir,
+        telemetry::TelemetryOptions::new(&config.telemetry),
+    )
+    .context("opening the telemetry buffer")?;
+    let host = serve::ModelHost::new(config.serve.clone(), telemetry.clone());
+
+    let listener = tokio::net::TcpListener::bind(config.serve.listen)
+        .await
+        .with_context(|| format!("binding the inference API on {}", config.serve.listen))?;
+    let addr = listener.local_addr()?;
+    edgeloop_models::fs::write_atomic(
+        &data_dir.join(INFERENCE_ADDR_FILE),
+        addr.to_string().as_bytes(),
+        0o644,
+    )
+    .context("writing the inference address file")?;
+    tracing::info!(%addr, "inference API (Open Inference Protocol v2) listening");
+    let serve_stop = CancellationToken::new();
+    let app = serve::router(host.clone()).merge(telemetry::feedback_router(telemetry.clone()));
+    let api = tokio::spawn(serve::serve_app(app, listener, serve_stop.clone()));
+    let telemetry_stop = CancellationToken::new();
+    let uploader = tokio::spawn(telemetry::run(
+        telemetry.clone(),
+        config.member.clone(),
+        telemetry_stop.clone(),
+    ));
+
+    let member = run_member(
         Role::Device,
         &config.member,
         capabilities(&config),
-        shutdown,
-    )
-    .await?;
+        shutdown.clone(),
+    );
+    let serving: Arc<dyn serving::ModelServing> = host.clone();
+    let sync = async {
+        sync::run(&config, serving, shutdown.clone())
+            .await
+            .context("model sync")
+    };
+    let result = tokio::try_join!(member, sync).map(|_| ());
+    // A revoked device ends here too: stop everything, in order.
+    shutdown.cancel();
+    serve_stop.cancel();
+    let served = api.await.context("inference API task")?;
+    telemetry_stop.cancel();
+    let uploaded = uploader.await.context("telemetry task")?;
+    result?;
+    served.context("inference API")?;
+    uploaded.context("telemetry")?;
     tracing::info!("edge agent stopped");
     Ok(())
 }

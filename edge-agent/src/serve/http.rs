@@ -64,13 +64,23 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    serve_app(router(host), listener, shutdown).await
+}
+
+/// [`serve`] for a router that adds routes to [`router`]'s (the agent adds
+/// telemetry's feedback API).
+pub async fn serve_app(
+    app: Router,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     use axum::serve::ListenerExt as _;
     // Answers are small and written at once: Nagle's algorithm would only
     // hold them back waiting for an ACK.
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, router(host))
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }

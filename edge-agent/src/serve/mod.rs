@@ -32,6 +32,6 @@ pub mod protocol;
 
 pub use error::{ServeError, RETRY_AFTER_SECS};
 pub use host::ModelHost;
-pub use http::{router, serve};
+pub use http::{router, serve, serve_app};
 pub use infer::{new_request_id, InferRequest, InferResponse};
 pub use policy::{decide, BatchPolicy, Flush};

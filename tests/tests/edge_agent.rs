@@ -1,0 +1,381 @@
+//! The whole edge agent (`edgeloop_edge_agent::run`: model sync, ONNX
+//! Runtime serving over the Open Inference Protocol v2, telemetry and
+//! heartbeats together) against a real control plane, with a real MNIST
+//! model: assign → download → verify → activate → infer gives ONNX
+//! Runtime's own outputs; a new version swaps in under load with no failed
+//! request; feedback and telemetry flow; a restart with the control plane
+//! down serves from disk.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
+use edgeloop_control_plane::registry::models::ModelVersionRecord;
+use edgeloop_edge_agent::AgentConfig;
+use edgeloop_models::manifest::{
+    ArtifactRef, DimSpec, HealthProbe, IoSignature, Lineage, Manifest, ManifestKey, TensorSpec,
+    SCHEMA_VERSION,
+};
+use edgeloop_models::npz::Npz;
+use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
+use edgeloop_models::tensor::Tensor;
+use edgeloop_models::Digest;
+use edgeloop_tests::{eventually, ControlPlane};
+use reqwest::Method;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn mnist_dir() -> PathBuf {
+    let dir = edgeloop_models::deps::dir().unwrap().join("mnist-models");
+    assert!(
+        dir.join("mlp.onnx").exists(),
+        "{}: run scripts/fetch-mnist-models.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
+/// The first `n` eval digits, `[n, 784]`.
+fn digits(n: usize) -> ndarray::ArrayD<f32> {
+    let npz = Npz::read(&mnist_dir().join("eval_mlp.npz")).unwrap();
+    let Tensor::F32(all) = npz.require("input").unwrap() else {
+        panic!("eval input is f32")
+    };
+    all.slice_axis(ndarray::Axis(0), ndarray::Slice::from(0..n))
+        .to_owned()
+}
+
+fn manifest(version: &str, model: &[u8], probe: Digest) -> Manifest {
+    let spec = |name: &str, n: i64| TensorSpec {
+        name: name.into(),
+        dtype: "float32".into(),
+        shape: vec![DimSpec::Symbolic("batch".into()), DimSpec::Fixed(n)],
+    };
+    Manifest {
+        schema: SCHEMA_VERSION,
+        name: "digits".into(),
+        version: version.into(),
+        artifact: ArtifactRef {
+            sha256: Digest::of(model),
+            size: model.len() as u64,
+            format: "onnx".into(),
+        },
+        signature: IoSignature {
+            inputs: vec![spec("input", 784)],
+            outputs: vec![spec("logits", 10)],
+        },
+        quantization: None,
+        reference_stats: None,
+        lineage: Lineage::default(),
+        health_probe: Some(HealthProbe {
+            sample_inputs: probe,
+            max_latency_ms: 1000.0,
+        }),
+        created_at: "2026-11-29T00:00:00Z".into(),
+    }
+}
+
+async fn upload(cp: &ControlPlane, data: &[u8]) -> Digest {
+    let digest = Digest::of(data);
+    let (status, body) = cp
+        .api()
+        .raw(
+            Method::PUT,
+            &format!("/api/v1/artifacts/{digest}"),
+            data.to_vec(),
+        )
+        .await;
+    assert!(status == 201 || status == 200, "{body}");
+    digest
+}
+
+/// Registers `version` of "digits": the MLP, its probe inputs and a signed manifest.
+async fn register(cp: &ControlPlane, key: &ManifestKey, version: &str) -> ModelVersionRecord {
+    let model = std::fs::read(mnist_dir().join("mlp.onnx")).unwrap();
+    let mut probe = Npz::new();
+    probe.insert("input", Tensor::F32(digits(4)));
+    let probe = upload(cp, &probe.to_bytes().unwrap()).await;
+    let signed = key
+        .sign(manifest(version, &model, probe))
+        .unwrap()
+        .to_json_pretty()
+        .unwrap();
+    let artifact = upload(cp, &model).await;
+    let manifest = upload(cp, signed.as_bytes()).await;
+    let (status, body) = cp
+        .api()
+        .post(
+            "/api/v1/models/digits/versions",
+            json!({"version": version, "artifact_digest": artifact.to_string(),
+                   "manifest_digest": manifest.to_string()}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    serde_json::from_value(body).unwrap()
+}
+
+async fn assign(cp: &ControlPlane, v: &ModelVersionRecord) {
+    assignments::replace(
+        &cp.core.store,
+        &cp.core.events,
+        "edge-1",
+        vec![AssignmentRecord::for_version(
+            v,
+            format!("dep-{}", v.version),
+            120,
+        )],
+    )
+    .await
+    .unwrap();
+}
+
+async fn wait_active(cp: &ControlPlane, version: &str) -> Value {
+    eventually(WAIT, &format!("digits {version} active"), || async {
+        cp.core
+            .store
+            .assignment_status
+            .get("edge-1/digits")
+            .unwrap()
+            .filter(|s| s.model_version == version && s.state == "ASSIGNMENT_STATE_ACTIVE")
+            .map(|s| serde_json::to_value(s).unwrap())
+    })
+    .await
+}
+
+fn agent_config(
+    cp: &ControlPlane,
+    dir: &Path,
+    token: Option<String>,
+    key: &ManifestKey,
+) -> AgentConfig {
+    let mut config = AgentConfig::new(cp.member_config(dir, token), vec![key.public()]);
+    config.telemetry.interval = Duration::from_secs(1);
+    config
+}
+
+async fn inference_url(dir: &Path) -> String {
+    let addr = eventually(WAIT, "the inference address file", || async {
+        std::fs::read_to_string(dir.join(edgeloop_edge_agent::INFERENCE_ADDR_FILE)).ok()
+    })
+    .await;
+    format!("http://{}", addr.trim())
+}
+
+fn infer_body(rows: &ndarray::ArrayD<f32>, id: &str) -> Value {
+    json!({
+        "id": id,
+        "inputs": [{
+            "name": "input",
+            "shape": rows.shape(),
+            "datatype": "FP32",
+            "data": rows.iter().copied().collect::<Vec<f32>>(),
+        }]
+    })
+}
+
+#[tokio::test]
+async fn an_assigned_model_is_synced_served_swapped_under_load_and_served_from_disk_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/models", json!({"name": "digits"}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let key = ManifestKey::generate();
+    let v1 = register(&cp, &key, "1.0.0").await;
+    let v2 = register(&cp, &key, "2.0.0").await;
+
+    let device_dir = dir.path().join("device");
+    let token = cp.token("device", "edge-1").await;
+    let stop = CancellationToken::new();
+    let agent = tokio::spawn(edgeloop_edge_agent::run(
+        agent_config(&cp, &device_dir, Some(token), &key),
+        stop.clone(),
+    ));
+    eventually(WAIT, "edge-1 enrolled", || async {
+        (cp.api().get("/api/v1/devices/edge-1").await.0 == 200).then_some(())
+    })
+    .await;
+    assign(&cp, &v1).await;
+    let status = wait_active(&cp, "1.0.0").await;
+    assert_eq!(
+        status["execution_provider"], "CPUExecutionProvider",
+        "{status}"
+    );
+
+    // The agent answers what ONNX Runtime answers for the same model and inputs.
+    let url = inference_url(&device_dir).await;
+    let http = reqwest::Client::new();
+    let rows = digits(8);
+    let got: Value = http
+        .post(format!("{url}/v2/models/digits/infer"))
+        .json(&infer_body(&rows, "first"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["model_version"], "1.0.0", "{got}");
+    assert_eq!(got["id"], "first");
+    let ort = OrtRuntime::load(None).unwrap();
+    let mut session = ort
+        .session(
+            &std::fs::read(mnist_dir().join("mlp.onnx")).unwrap(),
+            &SessionOptions::default(),
+        )
+        .unwrap();
+    let want = session
+        .run(&[("input", &Tensor::F32(rows.clone()))])
+        .unwrap();
+    let Tensor::F32(want) = &want[0].1 else {
+        panic!()
+    };
+    let got_logits: Vec<f64> = got["outputs"][0]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(got["outputs"][0]["shape"], json!([8, 10]));
+    assert_eq!(got_logits.len(), want.len());
+    for (g, w) in got_logits.iter().zip(want.iter()) {
+        assert!((g - f64::from(*w)).abs() < 1e-5, "{g} vs {w}");
+    }
+
+    // Version 2 swaps in through the control plane while clients hammer
+    // the agent: not one request fails.
+    let failures = Arc::new(AtomicUsize::new(0));
+    let served = Arc::new(AtomicUsize::new(0));
+    let load_stop = CancellationToken::new();
+    let mut clients = vec![];
+    for c in 0..4 {
+        let (http, url, rows) = (http.clone(), url.clone(), digits(2));
+        let (failures, served, load_stop) = (failures.clone(), served.clone(), load_stop.clone());
+        clients.push(tokio::spawn(async move {
+            let mut versions = std::collections::BTreeSet::new();
+            let mut i = 0;
+            while !load_stop.is_cancelled() {
+                i += 1;
+                let r = http
+                    .post(format!("{url}/v2/models/digits/infer"))
+                    .json(&infer_body(&rows, &format!("c{c}-{i}")))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status() == 200 => {
+                        let v: Value = r.json().await.unwrap();
+                        versions.insert(v["model_version"].as_str().unwrap().to_string());
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            versions
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assign(&cp, &v2).await;
+    wait_active(&cp, "2.0.0").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    load_stop.cancel();
+    let mut versions = std::collections::BTreeSet::new();
+    for c in clients {
+        versions.extend(c.await.unwrap());
+    }
+    assert_eq!(
+        failures.load(Ordering::Relaxed),
+        0,
+        "failed requests during the swap"
+    );
+    assert!(served.load(Ordering::Relaxed) > 50, "the load was real");
+    assert_eq!(
+        versions.into_iter().collect::<Vec<_>>(),
+        vec!["1.0.0".to_string(), "2.0.0".to_string()]
+    );
+
+    // Labels for an earlier request give a rolling accuracy.
+    let fb: Value = http
+        .post(format!("{url}/v2/models/digits/feedback"))
+        .json(&json!({"labels": [{"id": "first/0", "label": 3}, {"id": "nope", "label": 1}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(fb["matched"], 1, "{fb}");
+    assert_eq!(fb["unknown_ids"], json!(["nope"]), "{fb}");
+
+    // Metrics name the version and the provider in use.
+    let metrics = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("edgeloop_model_info")
+            && l.contains("version=\"2.0.0\"")
+            && l.contains("CPUExecutionProvider")),
+        "{metrics}"
+    );
+
+    // The device reports its providers; its telemetry reaches the control plane.
+    let (_, device) = cp.api().get("/api/v1/devices/edge-1").await;
+    assert!(
+        device.to_string().contains("CPUExecutionProvider"),
+        "{device}"
+    );
+    eventually(
+        WAIT,
+        "sketches of version 2 at the control plane",
+        || async {
+            let (status, body) = cp
+                .api()
+                .get("/api/v1/models/digits/sketches?version=2.0.0")
+                .await;
+            (status == 200 && body.as_array().is_some_and(|a| !a.is_empty())).then_some(())
+        },
+    )
+    .await;
+
+    stop.cancel();
+    agent.await.unwrap().unwrap();
+
+    // The control plane is down; a restarted agent serves version 2 from disk.
+    let offline = agent_config(&cp, &device_dir, None, &key);
+    cp.stop().await;
+    std::fs::remove_file(device_dir.join(edgeloop_edge_agent::INFERENCE_ADDR_FILE)).unwrap();
+    let stop = CancellationToken::new();
+    let agent = tokio::spawn(edgeloop_edge_agent::run(offline, stop.clone()));
+    let url = inference_url(&device_dir).await;
+    let got: Value = eventually(WAIT, "version 2 served from disk", || {
+        let (http, url, rows) = (http.clone(), url.clone(), digits(1));
+        async move {
+            let r = http
+                .post(format!("{url}/v2/models/digits/infer"))
+                .json(&infer_body(&rows, "offline"))
+                .send()
+                .await
+                .ok()?;
+            (r.status() == 200).then_some(())?;
+            r.json::<Value>().await.ok()
+        }
+    })
+    .await;
+    assert_eq!(got["model_version"], "2.0.0", "{got}");
+    stop.cancel();
+    agent.await.unwrap().unwrap();
+}
