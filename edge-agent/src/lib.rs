@@ -26,17 +26,38 @@ pub use config::{AgentConfig, AgentSettings};
 pub const INFERENCE_ADDR_FILE: &str = "inference.addr";
 
 /// What this device reports at enrollment and in heartbeats: the host, and
-/// the execution providers its ONNX Runtime library offers (none when the
-/// library cannot be loaded; the reason goes in `extra`).
+/// the execution providers its ONNX Runtime library ships (a GPU build has
+/// `libonnxruntime_providers_<name>.so` beside the library). The library is
+/// looked at, not loaded: loading it costs about 10 MB of resident memory,
+/// which an idle device without a model should not pay. A missing library
+/// is reported in `extra` instead.
 pub fn capabilities(config: &AgentConfig) -> Capabilities {
     let mut caps = host_capabilities(&config.member.data_dir, env!("CARGO_PKG_VERSION"));
-    match edgeloop_models::runtime::OrtRuntime::load(config.serve.ort_library.as_deref()) {
-        Ok(ort) => {
-            caps.execution_providers = ort
-                .available_providers()
-                .into_iter()
-                .map(String::from)
-                .collect();
+    let library = edgeloop_models::runtime::OrtRuntime::resolve_library_path(
+        config.serve.ort_library.as_deref(),
+    );
+    match library {
+        Ok(path) if path.is_file() => {
+            let dir = path.parent().unwrap_or(std::path::Path::new("."));
+            for (file, provider) in [
+                (
+                    "libonnxruntime_providers_tensorrt.so",
+                    "TensorrtExecutionProvider",
+                ),
+                ("libonnxruntime_providers_cuda.so", "CUDAExecutionProvider"),
+            ] {
+                if dir.join(file).is_file() {
+                    caps.execution_providers.push(provider.into());
+                }
+            }
+            caps.execution_providers
+                .push(edgeloop_models::runtime::CPU_PROVIDER.into());
+        }
+        Ok(path) => {
+            caps.extra.insert(
+                "onnxruntime_error".into(),
+                format!("no ONNX Runtime library at {}", path.display()),
+            );
         }
         Err(e) => {
             caps.extra.insert("onnxruntime_error".into(), e.to_string());

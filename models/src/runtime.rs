@@ -300,27 +300,6 @@ impl OrtRuntime {
         resolve(path, &ResolutionEnv::from_process()).map(|(p, _)| p)
     }
 
-    /// The execution providers this library build offers, GPU ones first
-    /// (TensorRT, CUDA), the CPU always last. What a device reports, so a
-    /// rollout can skip devices that cannot run a model's provider.
-    pub fn available_providers(&self) -> Vec<&'static str> {
-        let mut out = Vec::new();
-        if matches!(
-            <ep::TensorRT as ep::ExecutionProvider>::is_available(),
-            Ok(true)
-        ) {
-            out.push(TENSORRT_PROVIDER);
-        }
-        if matches!(
-            <ep::CUDA as ep::ExecutionProvider>::is_available(),
-            Ok(true)
-        ) {
-            out.push(CUDA_PROVIDER);
-        }
-        out.push(CPU_PROVIDER);
-        out
-    }
-
     /// The library file in use, with symlinks resolved.
     pub fn library_path(&self) -> &Path {
         &self.inner.library_path
