@@ -144,8 +144,11 @@ pub const DEFAULT_INFERENCE_LISTEN: &str = "127.0.0.1:8000";
 
 fn parse_provider(s: &str) -> anyhow::Result<Provider> {
     match s.trim().to_ascii_lowercase().as_str() {
-        "tensorrt" | "trt" => Ok(Provider::TensorRt),
-        "cuda" => Ok(Provider::Cuda),
+        "tensorrt" | "trt" if cfg!(feature = "tensorrt") => Ok(Provider::TensorRt),
+        "cuda" if cfg!(feature = "cuda") => Ok(Provider::Cuda),
+        p @ ("tensorrt" | "trt" | "cuda") => {
+            anyhow::bail!("providers: this agent was built without the {p:?} cargo feature")
+        }
         "cpu" => Ok(Provider::Cpu),
         other => anyhow::bail!(
             "providers: unknown execution provider {other:?}; expected tensorrt, cuda or cpu"
