@@ -348,3 +348,96 @@ async fn a_job_failing_the_same_way_twice_without_progress_is_not_restarted_agai
     bridge.await.unwrap().unwrap();
     cp.stop().await;
 }
+
+/// The reference trainer's binary, built by `cargo build --workspace` (which
+/// scripts/test.sh runs before the tests).
+fn reference_trainer() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("edgeloop-train");
+    assert!(
+        bin.exists(),
+        "{}: run `cargo build -p edgeloop-reference-trainer` first (scripts/test.sh builds the workspace)",
+        bin.display()
+    );
+    bin
+}
+
+#[tokio::test]
+async fn the_reference_trainer_killed_mid_run_ends_with_the_weights_of_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let trainer = reference_trainer();
+    let hyper = json!({"workload": "mnist-cnn", "steps": 240, "seed": 7});
+
+    // Uninterrupted, outside the bridge.
+    let reference = dir.path().join("reference");
+    let out = std::process::Command::new(&trainer)
+        .env("EDGELOOP_CHECKPOINT_DIR", &reference)
+        .env("EDGELOOP_RESUME_FROM", "")
+        .env("EDGELOOP_CHECKPOINT_EVERY_STEPS", "40")
+        .env("EDGELOOP_HYPERPARAMETERS", hyper.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = std::fs::read(reference.join("step-240/weights.safetensors")).unwrap();
+    let want_opt = std::fs::read(reference.join("step-240/optimizer.safetensors")).unwrap();
+
+    // Through the bridge, killed with -9 after a checkpoint.
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let bridge_dir = dir.path().join("bridge");
+    let (stop, bridge) = start_bridge(&cp, &bridge_dir).await;
+    let id = submit(
+        &cp,
+        json!({
+            "name": "mnist-killed",
+            "command": [trainer.display().to_string()],
+            "hyperparameters": hyper,
+            "checkpoint": {"every_steps": 40, "keep_last": 10},
+            "restarts": {"max_restarts": 2, "backoff_seconds": 1, "backoff_max_seconds": 1}
+        }),
+    )
+    .await;
+    let ckpts = bridge_dir.join("jobs").join(&id).join("checkpoints");
+    let at = checkpoint_at_least(&ckpts, 80).await;
+    assert!(at < 240, "killed mid-run, not after the end ({at})");
+    let pgid: i32 = std::fs::read_to_string(
+        bridge_dir
+            .join("engine-local")
+            .join(format!("{id}-a1"))
+            .join("pgid-0"),
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let done = eventually(Duration::from_secs(180), "the killed job ends", || async {
+        Some(job_state(&cp, &id).await)
+            .filter(|j| j["state"] == "succeeded" || j["state"] == "failed")
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["attempt"], 2, "{done}");
+    assert_eq!(done["step"], 240, "{done}");
+    let got = std::fs::read(ckpts.join("step-240/weights.safetensors")).unwrap();
+    let got_opt = std::fs::read(ckpts.join("step-240/optimizer.safetensors")).unwrap();
+    assert!(
+        got == want,
+        "final weights differ from the uninterrupted run"
+    );
+    assert!(got_opt == want_opt, "final optimizer state differs");
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    cp.stop().await;
+}
