@@ -23,6 +23,9 @@ use super::slots::{ModelDir, SlotId, SlotsState, Staged};
 use super::verify::{prepare, Trust};
 use crate::serving::{ModelServing, Serving};
 
+/// The longest one activation (load, warm-up, probe) may take.
+const ACTIVATION_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Probe inputs are a batch of samples, not a data set.
 const MAX_PROBE_BYTES: u64 = 256 << 20;
 
@@ -370,7 +373,17 @@ impl Worker {
             }
             Err(e) => return Event::Refused(Failure::storage("preparing activation", e)),
         };
-        match self.ctx.serving.activate(spec).await {
+        // A load or probe that never returns must still end the assignment
+        // (in a definite state, with the old version serving). Generous:
+        // TensorRT builds its engine on the first load, which takes minutes.
+        let activated =
+            match tokio::time::timeout(ACTIVATION_LIMIT, self.ctx.serving.activate(spec)).await {
+                Ok(r) => r,
+                Err(_) => Err(crate::serving::ActivationError::Load(format!(
+                    "did not finish within {ACTIVATION_LIMIT:?}"
+                ))),
+            };
+        match activated {
             Ok(serving) => {
                 let generation = self.ctx.generation.load(Ordering::SeqCst);
                 if let Err(e) = self.dir.flip(slots, slot, generation) {
