@@ -532,7 +532,8 @@ fn rollout_superseded_cancels_without_reverting() {
 #[test]
 fn rollout_deadline_table() {
     // (what, setup) — each leaves wave 0 unable to pass, then time runs out.
-    let cases: [(&str, fn(&mut Sim), &str); 3] = [
+    type Case = (&'static str, fn(&mut Sim), &'static str);
+    let cases: [Case; 3] = [
         (
             "no traffic",
             |s| {
