@@ -5,6 +5,7 @@ pub mod assignments;
 pub mod drift;
 pub mod members;
 pub mod pki;
+pub mod rollout;
 pub mod telemetry;
 
 use tokio::sync::broadcast;

@@ -1,0 +1,420 @@
+//! The rollout state machine. See the module docs of `rollout` for the
+//! decisions it encodes.
+
+use super::plan;
+use super::{
+    Action, AssignmentStatus, CancelReason, Compatibility, Deployment, Event, Evidence, FleetState,
+    Moved, RolloutState, Telemetry, UnixSeconds,
+};
+use crate::error::Error;
+
+/// The result of one tick.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub deployment: Deployment,
+    pub actions: Vec<Action>,
+}
+
+/// Advances `deployment` by one tick. Pure: the same inputs give the same
+/// output, which is what lets a restarted control plane resume from the
+/// persisted deployment.
+pub fn step(
+    deployment: &Deployment,
+    fleet: &FleetState,
+    telemetry: &Telemetry,
+    now: UnixSeconds,
+) -> Step {
+    let mut d = deployment.clone();
+    let mut actions = Vec::new();
+    advance(&mut d, fleet, telemetry, now, &mut actions);
+    if d != *deployment {
+        d.generation += 1;
+    }
+    Step {
+        deployment: d,
+        actions,
+    }
+}
+
+fn advance(
+    d: &mut Deployment,
+    fleet: &FleetState,
+    telemetry: &Telemetry,
+    now: UnixSeconds,
+    out: &mut Vec<Action>,
+) {
+    if d.state.is_terminal() {
+        return;
+    }
+    if let Some(by) = d.superseded_by.clone() {
+        let reason = CancelReason::Superseded { by };
+        finish(d, RolloutState::Cancelled { reason }, Vec::new(), out);
+        return;
+    }
+    // A cancel during a rollback changes nothing: devices are already going back.
+    if d.cancel_requested && !matches!(d.state, RolloutState::RollingBack { .. }) {
+        let then = RolloutState::Cancelled {
+            reason: CancelReason::Requested,
+        };
+        roll_back(d, now, "cancel requested".into(), then, out);
+        return;
+    }
+    match d.state.clone() {
+        RolloutState::Pending => {
+            if let Err(e) = d.validate() {
+                let reason = describe(&e);
+                finish(d, RolloutState::Failed { reason }, Vec::new(), out);
+            } else if now >= d.deadline {
+                let reason = "deadline passed before the first wave".to_string();
+                finish(d, RolloutState::Failed { reason }, Vec::new(), out);
+            } else {
+                start_wave(d, 0, fleet, now, out);
+            }
+        }
+        RolloutState::Wave {
+            index,
+            started_at,
+            soak_until,
+        } => wave_tick(d, index, started_at, soak_until, fleet, telemetry, now, out),
+        RolloutState::RollingBack { started_at, then } => {
+            // Online moved devices not yet back on their previous version.
+            let unconfirmed: Vec<String> = d
+                .moved
+                .iter()
+                .filter(|(dev, m)| {
+                    fleet
+                        .devices
+                        .get(*dev)
+                        .is_some_and(|s| s.online && s.version != m.previous)
+                })
+                .map(|(dev, _)| dev.clone())
+                .collect();
+            let timed_out = now >= started_at + d.strategy.rollback_timeout_seconds;
+            if unconfirmed.is_empty() || timed_out {
+                finish(d, *then, unconfirmed, out);
+            }
+        }
+        RolloutState::Succeeded
+        | RolloutState::RolledBack { .. }
+        | RolloutState::Failed { .. }
+        | RolloutState::Cancelled { .. } => {}
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn wave_tick(
+    d: &mut Deployment,
+    index: usize,
+    started_at: UnixSeconds,
+    soak_until: Option<UnixSeconds>,
+    fleet: &FleetState,
+    telemetry: &Telemetry,
+    now: UnixSeconds,
+    out: &mut Vec<Action>,
+) {
+    let ev = measure(d, index, fleet, telemetry);
+    // Gates are checked on every tick, not only after the soak: a breach
+    // should stop the rollout as early as it shows.
+    if let Some(reason) = breach(d, &ev) {
+        let then = RolloutState::RolledBack {
+            reason: reason.clone(),
+            evidence: ev,
+        };
+        roll_back(d, now, reason, then, out);
+        return;
+    }
+    let offline_ok = ev.offline.len() as f64 <= d.offline_tolerance * ev.wave_devices as f64;
+    let active = ev.not_active.is_empty();
+    let soak_until = match soak_until {
+        None if active && offline_ok => {
+            let s = now + d.strategy.min_soak_seconds;
+            d.state = RolloutState::Wave {
+                index,
+                started_at,
+                soak_until: Some(s),
+            };
+            Some(s)
+        }
+        other => other,
+    };
+    let soaked = soak_until.is_some_and(|s| now >= s);
+    let enough_traffic = ev.requests >= d.gates.min_requests;
+    // The deadline wins over a wave that turns healthy on the same tick, so
+    // "bounded time" is strict; ticks are seconds apart, timeouts minutes.
+    let wave_deadline = started_at + d.strategy.wave_timeout_seconds;
+    if now >= wave_deadline || now >= d.deadline {
+        let which = if now >= d.deadline {
+            "deployment deadline"
+        } else {
+            "wave deadline"
+        };
+        let mut why = Vec::new();
+        if !offline_ok {
+            why.push(format!(
+                "{} of {} devices offline (tolerance {})",
+                ev.offline.len(),
+                ev.wave_devices,
+                d.offline_tolerance
+            ));
+        }
+        if !active {
+            why.push(format!("not active: {}", ev.not_active.join(", ")));
+        }
+        if !soaked {
+            why.push("soak not finished".into());
+        }
+        if !enough_traffic {
+            why.push(format!(
+                "{} requests < min {}",
+                ev.requests, d.gates.min_requests
+            ));
+        }
+        if why.is_empty() {
+            why.push("healthy only after the deadline".into());
+        }
+        let reason = format!(
+            "wave {index} not healthy by the {which}: {}",
+            why.join("; ")
+        );
+        roll_back(d, now, reason.clone(), RolloutState::Failed { reason }, out);
+        return;
+    }
+    if soaked && active && offline_ok && enough_traffic {
+        out.push(Action::Record {
+            event: Event::WaveHealthy {
+                index,
+                evidence: ev,
+            },
+        });
+        if index + 1 >= d.strategy.waves.len() {
+            finish(d, RolloutState::Succeeded, Vec::new(), out);
+        } else {
+            start_wave(d, index + 1, fleet, now, out);
+        }
+    }
+}
+
+/// Moves every device planned for waves `0..=index` that is not moved yet.
+/// Earlier waves are included so a device that joined the group after its
+/// wave ran is caught up rather than forgotten.
+fn start_wave(
+    d: &mut Deployment,
+    index: usize,
+    fleet: &FleetState,
+    now: UnixSeconds,
+    out: &mut Vec<Action>,
+) {
+    let waves = plan::plan(&d.seed, fleet.devices.keys(), &d.strategy.waves);
+    let mut assigned = Vec::new();
+    let mut skipped = Vec::new();
+    for dev in waves.iter().take(index + 1).flatten() {
+        if d.moved.contains_key(dev) || d.skipped.contains_key(dev) {
+            continue;
+        }
+        let Some(state) = fleet.devices.get(dev) else {
+            continue;
+        };
+        match &state.compatibility {
+            Compatibility::Skipped { reason } => {
+                d.skipped.insert(dev.clone(), reason.clone());
+                skipped.push((dev.clone(), reason.clone()));
+            }
+            Compatibility::Compatible => {
+                d.moved.insert(
+                    dev.clone(),
+                    Moved {
+                        wave: index,
+                        previous: state.version.clone(),
+                    },
+                );
+                assigned.push(dev.clone());
+            }
+        }
+    }
+    out.push(Action::Record {
+        event: Event::WaveStarted {
+            index,
+            assigned: assigned.clone(),
+            skipped,
+        },
+    });
+    out.extend(assigned.into_iter().map(|device| Action::Assign {
+        device,
+        version: d.target_version.clone(),
+    }));
+    d.state = RolloutState::Wave {
+        index,
+        started_at: now,
+        soak_until: None,
+    };
+}
+
+/// Reverts every moved device, online or not (a revert is stored as desired
+/// state, so offline devices pick it up when they return).
+fn roll_back(
+    d: &mut Deployment,
+    now: UnixSeconds,
+    reason: String,
+    then: RolloutState,
+    out: &mut Vec<Action>,
+) {
+    if d.moved.is_empty() {
+        finish(d, then, Vec::new(), out);
+        return;
+    }
+    out.push(Action::Record {
+        event: Event::RollbackStarted {
+            reason,
+            reverted: d.moved.keys().cloned().collect(),
+        },
+    });
+    out.extend(d.moved.iter().map(|(dev, m)| Action::Revert {
+        device: dev.clone(),
+        version: m.previous.clone(),
+    }));
+    d.state = RolloutState::RollingBack {
+        started_at: now,
+        then: Box::new(then),
+    };
+}
+
+fn finish(
+    d: &mut Deployment,
+    state: RolloutState,
+    unconfirmed: Vec<String>,
+    out: &mut Vec<Action>,
+) {
+    out.push(Action::Record {
+        event: Event::Finished {
+            state: state.clone(),
+            unconfirmed,
+        },
+    });
+    d.state = state;
+}
+
+/// Gathers the gate inputs: traffic and failures over every moved device,
+/// readiness over the current wave.
+fn measure(d: &Deployment, wave: usize, fleet: &FleetState, telemetry: &Telemetry) -> Evidence {
+    let mut ev = Evidence {
+        wave,
+        moved_devices: d.moved.len(),
+        ..Evidence::default()
+    };
+    let (mut p99_sum, mut base_sum, mut paired) = (0.0, 0.0, 0u64);
+    let (mut acc_sum, mut acc_n) = (0.0, 0u64);
+    for (dev, m) in &d.moved {
+        let state = fleet.devices.get(dev);
+        if let Some(s) = state {
+            if matches!(
+                s.status,
+                AssignmentStatus::Failed { .. } | AssignmentStatus::RolledBack
+            ) {
+                ev.activation_failures.push(dev.clone());
+            }
+        }
+        if m.wave == wave {
+            ev.wave_devices += 1;
+            match state {
+                Some(s) if s.online => {
+                    let on_target = s.version.as_deref() == Some(d.target_version.as_str());
+                    if !(on_target && s.status == AssignmentStatus::Active) {
+                        ev.not_active.push(dev.clone());
+                    }
+                }
+                // A device gone from the group is as good as offline.
+                _ => ev.offline.push(dev.clone()),
+            }
+        }
+        let windows = telemetry.windows.get(dev);
+        let Some(new) = windows.and_then(|w| w.get(&d.target_version)) else {
+            continue;
+        };
+        ev.requests += new.requests;
+        ev.errors += new.errors;
+        if let Some(a) = new.online_accuracy {
+            acc_sum += a * new.requests as f64;
+            acc_n += new.requests;
+        }
+        let base = m
+            .previous
+            .as_ref()
+            .and_then(|p| windows.and_then(|w| w.get(p)));
+        if let Some(base) = base {
+            if new.requests > 0 && base.requests > 0 {
+                p99_sum += new.p99_latency_ms * new.requests as f64;
+                base_sum += base.p99_latency_ms * new.requests as f64;
+                paired += new.requests;
+            }
+        }
+    }
+    if ev.requests > 0 {
+        ev.error_rate = Some(ev.errors as f64 / ev.requests as f64);
+    }
+    if paired > 0 {
+        let (p, b) = (p99_sum / paired as f64, base_sum / paired as f64);
+        ev.p99_latency_ms = Some(p);
+        ev.baseline_p99_latency_ms = Some(b);
+        if b > 0.0 {
+            ev.p99_latency_ratio = Some(p / b);
+        }
+    }
+    if acc_n > 0 {
+        ev.online_accuracy = Some(acc_sum / acc_n as f64);
+    }
+    ev
+}
+
+/// The first gate that trips, as a reason naming the numbers.
+fn breach(d: &Deployment, ev: &Evidence) -> Option<String> {
+    let g = &d.gates;
+    if ev.activation_failures.len() as u64 > u64::from(g.max_activation_failures) {
+        return Some(format!(
+            "activation failures {} > max {} ({})",
+            ev.activation_failures.len(),
+            g.max_activation_failures,
+            ev.activation_failures.join(", ")
+        ));
+    }
+    // Rate gates wait for enough traffic to mean something.
+    if ev.requests == 0 || ev.requests < g.min_requests {
+        return None;
+    }
+    if let Some(rate) = ev.error_rate {
+        if rate > g.max_error_rate {
+            return Some(format!(
+                "error rate {rate:.4} > max {} ({} of {} requests)",
+                g.max_error_rate, ev.errors, ev.requests
+            ));
+        }
+    }
+    if let (Some(r), Some(p), Some(b)) = (
+        ev.p99_latency_ratio,
+        ev.p99_latency_ms,
+        ev.baseline_p99_latency_ms,
+    ) {
+        if r > g.max_p99_latency_ratio {
+            return Some(format!(
+                "p99 latency ratio {r:.2} > max {} ({p:.1} ms vs {b:.1} ms on the previous version)",
+                g.max_p99_latency_ratio
+            ));
+        }
+    }
+    if let (Some(min), Some(acc)) = (g.min_online_accuracy, ev.online_accuracy) {
+        if acc < min {
+            return Some(format!("online accuracy {acc:.4} < min {min}"));
+        }
+    }
+    None
+}
+
+/// `field: message` for a validation error, so the stored reason names the field.
+fn describe(e: &Error) -> String {
+    match e {
+        Error::BadRequest {
+            field: Some(f),
+            message,
+        } => format!("{f}: {message}"),
+        other => other.to_string(),
+    }
+}
