@@ -89,9 +89,14 @@ impl ControlPlaneClient for GrpcClient {
     }
 
     async fn report(&self, report: pb::AssignmentStatusReport) -> Result<(), Status> {
+        // A small unary call: if it has not come back in 10 s the connection
+        // is dead (a link that went down mid-call), and the retry on a fresh
+        // one should not wait for the channel's general 30 s limit.
+        let mut request = tonic::Request::new(report);
+        request.set_timeout(std::time::Duration::from_secs(10));
         self.client
             .clone()
-            .report_assignment_status(report)
+            .report_assignment_status(request)
             .await
             .map(|_| ())
     }
