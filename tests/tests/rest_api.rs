@@ -488,3 +488,88 @@ async fn health_readiness_and_openapi_need_no_token() {
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
     cp.stop().await;
 }
+
+#[tokio::test]
+async fn devices_are_selected_by_labels_and_reported_capabilities() {
+    use edgeloop_client_core::session::enroll;
+    use edgeloop_client_core::{IdentityStore, Role};
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let devices = [
+        (
+            "cam-1",
+            "berlin",
+            vec!["CUDAExecutionProvider", "CPUExecutionProvider"],
+        ),
+        ("cam-2", "berlin", vec!["CPUExecutionProvider"]),
+        ("cam-3", "paris", vec!["CPUExecutionProvider"]),
+    ];
+    for (name, site, providers) in &devices {
+        let (status, body) = cp
+            .api()
+            .post(
+                "/api/v1/tokens",
+                json!({"kind": "device", "name": name, "labels": {"site": site}}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        let token = body["token"].as_str().unwrap().parse().unwrap();
+        let caps = edgeloop_proto::common::v1::Capabilities {
+            arch: "aarch64".into(),
+            execution_providers: providers.iter().map(|p| p.to_string()).collect(),
+            ..Default::default()
+        };
+        enroll(
+            Role::Device,
+            &cp.grpc_url,
+            &token,
+            &IdentityStore::new(&dir.path().join(name)),
+            caps,
+        )
+        .await
+        .unwrap();
+    }
+    let select = |s: &'static str| {
+        let api = cp.api();
+        async move {
+            let url = format!("/api/v1/devices?selector={}", urlencode(s));
+            let (status, body) = api.get(&url).await;
+            assert_eq!(status, 200, "{s}: {body}");
+            let mut ids: Vec<String> = body
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d["id"].as_str().unwrap().to_string())
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    assert_eq!(select("site=berlin").await, vec!["cam-1", "cam-2"]);
+    assert_eq!(
+        select("site=berlin,edgeloop.io/provider=CUDAExecutionProvider").await,
+        vec!["cam-1"]
+    );
+    assert_eq!(select("site notin (berlin)").await, vec!["cam-3"]);
+    assert_eq!(select("edgeloop.io/arch=aarch64").await.len(), 3);
+    assert_eq!(select("").await.len(), 3);
+    let (status, body) = cp
+        .api()
+        .get(&format!(
+            "/api/v1/devices?selector={}",
+            urlencode("site in (berlin")
+        ))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["field"], "selector", "{body}");
+    cp.stop().await;
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

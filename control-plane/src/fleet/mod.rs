@@ -6,6 +6,7 @@ pub mod drift;
 pub mod members;
 pub mod pki;
 pub mod rollout;
+pub mod selector;
 pub mod telemetry;
 
 use tokio::sync::broadcast;

@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
@@ -12,6 +13,7 @@ use time::Duration;
 use super::json::{OptionalJson, ValidJson};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::{self, CreateToken, CreatedToken, MemberKind, MemberView, TokenView};
+use crate::fleet::selector::{self, Selector};
 use crate::Core;
 
 /// Creates a one-time bootstrap token for a device or a cluster bridge.
@@ -46,6 +48,14 @@ fn offline_after(core: &Core) -> Duration {
 }
 
 fn list(core: &Core, kind: MemberKind) -> Result<Json<Vec<MemberView>>, Error> {
+    list_selected(core, kind, &Selector::default())
+}
+
+fn list_selected(
+    core: &Core,
+    kind: MemberKind,
+    selector: &Selector,
+) -> Result<Json<Vec<MemberView>>, Error> {
     let now = core.now();
     let window = offline_after(core);
     let views = core
@@ -53,9 +63,19 @@ fn list(core: &Core, kind: MemberKind) -> Result<Json<Vec<MemberView>>, Error> {
         .members(kind)
         .values()?
         .into_iter()
+        .filter(|m| selector.matches(&selector::facts(&m.labels, &m.capabilities)))
         .map(|m| MemberView::new(m, now, window))
         .collect();
     Ok(Json(views))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceQuery {
+    /// A label selector, e.g. `site=berlin,edgeloop.io/provider=CUDAExecutionProvider`
+    /// (`=`, `!=`, `in (..)`, `notin (..)`, `key`, `!key`; reported capabilities
+    /// under `edgeloop.io/arch|os|agent-version|provider|gpu`).
+    pub selector: Option<String>,
 }
 
 fn show(core: &Core, kind: MemberKind, id: &str) -> Result<Json<MemberView>, Error> {
@@ -111,11 +131,17 @@ async fn set_labels(
     )))
 }
 
-/// Lists devices with their online/offline status and last-seen time.
-#[utoipa::path(get, path = "/api/v1/devices", tag = "fleet",
-    responses((status = 200, body = Vec<MemberView>), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
-pub async fn list_devices(State(core): State<Arc<Core>>) -> Result<Json<Vec<MemberView>>, Error> {
-    list(&core, MemberKind::Device)
+/// Lists devices with their online/offline status, last-seen time and
+/// reported capabilities; `selector` picks a group.
+#[utoipa::path(get, path = "/api/v1/devices", tag = "fleet", params(DeviceQuery),
+    responses((status = 200, body = Vec<MemberView>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn list_devices(
+    State(core): State<Arc<Core>>,
+    q: Result<Query<DeviceQuery>, QueryRejection>,
+) -> Result<Json<Vec<MemberView>>, Error> {
+    let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
+    let selector: Selector = q.selector.as_deref().unwrap_or("").parse()?;
+    list_selected(&core, MemberKind::Device, &selector)
 }
 
 #[utoipa::path(get, path = "/api/v1/devices/{id}", tag = "fleet", params(("id" = String, Path)),
