@@ -259,3 +259,30 @@ pub async fn checkpoint_at_least(checkpoints: &Path, min_step: u64) -> u64 {
     )
     .await
 }
+
+/// SIGKILLs every `sh contract_trainer.sh` process whose environment carries
+/// this job's id, the way a node failure would end it. Returns how many.
+pub fn kill_trainer_of(job: &str) -> usize {
+    let marker = format!("EDGELOOP_JOB_ID={job}");
+    let mut killed = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let is_trainer = cmdline.windows(19).any(|w| w == b"contract_trainer.sh");
+        let is_job = environ.split(|b| *b == 0).any(|kv| kv == marker.as_bytes());
+        if is_trainer
+            && is_job
+            && nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
+}

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use edgeloop_tests::{checkpoint_at_least, eventually, ControlPlane};
+use edgeloop_tests::{checkpoint_at_least, eventually, kill_trainer_of, ControlPlane};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -155,31 +155,4 @@ async fn ray_and_slurm_run_the_contract_trainer_to_completion() {
     stop.cancel();
     bridge.await.unwrap().unwrap();
     cp.stop().await;
-}
-
-/// SIGKILLs every `sh contract_trainer.sh` process whose environment carries
-/// this job's id, the way a node failure would end it. Returns how many.
-fn kill_trainer_of(job: &str) -> usize {
-    let marker = format!("EDGELOOP_JOB_ID={job}");
-    let mut killed = 0;
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        let is_trainer = cmdline.windows(19).any(|w| w == b"contract_trainer.sh");
-        let is_job = environ.split(|b| *b == 0).any(|kv| kv == marker.as_bytes());
-        if is_trainer
-            && is_job
-            && nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            )
-            .is_ok()
-        {
-            killed += 1;
-        }
-    }
-    killed
 }
