@@ -122,10 +122,15 @@ impl Reconciler {
             self.ctx.serving.unload(&model);
         }
         for a in &next.assignments {
+            // The same assignment is not run again, even when its worker has
+            // ended (a download that timed out, say): a reconnecting watch
+            // re-offers the same set, and running it again would replace the
+            // definite state it ended in before that state was reported. A
+            // new assignment (content or deployment id) or a restart retries.
             let unchanged = self
                 .running
                 .get(&a.model)
-                .is_some_and(|r| r.assignment == *a && !r.handle.is_finished());
+                .is_some_and(|r| r.assignment == *a);
             if unchanged {
                 continue;
             }
