@@ -145,42 +145,6 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-/// Kubernetes' `$(VAR)` expansion (k8s.io/kubernetes
-/// third_party/forked/golang/expansion): `$$` is `$`, `$(NAME)` is the
-/// value of a defined variable, anything else stays as written.
-pub fn expand(input: &str, env: &BTreeMap<String, String>) -> String {
-    let b = input.as_bytes();
-    let mut out = String::new();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'$' && i + 1 < b.len() {
-            if b[i + 1] == b'$' {
-                out.push('$');
-                i += 2;
-                continue;
-            }
-            if b[i + 1] == b'(' {
-                if let Some(end) = input[i + 2..].find(')') {
-                    let name = &input[i + 2..i + 2 + end];
-                    match env.get(name) {
-                        Some(v) => out.push_str(v),
-                        None => out.push_str(&format!("$({name})")),
-                    }
-                    i += 2 + end + 1;
-                    continue;
-                }
-            }
-            out.push('$');
-            i += 1;
-            continue;
-        }
-        let c = input[i..].chars().next().unwrap();
-        out.push(c);
-        i += c.len_utf8();
-    }
-    out
-}
-
 /// A JSON merge patch (RFC 7386).
 fn merge_patch(target: &mut Value, patch: &Value) {
     match patch {
@@ -802,7 +766,9 @@ fn pod_env(pod: &Pod) -> Result<Vec<(String, String)>, String> {
                     }
                 }
             }
-            (Some(v), None) => expand(v, &defined),
+            (Some(v), None) => {
+                edgeloop_trainer_bridge::engines::kubernetes::expand_like_kubernetes(v, &defined)
+            }
             (None, None) => String::new(),
         };
         defined.insert(e.name.clone(), value.clone());
@@ -833,7 +799,14 @@ fn start_pod(state: Arc<Mutex<State>>, ns: String, pod_name: String) {
             let defined: BTreeMap<String, String> = env.iter().cloned().collect();
             let mut words: Vec<String> = c.command.clone().unwrap_or_default();
             words.extend(c.args.clone().unwrap_or_default());
-            let words: Vec<String> = words.iter().map(|w| expand(w, &defined)).collect();
+            let words: Vec<String> = words
+                .iter()
+                .map(|w| {
+                    edgeloop_trainer_bridge::engines::kubernetes::expand_like_kubernetes(
+                        w, &defined,
+                    )
+                })
+                .collect();
             // Container runtimes create a missing working directory.
             let workdir = PathBuf::from(c.working_dir.clone().unwrap_or_else(|| "/".into()));
             std::fs::create_dir_all(&workdir).map_err(|e| e.to_string())?;

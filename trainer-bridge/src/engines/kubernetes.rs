@@ -232,6 +232,46 @@ pub fn escape_expansion(s: &str) -> String {
     s.replace('$', "$$")
 }
 
+/// Kubernetes' `$(VAR)` expansion (k8s.io/kubernetes
+/// third_party/forked/golang/expansion): `$$` is `$`, `$(NAME)` a
+/// defined variable's value, anything else stays. The inverse of
+/// [`escape_expansion`]; the engine's tests and the fake API server of the
+/// integration tests use it to run a pod's words as Kubernetes would.
+pub fn expand_like_kubernetes(input: &str, env: &BTreeMap<String, String>) -> String {
+    let b = input.as_bytes();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'$' && i + 1 < b.len() {
+            if b[i + 1] == b'$' {
+                out.push('$');
+                i += 2;
+                continue;
+            }
+            if b[i + 1] == b'(' {
+                if let Some(end) = input[i + 2..].find(')') {
+                    let name = &input[i + 2..i + 2 + end];
+                    match env.get(name) {
+                        Some(v) => out.push_str(v),
+                        None => out.push_str(&format!("$({name})")),
+                    }
+                    i += 2 + end + 1;
+                    continue;
+                }
+            }
+            out.push('$');
+            i += 1;
+            continue;
+        }
+        let Some(c) = input[i..].chars().next() else {
+            break;
+        };
+        out.push(c);
+        i += c.len_utf8();
+    }
+    out
+}
+
 fn is_env_name(name: &str) -> bool {
     let mut bytes = name.bytes();
     matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
@@ -1196,42 +1236,6 @@ mod tests {
             .collect()
     }
 
-    /// Kubernetes' `$(VAR)` expansion (k8s.io/kubernetes
-    /// third_party/forked/golang/expansion): `$$` is `$`, `$(NAME)` a
-    /// defined variable's value, anything else stays.
-    fn k8s_expand(input: &str, env: &BTreeMap<String, String>) -> String {
-        let b = input.as_bytes();
-        let mut out = String::new();
-        let mut i = 0;
-        while i < b.len() {
-            if b[i] == b'$' && i + 1 < b.len() {
-                if b[i + 1] == b'$' {
-                    out.push('$');
-                    i += 2;
-                    continue;
-                }
-                if b[i + 1] == b'(' {
-                    if let Some(end) = input[i + 2..].find(')') {
-                        let name = &input[i + 2..i + 2 + end];
-                        match env.get(name) {
-                            Some(v) => out.push_str(v),
-                            None => out.push_str(&format!("$({name})")),
-                        }
-                        i += 2 + end + 1;
-                        continue;
-                    }
-                }
-                out.push('$');
-                i += 1;
-                continue;
-            }
-            let c = input[i..].chars().next().unwrap();
-            out.push(c);
-            i += c.len_utf8();
-        }
-        out
-    }
-
     #[test]
     fn the_job_is_indexed_one_pod_per_node_and_kubernetes_never_restarts_a_pod() {
         let (v, job) = job_of(&launch());
@@ -1403,7 +1407,10 @@ mod tests {
         // What the kubelet makes of it in pod 1.
         let mut pod_env: BTreeMap<String, String> = env.clone();
         pod_env.insert("NODE_RANK".into(), "1".into());
-        let run: Vec<String> = words.iter().map(|w| k8s_expand(w, &pod_env)).collect();
+        let run: Vec<String> = words
+            .iter()
+            .map(|w| expand_like_kubernetes(w, &pod_env))
+            .collect();
         assert_eq!(run[3], "--node-rank=1");
         assert_eq!(run[8..], ["train.py", "--lr", "$(HOME) $$ $"]);
     }
@@ -1462,11 +1469,14 @@ mod tests {
         defined.insert("HOME".into(), "EXPANDED".into());
         let mut run = c.command.clone().unwrap();
         run.extend(c.args.clone().unwrap_or_default());
-        let run: Vec<String> = run.iter().map(|w| k8s_expand(w, &defined)).collect();
+        let run: Vec<String> = run
+            .iter()
+            .map(|w| expand_like_kubernetes(w, &defined))
+            .collect();
         assert_eq!(run, words);
         for e in c.env.iter().flatten() {
             if let (Some(v), Some(given)) = (&e.value, l.env.get(&e.name)) {
-                assert_eq!(&k8s_expand(v, &defined), given, "{}", e.name);
+                assert_eq!(&expand_like_kubernetes(v, &defined), given, "{}", e.name);
             }
         }
     }
