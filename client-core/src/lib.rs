@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod identity;
 pub mod member;
 pub mod session;
+pub mod sled_open;
 pub mod tls;
 pub mod token;
 

@@ -65,7 +65,9 @@ pub struct Store {
 
 impl Store {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = sled::Config::new().path(path).open()?;
+        let db = edgeloop_client_core::sled_open::open_waiting_for_lock(
+            &sled::Config::new().path(path),
+        )?;
         match db.get(SCHEMA_KEY)? {
             None => {
                 db.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;

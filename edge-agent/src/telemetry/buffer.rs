@@ -120,31 +120,13 @@ fn decode_attached(raw: &[u8]) -> Option<(u64, Vec<u64>)> {
     Some((seq, ids.collect()))
 }
 
-/// Opens sled, waiting a little for the file lock: a `Db` dropped just
-/// before (an agent restarted in the same process) releases it from sled's
-/// background flusher thread, shortly after the drop returns.
 fn open_db(dir: &Path) -> sled::Result<sled::Db> {
-    let open = || {
-        sled::Config::new()
+    edgeloop_client_core::sled_open::open_waiting_for_lock(
+        &sled::Config::new()
             .path(dir)
             // An edge device: sled's default 1 GiB page cache is far too much.
-            .cache_capacity(16 << 20)
-            .open()
-    };
-    let mut waited = std::time::Duration::ZERO;
-    loop {
-        match open() {
-            Err(sled::Error::Io(e))
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    && waited < std::time::Duration::from_secs(5) =>
-            {
-                let pause = std::time::Duration::from_millis(20);
-                std::thread::sleep(pause);
-                waited += pause;
-            }
-            other => return other,
-        }
-    }
+            .cache_capacity(16 << 20),
+    )
 }
 
 impl Buffer {

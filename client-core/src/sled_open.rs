@@ -1,0 +1,49 @@
+//! Opening a sled database when a previous handle in the same process was
+//! just dropped (an agent or control plane restarted in-process, as the tests
+//! and `edgeloop demo` do).
+
+use std::time::Duration;
+
+/// How long to wait for the file lock before giving up with sled's error.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Opens `config`, retrying while the database's file lock is held. sled
+/// releases the lock from its background flusher thread, shortly *after*
+/// the last `Db` is dropped, so an immediate reopen can see `WouldBlock`.
+/// A lock held by another live process still fails, after [`LOCK_WAIT`].
+pub fn open_waiting_for_lock(config: &sled::Config) -> sled::Result<sled::Db> {
+    let pause = Duration::from_millis(20);
+    let mut waited = Duration::ZERO;
+    loop {
+        match config.open() {
+            Err(sled::Error::Io(e))
+                if e.kind() == std::io::ErrorKind::WouldBlock && waited < LOCK_WAIT =>
+            {
+                std::thread::sleep(pause);
+                waited += pause;
+            }
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reopen_right_after_drop_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = sled::Config::new().path(dir.path().join("db"));
+        for i in 0u32..20 {
+            let db = open_waiting_for_lock(&config).unwrap();
+            db.insert(b"k", &i.to_be_bytes()).unwrap();
+            db.flush().unwrap();
+        }
+        let db = open_waiting_for_lock(&config).unwrap();
+        assert_eq!(
+            db.get(b"k").unwrap().unwrap().as_ref(),
+            &19u32.to_be_bytes()
+        );
+    }
+}
