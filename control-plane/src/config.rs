@@ -49,6 +49,9 @@ pub struct ServeSettings {
     /// job goes to another bridge, which resumes it from its last checkpoint.
     #[arg(long, env = "EDGELOOP_JOB_LEASE_SECS")]
     pub job_lease_secs: Option<u32>,
+    /// Milliseconds between rollout controller ticks (default 1000).
+    #[arg(long, env = "EDGELOOP_ROLLOUT_TICK_MS")]
+    pub rollout_tick_ms: Option<u64>,
 }
 
 impl ServeSettings {
@@ -67,6 +70,7 @@ impl ServeSettings {
             cert_lifetime_days: self.cert_lifetime_days.or(lower.cert_lifetime_days),
             drain_timeout_secs: self.drain_timeout_secs.or(lower.drain_timeout_secs),
             job_lease_secs: self.job_lease_secs.or(lower.job_lease_secs),
+            rollout_tick_ms: self.rollout_tick_ms.or(lower.rollout_tick_ms),
         }
     }
 
@@ -90,6 +94,7 @@ pub struct Config {
     pub cert_lifetime: Duration,
     pub drain_timeout: Duration,
     pub job_lease: Duration,
+    pub rollout_tick: Duration,
 }
 
 pub const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:7443";
@@ -122,6 +127,11 @@ impl Config {
         anyhow::ensure!(
             (2..=86_400).contains(&lease),
             "job-lease-secs must be 2..=86400"
+        );
+        let tick = s.rollout_tick_ms.unwrap_or(1000);
+        anyhow::ensure!(
+            (10..=60_000).contains(&tick),
+            "rollout-tick-ms must be 10..=60000"
         );
         let mut names = vec![
             "localhost".to_string(),
@@ -160,6 +170,7 @@ impl Config {
             cert_lifetime: Duration::from_secs(u64::from(cert_days) * 86_400),
             drain_timeout: Duration::from_secs(s.drain_timeout_secs.unwrap_or(30)),
             job_lease: Duration::from_secs(lease.into()),
+            rollout_tick: Duration::from_millis(tick),
         })
     }
 

@@ -140,6 +140,11 @@ impl Server {
             self.http,
             core.shutdown.clone(),
         ));
+        let rollouts = tokio::spawn(fleet::rollout::runner::run(
+            core.clone(),
+            core.config.rollout_tick,
+            core.shutdown.clone(),
+        ));
         let mut grpc = std::pin::pin!(grpc);
         let mut http = std::pin::pin!(http);
         // A server that dies on its own is an error; otherwise wait for the signal.
@@ -164,6 +169,10 @@ impl Server {
                 grpc.abort();
                 http.abort();
             }
+        }
+        // A tick in progress finishes its writes before the store is flushed.
+        if let Err(e) = rollouts.await {
+            tracing::warn!(error = %e, "rollout task ended abnormally");
         }
         core.store.flush().await?;
         tracing::info!("control plane stopped");

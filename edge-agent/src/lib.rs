@@ -52,6 +52,12 @@ pub fn capabilities(config: &AgentConfig) -> Capabilities {
             }
             caps.execution_providers
                 .push(edgeloop_models::runtime::CPU_PROVIDER.into());
+            caps.extra.insert(
+                edgeloop_models::runtime::INPUT_DTYPES_CAPABILITY.into(),
+                edgeloop_models::tensor::DType::ALL
+                    .map(|d| d.numpy_name())
+                    .join(","),
+            );
         }
         Ok(path) => {
             caps.extra.insert(

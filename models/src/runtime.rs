@@ -39,6 +39,12 @@ pub use crate::deps::DEPS_DIR_ENV;
 
 /// The name ONNX Runtime gives its always-present CPU provider.
 pub const CPU_PROVIDER: &str = "CPUExecutionProvider";
+
+/// The capability key under which an agent lists, comma separated, the
+/// tensor element types (NumPy names, as in manifests) its inference API
+/// accepts; the control plane's rollout pre-check compares a model's inputs
+/// with it.
+pub const INPUT_DTYPES_CAPABILITY: &str = "edgeloop.io/input-dtypes";
 const CUDA_PROVIDER: &str = "CUDAExecutionProvider";
 const TENSORRT_PROVIDER: &str = "TensorrtExecutionProvider";
 

@@ -215,6 +215,7 @@ async fn devices_watch_assignments_and_fetch_only_assigned_artifacts_from_an_off
         deployment_id: "dep-1".into(),
         activation_timeout_seconds: 60,
         probe_inputs_digest: None,
+        deployment_seq: 0,
     };
     assignments::replace(&cp.core.store, &cp.core.events, "edge-1", vec![assignment])
         .await

@@ -32,6 +32,10 @@ pub struct AssignmentRecord {
     /// The health probe's sample inputs, when the version's manifest has a probe.
     #[serde(default)]
     pub probe_inputs_digest: Option<Digest>,
+    /// The creation order of the deployment that wrote this entry: a write
+    /// from an older deployment never replaces a newer one's.
+    #[serde(default)]
+    pub deployment_seq: u64,
 }
 
 impl AssignmentRecord {
@@ -50,6 +54,7 @@ impl AssignmentRecord {
             deployment_id: deployment_id.into(),
             activation_timeout_seconds,
             probe_inputs_digest: version.probe_digest,
+            deployment_seq: 0,
         }
     }
 }
@@ -116,4 +121,60 @@ pub async fn replace(
         device: device.to_string(),
     });
     Ok(set)
+}
+
+/// What [`set_model`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetOutcome {
+    /// The set changed; its new generation.
+    Changed(u64),
+    /// The device already had exactly this.
+    Unchanged,
+    /// A newer deployment owns this model on the device; nothing was written.
+    Stale,
+    /// The device is not enrolled (any more).
+    UnknownDevice,
+}
+
+/// Sets one model's entry on a device (`None` removes it), keeping its
+/// other models, unless a newer deployment (higher `seq`) owns the entry.
+/// Neither flushes nor wakes the device: a rollout writes many devices,
+/// then flushes once, then publishes [`FleetEvent::AssignmentsChanged`].
+pub fn set_model(
+    store: &Store,
+    device: &str,
+    model: &str,
+    entry: Option<AssignmentRecord>,
+    seq: u64,
+) -> Result<SetOutcome> {
+    if !store.members(MemberKind::Device).contains(device)? {
+        return Ok(SetOutcome::UnknownDevice);
+    }
+    let mut outcome = SetOutcome::Unchanged;
+    store.assignments.update(device, |cur| {
+        let cur = cur.unwrap_or_default();
+        let existing = cur.assignments.iter().find(|a| a.model_name == model);
+        if existing.is_some_and(|a| a.deployment_seq > seq) {
+            outcome = SetOutcome::Stale;
+            return Ok::<_, Error>(cur);
+        }
+        if existing == entry.as_ref() {
+            outcome = SetOutcome::Unchanged;
+            return Ok(cur);
+        }
+        let mut assignments: Vec<AssignmentRecord> = cur
+            .assignments
+            .iter()
+            .filter(|a| a.model_name != model)
+            .cloned()
+            .collect();
+        assignments.extend(entry.clone());
+        assignments.sort_by(|a, b| a.model_name.cmp(&b.model_name));
+        outcome = SetOutcome::Changed(cur.generation + 1);
+        Ok(AssignmentSetRecord {
+            generation: cur.generation + 1,
+            assignments,
+        })
+    })??;
+    Ok(outcome)
 }

@@ -2,6 +2,7 @@
 //! assignments pushed to devices, and what they report back.
 
 pub mod assignments;
+pub mod deployments;
 pub mod drift;
 pub mod members;
 pub mod pki;

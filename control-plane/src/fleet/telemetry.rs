@@ -80,6 +80,11 @@ pub struct AssignmentStatusRecord {
     pub execution_provider: String,
     #[serde(with = "time::serde::rfc3339")]
     pub at: OffsetDateTime,
+    /// The version the device last reported `ACTIVE` for this model: what it
+    /// serves while a newer assignment downloads, fails or is rolled back by
+    /// the agent (which keeps the old session serving in all three cases).
+    #[serde(default)]
+    pub running_version: Option<String>,
 }
 
 pub fn to_time(ts: Option<edgeloop_proto::Timestamp>) -> Option<OffsetDateTime> {
@@ -287,7 +292,7 @@ pub fn record_status(
     if report.model_name.is_empty() {
         return Err(Error::bad_field("model_name", "must be set"));
     }
-    let record = AssignmentStatusRecord {
+    let mut record = AssignmentStatusRecord {
         device: device.to_string(),
         generation: report.generation,
         model_name: report.model_name.chars().take(256).collect(),
@@ -296,11 +301,43 @@ pub fn record_status(
         reason: report.reason.chars().take(4096).collect(),
         execution_provider: report.execution_provider.chars().take(256).collect(),
         at: to_time(report.at).unwrap_or(now),
+        running_version: None,
     };
-    store
-        .assignment_status
-        .insert(&format!("{device}/{}", record.model_name), &record)?;
+    let key = status_key(device, &record.model_name);
+    store.assignment_status.update(&key, |current| {
+        Ok::<_, Error>(match current {
+            // A retried report of an older set arrives after a newer one's:
+            // the newer state stands.
+            Some(cur) if cur.generation > record.generation => cur,
+            cur => {
+                record.running_version = running_version(cur.as_ref(), &report, state);
+                record.clone()
+            }
+        })
+    })??;
     Ok(())
+}
+
+pub fn status_key(device: &str, model: &str) -> String {
+    format!("{device}/{model}")
+}
+
+/// What the device serves after this report: what the agent says serves;
+/// for a report without that field, the reported version once active and
+/// the version before otherwise.
+fn running_version(
+    previous: Option<&AssignmentStatusRecord>,
+    report: &pb::AssignmentStatusReport,
+    state: pb::AssignmentState,
+) -> Option<String> {
+    if !report.serving_version.is_empty() {
+        return Some(report.serving_version.chars().take(256).collect());
+    }
+    match state {
+        pb::AssignmentState::Active => Some(report.model_version.chars().take(256).collect()),
+        pb::AssignmentState::Failed => None,
+        _ => previous.and_then(|p| p.running_version.clone()),
+    }
 }
 
 #[cfg(test)]
@@ -333,6 +370,51 @@ mod tests {
             dropped_batches: 2,
             ..Default::default()
         }
+    }
+
+    fn status(
+        generation: u64,
+        version: &str,
+        state: pb::AssignmentState,
+        serving: &str,
+    ) -> pb::AssignmentStatusReport {
+        pb::AssignmentStatusReport {
+            generation,
+            model_name: "m".into(),
+            model_version: version.into(),
+            state: state as i32,
+            serving_version: serving.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn status_keeps_what_serves_and_ignores_older_generations() {
+        use pb::AssignmentState as S;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let now = OffsetDateTime::now_utc();
+        let get = || store.assignment_status.get("d/m").unwrap().unwrap();
+        record_status(&store, "d", status(1, "1", S::Active, "1"), now).unwrap();
+        assert_eq!(get().running_version.as_deref(), Some("1"));
+        // Version 2 fails its activation; 1 still serves.
+        record_status(&store, "d", status(2, "2", S::RolledBack, "1"), now).unwrap();
+        assert_eq!(
+            (get().state.as_str(), get().running_version.as_deref()),
+            ("ASSIGNMENT_STATE_ROLLED_BACK", Some("1"))
+        );
+        // A retried report of generation 1 arrives late: generation 2 stands.
+        record_status(&store, "d", status(1, "1", S::Active, "1"), now).unwrap();
+        assert_eq!(get().generation, 2);
+        // A reverted assignment: the old version serves again.
+        record_status(&store, "d", status(3, "0", S::RolledBack, "0"), now).unwrap();
+        assert_eq!(get().running_version.as_deref(), Some("0"));
+        // Without the field (an older agent): active is what serves, a
+        // download leaves what served before.
+        record_status(&store, "d", status(4, "5", S::Downloading, ""), now).unwrap();
+        assert_eq!(get().running_version.as_deref(), Some("0"));
+        record_status(&store, "d", status(4, "5", S::Active, ""), now).unwrap();
+        assert_eq!(get().running_version.as_deref(), Some("5"));
     }
 
     #[test]

@@ -275,24 +275,7 @@ async fn check_manifest(
     artifact_size: u64,
 ) -> Result<Option<Digest>> {
     let bad = |message: String| Error::bad_field("manifest_digest", message);
-    let size = artifacts
-        .head(manifest)
-        .await?
-        .ok_or_else(|| bad(format!("artifact {manifest} has not been uploaded")))?;
-    if size > MAX_SIGNED_MANIFEST_BYTES as u64 {
-        return Err(bad(format!(
-            "artifact {manifest} is {size} bytes, too large for a signed manifest \
-             (at most {MAX_SIGNED_MANIFEST_BYTES})"
-        )));
-    }
-    let (_, mut reader) = artifacts.open_at(manifest, 0).await?;
-    let mut bytes = Vec::with_capacity(size as usize);
-    reader
-        .read_to_end(&mut bytes)
-        .await
-        .map_err(|e| Error::Internal(anyhow::Error::new(e).context("reading the manifest")))?;
-    let signed = SignedManifest::from_json(&bytes)
-        .map_err(|e| bad(format!("artifact {manifest} is not a signed manifest: {e}")))?;
+    let signed = read_manifest(artifacts, manifest, "manifest_digest").await?;
     let described = &signed.manifest.artifact;
     if described.sha256 != artifact_digest {
         return Err(bad(format!(
@@ -316,4 +299,33 @@ async fn check_manifest(
         )));
     }
     Ok(Some(probe.sample_inputs))
+}
+
+/// Reads a signed manifest from the artifact store; errors name `field`.
+/// The signature is not checked here (devices check it against their own
+/// trusted keys); the structure is.
+pub async fn read_manifest(
+    artifacts: &dyn ArtifactStore,
+    manifest: Digest,
+    field: &str,
+) -> Result<SignedManifest> {
+    let bad = |message: String| Error::bad_field(field, message);
+    let size = artifacts
+        .head(manifest)
+        .await?
+        .ok_or_else(|| bad(format!("artifact {manifest} has not been uploaded")))?;
+    if size > MAX_SIGNED_MANIFEST_BYTES as u64 {
+        return Err(bad(format!(
+            "artifact {manifest} is {size} bytes, too large for a signed manifest \
+             (at most {MAX_SIGNED_MANIFEST_BYTES})"
+        )));
+    }
+    let (_, mut reader) = artifacts.open_at(manifest, 0).await?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    reader
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| Error::Internal(anyhow::Error::new(e).context("reading the manifest")))?;
+    SignedManifest::from_json(&bytes)
+        .map_err(|e| bad(format!("artifact {manifest} is not a signed manifest: {e}")))
 }

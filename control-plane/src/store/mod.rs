@@ -8,6 +8,7 @@ use std::path::Path;
 pub use tree::Tree;
 
 use crate::fleet::assignments::AssignmentSetRecord;
+use crate::fleet::deployments::{DeploymentRecord, EventEntry};
 use crate::fleet::drift::{SampleRecord, SketchRecord};
 use crate::fleet::members::{BootstrapTokenRecord, Member, MemberKind};
 use crate::fleet::telemetry::{AssignmentStatusRecord, TelemetryRecord};
@@ -61,6 +62,10 @@ pub struct Store {
     pub samples: Tree<SampleRecord>,
     pub checkpoints: Tree<CheckpointRecord>,
     pub jobs: Tree<JobRecord>,
+    /// Rollouts, by id (`d-<seq>`, so key order is creation order).
+    pub deployments: Tree<DeploymentRecord>,
+    /// Each deployment's event log, by `<id>/<n>`.
+    pub deployment_events: Tree<EventEntry>,
 }
 
 impl Store {
@@ -101,6 +106,8 @@ impl Store {
             samples: Tree::open(&db, "samples")?,
             checkpoints: Tree::open(&db, "checkpoints")?,
             jobs: Tree::open(&db, "jobs")?,
+            deployments: Tree::open(&db, "deployments")?,
+            deployment_events: Tree::open(&db, "deployment_events")?,
             db,
         })
     }
@@ -117,6 +124,12 @@ impl Store {
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.db.flush_async().await?;
         Ok(())
+    }
+
+    /// A number never handed out before by this store, increasing, also
+    /// across restarts (sled persists the counter).
+    pub fn next_id(&self) -> Result<u64, StoreError> {
+        Ok(self.db.generate_id()?)
     }
 
     /// Cheap liveness probe for `/readyz`.

@@ -131,6 +131,25 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         }
     }
 
+    /// Records with `prefix`, newest key first, while `keep` says so: the
+    /// tail of an append-only, sequence-keyed log without reading all of it.
+    pub fn scan_prefix_rev_while(
+        &self,
+        prefix: &str,
+        mut keep: impl FnMut(&V) -> bool,
+    ) -> Result<Vec<V>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.tree.scan_prefix(prefix).rev() {
+            let (k, raw) = item?;
+            let v = self.decode(&k, &raw)?;
+            if !keep(&v) {
+                break;
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
+
     pub fn values(&self) -> Result<Vec<V>, StoreError> {
         Ok(self.scan_prefix("")?.into_iter().map(|(_, v)| v).collect())
     }

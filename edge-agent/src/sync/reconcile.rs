@@ -87,6 +87,12 @@ impl Reconciler {
                     state: ReportState::Failed,
                     reason: failure.to_string(),
                     provider: String::new(),
+                    serving_version: self
+                        .ctx
+                        .serving
+                        .serving(&wire.model_name)
+                        .map(|s| s.version)
+                        .unwrap_or_default(),
                     at: SystemTime::now(),
                 }),
                 Err((None, failure)) => tracing::warn!(%failure, "skipping an assignment"),

@@ -23,6 +23,8 @@ pub struct Report {
     pub state: ReportState,
     pub reason: String,
     pub provider: String,
+    /// What serves this model as the report is made (empty: nothing).
+    pub serving_version: String,
     pub at: SystemTime,
 }
 
@@ -36,6 +38,7 @@ impl Report {
             reason: self.reason.clone(),
             execution_provider: self.provider.clone(),
             at: Some(self.at.into()),
+            serving_version: self.serving_version.clone(),
         }
     }
 }

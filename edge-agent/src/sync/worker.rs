@@ -204,6 +204,12 @@ impl Worker {
             state,
             reason,
             provider,
+            serving_version: self
+                .ctx
+                .serving
+                .serving(&a.model)
+                .map(|s| s.version)
+                .unwrap_or_default(),
             at: SystemTime::now(),
         });
     }

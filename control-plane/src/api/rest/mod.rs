@@ -2,6 +2,7 @@
 //! `/healthz`, `/readyz` and the generated OpenAPI document.
 
 mod artifacts;
+mod deployments;
 mod fleet;
 mod jobs;
 pub mod json;
@@ -71,6 +72,12 @@ pub fn router(core: Arc<Core>) -> Router {
             "/api/v1/models/{name}/samples",
             get(telemetry::model_samples),
         )
+        .route(
+            "/api/v1/deployments",
+            post(deployments::create).get(deployments::list),
+        )
+        .route("/api/v1/deployments/{id}", get(deployments::show))
+        .route("/api/v1/deployments/{id}/cancel", post(deployments::cancel))
         .route("/api/v1/jobs", post(jobs::create).get(jobs::list))
         .route("/api/v1/jobs/{id}", get(jobs::show))
         .route("/api/v1/jobs/{id}/cancel", post(jobs::cancel))

@@ -4,7 +4,7 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{artifacts, fleet, jobs, models, telemetry};
+use super::{artifacts, deployments, fleet, jobs, models, telemetry};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -34,6 +34,10 @@ use super::{artifacts, fleet, jobs, models, telemetry};
         models::get_version,
         telemetry::model_sketches,
         telemetry::model_samples,
+        deployments::create,
+        deployments::list,
+        deployments::show,
+        deployments::cancel,
         jobs::create,
         jobs::list,
         jobs::show,

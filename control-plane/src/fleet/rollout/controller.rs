@@ -305,13 +305,14 @@ fn measure(d: &Deployment, wave: usize, fleet: &FleetState, telemetry: &Telemetr
     let (mut acc_sum, mut acc_n) = (0.0, 0u64);
     for (dev, m) in &d.moved {
         let state = fleet.devices.get(dev);
-        if let Some(s) = state {
-            if matches!(
-                s.status,
-                AssignmentStatus::Failed { .. } | AssignmentStatus::RolledBack
-            ) {
-                ev.activation_failures.push(dev.clone());
+        match state.map(|s| &s.status) {
+            Some(AssignmentStatus::Failed { reason }) => {
+                ev.activation_failures.push(format!("{dev}: {reason}"))
             }
+            Some(AssignmentStatus::RolledBack { reason }) => ev
+                .activation_failures
+                .push(format!("{dev}: rolled back by the agent: {reason}")),
+            _ => {}
         }
         if m.wave == wave {
             ev.wave_devices += 1;
@@ -373,7 +374,7 @@ fn breach(d: &Deployment, ev: &Evidence) -> Option<String> {
             "activation failures {} > max {} ({})",
             ev.activation_failures.len(),
             g.max_activation_failures,
-            ev.activation_failures.join(", ")
+            ev.activation_failures.join("; ")
         ));
     }
     // Rate gates wait for enough traffic to mean something.

@@ -29,6 +29,7 @@
 
 pub mod controller;
 pub mod plan;
+pub mod runner;
 
 #[cfg(test)]
 mod tests;
@@ -203,8 +204,13 @@ pub struct DeviceState {
 pub enum AssignmentStatus {
     Active,
     Downloading,
-    Failed { reason: String },
-    RolledBack,
+    Failed {
+        reason: String,
+    },
+    /// The agent put the previous version back itself.
+    RolledBack {
+        reason: String,
+    },
 }
 
 /// The result of the compatibility pre-check (runtime, hardware, memory).
@@ -246,6 +252,7 @@ pub struct Evidence {
     pub p99_latency_ms: Option<f64>,
     pub baseline_p99_latency_ms: Option<f64>,
     pub p99_latency_ratio: Option<f64>,
+    /// `device: reason` for each device whose activation failed.
     pub activation_failures: Vec<String>,
     pub online_accuracy: Option<f64>,
     /// About the current wave only.

@@ -1,0 +1,88 @@
+//! Deployments: create (a staged rollout of one model version to a device
+//! group), list, show with its event log, cancel.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Serialize;
+
+use super::json::ValidJson;
+use crate::error::{Error, ErrorBody};
+use crate::fleet::deployments::{self, CreateDeployment, DeploymentRecord, EventEntry};
+use crate::Core;
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DeploymentView {
+    #[serde(flatten)]
+    pub record: DeploymentRecord,
+    /// `pending`, `wave`, `rolling_back`, `succeeded`, `rolled_back`,
+    /// `failed` or `cancelled`; the details are in `deployment.state`.
+    pub state: &'static str,
+    pub events: Vec<EventEntry>,
+}
+
+fn view(core: &Core, record: DeploymentRecord, with_events: bool) -> Result<DeploymentView, Error> {
+    let events = if with_events {
+        deployments::events(&core.store, &record.id)?
+    } else {
+        Vec::new()
+    };
+    Ok(DeploymentView {
+        state: deployments::state_name(&record.deployment.state),
+        record,
+        events,
+    })
+}
+
+/// Starts a staged rollout. An unfinished deployment of the same model to
+/// the same selector is superseded by it.
+#[utoipa::path(post, path = "/api/v1/deployments", tag = "fleet", request_body = CreateDeployment,
+    responses((status = 201, body = DeploymentView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn create(
+    State(core): State<Arc<Core>>,
+    ValidJson(req): ValidJson<CreateDeployment>,
+) -> Result<(StatusCode, Json<DeploymentView>), Error> {
+    let record = deployments::create(&core.store, core.artifacts.as_ref(), req, core.now()).await?;
+    Ok((StatusCode::CREATED, Json(view(&core, record, false)?)))
+}
+
+/// Every deployment, newest first (without event logs).
+#[utoipa::path(get, path = "/api/v1/deployments", tag = "fleet",
+    responses((status = 200, body = Vec<DeploymentView>), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn list(State(core): State<Arc<Core>>) -> Result<Json<Vec<DeploymentView>>, Error> {
+    let all = deployments::list(&core.store)?
+        .into_iter()
+        .map(|r| view(&core, r, false))
+        .collect::<Result<_, _>>()?;
+    Ok(Json(all))
+}
+
+/// One deployment with its event log (waves, gate evidence, rollback).
+#[utoipa::path(get, path = "/api/v1/deployments/{id}", tag = "fleet", params(("id" = String, Path)),
+    responses((status = 200, body = DeploymentView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn show(
+    State(core): State<Arc<Core>>,
+    Path(id): Path<String>,
+) -> Result<Json<DeploymentView>, Error> {
+    Ok(Json(view(
+        &core,
+        deployments::get(&core.store, &id)?,
+        true,
+    )?))
+}
+
+/// Stops a rollout: the devices it moved go back to their previous
+/// version, and it ends `cancelled`. 409 once it has ended.
+#[utoipa::path(post, path = "/api/v1/deployments/{id}/cancel", tag = "fleet", params(("id" = String, Path)),
+    responses((status = 200, body = DeploymentView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn cancel(
+    State(core): State<Arc<Core>>,
+    Path(id): Path<String>,
+) -> Result<Json<DeploymentView>, Error> {
+    let record = deployments::cancel(&core.store, &id, core.now()).await?;
+    Ok(Json(view(&core, record, true)?))
+}

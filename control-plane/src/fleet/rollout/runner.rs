@@ -1,0 +1,383 @@
+//! The thin task around [`super::step`]: every tick it reads each unfinished
+//! deployment's group, statuses and telemetry from the store, runs the pure
+//! controller, applies the actions (assignment writes, one flush, then the
+//! devices' watch streams are woken) and only then persists the deployment.
+//! A crash between the two repeats idempotent writes on the next tick.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    step, Action, AssignmentStatus, DeviceState, Event, FleetState, Telemetry, WindowStats,
+};
+use crate::error::{Error, Result};
+use crate::fleet::assignments::{self, AssignmentRecord, SetOutcome};
+use crate::fleet::deployments::{self, DeploymentRecord};
+use crate::fleet::drift::{SampleKind, SampleRecord};
+use crate::fleet::members::{member_status, MemberStatus};
+use crate::fleet::telemetry::{status_key, AssignmentStatusRecord, TelemetryRecord};
+use crate::fleet::FleetEvent;
+use crate::registry::models::{self, ModelVersionRecord};
+use crate::store::Store;
+use crate::Core;
+
+/// How far before a deployment's start the previous version's latency is
+/// read, as the baseline for the p99 gate.
+const BASELINE_LOOKBACK: time::Duration = time::Duration::minutes(15);
+/// Labelled samples read per device for the online-accuracy gate.
+const MAX_FEEDBACK_PER_DEVICE: usize = 1000;
+
+/// Runs until `shutdown`, one tick every `interval`.
+pub async fn run(core: Arc<Core>, interval: Duration, shutdown: CancellationToken) {
+    loop {
+        if let Err(e) = tick(&core, OffsetDateTime::now_utc()).await {
+            tracing::error!(error = %e, "rollout tick failed; retrying next tick");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// One pass over every unfinished deployment, oldest first, so a newer
+/// deployment's writes land after (and win over) an older one's.
+pub async fn tick(core: &Core, now: OffsetDateTime) -> Result<()> {
+    let mut open: Vec<DeploymentRecord> = core
+        .store
+        .deployments
+        .values()?
+        .into_iter()
+        .filter(|d| !d.is_terminal())
+        .collect();
+    open.sort_by_key(|d| d.seq);
+    for record in open {
+        let id = record.id.clone();
+        if let Err(e) = advance(core, record, now).await {
+            tracing::error!(deployment = %id, error = %e, "advancing deployment");
+        }
+    }
+    Ok(())
+}
+
+async fn advance(core: &Core, record: DeploymentRecord, now: OffsetDateTime) -> Result<()> {
+    let store = &core.store;
+    let offline_after =
+        time::Duration::try_from(core.config.offline_after()).unwrap_or(time::Duration::MAX);
+    let (fleet, telemetry) = observe(store, &record, now, offline_after)?;
+    let next = step(&record.deployment, &fleet, &telemetry, now.unix_timestamp());
+    if next.deployment == record.deployment && next.actions.is_empty() {
+        return Ok(());
+    }
+    let mut assigned_generation = record.assigned_generation.clone();
+    let mut woken = BTreeSet::new();
+    let mut versions: HashMap<String, Option<ModelVersionRecord>> = HashMap::new();
+    let model = record.deployment.model.clone();
+    for action in &next.actions {
+        match action {
+            Action::Assign { device, version } => {
+                let v = version_record(store, &mut versions, &model, version)?
+                    .ok_or_else(|| Error::not_found("model version", version))?;
+                let outcome = set(store, &record, device, Some(&v))?;
+                note(device, outcome, &mut assigned_generation, &mut woken, store)?;
+            }
+            Action::Revert { device, version } => {
+                let v = match version {
+                    Some(v) => version_record(store, &mut versions, &model, v)?,
+                    None => None,
+                };
+                if version.is_some() && v.is_none() {
+                    tracing::warn!(%device, ?version, "previous version is gone from the registry; removing the assignment instead");
+                }
+                let outcome = set(store, &record, device, v.as_ref())?;
+                if v.is_none() && matches!(outcome, SetOutcome::Changed(_)) {
+                    // The agent unloads an unassigned model and reports
+                    // nothing for it, so its old status would never clear.
+                    store
+                        .assignment_status
+                        .remove(&status_key(device, &model))?;
+                }
+                note(device, outcome, &mut assigned_generation, &mut woken, store)?;
+            }
+            Action::Record { event } => {
+                log_event(&record.id, event);
+                deployments::append_event(store, &record.id, event.clone(), now)?;
+            }
+        }
+    }
+    // Durable before any device hears of it, and before the deployment
+    // records that it happened.
+    store.flush().await?;
+    for device in woken {
+        core.events
+            .publish(FleetEvent::AssignmentsChanged { device });
+    }
+    let stepped = next.deployment;
+    store.deployments.update(&record.id, |cur| {
+        let cur = cur.ok_or_else(|| Error::not_found("deployment", &record.id))?;
+        let mut new = cur.clone();
+        new.deployment = stepped.clone();
+        // Requests that arrived during this tick are kept for the next one.
+        new.deployment.cancel_requested |= cur.deployment.cancel_requested;
+        new.deployment.superseded_by = stepped
+            .superseded_by
+            .clone()
+            .or(cur.deployment.superseded_by.clone());
+        new.assigned_generation = assigned_generation.clone();
+        new.updated_at = now;
+        Ok::<_, Error>(new)
+    })??;
+    store.flush().await?;
+    Ok(())
+}
+
+fn set(
+    store: &Store,
+    record: &DeploymentRecord,
+    device: &str,
+    version: Option<&ModelVersionRecord>,
+) -> Result<SetOutcome> {
+    let entry = version.map(|v| AssignmentRecord {
+        deployment_seq: record.seq,
+        ..AssignmentRecord::for_version(v, &record.id, record.activation_timeout_seconds)
+    });
+    assignments::set_model(store, device, &record.deployment.model, entry, record.seq)
+}
+
+fn note(
+    device: &str,
+    outcome: SetOutcome,
+    assigned_generation: &mut BTreeMap<String, u64>,
+    woken: &mut BTreeSet<String>,
+    store: &Store,
+) -> Result<()> {
+    match outcome {
+        SetOutcome::Changed(g) => {
+            assigned_generation.insert(device.to_string(), g);
+            woken.insert(device.to_string());
+        }
+        SetOutcome::Unchanged => {
+            // Applied on an earlier try of this tick (a crash before the
+            // deployment was saved): the set's generation is the one.
+            if !assigned_generation.contains_key(device) {
+                let g = assignments::current(store, device)?.generation;
+                assigned_generation.insert(device.to_string(), g);
+            }
+        }
+        SetOutcome::Stale => {
+            tracing::info!(%device, "a newer deployment owns this device's model; not written")
+        }
+        SetOutcome::UnknownDevice => {
+            tracing::warn!(%device, "device is no longer enrolled; not written")
+        }
+    }
+    Ok(())
+}
+
+fn version_record(
+    store: &Store,
+    cache: &mut HashMap<String, Option<ModelVersionRecord>>,
+    model: &str,
+    version: &str,
+) -> Result<Option<ModelVersionRecord>> {
+    if let Some(v) = cache.get(version) {
+        return Ok(v.clone());
+    }
+    let v = match models::get_version(store, model, version) {
+        Ok(v) => Some(v),
+        Err(Error::NotFound { .. }) => None,
+        Err(e) => return Err(e),
+    };
+    cache.insert(version.to_string(), v.clone());
+    Ok(v)
+}
+
+fn log_event(id: &str, event: &Event) {
+    match event {
+        Event::WaveStarted {
+            index,
+            assigned,
+            skipped,
+        } => tracing::info!(
+            deployment = id,
+            wave = index,
+            assigned = assigned.len(),
+            skipped = skipped.len(),
+            "wave started"
+        ),
+        Event::WaveHealthy { index, .. } => {
+            tracing::info!(deployment = id, wave = index, "wave healthy")
+        }
+        Event::RollbackStarted { reason, reverted } => tracing::warn!(
+            deployment = id,
+            %reason,
+            devices = reverted.len(),
+            "rolling back"
+        ),
+        Event::Finished { state, .. } => tracing::info!(
+            deployment = id,
+            state = deployments::state_name(state),
+            "deployment finished"
+        ),
+    }
+}
+
+/// The controller's inputs for one deployment, read from the store.
+pub fn observe(
+    store: &Store,
+    record: &DeploymentRecord,
+    now: OffsetDateTime,
+    offline_after: time::Duration,
+) -> Result<(FleetState, Telemetry)> {
+    let d = &record.deployment;
+    let members = match deployments::parse_selector("selector", &d.group) {
+        Ok(selector) => deployments::group(store, &selector)?,
+        // Validated at creation; a selector this binary cannot parse any
+        // more selects nothing, and the waves fail visibly by their deadline.
+        Err(_) => Vec::new(),
+    };
+    let mut fleet = FleetState::default();
+    let mut telemetry = Telemetry::default();
+    for m in members {
+        let status = store.assignment_status.get(&status_key(&m.id, &d.model))?;
+        let (version, status) = device_status(record, &m.id, status.as_ref());
+        fleet.devices.insert(
+            m.id.clone(),
+            DeviceState {
+                online: member_status(&m, now, offline_after) == MemberStatus::Online,
+                version,
+                status,
+                compatibility: deployments::compatibility(&record.requirements, &m.capabilities),
+            },
+        );
+        if d.moved.contains_key(&m.id) {
+            let windows = device_windows(store, record, &m.id)?;
+            if !windows.is_empty() {
+                telemetry.windows.insert(m.id.clone(), windows);
+            }
+        }
+    }
+    Ok((fleet, telemetry))
+}
+
+/// What a device runs, and how its assignment from this deployment went.
+/// A status about another version, or from before this deployment's
+/// assignment, says nothing about this deployment: it reads as in progress.
+pub fn device_status(
+    record: &DeploymentRecord,
+    device: &str,
+    status: Option<&AssignmentStatusRecord>,
+) -> (Option<String>, AssignmentStatus) {
+    let Some(s) = status else {
+        return (None, AssignmentStatus::Downloading);
+    };
+    let running = s
+        .running_version
+        .clone()
+        .or_else(|| (s.state == "ASSIGNMENT_STATE_ACTIVE").then(|| s.model_version.clone()));
+    let ours = record
+        .assigned_generation
+        .get(device)
+        .is_some_and(|g| s.generation >= *g);
+    let state = match s.state.as_str() {
+        "ASSIGNMENT_STATE_ACTIVE" => AssignmentStatus::Active,
+        "ASSIGNMENT_STATE_FAILED" if ours => AssignmentStatus::Failed {
+            reason: s.reason.clone(),
+        },
+        "ASSIGNMENT_STATE_ROLLED_BACK" if ours => AssignmentStatus::RolledBack {
+            reason: s.reason.clone(),
+        },
+        _ => AssignmentStatus::Downloading,
+    };
+    (running, state)
+}
+
+/// Per-version request, error and latency totals from the device's recent
+/// reports: the target version since the deployment began, the others
+/// (the baseline) since [`BASELINE_LOOKBACK`] before it.
+fn device_windows(
+    store: &Store,
+    record: &DeploymentRecord,
+    device: &str,
+) -> Result<BTreeMap<String, WindowStats>> {
+    let d = &record.deployment;
+    let since = record.created_at - BASELINE_LOOKBACK;
+    let reports: Vec<TelemetryRecord> = store
+        .telemetry
+        .scan_prefix_rev_while(&format!("{device}/"), |r| r.received_at >= since)?;
+    let mut sums: BTreeMap<String, (u64, u64, f64)> = BTreeMap::new();
+    for r in &reports {
+        for m in r.models.iter().filter(|m| m.model_name == d.model) {
+            if m.model_version == d.target_version && r.received_at < record.created_at {
+                continue;
+            }
+            let e = sums.entry(m.model_version.clone()).or_default();
+            e.0 += m.requests;
+            e.1 += m.errors;
+            e.2 += m.latency_p99_ms * m.requests as f64;
+        }
+    }
+    let accuracy = online_accuracy(
+        store,
+        &d.model,
+        &d.target_version,
+        device,
+        record.created_at,
+    )?;
+    let mut out: BTreeMap<String, WindowStats> = sums
+        .into_iter()
+        .map(|(version, (requests, errors, p99_sum))| {
+            let p99 = if requests > 0 {
+                p99_sum / requests as f64
+            } else {
+                0.0
+            };
+            (
+                version,
+                WindowStats {
+                    requests,
+                    errors,
+                    p99_latency_ms: p99,
+                    online_accuracy: None,
+                },
+            )
+        })
+        .collect();
+    if let (Some(acc), Some(w)) = (accuracy, out.get_mut(&d.target_version)) {
+        w.online_accuracy = Some(acc);
+    }
+    Ok(out)
+}
+
+/// The share of labelled feedback the target version got right, over the
+/// device's most recent labels since the deployment began.
+fn online_accuracy(
+    store: &Store,
+    model: &str,
+    version: &str,
+    device: &str,
+    since: OffsetDateTime,
+) -> Result<Option<f64>> {
+    let mut read = 0usize;
+    let samples: Vec<SampleRecord> =
+        store
+            .samples
+            .scan_prefix_rev_while(&format!("{model}/{version}/{device}/"), |s| {
+                read += 1;
+                read <= MAX_FEEDBACK_PER_DEVICE && s.observed_at.is_none_or(|t| t >= since)
+            })?;
+    let judged: Vec<bool> = samples
+        .iter()
+        .filter(|s| s.kind == SampleKind::Feedback)
+        .filter_map(|s| Some(s.label? == s.predicted_class?))
+        .collect();
+    if judged.is_empty() {
+        return Ok(None);
+    }
+    let right = judged.iter().filter(|ok| **ok).count();
+    Ok(Some(right as f64 / judged.len() as f64))
+}

@@ -1,0 +1,684 @@
+//! Staged rollouts end to end: a real control plane and 20 real edge agents
+//! (`edgeloop_edge_agent::run` in this process, each with its own data dir,
+//! ONNX Runtime sessions and inference port), with clients sending
+//! inference traffic all along.
+//! - A good version goes out wave by wave to `succeeded`.
+//! - A bad version (its health probe passes, every real request fails)
+//!   trips the error-rate gate in wave 1 and is rolled back on exactly the
+//!   wave-1 devices; no other device is ever assigned it.
+//! - A control-plane restart in the middle of a rollout: it continues from
+//!   the stored state, and no wave starts twice.
+//!
+//! Plus the console API's refusals, which need no agents.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgeloop_control_plane::fleet::rollout::plan::{self, Waves};
+use edgeloop_control_plane::ServeSettings;
+use edgeloop_edge_agent::AgentConfig;
+use edgeloop_models::manifest::{
+    ArtifactRef, DimSpec, HealthProbe, IoSignature, Lineage, Manifest, ManifestKey, TensorSpec,
+    SCHEMA_VERSION,
+};
+use edgeloop_models::npz::Npz;
+use edgeloop_models::onnx::{self, ir};
+use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
+use edgeloop_models::tensor::Tensor;
+use edgeloop_models::Digest;
+use edgeloop_tests::{eventually, settings, ControlPlane};
+use reqwest::Method;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+const AGENTS: usize = 20;
+const WAIT: Duration = Duration::from_secs(120);
+const MODEL: &str = "digits";
+
+fn mnist_dir() -> PathBuf {
+    let dir = edgeloop_models::deps::dir().unwrap().join("mnist-models");
+    assert!(
+        dir.join("mlp.onnx").exists(),
+        "{}: run scripts/fetch-mnist-models.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
+fn digits(n: usize) -> ndarray::ArrayD<f32> {
+    let npz = Npz::read(&mnist_dir().join("eval_mlp.npz")).unwrap();
+    let Tensor::F32(all) = npz.require("input").unwrap() else {
+        panic!("eval input is f32")
+    };
+    all.slice_axis(ndarray::Axis(0), ndarray::Slice::from(0..n))
+        .to_owned()
+}
+
+/// The MLP with a field bug its own checks cannot see: a class lookup table
+/// exported without some classes. Requests predicted as one of `missing`
+/// fail inside ONNX Runtime (`Gather` index out of bounds); the agent's
+/// warm-up (zeros) and the manifest's probe digits, predicted as other
+/// classes, pass. The logits are unchanged (the lookup adds zeros).
+fn missing_classes_mlp(good: &[u8], missing: &[i64]) -> Vec<u8> {
+    let mut model = onnx::decode(good).unwrap();
+    let graph = model.graph.mut_or_insert_default();
+    let producer = graph
+        .node
+        .iter_mut()
+        .find(|n| n.output.iter().any(|o| o == "logits"))
+        .unwrap();
+    for o in producer.output.iter_mut().filter(|o| *o == "logits") {
+        *o = "raw_logits".into();
+    }
+    let remap: Vec<i64> = (0..10)
+        .map(|c| if missing.contains(&c) { 1000 } else { c })
+        .collect();
+    let init = |name: &str, t: Tensor| onnx::from_tensor(name, &t);
+    graph.initializer.extend([
+        init("class_remap", Tensor::I64(ndarray::arr1(&remap).into_dyn())),
+        init(
+            "class_table",
+            Tensor::F32(ndarray::Array1::zeros(10).into_dyn()),
+        ),
+        init("column", Tensor::I64(ndarray::arr1(&[-1i64, 1]).into_dyn())),
+    ]);
+    let node = |op: &str, inputs: &[&str], output: &str| {
+        let mut n = ir::NodeProto::new();
+        n.set_op_type(op.into());
+        n.set_name(format!("bug_{output}"));
+        n.input = inputs.iter().map(|s| s.to_string()).collect();
+        n.output = vec![output.into()];
+        n
+    };
+    let mut argmax = node("ArgMax", &["raw_logits"], "class");
+    let mut axis = ir::AttributeProto::new();
+    axis.set_name("axis".into());
+    axis.set_i(1);
+    axis.set_type(ir::attribute_proto::AttributeType::INT);
+    let mut keep = axis.clone();
+    keep.set_name("keepdims".into());
+    keep.set_i(0);
+    argmax.attribute = vec![axis, keep];
+    graph.node.extend([
+        argmax,
+        node("Gather", &["class_remap", "class"], "table_index"),
+        node("Gather", &["class_table", "table_index"], "offset"),
+        node("Reshape", &["offset", "column"], "offset_column"),
+        node("Add", &["raw_logits", "offset_column"], "logits"),
+    ]);
+    onnx::encode(&model)
+}
+
+/// The good model's predicted class for each row.
+fn predict(model: &[u8], rows: &ndarray::ArrayD<f32>) -> Vec<i64> {
+    let ort = OrtRuntime::load(None).unwrap();
+    let mut session = ort.session(model, &SessionOptions::default()).unwrap();
+    let out = session
+        .run(&[("input", &Tensor::F32(rows.clone()))])
+        .unwrap();
+    let Tensor::F32(logits) = &out[0].1 else {
+        panic!("logits are f32")
+    };
+    logits
+        .outer_iter()
+        .map(|row| {
+            let best = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1));
+            best.unwrap().0 as i64
+        })
+        .collect()
+}
+
+fn manifest(version: &str, model: &[u8], probe: Digest) -> Manifest {
+    let spec = |name: &str, n: i64| TensorSpec {
+        name: name.into(),
+        dtype: "float32".into(),
+        shape: vec![DimSpec::Symbolic("batch".into()), DimSpec::Fixed(n)],
+    };
+    Manifest {
+        schema: SCHEMA_VERSION,
+        name: MODEL.into(),
+        version: version.into(),
+        artifact: ArtifactRef {
+            sha256: Digest::of(model),
+            size: model.len() as u64,
+            format: "onnx".into(),
+        },
+        signature: IoSignature {
+            inputs: vec![spec("input", 784)],
+            outputs: vec![spec("logits", 10)],
+        },
+        quantization: None,
+        reference_stats: None,
+        lineage: Lineage::default(),
+        health_probe: Some(HealthProbe {
+            sample_inputs: probe,
+            max_latency_ms: 5000.0,
+        }),
+        created_at: "2026-11-30T00:00:00Z".into(),
+    }
+}
+
+async fn upload(cp: &ControlPlane, data: &[u8]) -> Digest {
+    let digest = Digest::of(data);
+    let (status, body) = cp
+        .api()
+        .raw(
+            Method::PUT,
+            &format!("/api/v1/artifacts/{digest}"),
+            data.to_vec(),
+        )
+        .await;
+    assert!(status == 201 || status == 200, "{body}");
+    digest
+}
+
+async fn register(cp: &ControlPlane, key: &ManifestKey, version: &str, model: &[u8]) {
+    let mut probe = Npz::new();
+    probe.insert("input", Tensor::F32(digits(4)));
+    let probe = upload(cp, &probe.to_bytes().unwrap()).await;
+    let signed = key
+        .sign(manifest(version, model, probe))
+        .unwrap()
+        .to_json_pretty()
+        .unwrap();
+    let artifact = upload(cp, model).await;
+    let manifest = upload(cp, signed.as_bytes()).await;
+    let (status, body) = cp
+        .api()
+        .post(
+            &format!("/api/v1/models/{MODEL}/versions"),
+            json!({"version": version, "artifact_digest": artifact.to_string(),
+                   "manifest_digest": manifest.to_string()}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+fn cp_settings(dir: &Path) -> ServeSettings {
+    ServeSettings {
+        rollout_tick_ms: Some(200),
+        ..settings(dir)
+    }
+}
+
+/// A deployment request with short soaks and the error-rate gate armed.
+fn deployment(version: &str, waves: Value) -> Value {
+    json!({
+        "model": MODEL,
+        "version": version,
+        "selector": "site=lab",
+        "strategy": {"waves": waves, "min_soak_seconds": 2,
+                     "wave_timeout_seconds": 90, "rollback_timeout_seconds": 60},
+        // Latency in a debug build on a shared 2-core machine is too noisy
+        // to gate on tightly here; the controller's table tests cover it.
+        "gates": {"max_error_rate": 0.05, "max_p99_latency_ratio": 20.0,
+                  "max_activation_failures": 0, "min_requests": 5},
+        "offline_tolerance": 0.0,
+    })
+}
+
+async fn wait_ended(cp: &ControlPlane, id: &str) -> Value {
+    eventually(WAIT, &format!("deployment {id} ends"), || async {
+        let (status, body) = cp.api().get(&format!("/api/v1/deployments/{id}")).await;
+        assert_eq!(status, 200, "{body}");
+        matches!(
+            body["state"].as_str(),
+            Some("succeeded" | "rolled_back" | "failed" | "cancelled")
+        )
+        .then_some(body)
+    })
+    .await
+}
+
+/// The version each device reports serving.
+fn serving(cp: &ControlPlane, devices: &[String]) -> BTreeMap<String, Option<String>> {
+    devices
+        .iter()
+        .map(|d| {
+            let s = cp
+                .core
+                .store
+                .assignment_status
+                .get(&format!("{d}/{MODEL}"))
+                .unwrap();
+            (d.clone(), s.and_then(|s| s.running_version))
+        })
+        .collect()
+}
+
+async fn wait_all_serving(cp: &ControlPlane, devices: &[String], version: &str) {
+    eventually(WAIT, &format!("all devices serving {version}"), || async {
+        serving(cp, devices)
+            .values()
+            .all(|v| v.as_deref() == Some(version))
+            .then_some(())
+    })
+    .await;
+}
+
+fn assigned_version(cp: &ControlPlane, device: &str) -> (u64, Option<String>) {
+    let set = cp
+        .core
+        .store
+        .assignments
+        .get(device)
+        .unwrap()
+        .unwrap_or_default();
+    let v = set
+        .assignments
+        .iter()
+        .find(|a| a.model_name == MODEL)
+        .map(|a| a.model_version.clone());
+    (set.generation, v)
+}
+
+fn events_of(body: &Value, kind: &str) -> Vec<Value> {
+    body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"]["event"] == kind)
+        .map(|e| e["event"].clone())
+        .collect()
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Sends inference requests for `rows` to every agent until stopped, and
+/// counts answers per status code.
+fn traffic(
+    urls: Vec<String>,
+    rows: ndarray::ArrayD<f32>,
+    stop: CancellationToken,
+    ok: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+) {
+    let body = json!({
+        "inputs": [{"name": "input", "shape": rows.shape(), "datatype": "FP32",
+                    "data": rows.iter().copied().collect::<Vec<f32>>()}]
+    });
+    let http = reqwest::Client::new();
+    for url in urls {
+        let (http, body, stop, ok, failed) = (
+            http.clone(),
+            body.clone(),
+            stop.clone(),
+            ok.clone(),
+            failed.clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let r = http
+                    .post(format!("{url}/v2/models/{MODEL}/infer"))
+                    .json(&body)
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status().is_success() => ok.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_restart_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp_dir = dir.path().join("cp");
+    let mut cp = ControlPlane::start_with(cp_settings(&cp_dir)).await;
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/models", json!({"name": MODEL}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let key = ManifestKey::generate();
+    let good = std::fs::read(mnist_dir().join("mlp.onnx")).unwrap();
+    // The bad version misses every class that neither the warm-up's zeros
+    // nor the probe's digits are predicted as; traffic is a digit of one.
+    let eval = digits(200);
+    let predicted = predict(&good, &eval);
+    let mut seen: BTreeSet<i64> = predicted[..4].iter().copied().collect();
+    seen.extend(predict(&good, &ndarray::ArrayD::zeros(vec![1, 784])));
+    let missing: Vec<i64> = (0..10).filter(|c| !seen.contains(c)).collect();
+    let bad = missing_classes_mlp(&good, &missing);
+    let row = predicted.iter().position(|c| missing.contains(c)).unwrap();
+    for (v, bytes) in [
+        ("1.0.0", &good),
+        ("2.0.0", &good),
+        ("3.0.0", &bad),
+        ("4.0.0", &good),
+    ] {
+        register(&cp, &key, v, bytes).await;
+    }
+
+    // 20 agents, each enrolled with the group's label.
+    let stop_agents = CancellationToken::new();
+    let mut devices = Vec::new();
+    let mut agent_dirs = Vec::new();
+    let mut agents = Vec::new();
+    for i in 0..AGENTS {
+        let name = format!("edge-{i:02}");
+        let (status, body) = cp
+            .api()
+            .post(
+                "/api/v1/tokens",
+                json!({"kind": "device", "name": name, "labels": {"site": "lab"}}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        let agent_dir = dir.path().join(&name);
+        let mut config = AgentConfig::new(
+            cp.member_config(&agent_dir, Some(body["token"].as_str().unwrap().into())),
+            vec![key.public()],
+        );
+        config.telemetry.interval = Duration::from_secs(1);
+        agents.push(tokio::spawn(edgeloop_edge_agent::run(
+            config,
+            stop_agents.clone(),
+        )));
+        devices.push(name);
+        agent_dirs.push(agent_dir);
+    }
+    eventually(WAIT, "20 devices enrolled and online", || async {
+        let (_, body) = cp.api().get("/api/v1/devices?selector=site%3Dlab").await;
+        let online = body
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["status"] == "online")
+            .count();
+        (online == AGENTS).then_some(())
+    })
+    .await;
+
+    // Version 1 everywhere, in one wave: the starting point.
+    let (status, body) = cp
+        .api()
+        .post(
+            "/api/v1/deployments",
+            // No traffic yet: nothing serves the model before this.
+            json!({"min_requests": 0}).as_object().unwrap().iter().fold(
+                deployment("1.0.0", json!({"count": [20]})),
+                |mut d, (k, v)| {
+                    d["gates"][k] = v.clone();
+                    d
+                },
+            ),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let ended = wait_ended(&cp, body["id"].as_str().unwrap()).await;
+    assert_eq!(ended["state"], "succeeded", "{ended}");
+    wait_all_serving(&cp, &devices, "1.0.0").await;
+
+    let mut urls = Vec::new();
+    for d in &agent_dirs {
+        let addr =
+            std::fs::read_to_string(d.join(edgeloop_edge_agent::INFERENCE_ADDR_FILE)).unwrap();
+        urls.push(format!("http://{}", addr.trim()));
+    }
+    let stop_traffic = CancellationToken::new();
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let rows = eval
+        .slice_axis(ndarray::Axis(0), ndarray::Slice::from(row..row + 1))
+        .to_owned();
+    traffic(urls, rows, stop_traffic.clone(), ok.clone(), failed.clone());
+
+    // A good version: three waves (2, then 10, then all 20 devices).
+    let waves = json!({"percent": [10, 50, 100]});
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/deployments", deployment("2.0.0", waves.clone()))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let good_id = body["id"].as_str().unwrap().to_string();
+    let ended = wait_ended(&cp, &good_id).await;
+    assert_eq!(ended["state"], "succeeded", "{ended}");
+    let started = events_of(&ended, "wave_started");
+    let sizes: Vec<usize> = started
+        .iter()
+        .map(|e| strings(&e["assigned"]).len())
+        .collect();
+    assert_eq!(sizes, vec![2, 8, 10], "{ended}");
+    let healthy: Vec<u64> = events_of(&ended, "wave_healthy")
+        .iter()
+        .map(|e| e["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        healthy,
+        vec![0, 1, 2],
+        "each wave passed its gates in order"
+    );
+    for e in events_of(&ended, "wave_healthy") {
+        assert!(e["evidence"]["requests"].as_u64().unwrap() >= 5, "{e}");
+        assert_eq!(e["evidence"]["errors"], 0, "{e}");
+    }
+    wait_all_serving(&cp, &devices, "2.0.0").await;
+
+    // A bad version: rolled back on exactly the wave-1 devices.
+    let before: BTreeMap<String, (u64, Option<String>)> = devices
+        .iter()
+        .map(|d| (d.clone(), assigned_version(&cp, d)))
+        .collect();
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/deployments", deployment("3.0.0", waves.clone()))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let bad_id = body["id"].as_str().unwrap().to_string();
+    let seed = body["deployment"]["seed"].as_str().unwrap().to_string();
+    let planned = plan::plan(&seed, &devices, &Waves::Percent(vec![10, 50, 100]));
+    let wave_one: BTreeSet<String> = planned[0].iter().cloned().collect();
+    assert_eq!(wave_one.len(), 2);
+    let ended = wait_ended(&cp, &bad_id).await;
+    assert_eq!(ended["state"], "rolled_back", "{ended}");
+    let reason = ended["deployment"]["state"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("error rate"),
+        "{reason}: {:?}",
+        wave_one
+            .iter()
+            .map(|d| cp
+                .core
+                .store
+                .assignment_status
+                .get(&format!("{d}/{MODEL}"))
+                .unwrap())
+            .collect::<Vec<_>>()
+    );
+    let evidence = &ended["deployment"]["state"]["evidence"];
+    assert_eq!(evidence["wave"], 0, "{evidence}");
+    assert!(evidence["errors"].as_u64().unwrap() > 0, "{evidence}");
+    let moved: BTreeSet<String> = ended["deployment"]["moved"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(
+        moved, wave_one,
+        "only the planned wave-1 devices were moved"
+    );
+    let started = events_of(&ended, "wave_started");
+    assert_eq!(started.len(), 1, "no second wave: {ended}");
+    let reverted: BTreeSet<String> = strings(&events_of(&ended, "rollback_started")[0]["reverted"])
+        .into_iter()
+        .collect();
+    assert_eq!(reverted, wave_one);
+    for d in &devices {
+        let (generation, version) = assigned_version(&cp, d);
+        assert_eq!(
+            version.as_deref(),
+            Some("2.0.0"),
+            "{d} is back on (or never left) 2.0.0"
+        );
+        if !wave_one.contains(d) {
+            assert_eq!(
+                (generation, version),
+                before[d].clone(),
+                "{d} outside wave 1 was never assigned 3.0.0"
+            );
+        }
+    }
+    wait_all_serving(&cp, &devices, "2.0.0").await;
+
+    // A restart in the middle: stop the control plane once wave 2 started.
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/deployments", deployment("4.0.0", waves.clone()))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let restart_id = body["id"].as_str().unwrap().to_string();
+    eventually(WAIT, "the second wave starts", || async {
+        let (_, body) = cp
+            .api()
+            .get(&format!("/api/v1/deployments/{restart_id}"))
+            .await;
+        (events_of(&body, "wave_started").len() >= 2).then_some(())
+    })
+    .await;
+    let (grpc, http) = (cp.grpc_addr, cp.http_addr);
+    cp.stop().await;
+    cp = ControlPlane::start_with(ServeSettings {
+        grpc_listen: Some(grpc),
+        http_listen: Some(http),
+        ..cp_settings(&cp_dir)
+    })
+    .await;
+    let ended = wait_ended(&cp, &restart_id).await;
+    assert_eq!(ended["state"], "succeeded", "{ended}");
+    let indexes: Vec<u64> = events_of(&ended, "wave_started")
+        .iter()
+        .map(|e| e["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        indexes,
+        vec![0, 1, 2],
+        "each wave started once across the restart"
+    );
+    wait_all_serving(&cp, &devices, "4.0.0").await;
+
+    stop_traffic.cancel();
+    assert!(ok.load(Ordering::Relaxed) > 100, "traffic flowed");
+    // The bad version's requests failed, and only on its two devices.
+    assert!(failed.load(Ordering::Relaxed) > 0);
+    stop_agents.cancel();
+    for a in agents {
+        a.await.unwrap().unwrap();
+    }
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn bad_deployment_requests_get_a_400_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(cp_settings(&dir.path().join("cp"))).await;
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/models", json!({"name": MODEL}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let key = ManifestKey::generate();
+    let good = std::fs::read(mnist_dir().join("mlp.onnx")).unwrap();
+    register(&cp, &key, "1.0.0", &good).await;
+    let (status, body) = cp
+        .api()
+        .post(
+            "/api/v1/tokens",
+            json!({"kind": "device", "name": "edge-1", "labels": {"site": "lab"}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    cp.enroll(
+        edgeloop_client_core::Role::Device,
+        body["token"].as_str().unwrap(),
+        &dir.path().join("edge-1"),
+    )
+    .await;
+
+    let with = |patch: Value| {
+        let mut req = deployment("1.0.0", json!({"percent": [10, 50, 100]}));
+        for (k, v) in patch.as_object().unwrap() {
+            req[k] = v.clone();
+        }
+        req
+    };
+    let cases = [
+        (with(json!({"version": "9.9.9"})), "version"),
+        (with(json!({"model": "nope"})), "model"),
+        (with(json!({"selector": ""})), "selector"),
+        (with(json!({"selector": "   "})), "selector"),
+        (with(json!({"selector": "site in (lab"})), "selector"),
+        (with(json!({"selector": "site=mars"})), "selector"),
+        (
+            with(json!({"strategy": {"waves": {"percent": [10, 10, 100]}}})),
+            "strategy.waves[1]",
+        ),
+        (
+            with(json!({"strategy": {"waves": {"percent": [50, 20, 100]}}})),
+            "strategy.waves[1]",
+        ),
+        (
+            with(json!({"strategy": {"waves": {"percent": [10, 50]}}})),
+            "strategy.waves[1]",
+        ),
+        (
+            with(json!({"strategy": {"waves": {"count": [5, 3]}}})),
+            "strategy.waves[1]",
+        ),
+        (with(json!({"offline_tolerance": 1.5})), "offline_tolerance"),
+        (
+            with(json!({"gates": {"max_error_rate": 2.0}})),
+            "gates.max_error_rate",
+        ),
+        (with(json!({"deadline_seconds": 0})), "deadline_seconds"),
+    ];
+    for (req, field) in cases {
+        let (status, body) = cp.api().post("/api/v1/deployments", req.clone()).await;
+        assert_eq!(status, 400, "{req}: {body}");
+        assert_eq!(body["error"]["field"], field, "{req}: {body}");
+    }
+    // Unknown fields and wrong types are refused too, before any lookup.
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/deployments", with(json!({"wavez": [1]})))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("wavez"), "{body}");
+
+    // A valid one is accepted, listed, and can be cancelled once.
+    let (status, body) = cp.api().post("/api/v1/deployments", with(json!({}))).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    let (status, list) = cp.api().get("/api/v1/deployments").await;
+    assert_eq!(status, 200);
+    assert_eq!(list[0]["id"], id.as_str());
+    let (status, body) = cp
+        .api()
+        .post(&format!("/api/v1/deployments/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let ended = wait_ended(&cp, &id).await;
+    assert_eq!(ended["state"], "cancelled", "{ended}");
+    let (status, body) = cp
+        .api()
+        .post(&format!("/api/v1/deployments/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 409, "{body}");
+    let (status, _) = cp.api().get("/api/v1/deployments/d-nope").await;
+    assert_eq!(status, 404);
+    cp.stop().await;
+}
