@@ -1,0 +1,414 @@
+//! Fleet scale benchmark: one control plane (the real binary, as a child
+//! process, so its RSS is its own) and N simulated agents in this process.
+//! The agents are lightweight but speak the real protocol: each one enrolls
+//! with its own key and CSR, holds its own mTLS connection, heartbeats,
+//! watches its assignments, downloads the assigned artifact in chunks and
+//! reports it active (with the serving version), as the real agent does.
+//!
+//! Measured: heartbeat round trip p50/p99 under the whole fleet's load, the
+//! delay from creating a deployment to each agent receiving its
+//! assignment (p50/p99), the time until the deployment has reached every
+//! agent (`succeeded`), artifact bytes served per device, and the control
+//! plane's peak RSS. Printed as ratios against the goals (p99 < 50 ms,
+//! RSS < 1 GiB) and against the same numbers measured with one agent in
+//! the same run (the baseline).
+//!
+//! `cargo run --release -p edgeloop-tests --bin fleet-scale -- [agents]`
+//! (default 10 000; needs `ulimit -n` above twice that).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use edgeloop_client_core::tls::mtls_endpoint;
+use edgeloop_client_core::{enroll, BootstrapToken, IdentityStore, Role};
+use edgeloop_proto::agent::v1 as pb;
+use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+use edgeloop_proto::common::v1 as common;
+use edgeloop_tests::Api;
+use serde_json::json;
+use tokio::sync::Mutex;
+use tokio::task::JoinSet;
+
+const MODEL: &str = "bench";
+const ARTIFACT_BYTES: usize = 1 << 20;
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+
+struct ControlPlaneProcess {
+    child: std::process::Child,
+    grpc_url: String,
+    api: Api,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn start_control_plane(dir: &Path) -> anyhow::Result<ControlPlaneProcess> {
+    let exe = std::env::current_exe()?
+        .parent()
+        .context("exe dir")?
+        .join("control-plane");
+    let (grpc, http) = (free_port(), free_port());
+    let child = std::process::Command::new(&exe)
+        .args(["serve", "--data-dir"])
+        .arg(dir)
+        .args([
+            "--grpc-listen",
+            &format!("127.0.0.1:{grpc}"),
+            "--http-listen",
+            &format!("127.0.0.1:{http}"),
+            "--heartbeat-interval-secs",
+            "5",
+            "--rollout-tick-ms",
+            "500",
+        ])
+        .env("EDGELOOP_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {} (build it first)", exe.display()))?;
+    let token_path = dir.join("admin.token");
+    let base = format!("http://127.0.0.1:{http}");
+    for _ in 0..600 {
+        if let Ok(t) = std::fs::read_to_string(&token_path) {
+            let api = Api::new(&base, Some(t.trim()));
+            if api.get("/healthz").await.0 == 200 {
+                return Ok(ControlPlaneProcess {
+                    child,
+                    grpc_url: format!("https://localhost:{grpc}"),
+                    api,
+                });
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("control plane did not come up")
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+#[derive(Default)]
+struct Samples {
+    heartbeats: Vec<Duration>,
+    delivered: Vec<Duration>,
+    bytes: u64,
+}
+
+/// One simulated agent from enrollment to an active assignment; it keeps
+/// heartbeating until `done`.
+async fn agent(
+    cp_url: String,
+    token: String,
+    dir: PathBuf,
+    deployed_at: Arc<Mutex<Option<Instant>>>,
+    samples: Arc<Mutex<Samples>>,
+    done: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let token: BootstrapToken = token.parse()?;
+    let caps = common::Capabilities {
+        agent_version: "bench".into(),
+        execution_providers: vec!["CPUExecutionProvider".into()],
+        free_disk_bytes: 1 << 30,
+        ..Default::default()
+    };
+    let identity = enroll(
+        Role::Device,
+        &cp_url,
+        &token,
+        &IdentityStore::new(&dir),
+        caps.clone(),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("enroll: {e:?}"))?;
+    let channel = mtls_endpoint(&cp_url, &identity)?.connect().await?;
+    let mut client = AgentServiceClient::new(channel);
+    let mut hb = client.clone();
+    let hb_samples = samples.clone();
+    let hb_done = done.clone();
+    let heartbeats = tokio::spawn(async move {
+        // Spread the fleet's heartbeats over the interval.
+        tokio::time::sleep(HEARTBEAT_EVERY.mul_f64(rand::random::<f64>())).await;
+        while !hb_done.is_cancelled() {
+            let start = Instant::now();
+            if hb
+                .heartbeat(common::HeartbeatRequest {
+                    sent_at: None,
+                    capabilities: Some(caps.clone()),
+                })
+                .await
+                .is_ok()
+            {
+                hb_samples.lock().await.heartbeats.push(start.elapsed());
+            }
+            tokio::select! {
+                _ = hb_done.cancelled() => {}
+                _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
+            }
+        }
+    });
+    let mut watch = client
+        .watch_assignments(pb::WatchAssignmentsRequest {
+            known_generation: 0,
+        })
+        .await?
+        .into_inner();
+    while let Some(set) = watch.message().await? {
+        let Some(a) = set.assignments.iter().find(|a| a.model_name == MODEL) else {
+            continue;
+        };
+        if let Some(t) = *deployed_at.lock().await {
+            samples.lock().await.delivered.push(t.elapsed());
+        }
+        let mut stream = client
+            .fetch_artifact(pb::FetchArtifactRequest {
+                digest: a.artifact_digest.clone(),
+                offset: 0,
+                max_chunk_bytes: 256 << 10,
+            })
+            .await?
+            .into_inner();
+        let mut got = 0u64;
+        while let Some(chunk) = stream.message().await? {
+            got += chunk.data.len() as u64;
+        }
+        samples.lock().await.bytes += got;
+        client
+            .report_assignment_status(pb::AssignmentStatusReport {
+                generation: set.generation,
+                model_name: a.model_name.clone(),
+                model_version: a.model_version.clone(),
+                state: pb::AssignmentState::Active as i32,
+                execution_provider: "CPUExecutionProvider".into(),
+                serving_version: a.model_version.clone(),
+                ..Default::default()
+            })
+            .await?;
+        break;
+    }
+    done.cancelled().await;
+    heartbeats.await?;
+    Ok(())
+}
+
+struct Run {
+    agents: usize,
+    heartbeat_p50: Duration,
+    heartbeat_p99: Duration,
+    delivered_p50: Duration,
+    delivered_p99: Duration,
+    reach_all: Duration,
+    bytes_per_device: f64,
+    rss_mib: f64,
+}
+
+async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
+    let mut cp = start_control_plane(&dir.join("cp")).await?;
+    let api = &cp.api;
+    let (s, b) = api.post("/api/v1/models", json!({"name": MODEL})).await;
+    anyhow::ensure!(s == 201, "{b}");
+    let artifact: Vec<u8> = (0..ARTIFACT_BYTES).map(|i| (i * 31 % 251) as u8).collect();
+    let digest = edgeloop_models::Digest::of(&artifact);
+    let (s, b) = api
+        .raw(
+            reqwest::Method::PUT,
+            &format!("/api/v1/artifacts/{digest}"),
+            artifact,
+        )
+        .await;
+    anyhow::ensure!(s == 201 || s == 200, "{b}");
+    let (s, b) = api
+        .post(
+            &format!("/api/v1/models/{MODEL}/versions"),
+            json!({"version": "1.0.0", "artifact_digest": digest.to_string()}),
+        )
+        .await;
+    anyhow::ensure!(s == 201, "{b}");
+
+    let deployed_at = Arc::new(Mutex::new(None));
+    let samples = Arc::new(Mutex::new(Samples::default()));
+    let done = tokio_util::sync::CancellationToken::new();
+    let mut set = JoinSet::new();
+    let started = Instant::now();
+    for i in 0..agents {
+        let name = format!("sim-{i:05}");
+        let (s, b) = api
+            .post(
+                "/api/v1/tokens",
+                json!({"kind": "device", "name": name, "labels": {"fleet": "bench"}}),
+            )
+            .await;
+        anyhow::ensure!(s == 201, "{b}");
+        set.spawn(agent(
+            cp.grpc_url.clone(),
+            b["token"].as_str().context("token")?.to_string(),
+            dir.join(&name),
+            deployed_at.clone(),
+            samples.clone(),
+            done.clone(),
+        ));
+        // Enrollments in bounded bursts, as a fleet coming up would.
+        if i % 200 == 199 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    loop {
+        let (_, body) = api.get("/api/v1/devices?selector=fleet%3Dbench").await;
+        let online = body
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|d| d["status"] == "online").count());
+        if online == agents {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(1800),
+            "only {online} of {agents} online after 30 min"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    eprintln!("{agents} agents online after {:?}", started.elapsed());
+    // Let heartbeats under the full fleet accumulate, then deploy.
+    tokio::time::sleep(HEARTBEAT_EVERY * 2).await;
+    samples.lock().await.heartbeats.clear();
+    *deployed_at.lock().await = Some(Instant::now());
+    let t0 = Instant::now();
+    let (s, b) = api
+        .post(
+            "/api/v1/deployments",
+            json!({"model": MODEL, "version": "1.0.0", "selector": "fleet=bench",
+                   "strategy": {"waves": {"percent": [100]}, "min_soak_seconds": 0,
+                                "wave_timeout_seconds": 1800},
+                   "offline_tolerance": 0.0}),
+        )
+        .await;
+    anyhow::ensure!(s == 201, "{b}");
+    let id = b["id"].as_str().context("id")?.to_string();
+    let reach_all = loop {
+        let (_, body) = api.get(&format!("/api/v1/deployments/{id}")).await;
+        match body["state"].as_str() {
+            Some("succeeded") => break t0.elapsed(),
+            Some("failed" | "rolled_back" | "cancelled") => {
+                anyhow::bail!("deployment ended {}", body["deployment"]["state"])
+            }
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    };
+    // More heartbeats during and after the rollout.
+    tokio::time::sleep(HEARTBEAT_EVERY).await;
+    let rss_mib = rss_kib(cp.child.id()) as f64 / 1024.0;
+    done.cancel();
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(cp.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = cp.child.wait();
+    let mut s = std::mem::take(&mut *samples.lock().await);
+    s.heartbeats.sort();
+    s.delivered.sort();
+    Ok(Run {
+        agents,
+        heartbeat_p50: percentile(&s.heartbeats, 0.5),
+        heartbeat_p99: percentile(&s.heartbeats, 0.99),
+        delivered_p50: percentile(&s.delivered, 0.5),
+        delivered_p99: percentile(&s.delivered, 0.99),
+        reach_all,
+        bytes_per_device: s.bytes as f64 / agents as f64,
+        rss_mib,
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    edgeloop_client_core::install_crypto_provider();
+    let agents: usize = std::env::args()
+        .nth(1)
+        .map(|a| a.parse())
+        .transpose()
+        .context("usage: fleet-scale [agents]")?
+        .unwrap_or(10_000);
+    let dir = tempfile::tempdir()?;
+    let base = run(1, &dir.path().join("baseline")).await?;
+    let fleet = run(agents, &dir.path().join("fleet")).await?;
+    println!(
+        "| measure | 1 agent (baseline) | {} agents | ratio | goal |",
+        fleet.agents
+    );
+    println!("|---|---|---|---|---|");
+    let row = |name: &str, b: f64, f: f64, goal: &str| {
+        println!(
+            "| {name} | {b:.2} | {f:.2} | {:.2}× | {goal} |",
+            f / b.max(1e-9)
+        );
+    };
+    row(
+        "heartbeat p50 (ms)",
+        ms(base.heartbeat_p50),
+        ms(fleet.heartbeat_p50),
+        "",
+    );
+    row(
+        "heartbeat p99 (ms)",
+        ms(base.heartbeat_p99),
+        ms(fleet.heartbeat_p99),
+        &format!("< 50 ms ({:.2}× of goal)", ms(fleet.heartbeat_p99) / 50.0),
+    );
+    row(
+        "assignment delivered p50 (ms)",
+        ms(base.delivered_p50),
+        ms(fleet.delivered_p50),
+        "",
+    );
+    row(
+        "assignment delivered p99 (ms)",
+        ms(base.delivered_p99),
+        ms(fleet.delivered_p99),
+        "",
+    );
+    row(
+        "deployment reached all (s)",
+        base.reach_all.as_secs_f64(),
+        fleet.reach_all.as_secs_f64(),
+        "",
+    );
+    row(
+        "artifact bytes sent per device",
+        base.bytes_per_device,
+        fleet.bytes_per_device,
+        "",
+    );
+    row(
+        "control-plane peak RSS (MiB)",
+        base.rss_mib,
+        fleet.rss_mib,
+        &format!("< 1024 MiB ({:.2}× of goal)", fleet.rss_mib / 1024.0),
+    );
+    Ok(())
+}
