@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod fake_k8s;
+pub mod mnist;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -88,6 +89,21 @@ impl ControlPlane {
 
     pub fn api(&self) -> Api {
         Api::new(&self.http_base, Some(&self.admin_token))
+    }
+
+    /// Uploads an artifact through the console API; returns its digest.
+    pub async fn upload(&self, data: &[u8]) -> edgeloop_models::Digest {
+        let digest = edgeloop_models::Digest::of(data);
+        let (status, body) = self
+            .api()
+            .raw(
+                reqwest::Method::PUT,
+                &format!("/api/v1/artifacts/{digest}"),
+                data.to_vec(),
+            )
+            .await;
+        assert!(status == 201 || status == 200, "{body}");
+        digest
     }
 
     /// Creates a bootstrap token through the console API.

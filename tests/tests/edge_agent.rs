@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,32 +24,12 @@ use edgeloop_models::npz::Npz;
 use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::tensor::Tensor;
 use edgeloop_models::Digest;
+use edgeloop_tests::mnist::{digits, mnist_dir};
 use edgeloop_tests::{eventually, ControlPlane};
-use reqwest::Method;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn mnist_dir() -> PathBuf {
-    let dir = edgeloop_models::deps::dir().unwrap().join("mnist-models");
-    assert!(
-        dir.join("mlp.onnx").exists(),
-        "{}: run scripts/fetch-mnist-models.sh (scripts/test.sh does)",
-        dir.display()
-    );
-    dir
-}
-
-/// The first `n` eval digits, `[n, 784]`.
-fn digits(n: usize) -> ndarray::ArrayD<f32> {
-    let npz = Npz::read(&mnist_dir().join("eval_mlp.npz")).unwrap();
-    let Tensor::F32(all) = npz.require("input").unwrap() else {
-        panic!("eval input is f32")
-    };
-    all.slice_axis(ndarray::Axis(0), ndarray::Slice::from(0..n))
-        .to_owned()
-}
 
 fn manifest(version: &str, model: &[u8], probe: Digest) -> Manifest {
     let spec = |name: &str, n: i64| TensorSpec {
@@ -81,33 +61,19 @@ fn manifest(version: &str, model: &[u8], probe: Digest) -> Manifest {
     }
 }
 
-async fn upload(cp: &ControlPlane, data: &[u8]) -> Digest {
-    let digest = Digest::of(data);
-    let (status, body) = cp
-        .api()
-        .raw(
-            Method::PUT,
-            &format!("/api/v1/artifacts/{digest}"),
-            data.to_vec(),
-        )
-        .await;
-    assert!(status == 201 || status == 200, "{body}");
-    digest
-}
-
 /// Registers `version` of "digits": the MLP, its probe inputs and a signed manifest.
 async fn register(cp: &ControlPlane, key: &ManifestKey, version: &str) -> ModelVersionRecord {
     let model = std::fs::read(mnist_dir().join("mlp.onnx")).unwrap();
     let mut probe = Npz::new();
     probe.insert("input", Tensor::F32(digits(4)));
-    let probe = upload(cp, &probe.to_bytes().unwrap()).await;
+    let probe = cp.upload(&probe.to_bytes().unwrap()).await;
     let signed = key
         .sign(manifest(version, &model, probe))
         .unwrap()
         .to_json_pretty()
         .unwrap();
-    let artifact = upload(cp, &model).await;
-    let manifest = upload(cp, signed.as_bytes()).await;
+    let artifact = cp.upload(&model).await;
+    let manifest = cp.upload(signed.as_bytes()).await;
     let (status, body) = cp
         .api()
         .post(

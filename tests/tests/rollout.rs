@@ -14,7 +14,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,33 +31,14 @@ use edgeloop_models::onnx::{self, ir};
 use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::tensor::Tensor;
 use edgeloop_models::Digest;
+use edgeloop_tests::mnist::{digits, mnist_dir};
 use edgeloop_tests::{eventually, settings, ControlPlane};
-use reqwest::Method;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 const AGENTS: usize = 20;
 const WAIT: Duration = Duration::from_secs(120);
 const MODEL: &str = "digits";
-
-fn mnist_dir() -> PathBuf {
-    let dir = edgeloop_models::deps::dir().unwrap().join("mnist-models");
-    assert!(
-        dir.join("mlp.onnx").exists(),
-        "{}: run scripts/fetch-mnist-models.sh (scripts/test.sh does)",
-        dir.display()
-    );
-    dir
-}
-
-fn digits(n: usize) -> ndarray::ArrayD<f32> {
-    let npz = Npz::read(&mnist_dir().join("eval_mlp.npz")).unwrap();
-    let Tensor::F32(all) = npz.require("input").unwrap() else {
-        panic!("eval input is f32")
-    };
-    all.slice_axis(ndarray::Axis(0), ndarray::Slice::from(0..n))
-        .to_owned()
-}
 
 /// The MLP with a field bug its own checks cannot see: a class lookup table
 /// exported without some classes. Requests predicted as one of `missing`
@@ -163,31 +144,17 @@ fn manifest(version: &str, model: &[u8], probe: Digest) -> Manifest {
     }
 }
 
-async fn upload(cp: &ControlPlane, data: &[u8]) -> Digest {
-    let digest = Digest::of(data);
-    let (status, body) = cp
-        .api()
-        .raw(
-            Method::PUT,
-            &format!("/api/v1/artifacts/{digest}"),
-            data.to_vec(),
-        )
-        .await;
-    assert!(status == 201 || status == 200, "{body}");
-    digest
-}
-
 async fn register(cp: &ControlPlane, key: &ManifestKey, version: &str, model: &[u8]) {
     let mut probe = Npz::new();
     probe.insert("input", Tensor::F32(digits(4)));
-    let probe = upload(cp, &probe.to_bytes().unwrap()).await;
+    let probe = cp.upload(&probe.to_bytes().unwrap()).await;
     let signed = key
         .sign(manifest(version, model, probe))
         .unwrap()
         .to_json_pretty()
         .unwrap();
-    let artifact = upload(cp, model).await;
-    let manifest = upload(cp, signed.as_bytes()).await;
+    let artifact = cp.upload(model).await;
+    let manifest = cp.upload(signed.as_bytes()).await;
     let (status, body) = cp
         .api()
         .post(
