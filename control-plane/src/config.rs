@@ -52,6 +52,10 @@ pub struct ServeSettings {
     /// Milliseconds between rollout controller ticks (default 1000).
     #[arg(long, env = "EDGELOOP_ROLLOUT_TICK_MS")]
     pub rollout_tick_ms: Option<u64>,
+    /// MiB of artifacts kept in memory for device downloads (default 256;
+    /// 0 turns the cache off).
+    #[arg(long, env = "EDGELOOP_ARTIFACT_CACHE_MIB")]
+    pub artifact_cache_mib: Option<u64>,
 }
 
 impl ServeSettings {
@@ -71,6 +75,7 @@ impl ServeSettings {
             drain_timeout_secs: self.drain_timeout_secs.or(lower.drain_timeout_secs),
             job_lease_secs: self.job_lease_secs.or(lower.job_lease_secs),
             rollout_tick_ms: self.rollout_tick_ms.or(lower.rollout_tick_ms),
+            artifact_cache_mib: self.artifact_cache_mib.or(lower.artifact_cache_mib),
         }
     }
 
@@ -95,6 +100,7 @@ pub struct Config {
     pub drain_timeout: Duration,
     pub job_lease: Duration,
     pub rollout_tick: Duration,
+    pub artifact_cache_bytes: u64,
 }
 
 pub const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:7443";
@@ -132,6 +138,11 @@ impl Config {
         anyhow::ensure!(
             (10..=60_000).contains(&tick),
             "rollout-tick-ms must be 10..=60000"
+        );
+        let cache_mib = s.artifact_cache_mib.unwrap_or(256);
+        anyhow::ensure!(
+            cache_mib <= 1 << 20,
+            "artifact-cache-mib must be at most 1048576"
         );
         let mut names = vec![
             "localhost".to_string(),
@@ -171,6 +182,7 @@ impl Config {
             drain_timeout: Duration::from_secs(s.drain_timeout_secs.unwrap_or(30)),
             job_lease: Duration::from_secs(lease.into()),
             rollout_tick: Duration::from_millis(tick),
+            artifact_cache_bytes: cache_mib << 20,
         })
     }
 

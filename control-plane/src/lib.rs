@@ -38,6 +38,8 @@ pub struct Core {
     pub config: Config,
     pub store: Store,
     pub artifacts: Arc<dyn ArtifactStore>,
+    /// Whole artifacts in memory for device downloads (see `artifact_cache`).
+    pub artifact_cache: registry::artifact_cache::ArtifactCache,
     pub pki: Pki,
     pub events: Events,
     admin_token_hash: Digest,
@@ -75,6 +77,8 @@ impl Server {
             .with_context(|| format!("opening store {}", dir.db().display()))?;
         let artifacts = LocalArtifactStore::open(&dir.artifacts())
             .with_context(|| format!("opening artifact store {}", dir.artifacts().display()))?;
+        let artifact_cache =
+            registry::artifact_cache::ArtifactCache::new(config.artifact_cache_bytes);
         let pki = Pki::load_or_init(&dir.pki(), &config.server_names).context("loading PKI")?;
         let (admin_token_hash, new_admin_token) = dir.load_or_create_admin_token()?;
         let grpc = TcpListener::bind(config.grpc_listen)
@@ -88,6 +92,7 @@ impl Server {
                 config,
                 store,
                 artifacts: Arc::new(artifacts),
+                artifact_cache,
                 pki,
                 events: Events::default(),
                 admin_token_hash,

@@ -502,6 +502,37 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
     }
     wait_all_serving(&cp, &devices, "2.0.0").await;
 
+    // 20 devices got the good model twice over (1.0.0 and 2.0.0 share
+    // the bytes) and 2 got the bad one, but the control plane read each
+    // artifact from its store once and served the rest from memory.
+    let metrics = cp
+        .api()
+        .request(reqwest::Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let counter = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let read = counter("edgeloop_artifact_store_read_bytes_total");
+    let small_files = 64 << 10; // manifests and the probe inputs
+    assert!(
+        read <= (good.len() + bad.len() + small_files) as u64,
+        "{read} bytes read from the store:\n{metrics}"
+    );
+    assert!(
+        counter("edgeloop_artifact_cache_hits_total") >= 20,
+        "{metrics}"
+    );
+
     // A restart in the middle: stop the control plane once wave 2 started.
     let (status, body) = cp
         .api()

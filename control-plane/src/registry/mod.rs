@@ -1,6 +1,7 @@
 //! The registry wing: content-addressed artifacts, models and versions with
 //! lineage, training checkpoints.
 
+pub mod artifact_cache;
 pub mod artifacts;
 pub mod checkpoints;
 pub mod models;

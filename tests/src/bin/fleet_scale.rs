@@ -8,8 +8,8 @@
 //! Measured: heartbeat round trip p50/p99 under the whole fleet's load, the
 //! delay from creating a deployment to each agent receiving its
 //! assignment (p50/p99), the time until the deployment has reached every
-//! agent (`succeeded`), artifact bytes served per device, and the control
-//! plane's peak RSS. Printed as ratios against the goals (p99 < 50 ms,
+//! agent (`succeeded`), artifact bytes sent per device and read from the
+//! store per device (`/metrics`), and the control plane's peak RSS. Printed as ratios against the goals (p99 < 50 ms,
 //! RSS < 1 GiB) and against the same numbers measured with one agent in
 //! the same run (the baseline).
 //!
@@ -220,7 +220,23 @@ struct Run {
     delivered_p99: Duration,
     reach_all: Duration,
     bytes_per_device: f64,
+    store_bytes_per_device: f64,
     rss_mib: f64,
+}
+
+/// A counter from the control plane's `/metrics`.
+async fn counter(api: &Api, name: &str) -> anyhow::Result<u64> {
+    let text = api
+        .request(reqwest::Method::GET, "/metrics")
+        .send()
+        .await?
+        .text()
+        .await?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .context(name.to_string())?
+        .parse()
+        .context(name.to_string())
 }
 
 async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
@@ -317,6 +333,7 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
     // More heartbeats during and after the rollout.
     tokio::time::sleep(HEARTBEAT_EVERY).await;
     let rss_mib = rss_kib(cp.child.id()) as f64 / 1024.0;
+    let store_read = counter(api, "edgeloop_artifact_store_read_bytes_total").await?;
     done.cancel();
     while let Some(r) = set.join_next().await {
         r??;
@@ -337,6 +354,7 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
         delivered_p99: percentile(&s.delivered, 0.99),
         reach_all,
         bytes_per_device: s.bytes as f64 / agents as f64,
+        store_bytes_per_device: store_read as f64 / agents as f64,
         rss_mib,
     })
 }
@@ -403,6 +421,12 @@ async fn main() -> anyhow::Result<()> {
         base.bytes_per_device,
         fleet.bytes_per_device,
         "",
+    );
+    row(
+        "artifact store bytes read per device",
+        base.store_bytes_per_device,
+        fleet.store_bytes_per_device,
+        "read once, then cached",
     );
     row(
         "control-plane peak RSS (MiB)",

@@ -20,6 +20,7 @@ use super::auth::caller;
 use crate::error::Error;
 use crate::fleet::members::{self, CapabilitiesRecord, MemberKind};
 use crate::fleet::{assignments, telemetry, FleetEvent};
+use crate::registry::artifacts::ArtifactError;
 use crate::Core;
 
 pub const DEFAULT_CHUNK: usize = 256 * 1024;
@@ -174,7 +175,14 @@ impl AgentService for AgentApi {
                 "artifact {digest} is not assigned to device/{device}"
             )));
         }
-        let chunks = stream_artifact(&self.core, digest, req.offset, req.max_chunk_bytes).await?;
+        let chunks = stream_artifact(
+            &self.core,
+            digest,
+            req.offset,
+            req.max_chunk_bytes,
+            Caching::Cached,
+        )
+        .await?;
         Ok(Response::new(Box::pin(chunks.map(|c| {
             c.map(|c| pb::ArtifactChunk {
                 offset: c.offset,
@@ -223,17 +231,28 @@ pub(super) struct ArtifactPiece {
 /// Streams an artifact from `offset` in chunks of at most `max_chunk_bytes`
 /// (0: the default), for devices' model downloads and bridges' checkpoint
 /// downloads alike. Authorisation is the caller's job.
+/// Whether a download may be served from the artifact cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Caching {
+    /// Device models: the same bytes go to many devices.
+    Cached,
+    /// Checkpoints: one reader, possibly large; caching would only evict models.
+    Uncached,
+}
+
 pub(super) async fn stream_artifact(
     core: &Core,
     digest: Digest,
     offset: u64,
     max_chunk_bytes: u32,
+    caching: Caching,
 ) -> Result<ReceiverStream<Result<ArtifactPiece, Status>>, Status> {
-    let (size, mut reader) = core
+    let size = core
         .artifacts
-        .open_at(digest, offset)
+        .head(digest)
         .await
-        .map_err(Error::from)?;
+        .map_err(Error::from)?
+        .ok_or_else(|| Error::from(ArtifactError::NotFound(digest)))?;
     if offset > size {
         return Err(Status::out_of_range(format!(
             "offset {offset} is past the end ({size} bytes)"
@@ -243,6 +262,24 @@ pub(super) async fn stream_artifact(
         0 => DEFAULT_CHUNK,
         n => n.min(MAX_CHUNK),
     };
+    if caching == Caching::Cached && core.artifact_cache.admits(size) {
+        let bytes = core
+            .artifact_cache
+            .get(core.artifacts.as_ref(), digest)
+            .await
+            .map_err(Error::from)?;
+        return Ok(stream_bytes(bytes, offset, chunk));
+    }
+    let (size, mut reader) = core
+        .artifacts
+        .open_at(digest, offset)
+        .await
+        .map_err(Error::from)?;
+    let counters = &core.artifact_cache.counters;
+    counters.store_read_bytes.fetch_add(
+        size.saturating_sub(offset),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let (tx, rx) = mpsc::channel(4);
     let mut offset = offset;
     tokio::spawn(async move {
@@ -270,4 +307,32 @@ pub(super) async fn stream_artifact(
         }
     });
     Ok(ReceiverStream::new(rx))
+}
+
+/// Streams `bytes[offset..]` in chunks, from memory.
+fn stream_bytes(
+    bytes: bytes::Bytes,
+    offset: u64,
+    chunk: usize,
+) -> ReceiverStream<Result<ArtifactPiece, Status>> {
+    let (tx, rx) = mpsc::channel(4);
+    let total_size = bytes.len() as u64;
+    tokio::spawn(async move {
+        let mut at = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        while at < bytes.len() {
+            let end = (at + chunk).min(bytes.len());
+            let piece = ArtifactPiece {
+                offset: at as u64,
+                data: bytes[at..end].to_vec(),
+                total_size,
+            };
+            if tx.send(Ok(piece)).await.is_err() {
+                return;
+            }
+            at = end;
+        }
+    });
+    ReceiverStream::new(rx)
 }

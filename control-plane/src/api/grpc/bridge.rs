@@ -334,7 +334,14 @@ impl BridgeService for BridgeApi {
                 job.id
             )));
         }
-        let chunks = super::agent::stream_artifact(&self.core, digest, req.offset, 0).await?;
+        let chunks = super::agent::stream_artifact(
+            &self.core,
+            digest,
+            req.offset,
+            0,
+            super::agent::Caching::Uncached,
+        )
+        .await?;
         Ok(Response::new(Box::pin(chunks.map(|c| {
             c.map(|c| edgeloop_proto::common::v1::Chunk {
                 offset: c.offset,

@@ -6,6 +6,7 @@ mod deployments;
 mod fleet;
 mod jobs;
 pub mod json;
+mod metrics;
 mod models;
 pub mod openapi;
 mod telemetry;
@@ -86,6 +87,7 @@ pub fn router(core: Arc<Core>) -> Router {
         .merge(protected)
         .route("/api/v1/openapi.json", get(openapi::document))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics::metrics))
         .route("/readyz", get(readyz))
         .fallback(not_found)
         .with_state(core)

@@ -4,7 +4,7 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{artifacts, deployments, fleet, jobs, models, telemetry};
+use super::{artifacts, deployments, fleet, jobs, metrics, models, telemetry};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -12,6 +12,7 @@ use super::{artifacts, deployments, fleet, jobs, models, telemetry};
     paths(
         super::healthz,
         super::readyz,
+        metrics::metrics,
         fleet::create_token,
         fleet::list_tokens,
         fleet::list_devices,

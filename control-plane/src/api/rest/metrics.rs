@@ -1,0 +1,53 @@
+//! `GET /metrics`: Prometheus text. Counters only, no identities, so it is
+//! served without the admin token, like `/healthz`.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+
+use crate::Core;
+
+/// The control plane's own counters.
+#[utoipa::path(get, path = "/metrics", tag = "health",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
+pub async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
+    let c = &core.artifact_cache.counters;
+    let mut out = String::new();
+    let mut counter = |name: &str, help: &str, value: u64| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let _ = writeln!(out, "{name} {value}");
+    };
+    counter(
+        "edgeloop_artifact_store_read_bytes_total",
+        "Bytes read from the artifact store to serve device and bridge downloads.",
+        c.store_read_bytes.load(Ordering::Relaxed),
+    );
+    counter(
+        "edgeloop_artifact_cache_hits_total",
+        "Device downloads served from the in-memory artifact cache.",
+        c.hits.load(Ordering::Relaxed),
+    );
+    counter(
+        "edgeloop_artifact_cache_misses_total",
+        "Artifacts loaded into the cache from the store.",
+        c.misses.load(Ordering::Relaxed),
+    );
+    counter(
+        "edgeloop_artifact_cache_evictions_total",
+        "Artifacts dropped from the cache to stay within its budget.",
+        c.evictions.load(Ordering::Relaxed),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP edgeloop_artifact_cache_bytes Bytes held by the artifact cache.\n\
+         # TYPE edgeloop_artifact_cache_bytes gauge\n\
+         edgeloop_artifact_cache_bytes {}",
+        core.artifact_cache.held_bytes()
+    );
+    ([(CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}
