@@ -678,5 +678,80 @@ async fn bad_deployment_requests_get_a_400_naming_the_field() {
     assert_eq!(status, 409, "{body}");
     let (status, _) = cp.api().get("/api/v1/deployments/d-nope").await;
     assert_eq!(status, 404);
+
+    // The CLI: the same API, with exit codes a script can branch on.
+    let cli = |args: Vec<String>| async move {
+        tokio::task::spawn_blocking(move || {
+            let mut argv = vec!["edgeloop".to_string(), "deployment".to_string()];
+            argv.extend(args);
+            edgeloop_control_plane::cli::run(clap::Parser::parse_from(argv)).unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    let server = |token: &str| {
+        vec![
+            "--server".to_string(),
+            cp.http_base.clone(),
+            "--token".to_string(),
+            token.to_string(),
+        ]
+    };
+    let args = |parts: &[&str], token: &str| {
+        let mut a: Vec<String> = parts.iter().map(|s| s.to_string()).collect();
+        a.extend(server(token));
+        a
+    };
+    let admin = cp.admin_token.clone();
+    let create = [
+        "create",
+        "--model",
+        MODEL,
+        "--version",
+        "1.0.0",
+        "--selector",
+        "site=lab",
+    ];
+    use std::process::ExitCode;
+    assert_eq!(cli(args(&create, &admin)).await, ExitCode::SUCCESS);
+    assert_eq!(cli(args(&["list"], &admin)).await, ExitCode::SUCCESS);
+    let (_, list) = cp.api().get("/api/v1/deployments").await;
+    let newest = list[0]["id"].as_str().unwrap().to_string();
+    assert_ne!(newest, id, "the CLI created a deployment");
+    assert_eq!(
+        cli(args(&["show", &newest], &admin)).await,
+        ExitCode::SUCCESS
+    );
+    assert_eq!(
+        cli(args(&["cancel", &newest], &admin)).await,
+        ExitCode::SUCCESS
+    );
+    wait_ended(&cp, &newest).await;
+    // 409 → EX_TEMPFAIL, 400 → EX_DATAERR, 404 → EX_NOINPUT, 401 → EX_NOPERM,
+    // nothing listening → EX_UNAVAILABLE.
+    assert_eq!(
+        cli(args(&["cancel", &newest], &admin)).await,
+        ExitCode::from(75)
+    );
+    let mut bad = create.to_vec();
+    bad[4] = "9.9.9";
+    assert_eq!(cli(args(&bad, &admin)).await, ExitCode::from(65));
+    assert_eq!(
+        cli(args(&["show", "d-nope"], &admin)).await,
+        ExitCode::from(66)
+    );
+    assert_eq!(cli(args(&["list"], "wrong")).await, ExitCode::from(77));
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let mut unreachable = args(&["list"], &admin);
+    unreachable[2] = dead;
+    assert_eq!(cli(unreachable).await, ExitCode::from(69));
     cp.stop().await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }

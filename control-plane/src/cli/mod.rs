@@ -1,6 +1,9 @@
-//! The `edgeloop` CLI for ML teams. Today: model tooling that runs locally
-//! (inspect, quantize behind the accuracy gate, verify a signed manifest).
+//! The `edgeloop` CLI for ML teams: model tooling that runs locally
+//! (inspect, quantize behind the accuracy gate, verify a signed manifest),
+//! and commands against the console API (`api.rs`: client, exit codes).
 
+pub mod api;
+pub mod deployment;
 mod model;
 mod model_quantize;
 
@@ -24,10 +27,18 @@ pub enum Command {
     /// Work with ONNX models locally.
     #[command(subcommand)]
     Model(model::ModelCommand),
+    /// Staged rollouts of a model version to a device group.
+    Deployment {
+        #[command(subcommand)]
+        cmd: deployment::DeploymentCommand,
+        #[command(flatten)]
+        server: api::ServerArgs,
+    },
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Model(cmd) => model::run(cmd),
+        Command::Deployment { cmd, server } => deployment::run(cmd, &server),
     }
 }
