@@ -10,7 +10,10 @@ pub mod rollout;
 pub mod selector;
 pub mod telemetry;
 
-use tokio::sync::broadcast;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::{broadcast, watch};
 
 use members::MemberKind;
 
@@ -31,22 +34,102 @@ pub enum FleetEvent {
     },
 }
 
+/// What a long-lived stream of one member waits for. A per-member
+/// `watch` channel rather than the broadcast: with N devices each watching,
+/// a broadcast would wake all N streams for every device's change (N² work
+/// in a fleet-wide rollout) and could drop a revocation when a slow stream
+/// lags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemberSignal {
+    /// Bumped whenever the member's assignments change.
+    pub assignments: u64,
+    pub revoked: bool,
+}
+
+type MemberKey = (MemberKind, String);
+
 #[derive(Clone)]
-pub struct Events(broadcast::Sender<FleetEvent>);
+pub struct Events {
+    broadcast: broadcast::Sender<FleetEvent>,
+    members: Arc<Mutex<HashMap<MemberKey, watch::Sender<MemberSignal>>>>,
+}
 
 impl Default for Events {
     fn default() -> Self {
-        Self(broadcast::channel(1024).0)
+        Self {
+            broadcast: broadcast::channel(1024).0,
+            members: Arc::default(),
+        }
     }
 }
 
 impl Events {
+    /// Routes the event: a member's own changes to its signal, and
+    /// everything but assignment changes to the broadcast too.
     pub fn publish(&self, event: FleetEvent) {
+        match &event {
+            FleetEvent::AssignmentsChanged { device } => {
+                self.signal(MemberKind::Device, device, |s| s.assignments += 1);
+                return;
+            }
+            FleetEvent::Revoked { kind, id } => self.signal(*kind, id, |s| s.revoked = true),
+            FleetEvent::JobChanged { .. } => {}
+        }
         // No subscribers is fine: nobody is watching.
-        let _ = self.0.send(event);
+        let _ = self.broadcast.send(event);
+    }
+
+    fn signal(&self, kind: MemberKind, id: &str, change: impl FnOnce(&mut MemberSignal)) {
+        let mut members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
+        let sender = members
+            .entry((kind, id.to_string()))
+            .or_insert_with(|| watch::channel(MemberSignal::default()).0);
+        sender.send_modify(change);
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<FleetEvent> {
-        self.0.subscribe()
+        self.broadcast.subscribe()
+    }
+
+    /// One member's signal. Subscribe before reading the state it guards:
+    /// a change after this call makes `changed()` return.
+    pub fn member(&self, kind: MemberKind, id: &str) -> watch::Receiver<MemberSignal> {
+        let mut members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
+        members
+            .entry((kind, id.to_string()))
+            .or_insert_with(|| watch::channel(MemberSignal::default()).0)
+            .subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_member_hears_only_its_own_changes_and_never_misses_a_revocation() {
+        let events = Events::default();
+        let mut a = events.member(MemberKind::Device, "a");
+        let b = events.member(MemberKind::Device, "b");
+        for _ in 0..5000 {
+            events.publish(FleetEvent::AssignmentsChanged { device: "b".into() });
+        }
+        assert!(!a.has_changed().unwrap(), "b's changes do not wake a");
+        assert_eq!(b.borrow().assignments, 5000);
+        events.publish(FleetEvent::AssignmentsChanged { device: "a".into() });
+        events.publish(FleetEvent::Revoked {
+            kind: MemberKind::Device,
+            id: "a".into(),
+        });
+        a.changed().await.unwrap();
+        assert_eq!(
+            *a.borrow_and_update(),
+            MemberSignal {
+                assignments: 1,
+                revoked: true
+            }
+        );
+        // A cluster with the same id is another member.
+        assert!(!events.member(MemberKind::Cluster, "a").borrow().revoked);
     }
 }

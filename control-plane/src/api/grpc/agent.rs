@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use super::auth::caller;
 use crate::error::Error;
 use crate::fleet::members::{self, CapabilitiesRecord, MemberKind};
-use crate::fleet::{assignments, telemetry, FleetEvent};
+use crate::fleet::{assignments, telemetry};
 use crate::registry::artifacts::ArtifactError;
 use crate::Core;
 
@@ -114,14 +114,19 @@ impl AgentService for AgentApi {
         let device = caller(&self.core, &req, MemberKind::Device)?.id;
         let core = self.core.clone();
         // Subscribe before reading, so no change between the two is missed.
-        let mut events = core.events.subscribe();
-        let revoked_events = core.events.subscribe();
+        let mut signal = core.events.member(MemberKind::Device, &device);
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
-            let revoked = super::revoked(revoked_events, MemberKind::Device, &device);
-            tokio::pin!(revoked);
             let mut sent = None::<u64>;
             loop {
+                if signal.borrow_and_update().revoked {
+                    let _ = tx
+                        .send(Err(Status::permission_denied(format!(
+                            "device/{device} has been revoked"
+                        ))))
+                        .await;
+                    return;
+                }
                 match assignments::current(&core.store, &device) {
                     Ok(set) if sent != Some(set.generation) => {
                         sent = Some(set.generation);
@@ -135,22 +140,12 @@ impl AgentService for AgentApi {
                         return;
                     }
                 }
-                loop {
-                    tokio::select! {
-                        _ = core.shutdown.cancelled() => return,
-                        _ = tx.closed() => return,
-                        _ = &mut revoked => {
-                            let _ = tx.send(Err(Status::permission_denied(format!("device/{device} has been revoked")))).await;
-                            return;
-                        }
-                        ev = events.recv() => match ev {
-                            Ok(FleetEvent::AssignmentsChanged { device: d }) if d == device => break,
-                            Ok(_) => {}
-                            // Missed events: re-read to be safe.
-                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
-                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                        },
-                    }
+                tokio::select! {
+                    _ = core.shutdown.cancelled() => return,
+                    _ = tx.closed() => return,
+                    changed = signal.changed() => if changed.is_err() {
+                        return;
+                    },
                 }
             }
         });

@@ -64,14 +64,72 @@ pub async fn tick(core: &Core, now: OffsetDateTime) -> Result<()> {
     Ok(())
 }
 
+/// What one tick wrote, for the async half to flush, announce and save.
+struct Written {
+    stepped: super::Deployment,
+    assigned_generation: BTreeMap<String, u64>,
+    woken: BTreeSet<String>,
+}
+
 async fn advance(core: &Core, record: DeploymentRecord, now: OffsetDateTime) -> Result<()> {
-    let store = &core.store;
     let offline_after =
         time::Duration::try_from(core.config.offline_after()).unwrap_or(time::Duration::MAX);
-    let (fleet, telemetry) = observe(store, &record, now, offline_after)?;
+    // Reading a whole group and writing its assignments is blocking store
+    // work that grows with the fleet; it must not hold up the runtime's
+    // workers, which serve every device's heartbeats and streams.
+    let store = core.store.clone();
+    let id = record.id.clone();
+    let written =
+        tokio::task::spawn_blocking(move || step_and_write(&store, &record, now, offline_after))
+            .await
+            .map_err(|e| Error::Internal(anyhow::anyhow!("rollout step of {id}: {e}")))??;
+    let Some(Written {
+        stepped,
+        assigned_generation,
+        woken,
+    }) = written
+    else {
+        return Ok(());
+    };
+    let store = &core.store;
+    let record_id = stepped.id.clone();
+    // Durable before any device hears of it, and before the deployment
+    // records that it happened.
+    store.flush().await?;
+    for device in woken {
+        core.events
+            .publish(FleetEvent::AssignmentsChanged { device });
+    }
+    store.deployments.update(&record_id, |cur| {
+        let cur = cur.ok_or_else(|| Error::not_found("deployment", &record_id))?;
+        let mut new = cur.clone();
+        new.deployment = stepped.clone();
+        // Requests that arrived during this tick are kept for the next one.
+        new.deployment.cancel_requested |= cur.deployment.cancel_requested;
+        new.deployment.superseded_by = stepped
+            .superseded_by
+            .clone()
+            .or(cur.deployment.superseded_by.clone());
+        new.assigned_generation = assigned_generation.clone();
+        new.updated_at = now;
+        Ok::<_, Error>(new)
+    })??;
+    store.flush().await?;
+    Ok(())
+}
+
+/// The synchronous half of a tick: observe, step, apply the actions to
+/// the store (not yet flushed). `None` when nothing changed.
+fn step_and_write(
+    store: &Store,
+    record: &DeploymentRecord,
+    now: OffsetDateTime,
+    offline_after: time::Duration,
+) -> Result<Option<Written>> {
+    let (fleet, telemetry) = observe(store, record, now, offline_after)?;
     let next = step(&record.deployment, &fleet, &telemetry, now.unix_timestamp());
     if next.deployment == record.deployment && next.actions.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let mut assigned_generation = record.assigned_generation.clone();
     let mut woken = BTreeSet::new();
@@ -82,7 +140,7 @@ async fn advance(core: &Core, record: DeploymentRecord, now: OffsetDateTime) -> 
             Action::Assign { device, version } => {
                 let v = version_record(store, &mut versions, &model, version)?
                     .ok_or_else(|| Error::not_found("model version", version))?;
-                let outcome = set(store, &record, device, Some(&v))?;
+                let outcome = set(store, record, device, Some(&v))?;
                 note(device, outcome, &mut assigned_generation, &mut woken, store)?;
             }
             Action::Revert { device, version } => {
@@ -93,7 +151,7 @@ async fn advance(core: &Core, record: DeploymentRecord, now: OffsetDateTime) -> 
                 if version.is_some() && v.is_none() {
                     tracing::warn!(%device, ?version, "previous version is gone from the registry; removing the assignment instead");
                 }
-                let outcome = set(store, &record, device, v.as_ref())?;
+                let outcome = set(store, record, device, v.as_ref())?;
                 if v.is_none() && matches!(outcome, SetOutcome::Changed(_)) {
                     // The agent unloads an unassigned model and reports
                     // nothing for it, so its old status would never clear.
@@ -109,30 +167,11 @@ async fn advance(core: &Core, record: DeploymentRecord, now: OffsetDateTime) -> 
             }
         }
     }
-    // Durable before any device hears of it, and before the deployment
-    // records that it happened.
-    store.flush().await?;
-    for device in woken {
-        core.events
-            .publish(FleetEvent::AssignmentsChanged { device });
-    }
-    let stepped = next.deployment;
-    store.deployments.update(&record.id, |cur| {
-        let cur = cur.ok_or_else(|| Error::not_found("deployment", &record.id))?;
-        let mut new = cur.clone();
-        new.deployment = stepped.clone();
-        // Requests that arrived during this tick are kept for the next one.
-        new.deployment.cancel_requested |= cur.deployment.cancel_requested;
-        new.deployment.superseded_by = stepped
-            .superseded_by
-            .clone()
-            .or(cur.deployment.superseded_by.clone());
-        new.assigned_generation = assigned_generation.clone();
-        new.updated_at = now;
-        Ok::<_, Error>(new)
-    })??;
-    store.flush().await?;
-    Ok(())
+    Ok(Some(Written {
+        stepped: next.deployment,
+        assigned_generation,
+        woken,
+    }))
 }
 
 fn set(
