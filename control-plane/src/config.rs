@@ -56,6 +56,10 @@ pub struct ServeSettings {
     /// 0 turns the cache off).
     #[arg(long, env = "EDGELOOP_ARTIFACT_CACHE_MIB")]
     pub artifact_cache_mib: Option<u64>,
+    /// Artifact downloads (devices and bridges) sending at once; the rest
+    /// wait their turn (default 64).
+    #[arg(long, env = "EDGELOOP_MAX_CONCURRENT_DOWNLOADS")]
+    pub max_concurrent_downloads: Option<usize>,
 }
 
 impl ServeSettings {
@@ -76,6 +80,9 @@ impl ServeSettings {
             job_lease_secs: self.job_lease_secs.or(lower.job_lease_secs),
             rollout_tick_ms: self.rollout_tick_ms.or(lower.rollout_tick_ms),
             artifact_cache_mib: self.artifact_cache_mib.or(lower.artifact_cache_mib),
+            max_concurrent_downloads: self
+                .max_concurrent_downloads
+                .or(lower.max_concurrent_downloads),
         }
     }
 
@@ -101,6 +108,7 @@ pub struct Config {
     pub job_lease: Duration,
     pub rollout_tick: Duration,
     pub artifact_cache_bytes: u64,
+    pub max_concurrent_downloads: usize,
 }
 
 pub const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:7443";
@@ -144,6 +152,11 @@ impl Config {
             cache_mib <= 1 << 20,
             "artifact-cache-mib must be at most 1048576"
         );
+        let downloads = s.max_concurrent_downloads.unwrap_or(64);
+        anyhow::ensure!(
+            (1..=100_000).contains(&downloads),
+            "max-concurrent-downloads must be 1..=100000"
+        );
         let mut names = vec![
             "localhost".to_string(),
             "127.0.0.1".to_string(),
@@ -183,6 +196,7 @@ impl Config {
             job_lease: Duration::from_secs(lease.into()),
             rollout_tick: Duration::from_millis(tick),
             artifact_cache_bytes: cache_mib << 20,
+            max_concurrent_downloads: downloads,
         })
     }
 

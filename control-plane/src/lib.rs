@@ -40,6 +40,8 @@ pub struct Core {
     pub artifacts: Arc<dyn ArtifactStore>,
     /// Whole artifacts in memory for device downloads (see `artifact_cache`).
     pub artifact_cache: registry::artifact_cache::ArtifactCache,
+    /// Permits for artifact streams sending at once.
+    pub downloads: Arc<tokio::sync::Semaphore>,
     pub pki: Pki,
     pub events: Events,
     admin_token_hash: Digest,
@@ -79,6 +81,7 @@ impl Server {
             .with_context(|| format!("opening artifact store {}", dir.artifacts().display()))?;
         let artifact_cache =
             registry::artifact_cache::ArtifactCache::new(config.artifact_cache_bytes);
+        let downloads = Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_downloads));
         let pki = Pki::load_or_init(&dir.pki(), &config.server_names).context("loading PKI")?;
         let (admin_token_hash, new_admin_token) = dir.load_or_create_admin_token()?;
         let grpc = TcpListener::bind(config.grpc_listen)
@@ -93,6 +96,7 @@ impl Server {
                 store,
                 artifacts: Arc::new(artifacts),
                 artifact_cache,
+                downloads,
                 pki,
                 events: Events::default(),
                 admin_token_hash,

@@ -121,8 +121,16 @@ impl Store {
 
     /// Makes every write so far durable. Called before acknowledging a write
     /// that the caller must not lose (a token, an enrollment, a record).
+    ///
+    /// sled 0.34's `flush_async` can leave concurrent callers waiting forever
+    /// (spacejam/sled#1308; seen here with 1 000 devices reporting at once),
+    /// so the blocking flush runs on the blocking pool instead. sled
+    /// serialises flushes itself; a flush that finds nothing new is cheap.
     pub async fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush_async().await?;
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || db.flush())
+            .await
+            .map_err(|e| StoreError::Sled(sled::Error::Io(std::io::Error::other(e))))??;
         Ok(())
     }
 
@@ -164,6 +172,24 @@ mod tests {
             matches!(err, StoreError::SchemaTooNew { found, supported } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION)
         );
         assert!(err.to_string().contains("newer Edgeloop"), "{err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn many_concurrent_flushes_all_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let mut tasks = Vec::new();
+        for i in 0u32..500 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                store.db.insert(i.to_be_bytes(), &[1]).unwrap();
+                store.flush().await.unwrap();
+            }));
+        }
+        let all = futures::future::join_all(tasks);
+        tokio::time::timeout(std::time::Duration::from_secs(60), all)
+            .await
+            .expect("every flush completes");
     }
 
     #[test]

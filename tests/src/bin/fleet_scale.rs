@@ -114,6 +114,8 @@ struct Samples {
     heartbeats: Vec<Duration>,
     delivered: Vec<Duration>,
     bytes: u64,
+    fetched: usize,
+    reported: usize,
 }
 
 /// One simulated agent from enrollment to an active assignment; it keeps
@@ -193,7 +195,11 @@ async fn agent(
         while let Some(chunk) = stream.message().await? {
             got += chunk.data.len() as u64;
         }
-        samples.lock().await.bytes += got;
+        {
+            let mut s = samples.lock().await;
+            s.bytes += got;
+            s.fetched += 1;
+        }
         client
             .report_assignment_status(pb::AssignmentStatusReport {
                 generation: set.generation,
@@ -205,6 +211,7 @@ async fn agent(
                 ..Default::default()
             })
             .await?;
+        samples.lock().await.reported += 1;
         break;
     }
     done.cancelled().await;
@@ -214,6 +221,8 @@ async fn agent(
 
 struct Run {
     agents: usize,
+    steady_p50: Duration,
+    steady_p99: Duration,
     heartbeat_p50: Duration,
     heartbeat_p99: Duration,
     delivered_p50: Duration,
@@ -304,9 +313,11 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     eprintln!("{agents} agents online after {:?}", started.elapsed());
-    // Let heartbeats under the full fleet accumulate, then deploy.
-    tokio::time::sleep(HEARTBEAT_EVERY * 2).await;
+    // Heartbeats of the whole fleet at rest, then during the rollout.
     samples.lock().await.heartbeats.clear();
+    tokio::time::sleep(HEARTBEAT_EVERY * 2).await;
+    let mut steady = std::mem::take(&mut samples.lock().await.heartbeats);
+    steady.sort();
     *deployed_at.lock().await = Some(Instant::now());
     let t0 = Instant::now();
     let (s, b) = api
@@ -327,7 +338,19 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
             Some("failed" | "rolled_back" | "cancelled") => {
                 anyhow::bail!("deployment ended {}", body["deployment"]["state"])
             }
-            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+            _ => {
+                if t0.elapsed().as_millis() % 5000 < 250 {
+                    let s = samples.lock().await;
+                    eprintln!(
+                        "{:?}: {} assignments delivered, {} downloaded, {} reported active",
+                        t0.elapsed(),
+                        s.delivered.len(),
+                        s.fetched,
+                        s.reported
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await
+            }
         }
     };
     // More heartbeats during and after the rollout.
@@ -348,6 +371,8 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
     s.delivered.sort();
     Ok(Run {
         agents,
+        steady_p50: percentile(&steady, 0.5),
+        steady_p99: percentile(&steady, 0.99),
         heartbeat_p50: percentile(&s.heartbeats, 0.5),
         heartbeat_p99: percentile(&s.heartbeats, 0.99),
         delivered_p50: percentile(&s.delivered, 0.5),
@@ -387,13 +412,25 @@ async fn main() -> anyhow::Result<()> {
         );
     };
     row(
-        "heartbeat p50 (ms)",
+        "heartbeat p50, at rest (ms)",
+        ms(base.steady_p50),
+        ms(fleet.steady_p50),
+        "",
+    );
+    row(
+        "heartbeat p99, at rest (ms)",
+        ms(base.steady_p99),
+        ms(fleet.steady_p99),
+        &format!("< 50 ms ({:.2}× of goal)", ms(fleet.steady_p99) / 50.0),
+    );
+    row(
+        "heartbeat p50, during the rollout (ms)",
         ms(base.heartbeat_p50),
         ms(fleet.heartbeat_p50),
         "",
     );
     row(
-        "heartbeat p99 (ms)",
+        "heartbeat p99, during the rollout (ms)",
         ms(base.heartbeat_p99),
         ms(fleet.heartbeat_p99),
         &format!("< 50 ms ({:.2}× of goal)", ms(fleet.heartbeat_p99) / 50.0),

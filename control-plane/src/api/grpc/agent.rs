@@ -223,9 +223,6 @@ pub(super) struct ArtifactPiece {
     pub total_size: u64,
 }
 
-/// Streams an artifact from `offset` in chunks of at most `max_chunk_bytes`
-/// (0: the default), for devices' model downloads and bridges' checkpoint
-/// downloads alike. Authorisation is the caller's job.
 /// Whether a download may be served from the artifact cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Caching {
@@ -235,6 +232,12 @@ pub(super) enum Caching {
     Uncached,
 }
 
+/// Streams an artifact from `offset` in chunks of at most `max_chunk_bytes`
+/// (0: the default), for devices' model downloads and bridges' checkpoint
+/// downloads alike. Authorisation is the caller's job. At most
+/// `max_concurrent_downloads` streams send at once: the response starts at
+/// once, and its chunks wait for a permit. Without the bound, a fleet-wide
+/// rollout holds every device's chunks in memory and starves heartbeats.
 pub(super) async fn stream_artifact(
     core: &Core,
     digest: Digest,
@@ -263,7 +266,7 @@ pub(super) async fn stream_artifact(
             .get(core.artifacts.as_ref(), digest)
             .await
             .map_err(Error::from)?;
-        return Ok(stream_bytes(bytes, offset, chunk));
+        return Ok(stream_bytes(bytes, offset, chunk, core.downloads.clone()));
     }
     let (size, mut reader) = core
         .artifacts
@@ -275,9 +278,13 @@ pub(super) async fn stream_artifact(
         size.saturating_sub(offset),
         std::sync::atomic::Ordering::Relaxed,
     );
-    let (tx, rx) = mpsc::channel(4);
+    let (tx, rx) = mpsc::channel(2);
     let mut offset = offset;
+    let downloads = core.downloads.clone();
     tokio::spawn(async move {
+        let Ok(_permit) = downloads.acquire_owned().await else {
+            return;
+        };
         let mut buf = vec![0u8; chunk];
         loop {
             let n = match reader.read(&mut buf).await {
@@ -309,10 +316,14 @@ fn stream_bytes(
     bytes: bytes::Bytes,
     offset: u64,
     chunk: usize,
+    downloads: Arc<tokio::sync::Semaphore>,
 ) -> ReceiverStream<Result<ArtifactPiece, Status>> {
-    let (tx, rx) = mpsc::channel(4);
+    let (tx, rx) = mpsc::channel(2);
     let total_size = bytes.len() as u64;
     tokio::spawn(async move {
+        let Ok(_permit) = downloads.acquire_owned().await else {
+            return;
+        };
         let mut at = usize::try_from(offset)
             .unwrap_or(usize::MAX)
             .min(bytes.len());
