@@ -4,6 +4,8 @@
 mod tree;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 pub use tree::Tree;
 
@@ -20,6 +22,9 @@ use crate::registry::models::{ModelRecord, ModelVersionRecord};
 /// [`Store::open`] when a change is not additive.
 pub const SCHEMA_VERSION: u32 = 1;
 const SCHEMA_KEY: &[u8] = b"schema_version";
+/// sled's page cache. Records are small JSON; the hot set (members,
+/// assignments, statuses of 10 000 devices) is a few tens of MiB.
+const STORE_CACHE_BYTES: u64 = 128 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -45,9 +50,23 @@ pub enum StoreError {
     },
 }
 
+/// Group commit: callers that ask for a flush while one runs share the
+/// next one, so a burst of N acknowledged writes costs a few fsyncs, not
+/// N flushes on N blocking threads.
+#[derive(Default)]
+struct Flusher {
+    /// Flush requests so far; a request's number is taken after its write.
+    requested: AtomicU64,
+    /// Every request numbered up to this is durable.
+    completed: AtomicU64,
+    /// One flush at a time.
+    running: tokio::sync::Mutex<()>,
+}
+
 #[derive(Clone)]
 pub struct Store {
     db: sled::Db,
+    flusher: Arc<Flusher>,
     pub devices: Tree<Member>,
     pub clusters: Tree<Member>,
     pub tokens: Tree<BootstrapTokenRecord>,
@@ -71,7 +90,11 @@ pub struct Store {
 impl Store {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let db = edgeloop_client_core::sled_open::open_waiting_for_lock(
-            &sled::Config::new().path(path),
+            &sled::Config::new()
+                .path(path)
+                // sled's default page cache is 1 GiB, which alone would
+                // spend the control plane's memory budget at fleet scale.
+                .cache_capacity(STORE_CACHE_BYTES),
         )?;
         match db.get(SCHEMA_KEY)? {
             None => {
@@ -109,6 +132,7 @@ impl Store {
             deployments: Tree::open(&db, "deployments")?,
             deployment_events: Tree::open(&db, "deployment_events")?,
             db,
+            flusher: Arc::default(),
         })
     }
 
@@ -124,13 +148,23 @@ impl Store {
     ///
     /// sled 0.34's `flush_async` can leave concurrent callers waiting forever
     /// (spacejam/sled#1308; seen here with 1 000 devices reporting at once),
-    /// so the blocking flush runs on the blocking pool instead. sled
-    /// serialises flushes itself; a flush that finds nothing new is cheap.
+    /// so the blocking flush runs on the blocking pool, and concurrent
+    /// callers share flushes ([`Flusher`]).
     pub async fn flush(&self) -> Result<(), StoreError> {
+        let f = &self.flusher;
+        let mine = f.requested.fetch_add(1, Ordering::SeqCst) + 1;
+        let _turn = f.running.lock().await;
+        if f.completed.load(Ordering::SeqCst) >= mine {
+            // A flush that began after this request covered it.
+            return Ok(());
+        }
+        // Every request numbered up to `covers` wrote before this point.
+        let covers = f.requested.load(Ordering::SeqCst);
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || db.flush())
             .await
             .map_err(|e| StoreError::Sled(sled::Error::Io(std::io::Error::other(e))))??;
+        f.completed.fetch_max(covers, Ordering::SeqCst);
         Ok(())
     }
 

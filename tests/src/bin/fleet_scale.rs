@@ -48,12 +48,13 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-fn rss_kib(pid: u32) -> u64 {
+/// `VmHWM` (peak) or `VmRSS` (now) of a process, in KiB.
+fn rss_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
@@ -230,6 +231,7 @@ struct Run {
     reach_all: Duration,
     bytes_per_device: f64,
     store_bytes_per_device: f64,
+    rest_rss_mib: f64,
     rss_mib: f64,
 }
 
@@ -317,6 +319,7 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
     samples.lock().await.heartbeats.clear();
     tokio::time::sleep(HEARTBEAT_EVERY * 2).await;
     let mut steady = std::mem::take(&mut samples.lock().await.heartbeats);
+    let rest_rss_mib = rss_kib(cp.child.id(), "VmRSS:") as f64 / 1024.0;
     steady.sort();
     *deployed_at.lock().await = Some(Instant::now());
     let t0 = Instant::now();
@@ -355,7 +358,7 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
     };
     // More heartbeats during and after the rollout.
     tokio::time::sleep(HEARTBEAT_EVERY).await;
-    let rss_mib = rss_kib(cp.child.id()) as f64 / 1024.0;
+    let rss_mib = rss_kib(cp.child.id(), "VmHWM:") as f64 / 1024.0;
     let store_read = counter(api, "edgeloop_artifact_store_read_bytes_total").await?;
     done.cancel();
     while let Some(r) = set.join_next().await {
@@ -380,6 +383,7 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
         reach_all,
         bytes_per_device: s.bytes as f64 / agents as f64,
         store_bytes_per_device: store_read as f64 / agents as f64,
+        rest_rss_mib,
         rss_mib,
     })
 }
@@ -464,6 +468,12 @@ async fn main() -> anyhow::Result<()> {
         base.store_bytes_per_device,
         fleet.store_bytes_per_device,
         "read once, then cached",
+    );
+    row(
+        "control-plane RSS, fleet at rest (MiB)",
+        base.rest_rss_mib,
+        fleet.rest_rss_mib,
+        &format!("< 1024 MiB ({:.2}× of goal)", fleet.rest_rss_mib / 1024.0),
     );
     row(
         "control-plane peak RSS (MiB)",
