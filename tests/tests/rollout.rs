@@ -169,6 +169,9 @@ async fn register(cp: &ControlPlane, key: &ManifestKey, version: &str, model: &[
 fn cp_settings(dir: &Path) -> ServeSettings {
     ServeSettings {
         rollout_tick_ms: Some(200),
+        // 20 devices share 2 download permits: a permit that outlived its
+        // stream would stall the rollout.
+        max_concurrent_downloads: Some(2),
         ..settings(dir)
     }
 }

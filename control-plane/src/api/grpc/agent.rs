@@ -244,7 +244,7 @@ pub(super) async fn stream_artifact(
     offset: u64,
     max_chunk_bytes: u32,
     caching: Caching,
-) -> Result<ReceiverStream<Result<ArtifactPiece, Status>>, Status> {
+) -> Result<PermitStream, Status> {
     let size = core
         .artifacts
         .head(digest)
@@ -281,10 +281,12 @@ pub(super) async fn stream_artifact(
     let (tx, rx) = mpsc::channel(2);
     let mut offset = offset;
     let downloads = core.downloads.clone();
+    let (hold, stream) = PermitStream::new(rx);
     tokio::spawn(async move {
-        let Ok(_permit) = downloads.acquire_owned().await else {
+        let Ok(permit) = downloads.acquire_owned().await else {
             return;
         };
+        hold.give(permit);
         let mut buf = vec![0u8; chunk];
         loop {
             let n = match reader.read(&mut buf).await {
@@ -308,7 +310,7 @@ pub(super) async fn stream_artifact(
             }
         }
     });
-    Ok(ReceiverStream::new(rx))
+    Ok(stream)
 }
 
 /// Streams `bytes[offset..]` in chunks, from memory.
@@ -317,13 +319,15 @@ fn stream_bytes(
     offset: u64,
     chunk: usize,
     downloads: Arc<tokio::sync::Semaphore>,
-) -> ReceiverStream<Result<ArtifactPiece, Status>> {
+) -> PermitStream {
     let (tx, rx) = mpsc::channel(2);
     let total_size = bytes.len() as u64;
+    let (hold, stream) = PermitStream::new(rx);
     tokio::spawn(async move {
-        let Ok(_permit) = downloads.acquire_owned().await else {
+        let Ok(permit) = downloads.acquire_owned().await else {
             return;
         };
+        hold.give(permit);
         let mut at = usize::try_from(offset)
             .unwrap_or(usize::MAX)
             .min(bytes.len());
@@ -340,5 +344,52 @@ fn stream_bytes(
             at = end;
         }
     });
-    ReceiverStream::new(rx)
+    stream
+}
+
+/// A download's response stream, holding its permit until the stream is
+/// dropped: after the device has taken the last chunk, not when the
+/// producer has queued it. So the permits bound the bytes buffered for
+/// slow readers too.
+pub(super) struct PermitStream {
+    inner: ReceiverStream<Result<ArtifactPiece, Status>>,
+    /// Released when the stream is dropped.
+    _permit: Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>,
+}
+
+/// The producer's handle on the stream's permit slot.
+struct PermitHold(Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>);
+
+impl PermitHold {
+    fn give(&self, permit: tokio::sync::OwnedSemaphorePermit) {
+        let mut slot = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *slot = Some(permit);
+    }
+}
+
+impl PermitStream {
+    fn new(rx: mpsc::Receiver<Result<ArtifactPiece, Status>>) -> (PermitHold, PermitStream) {
+        let permit = Arc::new(std::sync::Mutex::new(None));
+        (
+            PermitHold(permit.clone()),
+            PermitStream {
+                inner: ReceiverStream::new(rx),
+                _permit: permit,
+            },
+        )
+    }
+}
+
+impl Stream for PermitStream {
+    type Item = Result<ArtifactPiece, Status>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        Pin::new(&mut self.inner).poll_next(cx)
+    }
 }
