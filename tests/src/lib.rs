@@ -157,7 +157,32 @@ pub struct Api {
     pub client: reqwest::Client,
 }
 
+/// A port nothing listens on right now (for "unreachable" cases, or a
+/// server that must be told its port before it binds).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 impl Api {
+    /// One counter or gauge from the control plane's `GET /metrics`.
+    pub async fn metric(&self, name: &str) -> Option<u64> {
+        let text = self
+            .request(reqwest::Method::GET, "/metrics")
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))?
+            .parse()
+            .ok()
+    }
+
     pub fn new(base: &str, token: Option<&str>) -> Api {
         edgeloop_client_core::install_crypto_provider();
         Api {

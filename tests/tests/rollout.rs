@@ -32,7 +32,7 @@ use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::tensor::Tensor;
 use edgeloop_models::Digest;
 use edgeloop_tests::mnist::{digits, mnist_dir};
-use edgeloop_tests::{eventually, settings, ControlPlane};
+use edgeloop_tests::{eventually, free_port, settings, ControlPlane};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -508,33 +508,17 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
     // 20 devices got the good model twice over (1.0.0 and 2.0.0 share
     // the bytes) and 2 got the bad one, but the control plane read each
     // artifact from its store once and served the rest from memory.
-    let metrics = cp
-        .api()
-        .request(reqwest::Method::GET, "/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let counter = |name: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .unwrap()
-            .parse()
-            .unwrap()
+    let counter = |name: &'static str| {
+        let api = cp.api();
+        async move { api.metric(name).await.unwrap() }
     };
-    let read = counter("edgeloop_artifact_store_read_bytes_total");
+    let read = counter("edgeloop_artifact_store_read_bytes_total").await;
     let small_files = 64 << 10; // manifests and the probe inputs
     assert!(
         read <= (good.len() + bad.len() + small_files) as u64,
-        "{read} bytes read from the store:\n{metrics}"
+        "{read} bytes read from the store"
     );
-    assert!(
-        counter("edgeloop_artifact_cache_hits_total") >= 20,
-        "{metrics}"
-    );
+    assert!(counter("edgeloop_artifact_cache_hits_total").await >= 20);
 
     // A restart in the middle: stop the control plane once wave 2 started.
     let (status, body) = cp
@@ -749,12 +733,4 @@ async fn bad_deployment_requests_get_a_400_naming_the_field() {
     unreachable[2] = dead;
     assert_eq!(cli(unreachable).await, ExitCode::from(69));
     cp.stop().await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

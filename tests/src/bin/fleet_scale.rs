@@ -26,7 +26,7 @@ use edgeloop_client_core::{enroll, BootstrapToken, IdentityStore, Role};
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::common::v1 as common;
-use edgeloop_tests::Api;
+use edgeloop_tests::{free_port, Api};
 use serde_json::json;
 use tokio::sync::Mutex;
 use tokio::task::JoinSet;
@@ -39,13 +39,6 @@ struct ControlPlaneProcess {
     child: std::process::Child,
     grpc_url: String,
     api: Api,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// `VmHWM` (peak) or `VmRSS` (now) of a process, in KiB.
@@ -235,21 +228,6 @@ struct Run {
     rss_mib: f64,
 }
 
-/// A counter from the control plane's `/metrics`.
-async fn counter(api: &Api, name: &str) -> anyhow::Result<u64> {
-    let text = api
-        .request(reqwest::Method::GET, "/metrics")
-        .send()
-        .await?
-        .text()
-        .await?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .context(name.to_string())?
-        .parse()
-        .context(name.to_string())
-}
-
 async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
     let mut cp = start_control_plane(&dir.join("cp")).await?;
     let api = &cp.api;
@@ -359,7 +337,10 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
     // More heartbeats during and after the rollout.
     tokio::time::sleep(HEARTBEAT_EVERY).await;
     let rss_mib = rss_kib(cp.child.id(), "VmHWM:") as f64 / 1024.0;
-    let store_read = counter(api, "edgeloop_artifact_store_read_bytes_total").await?;
+    let store_read = api
+        .metric("edgeloop_artifact_store_read_bytes_total")
+        .await
+        .context("edgeloop_artifact_store_read_bytes_total in /metrics")?;
     done.cancel();
     while let Some(r) = set.join_next().await {
         r??;
