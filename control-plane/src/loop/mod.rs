@@ -3,3 +3,4 @@
 
 pub mod drift;
 pub mod jobs;
+pub mod triggers;
