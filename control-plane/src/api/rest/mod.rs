@@ -3,6 +3,7 @@
 
 mod artifacts;
 mod deployments;
+mod drift;
 mod fleet;
 mod jobs;
 pub mod json;
@@ -69,6 +70,7 @@ pub fn router(core: Arc<Core>) -> Router {
             "/api/v1/models/{name}/sketches",
             get(telemetry::model_sketches),
         )
+        .route("/api/v1/models/{name}/drift", get(drift::model_drift))
         .route(
             "/api/v1/models/{name}/samples",
             get(telemetry::model_samples),

@@ -4,7 +4,7 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{artifacts, deployments, fleet, jobs, metrics, models, telemetry};
+use super::{artifacts, deployments, drift, fleet, jobs, metrics, models, telemetry};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -35,6 +35,7 @@ use super::{artifacts, deployments, fleet, jobs, metrics, models, telemetry};
         models::get_version,
         telemetry::model_sketches,
         telemetry::model_samples,
+        drift::model_drift,
         deployments::create,
         deployments::list,
         deployments::show,

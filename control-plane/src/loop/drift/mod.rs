@@ -4,5 +4,6 @@
 //! two-sample KS test on binned counts) and `hysteresis` (set after N
 //! windows, clear after M).
 
+pub mod analysis;
 pub mod hysteresis;
 pub mod stats;

@@ -1,0 +1,143 @@
+//! `GET /api/v1/models/{name}/drift`: the drift series of a model version
+//! against its manifest's reference statistics, per window and, on
+//! request, per device group, for charts and for people deciding.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, ErrorBody};
+use crate::fleet::members::MemberKind;
+use crate::r#loop::drift::analysis::{self, DriftConfig, DriftSeries};
+use crate::registry::models;
+use crate::Core;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct DriftQuery {
+    /// Default: the newest version.
+    pub version: Option<String>,
+    /// A device label to group by, e.g. `site`.
+    pub group_by: Option<String>,
+    pub window_seconds: Option<i64>,
+    pub psi_watch: Option<f64>,
+    pub psi_act: Option<f64>,
+    pub js_act: Option<f64>,
+    pub ks_alpha: Option<f64>,
+    pub min_requests: Option<u64>,
+    pub set_after: Option<u32>,
+    pub clear_after: Option<u32>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DriftView {
+    pub model: String,
+    pub version: String,
+    pub config: DriftConfig,
+    pub series: Vec<DriftSeries>,
+}
+
+fn config(q: &DriftQuery) -> Result<DriftConfig, Error> {
+    let d = DriftConfig::default();
+    let c = DriftConfig {
+        window_seconds: q.window_seconds.unwrap_or(d.window_seconds),
+        psi_watch: q.psi_watch.unwrap_or(d.psi_watch),
+        psi_act: q.psi_act.unwrap_or(d.psi_act),
+        js_act: q.js_act.unwrap_or(d.js_act),
+        ks_alpha: q.ks_alpha.unwrap_or(d.ks_alpha),
+        min_requests: q.min_requests.unwrap_or(d.min_requests),
+        set_after: q.set_after.unwrap_or(d.set_after),
+        clear_after: q.clear_after.unwrap_or(d.clear_after),
+    };
+    if !(60..=30 * 86_400).contains(&c.window_seconds) {
+        return Err(Error::bad_field("window_seconds", "must be 60 to 2592000"));
+    }
+    for (field, v) in [
+        ("psi_watch", c.psi_watch),
+        ("psi_act", c.psi_act),
+        ("js_act", c.js_act),
+        ("ks_alpha", c.ks_alpha),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(Error::bad_field(field, "must be a positive number"));
+        }
+    }
+    if c.psi_watch > c.psi_act {
+        return Err(Error::bad_field("psi_watch", "must not exceed psi_act"));
+    }
+    if c.set_after == 0 || c.clear_after == 0 {
+        return Err(Error::bad_field("set_after", "windows must be at least 1"));
+    }
+    Ok(c)
+}
+
+/// Drift per window (and group) against the version's reference statistics.
+#[utoipa::path(get, path = "/api/v1/models/{name}/drift", tag = "loop",
+    params(("name" = String, Path), DriftQuery),
+    responses((status = 200, body = DriftView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn model_drift(
+    State(core): State<Arc<Core>>,
+    Path(name): Path<String>,
+    q: Result<Query<DriftQuery>, QueryRejection>,
+) -> Result<Json<DriftView>, Error> {
+    let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
+    let config = config(&q)?;
+    models::get_model(&core.store, &name)?;
+    let version = match &q.version {
+        Some(v) => models::get_version(&core.store, &name, v)?,
+        None => models::list_versions(&core.store, &name)?
+            .into_iter()
+            .max_by_key(|v| v.created_at)
+            .ok_or_else(|| Error::not_found("model version", format!("{name} (none yet)")))?,
+    };
+    let no_reference = || {
+        Error::bad_field(
+            "version",
+            format!(
+                "version {} of {name} has no reference statistics in a signed manifest",
+                version.version
+            ),
+        )
+    };
+    let manifest = version.manifest_digest.ok_or_else(no_reference)?;
+    let signed = models::read_manifest(core.artifacts.as_ref(), manifest, "version").await?;
+    let reference = signed.manifest.reference_stats.ok_or_else(no_reference)?;
+    let sketches: Vec<_> = core
+        .store
+        .sketches
+        .scan_prefix(&format!("{name}/{}/", version.version))?
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect();
+    let groups: BTreeMap<String, String> = match &q.group_by {
+        Some(key) => core
+            .store
+            .members(MemberKind::Device)
+            .values()?
+            .into_iter()
+            .filter_map(|m| m.labels.get(key).map(|v| (m.id.clone(), v.clone())))
+            .collect(),
+        None => BTreeMap::new(),
+    };
+    let grouped = q.group_by.is_some();
+    let group_of = |device: &str| {
+        grouped.then(|| {
+            groups
+                .get(device)
+                .cloned()
+                .unwrap_or_else(|| "(unlabelled)".into())
+        })
+    };
+    let series = analysis::analyze(&reference, &sketches, &group_of, &config);
+    Ok(Json(DriftView {
+        model: name,
+        version: version.version,
+        config,
+        series,
+    }))
+}

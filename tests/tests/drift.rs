@@ -1,0 +1,233 @@
+//! Drift analysis end to end: two enrolled devices in two sites report
+//! sketches over mTLS (the real `ReportTelemetry`), the version's signed
+//! manifest carries the reference statistics, and `GET
+//! /api/v1/models/{name}/drift` shows the shift per window and per site,
+//! with the hysteresis state. Bad queries get a 400 naming the field.
+
+#![allow(clippy::unwrap_used)]
+
+use edgeloop_client_core::tls::mtls_endpoint;
+use edgeloop_client_core::Role;
+use edgeloop_models::manifest::{
+    ArtifactRef, ClassShare, DimSpec, InputHistogram, IoSignature, Lineage, Manifest, ManifestKey,
+    ReferenceStats, TensorSpec, SCHEMA_VERSION,
+};
+use edgeloop_models::Digest;
+use edgeloop_proto::agent::v1 as pb;
+use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+use edgeloop_tests::ControlPlane;
+use serde_json::json;
+
+const EDGES: [f64; 4] = [0.0, 10.0, 20.0, 30.0];
+
+fn manifest(model: &[u8]) -> Manifest {
+    let spec = |name: &str, n: i64| TensorSpec {
+        name: name.into(),
+        dtype: "float32".into(),
+        shape: vec![DimSpec::Symbolic("batch".into()), DimSpec::Fixed(n)],
+    };
+    Manifest {
+        schema: SCHEMA_VERSION,
+        name: "rain".into(),
+        version: "1.0.0".into(),
+        artifact: ArtifactRef {
+            sha256: Digest::of(model),
+            size: model.len() as u64,
+            format: "onnx".into(),
+        },
+        signature: IoSignature {
+            inputs: vec![spec("temp", 1)],
+            outputs: vec![spec("logits", 2)],
+        },
+        quantization: None,
+        reference_stats: Some(ReferenceStats {
+            inputs: vec![InputHistogram {
+                name: "temp".into(),
+                bin_edges: EDGES.to_vec(),
+                counts: vec![300, 400, 300],
+            }],
+            prediction_distribution: vec![
+                ClassShare {
+                    class: 0,
+                    share: 0.7,
+                },
+                ClassShare {
+                    class: 1,
+                    share: 0.3,
+                },
+            ],
+            sample_count: 1000,
+        }),
+        lineage: Lineage::default(),
+        health_probe: None,
+        created_at: "2026-11-30T00:00:00Z".into(),
+    }
+}
+
+fn sketch(window: i64, temp: [u64; 3], classes: [u64; 2]) -> pb::ModelSketch {
+    let at = |s: i64| {
+        Some(edgeloop_proto::Timestamp {
+            seconds: s,
+            nanos: 0,
+        })
+    };
+    pb::ModelSketch {
+        model_name: "rain".into(),
+        model_version: "1.0.0".into(),
+        window_start: at(window),
+        window_end: at(window + 3599),
+        requests: temp.iter().sum(),
+        features: vec![pb::FeatureHistogram {
+            name: "temp".into(),
+            bin_edges: EDGES.to_vec(),
+            counts: temp.to_vec(),
+            ..Default::default()
+        }],
+        classes: vec![
+            pb::ClassCount {
+                class: 0,
+                count: classes[0],
+            },
+            pb::ClassCount {
+                class: 1,
+                count: classes[1],
+            },
+        ],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn sketches_from_two_sites_show_drift_per_window_and_site() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/models", json!({"name": "rain"}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let model = b"not a real model; drift needs only its manifest".to_vec();
+    let key = ManifestKey::generate();
+    let signed = key
+        .sign(manifest(&model))
+        .unwrap()
+        .to_json_pretty()
+        .unwrap();
+    let artifact = cp.upload(&model).await;
+    let manifest_digest = cp.upload(signed.as_bytes()).await;
+    let (status, body) = cp
+        .api()
+        .post(
+            "/api/v1/models/rain/versions",
+            json!({"version": "1.0.0", "artifact_digest": artifact.to_string(),
+                   "manifest_digest": manifest_digest.to_string()}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+
+    // Berlin's weather changes from the fourth hour on; Oslo's does not.
+    let base = 1_796_083_200; // 2026-12-01 00:00 UTC
+    for (site, shifts) in [("berlin", true), ("oslo", false)] {
+        let name = format!("edge-{site}");
+        let (status, body) = cp
+            .api()
+            .post(
+                "/api/v1/tokens",
+                json!({"kind": "device", "name": name, "labels": {"site": site}}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        let identity = cp
+            .enroll(
+                Role::Device,
+                body["token"].as_str().unwrap(),
+                &dir.path().join(&name),
+            )
+            .await;
+        let channel = mtls_endpoint(&cp.grpc_url, &identity)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = AgentServiceClient::new(channel);
+        for hour in 0..6i64 {
+            let hot = shifts && hour >= 3;
+            let (temp, classes) = if hot {
+                ([20, 80, 400], [100, 400])
+            } else {
+                ([150, 200, 150], [350, 150])
+            };
+            client
+                .report_telemetry(pb::TelemetryReport {
+                    sequence: hour as u64 + 1,
+                    sketches: vec![sketch(base + hour * 3600, temp, classes)],
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+    }
+
+    let (status, body) = cp
+        .api()
+        .get("/api/v1/models/rain/drift?group_by=site&set_after=2&clear_after=2")
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["version"], "1.0.0");
+    let series = body["series"].as_array().unwrap();
+    let of = |site: &str| {
+        series
+            .iter()
+            .find(|s| s["group"] == site)
+            .unwrap_or_else(|| panic!("{site}: {body}"))
+            .clone()
+    };
+    let flags = |s: &serde_json::Value| -> Vec<bool> {
+        s["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["drifting"].as_bool().unwrap())
+            .collect()
+    };
+    let berlin = of("berlin");
+    assert_eq!(
+        flags(&berlin),
+        [false, false, false, false, true, true],
+        "{berlin}"
+    );
+    let hot = &berlin["windows"][3];
+    assert_eq!(hot["features"][0]["level"], "act", "{hot}");
+    assert!(hot["features"][0]["psi"].as_f64().unwrap() > 0.2);
+    assert!(hot["features"][0]["ks_p_value"].as_f64().unwrap() < 1e-6);
+    assert!(hot["prediction_js"].as_f64().unwrap() > 0.1);
+    let oslo = of("oslo");
+    assert_eq!(flags(&oslo), [false; 6], "{oslo}");
+    assert_eq!(oslo["windows"][5]["features"][0]["level"], "stable");
+
+    // Ungrouped, the two sites sum; Berlin's shift alone still crosses 0.2.
+    let (_, all) = cp.api().get("/api/v1/models/rain/drift").await;
+    assert_eq!(all["series"].as_array().unwrap().len(), 1);
+    assert_eq!(all["series"][0]["windows"][0]["devices"], 2);
+
+    for (query, field) in [
+        ("window_seconds=5", "window_seconds"),
+        ("psi_act=-1", "psi_act"),
+        ("psi_watch=0.5&psi_act=0.2", "psi_watch"),
+        ("set_after=0", "set_after"),
+        ("version=9.9.9", ""),
+        ("bogus=1", "query"),
+    ] {
+        let (status, body) = cp
+            .api()
+            .get(&format!("/api/v1/models/rain/drift?{query}"))
+            .await;
+        if field.is_empty() {
+            assert_eq!(status, 404, "{query}: {body}");
+        } else {
+            assert_eq!(status, 400, "{query}: {body}");
+            assert_eq!(body["error"]["field"], field, "{query}: {body}");
+        }
+    }
+    cp.stop().await;
+}
