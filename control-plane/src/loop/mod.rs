@@ -1,6 +1,7 @@
-//! The loop wing: training jobs today; drift, triggers and retraining
-//! pipelines build on it.
+//! The loop wing: training jobs, drift analysis, retraining triggers and
+//! the retraining pipeline's state machine.
 
 pub mod drift;
 pub mod jobs;
+pub mod pipeline;
 pub mod triggers;
