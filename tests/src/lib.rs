@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod fake_k8s;
+pub mod manifests;
 pub mod mnist;
 
 use std::net::SocketAddr;

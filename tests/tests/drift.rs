@@ -9,10 +9,8 @@
 use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::Role;
 use edgeloop_models::manifest::{
-    ArtifactRef, ClassShare, DimSpec, InputHistogram, IoSignature, Lineage, Manifest, ManifestKey,
-    ReferenceStats, TensorSpec, SCHEMA_VERSION,
+    ClassShare, InputHistogram, Manifest, ManifestKey, ReferenceStats,
 };
-use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_tests::ControlPlane;
@@ -21,25 +19,7 @@ use serde_json::json;
 const EDGES: [f64; 4] = [0.0, 10.0, 20.0, 30.0];
 
 fn manifest(model: &[u8]) -> Manifest {
-    let spec = |name: &str, n: i64| TensorSpec {
-        name: name.into(),
-        dtype: "float32".into(),
-        shape: vec![DimSpec::Symbolic("batch".into()), DimSpec::Fixed(n)],
-    };
     Manifest {
-        schema: SCHEMA_VERSION,
-        name: "rain".into(),
-        version: "1.0.0".into(),
-        artifact: ArtifactRef {
-            sha256: Digest::of(model),
-            size: model.len() as u64,
-            format: "onnx".into(),
-        },
-        signature: IoSignature {
-            inputs: vec![spec("temp", 1)],
-            outputs: vec![spec("logits", 2)],
-        },
-        quantization: None,
         reference_stats: Some(ReferenceStats {
             inputs: vec![InputHistogram {
                 name: "temp".into(),
@@ -58,9 +38,7 @@ fn manifest(model: &[u8]) -> Manifest {
             ],
             sample_count: 1000,
         }),
-        lineage: Lineage::default(),
-        health_probe: None,
-        created_at: "2026-11-30T00:00:00Z".into(),
+        ..edgeloop_tests::manifests::manifest("rain", "1.0.0", model, ("temp", 1), ("logits", 2))
     }
 }
 

@@ -16,10 +16,7 @@ use std::time::Duration;
 use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
 use edgeloop_control_plane::registry::models::ModelVersionRecord;
 use edgeloop_edge_agent::AgentConfig;
-use edgeloop_models::manifest::{
-    ArtifactRef, DimSpec, HealthProbe, IoSignature, Lineage, Manifest, ManifestKey, TensorSpec,
-    SCHEMA_VERSION,
-};
+use edgeloop_models::manifest::{Manifest, ManifestKey};
 use edgeloop_models::npz::Npz;
 use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::tensor::Tensor;
@@ -32,33 +29,7 @@ use tokio_util::sync::CancellationToken;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn manifest(version: &str, model: &[u8], probe: Digest) -> Manifest {
-    let spec = |name: &str, n: i64| TensorSpec {
-        name: name.into(),
-        dtype: "float32".into(),
-        shape: vec![DimSpec::Symbolic("batch".into()), DimSpec::Fixed(n)],
-    };
-    Manifest {
-        schema: SCHEMA_VERSION,
-        name: "digits".into(),
-        version: version.into(),
-        artifact: ArtifactRef {
-            sha256: Digest::of(model),
-            size: model.len() as u64,
-            format: "onnx".into(),
-        },
-        signature: IoSignature {
-            inputs: vec![spec("input", 784)],
-            outputs: vec![spec("logits", 10)],
-        },
-        quantization: None,
-        reference_stats: None,
-        lineage: Lineage::default(),
-        health_probe: Some(HealthProbe {
-            sample_inputs: probe,
-            max_latency_ms: 1000.0,
-        }),
-        created_at: "2026-11-29T00:00:00Z".into(),
-    }
+    edgeloop_tests::manifests::mnist_manifest("digits", version, model, probe, 1000.0)
 }
 
 /// Registers `version` of "digits": the MLP, its probe inputs and a signed manifest.

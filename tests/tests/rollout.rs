@@ -22,10 +22,7 @@ use std::time::Duration;
 use edgeloop_control_plane::fleet::rollout::plan::{self, Waves};
 use edgeloop_control_plane::ServeSettings;
 use edgeloop_edge_agent::AgentConfig;
-use edgeloop_models::manifest::{
-    ArtifactRef, DimSpec, HealthProbe, IoSignature, Lineage, Manifest, ManifestKey, TensorSpec,
-    SCHEMA_VERSION,
-};
+use edgeloop_models::manifest::{Manifest, ManifestKey};
 use edgeloop_models::npz::Npz;
 use edgeloop_models::onnx::{self, ir};
 use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
@@ -115,33 +112,7 @@ fn predict(model: &[u8], rows: &ndarray::ArrayD<f32>) -> Vec<i64> {
 }
 
 fn manifest(version: &str, model: &[u8], probe: Digest) -> Manifest {
-    let spec = |name: &str, n: i64| TensorSpec {
-        name: name.into(),
-        dtype: "float32".into(),
-        shape: vec![DimSpec::Symbolic("batch".into()), DimSpec::Fixed(n)],
-    };
-    Manifest {
-        schema: SCHEMA_VERSION,
-        name: MODEL.into(),
-        version: version.into(),
-        artifact: ArtifactRef {
-            sha256: Digest::of(model),
-            size: model.len() as u64,
-            format: "onnx".into(),
-        },
-        signature: IoSignature {
-            inputs: vec![spec("input", 784)],
-            outputs: vec![spec("logits", 10)],
-        },
-        quantization: None,
-        reference_stats: None,
-        lineage: Lineage::default(),
-        health_probe: Some(HealthProbe {
-            sample_inputs: probe,
-            max_latency_ms: 5000.0,
-        }),
-        created_at: "2026-11-30T00:00:00Z".into(),
-    }
+    edgeloop_tests::manifests::mnist_manifest(MODEL, version, model, probe, 5000.0)
 }
 
 async fn register(cp: &ControlPlane, key: &ManifestKey, version: &str, model: &[u8]) {
