@@ -109,9 +109,17 @@ impl ControlPlane {
 
     /// Creates a bootstrap token through the console API.
     pub async fn token(&self, kind: &str, name: &str) -> String {
+        self.labelled_token(kind, name, json!({})).await
+    }
+
+    /// A bootstrap token whose member enrolls with `labels` (a JSON object).
+    pub async fn labelled_token(&self, kind: &str, name: &str, labels: Value) -> String {
         let (status, body) = self
             .api()
-            .post("/api/v1/tokens", json!({"kind": kind, "name": name}))
+            .post(
+                "/api/v1/tokens",
+                json!({"kind": kind, "name": name, "labels": labels}),
+            )
             .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         body["token"].as_str().unwrap().to_string()

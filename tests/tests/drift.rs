@@ -107,20 +107,11 @@ async fn sketches_from_two_sites_show_drift_per_window_and_site() {
     let base = 1_796_083_200; // 2026-12-01 00:00 UTC
     for (site, shifts) in [("berlin", true), ("oslo", false)] {
         let name = format!("edge-{site}");
-        let (status, body) = cp
-            .api()
-            .post(
-                "/api/v1/tokens",
-                json!({"kind": "device", "name": name, "labels": {"site": site}}),
-            )
+        let token = cp
+            .labelled_token("device", &name, json!({"site": site}))
             .await;
-        assert_eq!(status, 201, "{body}");
         let identity = cp
-            .enroll(
-                Role::Device,
-                body["token"].as_str().unwrap(),
-                &dir.path().join(&name),
-            )
+            .enroll(Role::Device, &token, &dir.path().join(&name))
             .await;
         let channel = mtls_endpoint(&cp.grpc_url, &identity)
             .unwrap()

@@ -218,6 +218,21 @@ fn assigned_version(cp: &ControlPlane, device: &str) -> (u64, Option<String>) {
     (set.generation, v)
 }
 
+/// Creates a deployment; returns the created record.
+async fn create(cp: &ControlPlane, request: Value) -> Value {
+    let (status, body) = cp.api().post("/api/v1/deployments", request).await;
+    assert_eq!(status, 201, "{body}");
+    body
+}
+
+/// The wave index of each event of `kind`, in order.
+fn indexes(body: &Value, kind: &str) -> Vec<u64> {
+    events_of(body, kind)
+        .iter()
+        .map(|e| e["index"].as_u64().unwrap())
+        .collect()
+}
+
 fn events_of(body: &Value, kind: &str) -> Vec<Value> {
     body["events"]
         .as_array()
@@ -312,17 +327,12 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
     let mut agents = Vec::new();
     for i in 0..AGENTS {
         let name = format!("edge-{i:02}");
-        let (status, body) = cp
-            .api()
-            .post(
-                "/api/v1/tokens",
-                json!({"kind": "device", "name": name, "labels": {"site": "lab"}}),
-            )
+        let token = cp
+            .labelled_token("device", &name, json!({"site": "lab"}))
             .await;
-        assert_eq!(status, 201, "{body}");
         let agent_dir = dir.path().join(&name);
         let mut config = AgentConfig::new(
-            cp.member_config(&agent_dir, Some(body["token"].as_str().unwrap().into())),
+            cp.member_config(&agent_dir, Some(token)),
             vec![key.public()],
         );
         config.telemetry.interval = Duration::from_secs(1);
@@ -346,21 +356,10 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
     .await;
 
     // Version 1 everywhere, in one wave: the starting point.
-    let (status, body) = cp
-        .api()
-        .post(
-            "/api/v1/deployments",
-            // No traffic yet: nothing serves the model before this.
-            json!({"min_requests": 0}).as_object().unwrap().iter().fold(
-                deployment("1.0.0", json!({"count": [20]})),
-                |mut d, (k, v)| {
-                    d["gates"][k] = v.clone();
-                    d
-                },
-            ),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    let mut first = deployment("1.0.0", json!({"count": [20]}));
+    // No traffic yet: nothing serves the model before this.
+    first["gates"]["min_requests"] = json!(0);
+    let body = create(&cp, first).await;
     let ended = wait_ended(&cp, body["id"].as_str().unwrap()).await;
     assert_eq!(ended["state"], "succeeded", "{ended}");
     wait_all_serving(&cp, &devices, "1.0.0").await;
@@ -380,11 +379,7 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
 
     // A good version: three waves (2, then 10, then all 20 devices).
     let waves = json!({"percent": [10, 50, 100]});
-    let (status, body) = cp
-        .api()
-        .post("/api/v1/deployments", deployment("2.0.0", waves.clone()))
-        .await;
-    assert_eq!(status, 201, "{body}");
+    let body = create(&cp, deployment("2.0.0", waves.clone())).await;
     let good_id = body["id"].as_str().unwrap().to_string();
     let ended = wait_ended(&cp, &good_id).await;
     assert_eq!(ended["state"], "succeeded", "{ended}");
@@ -394,10 +389,7 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
         .map(|e| strings(&e["assigned"]).len())
         .collect();
     assert_eq!(sizes, vec![2, 8, 10], "{ended}");
-    let healthy: Vec<u64> = events_of(&ended, "wave_healthy")
-        .iter()
-        .map(|e| e["index"].as_u64().unwrap())
-        .collect();
+    let healthy = indexes(&ended, "wave_healthy");
     assert_eq!(
         healthy,
         vec![0, 1, 2],
@@ -414,11 +406,7 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
         .iter()
         .map(|d| (d.clone(), assigned_version(&cp, d)))
         .collect();
-    let (status, body) = cp
-        .api()
-        .post("/api/v1/deployments", deployment("3.0.0", waves.clone()))
-        .await;
-    assert_eq!(status, 201, "{body}");
+    let body = create(&cp, deployment("3.0.0", waves.clone())).await;
     let bad_id = body["id"].as_str().unwrap().to_string();
     let seed = body["deployment"]["seed"].as_str().unwrap().to_string();
     let planned = plan::plan(&seed, &devices, &Waves::Percent(vec![10, 50, 100]));
@@ -492,11 +480,7 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
     assert!(counter("edgeloop_artifact_cache_hits_total").await >= 20);
 
     // A restart in the middle: stop the control plane once wave 2 started.
-    let (status, body) = cp
-        .api()
-        .post("/api/v1/deployments", deployment("4.0.0", waves.clone()))
-        .await;
-    assert_eq!(status, 201, "{body}");
+    let body = create(&cp, deployment("4.0.0", waves.clone())).await;
     let restart_id = body["id"].as_str().unwrap().to_string();
     eventually(WAIT, "the second wave starts", || async {
         let (_, body) = cp
@@ -516,10 +500,7 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
     .await;
     let ended = wait_ended(&cp, &restart_id).await;
     assert_eq!(ended["state"], "succeeded", "{ended}");
-    let indexes: Vec<u64> = events_of(&ended, "wave_started")
-        .iter()
-        .map(|e| e["index"].as_u64().unwrap())
-        .collect();
+    let indexes = indexes(&ended, "wave_started");
     assert_eq!(
         indexes,
         vec![0, 1, 2],
@@ -550,17 +531,12 @@ async fn bad_deployment_requests_get_a_400_naming_the_field() {
     let key = ManifestKey::generate();
     let good = std::fs::read(mnist_dir().join("mlp.onnx")).unwrap();
     register(&cp, &key, "1.0.0", &good).await;
-    let (status, body) = cp
-        .api()
-        .post(
-            "/api/v1/tokens",
-            json!({"kind": "device", "name": "edge-1", "labels": {"site": "lab"}}),
-        )
+    let token = cp
+        .labelled_token("device", "edge-1", json!({"site": "lab"}))
         .await;
-    assert_eq!(status, 201, "{body}");
     cp.enroll(
         edgeloop_client_core::Role::Device,
-        body["token"].as_str().unwrap(),
+        &token,
         &dir.path().join("edge-1"),
     )
     .await;
@@ -616,8 +592,7 @@ async fn bad_deployment_requests_get_a_400_naming_the_field() {
     assert!(body.to_string().contains("wavez"), "{body}");
 
     // A valid one is accepted, listed, and can be cancelled once.
-    let (status, body) = cp.api().post("/api/v1/deployments", with(json!({}))).await;
-    assert_eq!(status, 201, "{body}");
+    let body = create(&cp, with(json!({}))).await;
     let id = body["id"].as_str().unwrap().to_string();
     let (status, list) = cp.api().get("/api/v1/deployments").await;
     assert_eq!(status, 200);

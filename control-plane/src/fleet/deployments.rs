@@ -10,9 +10,7 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 
 use super::members::{CapabilitiesRecord, MemberKind};
-use super::rollout::{
-    Compatibility, Deployment, Event, Gates, RolloutState, Strategy, UnixSeconds, Waves,
-};
+use super::rollout::{Compatibility, Deployment, Event, Gates, RolloutState, Strategy, Waves};
 use super::selector::{self, Selector};
 use crate::error::{Error, Result};
 use crate::registry::artifacts::ArtifactStore;
@@ -412,10 +410,6 @@ pub fn state_name(state: &RolloutState) -> &'static str {
         RolloutState::Failed { .. } => "failed",
         RolloutState::Cancelled { .. } => "cancelled",
     }
-}
-
-pub fn unix(t: OffsetDateTime) -> UnixSeconds {
-    t.unix_timestamp()
 }
 
 #[cfg(test)]

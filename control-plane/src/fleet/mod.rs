@@ -80,11 +80,20 @@ impl Events {
     }
 
     fn signal(&self, kind: MemberKind, id: &str, change: impl FnOnce(&mut MemberSignal)) {
+        self.with_sender(kind, id, |sender| sender.send_modify(change));
+    }
+
+    /// Runs `f` on the member's sender, created on first use.
+    fn with_sender<T>(
+        &self,
+        kind: MemberKind,
+        id: &str,
+        f: impl FnOnce(&watch::Sender<MemberSignal>) -> T,
+    ) -> T {
         let mut members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
-        let sender = members
+        f(members
             .entry((kind, id.to_string()))
-            .or_insert_with(|| watch::channel(MemberSignal::default()).0);
-        sender.send_modify(change);
+            .or_insert_with(|| watch::channel(MemberSignal::default()).0))
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<FleetEvent> {
@@ -94,11 +103,7 @@ impl Events {
     /// One member's signal. Subscribe before reading the state it guards:
     /// a change after this call makes `changed()` return.
     pub fn member(&self, kind: MemberKind, id: &str) -> watch::Receiver<MemberSignal> {
-        let mut members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
-        members
-            .entry((kind, id.to_string()))
-            .or_insert_with(|| watch::channel(MemberSignal::default()).0)
-            .subscribe()
+        self.with_sender(kind, id, watch::Sender::subscribe)
     }
 }
 

@@ -70,6 +70,19 @@ impl ArtifactCache {
         size > 0 && size <= self.max_entry_bytes
     }
 
+    /// The artifact if it is already in memory (a hit), without touching
+    /// the store: the common case of a rollout, answered with no syscall.
+    pub fn cached(&self, digest: Digest) -> Option<Bytes> {
+        let mut inner = self.lock();
+        inner.clock += 1;
+        let now = inner.clock;
+        let entry = inner.entries.get_mut(&digest)?;
+        let bytes = entry.cell.get()?.clone();
+        entry.used = now;
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        Some(bytes)
+    }
+
     /// The whole artifact, from memory or loaded once from `store`.
     pub async fn get(
         &self,
@@ -239,6 +252,19 @@ mod tests {
             cache.counters.store_read_bytes.load(Ordering::Relaxed),
             before + 400
         );
+    }
+
+    #[tokio::test]
+    async fn cached_answers_only_what_is_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalArtifactStore::open(dir.path()).unwrap();
+        let digest = stored(&store, &[4u8; 200]).await;
+        let cache = ArtifactCache::new(1 << 20);
+        assert!(cache.cached(digest).is_none());
+        cache.get(&store, digest).await.unwrap();
+        assert_eq!(cache.cached(digest).unwrap().len(), 200);
+        assert_eq!(cache.counters.hits.load(Ordering::Relaxed), 1);
+        assert_eq!(cache.counters.store_read_bytes.load(Ordering::Relaxed), 200);
     }
 
     #[tokio::test]

@@ -245,34 +245,37 @@ pub(super) async fn stream_artifact(
     max_chunk_bytes: u32,
     caching: Caching,
 ) -> Result<PermitStream, Status> {
-    let size = core
-        .artifacts
-        .head(digest)
-        .await
-        .map_err(Error::from)?
-        .ok_or_else(|| Error::from(ArtifactError::NotFound(digest)))?;
-    if offset > size {
-        return Err(Status::out_of_range(format!(
-            "offset {offset} is past the end ({size} bytes)"
-        )));
-    }
     let chunk = match max_chunk_bytes as usize {
         0 => DEFAULT_CHUNK,
         n => n.min(MAX_CHUNK),
     };
-    if caching == Caching::Cached && core.artifact_cache.admits(size) {
-        let bytes = core
-            .artifact_cache
-            .get(core.artifacts.as_ref(), digest)
+    if caching == Caching::Cached {
+        let cache = &core.artifact_cache;
+        if let Some(bytes) = cache.cached(digest) {
+            check_offset(offset, bytes.len() as u64)?;
+            return Ok(stream_bytes(bytes, offset, chunk, core.downloads.clone()));
+        }
+        let size = core
+            .artifacts
+            .head(digest)
             .await
-            .map_err(Error::from)?;
-        return Ok(stream_bytes(bytes, offset, chunk, core.downloads.clone()));
+            .map_err(Error::from)?
+            .ok_or_else(|| Error::from(ArtifactError::NotFound(digest)))?;
+        check_offset(offset, size)?;
+        if cache.admits(size) {
+            let bytes = cache
+                .get(core.artifacts.as_ref(), digest)
+                .await
+                .map_err(Error::from)?;
+            return Ok(stream_bytes(bytes, offset, chunk, core.downloads.clone()));
+        }
     }
     let (size, mut reader) = core
         .artifacts
         .open_at(digest, offset)
         .await
         .map_err(Error::from)?;
+    check_offset(offset, size)?;
     let counters = &core.artifact_cache.counters;
     counters.store_read_bytes.fetch_add(
         size.saturating_sub(offset),
@@ -311,6 +314,15 @@ pub(super) async fn stream_artifact(
         }
     });
     Ok(stream)
+}
+
+fn check_offset(offset: u64, size: u64) -> Result<(), Status> {
+    if offset > size {
+        return Err(Status::out_of_range(format!(
+            "offset {offset} is past the end ({size} bytes)"
+        )));
+    }
+    Ok(())
 }
 
 /// Streams `bytes[offset..]` in chunks, from memory.
