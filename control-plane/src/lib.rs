@@ -154,6 +154,11 @@ impl Server {
             core.config.rollout_tick,
             core.shutdown.clone(),
         ));
+        let pipelines = tokio::spawn(r#loop::retrain::runner::run(
+            core.clone(),
+            core.config.rollout_tick,
+            core.shutdown.clone(),
+        ));
         let mut grpc = std::pin::pin!(grpc);
         let mut http = std::pin::pin!(http);
         // A server that dies on its own is an error; otherwise wait for the signal.
@@ -182,6 +187,17 @@ impl Server {
         // A tick in progress finishes its writes before the store is flushed.
         if let Err(e) = rollouts.await {
             tracing::warn!(error = %e, "rollout task ended abnormally");
+        }
+        // A pipeline step may be mid-way through minutes of quantization;
+        // steps are idempotent, so one cut short simply runs again on start.
+        let mut pipelines = pipelines;
+        match tokio::time::timeout(core.config.drain_timeout, &mut pipelines).await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "pipeline task ended abnormally"),
+            Ok(Ok(())) => {}
+            Err(_) => {
+                tracing::warn!("a pipeline step outlasted the drain timeout; it reruns on start");
+                pipelines.abort();
+            }
         }
         core.store.flush().await?;
         tracing::info!("control plane stopped");

@@ -68,7 +68,8 @@ fn shape_text(shape: &Option<Vec<Dim>>) -> String {
     }
 }
 
-fn slice_rows(t: &Tensor, start: usize, end: usize) -> Tensor {
+/// Rows `start..end` of a tensor (along its first axis).
+pub fn slice_rows(t: &Tensor, start: usize, end: usize) -> Tensor {
     let s = Slice::from(start..end);
     match t {
         Tensor::F32(a) => Tensor::F32(a.slice_axis(Axis(0), s).to_owned()),

@@ -117,10 +117,129 @@ pub fn default_path(workload: Workload) -> Option<PathBuf> {
 }
 
 pub fn load(workload: Workload, path: &Path) -> Result<Data, DataError> {
+    if path.extension().is_some_and(|e| e == "npz") || is_npz(path) {
+        return load_snapshot(workload, path);
+    }
     match workload {
         Workload::MnistCnn => load_mnist(path),
         Workload::RainfallMlp => load_rainfall(path),
     }
+}
+
+/// The shape of one sample of `workload`.
+pub fn sample_shape(workload: Workload) -> Vec<usize> {
+    match workload {
+        Workload::MnistCnn => vec![1, 28, 28],
+        Workload::RainfallMlp => vec![RAIN_FEATURES.len()],
+    }
+}
+
+/// A zip (npz) by its magic bytes: the bridge names downloaded datasets by
+/// their digest, without an extension.
+fn is_npz(path: &Path) -> bool {
+    use std::io::Read as _;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| magic == *b"PK\x03\x04")
+}
+
+/// The training-set key of a snapshot; `label` holds its labels.
+pub const SNAPSHOT_INPUT: &str = "input";
+/// The held-out eval set of a snapshot (optional; else its last fifth).
+pub const SNAPSHOT_EVAL_INPUT: &str = "eval_input";
+pub const SNAPSHOT_EVAL_LABEL: &str = "eval_label";
+
+/// A dataset snapshot (a retraining pipeline builds one): an npz with
+/// `input` (f32, `[n, ...sample shape]`) and `label` (int64, `[n]`), and
+/// optionally `eval_input`/`eval_label`; without them the last fifth of the
+/// rows evaluates.
+pub fn load_snapshot(workload: Workload, path: &Path) -> Result<Data, DataError> {
+    let npz = edgeloop_models::npz::Npz::read(path).map_err(|e| invalid(path, e.to_string()))?;
+    let shape = sample_shape(workload);
+    let part = |x_key: &str, y_key: &str| -> Result<Option<Samples>, DataError> {
+        let (Some(x), Some(y)) = (npz.get(x_key), npz.get(y_key)) else {
+            return Ok(None);
+        };
+        let edgeloop_models::Tensor::F32(x) = x else {
+            return Err(invalid(
+                path,
+                format!("{x_key} is {}, expected float32", x.dtype()),
+            ));
+        };
+        let edgeloop_models::Tensor::I64(y) = y else {
+            return Err(invalid(
+                path,
+                format!("{y_key} is {}, expected int64", y.dtype()),
+            ));
+        };
+        if x.shape().get(1..) != Some(shape.as_slice()) || x.shape()[0] != y.len() || y.ndim() != 1
+        {
+            return Err(invalid(
+                path,
+                format!(
+                    "{x_key} has shape {:?} and {y_key} {:?}; {workload} needs [n, {}] and [n]",
+                    x.shape(),
+                    y.shape(),
+                    shape
+                        .iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let classes = workload.classes() as i64;
+        let labels = y
+            .iter()
+            .map(|&c| {
+                u32::try_from(c)
+                    .ok()
+                    .filter(|_| (0..classes).contains(&c))
+                    .ok_or_else(|| {
+                        invalid(
+                            path,
+                            format!("{y_key} holds {c}, not a class of {workload}"),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        let values: Vec<f32> = x.iter().copied().collect();
+        if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+            return Err(invalid(path, format!("{x_key} holds {v}")));
+        }
+        Ok(Some(Samples {
+            x: values,
+            y: labels,
+            sample_shape: shape.clone(),
+        }))
+    };
+    let all = part(SNAPSHOT_INPUT, edgeloop_models::dataset::LABEL_KEY)?
+        .ok_or_else(|| invalid(path, "a snapshot needs `input` and `label` arrays"))?;
+    let (train, eval) = match part(SNAPSHOT_EVAL_INPUT, SNAPSHOT_EVAL_LABEL)? {
+        Some(eval) => (all, eval),
+        None => {
+            let cut = all.len() - all.len() / 5;
+            let train: Vec<u32> = (0..cut as u32).collect();
+            let eval: Vec<u32> = (cut as u32..all.len() as u32).collect();
+            (all.select(&train), all.select(&eval))
+        }
+    };
+    if train.is_empty() || eval.is_empty() {
+        return Err(invalid(
+            path,
+            format!(
+                "{} training and {} eval rows; both must be non-empty",
+                train.len(),
+                eval.len()
+            ),
+        ));
+    }
+    Ok(Data {
+        train,
+        eval,
+        source: path.to_path_buf(),
+    })
 }
 
 fn invalid(path: &Path, reason: impl Into<String>) -> DataError {
@@ -497,6 +616,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("scripts/fetch-rainfall.sh"), "{e}");
+    }
+
+    fn snapshot(dir: &Path, n: usize, eval: bool, label: i64) -> PathBuf {
+        use edgeloop_models::npz::Npz;
+        use ndarray::{ArrayD, IxDyn};
+        let mut npz = Npz::new();
+        let x =
+            ArrayD::from_shape_vec(IxDyn(&[n, 8]), (0..n * 8).map(|v| v as f32).collect()).unwrap();
+        let y = ArrayD::from_shape_vec(
+            IxDyn(&[n]),
+            (0..n).map(|i| (i % 2) as i64 * label).collect(),
+        )
+        .unwrap();
+        npz.insert(SNAPSHOT_INPUT, edgeloop_models::Tensor::F32(x.clone()));
+        npz.insert("label", edgeloop_models::Tensor::I64(y.clone()));
+        if eval {
+            npz.insert(SNAPSHOT_EVAL_INPUT, edgeloop_models::Tensor::F32(x));
+            npz.insert(SNAPSHOT_EVAL_LABEL, edgeloop_models::Tensor::I64(y));
+        }
+        // No extension: the bridge names downloads by digest.
+        let path = dir.join(format!("snap-{n}-{eval}-{label}"));
+        npz.write(&path).unwrap();
+        path
+    }
+
+    #[test]
+    fn snapshots_load_with_or_without_an_eval_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = load(Workload::RainfallMlp, &snapshot(dir.path(), 10, false, 1)).unwrap();
+        assert_eq!((d.train.len(), d.eval.len()), (8, 2));
+        assert_eq!(d.eval.x[0], 64.0, "the last fifth evaluates");
+        assert_eq!(d.train.y[..4], [0, 1, 0, 1]);
+        let d = load(Workload::RainfallMlp, &snapshot(dir.path(), 10, true, 1)).unwrap();
+        assert_eq!((d.train.len(), d.eval.len()), (10, 10));
+        let e = load(Workload::RainfallMlp, &snapshot(dir.path(), 10, false, 7))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a class"), "{e}");
+        let e = load(Workload::MnistCnn, &snapshot(dir.path(), 10, false, 1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs [n, 1, 28, 28]"), "{e}");
+        let e = load(Workload::RainfallMlp, &snapshot(dir.path(), 1, false, 1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("both must be non-empty"), "{e}");
     }
 
     #[test]

@@ -281,7 +281,6 @@ impl Runner {
         job_dir: &Path,
         ckpt_dir: &Path,
     ) -> Result<Committed, String> {
-        use tokio::io::AsyncWriteExt as _;
         let want: edgeloop_models::Digest = digest
             .parse()
             .map_err(|e| format!("the control plane sent a bad digest {digest:?}: {e}"))?;
@@ -290,6 +289,28 @@ impl Runner {
             .await
             .map_err(|e| format!("creating {}: {e}", scratch.display()))?;
         let partial = scratch.join(format!("{want}.zip.partial"));
+        self.download(job, want, &partial).await?;
+        let (zip, root, scratch_dir) = (partial.clone(), ckpt_dir.to_path_buf(), scratch.clone());
+        tokio::task::spawn_blocking(move || {
+            verify_download(&zip, want, "checkpoint")?;
+            let c = checkpoint::unpack(&zip, &root, &scratch_dir, step)?;
+            let _ = std::fs::remove_file(&zip);
+            Ok(c)
+        })
+        .await
+        .map_err(|e| format!("unpacking: {e}"))?
+    }
+
+    /// Appends artifact `want` of `job` to `partial` from where it ends (the
+    /// control plane serves a job's checkpoints and the datasets its spec
+    /// names as `edgeloop-artifact://`), so a broken transfer resumes.
+    async fn download(
+        &self,
+        job: &str,
+        want: edgeloop_models::Digest,
+        partial: &Path,
+    ) -> Result<(), String> {
+        use tokio::io::AsyncWriteExt as _;
         let mut offset = tokio::fs::metadata(&partial).await.map_or(0, |m| m.len());
         let mut client = self.client.clone();
         let mut stream = client
@@ -321,30 +342,63 @@ impl Runner {
         }
         file.sync_all()
             .await
-            .map_err(|e| format!("{}: {e}", partial.display()))?;
-        drop(file);
-        let (zip, root, scratch_dir) = (partial.clone(), ckpt_dir.to_path_buf(), scratch.clone());
-        tokio::task::spawn_blocking(move || {
-            let got = checkpoint::hash_file(&zip).map_err(|e| format!("{}: {e}", zip.display()))?;
-            if got != want {
-                // Start over next time rather than resuming garbage.
-                let _ = std::fs::remove_file(&zip);
-                return Err(format!(
-                    "downloaded checkpoint has sha256 {got}, expected {want}"
-                ));
+            .map_err(|e| format!("{}: {e}", partial.display()))
+    }
+
+    /// Replaces each `edgeloop-artifact://sha256:<hex>` dataset of the spec
+    /// by a `file://` path in the job's directory, downloading it once (a
+    /// retraining pipeline's dataset snapshot lives in the control plane's
+    /// artifact store, and a job on any engine reads plain files).
+    async fn fetch_datasets(
+        &self,
+        job: &str,
+        spec: &mut JobSpec,
+        job_dir: &Path,
+    ) -> Result<(), String> {
+        const SCHEME: &str = "edgeloop-artifact://";
+        let dir = job_dir.join("datasets");
+        for uri in spec.datasets.iter_mut() {
+            let Some(rest) = uri.strip_prefix(SCHEME) else {
+                continue;
+            };
+            let want: edgeloop_models::Digest =
+                rest.parse().map_err(|e| format!("dataset {uri:?}: {e}"))?;
+            let path = dir.join(want.to_hex());
+            if !path.exists() {
+                tokio::fs::create_dir_all(&dir)
+                    .await
+                    .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+                let partial = dir.join(format!("{}.partial", want.to_hex()));
+                let mut tries = 0u32;
+                loop {
+                    match self.download(job, want, &partial).await {
+                        Ok(()) => break,
+                        Err(e) if tries < 3 => {
+                            tracing::warn!(job, error = %e, "fetching a dataset failed; retrying");
+                            tokio::time::sleep(Backoff::default().next(tries)).await;
+                            tries += 1;
+                        }
+                        Err(e) => return Err(format!("fetching dataset {want}: {e}")),
+                    }
+                }
+                let (from, to) = (partial.clone(), path.clone());
+                tokio::task::spawn_blocking(move || {
+                    verify_download(&from, want, "dataset")?;
+                    std::fs::rename(&from, &to)
+                        .map_err(|e| format!("moving into {}: {e}", to.display()))
+                })
+                .await
+                .map_err(|e| format!("verifying dataset {want}: {e}"))??;
             }
-            let c = checkpoint::unpack(&zip, &root, &scratch_dir, step)?;
-            let _ = std::fs::remove_file(&zip);
-            Ok(c)
-        })
-        .await
-        .map_err(|e| format!("unpacking: {e}"))?
+            *uri = format!("file://{}", path.display());
+        }
+        Ok(())
     }
 
     async fn run_job(&self, job: pb::Job, shutdown: CancellationToken) {
         let id = job.id.clone();
         let mut attempt = job.attempt;
-        let spec = match JobSpec::from_json(job.spec_json.as_bytes()) {
+        let mut spec = match JobSpec::from_json(job.spec_json.as_bytes()) {
             Ok(s) => s,
             Err(e) => {
                 self.fail(&id, attempt, format!("invalid spec: {e}")).await;
@@ -382,6 +436,10 @@ impl Runner {
                 format!("creating {}: {e}", ckpt_dir.display()),
             )
             .await;
+            return;
+        }
+        if let Err(e) = self.fetch_datasets(&id, &mut spec, &job_dir).await {
+            self.fail(&id, attempt, e).await;
             return;
         }
         let mut restarts = 0u32;
@@ -684,6 +742,19 @@ async fn submit_with_retry(
 }
 
 /// Where a bridge keeps a job's files: `<data_dir>/jobs/<id>/`.
+/// Checks a finished download against its digest; a mismatch removes the
+/// file, so the next try starts over rather than resuming garbage.
+fn verify_download(path: &Path, want: edgeloop_models::Digest, what: &str) -> Result<(), String> {
+    let got = checkpoint::hash_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if got != want {
+        let _ = std::fs::remove_file(path);
+        return Err(format!(
+            "downloaded {what} has sha256 {got}, expected {want}"
+        ));
+    }
+    Ok(())
+}
+
 pub fn job_dir(data_dir: &Path, job: &str) -> PathBuf {
     data_dir.join("jobs").join(job)
 }

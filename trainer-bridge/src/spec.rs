@@ -625,6 +625,11 @@ fn validate_dataset_uri(uri: &str) -> Result<(), String> {
     if uri.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(format!("{uri:?} contains whitespace or control characters"));
     }
+    if scheme.eq_ignore_ascii_case("edgeloop-artifact") {
+        rest.parse::<edgeloop_models::Digest>().map_err(|e| {
+            format!("{uri:?}: an edgeloop-artifact URI names a digest (sha256:<64 hex>): {e}")
+        })?;
+    }
     Ok(())
 }
 

@@ -381,6 +381,11 @@ fn validation_names_the_field() {
         ),
         (json!({"datasets": ["s3://"]}), "datasets[0]", "no location"),
         (
+            json!({"datasets": ["edgeloop-artifact://sha256:ab"]}),
+            "datasets[0]",
+            "names a digest",
+        ),
+        (
             json!({"datasets": ["https://a b"]}),
             "datasets[0]",
             "whitespace",
@@ -447,7 +452,7 @@ fn accepted_edge_values() {
         json!({"env": {"_X1": "", "lower_case": "ok"}}),
         json!({"env": {"RANK": "0"}}),
         json!({"nccl": {"NCCL_IB_GID_INDEX": "3", "NCCL_DEBUG": "WARN"}}),
-        json!({"datasets": ["file:///data", "gs://b/o", "http://h/x", "HTTPS://h/x", "edgeloop-artifact://sha256:ab"]}),
+        json!({"datasets": ["file:///data", "gs://b/o", "http://h/x", "HTTPS://h/x", "edgeloop-artifact://sha256:abababababababababababababababababababababababababababababababab"]}),
         json!({"restarts": {"max_restarts": 0, "backoff_seconds": 0, "backoff_max_seconds": 0}}),
         json!({"launcher": {"type": "horovod"}, "resources": {"gpus_per_node": 4}}),
         json!({"launcher": {"type": "none"}}),

@@ -4,18 +4,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use edgeloop_models::dataset::{reference_stats, Dataset};
+use edgeloop_models::dataset::Dataset;
 use edgeloop_models::fs::write_atomic;
-use edgeloop_models::manifest::{
-    ArtifactRef, DimSpec, IoSignature, Lineage, Manifest, ManifestKey, PublicKey,
-    QuantizationRecord, SignedManifest, TensorSpec, SCHEMA_VERSION,
-};
-use edgeloop_models::onnx::{self, Dim, ValueSummary};
-use edgeloop_models::quantize::gate::{
-    predictions, run_gate, CalibrationMethodName, Candidate, GateOptions, GateOutcome,
-};
+use edgeloop_models::manifest::{Lineage, PublicKey, SignedManifest};
+use edgeloop_models::onnx;
+use edgeloop_models::quantize::gate::{CalibrationMethodName, Candidate, GateOptions, GateOutcome};
 use edgeloop_models::runtime::OrtRuntime;
-use edgeloop_models::Digest;
+
+use crate::registry::package::{load_or_create_key, package, public_key_path, Identity, Packaged};
 
 use super::model::{Method, QuantizeArgs};
 
@@ -27,31 +23,6 @@ fn default_signing_key() -> PathBuf {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".edgeloop")
         });
     home.join("keys").join("manifest-signing.key")
-}
-
-fn public_key_path(signing_key: &Path) -> PathBuf {
-    signing_key.with_extension("pub")
-}
-
-fn load_or_create_key(path: &Path) -> anyhow::Result<ManifestKey> {
-    if path.exists() {
-        return ManifestKey::read_from(path)
-            .with_context(|| format!("reading signing key {}", path.display()));
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let key = ManifestKey::generate();
-    key.write_to(path)
-        .with_context(|| format!("writing signing key {}", path.display()))?;
-    key.public()
-        .write_to(&public_key_path(path))
-        .with_context(|| format!("writing public key {}", public_key_path(path).display()))?;
-    eprintln!(
-        "created signing key {} (public key beside it, .pub)",
-        path.display()
-    );
-    Ok(key)
 }
 
 fn candidates(method: Method) -> Vec<Candidate> {
@@ -68,23 +39,6 @@ fn candidates(method: Method) -> Vec<Candidate> {
         }],
         Method::Dynamic => vec![Candidate::Dynamic],
         Method::Fp16 => vec![Candidate::Fp16],
-    }
-}
-
-fn spec(v: &ValueSummary) -> TensorSpec {
-    TensorSpec {
-        name: v.name.clone(),
-        dtype: v.dtype.clone(),
-        shape: v
-            .shape
-            .iter()
-            .flatten()
-            .map(|d| match d {
-                Dim::Fixed(n) => DimSpec::Fixed(*n),
-                Dim::Symbolic(s) => DimSpec::Symbolic(s.clone()),
-                Dim::Unknown => DimSpec::Symbolic("?".into()),
-            })
-            .collect(),
     }
 }
 
@@ -119,13 +73,6 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
         candidates: candidates(args.method),
         ..GateOptions::default()
     };
-    let outcome = run_gate(&runtime, &model, &calibration, &eval, &opts)?;
-
-    let bytes = onnx::encode(&outcome.chosen_model);
-    write_atomic(&args.out, &bytes, 0o644)
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    let chosen_predictions = predictions(&runtime, &outcome.chosen_model, &eval)?;
-    let summary = onnx::inspect(&outcome.chosen_model);
     let name = match &args.name {
         Some(n) => n.clone(),
         None => args
@@ -138,34 +85,32 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
             })
             .unwrap_or_else(|| "model".into()),
     };
-    let manifest = Manifest {
-        schema: SCHEMA_VERSION,
-        name,
-        version: args.version.clone(),
-        artifact: ArtifactRef {
-            sha256: Digest::of(&bytes),
-            size: bytes.len() as u64,
-            format: "onnx".into(),
-        },
-        signature: IoSignature {
-            inputs: summary.inputs.iter().map(spec).collect(),
-            outputs: summary.outputs.iter().map(spec).collect(),
-        },
-        quantization: Some(QuantizationRecord::new(outcome.chosen.clone(), &outcome)?),
-        reference_stats: Some(reference_stats(&eval, &chosen_predictions, 32)),
-        lineage: Lineage {
-            job: args.job.clone(),
-            checkpoint: args.checkpoint,
-            dataset: args.dataset,
-            parent_version: args.parent_version.clone(),
-        },
-        health_probe: None,
-        created_at: time::OffsetDateTime::now_utc()
-            .format(&time::format_description::well_known::Rfc3339)?,
-    };
     let key_path = args.signing_key.clone().unwrap_or_else(default_signing_key);
     let key = load_or_create_key(&key_path)?;
-    let signed = key.sign(manifest)?;
+    let Packaged {
+        artifact: bytes,
+        manifest: signed,
+        outcome,
+    } = package(
+        &runtime,
+        &model,
+        &calibration,
+        &eval,
+        &opts,
+        Identity {
+            name,
+            version: args.version.clone(),
+            lineage: Lineage {
+                job: args.job.clone(),
+                checkpoint: args.checkpoint,
+                dataset: args.dataset,
+                parent_version: args.parent_version.clone(),
+            },
+        },
+        &key,
+    )?;
+    write_atomic(&args.out, &bytes, 0o644)
+        .with_context(|| format!("writing {}", args.out.display()))?;
     let manifest_out = manifest_path(&args.out);
     write_atomic(&manifest_out, signed.to_json_pretty()?.as_bytes(), 0o644)
         .with_context(|| format!("writing {}", manifest_out.display()))?;

@@ -234,10 +234,26 @@ pub fn validate_spec(spec: &serde_json::Value) -> Result<String> {
 
 pub async fn create(store: &Store, req: CreateJob, now: OffsetDateTime) -> Result<JobRecord> {
     let name = validate_spec(&req.spec)?;
+    let id = format!("{name}-{:08x}", rand::random::<u32>());
+    match create_with_id(store, &id, req, now).await? {
+        (job, true) => Ok(job),
+        (_, false) => Err(Error::Conflict(format!("job id {id:?} collided; retry"))),
+    }
+}
+
+/// Creates job `id` unless it exists; returns the job and whether this call
+/// created it (an idempotent create, for callers that retry after a crash).
+pub async fn create_with_id(
+    store: &Store,
+    id: &str,
+    req: CreateJob,
+    now: OffsetDateTime,
+) -> Result<(JobRecord, bool)> {
+    validate_spec(&req.spec)?;
     if let Some(c) = &req.cluster {
         crate::validate::name("cluster", c)?;
     }
-    let id = format!("{name}-{:08x}", rand::random::<u32>());
+    let id = id.to_string();
     let job = JobRecord {
         id: id.clone(),
         spec: req.spec,
@@ -256,10 +272,10 @@ pub async fn create(store: &Store, req: CreateJob, now: OffsetDateTime) -> Resul
         updated_at: now,
     };
     if !store.jobs.insert_new(&id, &job)? {
-        return Err(Error::Conflict(format!("job id {id:?} collided; retry")));
+        return Ok((get(store, &id)?, false));
     }
     store.flush().await?;
-    Ok(job)
+    Ok((job, true))
 }
 
 pub fn get(store: &Store, id: &str) -> Result<JobRecord> {

@@ -4,4 +4,5 @@
 pub mod drift;
 pub mod jobs;
 pub mod pipeline;
+pub mod retrain;
 pub mod triggers;

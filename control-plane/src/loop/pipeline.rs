@@ -82,9 +82,15 @@ impl PipelineState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "output", rename_all = "snake_case")]
 pub enum Output {
+    /// The snapshot; `rows` train, `eval_rows` (the newest labelled edge
+    /// samples) evaluate; `edge_rows` of all came from devices.
     Dataset {
         digest: String,
         rows: u64,
+        #[serde(default)]
+        eval_rows: u64,
+        #[serde(default)]
+        edge_rows: u64,
     },
     Job {
         id: String,
@@ -93,9 +99,12 @@ pub enum Output {
     Onnx {
         digest: String,
     },
+    /// The gate's choice, its signed manifest, and the version it names.
     Quantized {
         digest: String,
         method: String,
+        manifest: String,
+        version: String,
     },
     Version {
         version: String,
@@ -134,6 +143,16 @@ pub struct Pipeline {
     pub step_timeout_seconds: i64,
     /// Accuracy points the new version must gain over the serving one.
     pub min_gain_points: f64,
+    /// Triggers that fired while it ran, folded into it (never a second
+    /// retrain of the same model at once).
+    #[serde(default)]
+    pub coalesced: Vec<Coalesced>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Coalesced {
+    pub trigger: String,
+    pub at: UnixSeconds,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -185,6 +204,7 @@ impl Pipeline {
                 max_attempts: 3,
                 step_timeout_seconds: 6 * 3600,
                 min_gain_points: 0.0,
+                coalesced: vec![],
             },
             vec![Action::Run {
                 step: first,
@@ -315,6 +335,8 @@ mod tests {
             Step::BuildDataset => Output::Dataset {
                 digest: "sha256:d".into(),
                 rows: 100,
+                eval_rows: 30,
+                edge_rows: 50,
             },
             Step::Train => Output::Job {
                 id: "j".into(),
@@ -326,6 +348,8 @@ mod tests {
             Step::Quantize => Output::Quantized {
                 digest: "sha256:q".into(),
                 method: "int8-static".into(),
+                manifest: "sha256:m".into(),
+                version: "2".into(),
             },
             Step::Register => Output::Version {
                 version: "2".into(),

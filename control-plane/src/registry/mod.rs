@@ -5,3 +5,4 @@ pub mod artifact_cache;
 pub mod artifacts;
 pub mod checkpoints;
 pub mod models;
+pub mod package;

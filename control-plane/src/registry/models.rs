@@ -113,7 +113,7 @@ pub struct CreateModelVersion {
 
 const FORMATS: &[&str] = &["onnx", "torchscript", "safetensors", "checkpoint"];
 
-fn version_key(model: &str, version: &str) -> String {
+pub fn version_key(model: &str, version: &str) -> String {
     // '/' cannot occur in a model name, so prefixes never collide.
     format!("{model}/{version}")
 }

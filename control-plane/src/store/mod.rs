@@ -85,6 +85,14 @@ pub struct Store {
     pub deployments: Tree<DeploymentRecord>,
     /// Each deployment's event log, by `<id>/<n>`.
     pub deployment_events: Tree<EventEntry>,
+    /// Each model's retraining policy, by model.
+    pub retraining: Tree<crate::r#loop::retrain::RetrainingConfig>,
+    /// Retraining pipelines, by id (`p-<seq>`).
+    pub pipelines: Tree<crate::r#loop::pipeline::Pipeline>,
+    /// The pipeline that holds each model's one retraining slot, by model.
+    pub pipeline_active: Tree<String>,
+    /// What each model's drift is measured against, by model.
+    pub drift_reference: Tree<crate::r#loop::retrain::ReferenceRecord>,
 }
 
 impl Store {
@@ -131,6 +139,10 @@ impl Store {
             jobs: Tree::open(&db, "jobs")?,
             deployments: Tree::open(&db, "deployments")?,
             deployment_events: Tree::open(&db, "deployment_events")?,
+            retraining: Tree::open(&db, "retraining")?,
+            pipelines: Tree::open(&db, "pipelines")?,
+            pipeline_active: Tree::open(&db, "pipeline_active")?,
+            drift_reference: Tree::open(&db, "drift_reference")?,
             db,
             flusher: Arc::default(),
         })

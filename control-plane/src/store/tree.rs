@@ -100,6 +100,23 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         }
     }
 
+    /// Removes `key` only if it still holds `expected`; false otherwise.
+    pub fn remove_if_eq(&self, key: &str, expected: &V) -> Result<bool, StoreError>
+    where
+        V: PartialEq,
+    {
+        let Some(old_raw) = self.tree.get(key)? else {
+            return Ok(false);
+        };
+        if self.decode(key.as_bytes(), &old_raw)? != *expected {
+            return Ok(false);
+        }
+        Ok(self
+            .tree
+            .compare_and_swap(key, Some(old_raw), None::<&[u8]>)?
+            .is_ok())
+    }
+
     pub fn remove(&self, key: &str) -> Result<Option<V>, StoreError> {
         self.tree
             .remove(key)?

@@ -324,13 +324,24 @@ impl BridgeService for BridgeApi {
                 job.id
             )));
         }
-        let known = checkpoints::list(&self.core.store, &job.id)
-            .map_err(Error::from)?
-            .iter()
-            .any(|c| c.digest == digest);
+        // A job's own checkpoints, and the datasets its spec names in the
+        // artifact store (a retraining pipeline's snapshot), and nothing else.
+        let names_dataset = job.spec["datasets"].as_array().is_some_and(|d| {
+            d.iter().any(|u| {
+                u.as_str()
+                    .and_then(|u| u.strip_prefix("edgeloop-artifact://"))
+                    .and_then(|d| d.parse::<Digest>().ok())
+                    == Some(digest)
+            })
+        });
+        let known = names_dataset
+            || checkpoints::list(&self.core.store, &job.id)
+                .map_err(Error::from)?
+                .iter()
+                .any(|c| c.digest == digest);
         if !known {
             return Err(Status::not_found(format!(
-                "job {:?} has no checkpoint {digest}",
+                "job {:?} has no checkpoint or dataset {digest}",
                 job.id
             )));
         }

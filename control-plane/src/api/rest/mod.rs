@@ -10,6 +10,7 @@ pub mod json;
 mod metrics;
 mod models;
 pub mod openapi;
+mod pipelines;
 mod telemetry;
 
 use std::sync::Arc;
@@ -84,6 +85,14 @@ pub fn router(core: Arc<Core>) -> Router {
         .route("/api/v1/jobs", post(jobs::create).get(jobs::list))
         .route("/api/v1/jobs/{id}", get(jobs::show))
         .route("/api/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route(
+            "/api/v1/models/{name}/retraining",
+            put(pipelines::put_config).get(pipelines::get_config),
+        )
+        .route("/api/v1/models/{name}/retrain", post(pipelines::retrain))
+        .route("/api/v1/pipelines", get(pipelines::list))
+        .route("/api/v1/pipelines/{id}", get(pipelines::show))
+        .route("/api/v1/pipelines/{id}/cancel", post(pipelines::cancel))
         .route_layer(middleware::from_fn_with_state(core.clone(), require_admin));
     Router::new()
         .merge(protected)

@@ -4,7 +4,7 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{artifacts, deployments, drift, fleet, jobs, metrics, models, telemetry};
+use super::{artifacts, deployments, drift, fleet, jobs, metrics, models, pipelines, telemetry};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -44,6 +44,12 @@ use super::{artifacts, deployments, drift, fleet, jobs, metrics, models, telemet
         jobs::list,
         jobs::show,
         jobs::cancel,
+        pipelines::put_config,
+        pipelines::get_config,
+        pipelines::retrain,
+        pipelines::list,
+        pipelines::show,
+        pipelines::cancel,
     ),
     modifiers(&BearerAuth),
     tags((name = "fleet"), (name = "registry"), (name = "loop"), (name = "health"))

@@ -1,0 +1,391 @@
+//! The retraining pipeline against a real control plane and a real trainer
+//! bridge (local engine): the dataset snapshot reaches the job through the
+//! artifact store, a failed training job fails the pipeline without
+//! deploying anything, a second retrain request is coalesced into the
+//! running one, and a control-plane restart mid-pipeline resumes the same
+//! pipeline and job instead of starting another.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use edgeloop_client_core::tls::mtls_endpoint;
+use edgeloop_client_core::Role;
+use edgeloop_control_plane::config::ServeSettings;
+use edgeloop_models::npz::Npz;
+use edgeloop_models::Tensor;
+use edgeloop_proto::agent::v1 as pb;
+use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+use edgeloop_tests::{eventually, settings, ControlPlane};
+use ndarray::{ArrayD, IxDyn};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+const MODEL: &str = "rain";
+
+fn cp_settings(dir: &Path) -> ServeSettings {
+    ServeSettings {
+        rollout_tick_ms: Some(100),
+        ..settings(dir)
+    }
+}
+
+/// 100 rows of 8 features: the "original" training set.
+fn base_dataset() -> Vec<u8> {
+    let x = ArrayD::from_shape_vec(
+        IxDyn(&[100, 8]),
+        (0..800).map(|v| v as f32 / 800.0).collect(),
+    )
+    .unwrap();
+    let y = ArrayD::from_shape_vec(IxDyn(&[100]), (0..100).map(|i| i % 2).collect()).unwrap();
+    let mut npz = Npz::new();
+    npz.insert("input", Tensor::F32(x));
+    npz.insert("label", Tensor::I64(y));
+    npz.to_bytes().unwrap()
+}
+
+fn policy(job: Value, base: &str) -> Value {
+    json!({
+        "job": job,
+        "base_dataset": base,
+        "base_window_rows": 60,
+        "eval_fraction": 0.25,
+        "min_eval_samples": 10,
+        "max_attempts": 2,
+        "rollout": {"selector": "site=lab"}
+    })
+}
+
+/// A model, its base dataset, a retraining policy with `job`, and 40
+/// labelled samples reported by a device over the agents' gRPC API.
+async fn setup(cp: &ControlPlane, dir: &Path, job: Value) {
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/models", json!({"name": MODEL}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let base = cp.upload(&base_dataset()).await;
+    let (status, body) = cp
+        .api()
+        .put(
+            &format!("/api/v1/models/{MODEL}/retraining"),
+            policy(job, &base.to_string()),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    let token = cp
+        .labelled_token("device", "edge-1", json!({"site": "lab"}))
+        .await;
+    let identity = cp.enroll(Role::Device, &token, &dir.join("edge-1")).await;
+    let channel = mtls_endpoint(&cp.grpc_url, &identity)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = AgentServiceClient::new(channel);
+    let samples = (0..40)
+        .map(|i| {
+            let x: Vec<u8> = (0..8)
+                .flat_map(|f| ((i * 8 + f) as f32).to_le_bytes())
+                .collect();
+            pb::Sample {
+                kind: pb::SampleKind::Feedback as i32,
+                model_name: MODEL.into(),
+                model_version: "1".into(),
+                request_id: format!("r{i}"),
+                observed_at: Some(edgeloop_proto::Timestamp {
+                    seconds: 1_796_083_200 + i64::from(i),
+                    nanos: 0,
+                }),
+                inputs: vec![pb::SampleTensor {
+                    name: "input".into(),
+                    dtype: "float32".into(),
+                    shape: vec![1, 8],
+                    data: x,
+                }],
+                predicted_class: Some(0),
+                confidence: Some(0.7),
+                label: Some(i64::from(i % 2)),
+            }
+        })
+        .collect();
+    client
+        .report_telemetry(pb::TelemetryReport {
+            sequence: 1,
+            samples,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+async fn start_bridge(
+    cp: &ControlPlane,
+    dir: &Path,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let token = cp.token("cluster", "local-gpu").await;
+    let config = cp.member_config(dir, Some(token));
+    let stop = CancellationToken::new();
+    (
+        stop.clone(),
+        tokio::spawn(edgeloop_trainer_bridge::run(config, stop)),
+    )
+}
+
+async fn pipeline(cp: &ControlPlane, id: &str) -> Value {
+    let (status, body) = cp.api().get(&format!("/api/v1/pipelines/{id}")).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+async fn wait_ended(cp: &ControlPlane, id: &str) -> Value {
+    eventually(Duration::from_secs(90), "the pipeline ends", || async {
+        let p = pipeline(cp, id).await;
+        (p["status"] != "running").then_some(p)
+    })
+    .await
+}
+
+fn contract_trainer() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/contract_trainer.sh")
+        .display()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_training_job_fails_the_pipeline_and_deploys_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(cp_settings(&dir.path().join("cp"))).await;
+    // Exits 3 only if the snapshot arrived as a non-empty local file, so the
+    // reason below proves the edgeloop-artifact:// dataset was fetched.
+    let job = json!({
+        "name": "retrain-rain",
+        "command": ["sh", "-c",
+            "f=$(echo \"$EDGELOOP_DATASETS\" | sed -e 's|.*file://||' -e 's|\".*||'); test -s \"$f\" && exit 3; exit 4"],
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
+        "restarts": {"max_restarts": 0, "backoff_seconds": 0, "backoff_max_seconds": 0}
+    });
+    setup(&cp, dir.path(), job).await;
+    let (_stop, _bridge) = start_bridge(&cp, &dir.path().join("bridge")).await;
+
+    let (status, started) = cp
+        .api()
+        .post(
+            &format!("/api/v1/models/{MODEL}/retrain"),
+            json!({"reason": "test"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{started}");
+    assert_eq!(started["trigger"], "manual: test");
+    let id = started["id"].as_str().unwrap().to_string();
+
+    let ended = wait_ended(&cp, &id).await;
+    assert_eq!(ended["status"], "failed", "{ended}");
+    assert_eq!(ended["step"], "train", "{ended}");
+    let reason = ended["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("training job") && reason.contains('3'),
+        "{reason}"
+    );
+    // The snapshot: the base window (60 rows) and the 30 older edge rows
+    // train; the newest quarter (10) evaluates.
+    let dataset = &ended["history"][0];
+    assert_eq!(dataset["step"], "build_dataset");
+    assert_eq!(dataset["output"]["rows"], 90, "{dataset}");
+    assert_eq!(dataset["output"]["eval_rows"], 10, "{dataset}");
+    assert_eq!(dataset["output"]["edge_rows"], 40, "{dataset}");
+    // One attempt only: a failed job is not retried by the pipeline (the
+    // bridge already applied the job's own restart policy).
+    let trains: Vec<&Value> = ended["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["step"] == "train")
+        .collect();
+    assert_eq!(trains.len(), 1, "{ended}");
+
+    let (_, deployments) = cp.api().get("/api/v1/deployments").await;
+    assert_eq!(deployments.as_array().unwrap().len(), 0, "{deployments}");
+    let (_, versions) = cp
+        .api()
+        .get(&format!("/api/v1/models/{MODEL}/versions"))
+        .await;
+    assert_eq!(versions.as_array().unwrap().len(), 0, "{versions}");
+
+    // The slot is free again: a new retrain starts a new pipeline.
+    let (status, again) = cp
+        .api()
+        .post(&format!("/api/v1/models/{MODEL}/retrain"), json!({}))
+        .await;
+    assert_eq!(status, 201, "{again}");
+    assert_ne!(again["id"], started["id"]);
+    let (status, body) = cp
+        .api()
+        .post(
+            &format!("/api/v1/pipelines/{}/cancel", again["id"].as_str().unwrap()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "cancelled");
+    let (status, body) = cp
+        .api()
+        .post(
+            &format!("/api/v1/pipelines/{}/cancel", again["id"].as_str().unwrap()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_pipeline_resumes_it_and_a_second_request_is_coalesced() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp_dir = dir.path().join("cp");
+    let mut cp = ControlPlane::start_with(cp_settings(&cp_dir)).await;
+    // Checkpoints, but no model.onnx in them: the pipeline gets past
+    // training and fails at export, which is as far as this test needs.
+    let job = json!({
+        "name": "retrain-rain",
+        "command": ["sh", contract_trainer()],
+        "env": {"TOTAL": "30", "EVERY": "10", "STEP_SECONDS": "0.2"},
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
+        "checkpoint": {"every_steps": 10, "keep_last": 2},
+        "restarts": {"max_restarts": 0, "backoff_seconds": 0, "backoff_max_seconds": 0}
+    });
+    setup(&cp, dir.path(), job).await;
+    let (_stop, _bridge) = start_bridge(&cp, &dir.path().join("bridge")).await;
+    let (status, started) = cp
+        .api()
+        .post(&format!("/api/v1/models/{MODEL}/retrain"), json!({}))
+        .await;
+    assert_eq!(status, 201, "{started}");
+    let id = started["id"].as_str().unwrap().to_string();
+    let job_id = format!("{id}-train-1");
+    eventually(Duration::from_secs(30), "the training job runs", || async {
+        let (status, job) = cp.api().get(&format!("/api/v1/jobs/{job_id}")).await;
+        (status == 200 && job["state"] == "running").then_some(())
+    })
+    .await;
+
+    let (grpc, http) = (cp.grpc_addr, cp.http_addr);
+    cp.stop().await;
+    cp = ControlPlane::start_with(ServeSettings {
+        grpc_listen: Some(grpc),
+        http_listen: Some(http),
+        ..cp_settings(&cp_dir)
+    })
+    .await;
+    let (status, again) = cp
+        .api()
+        .post(
+            &format!("/api/v1/models/{MODEL}/retrain"),
+            json!({"reason": "again"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["id"], id.as_str());
+    assert_eq!(again["coalesced_request"], true);
+    assert_eq!(again["coalesced"][0]["trigger"], "manual: again", "{again}");
+
+    let ended = wait_ended(&cp, &id).await;
+    assert_eq!(ended["status"], "failed", "{ended}");
+    assert_eq!(ended["step"], "export", "{ended}");
+    assert!(
+        ended["reason"].as_str().unwrap().contains("model.onnx"),
+        "{ended}"
+    );
+    let history = ended["history"].as_array().unwrap();
+    let train: Vec<&Value> = history.iter().filter(|r| r["step"] == "train").collect();
+    assert_eq!(
+        train.len(),
+        1,
+        "one training attempt across the restart: {ended}"
+    );
+    assert_eq!(train[0]["output"]["id"], job_id.as_str());
+    assert_eq!(ended["coalesced"][0]["trigger"], "manual: again", "{ended}");
+    let (_, pipelines) = cp.api().get("/api/v1/pipelines").await;
+    assert_eq!(pipelines.as_array().unwrap().len(), 1, "{pipelines}");
+    let (_, jobs) = cp.api().get("/api/v1/jobs").await;
+    assert_eq!(jobs.as_array().unwrap().len(), 1, "{jobs}");
+}
+
+#[tokio::test]
+async fn bad_policies_and_requests_get_a_4xx_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(cp_settings(&dir.path().join("cp"))).await;
+    let (status, _) = cp
+        .api()
+        .post("/api/v1/models", json!({"name": MODEL}))
+        .await;
+    assert_eq!(status, 201);
+    let good_job = json!({"name": "retrain-rain", "command": ["true"]});
+    let url = format!("/api/v1/models/{MODEL}/retraining");
+    let cases = [
+        (
+            json!({"job": good_job, "rollout": {"selector": "site=lab"}, "eval_fraction": 1.5}),
+            "eval_fraction",
+        ),
+        (
+            json!({"job": {"name": "x"}, "rollout": {"selector": "site=lab"}}),
+            "job.command",
+        ),
+        (
+            json!({"job": good_job, "rollout": {"selector": ""}}),
+            "rollout.selector",
+        ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b", "version": "3"}}),
+            "rollout.version",
+        ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b"}, "max_attempts": 0}),
+            "max_attempts",
+        ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b"}, "base_window_rows": 0}),
+            "base_window_rows",
+        ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b"}, "nope": 1}),
+            "nope",
+        ),
+    ];
+    for (body, field) in cases {
+        let (status, err) = cp.api().put(&url, body.clone()).await;
+        assert_eq!(status, 400, "{body} -> {err}");
+        assert!(
+            err.to_string().contains(field),
+            "{body}: error {err} should name {field}"
+        );
+    }
+    let (status, _) = cp
+        .api()
+        .put(
+            "/api/v1/models/nope/retraining",
+            json!({"job": good_job, "rollout": {"selector": "a=b"}}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    // No policy yet: a retrain cannot start.
+    let (status, err) = cp
+        .api()
+        .post(&format!("/api/v1/models/{MODEL}/retrain"), json!({}))
+        .await;
+    assert_eq!(status, 409, "{err}");
+    let (status, _) = cp
+        .api()
+        .post("/api/v1/models/nope/retrain", json!({}))
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = cp.api().get("/api/v1/pipelines/p-404").await;
+    assert_eq!(status, 404);
+    let (status, _) = cp.api().get("/api/v1/pipelines?bogus=1").await;
+    assert_eq!(status, 400);
+}
