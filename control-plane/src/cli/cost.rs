@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::api::{block_on, segment, Client, Reply, ServerArgs};
 use super::drift::opt;
-use super::table::{fields, num, text, Table};
+use super::table::{fields, num, text, when, Table};
 
 #[derive(Debug, Args)]
 pub struct CostArgs {
@@ -59,7 +59,8 @@ pub fn render(view: &Value) -> String {
         Some(v) => v.to_string(),
         None => "all versions".into(),
     };
-    let mut out = fields(&[
+    let e = &view["estimate"];
+    let mut pairs = vec![
         ("model", format!("{} ({version})", text(&view["model"]))),
         (
             "measured",
@@ -69,7 +70,7 @@ pub fn render(view: &Value) -> String {
                 text(&t["errors"]),
                 text(&t["devices"]),
                 duration(&t["observed_seconds"]),
-                text(&view["since"])
+                when(&view["since"])
             ),
         ),
         (
@@ -88,8 +89,17 @@ pub fn render(view: &Value) -> String {
                 num(&t["latency_p99_ms"], 2)
             ),
         ),
-    ]);
-    let e = &view["estimate"];
+    ];
+    if !e.is_null() {
+        pairs.push((
+            "month",
+            format!(
+                "{} requests at the mean rate",
+                num(&e["monthly_requests"], 0)
+            ),
+        ));
+    }
+    let mut out = fields(&pairs);
     if e.is_null() {
         out.push_str(&format!(
             "\nno requests reported in the last {} days: nothing to estimate\n",
@@ -138,13 +148,6 @@ pub fn render(view: &Value) -> String {
             usd(&sls["compute_usd"])
         ),
     ]);
-    out.push_str(&fields(&[(
-        "month",
-        format!(
-            "{} requests at the mean rate",
-            num(&e["monthly_requests"], 0)
-        ),
-    )]));
     out.push('\n');
     out.push_str(&table.render());
     let saves = e["edge_saves_usd"].as_f64().unwrap_or(0.0);

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Map, Value};
 
 use super::api::{block_on, segment, wait_for, CliError, Client, Reply, ServerArgs};
-use super::table::{fields, Table};
+use super::table::{fields, when, Table};
 
 #[derive(Debug, Subcommand)]
 pub enum DeploymentCommand {
@@ -270,7 +270,7 @@ fn render(d: &Value) -> String {
             "finished" => format!("finished: {}", ev["state"]["state"].as_str().unwrap_or("")),
             other => other.to_string(),
         };
-        out.push_str(&format!("  {}  {what}\n", e["at"].as_str().unwrap_or("")));
+        out.push_str(&format!("  {}  {what}\n", when(&e["at"])));
     }
     out
 }
@@ -289,7 +289,7 @@ pub fn table(all: &[Value]) -> String {
             ),
             dep["group"].as_str().unwrap_or("").to_string(),
             d["state"].as_str().unwrap_or("").to_string(),
-            d["created_at"].as_str().unwrap_or("").to_string(),
+            when(&d["created_at"]),
         ]);
     }
     t.render()

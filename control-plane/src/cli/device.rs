@@ -8,7 +8,7 @@ use clap::Subcommand;
 use serde_json::Value;
 
 use super::api::{block_on, segment, Client, Reply, ServerArgs};
-use super::table::{bytes, fields, text, Table};
+use super::table::{bytes, fields, text, when, Table};
 
 #[derive(Debug, Subcommand)]
 pub enum DeviceCommand {
@@ -69,7 +69,7 @@ pub fn table(all: &[Value]) -> String {
             text(&c["os"]),
             providers(c),
             text(&c["agent_version"]),
-            text(&d["last_seen"]),
+            when(&d["last_seen"]),
         ]);
     }
     t.render()
@@ -124,12 +124,12 @@ pub fn render(d: &Value) -> String {
             },
         ),
         ("free disk", bytes(&c["free_disk_bytes"])),
-        ("last seen", text(&d["last_seen"])),
-        ("enrolled", text(&d["enrolled_at"])),
-        ("cert until", text(&d["cert_not_after"])),
+        ("last seen", when(&d["last_seen"])),
+        ("enrolled", when(&d["enrolled_at"])),
+        ("cert until", when(&d["cert_not_after"])),
     ];
     if !d["revoked_at"].is_null() {
-        pairs.push(("revoked", text(&d["revoked_at"])));
+        pairs.push(("revoked", when(&d["revoked_at"])));
         pairs.push(("reason", text(&d["revoked_reason"])));
     }
     fields(&pairs)

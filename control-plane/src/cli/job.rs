@@ -8,7 +8,7 @@ use clap::Subcommand;
 use serde_json::{json, Value};
 
 use super::api::{block_on, segment, wait_for, CliError, Client, Reply, ServerArgs};
-use super::table::{bytes, clip, fields, short_digest, text, Table};
+use super::table::{bytes, clip, fields, short_digest, text, when, Table};
 
 #[derive(Debug, Subcommand)]
 pub enum JobCommand {
@@ -108,7 +108,7 @@ pub fn table(all: &[Value]) -> String {
             text(&j["attempt"]),
             text(&j["step"]),
             text(&j["leased_by"]),
-            text(&j["updated_at"]),
+            when(&j["updated_at"]),
             clip(j["last_message"].as_str().unwrap_or(""), 50),
         ]);
     }
@@ -129,12 +129,12 @@ pub fn render(job: &Value) -> String {
         ("step", text(&job["step"])),
         ("cluster", text(&job["cluster"])),
         ("leased by", text(&job["leased_by"])),
-        ("lease until", text(&job["lease_expires_at"])),
+        ("lease until", when(&job["lease_expires_at"])),
         ("engine job", text(&job["engine_job_id"])),
         ("exit code", text(&job["exit_code"])),
         ("message", text(&job["last_message"])),
-        ("created", text(&job["created_at"])),
-        ("updated", text(&job["updated_at"])),
+        ("created", when(&job["created_at"])),
+        ("updated", when(&job["updated_at"])),
     ]);
     let history = job["history"].as_array().map_or(&[][..], |h| h);
     if !history.is_empty() {
@@ -147,7 +147,7 @@ pub fn render(job: &Value) -> String {
         let mut t = Table::new(&["AT", "ATTEMPT", "STATE", "STEP", "METRICS", "MESSAGE"]);
         for e in &history[skip..] {
             t.row(vec![
-                text(&e["at"]),
+                when(&e["at"]),
                 text(&e["attempt"]),
                 text(&e["state"]),
                 text(&e["step"]),
@@ -168,7 +168,7 @@ pub fn render(job: &Value) -> String {
                 short_digest(&c["digest"]),
                 bytes(&c["size"]),
                 text(&c["cluster"]),
-                text(&c["uploaded_at"]),
+                when(&c["uploaded_at"]),
             ]);
         }
         out.push_str(&t.render());

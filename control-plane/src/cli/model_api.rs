@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use serde_json::{json, Value};
 
 use super::api::{block_on, segment, Client, Reply, ServerArgs};
-use super::table::{bytes, fields, short_digest, text, Table};
+use super::table::{bytes, fields, short_digest, text, when, Table};
 
 pub fn list(server: &ServerArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     block_on(out, async {
@@ -52,7 +52,7 @@ pub fn models_table(all: &[Value]) -> String {
             text(&m["name"]),
             text(&m["task"]),
             text(&m["labels"]),
-            text(&m["created_at"]),
+            when(&m["created_at"]),
             super::table::clip(m["description"].as_str().unwrap_or(""), 40),
         ]);
     }
@@ -66,7 +66,7 @@ fn render_model(both: &Value) -> String {
         ("task", text(&m["task"])),
         ("description", text(&m["description"])),
         ("labels", text(&m["labels"])),
-        ("created", text(&m["created_at"])),
+        ("created", when(&m["created_at"])),
     ]);
     out.push('\n');
     out.push_str(&versions_table(
@@ -100,7 +100,7 @@ pub fn versions_table(versions: &[Value]) -> String {
         };
         t.row(vec![
             text(&v["version"]),
-            text(&v["created_at"]),
+            when(&v["created_at"]),
             bytes(&v["artifact_size"]),
             if v["manifest_digest"].is_string() {
                 "yes"

@@ -68,8 +68,10 @@ pub async fn model_cost(
     if let Some(v) = &q.version {
         models::get_version(&core.store, &name, v)?;
     }
+    // Whole seconds: the period's start is shown to people.
     let now = core.now();
     let since = now - time::Duration::days(days);
+    let since = since.replace_nanosecond(0).unwrap_or(since);
     // Telemetry is keyed by device and sequence, not by model: every
     // report is read once and its models filtered here.
     let mut observations = vec![];
