@@ -553,6 +553,16 @@ async fn drift_and_cost_from_agent_telemetry() {
     }
     let (status, _) = api.get("/api/v1/models/nope/cost").await;
     assert_eq!(status, 404);
+    let (_, doc) = api.get("/api/v1/openapi.json").await;
+    assert!(doc["paths"]["/api/v1/models/{name}/cost"]["get"].is_object());
+    for schema in [
+        "CostView", "Prices", "Traffic", "Estimate", "EdgeCost", "Venue",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "{schema} missing"
+        );
+    }
 
     // The same through the CLI.
     let (code, out) = run(&["cost", "rain", "--days", "7"]).await;

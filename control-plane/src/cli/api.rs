@@ -225,10 +225,12 @@ pub async fn wait_for(
     let bar = if json {
         indicatif::ProgressBar::hidden()
     } else {
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.enable_steady_tick(Duration::from_millis(120));
-        bar
+        indicatif::ProgressBar::new_spinner()
     };
+    // The ticker is a thread; a bar that draws nothing needs none.
+    if !bar.is_hidden() {
+        bar.enable_steady_tick(Duration::from_millis(120));
+    }
     let mut last = String::new();
     loop {
         let record = match client.get(path).await {
