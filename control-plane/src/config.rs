@@ -9,6 +9,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde::Deserialize;
 
+use crate::registry::cost::Prices;
+
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServeSettings {
@@ -60,6 +62,150 @@ pub struct ServeSettings {
     /// wait their turn (default 64).
     #[arg(long, env = "EDGELOOP_MAX_CONCURRENT_DOWNLOADS")]
     pub max_concurrent_downloads: Option<usize>,
+    /// Prices for the cost report; `[cost]` in the file.
+    #[command(flatten)]
+    #[serde(default)]
+    pub cost: CostSettings,
+}
+
+/// Prices and hardware for `GET /api/v1/models/{name}/cost`, in US
+/// dollars. Each unset one keeps its default (`registry::cost::Prices`;
+/// sources and dates in `docs/cost.md`).
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CostSettings {
+    /// One cloud instance an hour, on demand (default 0.085: EC2 c6i.large).
+    #[arg(
+        long = "cost-cloud-instance-hourly-usd",
+        env = "EDGELOOP_COST_CLOUD_INSTANCE_HOURLY_USD"
+    )]
+    pub cloud_instance_hourly_usd: Option<f64>,
+    /// Requests one cloud instance serves at once (default 2, its vCPUs).
+    #[arg(
+        long = "cost-cloud-instance-concurrency",
+        env = "EDGELOOP_COST_CLOUD_INSTANCE_CONCURRENCY"
+    )]
+    pub cloud_instance_concurrency: Option<u32>,
+    /// Busy share instances are sized for at the peak hour (default 0.6).
+    #[arg(
+        long = "cost-cloud-target-utilization",
+        env = "EDGELOOP_COST_CLOUD_TARGET_UTILIZATION"
+    )]
+    pub cloud_target_utilization: Option<f64>,
+    /// How many times faster a request runs in the cloud than measured on
+    /// the devices (default 1).
+    #[arg(long = "cost-cloud-speedup", env = "EDGELOOP_COST_CLOUD_SPEEDUP")]
+    pub cloud_speedup: Option<f64>,
+    /// Serverless price per million requests (default 0.20: AWS Lambda).
+    #[arg(
+        long = "cost-serverless-per-million-requests-usd",
+        env = "EDGELOOP_COST_SERVERLESS_PER_MILLION_REQUESTS_USD"
+    )]
+    pub serverless_per_million_requests_usd: Option<f64>,
+    /// Serverless price per GB-second (default 0.0000166667: AWS Lambda x86).
+    #[arg(
+        long = "cost-serverless-gb-second-usd",
+        env = "EDGELOOP_COST_SERVERLESS_GB_SECOND_USD"
+    )]
+    pub serverless_gb_second_usd: Option<f64>,
+    /// Memory of the serverless function in GB (default 2).
+    #[arg(
+        long = "cost-serverless-memory-gb",
+        env = "EDGELOOP_COST_SERVERLESS_MEMORY_GB"
+    )]
+    pub serverless_memory_gb: Option<f64>,
+    /// An edge device's draw when idle, in watts (default 3: Raspberry Pi 5).
+    #[arg(long = "cost-edge-idle-watts", env = "EDGELOOP_COST_EDGE_IDLE_WATTS")]
+    pub edge_idle_watts: Option<f64>,
+    /// An edge device's draw when fully busy, in watts (default 7).
+    #[arg(long = "cost-edge-busy-watts", env = "EDGELOOP_COST_EDGE_BUSY_WATTS")]
+    pub edge_busy_watts: Option<f64>,
+    /// Electricity per kWh (default 0.13: US commercial average, 2024).
+    #[arg(
+        long = "cost-electricity-usd-per-kwh",
+        env = "EDGELOOP_COST_ELECTRICITY_USD_PER_KWH"
+    )]
+    pub electricity_usd_per_kwh: Option<f64>,
+    /// An edge device's price (default 80: Raspberry Pi 5 8 GB).
+    #[arg(
+        long = "cost-edge-hardware-usd",
+        env = "EDGELOOP_COST_EDGE_HARDWARE_USD"
+    )]
+    pub edge_hardware_usd: Option<f64>,
+    /// Months the edge hardware is spread over (default 36).
+    #[arg(
+        long = "cost-edge-amortization-months",
+        env = "EDGELOOP_COST_EDGE_AMORTIZATION_MONTHS"
+    )]
+    pub edge_amortization_months: Option<u32>,
+}
+
+impl CostSettings {
+    pub fn or(self, lower: CostSettings) -> CostSettings {
+        CostSettings {
+            cloud_instance_hourly_usd: self
+                .cloud_instance_hourly_usd
+                .or(lower.cloud_instance_hourly_usd),
+            cloud_instance_concurrency: self
+                .cloud_instance_concurrency
+                .or(lower.cloud_instance_concurrency),
+            cloud_target_utilization: self
+                .cloud_target_utilization
+                .or(lower.cloud_target_utilization),
+            cloud_speedup: self.cloud_speedup.or(lower.cloud_speedup),
+            serverless_per_million_requests_usd: self
+                .serverless_per_million_requests_usd
+                .or(lower.serverless_per_million_requests_usd),
+            serverless_gb_second_usd: self
+                .serverless_gb_second_usd
+                .or(lower.serverless_gb_second_usd),
+            serverless_memory_gb: self.serverless_memory_gb.or(lower.serverless_memory_gb),
+            edge_idle_watts: self.edge_idle_watts.or(lower.edge_idle_watts),
+            edge_busy_watts: self.edge_busy_watts.or(lower.edge_busy_watts),
+            electricity_usd_per_kwh: self
+                .electricity_usd_per_kwh
+                .or(lower.electricity_usd_per_kwh),
+            edge_hardware_usd: self.edge_hardware_usd.or(lower.edge_hardware_usd),
+            edge_amortization_months: self
+                .edge_amortization_months
+                .or(lower.edge_amortization_months),
+        }
+    }
+
+    /// The prices, defaults filled in, checked.
+    pub fn prices(&self) -> anyhow::Result<Prices> {
+        let d = Prices::default();
+        let p = Prices {
+            cloud_instance_hourly_usd: self
+                .cloud_instance_hourly_usd
+                .unwrap_or(d.cloud_instance_hourly_usd),
+            cloud_instance_concurrency: self
+                .cloud_instance_concurrency
+                .unwrap_or(d.cloud_instance_concurrency),
+            cloud_target_utilization: self
+                .cloud_target_utilization
+                .unwrap_or(d.cloud_target_utilization),
+            cloud_speedup: self.cloud_speedup.unwrap_or(d.cloud_speedup),
+            serverless_per_million_requests_usd: self
+                .serverless_per_million_requests_usd
+                .unwrap_or(d.serverless_per_million_requests_usd),
+            serverless_gb_second_usd: self
+                .serverless_gb_second_usd
+                .unwrap_or(d.serverless_gb_second_usd),
+            serverless_memory_gb: self.serverless_memory_gb.unwrap_or(d.serverless_memory_gb),
+            edge_idle_watts: self.edge_idle_watts.unwrap_or(d.edge_idle_watts),
+            edge_busy_watts: self.edge_busy_watts.unwrap_or(d.edge_busy_watts),
+            electricity_usd_per_kwh: self
+                .electricity_usd_per_kwh
+                .unwrap_or(d.electricity_usd_per_kwh),
+            edge_hardware_usd: self.edge_hardware_usd.unwrap_or(d.edge_hardware_usd),
+            edge_amortization_months: self
+                .edge_amortization_months
+                .unwrap_or(d.edge_amortization_months),
+        };
+        p.validate()?;
+        Ok(p)
+    }
 }
 
 impl ServeSettings {
@@ -83,6 +229,7 @@ impl ServeSettings {
             max_concurrent_downloads: self
                 .max_concurrent_downloads
                 .or(lower.max_concurrent_downloads),
+            cost: self.cost.or(lower.cost),
         }
     }
 
@@ -109,6 +256,8 @@ pub struct Config {
     pub rollout_tick: Duration,
     pub artifact_cache_bytes: u64,
     pub max_concurrent_downloads: usize,
+    /// Prices for the cost report.
+    pub cost: Prices,
 }
 
 pub const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:7443";
@@ -157,6 +306,7 @@ impl Config {
             (1..=100_000).contains(&downloads),
             "max-concurrent-downloads must be 1..=100000"
         );
+        let cost = s.cost.prices()?;
         let mut names = vec![
             "localhost".to_string(),
             "127.0.0.1".to_string(),
@@ -197,6 +347,7 @@ impl Config {
             rollout_tick: Duration::from_millis(tick),
             artifact_cache_bytes: cache_mib << 20,
             max_concurrent_downloads: downloads,
+            cost,
         })
     }
 
@@ -246,5 +397,38 @@ mod tests {
             ..Default::default()
         };
         assert!(Config::from_settings(bad_hb).is_err());
+    }
+
+    #[test]
+    fn cost_prices_from_the_file_section_with_flags_over_it() {
+        let file: ServeSettings = toml::from_str(
+            "data-dir = \"/d\"\n[cost]\nelectricity-usd-per-kwh = 0.3\nedge-hardware-usd = 250.0\n",
+        )
+        .unwrap();
+        let flags = ServeSettings {
+            cost: CostSettings {
+                edge_hardware_usd: Some(500.0),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let cfg = Config::from_settings(flags.or(file)).unwrap();
+        assert_eq!(cfg.cost.electricity_usd_per_kwh, 0.3);
+        assert_eq!(cfg.cost.edge_hardware_usd, 500.0);
+        assert_eq!(
+            cfg.cost.cloud_instance_hourly_usd,
+            Prices::default().cloud_instance_hourly_usd
+        );
+        assert!(toml::from_str::<ServeSettings>("[cost]\nno-such-price = 1").is_err());
+        let bad = ServeSettings {
+            data_dir: Some("/d".into()),
+            cost: CostSettings {
+                edge_idle_watts: Some(-1.0),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let err = Config::from_settings(bad).unwrap_err().to_string();
+        assert!(err.contains("cost.edge-idle-watts"), "{err}");
     }
 }

@@ -2,7 +2,9 @@
 //! place where their failures become exit codes (sysexits.h conventions,
 //! so scripts can branch on the kind of failure).
 
+use std::io::Write;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Args;
 use serde_json::Value;
@@ -94,6 +96,26 @@ impl Client {
             .await
     }
 
+    /// A GET with query parameters, encoded by `Url` (selectors hold `=`,
+    /// `,`, `!` and spaces). Parameters set to `None` are left out, so the
+    /// server's defaults apply.
+    pub async fn get_query(
+        &self,
+        path: &str,
+        params: &[(&str, Option<String>)],
+    ) -> Result<Value, CliError> {
+        let mut url = reqwest::Url::parse(&format!("{}{path}", self.base))
+            .map_err(|e| CliError::Usage(format!("--server {}: {e}", self.base)))?;
+        let given: Vec<(&str, &String)> = params
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (*k, v)))
+            .collect();
+        if !given.is_empty() {
+            url.query_pairs_mut().extend_pairs(given);
+        }
+        self.send(self.http.get(url)).await
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value, CliError> {
         self.send(self.http.post(format!("{}{path}", self.base)).json(body))
             .await
@@ -129,20 +151,154 @@ impl Client {
     }
 }
 
-/// Runs a server command on a fresh runtime; prints its error and maps it
-/// to an exit code.
-pub fn block_on<F>(f: F) -> anyhow::Result<ExitCode>
+/// What a server command prints on stdout, and how it exits. Commands
+/// return it rather than print, so tests read the very text a person sees.
+pub struct Reply {
+    pub stdout: String,
+    pub code: ExitCode,
+}
+
+impl Reply {
+    pub fn ok(stdout: String) -> Reply {
+        Reply {
+            stdout,
+            code: ExitCode::SUCCESS,
+        }
+    }
+
+    /// `--json`: the server's JSON, pretty-printed; else the human text.
+    pub fn show(v: &Value, json: bool, human: impl FnOnce(&Value) -> String) -> Reply {
+        Reply::ok(if json { format!("{v:#}\n") } else { human(v) })
+    }
+}
+
+/// Runs a server command on a fresh runtime and writes its output to
+/// `out`; prints its error and maps it to an exit code.
+pub fn block_on<F>(out: &mut dyn Write, f: F) -> anyhow::Result<ExitCode>
 where
-    F: std::future::Future<Output = Result<ExitCode, CliError>>,
+    F: std::future::Future<Output = Result<Reply, CliError>>,
 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     match runtime.block_on(f) {
-        Ok(code) => Ok(code),
+        Ok(reply) => {
+            out.write_all(reply.stdout.as_bytes())?;
+            out.flush()?;
+            Ok(reply.code)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             Ok(e.exit_code())
+        }
+    }
+}
+
+/// An id or name goes into a URL path: refuse what would change the path
+/// (`/`, `?`, `#`, `%`, `..`) before it is sent. Allows what names, versions
+/// and generated ids use.
+pub fn segment<'a>(what: &str, id: &'a str) -> Result<&'a str, CliError> {
+    let ok = !id.is_empty()
+        && id != "."
+        && id != ".."
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'+'));
+    if ok {
+        Ok(id)
+    } else {
+        Err(CliError::Usage(format!("{id:?} is not a valid {what}")))
+    }
+}
+
+/// Polls `path` once a second until `done` says the record ended; shows
+/// `progress` on a spinner while stderr is a terminal, else as a line on
+/// stderr each time it changes (logs of scripts and CI keep the story).
+/// `--json` keeps stderr quiet. Returns the final record.
+pub async fn wait_for(
+    client: &Client,
+    path: &str,
+    json: bool,
+    progress: impl Fn(&Value) -> String,
+    done: impl Fn(&Value) -> bool,
+) -> Result<Value, CliError> {
+    let bar = if json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new_spinner()
+    };
+    // The ticker is a thread; a bar that draws nothing needs none.
+    if !bar.is_hidden() {
+        bar.enable_steady_tick(Duration::from_millis(120));
+    }
+    let mut last = String::new();
+    loop {
+        let record = match client.get(path).await {
+            Ok(r) => r,
+            Err(e) => {
+                bar.abandon();
+                return Err(e);
+            }
+        };
+        let line = progress(&record);
+        if line != last {
+            if bar.is_hidden() && !json {
+                eprintln!("{line}");
+            }
+            bar.set_message(line.clone());
+            last = line;
+        }
+        if done(&record) {
+            bar.finish_and_clear();
+            return Ok(record);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_cannot_change_the_path() {
+        for good in ["d-00000001", "digits", "1.0.0+build.2", "mnist-1f2e3d4c"] {
+            assert!(segment("id", good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../tokens",
+            "a/b",
+            "d?x=1",
+            "a#b",
+            "%2e%2e",
+            "a b",
+        ] {
+            assert!(segment("id", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_failure_has_its_exit_code() {
+        let cases = [
+            (CliError::Usage("u".into()), 64),
+            (CliError::Invalid("i".into()), 65),
+            (CliError::NotFound("n".into()), 66),
+            (
+                CliError::Connection {
+                    server: "s".into(),
+                    detail: "d".into(),
+                },
+                69,
+            ),
+            (CliError::Server("s".into()), 70),
+            (CliError::Conflict("c".into()), 75),
+            (CliError::Auth("a".into()), 77),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.exit_code(), ExitCode::from(code), "{e}");
         }
     }
 }

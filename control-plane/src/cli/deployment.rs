@@ -1,13 +1,14 @@
 //! `edgeloop deployment create | list | show | cancel`: staged rollouts
 //! through the console API (`docs/rollouts.md`).
 
+use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use serde_json::{json, Map, Value};
 
-use super::api::{block_on, CliError, Client, ServerArgs};
+use super::api::{block_on, segment, wait_for, CliError, Client, Reply, ServerArgs};
+use super::table::{fields, when, Table};
 
 #[derive(Debug, Subcommand)]
 pub enum DeploymentCommand {
@@ -125,26 +126,27 @@ fn put<T: serde::Serialize>(map: &mut Map<String, Value>, key: &str, value: Opti
     }
 }
 
-pub fn run(cmd: DeploymentCommand, server: &ServerArgs) -> anyhow::Result<ExitCode> {
-    block_on(async {
+pub fn run(
+    cmd: DeploymentCommand,
+    server: &ServerArgs,
+    out: &mut dyn Write,
+) -> anyhow::Result<ExitCode> {
+    block_on(out, async {
         let client = Client::new(server)?;
+        let json = server.json;
         match cmd {
-            DeploymentCommand::Create(args) => create(&client, server.json, &args).await,
+            DeploymentCommand::Create(args) => create(&client, json, &args).await,
             DeploymentCommand::List => {
                 let all = client.get("/api/v1/deployments").await?;
-                if server.json {
-                    println!("{all:#}");
-                } else {
-                    print!("{}", table(all.as_array().map_or(&[][..], |a| a)));
-                }
-                Ok(ExitCode::SUCCESS)
+                Ok(Reply::show(&all, json, |all| {
+                    table(all.as_array().map_or(&[][..], |a| a))
+                }))
             }
             DeploymentCommand::Show { id } => {
                 let d = client
                     .get(&format!("/api/v1/deployments/{}", path(&id)?))
                     .await?;
-                print_one(&d, server.json);
-                Ok(ExitCode::SUCCESS)
+                Ok(Reply::show(&d, json, render))
             }
             DeploymentCommand::Cancel { id } => {
                 let d = client
@@ -153,55 +155,38 @@ pub fn run(cmd: DeploymentCommand, server: &ServerArgs) -> anyhow::Result<ExitCo
                         &json!({}),
                     )
                     .await?;
-                print_one(&d, server.json);
-                Ok(ExitCode::SUCCESS)
+                Ok(Reply::show(&d, json, render))
             }
         }
     })
 }
 
-/// An id goes into a URL path: refuse what would change the path.
 fn path(id: &str) -> Result<&str, CliError> {
-    if id.is_empty()
-        || !id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    {
-        return Err(CliError::Usage(format!("{id:?} is not a deployment id")));
-    }
-    Ok(id)
+    segment("deployment id", id)
 }
 
-async fn create(client: &Client, json_out: bool, args: &CreateArgs) -> Result<ExitCode, CliError> {
+async fn create(client: &Client, json_out: bool, args: &CreateArgs) -> Result<Reply, CliError> {
     let created = client.post("/api/v1/deployments", &args.body()).await?;
-    let id = created["id"].as_str().unwrap_or_default().to_string();
     if !args.wait {
-        print_one(&created, json_out);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Reply::show(&created, json_out, render));
     }
+    let id = created["id"].as_str().unwrap_or_default();
     if !json_out {
         eprintln!("deployment {id} created; waiting for it to end");
     }
-    let mut last = String::new();
-    loop {
-        let d = client
-            .get(&format!("/api/v1/deployments/{}", path(&id)?))
-            .await?;
-        let line = progress(&d);
-        if line != last && !json_out {
-            eprintln!("{line}");
-            last = line;
-        }
-        if is_terminal(&d) {
-            print_one(&d, json_out);
-            return Ok(if d["state"] == "succeeded" {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            });
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+    let d = wait_for(
+        client,
+        &format!("/api/v1/deployments/{}", path(id)?),
+        json_out,
+        progress,
+        is_terminal,
+    )
+    .await?;
+    let mut reply = Reply::show(&d, json_out, render);
+    if d["state"] != "succeeded" {
+        reply.code = ExitCode::FAILURE;
     }
+    Ok(reply)
 }
 
 fn is_terminal(d: &Value) -> bool {
@@ -238,25 +223,31 @@ pub fn progress(d: &Value) -> String {
     }
 }
 
-fn print_one(d: &Value, json_out: bool) {
-    if json_out {
-        println!("{d:#}");
-        return;
-    }
+/// One deployment: what, where, how far, and its event log.
+fn render(d: &Value) -> String {
     let dep = &d["deployment"];
-    println!("id:        {}", d["id"].as_str().unwrap_or(""));
-    println!(
-        "model:     {} {}",
-        dep["model"].as_str().unwrap_or(""),
-        dep["target_version"].as_str().unwrap_or("")
-    );
-    println!("group:     {}", dep["group"].as_str().unwrap_or(""));
-    println!("state:     {}", progress(d));
+    let mut pairs = vec![
+        ("id", d["id"].as_str().unwrap_or("").to_string()),
+        (
+            "model",
+            format!(
+                "{} {}",
+                dep["model"].as_str().unwrap_or(""),
+                dep["target_version"].as_str().unwrap_or("")
+            ),
+        ),
+        ("group", dep["group"].as_str().unwrap_or("").to_string()),
+        ("state", progress(d)),
+    ];
     if let Some(skipped) = dep["skipped"].as_object() {
         for (device, why) in skipped {
-            println!("skipped:   {device}: {}", why.as_str().unwrap_or(""));
+            pairs.push((
+                "skipped",
+                format!("{device}: {}", why.as_str().unwrap_or("")),
+            ));
         }
     }
+    let mut out = fields(&pairs);
     for e in d["events"].as_array().into_iter().flatten() {
         let ev = &e["event"];
         let what = match ev["event"].as_str().unwrap_or("") {
@@ -279,47 +270,29 @@ fn print_one(d: &Value, json_out: bool) {
             "finished" => format!("finished: {}", ev["state"]["state"].as_str().unwrap_or("")),
             other => other.to_string(),
         };
-        println!("  {}  {what}", e["at"].as_str().unwrap_or(""));
+        out.push_str(&format!("  {}  {what}\n", when(&e["at"])));
     }
+    out
 }
 
 /// The human table for `list`.
 pub fn table(all: &[Value]) -> String {
-    let rows: Vec<[String; 5]> = all
-        .iter()
-        .map(|d| {
-            let dep = &d["deployment"];
-            [
-                d["id"].as_str().unwrap_or("").to_string(),
-                format!(
-                    "{} {}",
-                    dep["model"].as_str().unwrap_or(""),
-                    dep["target_version"].as_str().unwrap_or("")
-                ),
-                dep["group"].as_str().unwrap_or("").to_string(),
-                d["state"].as_str().unwrap_or("").to_string(),
-                d["created_at"].as_str().unwrap_or("").to_string(),
-            ]
-        })
-        .collect();
-    let header = ["ID", "MODEL", "GROUP", "STATE", "CREATED"].map(String::from);
-    let mut widths = header.clone().map(|h| h.len());
-    for r in &rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.len());
-        }
+    let mut t = Table::new(&["ID", "MODEL", "GROUP", "STATE", "CREATED"]);
+    for d in all {
+        let dep = &d["deployment"];
+        t.row(vec![
+            d["id"].as_str().unwrap_or("").to_string(),
+            format!(
+                "{} {}",
+                dep["model"].as_str().unwrap_or(""),
+                dep["target_version"].as_str().unwrap_or("")
+            ),
+            dep["group"].as_str().unwrap_or("").to_string(),
+            d["state"].as_str().unwrap_or("").to_string(),
+            when(&d["created_at"]),
+        ]);
     }
-    let mut out = String::new();
-    for r in std::iter::once(&header).chain(&rows) {
-        let cells: Vec<String> = r
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    t.render()
 }
 
 #[cfg(test)]
@@ -385,14 +358,6 @@ mod tests {
             a.body()["strategy"]["waves"],
             json!({"percent": [10, 50, 100]})
         );
-    }
-
-    #[test]
-    fn ids_cannot_change_the_path() {
-        assert!(path("d-00000001").is_ok());
-        for bad in ["", "../tokens", "a/b", "d?x=1"] {
-            assert!(path(bad).is_err(), "{bad}");
-        }
     }
 
     #[test]

@@ -1,12 +1,21 @@
 //! The `edgeloop` CLI for ML teams: model tooling that runs locally
 //! (inspect, quantize behind the accuracy gate, verify a signed manifest),
-//! and commands against the console API (`api.rs`: client, exit codes).
+//! and commands against the console API (`api.rs`: client, exit codes,
+//! waiting; `table.rs`: the human tables they share). Server commands
+//! return their output, so `run_with` can send it anywhere (tests read it).
 
 pub mod api;
+mod cost;
 pub mod deployment;
+mod device;
+mod drift;
+mod job;
 mod model;
+mod model_api;
 mod model_quantize;
+pub mod table;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -24,7 +33,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Work with ONNX models locally.
+    /// Models: ONNX files locally (inspect, quantize, verify) and the
+    /// registry (list, show, versions).
     #[command(subcommand)]
     Model(model::ModelCommand),
     /// Staged rollouts of a model version to a device group.
@@ -34,11 +44,75 @@ pub enum Command {
         #[command(flatten)]
         server: api::ServerArgs,
     },
+    /// Training jobs run by trainer bridges.
+    Job {
+        #[command(subcommand)]
+        cmd: job::JobCommand,
+        #[command(flatten)]
+        server: api::ServerArgs,
+    },
+    /// Enrolled edge devices.
+    Device {
+        #[command(subcommand)]
+        cmd: device::DeviceCommand,
+        #[command(flatten)]
+        server: api::ServerArgs,
+    },
+    /// Whether a model's inputs and predictions drifted from its reference
+    /// statistics: the latest window per device group and feature.
+    Drift(drift::DriftArgs),
+    /// The monthly cost of a model's measured traffic at the edge versus
+    /// in the cloud.
+    Cost(cost::CostArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    run_with(cli, &mut std::io::stdout().lock())
+}
+
+/// Runs a command with the server commands' output going to `out`.
+pub fn run_with(cli: Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Model(cmd) => model::run(cmd),
-        Command::Deployment { cmd, server } => deployment::run(cmd, &server),
+        Command::Model(cmd) => model::run(cmd, out),
+        Command::Deployment { cmd, server } => deployment::run(cmd, &server, out),
+        Command::Job { cmd, server } => job::run(cmd, &server, out),
+        Command::Device { cmd, server } => device::run(cmd, &server, out),
+        Command::Drift(args) => drift::run(&args, out),
+        Command::Cost(args) => cost::run(&args, out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// clap checks the whole tree (flag clashes between a command's own
+    /// flags and the flattened server flags, for one) only when asked.
+    #[test]
+    fn the_command_tree_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn local_model_commands_need_no_server_flags() {
+        let cli =
+            Cli::try_parse_from(["edgeloop", "model", "inspect", "m.onnx", "--json"]).unwrap();
+        assert!(matches!(cli.command, Command::Model(_)));
+        assert!(
+            Cli::try_parse_from(["edgeloop", "model", "inspect", "m.onnx", "--server", "x"])
+                .is_err()
+        );
+        let cli = Cli::try_parse_from([
+            "edgeloop",
+            "model",
+            "list",
+            "--server",
+            "http://h:1",
+            "--json",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Command::Model(_)));
     }
 }

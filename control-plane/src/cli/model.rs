@@ -1,4 +1,6 @@
-//! `edgeloop model inspect | quantize | verify`.
+//! `edgeloop model inspect | quantize | verify` (local files, no server)
+//! and `edgeloop model list | show | versions` (the registry, through the
+//! console API: `model_api.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -6,6 +8,9 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 use edgeloop_models::onnx;
+
+use super::api::ServerArgs;
+use super::model_api;
 
 #[derive(Debug, Subcommand)]
 pub enum ModelCommand {
@@ -25,6 +30,23 @@ pub enum ModelCommand {
         /// Trusted public key (hex); defaults to the key beside the default signing key.
         #[arg(long, env = "EDGELOOP_MANIFEST_PUBLIC_KEY")]
         public_key: Option<PathBuf>,
+    },
+    /// Registered models (console API).
+    List {
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// A registered model and its versions with their lineage (console API).
+    Show {
+        name: String,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// A registered model's versions with their lineage (console API).
+    Versions {
+        name: String,
+        #[command(flatten)]
+        server: ServerArgs,
     },
 }
 
@@ -87,8 +109,11 @@ pub struct QuantizeArgs {
     pub json: bool,
 }
 
-pub fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
+pub fn run(cmd: ModelCommand, out: &mut dyn std::io::Write) -> anyhow::Result<ExitCode> {
     match cmd {
+        ModelCommand::List { server } => model_api::list(&server, out),
+        ModelCommand::Show { name, server } => model_api::show(&name, &server, out),
+        ModelCommand::Versions { name, server } => model_api::versions(&name, &server, out),
         ModelCommand::Inspect { model, json } => inspect(&model, json),
         ModelCommand::Quantize(args) => super::model_quantize::quantize(*args),
         ModelCommand::Verify {

@@ -2,6 +2,7 @@
 //! `/healthz`, `/readyz` and the generated OpenAPI document.
 
 mod artifacts;
+mod cost;
 mod deployments;
 mod drift;
 mod fleet;
@@ -72,6 +73,7 @@ pub fn router(core: Arc<Core>) -> Router {
             get(telemetry::model_sketches),
         )
         .route("/api/v1/models/{name}/drift", get(drift::model_drift))
+        .route("/api/v1/models/{name}/cost", get(cost::model_cost))
         .route(
             "/api/v1/models/{name}/samples",
             get(telemetry::model_samples),

@@ -4,7 +4,9 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{artifacts, deployments, drift, fleet, jobs, metrics, models, pipelines, telemetry};
+use super::{
+    artifacts, cost, deployments, drift, fleet, jobs, metrics, models, pipelines, telemetry,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -36,6 +38,7 @@ use super::{artifacts, deployments, drift, fleet, jobs, metrics, models, pipelin
         telemetry::model_sketches,
         telemetry::model_samples,
         drift::model_drift,
+        cost::model_cost,
         deployments::create,
         deployments::list,
         deployments::show,

@@ -1,0 +1,227 @@
+//! Human output shared by the server commands: aligned tables, `key: value`
+//! blocks, and JSON fields shown as plain text. Every command renders to a
+//! `String` so that tests can read what a person would see.
+
+use serde_json::Value;
+
+/// Columns padded to their widest cell, two spaces apart; trailing blanks
+/// trimmed so that lines compare cleanly.
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Table {
+        Table {
+            header: header.iter().map(|h| h.to_string()).collect(),
+            rows: vec![],
+        }
+    }
+
+    /// A row; missing cells are blank and extra cells are dropped, so a
+    /// row can never shift the columns after it.
+    pub fn row(&mut self, cells: Vec<String>) -> &mut Table {
+        let mut cells = cells;
+        cells.resize(self.header.len(), String::new());
+        self.rows.push(cells);
+        self
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn render(&self) -> String {
+        let mut widths: Vec<usize> = self.header.iter().map(|h| width(h)).collect();
+        for r in &self.rows {
+            for (w, c) in widths.iter_mut().zip(r) {
+                *w = (*w).max(width(c));
+            }
+        }
+        let mut out = String::new();
+        for r in std::iter::once(&self.header).chain(&self.rows) {
+            let cells: Vec<String> = r
+                .iter()
+                .zip(&widths)
+                .map(|(c, &w)| format!("{c}{}", " ".repeat(w - width(c))))
+                .collect();
+            out.push_str(cells.join("  ").trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Characters, not bytes: labels and messages may hold non-ASCII text, and
+/// padding by bytes would misalign them.
+fn width(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// `key:  value` lines with the values aligned.
+pub fn fields(pairs: &[(&str, String)]) -> String {
+    let w = pairs.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in pairs {
+        let line = format!("{:<w$}  {v}", format!("{k}:"));
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// A JSON value as a person reads it: strings unquoted, absent or null as
+/// `-`, arrays comma-separated, objects as `k=v` pairs.
+pub fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) if s.is_empty() => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Bool(b) => if *b { "yes" } else { "no" }.into(),
+        Value::Number(n) => n.to_string(),
+        Value::Array(a) if a.is_empty() => "-".into(),
+        Value::Array(a) => a.iter().map(text).collect::<Vec<_>>().join(","),
+        Value::Object(o) if o.is_empty() => "-".into(),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, v)| format!("{k}={}", text(v)))
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
+/// An RFC 3339 time to the second: the nanoseconds the server keeps
+/// would make every time column 10 characters wider. Anything else as
+/// `text` shows it.
+pub fn when(v: &Value) -> String {
+    use time::format_description::well_known::Rfc3339;
+    v.as_str()
+        .and_then(|s| time::OffsetDateTime::parse(s, &Rfc3339).ok())
+        .and_then(|t| t.replace_nanosecond(0).ok())
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_else(|| text(v))
+}
+
+/// A number with `digits` decimals, or `-` when it is absent.
+pub fn num(v: &Value, digits: usize) -> String {
+    match v.as_f64() {
+        Some(x) => format!("{x:.digits$}"),
+        None => "-".into(),
+    }
+}
+
+/// A `sha256:<hex>` digest shortened to what a person compares by eye.
+pub fn short_digest(v: &Value) -> String {
+    match v.as_str() {
+        Some(d) => {
+            let hex = d.strip_prefix("sha256:").unwrap_or(d);
+            hex.chars().take(12).collect()
+        }
+        None => "-".into(),
+    }
+}
+
+/// A byte count in binary units.
+pub fn bytes(v: &Value) -> String {
+    let Some(n) = v.as_u64() else {
+        return "-".into();
+    };
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = n as f64;
+    let mut unit = 0;
+    while x >= 1024.0 && unit < UNITS.len() - 1 {
+        x /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{x:.1} {}", UNITS[unit])
+    }
+}
+
+/// At most `max` characters, with `…` when cut (long messages would push
+/// every other column off the screen).
+pub fn clip(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn columns_align_and_rows_keep_their_shape() {
+        let mut t = Table::new(&["NAME", "STATE", "NOTE"]);
+        t.row(vec!["digits".into(), "ok".into(), "".into()]);
+        t.row(vec![
+            "a".into(),
+            "failed".into(),
+            "x".into(),
+            "dropped".into(),
+        ]);
+        t.row(vec!["ünï".into()]);
+        let out = t.render();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert_eq!(lines[0], "NAME    STATE   NOTE");
+        assert_eq!(lines[1], "digits  ok");
+        assert_eq!(lines[2], "a       failed  x");
+        assert_eq!(lines[3], "ünï");
+    }
+
+    #[test]
+    fn values_read_as_text() {
+        let cases = [
+            (json!(null), "-"),
+            (json!(""), "-"),
+            (json!("abc"), "abc"),
+            (json!(true), "yes"),
+            (json!(3), "3"),
+            (json!(["a", "b"]), "a,b"),
+            (json!({"site": "lab", "n": 2}), "n=2,site=lab"),
+            (json!({}), "-"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(text(&v), want, "{v}");
+        }
+        assert_eq!(
+            when(&json!("2026-11-30T06:00:43.102871114Z")),
+            "2026-11-30T06:00:43Z"
+        );
+        assert_eq!(
+            when(&json!("2026-11-30T06:00:43+01:00")),
+            "2026-11-30T06:00:43+01:00"
+        );
+        assert_eq!(when(&json!(null)), "-");
+        assert_eq!(when(&json!("not a time")), "not a time");
+        assert_eq!(num(&json!(0.123456), 3), "0.123");
+        assert_eq!(num(&json!(null), 3), "-");
+        assert_eq!(
+            short_digest(&json!(format!("sha256:{}", "ab".repeat(32)))),
+            "abababababab"
+        );
+        assert_eq!(bytes(&json!(512)), "512 B");
+        assert_eq!(bytes(&json!(3 * 1024 * 1024 + 1)), "3.0 MiB");
+        assert_eq!(clip("abcdef", 4), "abc…");
+        assert_eq!(clip("abc", 4), "abc");
+    }
+
+    #[test]
+    fn fields_align_values() {
+        let out = fields(&[
+            ("id", "j-1".into()),
+            ("state", "running".into()),
+            ("x", "".into()),
+        ]);
+        assert_eq!(out, "id:     j-1\nstate:  running\nx:\n");
+    }
+}

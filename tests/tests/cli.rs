@@ -1,0 +1,647 @@
+//! The `edgeloop` CLI against a real control plane on loopback: models and
+//! versions with lineage, jobs (one followed to its end by `show --wait`
+//! while a bridge reports over mTLS), devices by selector, drift, and the
+//! cost report. The output checked is the text a person sees (tables) and
+//! the `--json` a script parses; failures exit with their sysexits codes.
+//!
+//! The drift and cost data arrive as agents send them: enrolled devices
+//! report telemetry (sketches and per-model request counts and latency)
+//! over mTLS with `ReportTelemetry`, and `GET /api/v1/models/{name}/cost`
+//! is checked against numbers worked out by hand from configured prices.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::ExitCode;
+
+use edgeloop_client_core::tls::mtls_endpoint;
+use edgeloop_client_core::Role;
+use edgeloop_control_plane::config::CostSettings;
+use edgeloop_models::manifest::{ClassShare, InputHistogram, ManifestKey, ReferenceStats};
+use edgeloop_models::Digest;
+use edgeloop_proto::agent::v1 as pb;
+use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
+use edgeloop_proto::bridge::v1::{JobState, LeaseJobRequest, ProgressReport};
+use edgeloop_tests::{free_port, settings, ControlPlane};
+use serde_json::{json, Value};
+
+/// `edgeloop <args> --server <base> --token <token>`, in process; the exit
+/// code and what it printed on stdout.
+async fn edgeloop(base: &str, token: &str, args: &[&str]) -> (ExitCode, String) {
+    let mut argv: Vec<String> = std::iter::once("edgeloop")
+        .chain(args.iter().copied())
+        .map(String::from)
+        .collect();
+    argv.extend([
+        "--server".into(),
+        base.into(),
+        "--token".into(),
+        token.into(),
+    ]);
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        let cli = clap::Parser::parse_from(argv);
+        let code = edgeloop_control_plane::cli::run_with(cli, &mut out).unwrap();
+        (code, String::from_utf8(out).unwrap())
+    })
+    .await
+    .unwrap()
+}
+
+/// The table row whose first cell is `first`.
+fn row<'a>(out: &'a str, first: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.split("  ").next() == Some(first))
+        .unwrap_or_else(|| panic!("no row {first:?} in:\n{out}"))
+}
+
+fn spec(name: &str) -> Value {
+    json!({
+        "name": name,
+        "command": ["python3", "train.py"],
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
+        "checkpoint": {"every_steps": 100, "keep_last": 2}
+    })
+}
+
+fn progress(job: &str, state: JobState, step: u64) -> ProgressReport {
+    ProgressReport {
+        job_id: job.into(),
+        attempt: 1,
+        state: state as i32,
+        step,
+        metrics: [("loss".to_string(), 0.25)].into(),
+        message: format!("step {step}"),
+        engine_job_id: "local-1".into(),
+        exit_code: 0,
+        at: None,
+    }
+}
+
+#[tokio::test]
+async fn models_jobs_and_devices_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let api = cp.api();
+    let (base, admin) = (cp.http_base.clone(), cp.admin_token.clone());
+    let run = |args: &'static [&'static str]| {
+        let (base, admin) = (base.clone(), admin.clone());
+        async move { edgeloop(&base, &admin, args).await }
+    };
+
+    // Models and versions, the second with its lineage.
+    let (status, body) = api
+        .post(
+            "/api/v1/models",
+            json!({"name": "digits", "task": "classification",
+                   "description": "MNIST digits", "labels": {"team": "vision"}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let v1 = cp.upload(b"digits model, version one").await;
+    let v2 = cp.upload(b"digits model, version two").await;
+    let dataset = Digest::of(b"the dataset snapshot");
+    for body in [
+        json!({"version": "1.0.0", "artifact_digest": v1.to_string(),
+               "metrics": {"accuracy": 0.97}}),
+        json!({"version": "2.0.0", "artifact_digest": v2.to_string(),
+               "metrics": {"accuracy": 0.985},
+               "lineage": {"parent_version": "1.0.0", "trigger": "drift",
+                           "training_job": "mnist-0000abcd",
+                           "dataset_snapshot": dataset.to_string()}}),
+    ] {
+        let (status, body) = api.post("/api/v1/models/digits/versions", body).await;
+        assert_eq!(status, 201, "{body}");
+    }
+
+    let (code, out) = run(&["model", "list"]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let r = row(&out, "digits");
+    assert!(
+        r.contains("classification") && r.contains("team=vision"),
+        "{out}"
+    );
+    assert!(r.contains("MNIST digits"), "{out}");
+
+    let (code, out) = run(&["model", "show", "digits"]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert!(out.contains("task:         classification\n"), "{out}");
+    let r = row(&out, "2.0.0");
+    let hex = dataset.to_string();
+    let short = &hex.strip_prefix("sha256:").unwrap_or(&hex)[..12];
+    for want in ["1.0.0", "drift", "mnist-0000abcd", short, "accuracy=0.985"] {
+        assert!(r.contains(want), "{want}: {out}");
+    }
+    assert!(row(&out, "1.0.0").contains("accuracy=0.97"), "{out}");
+    let header = out.lines().find(|l| l.starts_with("VERSION")).unwrap();
+    assert_eq!(header.find("TRIGGER"), r.find("drift"), "{out}");
+
+    let (code, out) = run(&["model", "versions", "digits", "--json"]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let versions: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(versions[1]["lineage"]["parent_version"], "1.0.0", "{out}");
+    let (_, out) = run(&["model", "show", "digits", "--json"]).await;
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["model"]["name"], "digits");
+    assert_eq!(shown["versions"].as_array().unwrap().len(), 2);
+
+    // Jobs: one a bridge runs to the end while `show --wait` follows it,
+    // one cancelled from the CLI while queued.
+    let (status, job) = api
+        .post("/api/v1/jobs", json!({"spec": spec("mnist")}))
+        .await;
+    assert_eq!(status, 201, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let identity = cp
+        .enroll(
+            Role::Cluster,
+            &cp.token("cluster", "gpu-a").await,
+            &dir.path().join("bridge"),
+        )
+        .await;
+    let mut bridge = BridgeServiceClient::new(
+        mtls_endpoint(&cp.grpc_url, &identity)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let leased = bridge
+        .lease_job(LeaseJobRequest {
+            wait_seconds: 1,
+            engines: vec!["local".into()],
+            running_jobs: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(leased.job.unwrap().id, id);
+    bridge
+        .report_progress(progress(&id, JobState::Running, 100))
+        .await
+        .unwrap();
+    let waiting = {
+        let (base, admin, id) = (base.clone(), admin.clone(), id.clone());
+        tokio::spawn(async move { edgeloop(&base, &admin, &["job", "show", &id, "--wait"]).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(!waiting.is_finished(), "--wait returned while the job ran");
+    bridge
+        .report_progress(progress(&id, JobState::Succeeded, 200))
+        .await
+        .unwrap();
+    let (code, out) = tokio::time::timeout(std::time::Duration::from_secs(20), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    assert!(out.contains("state:        succeeded\n"), "{out}");
+    assert!(out.contains("leased by:    gpu-a\n"), "{out}");
+    assert!(out.contains("loss=0.25"), "{out}");
+
+    let (_, queued) = api
+        .post("/api/v1/jobs", json!({"spec": spec("later")}))
+        .await;
+    let later = queued["id"].as_str().unwrap().to_string();
+    let (code, out) = edgeloop(&base, &admin, &["job", "cancel", &later]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert!(
+        out.contains("state:        cancelled (cancel requested)\n"),
+        "{out}"
+    );
+    // Waiting on a job that did not succeed exits 1.
+    let (code, _) = edgeloop(&base, &admin, &["job", "show", &later, "--wait"]).await;
+    assert_eq!(code, ExitCode::FAILURE);
+    let (code, out) = run(&["job", "list"]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let r = row(&out, &id);
+    assert!(
+        r.contains("succeeded") && r.contains("200") && r.contains("gpu-a"),
+        "{out}"
+    );
+    assert!(row(&out, &later).contains("cancelled"), "{out}");
+    let (_, out) = run(&["job", "list", "--json"]).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&out)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // Devices, by selector.
+    for (name, site) in [("edge-berlin", "berlin"), ("edge-oslo", "oslo")] {
+        let token = cp
+            .labelled_token("device", name, json!({"site": site}))
+            .await;
+        cp.enroll(Role::Device, &token, &dir.path().join(name))
+            .await;
+    }
+    let (code, out) = run(&["device", "list"]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert!(row(&out, "edge-berlin").contains("site=berlin"), "{out}");
+    assert!(row(&out, "edge-oslo").contains("site=oslo"), "{out}");
+    let (code, out) = run(&["device", "list", "--selector", "site in (oslo)"]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(row(&out, "edge-oslo").contains("site=oslo"), "{out}");
+    let (code, out) = run(&["device", "show", "edge-berlin", "--json"]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["labels"]["site"],
+        "berlin"
+    );
+    let (_, out) = run(&["device", "show", "edge-oslo"]).await;
+    assert!(out.starts_with("id:"), "{out}");
+    assert!(out.contains("labels:      site=oslo\n"), "{out}");
+
+    // Exit codes: 404 → EX_NOINPUT, 400 → EX_DATAERR, 401 → EX_NOPERM,
+    // nothing listening → EX_UNAVAILABLE, a bad id → EX_USAGE.
+    assert_eq!(run(&["model", "show", "nope"]).await.0, ExitCode::from(66));
+    assert_eq!(
+        run(&["model", "versions", "nope"]).await.0,
+        ExitCode::from(66)
+    );
+    assert_eq!(run(&["job", "show", "nope-1"]).await.0, ExitCode::from(66));
+    assert_eq!(run(&["device", "show", "nope"]).await.0, ExitCode::from(66));
+    assert_eq!(
+        run(&["device", "list", "--selector", "site in (("]).await.0,
+        ExitCode::from(65)
+    );
+    assert_eq!(
+        run(&["model", "show", "../tokens"]).await.0,
+        ExitCode::from(64)
+    );
+    assert_eq!(
+        edgeloop(&base, "wrong", &["model", "list"]).await.0,
+        ExitCode::from(77)
+    );
+    assert_eq!(
+        edgeloop(&base, "wrong", &["device", "list"]).await.0,
+        ExitCode::from(77)
+    );
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    assert_eq!(
+        edgeloop(&dead, &admin, &["job", "list"]).await.0,
+        ExitCode::from(69)
+    );
+    assert_eq!(
+        edgeloop(&dead, &admin, &["model", "list"]).await.0,
+        ExitCode::from(69)
+    );
+    cp.stop().await;
+}
+
+const EDGES: [f64; 4] = [0.0, 10.0, 20.0, 30.0];
+
+fn at(s: i64) -> Option<edgeloop_proto::Timestamp> {
+    Some(edgeloop_proto::Timestamp {
+        seconds: s,
+        nanos: 0,
+    })
+}
+
+/// One device's report for one window, as an agent sends it: the window,
+/// the model's request count and latency, and its drift sketch.
+fn report(
+    sequence: u64,
+    start: i64,
+    requests: u64,
+    latency: (f64, f64),
+    temp: Option<([u64; 3], [u64; 2])>,
+) -> pb::TelemetryReport {
+    let sketches = temp
+        .map(|(temp, classes)| pb::ModelSketch {
+            model_name: "rain".into(),
+            model_version: "1.0.0".into(),
+            window_start: at(start),
+            window_end: at(start + 3599),
+            requests: temp.iter().sum(),
+            features: vec![pb::FeatureHistogram {
+                name: "temp".into(),
+                bin_edges: EDGES.to_vec(),
+                counts: temp.to_vec(),
+                ..Default::default()
+            }],
+            classes: vec![
+                pb::ClassCount {
+                    class: 0,
+                    count: classes[0],
+                },
+                pb::ClassCount {
+                    class: 1,
+                    count: classes[1],
+                },
+            ],
+            ..Default::default()
+        })
+        .into_iter()
+        .collect();
+    pb::TelemetryReport {
+        sequence,
+        recorded_at: at(start + 3599),
+        window_start: at(start),
+        window_end: at(start + 3599),
+        models: vec![pb::ModelMetrics {
+            model_name: "rain".into(),
+            model_version: "1.0.0".into(),
+            requests,
+            errors: u64::from(latency.0 < 20.0),
+            latency_p50_ms: latency.0,
+            latency_p99_ms: latency.1,
+            execution_provider: String::new(),
+        }],
+        sketches,
+        ..Default::default()
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+#[tokio::test]
+async fn drift_and_cost_from_agent_telemetry() {
+    let dir = tempfile::tempdir().unwrap();
+    // Prices from the config, chosen so the edge cost is easy to check.
+    let mut s = settings(&dir.path().join("cp"));
+    s.cost = CostSettings {
+        electricity_usd_per_kwh: Some(0.5),
+        edge_idle_watts: Some(2.0),
+        edge_busy_watts: Some(2.0),
+        edge_hardware_usd: Some(360.0),
+        edge_amortization_months: Some(36),
+        cloud_instance_hourly_usd: Some(0.1),
+        ..Default::default()
+    };
+    let cp = ControlPlane::start_with(s).await;
+    let api = cp.api();
+    let (base, admin) = (cp.http_base.clone(), cp.admin_token.clone());
+    let run = |args: &'static [&'static str]| {
+        let (base, admin) = (base.clone(), admin.clone());
+        async move { edgeloop(&base, &admin, args).await }
+    };
+
+    // The model, its version's signed manifest with reference statistics.
+    for name in ["rain", "idle"] {
+        let (status, body) = api.post("/api/v1/models", json!({"name": name})).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let model = b"not a real model; drift and cost need only telemetry".to_vec();
+    let manifest = edgeloop_models::manifest::Manifest {
+        reference_stats: Some(ReferenceStats {
+            inputs: vec![InputHistogram {
+                name: "temp".into(),
+                bin_edges: EDGES.to_vec(),
+                counts: vec![300, 400, 300],
+            }],
+            prediction_distribution: vec![
+                ClassShare {
+                    class: 0,
+                    share: 0.7,
+                },
+                ClassShare {
+                    class: 1,
+                    share: 0.3,
+                },
+            ],
+            sample_count: 1000,
+        }),
+        ..edgeloop_tests::manifests::manifest("rain", "1.0.0", &model, ("temp", 1), ("logits", 2))
+    };
+    let signed = ManifestKey::generate()
+        .sign(manifest)
+        .unwrap()
+        .to_json_pretty()
+        .unwrap();
+    let artifact = cp.upload(&model).await;
+    let manifest_digest = cp.upload(signed.as_bytes()).await;
+    let (status, body) = api
+        .post(
+            "/api/v1/models/rain/versions",
+            json!({"version": "1.0.0", "artifact_digest": artifact.to_string(),
+                   "manifest_digest": manifest_digest.to_string()}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+
+    // Six hours just past: Berlin's weather shifts from the fourth hour,
+    // Oslo's does not. Each device serves 500 requests an hour, Berlin at
+    // 10 ms (p50), Oslo at 30 ms. Ten days ago Berlin had a busy hour
+    // that only a 30-day look back sees.
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let base_hour = now - now.rem_euclid(3600) - 6 * 3600;
+    for (site, shifts, latency) in [
+        ("berlin", true, (10.0, 25.0)),
+        ("oslo", false, (30.0, 45.0)),
+    ] {
+        let name = format!("edge-{site}");
+        let token = cp
+            .labelled_token("device", &name, json!({"site": site}))
+            .await;
+        let identity = cp
+            .enroll(Role::Device, &token, &dir.path().join(&name))
+            .await;
+        let channel = mtls_endpoint(&cp.grpc_url, &identity)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = AgentServiceClient::new(channel);
+        for hour in 0..6i64 {
+            let sketch = if shifts && hour >= 3 {
+                ([20, 80, 400], [100, 400])
+            } else {
+                ([150, 200, 150], [350, 150])
+            };
+            client
+                .report_telemetry(report(
+                    hour as u64 + 1,
+                    base_hour + hour * 3600,
+                    500,
+                    latency,
+                    Some(sketch),
+                ))
+                .await
+                .unwrap();
+        }
+        if shifts {
+            client
+                .report_telemetry(report(100, now - 10 * 86_400, 1_000_000, latency, None))
+                .await
+                .unwrap();
+        }
+    }
+
+    // The cost report over the last week, by hand: 6 000 requests in
+    // 6 h − 1 s from 2 devices, p50 weighted (10 + 30) / 2 = 20 ms.
+    let (status, c) = api.get("/api/v1/models/rain/cost?days=7").await;
+    assert_eq!(status, 200, "{c}");
+    let t = &c["traffic"];
+    assert_eq!(
+        (t["requests"].as_u64(), t["errors"].as_u64()),
+        (Some(6000), Some(6)),
+        "{c}"
+    );
+    assert_eq!(t["devices"], 2, "{c}");
+    assert!(
+        close(t["observed_seconds"].as_f64().unwrap(), 21_599.0),
+        "{c}"
+    );
+    assert!(close(t["latency_p50_ms"].as_f64().unwrap(), 20.0), "{c}");
+    assert!(close(t["latency_p99_ms"].as_f64().unwrap(), 35.0), "{c}");
+    assert_eq!(c["prices"]["electricity_usd_per_kwh"], 0.5, "{c}");
+    let e = &c["estimate"];
+    let monthly = 6000.0 / 21_599.0 * 730.0 * 3600.0;
+    assert!(
+        close(e["monthly_requests"].as_f64().unwrap(), monthly),
+        "{c}"
+    );
+    // Edge: 2 devices × 2 W × 730 h = 2.92 kWh × 0.5, + 2 × 360 / 36.
+    let edge = 2.92 * 0.5 + 20.0;
+    assert!(close(e["edge"]["total_usd"].as_f64().unwrap(), edge), "{c}");
+    // One instance all month (the peak is far under its capacity).
+    assert_eq!(e["cloud_instances"]["instances"], 1, "{c}");
+    assert!(
+        close(e["cloud_instances"]["total_usd"].as_f64().unwrap(), 73.0),
+        "{c}"
+    );
+    // Serverless: per request, and 20 ms × 2 GB at the Lambda price.
+    let serverless = monthly / 1e6 * 0.20 + monthly * 0.02 * 2.0 * 0.000_016_666_7;
+    assert!(
+        close(
+            e["cloud_serverless"]["total_usd"].as_f64().unwrap(),
+            serverless
+        ),
+        "{c}"
+    );
+    assert_eq!(e["cheapest"], "cloud_serverless", "{c}");
+    assert!(
+        close(e["edge_saves_usd"].as_f64().unwrap(), serverless - edge),
+        "{c}"
+    );
+
+    // The 30-day default includes the busy hour ten days ago.
+    let (_, month) = api.get("/api/v1/models/rain/cost").await;
+    assert_eq!(month["days"], 30);
+    assert_eq!(month["traffic"]["requests"], 1_006_000, "{month}");
+    let (_, v) = api
+        .get("/api/v1/models/rain/cost?version=1.0.0&days=7")
+        .await;
+    assert_eq!(v["traffic"]["requests"], 6000, "{v}");
+    // A model nobody served: no estimate, not an error.
+    let (status, idle) = api.get("/api/v1/models/idle/cost").await;
+    assert_eq!(status, 200, "{idle}");
+    assert!(
+        idle["estimate"].is_null() && idle["traffic"]["requests"] == 0,
+        "{idle}"
+    );
+    for (query, status, field) in [
+        ("days=0", 400, "days"),
+        ("days=91", 400, "days"),
+        ("days=x", 400, "query"),
+        ("bogus=1", 400, "query"),
+        ("version=bad%21", 400, "version"),
+        ("version=9.9.9", 404, ""),
+    ] {
+        let (got, body) = api.get(&format!("/api/v1/models/rain/cost?{query}")).await;
+        assert_eq!(got, status, "{query}: {body}");
+        if !field.is_empty() {
+            assert_eq!(body["error"]["field"], field, "{query}: {body}");
+        }
+    }
+    let (status, _) = api.get("/api/v1/models/nope/cost").await;
+    assert_eq!(status, 404);
+    let (_, doc) = api.get("/api/v1/openapi.json").await;
+    assert!(doc["paths"]["/api/v1/models/{name}/cost"]["get"].is_object());
+    for schema in [
+        "CostView", "Prices", "Traffic", "Estimate", "EdgeCost", "Venue",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "{schema} missing"
+        );
+    }
+
+    // The same through the CLI.
+    let (code, out) = run(&["cost", "rain", "--days", "7"]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert!(
+        out.contains("6000 requests (6 errors) from 2 devices over 6.0 h"),
+        "{out}"
+    );
+    assert!(row(&out, "edge").contains(&format!("{edge:.2}")), "{out}");
+    assert!(row(&out, "cloud instances").contains("73.00"), "{out}");
+    assert!(
+        row(&out, "cloud serverless").contains(&format!("{serverless:.2}")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "cheapest:  cloud serverless (the edge costs {:.2} USD a month more)",
+            edge - serverless
+        )),
+        "{out}"
+    );
+    let (code, out) = run(&["cost", "rain", "--days", "7", "--json"]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let json: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["estimate"]["cheapest"], "cloud_serverless");
+    assert_eq!(json["traffic"], c["traffic"]);
+    let (code, out) = run(&["cost", "idle"]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert!(out.contains("nothing to estimate"), "{out}");
+    assert_eq!(
+        run(&["cost", "rain", "--days", "0"]).await.0,
+        ExitCode::from(65)
+    );
+    assert_eq!(run(&["cost", "nope"]).await.0, ExitCode::from(66));
+
+    // Drift: the latest window per site and feature, and the state.
+    let (code, out) = run(&[
+        "drift",
+        "rain",
+        "--group-by",
+        "site",
+        "--set-after",
+        "2",
+        "--clear-after",
+        "2",
+    ])
+    .await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert!(out.contains("model:       rain 1.0.0\n"), "{out}");
+    let berlin = row(&out, "berlin");
+    for want in ["500", "yes", "2 of 6", "DRIFTING"] {
+        assert!(berlin.contains(want), "{want}: {out}");
+    }
+    let oslo = row(&out, "oslo");
+    assert!(oslo.contains("0 of 6") && oslo.ends_with("ok"), "{out}");
+    let features: Vec<&str> = out.lines().filter(|l| l.contains("  temp  ")).collect();
+    assert_eq!(features.len(), 2, "{out}");
+    assert!(
+        features[0].starts_with("berlin") && features[0].ends_with("act"),
+        "{out}"
+    );
+    assert!(
+        features[1].starts_with("oslo") && features[1].ends_with("stable"),
+        "{out}"
+    );
+    let (code, out) = run(&["drift", "rain", "--group-by", "site", "--json"]).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let view: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(view["series"].as_array().unwrap().len(), 2, "{out}");
+    let (_, out) = run(&["drift", "rain"]).await;
+    assert!(row(&out, "all").contains("1000"), "{out}");
+    assert_eq!(
+        run(&["drift", "rain", "--window-seconds", "5"]).await.0,
+        ExitCode::from(65)
+    );
+    assert_eq!(run(&["drift", "nope"]).await.0, ExitCode::from(66));
+    assert_eq!(
+        edgeloop(&base, "wrong", &["drift", "rain"]).await.0,
+        ExitCode::from(77)
+    );
+    cp.stop().await;
+}
