@@ -159,6 +159,11 @@ impl Server {
             core.config.rollout_tick,
             core.shutdown.clone(),
         ));
+        let triggers = tokio::spawn(r#loop::triggers::runner::run(
+            core.clone(),
+            core.config.rollout_tick,
+            core.shutdown.clone(),
+        ));
         let mut grpc = std::pin::pin!(grpc);
         let mut http = std::pin::pin!(http);
         // A server that dies on its own is an error; otherwise wait for the signal.
@@ -190,6 +195,9 @@ impl Server {
         }
         // A pipeline step may be mid-way through minutes of quantization;
         // steps are idempotent, so one cut short simply runs again on start.
+        if let Err(e) = triggers.await {
+            tracing::warn!(error = %e, "trigger task ended abnormally");
+        }
         let mut pipelines = pipelines;
         match tokio::time::timeout(core.config.drain_timeout, &mut pipelines).await {
             Ok(Err(e)) => tracing::warn!(error = %e, "pipeline task ended abnormally"),

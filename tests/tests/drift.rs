@@ -180,7 +180,7 @@ async fn sketches_from_two_sites_show_drift_per_window_and_site() {
     assert_eq!(all["series"][0]["windows"][0]["devices"], 2);
 
     for (query, field) in [
-        ("window_seconds=5", "window_seconds"),
+        ("window_seconds=0", "window_seconds"),
         ("psi_act=-1", "psi_act"),
         ("psi_watch=0.5&psi_act=0.2", "psi_watch"),
         ("set_after=0", "set_after"),

@@ -91,6 +91,10 @@ pub struct Store {
     pub pipelines: Tree<crate::r#loop::pipeline::Pipeline>,
     /// The pipeline that holds each model's one retraining slot, by model.
     pub pipeline_active: Tree<String>,
+    /// Each model's retraining triggers, by model.
+    pub triggers: Tree<crate::r#loop::triggers::config::TriggersConfig>,
+    /// What the trigger task last saw and decided, by model.
+    pub trigger_state: Tree<crate::r#loop::triggers::runner::TriggerStateRecord>,
     /// What each model's drift is measured against, by model.
     pub drift_reference: Tree<crate::r#loop::retrain::ReferenceRecord>,
 }
@@ -143,6 +147,8 @@ impl Store {
             pipelines: Tree::open(&db, "pipelines")?,
             pipeline_active: Tree::open(&db, "pipeline_active")?,
             drift_reference: Tree::open(&db, "drift_reference")?,
+            triggers: Tree::open(&db, "triggers")?,
+            trigger_state: Tree::open(&db, "trigger_state")?,
             db,
             flusher: Arc::default(),
         })

@@ -41,8 +41,8 @@ pub struct DriftView {
     pub series: Vec<DriftSeries>,
 }
 
-fn config(q: &DriftQuery) -> Result<DriftConfig, Error> {
-    let d = DriftConfig::default();
+/// The query's thresholds over `d` (the model's, else the defaults).
+fn config(q: &DriftQuery, d: DriftConfig) -> Result<DriftConfig, Error> {
     let c = DriftConfig {
         window_seconds: q.window_seconds.unwrap_or(d.window_seconds),
         psi_watch: q.psi_watch.unwrap_or(d.psi_watch),
@@ -53,25 +53,7 @@ fn config(q: &DriftQuery) -> Result<DriftConfig, Error> {
         set_after: q.set_after.unwrap_or(d.set_after),
         clear_after: q.clear_after.unwrap_or(d.clear_after),
     };
-    if !(60..=30 * 86_400).contains(&c.window_seconds) {
-        return Err(Error::bad_field("window_seconds", "must be 60 to 2592000"));
-    }
-    for (field, v) in [
-        ("psi_watch", c.psi_watch),
-        ("psi_act", c.psi_act),
-        ("js_act", c.js_act),
-        ("ks_alpha", c.ks_alpha),
-    ] {
-        if !(v.is_finite() && v > 0.0) {
-            return Err(Error::bad_field(field, "must be a positive number"));
-        }
-    }
-    if c.psi_watch > c.psi_act {
-        return Err(Error::bad_field("psi_watch", "must not exceed psi_act"));
-    }
-    if c.set_after == 0 || c.clear_after == 0 {
-        return Err(Error::bad_field("set_after", "windows must be at least 1"));
-    }
+    analysis::validate(&c, "")?;
     Ok(c)
 }
 
@@ -86,8 +68,14 @@ pub async fn model_drift(
     q: Result<Query<DriftQuery>, QueryRejection>,
 ) -> Result<Json<DriftView>, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
-    let config = config(&q)?;
     models::get_model(&core.store, &name)?;
+    let model_config = core
+        .store
+        .triggers
+        .get(&name)?
+        .and_then(|t| t.drift)
+        .unwrap_or_default();
+    let config = config(&q, model_config)?;
     let version = match &q.version {
         Some(v) => models::get_version(&core.store, &name, v)?,
         None => models::list_versions(&core.store, &name)?

@@ -13,6 +13,7 @@ mod models;
 pub mod openapi;
 mod pipelines;
 mod telemetry;
+mod triggers;
 
 use std::sync::Arc;
 
@@ -92,6 +93,10 @@ pub fn router(core: Arc<Core>) -> Router {
             put(pipelines::put_config).get(pipelines::get_config),
         )
         .route("/api/v1/models/{name}/retrain", post(pipelines::retrain))
+        .route(
+            "/api/v1/models/{name}/triggers",
+            put(triggers::put).get(triggers::get),
+        )
         .route("/api/v1/pipelines", get(pipelines::list))
         .route("/api/v1/pipelines/{id}", get(pipelines::show))
         .route("/api/v1/pipelines/{id}/cancel", post(pipelines::cancel))

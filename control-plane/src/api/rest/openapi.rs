@@ -6,6 +6,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::{
     artifacts, cost, deployments, drift, fleet, jobs, metrics, models, pipelines, telemetry,
+    triggers,
 };
 
 #[derive(OpenApi)]
@@ -53,6 +54,8 @@ use super::{
         pipelines::list,
         pipelines::show,
         pipelines::cancel,
+        triggers::put,
+        triggers::get,
     ),
     modifiers(&BearerAuth),
     tags((name = "fleet"), (name = "registry"), (name = "loop"), (name = "health"))

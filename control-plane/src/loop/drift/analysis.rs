@@ -46,6 +46,42 @@ impl Default for DriftConfig {
     }
 }
 
+/// Checks thresholds; errors name the field, after `prefix`.
+pub fn validate(c: &DriftConfig, prefix: &str) -> Result<(), crate::error::Error> {
+    use crate::error::Error;
+    let field = |f: &str| format!("{prefix}{f}");
+    // Down to a second: a replay (the demo) compresses days into seconds.
+    if !(1..=30 * 86_400).contains(&c.window_seconds) {
+        return Err(Error::bad_field(
+            field("window_seconds"),
+            "must be 1 to 2592000",
+        ));
+    }
+    for (f, v) in [
+        ("psi_watch", c.psi_watch),
+        ("psi_act", c.psi_act),
+        ("js_act", c.js_act),
+        ("ks_alpha", c.ks_alpha),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(Error::bad_field(field(f), "must be a positive number"));
+        }
+    }
+    if c.psi_watch > c.psi_act {
+        return Err(Error::bad_field(
+            field("psi_watch"),
+            "must not exceed psi_act",
+        ));
+    }
+    if c.set_after == 0 || c.clear_after == 0 {
+        return Err(Error::bad_field(
+            field("set_after"),
+            "windows must be at least 1",
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FeatureDrift {
     pub name: String,

@@ -36,6 +36,10 @@ pub struct RetrainingConfig {
     /// Keep only the last this many rows of the base set (a recent window).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_window_rows: Option<u64>,
+    /// Keep only the newest this many labelled edge samples: after a concept
+    /// shift, older rows teach the old concept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge_window_rows: Option<u64>,
     /// The newest fraction of labelled edge samples held out to evaluate
     /// (quantization gate and promotion check), default 0.3.
     #[serde(default = "default_eval_fraction")]
@@ -100,6 +104,9 @@ impl RetrainingConfig {
         }
         if self.base_window_rows == Some(0) {
             return Err(Error::bad_field("base_window_rows", "must be at least 1"));
+        }
+        if self.edge_window_rows == Some(0) {
+            return Err(Error::bad_field("edge_window_rows", "must be at least 1"));
         }
         if !(self.eval_fraction > 0.0 && self.eval_fraction < 1.0) {
             return Err(Error::bad_field(

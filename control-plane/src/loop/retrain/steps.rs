@@ -298,6 +298,7 @@ async fn build_dataset(
     let store = core.store.clone();
     let prefix = format!("{}/", p.model);
     let (eval_fraction, min_eval) = (config.eval_fraction, config.min_eval_samples);
+    let edge_window = config.edge_window_rows.map_or(usize::MAX, |n| n as usize);
     let snapshot = blocking(move || {
         let records: Vec<_> = store
             .samples
@@ -306,7 +307,8 @@ async fn build_dataset(
             .map(|(_, v)| v)
             .collect();
         let width = shape.iter().product();
-        let (edge, skipped) = dataset::edge_rows(&records, Some(width));
+        let (mut edge, skipped) = dataset::edge_rows(&records, Some(width));
+        edge.drain(..edge.len().saturating_sub(edge_window));
         if skipped > 0 {
             tracing::warn!(
                 skipped,

@@ -4,7 +4,9 @@
 //! cooldown, or is coalesced into a retrain already running. A thin task
 //! (to come with the pipelines) feeds it and acts on its decisions.
 
+pub mod config;
 pub mod cron;
+pub mod runner;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -17,10 +19,14 @@ pub type UnixSeconds = i64;
 #[derive(Debug, Clone, PartialEq)]
 pub enum TriggerKind {
     /// The model has been drifting at `min_severity` or more for
-    /// `min_duration_seconds`.
+    /// `min_duration_seconds` and, when labels say how it does, the drift
+    /// hurts: online accuracy is at least `min_accuracy_drop_points` under
+    /// the evaluated one. (Real inputs move without harm; a histogram that
+    /// moved is not by itself a reason to spend GPU hours.)
     Drift {
         min_severity: f64,
         min_duration_seconds: i64,
+        min_accuracy_drop_points: Option<f64>,
     },
     /// Online accuracy is this many points under the evaluated accuracy.
     AccuracyDrop { points: f64 },
@@ -109,17 +115,32 @@ pub fn fires(trigger: &Trigger, state: &ModelState, now: UnixSeconds) -> Option<
         TriggerKind::Drift {
             min_severity,
             min_duration_seconds,
+            min_accuracy_drop_points,
         } => {
             let since = state.drifting_since?;
-            (state.drift_severity >= *min_severity && now - since >= *min_duration_seconds).then(
-                || {
-                    format!(
+            let drop = state
+                .evaluated_accuracy
+                .zip(state.online_accuracy)
+                .map(|(e, o)| (e - o) * 100.0);
+            // Without labels nobody can tell whether it hurts: drift alone decides.
+            let hurts = match (min_accuracy_drop_points, drop) {
+                (Some(min), Some(drop)) => drop >= *min,
+                _ => true,
+            };
+            (state.drift_severity >= *min_severity && now - since >= *min_duration_seconds && hurts)
+                .then(|| {
+                    let mut why = format!(
                         "drifting (severity {:.3} >= {min_severity}) for {}s",
                         state.drift_severity,
                         now - since
-                    )
-                },
-            )
+                    );
+                    if let Some(drop) = drop {
+                        why.push_str(&format!(
+                            ", online accuracy {drop:.1} points under evaluation"
+                        ));
+                    }
+                    why
+                })
         }
         TriggerKind::AccuracyDrop { points } => {
             let drop = (state.evaluated_accuracy? - state.online_accuracy?) * 100.0;
@@ -215,6 +236,7 @@ mod tests {
                 TriggerKind::Drift {
                     min_severity: 0.2,
                     min_duration_seconds: 3600,
+                    min_accuracy_drop_points: None,
                 },
             ),
             trigger("accuracy", TriggerKind::AccuracyDrop { points: 5.0 }),
@@ -439,5 +461,48 @@ mod tests {
         assert!(fires(&t, &s, NOW + 1800).is_some(), "00:30");
         assert!(fires(&t, &s, NOW + 3600).is_none(), "01:00 is the end");
         assert!(fires(&t, &s, NOW - 7200).is_none(), "22:00");
+    }
+
+    #[test]
+    fn drift_that_does_not_hurt_accuracy_does_not_retrain() {
+        let t = trigger(
+            "drift",
+            TriggerKind::Drift {
+                min_severity: 0.2,
+                min_duration_seconds: 0,
+                min_accuracy_drop_points: Some(5.0),
+            },
+        );
+        let drifting = ModelState {
+            drifting_since: Some(NOW - 60),
+            drift_severity: 0.4,
+            ..Default::default()
+        };
+        let cases = [
+            ("no labels: drift alone decides", None, None, true),
+            ("accuracy holds", Some(0.80), Some(0.79), false),
+            ("4.9 points down", Some(0.80), Some(0.751), false),
+            ("5 points down", Some(0.80), Some(0.75), true),
+            ("evaluation unknown", None, Some(0.5), true),
+        ];
+        for (what, evaluated, online, want) in cases {
+            let state = ModelState {
+                evaluated_accuracy: evaluated,
+                online_accuracy: online,
+                ..drifting.clone()
+            };
+            assert_eq!(fires(&t, &state, NOW).is_some(), want, "{what}");
+        }
+        let calm = ModelState {
+            drifting_since: None,
+            evaluated_accuracy: Some(0.8),
+            online_accuracy: Some(0.5),
+            ..drifting
+        };
+        assert_eq!(
+            fires(&t, &calm, NOW),
+            None,
+            "accuracy alone is another trigger's job"
+        );
     }
 }
