@@ -6,6 +6,7 @@
 
 pub mod api;
 mod cost;
+mod demo;
 pub mod deployment;
 mod device;
 mod drift;
@@ -64,6 +65,9 @@ pub enum Command {
     /// The monthly cost of a model's measured traffic at the edge versus
     /// in the cloud.
     Cost(cost::CostArgs),
+    /// The whole loop on the NOAA rainfall stream, as real processes on
+    /// loopback: train, gate, roll out, replay, notice drift, retrain, ship v2.
+    Demo(demo::DemoArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -79,6 +83,7 @@ pub fn run_with(cli: Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Device { cmd, server } => device::run(cmd, &server, out),
         Command::Drift(args) => drift::run(&args, out),
         Command::Cost(args) => cost::run(&args, out),
+        Command::Demo(args) => demo::run(args),
     }
 }
 

@@ -436,17 +436,23 @@ fn signing_key_path(core: &Core) -> std::path::PathBuf {
         .join("manifest-signing.key")
 }
 
-/// The next free version name: one past the number of versions.
+/// The next free version name, as manifests need it (semantic): the next
+/// major after the largest leading number among the model's versions.
 fn next_version(core: &Core, model: &str) -> Result<String, Error> {
     let taken: std::collections::BTreeSet<String> = models::list_versions(&core.store, model)?
         .into_iter()
         .map(|v| v.version)
         .collect();
-    let mut n = taken.len() + 1;
-    while taken.contains(&n.to_string()) {
+    let mut n = taken
+        .iter()
+        .filter_map(|v| v.split('.').next()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0)
+        + 1;
+    while taken.contains(&format!("{n}.0.0")) {
         n += 1;
     }
-    Ok(n.to_string())
+    Ok(format!("{n}.0.0"))
 }
 
 fn with_rows(npz: Npz, keep_last: usize) -> Npz {
