@@ -8,21 +8,29 @@
 //! report telemetry (sketches and per-model request counts and latency)
 //! over mTLS with `ReportTelemetry`, and `GET /api/v1/models/{name}/cost`
 //! is checked against numbers worked out by hand from configured prices.
+//!
+//! Retraining: a policy set from a file, a real pipeline (dataset snapshot
+//! from a base set and a device's labelled samples, then a training job
+//! that a bridge leases over mTLS and reports failed) followed by
+//! `pipeline show --wait` to its failure, coalescing, and cancel.
 
 #![allow(clippy::unwrap_used)]
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::Role;
-use edgeloop_control_plane::config::CostSettings;
+use edgeloop_control_plane::config::{CostSettings, ServeSettings};
 use edgeloop_models::manifest::{ClassShare, InputHistogram, ManifestKey, ReferenceStats};
-use edgeloop_models::Digest;
+use edgeloop_models::npz::Npz;
+use edgeloop_models::{Digest, Tensor};
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
 use edgeloop_proto::bridge::v1::{JobState, LeaseJobRequest, ProgressReport};
-use edgeloop_tests::{free_port, settings, ControlPlane};
+use edgeloop_tests::{eventually, free_port, settings, ControlPlane};
+use ndarray::{ArrayD, IxDyn};
 use serde_json::{json, Value};
 
 /// `edgeloop <args> --server <base> --token <token>`, in process; the exit
@@ -184,13 +192,13 @@ async fn models_jobs_and_devices_through_the_cli() {
         let (base, admin, id) = (base.clone(), admin.clone(), id.clone());
         tokio::spawn(async move { edgeloop(&base, &admin, &["job", "show", &id, "--wait"]).await })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!waiting.is_finished(), "--wait returned while the job ran");
     bridge
         .report_progress(progress(&id, JobState::Succeeded, 200))
         .await
         .unwrap();
-    let (code, out) = tokio::time::timeout(std::time::Duration::from_secs(20), waiting)
+    let (code, out) = tokio::time::timeout(Duration::from_secs(20), waiting)
         .await
         .unwrap()
         .unwrap();
@@ -641,6 +649,366 @@ async fn drift_and_cost_from_agent_telemetry() {
     assert_eq!(run(&["drift", "nope"]).await.0, ExitCode::from(66));
     assert_eq!(
         edgeloop(&base, "wrong", &["drift", "rain"]).await.0,
+        ExitCode::from(77)
+    );
+    cp.stop().await;
+}
+
+/// 20 rows of 8 features with labels: the policy's base dataset.
+fn base_dataset() -> Vec<u8> {
+    let x = ArrayD::from_shape_vec(
+        IxDyn(&[20, 8]),
+        (0..160).map(|v| v as f32 / 160.0).collect(),
+    )
+    .unwrap();
+    let y = ArrayD::from_shape_vec(IxDyn(&[20]), (0..20).map(|i| i % 2).collect()).unwrap();
+    let mut npz = Npz::new();
+    npz.insert("input", Tensor::F32(x));
+    npz.insert("label", Tensor::I64(y));
+    npz.to_bytes().unwrap()
+}
+
+/// Eight labelled feedback samples from one device, as an agent uploads
+/// them.
+fn labelled_samples() -> pb::TelemetryReport {
+    let samples = (0..8u8)
+        .map(|i| pb::Sample {
+            kind: pb::SampleKind::Feedback as i32,
+            model_name: "rain".into(),
+            model_version: "1".into(),
+            request_id: format!("r{i}"),
+            observed_at: at(1_796_083_200 + i64::from(i)),
+            inputs: vec![pb::SampleTensor {
+                name: "input".into(),
+                dtype: "float32".into(),
+                shape: vec![1, 8],
+                data: (0..8u8)
+                    .flat_map(|f| f32::from(i * 8 + f).to_le_bytes())
+                    .collect(),
+            }],
+            predicted_class: Some(0),
+            confidence: Some(0.7),
+            label: Some(i64::from(i % 2)),
+        })
+        .collect();
+    pb::TelemetryReport {
+        sequence: 1,
+        samples,
+        ..Default::default()
+    }
+}
+
+fn failed_job(job: &str) -> ProgressReport {
+    ProgressReport {
+        state: JobState::Failed as i32,
+        exit_code: 3,
+        message: "exit code 3".into(),
+        metrics: Default::default(),
+        ..progress(job, JobState::Failed, 0)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retraining_policies_and_pipelines_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(ServeSettings {
+        rollout_tick_ms: Some(100),
+        ..settings(&dir.path().join("cp"))
+    })
+    .await;
+    let api = cp.api();
+    let (base, admin) = (cp.http_base.clone(), cp.admin_token.clone());
+    let run = |args: Vec<String>| {
+        let (base, admin) = (base.clone(), admin.clone());
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            edgeloop(&base, &admin, &args).await
+        }
+    };
+    macro_rules! cli {
+        ($($arg:expr),* $(,)?) => { run(vec![$(String::from($arg)),*]) };
+    }
+
+    for name in ["rain", "idle"] {
+        let (status, body) = api.post("/api/v1/models", json!({"name": name})).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    // No policy yet: nothing to show, and a retrain cannot start.
+    assert_eq!(
+        cli!("retraining", "show", "rain").await.0,
+        ExitCode::from(66)
+    );
+    assert_eq!(cli!("retrain", "rain").await.0, ExitCode::from(75));
+
+    // The policy, from a file.
+    let data = cp.upload(&base_dataset()).await;
+    let policy = json!({
+        "job": {"name": "retrain-rain", "command": ["python3", "train.py"],
+                "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
+                "restarts": {"max_restarts": 0, "backoff_seconds": 0, "backoff_max_seconds": 0}},
+        "base_dataset": data.to_string(),
+        "eval_fraction": 0.25,
+        "min_eval_samples": 2,
+        "max_attempts": 2,
+        "rollout": {"selector": "site=lab"}
+    });
+    let file = dir.path().join("policy.json");
+    std::fs::write(&file, policy.to_string()).unwrap();
+    let file = file.display().to_string();
+    let (code, out) = cli!("retraining", "set", "rain", "--file", &file).await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    assert!(out.starts_with("retraining policy of rain set\n"), "{out}");
+    let short = &data.to_string()[..12];
+    assert!(out.contains(&format!("base dataset:  {short}\n")), "{out}");
+    let (code, out) = cli!("retraining", "show", "rain").await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    for want in [
+        "job:           retrain-rain\n",
+        "command:       python3 train.py\n",
+        "evaluate on:   the newest 25 % of labelled edge samples (at least 2)\n",
+        "attempts:      2 per step\n",
+        "rollout:       {\"selector\":\"site=lab\"}\n",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+    let (code, out) = cli!("retraining", "show", "rain", "--json").await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["min_eval_samples"], 2, "{out}");
+    assert_eq!(shown["base_dataset"], data.to_string(), "{out}");
+    // A policy the server refuses names the field (65); a missing file is 66.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        json!({"job": policy["job"], "rollout": {"selector": "a=b"},
+                                "eval_fraction": 1.5})
+        .to_string(),
+    )
+    .unwrap();
+    let bad = bad.display().to_string();
+    assert_eq!(
+        cli!("retraining", "set", "rain", "--file", &bad).await.0,
+        ExitCode::from(65)
+    );
+    let missing = dir.path().join("missing.json").display().to_string();
+    assert_eq!(
+        cli!("retraining", "set", "rain", "--file", &missing)
+            .await
+            .0,
+        ExitCode::from(66)
+    );
+    assert_eq!(
+        cli!("retraining", "set", "nope", "--file", &file).await.0,
+        ExitCode::from(66)
+    );
+
+    // A device's labelled samples: 6 train beside the base set, 2 evaluate.
+    let token = cp
+        .labelled_token("device", "edge-1", json!({"site": "lab"}))
+        .await;
+    let device = cp
+        .enroll(Role::Device, &token, &dir.path().join("edge-1"))
+        .await;
+    AgentServiceClient::new(
+        mtls_endpoint(&cp.grpc_url, &device)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .report_telemetry(labelled_samples())
+    .await
+    .unwrap();
+
+    // A retrain; a second one while it runs is coalesced into it.
+    let (code, out) = cli!("retrain", "rain", "--reason", "cli").await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    let id = out
+        .strip_prefix("pipeline ")
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("no pipeline id in {out:?}"))
+        .to_string();
+    assert_eq!(
+        out,
+        format!("pipeline {id} started for rain (trigger: manual: cli)\n")
+    );
+    let (code, out) = cli!("retrain", "rain", "--reason", "again").await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "rain is already retraining: the request was coalesced into pipeline {id} (running: step "
+        )),
+        "{out}"
+    );
+
+    // A bridge leases the pipeline's training job and reports it running.
+    let job = format!("{id}-train-1");
+    let identity = cp
+        .enroll(
+            Role::Cluster,
+            &cp.token("cluster", "gpu-a").await,
+            &dir.path().join("bridge"),
+        )
+        .await;
+    let mut bridge = BridgeServiceClient::new(
+        mtls_endpoint(&cp.grpc_url, &identity)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let leased = bridge
+            .lease_job(LeaseJobRequest {
+                wait_seconds: 1,
+                engines: vec!["local".into()],
+                running_jobs: vec![],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if let Some(j) = leased.job {
+            assert_eq!(j.id, job);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pipeline's training job was never leasable"
+        );
+    }
+    bridge
+        .report_progress(progress(&job, JobState::Running, 10))
+        .await
+        .unwrap();
+
+    let (code, out) = cli!("pipeline", "show", &id).await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    assert!(
+        out.contains("status:     running: step 2/8 train, attempt 1\n"),
+        "{out}"
+    );
+    assert!(out.contains("coalesced:  manual: again ("), "{out}");
+    let dataset = row(&out, "build_dataset");
+    for want in [
+        "succeeded",
+        "26 rows, 2 to evaluate, 8 from devices; snapshot ",
+    ] {
+        assert!(dataset.contains(want), "{want}: {out}");
+    }
+    assert!(row(&out, "train").contains("running"), "{out}");
+
+    // `show --wait` follows it to the failure the bridge reports.
+    let waiting = {
+        let (base, admin, id) = (base.clone(), admin.clone(), id.clone());
+        tokio::spawn(
+            async move { edgeloop(&base, &admin, &["pipeline", "show", &id, "--wait"]).await },
+        )
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!waiting.is_finished(), "--wait returned while it ran");
+    bridge.report_progress(failed_job(&job)).await.unwrap();
+    let (code, out) = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code, ExitCode::FAILURE, "{out}");
+    let reason = format!("training job {job} failed: exit code 3");
+    assert!(out.contains("status:     failed at train\n"), "{out}");
+    assert!(out.contains(&format!("reason:     {reason}\n")), "{out}");
+    assert!(out.contains("trigger:    manual: cli\n"), "{out}");
+    let header = out.lines().find(|l| l.starts_with("STEP")).unwrap();
+    for col in ["ATTEMPT", "STATUS", "STARTED", "DURATION", "OUTPUT"] {
+        assert!(header.contains(col), "{col}: {out}");
+    }
+    let dataset = row(&out, "build_dataset");
+    assert!(dataset.contains("26 rows"), "{out}");
+    assert_eq!(header.find("STATUS"), dataset.find("succeeded"), "{out}");
+    let train = row(&out, "train");
+    assert!(train.contains(&reason[..30]), "{out}");
+    assert_eq!(header.find("STATUS"), train.find("training job"), "{out}");
+    // Nothing after train ran.
+    for step in ["export", "quantize", "register", "compare", "deploy"] {
+        assert!(
+            !out.lines().any(|l| l.starts_with(step)),
+            "{step} ran: {out}"
+        );
+    }
+
+    let (code, out) = cli!("pipeline", "show", &id, "--json").await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["status"], "failed", "{out}");
+    assert_eq!(shown["reason"], reason.as_str(), "{out}");
+    let (code, out) = cli!("pipeline", "list").await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    let r = row(&out, &id);
+    for want in ["rain", "failed", "train", "manual: cli", "training job"] {
+        assert!(r.contains(want), "{want}: {out}");
+    }
+    let (code, out) = cli!("pipeline", "list", "--json").await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let all: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(all.as_array().unwrap().len(), 1, "{out}");
+    assert_eq!(all[0]["id"], id.as_str());
+    let (_, out) = cli!("pipeline", "list", "--model", "idle", "--json").await;
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap(), json!([]));
+
+    // A new retrain followed by `retrain --wait`, cancelled from the CLI:
+    // the wait exits non-zero, and a second cancel is a conflict.
+    let waiting = {
+        let (base, admin) = (base.clone(), admin.clone());
+        tokio::spawn(async move { edgeloop(&base, &admin, &["retrain", "rain", "--wait"]).await })
+    };
+    let second = eventually(Duration::from_secs(20), "a second pipeline", || async {
+        let (_, all) = api.get("/api/v1/pipelines?model=rain").await;
+        all.as_array()?
+            .iter()
+            .find(|p| p["id"] != id.as_str() && p["status"] == "running")
+            .map(|p| p["id"].as_str().unwrap().to_string())
+    })
+    .await;
+    let cancelled = |out: &str| {
+        out.lines()
+            .any(|l| l.starts_with("status:") && l.contains(" cancelled at "))
+    };
+    let (code, out) = cli!("pipeline", "cancel", &second).await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    assert!(cancelled(&out), "{out}");
+    let (code, out) = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code, ExitCode::FAILURE, "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "pipeline {second} started for rain (trigger: manual)\n"
+        )),
+        "{out}"
+    );
+    assert!(cancelled(&out), "{out}");
+    assert_eq!(
+        cli!("pipeline", "cancel", &second).await.0,
+        ExitCode::from(75)
+    );
+
+    // Exit codes: no policy → 75, no such model or pipeline → 66, a bad id → 64.
+    assert_eq!(cli!("retrain", "idle").await.0, ExitCode::from(75));
+    assert_eq!(cli!("retrain", "nope").await.0, ExitCode::from(66));
+    assert_eq!(
+        cli!("pipeline", "show", "p-99999999").await.0,
+        ExitCode::from(66)
+    );
+    assert_eq!(
+        cli!("pipeline", "cancel", "p-99999999").await.0,
+        ExitCode::from(66)
+    );
+    assert_eq!(
+        cli!("pipeline", "show", "../jobs").await.0,
+        ExitCode::from(64)
+    );
+    assert_eq!(
+        edgeloop(&base, "wrong", &["pipeline", "list"]).await.0,
         ExitCode::from(77)
     );
     cp.stop().await;

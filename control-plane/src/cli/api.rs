@@ -121,6 +121,11 @@ impl Client {
             .await
     }
 
+    pub async fn put(&self, path: &str, body: &Value) -> Result<Value, CliError> {
+        self.send(self.http.put(format!("{}{path}", self.base)).json(body))
+            .await
+    }
+
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value, CliError> {
         let resp = req
             .bearer_auth(&self.token)

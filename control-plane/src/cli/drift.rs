@@ -7,10 +7,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde_json::Value;
-use time::format_description::well_known::Rfc3339;
 
 use super::api::{block_on, segment, Client, Reply, ServerArgs};
-use super::table::{fields, num, text, Table};
+use super::table::{fields, num, text, unix_time as at, Table};
 
 #[derive(Debug, Args)]
 pub struct DriftArgs {
@@ -75,14 +74,6 @@ pub fn run(args: &DriftArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             .await?;
         Ok(Reply::show(&view, args.server.json, render))
     })
-}
-
-/// Unix seconds as RFC 3339 (UTC), as the rest of the API writes times.
-fn at(v: &Value) -> String {
-    v.as_i64()
-        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .unwrap_or_else(|| "-".into())
 }
 
 /// Small p-values are what matter; fixed decimals would show them all as 0.

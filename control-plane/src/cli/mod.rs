@@ -1,8 +1,10 @@
 //! The `edgeloop` CLI for ML teams: model tooling that runs locally
 //! (inspect, quantize behind the accuracy gate, verify a signed manifest),
-//! and commands against the console API (`api.rs`: client, exit codes,
-//! waiting; `table.rs`: the human tables they share). Server commands
-//! return their output, so `run_with` can send it anywhere (tests read it).
+//! and commands against the console API: the registry, jobs, deployments,
+//! devices, drift, cost, retraining policies and pipelines (`api.rs`:
+//! client, exit codes, waiting; `table.rs`: the human tables they share).
+//! Server commands return their output, so `run_with` can send it
+//! anywhere (tests read it).
 
 pub mod api;
 mod cost;
@@ -14,6 +16,8 @@ mod job;
 mod model;
 mod model_api;
 mod model_quantize;
+pub mod pipeline;
+mod retraining;
 pub mod table;
 
 use std::io::Write;
@@ -68,6 +72,24 @@ pub enum Command {
     /// The whole loop on the NOAA rainfall stream, as real processes on
     /// loopback: train, gate, roll out, replay, notice drift, retrain, ship v2.
     Demo(demo::DemoArgs),
+    /// How a model is retrained: its policy (training job template, data,
+    /// gates, rollout).
+    Retraining {
+        #[command(subcommand)]
+        cmd: retraining::RetrainingCommand,
+        #[command(flatten)]
+        server: api::ServerArgs,
+    },
+    /// Retrain a model now (a manual trigger); coalesced into its running
+    /// pipeline if there is one.
+    Retrain(retraining::RetrainArgs),
+    /// Retraining pipelines: every step's status, timing and output.
+    Pipeline {
+        #[command(subcommand)]
+        cmd: pipeline::PipelineCommand,
+        #[command(flatten)]
+        server: api::ServerArgs,
+    },
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -84,6 +106,9 @@ pub fn run_with(cli: Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Drift(args) => drift::run(&args, out),
         Command::Cost(args) => cost::run(&args, out),
         Command::Demo(args) => demo::run(args),
+        Command::Retraining { cmd, server } => retraining::run(cmd, &server, out),
+        Command::Retrain(args) => retraining::retrain(&args, out),
+        Command::Pipeline { cmd, server } => pipeline::run(cmd, &server, out),
     }
 }
 

@@ -103,6 +103,27 @@ pub fn when(v: &Value) -> String {
         .unwrap_or_else(|| text(v))
 }
 
+/// Unix seconds as RFC 3339 (UTC), as the rest of the API writes times.
+pub fn unix_time(v: &Value) -> String {
+    use time::format_description::well_known::Rfc3339;
+    v.as_i64()
+        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_else(|| "-".into())
+}
+
+/// Seconds as a person reads a duration: `42s`, `3m05s`, `2h07m`, `3d04h`
+/// (the two largest units; a negative span, from clock skew, as `0s`).
+pub fn duration(seconds: i64) -> String {
+    let s = seconds.max(0);
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
 /// A number with `digits` decimals, or `-` when it is absent.
 pub fn num(v: &Value, digits: usize) -> String {
     match v.as_f64() {
@@ -213,6 +234,19 @@ mod tests {
         assert_eq!(bytes(&json!(3 * 1024 * 1024 + 1)), "3.0 MiB");
         assert_eq!(clip("abcdef", 4), "abc…");
         assert_eq!(clip("abc", 4), "abc");
+        assert_eq!(unix_time(&json!(1_796_083_200)), "2026-12-01T00:00:00Z");
+        assert_eq!(unix_time(&json!(null)), "-");
+        for (secs, want) in [
+            (-5, "0s"),
+            (0, "0s"),
+            (59, "59s"),
+            (65, "1m05s"),
+            (3600, "1h00m"),
+            (7620, "2h07m"),
+            (3 * 86_400 + 4 * 3600 + 59, "3d04h"),
+        ] {
+            assert_eq!(duration(secs), want, "{secs}");
+        }
     }
 
     #[test]
