@@ -1,0 +1,136 @@
+//! `edgeloop demo` end to end, as a user runs it (the binary, which starts
+//! a control plane, a trainer bridge and three agents as processes), on a
+//! shortened stream, with the thresholds below; and the no-drift control,
+//! which replays days from before the shift and must never retrain.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+/// Two demos at once would share two cores between ten processes and
+/// measure the machine, not the loop.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn edgeloop() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .unwrap()
+        .join("edgeloop");
+    assert!(
+        bin.exists(),
+        "{}: build the workspace's binaries first (scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+fn demo(args: &[&str]) -> Value {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(edgeloop())
+        .arg("demo")
+        .arg("--json")
+        .arg("--workdir")
+        .arg(dir.path().join("demo"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "edgeloop demo failed ({}):\n{stderr}",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}\n{stderr}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
+}
+
+#[test]
+fn the_loop_notices_the_shift_retrains_once_and_v2_recovers() {
+    let s = demo(&[
+        "--from-row",
+        "11500",
+        "--to-row",
+        "14500",
+        "--rows-per-second",
+        "60",
+    ]);
+    let shift = s["shift_row"].as_u64().unwrap();
+    assert_eq!(shift, 12_000);
+    // Drift is flagged (a retrain triggered) after the shift, never before.
+    let flagged = s["drift_flagged_row"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no drift flagged: {s:#}"));
+    assert!(
+        flagged >= shift,
+        "flagged at day {flagged}, before the shift: {s:#}"
+    );
+    assert_eq!(s["retrains"], 1, "exactly one retrain: {s:#}");
+    let p = &s["pipelines"][0];
+    assert_eq!(p["status"], "succeeded", "{s:#}");
+    assert!(
+        p["trigger"]
+            .as_str()
+            .unwrap()
+            .starts_with("drift-that-hurts"),
+        "{p}"
+    );
+    // v2 was gated (its lineage carries the gate's choice) and rolled out.
+    let v2 = s["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["version"] == "2.0.0")
+        .unwrap_or_else(|| panic!("no v2: {s:#}"));
+    assert!(v2["lineage"]["quantization"]["chosen"].is_string(), "{v2}");
+    assert_eq!(v2["lineage"]["parent_version"], "1.0.0");
+    assert!(v2["lineage"]["dataset_snapshot"].is_string(), "{v2}");
+    assert!(v2["lineage"]["training_job"].is_string(), "{v2}");
+    let v2_row = s["v2_serving_row"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("v2 never served: {s:#}"));
+    assert!(v2_row > flagged, "{s:#}");
+    // The shift hurts v1, and v2 does better than v1 would have on the very
+    // days v2 served.
+    let (baseline, drifted) = (f(&s["baseline_accuracy"]), f(&s["drift_v1_accuracy"]));
+    assert!(baseline >= 0.75, "{s:#}");
+    assert!(drifted <= baseline - 0.05, "{s:#}");
+    let (recovered, v1_there) = (f(&s["recovered_accuracy"]), f(&s["v1_accuracy_on_v2_days"]));
+    assert!(
+        recovered >= v1_there + 0.03,
+        "v2 {recovered:.3} vs v1 {v1_there:.3} on the days v2 served: {s:#}"
+    );
+    assert!(f(&s["model_bytes"]["fp32"]) > 0.0 && f(&s["edge_latency_ms"]["p99"]) > 0.0);
+    assert!(
+        f(&s["model_bytes"]["int8"]) < f(&s["model_bytes"]["fp32"]),
+        "{s:#}"
+    );
+}
+
+#[test]
+fn the_no_drift_control_raises_no_drift_and_no_retrain() {
+    let s = demo(&[
+        "--control",
+        "--from-row",
+        "10000",
+        "--to-row",
+        "12000",
+        "--rows-per-second",
+        "80",
+    ]);
+    assert_eq!(s["retrains"], 0, "{s:#}");
+    assert!(s["drift_flagged_row"].is_null(), "{s:#}");
+    assert!(s["v2_serving_row"].is_null(), "{s:#}");
+    assert_eq!(s["versions"].as_array().unwrap().len(), 1, "{s:#}");
+    assert!(f(&s["baseline_accuracy"]) >= 0.75, "{s:#}");
+}
