@@ -471,8 +471,8 @@ async fn close_the_loop(console: &Console, steps: u64) -> anyhow::Result<()> {
             &format!("/api/v1/models/{MODEL}/retraining"),
             json!({
                 "job": job_spec("rainfall-retrain", &bin("edgeloop-train")?, steps, None),
-                "edge_window_rows": 400,
-                "eval_fraction": 0.3,
+                "edge_window_rows": 600,
+                "eval_fraction": 0.4,
                 "min_eval_samples": 50,
                 "min_gain_points": 1.0,
                 "rollout": rollout_template()
@@ -486,8 +486,8 @@ async fn close_the_loop(console: &Console, steps: u64) -> anyhow::Result<()> {
                 "cooldown_seconds": 3600,
                 "drift": {"window_seconds": 2, "psi_watch": 0.1, "psi_act": 0.2, "js_act": 0.1,
                           "ks_alpha": 0.01, "min_requests": 40, "set_after": 3, "clear_after": 3},
-                "accuracy_window": 600,
-                "accuracy_min_samples": 300,
+                "accuracy_window": 1000,
+                "accuracy_min_samples": 500,
                 "triggers": [{"id": "drift-that-hurts", "kind": "drift", "min_severity": 0.2,
                               "min_duration_seconds": 8, "min_accuracy_drop_points": 10}]
             }),
