@@ -24,7 +24,12 @@ impl Console {
         })
     }
 
-    async fn send(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
         let mut req = self
             .http
             .request(method.clone(), format!("{}{path}", self.base))
@@ -32,10 +37,17 @@ impl Console {
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = req.send().await.with_context(|| format!("{method} {path}"))?;
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("{method} {path}"))?;
         let status = resp.status();
         let v: Value = resp.json().await.unwrap_or(Value::Null);
-        anyhow::ensure!(status.is_success(), "{method} {path}: {status}: {}", v["error"]);
+        anyhow::ensure!(
+            status.is_success(),
+            "{method} {path}: {status}: {}",
+            v["error"]
+        );
         Ok(v)
     }
 
@@ -61,7 +73,11 @@ impl Console {
             .send()
             .await
             .context("uploading an artifact")?;
-        anyhow::ensure!(resp.status().is_success(), "uploading artifact {d}: {}", resp.status());
+        anyhow::ensure!(
+            resp.status().is_success(),
+            "uploading artifact {d}: {}",
+            resp.status()
+        );
         Ok(d)
     }
 
@@ -73,14 +89,22 @@ impl Console {
             .send()
             .await
             .context("downloading an artifact")?;
-        anyhow::ensure!(resp.status().is_success(), "downloading artifact {d}: {}", resp.status());
+        anyhow::ensure!(
+            resp.status().is_success(),
+            "downloading artifact {d}: {}",
+            resp.status()
+        );
         Ok(resp.bytes().await?.to_vec())
     }
 }
 
 /// Polls `check` every `every` until it returns `Some`, or fails after
 /// `timeout` saying what it waited for.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: std::time::Duration, mut check: F) -> anyhow::Result<T>
+pub async fn wait_for<T, F, Fut>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut check: F,
+) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,

@@ -38,10 +38,18 @@ pub fn load(path: &Path) -> anyhow::Result<Stream> {
         "{}: header {header:?} is not the rainfall table's",
         path.display()
     );
-    let mut s = Stream { x: vec![], y: vec![] };
+    let mut s = Stream {
+        x: vec![],
+        y: vec![],
+    };
     for (i, line) in lines.enumerate() {
         let cells: Vec<&str> = line.split(',').collect();
-        anyhow::ensure!(cells.len() == FEATURES + 2, "line {}: {} fields", i + 2, cells.len());
+        anyhow::ensure!(
+            cells.len() == FEATURES + 2,
+            "line {}: {} fields",
+            i + 2,
+            cells.len()
+        );
         let mut row = [0f32; FEATURES];
         for (j, cell) in cells[1..=FEATURES].iter().enumerate() {
             let v: f32 = cell

@@ -81,7 +81,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             } else {
                 print!("{}", table(&summary));
             }
-            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Err(e) => {
             eprintln!("demo failed: {e:#}");
@@ -96,7 +100,9 @@ fn say(msg: &str) {
 
 fn bin(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let dir = exe.parent().context("the edgeloop binary has no directory")?;
+    let dir = exe
+        .parent()
+        .context("the edgeloop binary has no directory")?;
     let p = dir.join(name);
     anyhow::ensure!(
         p.exists(),
@@ -153,7 +159,9 @@ async fn start(
     std::fs::create_dir_all(&logs)?;
     let (grpc, http) = (free_port()?, free_port()?);
     let cp_dir = work.join("control-plane");
-    say(&format!("starting the control plane (gRPC 127.0.0.1:{grpc}, HTTP 127.0.0.1:{http})"));
+    say(&format!(
+        "starting the control plane (gRPC 127.0.0.1:{grpc}, HTTP 127.0.0.1:{http})"
+    ));
     procs.spawn(
         "control-plane",
         &bin("control-plane")?,
@@ -174,14 +182,18 @@ async fn start(
     )?;
     let base = format!("http://127.0.0.1:{http}");
     let probe = reqwest::Client::new();
-    wait_for("the control plane to be ready", Duration::from_secs(60), || {
-        let r = probe.get(format!("{base}/readyz")).send();
-        let alive = procs.check();
-        async move {
-            alive?;
-            Ok(r.await.ok().filter(|r| r.status().is_success()).map(|_| ()))
-        }
-    })
+    wait_for(
+        "the control plane to be ready",
+        Duration::from_secs(60),
+        || {
+            let r = probe.get(format!("{base}/readyz")).send();
+            let alive = procs.check();
+            async move {
+                alive?;
+                Ok(r.await.ok().filter(|r| r.status().is_success()).map(|_| ()))
+            }
+        },
+    )
     .await?;
     let token = std::fs::read_to_string(cp_dir.join("admin.token"))
         .context("reading the control plane's admin token")?;
@@ -189,7 +201,10 @@ async fn start(
     let endpoint = format!("https://localhost:{grpc}");
 
     let t = console
-        .post("/api/v1/tokens", json!({"kind": "cluster", "name": "demo-bridge"}))
+        .post(
+            "/api/v1/tokens",
+            json!({"kind": "cluster", "name": "demo-bridge"}),
+        )
         .await?;
     say("starting a trainer bridge (local engine)");
     procs.spawn(
@@ -239,29 +254,48 @@ async fn start(
         )?;
         agents.push(format!("http://127.0.0.1:{port}"));
     }
-    say(&format!("starting {AGENTS} edge agents; waiting for them and the bridge to enroll"));
-    wait_for("the agents and the bridge to come online", Duration::from_secs(90), || {
-        let c = console.clone();
-        let alive = procs.check();
-        async move {
-            alive?;
-            let devices = c.get(&format!("/api/v1/devices?selector={SELECTOR}")).await?;
-            let online = devices
-                .as_array()
-                .map_or(0, |d| d.iter().filter(|d| d["status"] == "online").count());
-            let bridge = c.get("/api/v1/clusters/demo-bridge").await.ok();
-            Ok((online == AGENTS && bridge.is_some_and(|b| b["status"] == "online")).then_some(()))
-        }
-    })
+    say(&format!(
+        "starting {AGENTS} edge agents; waiting for them and the bridge to enroll"
+    ));
+    wait_for(
+        "the agents and the bridge to come online",
+        Duration::from_secs(90),
+        || {
+            let c = console.clone();
+            let alive = procs.check();
+            async move {
+                alive?;
+                let devices = c
+                    .get(&format!("/api/v1/devices?selector={SELECTOR}"))
+                    .await?;
+                let online = devices
+                    .as_array()
+                    .map_or(0, |d| d.iter().filter(|d| d["status"] == "online").count());
+                let bridge = c.get("/api/v1/clusters/demo-bridge").await.ok();
+                Ok(
+                    (online == AGENTS && bridge.is_some_and(|b| b["status"] == "online"))
+                        .then_some(()),
+                )
+            }
+        },
+    )
     .await?;
     Ok((console, agents))
 }
 
 async fn wait_job(console: &Console, id: &str) -> anyhow::Result<Value> {
-    let job = wait_for(&format!("training job {id}"), Duration::from_secs(600), || async {
-        let j = console.get(&format!("/api/v1/jobs/{id}")).await?;
-        Ok(matches!(j["state"].as_str(), Some("succeeded" | "failed" | "cancelled")).then_some(j))
-    })
+    let job = wait_for(
+        &format!("training job {id}"),
+        Duration::from_secs(600),
+        || async {
+            let j = console.get(&format!("/api/v1/jobs/{id}")).await?;
+            Ok(matches!(
+                j["state"].as_str(),
+                Some("succeeded" | "failed" | "cancelled")
+            )
+            .then_some(j))
+        },
+    )
     .await?;
     anyhow::ensure!(
         job["state"] == "succeeded",
@@ -273,21 +307,30 @@ async fn wait_job(console: &Console, id: &str) -> anyhow::Result<Value> {
 }
 
 async fn wait_deployment(console: &Console, id: &str) -> anyhow::Result<Value> {
-    let d = wait_for(&format!("deployment {id}"), Duration::from_secs(300), || async {
-        let d = console.get(&format!("/api/v1/deployments/{id}")).await?;
-        Ok(matches!(
-            d["state"].as_str(),
-            Some("succeeded" | "rolled_back" | "failed" | "cancelled")
-        )
-        .then_some(d))
-    })
+    let d = wait_for(
+        &format!("deployment {id}"),
+        Duration::from_secs(300),
+        || async {
+            let d = console.get(&format!("/api/v1/deployments/{id}")).await?;
+            Ok(matches!(
+                d["state"].as_str(),
+                Some("succeeded" | "rolled_back" | "failed" | "cancelled")
+            )
+            .then_some(d))
+        },
+    )
     .await?;
-    anyhow::ensure!(d["state"] == "succeeded", "deployment {id} ended {}: {d}", d["state"]);
+    anyhow::ensure!(
+        d["state"] == "succeeded",
+        "deployment {id} ended {}: {d}",
+        d["state"]
+    );
     Ok(d)
 }
 
 fn zip_file(zip: &[u8], name: &str) -> anyhow::Result<Vec<u8>> {
-    let mut a = zip::ZipArchive::new(std::io::Cursor::new(zip)).context("the checkpoint is not a zip")?;
+    let mut a =
+        zip::ZipArchive::new(std::io::Cursor::new(zip)).context("the checkpoint is not a zip")?;
     let mut f = a
         .by_name(name)
         .with_context(|| format!("the final checkpoint has no {name}"))?;
@@ -316,9 +359,14 @@ async fn first_version(
     steps: u64,
 ) -> anyhow::Result<V1> {
     console
-        .post("/api/v1/models", json!({"name": MODEL, "description": "rain tomorrow? NOAA Bellevue, NE"}))
+        .post(
+            "/api/v1/models",
+            json!({"name": MODEL, "description": "rain tomorrow? NOAA Bellevue, NE"}),
+        )
         .await?;
-    say(&format!("training v1 on days 0..10 000 ({steps} steps, checkpoints through the bridge)"));
+    say(&format!(
+        "training v1 on days 0..10 000 ({steps} steps, checkpoints through the bridge)"
+    ));
     let job = console
         .post(
             "/api/v1/jobs",
@@ -450,7 +498,11 @@ async fn close_the_loop(console: &Console, steps: u64) -> anyhow::Result<()> {
 
 /// v1's accuracy on `rows` of the stream, run here: what the devices would
 /// have scored had v2 never shipped.
-fn counterfactual(model: &[u8], stream: &data::Stream, rows: &[usize]) -> anyhow::Result<Option<f64>> {
+fn counterfactual(
+    model: &[u8],
+    stream: &data::Stream,
+    rows: &[usize],
+) -> anyhow::Result<Option<f64>> {
     if rows.is_empty() {
         return Ok(None);
     }
@@ -469,7 +521,10 @@ fn counterfactual(model: &[u8], stream: &data::Stream, rows: &[usize]) -> anyhow
     );
     npz.insert(
         edgeloop_models::dataset::LABEL_KEY,
-        edgeloop_models::Tensor::I64(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[y.len()]), y.clone())?),
+        edgeloop_models::Tensor::I64(ndarray::ArrayD::from_shape_vec(
+            ndarray::IxDyn(&[y.len()]),
+            y.clone(),
+        )?),
     );
     let data = Dataset::from_npz(&npz, "replayed days", &inputs, true)?;
     let runtime = OrtRuntime::load(None)?;
@@ -502,13 +557,22 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
         .context("no rainfall table: run scripts/fetch-rainfall.sh or pass --data")?;
     let stream = data::load(&data)?;
     let end = args.to_row.unwrap_or(stream.y.len()).min(stream.y.len());
-    let end = if args.control { end.min(data::SHIFT_ROW) } else { end };
+    let end = if args.control {
+        end.min(data::SHIFT_ROW)
+    } else {
+        end
+    };
     anyhow::ensure!(
         args.from_row < end,
         "--from-row {} is not before the last row {end}",
         args.from_row
     );
-    for b in ["control-plane", "trainer-bridge", "edge-agent", "edgeloop-train"] {
+    for b in [
+        "control-plane",
+        "trainer-bridge",
+        "edge-agent",
+        "edgeloop-train",
+    ] {
         bin(b)?;
     }
     tokio::task::spawn_blocking(|| OrtRuntime::load(None).map(|_| ()))
@@ -523,7 +587,10 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
     say(&format!("working in {} (logs in logs/)", work.display()));
     // The control plane signs retrained versions with this key; the agents
     // trust its public half.
-    let key_path = work.join("control-plane").join("keys").join("manifest-signing.key");
+    let key_path = work
+        .join("control-plane")
+        .join("keys")
+        .join("manifest-signing.key");
     let key = package::load_or_create_key(&key_path)?;
     let mut procs = Procs::new();
     let (console, agents) = start(&mut procs, &work, &key.public().to_hex()).await?;
@@ -535,7 +602,11 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
         "replaying days {}..{end} at {} per second, a label after each{}",
         args.from_row,
         args.rows_per_second,
-        if args.control { " (control: no shift)" } else { "" }
+        if args.control {
+            " (control: no shift)"
+        } else {
+            ""
+        }
     ));
     let bar = indicatif::ProgressBar::new(rows.len() as u64);
     bar.set_style(
@@ -558,15 +629,23 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
     bar.finish_and_clear();
     let (results, watch) = replayed?;
     // A retrain still running gets to finish (its rollout included).
-    let pipelines = wait_for("the retrain to finish", Duration::from_secs(300), || async {
-        let ps = console.get(&format!("/api/v1/pipelines?model={MODEL}")).await?;
-        let running = ps
-            .as_array()
-            .is_some_and(|a| a.iter().any(|p| p["status"] == "running"));
-        Ok((!running).then_some(ps))
-    })
+    let pipelines = wait_for(
+        "the retrain to finish",
+        Duration::from_secs(300),
+        || async {
+            let ps = console
+                .get(&format!("/api/v1/pipelines?model={MODEL}"))
+                .await?;
+            let running = ps
+                .as_array()
+                .is_some_and(|a| a.iter().any(|p| p["status"] == "running"));
+            Ok((!running).then_some(ps))
+        },
+    )
     .await?;
-    let versions = console.get(&format!("/api/v1/models/{MODEL}/versions")).await?;
+    let versions = console
+        .get(&format!("/api/v1/models/{MODEL}/versions"))
+        .await?;
     procs.check().context("a process died during the demo")?;
     procs.stop();
 
@@ -583,14 +662,20 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
     let (artifact, days) = (v1.artifact.clone(), v2_days);
     let stream_for_v1 = data::load(&data)?;
     let v1_on_v2_days =
-        tokio::task::spawn_blocking(move || counterfactual(&artifact, &stream_for_v1, &days)).await??;
+        tokio::task::spawn_blocking(move || counterfactual(&artifact, &stream_for_v1, &days))
+            .await??;
     let mut latencies: Vec<f64> = results.iter().map(|r| r.latency_ms).collect();
     latencies.sort_by(f64::total_cmp);
     let ps = pipelines.as_array().cloned().unwrap_or_default();
     let failed: Vec<String> = ps
         .iter()
         .filter(|p| p["status"] == "failed" || p["status"] == "cancelled")
-        .map(|p| format!("{} {} at {}: {}", p["id"], p["status"], p["step"], p["reason"]))
+        .map(|p| {
+            format!(
+                "{} {} at {}: {}",
+                p["id"], p["status"], p["step"], p["reason"]
+            )
+        })
         .collect();
     let versions_out: Vec<Value> = versions
         .as_array()
@@ -635,17 +720,29 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
 }
 
 fn table(s: &Value) -> String {
-    let pct = |v: &Value| v.as_f64().map_or("-".into(), |v| format!("{:.1} %", v * 100.0));
+    let pct = |v: &Value| {
+        v.as_f64()
+            .map_or("-".into(), |v| format!("{:.1} %", v * 100.0))
+    };
     let row = |v: &Value| v.as_u64().map_or("-".into(), |v| v.to_string());
     let mut out = String::new();
     let mut line = |k: &str, v: String| out.push_str(&format!("{k:<34} {v}\n"));
-    line("days replayed", format!("{}..{}", s["from_row"], s["to_row"]));
+    line(
+        "days replayed",
+        format!("{}..{}", s["from_row"], s["to_row"]),
+    );
     line("v1 accuracy before the shift", pct(&s["baseline_accuracy"]));
     line("v1 accuracy after the shift", pct(&s["drift_v1_accuracy"]));
     line("v2 accuracy once serving", pct(&s["recovered_accuracy"]));
-    line("v1 on those days (counterfactual)", pct(&s["v1_accuracy_on_v2_days"]));
+    line(
+        "v1 on those days (counterfactual)",
+        pct(&s["v1_accuracy_on_v2_days"]),
+    );
     line("documented shift (day)", row(&s["shift_row"]));
-    line("feature drift first seen (day)", row(&s["feature_drift_row"]));
+    line(
+        "feature drift first seen (day)",
+        row(&s["feature_drift_row"]),
+    );
     line("retrain triggered (day)", row(&s["drift_flagged_row"]));
     line("v2 serving from (day)", row(&s["v2_serving_row"]));
     line("retrains", row(&s["retrains"]));

@@ -19,13 +19,22 @@ impl Procs {
     }
 
     /// Starts `bin` with `args`; stdout and stderr go to `<logs>/<name>.log`.
-    pub fn spawn(&mut self, name: &str, bin: &Path, args: &[String], logs: &Path) -> anyhow::Result<()> {
+    pub fn spawn(
+        &mut self,
+        name: &str,
+        bin: &Path,
+        args: &[String],
+        logs: &Path,
+    ) -> anyhow::Result<()> {
         let log = logs.join(format!("{name}.log"));
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
         let child = Command::new(bin)
             .args(args)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -66,8 +66,14 @@ impl Replay<'_> {
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         let status = resp.status();
         let body: Value = resp.json().await.unwrap_or(Value::Null);
-        anyhow::ensure!(status.is_success(), "inference at {agent} (row {row}): {status}: {body}");
-        let version = body["model_version"].as_str().unwrap_or_default().to_string();
+        anyhow::ensure!(
+            status.is_success(),
+            "inference at {agent} (row {row}): {status}: {body}"
+        );
+        let version = body["model_version"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let predicted = body["outputs"][0]["data"]
             .as_array()
             .and_then(|d| argmax(d))
@@ -79,7 +85,11 @@ impl Replay<'_> {
             .send()
             .await
             .with_context(|| format!("feedback at {agent}"))?;
-        anyhow::ensure!(resp.status().is_success(), "feedback at {agent}: {}", resp.status());
+        anyhow::ensure!(
+            resp.status().is_success(),
+            "feedback at {agent}: {}",
+            resp.status()
+        );
         Ok((version, predicted, latency_ms))
     }
 
