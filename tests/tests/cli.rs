@@ -643,7 +643,7 @@ async fn drift_and_cost_from_agent_telemetry() {
     let (_, out) = run(&["drift", "rain"]).await;
     assert!(row(&out, "all").contains("1000"), "{out}");
     assert_eq!(
-        run(&["drift", "rain", "--window-seconds", "5"]).await.0,
+        run(&["drift", "rain", "--window-seconds", "0"]).await.0,
         ExitCode::from(65)
     );
     assert_eq!(run(&["drift", "nope"]).await.0, ExitCode::from(66));
