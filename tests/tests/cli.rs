@@ -13,6 +13,11 @@
 //! from a base set and a device's labelled samples, then a training job
 //! that a bridge leases over mTLS and reports failed) followed by
 //! `pipeline show --wait` to its failure, coalescing, and cancel.
+//!
+//! Triggers: set from a file and shown with each condition in words; the
+//! control plane's trigger task evaluates them on its tick, and `trigger
+//! show` prints what it saw (labels from a device) and decided (a retrain
+//! it started, then coalesced into).
 
 #![allow(clippy::unwrap_used)]
 
@@ -21,6 +26,8 @@ use std::time::Duration;
 
 use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::Role;
+use edgeloop_control_plane::cli::api::ServerArgs;
+use edgeloop_control_plane::cli::trigger::{execute, TriggerCommand};
 use edgeloop_control_plane::config::{CostSettings, ServeSettings};
 use edgeloop_models::manifest::{ClassShare, InputHistogram, ManifestKey, ReferenceStats};
 use edgeloop_models::npz::Npz;
@@ -643,7 +650,7 @@ async fn drift_and_cost_from_agent_telemetry() {
     let (_, out) = run(&["drift", "rain"]).await;
     assert!(row(&out, "all").contains("1000"), "{out}");
     assert_eq!(
-        run(&["drift", "rain", "--window-seconds", "5"]).await.0,
+        run(&["drift", "rain", "--window-seconds", "0"]).await.0,
         ExitCode::from(65)
     );
     assert_eq!(run(&["drift", "nope"]).await.0, ExitCode::from(66));
@@ -669,15 +676,15 @@ fn base_dataset() -> Vec<u8> {
 }
 
 /// Eight labelled feedback samples from one device, as an agent uploads
-/// them.
-fn labelled_samples() -> pb::TelemetryReport {
+/// them, observed from `t0` (unix seconds) on.
+fn labelled_samples(t0: i64) -> pb::TelemetryReport {
     let samples = (0..8u8)
         .map(|i| pb::Sample {
             kind: pb::SampleKind::Feedback as i32,
             model_name: "rain".into(),
             model_version: "1".into(),
             request_id: format!("r{i}"),
-            observed_at: at(1_796_083_200 + i64::from(i)),
+            observed_at: at(t0 + i64::from(i)),
             inputs: vec![pb::SampleTensor {
                 name: "input".into(),
                 dtype: "float32".into(),
@@ -816,7 +823,7 @@ async fn retraining_policies_and_pipelines_through_the_cli() {
             .await
             .unwrap(),
     )
-    .report_telemetry(labelled_samples())
+    .report_telemetry(labelled_samples(1_796_083_200))
     .await
     .unwrap();
 
@@ -1010,6 +1017,265 @@ async fn retraining_policies_and_pipelines_through_the_cli() {
     assert_eq!(
         edgeloop(&base, "wrong", &["pipeline", "list"]).await.0,
         ExitCode::from(77)
+    );
+    cp.stop().await;
+}
+
+/// One trigger of each kind, as in a `triggers.json`.
+fn triggers_file() -> Value {
+    json!({
+        "cooldown_seconds": 3600,
+        "accuracy_window": 200,
+        "accuracy_min_samples": 50,
+        "triggers": [
+            {"id": "hurts", "kind": "drift", "min_severity": 0.2,
+             "min_duration_seconds": 60, "min_accuracy_drop_points": 5},
+            {"id": "acc", "kind": "accuracy_drop", "points": 5},
+            {"id": "labels", "kind": "new_labels", "min": 1000},
+            {"id": "nightly", "kind": "schedule", "cron": "0 2 * * *", "window": "02:00-04:00"}
+        ]
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn triggers_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    // The trigger task evaluates every `rollout_tick_ms`.
+    let cp = ControlPlane::start_with(ServeSettings {
+        rollout_tick_ms: Some(100),
+        ..settings(&dir.path().join("cp"))
+    })
+    .await;
+    let api = cp.api();
+    let (base, admin) = (cp.http_base.clone(), cp.admin_token.clone());
+    let run = |args: Vec<String>| {
+        let (base, admin) = (base.clone(), admin.clone());
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            edgeloop(&base, &admin, &args).await
+        }
+    };
+    macro_rules! cli {
+        ($($arg:expr),* $(,)?) => { run(vec![$(String::from($arg)),*]) };
+    }
+    let write = |name: &str, body: Value| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, body.to_string()).unwrap();
+        path.display().to_string()
+    };
+
+    for name in ["rain", "idle"] {
+        let (status, body) = api.post("/api/v1/models", json!({"name": name})).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    // No triggers yet.
+    assert_eq!(cli!("trigger", "show", "rain").await.0, ExitCode::from(66));
+
+    let file = write("triggers.json", triggers_file());
+    let (code, out) = cli!("trigger", "set", "rain", "--file", &file).await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    assert!(out.starts_with("triggers of rain set\n"), "{out}");
+    let conditions = [
+        (
+            "hurts",
+            "drift",
+            "drift >= 0.2 for 60 s and accuracy down >= 5 points",
+        ),
+        ("acc", "accuracy_drop", "accuracy down >= 5 points"),
+        ("labels", "new_labels", ">= 1000 new labels"),
+        ("nightly", "schedule", "cron 0 2 * * * within 02:00-04:00"),
+    ];
+    let (code, out) = cli!("trigger", "show", "rain").await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    let header = out.lines().find(|l| l.starts_with("ID")).unwrap();
+    for (id, kind, condition) in conditions {
+        let r = row(&out, id);
+        assert!(r.contains(kind), "{kind}: {out}");
+        assert!(r.contains(condition), "{condition}: {out}");
+        assert_eq!(header.find("CONDITION"), r.find(condition), "{out}");
+    }
+    assert!(
+        out.contains("cooldown:          1h00m between automatic retrains\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "online accuracy:   over the newest 200 labelled samples, once there are 50\n"
+        ),
+        "{out}"
+    );
+    let (code, out) = cli!("trigger", "show", "rain", "--json").await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["model"], "rain", "{out}");
+    assert_eq!(shown["config"]["cooldown_seconds"], 3600, "{out}");
+    let ids: Vec<&str> = shown["config"]["triggers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["hurts", "acc", "labels", "nightly"], "{out}");
+
+    // A file the server refuses exits 65 naming the field, and changes
+    // nothing; an unknown model is 66, and so is a missing file.
+    let bad = write(
+        "bad.json",
+        json!({"triggers": [{"id": "sometimes", "kind": "sometimes"}]}),
+    );
+    assert_eq!(
+        cli!("trigger", "set", "rain", "--file", &bad).await.0,
+        ExitCode::from(65)
+    );
+    let server = ServerArgs {
+        server: base.clone(),
+        token: Some(admin.clone()),
+        token_file: None,
+        json: false,
+    };
+    let e = execute(
+        TriggerCommand::Set {
+            model: "rain".into(),
+            file: bad.clone().into(),
+        },
+        &server,
+    )
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(e.exit_code(), ExitCode::from(65), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("triggers[0].kind: unknown kind \"sometimes\""),
+        "{e}"
+    );
+    let (_, still) = api.get("/api/v1/models/rain/triggers").await;
+    assert_eq!(still["config"], shown["config"]);
+    assert_eq!(
+        cli!("trigger", "set", "nope", "--file", &file).await.0,
+        ExitCode::from(66)
+    );
+    assert_eq!(cli!("trigger", "show", "nope").await.0, ExitCode::from(66));
+    assert_eq!(cli!("trigger", "show", "idle").await.0, ExitCode::from(66));
+    let missing = dir.path().join("missing.json").display().to_string();
+    assert_eq!(
+        cli!("trigger", "set", "rain", "--file", &missing).await.0,
+        ExitCode::from(66)
+    );
+    assert_eq!(
+        cli!("trigger", "show", "../rain").await.0,
+        ExitCode::from(64)
+    );
+
+    // A device's labelled feedback, observed a day from now: it counts as
+    // new labels for any retrain started today.
+    let token = cp
+        .labelled_token("device", "edge-1", json!({"site": "lab"}))
+        .await;
+    let device = cp
+        .enroll(Role::Device, &token, &dir.path().join("edge-1"))
+        .await;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    AgentServiceClient::new(
+        mtls_endpoint(&cp.grpc_url, &device)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .report_telemetry(labelled_samples(now + 86_400))
+    .await
+    .unwrap();
+
+    // The trigger task sees them: 8 labels, under the 1000 needed, and no
+    // version serving to drift or lose accuracy, so nothing fires. (At
+    // 02:00 UTC the schedule fires and, without a retraining policy, that
+    // minute's evaluations fail; the wait outlasts it.)
+    eventually(
+        Duration::from_secs(90),
+        "an evaluation with the labels",
+        || async {
+            let (_, v) = api.get("/api/v1/models/rain/triggers").await;
+            (v["state"]["last"]["state"]["labels_since_last"] == 8).then_some(())
+        },
+    )
+    .await;
+    let (code, out) = cli!("trigger", "show", "rain").await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    let evaluated = out
+        .lines()
+        .find_map(|l| l.strip_prefix("last evaluation:"))
+        .unwrap_or_else(|| panic!("no last evaluation in {out}"))
+        .trim();
+    let evaluated =
+        time::OffsetDateTime::parse(evaluated, &time::format_description::well_known::Rfc3339)
+            .unwrap_or_else(|e| panic!("{evaluated:?}: {e}: {out}"))
+            .unix_timestamp();
+    assert!((now - 5..now + 100).contains(&evaluated), "{out}");
+    for want in [
+        "serving version:   -\n",
+        "drifting:          no\n",
+        "accuracy:          evaluated -, online -\n",
+        "new labels:        8 since the last retrain\n",
+        "last retrain:      -\n",
+        "running pipeline:  -\n",
+        "decision:          none: no trigger fired\n",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+
+    // With a retraining policy and a trigger those labels meet, the task
+    // starts a retrain, then coalesces into it on every tick (the labels
+    // stay newer than its start).
+    let data = cp.upload(&base_dataset()).await;
+    let (status, body) = api
+        .put(
+            "/api/v1/models/rain/retraining",
+            json!({
+                "job": {"name": "retrain-rain", "command": ["python3", "train.py"],
+                        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1}},
+                "base_dataset": data.to_string(),
+                "eval_fraction": 0.25,
+                "min_eval_samples": 2,
+                "rollout": {"selector": "site=lab"}
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let few = write(
+        "few.json",
+        json!({"cooldown_seconds": 600,
+               "triggers": [{"id": "labels", "kind": "new_labels", "min": 5}]}),
+    );
+    let (code, out) = cli!("trigger", "set", "rain", "--file", &few).await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    assert!(row(&out, "labels").contains(">= 5 new labels"), "{out}");
+    let pipeline = eventually(Duration::from_secs(30), "a coalesced trigger", || async {
+        let (_, v) = api.get("/api/v1/models/rain/triggers").await;
+        let last = &v["state"]["last"];
+        (last["decision"] == "coalesce").then(|| last["pipeline"].as_str().unwrap().to_string())
+    })
+    .await;
+    let (_, p) = api.get(&format!("/api/v1/pipelines/{pipeline}")).await;
+    assert_eq!(p["trigger"], "labels: 8 new labelled samples", "{p}");
+    let (code, out) = cli!("trigger", "show", "rain").await;
+    assert_eq!(code, ExitCode::SUCCESS, "{out}");
+    for want in [
+        "cooldown:          10m00s between automatic retrains\n".to_string(),
+        format!("running pipeline:  {pipeline}\n"),
+        format!("decision:          coalesce: recorded on the running pipeline {pipeline}\n"),
+        "reason:            labels: 8 new labelled samples\n".to_string(),
+        "new labels:        8 since the last retrain\n".to_string(),
+    ] {
+        assert!(out.contains(&want), "{want}: {out}");
+    }
+    assert!(!out.contains("last retrain:      -\n"), "{out}");
+    let (code, out) = cli!("trigger", "show", "rain", "--json").await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        shown["state"]["last"]["state"]["running"],
+        pipeline.as_str()
     );
     cp.stop().await;
 }

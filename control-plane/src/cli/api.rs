@@ -2,7 +2,8 @@
 //! place where their failures become exit codes (sysexits.h conventions,
 //! so scripts can branch on the kind of failure).
 
-use std::io::Write;
+use std::io::{Read as _, Write};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -216,6 +217,21 @@ pub fn segment<'a>(what: &str, id: &'a str) -> Result<&'a str, CliError> {
     }
 }
 
+/// A JSON file a command sends (a retraining policy, triggers); `-` reads
+/// stdin. 66 when it cannot be read, 65 when it is not JSON (the server
+/// checks the fields, naming the one at fault).
+pub fn read_json(file: &Path) -> Result<Value, CliError> {
+    let mut raw = String::new();
+    let read = if file == Path::new("-") {
+        std::io::stdin().read_to_string(&mut raw).map(|_| ())
+    } else {
+        std::fs::read_to_string(file).map(|s| raw = s)
+    };
+    read.map_err(|e| CliError::NotFound(format!("reading {}: {e}", file.display())))?;
+    serde_json::from_str(&raw)
+        .map_err(|e| CliError::Invalid(format!("{} is not JSON: {e}", file.display())))
+}
+
 /// Polls `path` once a second until `done` says the record ended; shows
 /// `progress` on a spinner while stderr is a terminal, else as a line on
 /// stderr each time it changes (logs of scripts and CI keep the story).
@@ -283,6 +299,21 @@ mod tests {
         ] {
             assert!(segment("id", bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn json_files_fail_with_their_exit_codes() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = read_json(&dir.path().join("nope.json")).unwrap_err();
+        assert_eq!(missing.exit_code(), ExitCode::from(66), "{missing}");
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, "job: yaml").unwrap();
+        let e = read_json(&bad).unwrap_err();
+        assert_eq!(e.exit_code(), ExitCode::from(65), "{e}");
+        assert!(e.to_string().contains("is not JSON"), "{e}");
+        let good = dir.path().join("good.json");
+        std::fs::write(&good, r#"{"job": {}}"#).unwrap();
+        assert_eq!(read_json(&good).unwrap(), serde_json::json!({"job": {}}));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The `edgeloop` CLI for ML teams: model tooling that runs locally
 //! (inspect, quantize behind the accuracy gate, verify a signed manifest),
 //! and commands against the console API: the registry, jobs, deployments,
-//! devices, drift, cost, retraining policies and pipelines (`api.rs`:
+//! devices, drift, cost, retraining policies, triggers and pipelines (`api.rs`:
 //! client, exit codes, waiting; `table.rs`: the human tables they share).
 //! Server commands return their output, so `run_with` can send it
 //! anywhere (tests read it).
@@ -19,6 +19,7 @@ mod model_quantize;
 pub mod pipeline;
 mod retraining;
 pub mod table;
+pub mod trigger;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -83,6 +84,15 @@ pub enum Command {
     /// Retrain a model now (a manual trigger); coalesced into its running
     /// pipeline if there is one.
     Retrain(retraining::RetrainArgs),
+    /// What starts a model's retrains (drift that hurts, an accuracy
+    /// drop, new labels, a schedule), and what the trigger task last saw
+    /// and decided.
+    Trigger {
+        #[command(subcommand)]
+        cmd: trigger::TriggerCommand,
+        #[command(flatten)]
+        server: api::ServerArgs,
+    },
     /// Retraining pipelines: every step's status, timing and output.
     Pipeline {
         #[command(subcommand)]
@@ -108,6 +118,7 @@ pub fn run_with(cli: Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo::run(args),
         Command::Retraining { cmd, server } => retraining::run(cmd, &server, out),
         Command::Retrain(args) => retraining::retrain(&args, out),
+        Command::Trigger { cmd, server } => trigger::run(cmd, &server, out),
         Command::Pipeline { cmd, server } => pipeline::run(cmd, &server, out),
     }
 }

@@ -3,14 +3,14 @@
 //! `edgeloop retrain <model> [--reason R] [--wait]` (a manual trigger:
 //! `POST /api/v1/models/{name}/retrain`).
 
-use std::io::{Read as _, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use super::api::{block_on, segment, CliError, Client, Reply, ServerArgs};
+use super::api::{block_on, read_json, segment, Client, Reply, ServerArgs};
 use super::pipeline;
 use super::table::{duration, fields, short_digest, text};
 
@@ -52,7 +52,7 @@ pub fn run(
         match cmd {
             RetrainingCommand::Set { model, file } => {
                 let name = segment("model name", &model)?;
-                let policy = read_policy(&file)?;
+                let policy = read_json(&file)?;
                 let saved = client
                     .put(&format!("/api/v1/models/{name}/retraining"), &policy)
                     .await?;
@@ -114,20 +114,6 @@ pub fn started(p: &Value) -> String {
             text(&p["trigger"])
         )
     }
-}
-
-/// The policy file as JSON: 66 when it cannot be read, 65 when it is not
-/// JSON (the server checks the fields, naming the one at fault).
-fn read_policy(file: &Path) -> Result<Value, CliError> {
-    let mut raw = String::new();
-    let read = if file == Path::new("-") {
-        std::io::stdin().read_to_string(&mut raw).map(|_| ())
-    } else {
-        std::fs::read_to_string(file).map(|s| raw = s)
-    };
-    read.map_err(|e| CliError::NotFound(format!("reading {}: {e}", file.display())))?;
-    serde_json::from_str(&raw)
-        .map_err(|e| CliError::Invalid(format!("{} is not JSON: {e}", file.display())))
 }
 
 /// A policy as a person reads it.
@@ -237,20 +223,5 @@ mod tests {
             "rain is already retraining: the request was coalesced into pipeline p-00000004 \
              (running: step 2/8 train, attempt 1)\n"
         );
-    }
-
-    #[test]
-    fn policy_files_fail_with_their_exit_codes() {
-        let dir = tempfile::tempdir().unwrap();
-        let missing = read_policy(&dir.path().join("nope.json")).unwrap_err();
-        assert_eq!(missing.exit_code(), ExitCode::from(66), "{missing}");
-        let bad = dir.path().join("bad.json");
-        std::fs::write(&bad, "job: yaml").unwrap();
-        let e = read_policy(&bad).unwrap_err();
-        assert_eq!(e.exit_code(), ExitCode::from(65), "{e}");
-        assert!(e.to_string().contains("is not JSON"), "{e}");
-        let good = dir.path().join("good.json");
-        std::fs::write(&good, r#"{"job": {}}"#).unwrap();
-        assert_eq!(read_policy(&good).unwrap(), json!({"job": {}}));
     }
 }
