@@ -135,6 +135,31 @@ async fn sketches_from_two_sites_show_drift_per_window_and_site() {
                 .await
                 .unwrap();
         }
+        // Labels for four of the fourth hour's predictions: two right.
+        let samples = (0..4)
+            .map(|i| pb::Sample {
+                kind: pb::SampleKind::Feedback as i32,
+                model_name: "rain".into(),
+                model_version: "1.0.0".into(),
+                request_id: format!("{site}-{i}"),
+                observed_at: Some(edgeloop_proto::Timestamp {
+                    seconds: base + 3 * 3600 + 60 + i,
+                    nanos: 0,
+                }),
+                inputs: vec![],
+                predicted_class: Some(1),
+                confidence: Some(0.9),
+                label: Some(i64::from(i < 2)),
+            })
+            .collect();
+        client
+            .report_telemetry(pb::TelemetryReport {
+                sequence: 7,
+                samples,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
     }
 
     let (status, body) = cp
@@ -166,6 +191,9 @@ async fn sketches_from_two_sites_show_drift_per_window_and_site() {
         "{berlin}"
     );
     let hot = &berlin["windows"][3];
+    assert_eq!(hot["labelled"], 4, "{hot}");
+    assert_eq!(hot["accuracy"], 0.5, "{hot}");
+    assert!(berlin["windows"][2]["accuracy"].is_null(), "{berlin}");
     assert_eq!(hot["features"][0]["level"], "act", "{hot}");
     assert!(hot["features"][0]["psi"].as_f64().unwrap() > 0.2);
     assert!(hot["features"][0]["ks_p_value"].as_f64().unwrap() < 1e-6);

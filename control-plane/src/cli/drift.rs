@@ -129,6 +129,7 @@ pub fn render(view: &Value) -> String {
         "SEVERITY",
         "PRED JS",
         "LOW CONF",
+        "ACCURACY",
         "OVER",
         "DRIFTING WINDOWS",
         "STATE",
@@ -146,6 +147,11 @@ pub fn render(view: &Value) -> String {
             num(&w["severity"], 3),
             num(&w["prediction_js"], 3),
             num(&w["low_confidence_share"], 3),
+            // Share right among the window's labelled predictions.
+            match (w["accuracy"].as_f64(), w["labelled"].as_u64()) {
+                (Some(a), Some(n)) => format!("{:.1} % of {n}", a * 100.0),
+                _ => "-".into(),
+            },
             match w["over"].as_bool() {
                 Some(true) => "yes".into(),
                 Some(false) => "no".into(),

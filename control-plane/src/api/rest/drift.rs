@@ -121,7 +121,26 @@ pub async fn model_drift(
                 .unwrap_or_else(|| "(unlabelled)".into())
         })
     };
-    let series = analysis::analyze(&reference, &sketches, &group_of, &config);
+    let mut series = analysis::analyze(&reference, &sketches, &group_of, &config);
+    // Rolling accuracy per window, where devices sent labels for this
+    // version's predictions (once per device and request).
+    let mut seen = std::collections::BTreeSet::new();
+    let labelled: Vec<analysis::LabelledRow> = core
+        .store
+        .samples
+        .scan_prefix(&format!("{name}/{}/", version.version))?
+        .into_iter()
+        .filter_map(|(_, s)| {
+            let (label, predicted, at) = (s.label?, s.predicted_class?, s.observed_at?);
+            seen.insert((s.device.clone(), s.request_id.clone()))
+                .then_some(analysis::LabelledRow {
+                    device: s.device,
+                    at: at.unix_timestamp(),
+                    correct: label == predicted,
+                })
+        })
+        .collect();
+    analysis::add_accuracy(&mut series, &labelled, &group_of, config.window_seconds);
     Ok(Json(DriftView {
         model: name,
         version: version.version,

@@ -110,6 +110,49 @@ pub struct WindowDrift {
     pub over: Option<bool>,
     /// The hysteresis state after this window.
     pub drifting: bool,
+    /// Feedback labels for predictions made in this window, and the share
+    /// the model got right (see [`add_accuracy`]).
+    #[serde(default)]
+    pub labelled: u64,
+    #[serde(default)]
+    pub accuracy: Option<f64>,
+}
+
+/// One prediction that got a label.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabelledRow {
+    pub device: String,
+    /// Unix seconds of the prediction.
+    pub at: i64,
+    pub correct: bool,
+}
+
+/// Annotates each window of `series` with the accuracy of the labelled
+/// predictions that fall in it (same windows and groups as the sketches).
+pub fn add_accuracy(
+    series: &mut [DriftSeries],
+    rows: &[LabelledRow],
+    group_of: &dyn Fn(&str) -> Option<String>,
+    window_seconds: i64,
+) {
+    let window = window_seconds.max(1);
+    let mut counts: BTreeMap<(String, i64), (u64, u64)> = BTreeMap::new();
+    for r in rows {
+        let group = group_of(&r.device).unwrap_or_else(|| "all".into());
+        let c = counts
+            .entry((group, r.at - r.at.rem_euclid(window)))
+            .or_default();
+        c.0 += u64::from(r.correct);
+        c.1 += 1;
+    }
+    for s in series.iter_mut() {
+        for w in s.windows.iter_mut() {
+            if let Some(&(hits, n)) = counts.get(&(s.group.clone(), w.start)) {
+                w.labelled = n;
+                w.accuracy = Some(hits as f64 / n as f64);
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -263,6 +306,8 @@ fn judge(reference: &ReferenceStats, start: i64, sum: &Sum, config: &DriftConfig
         severity,
         over,
         drifting: false,
+        labelled: 0,
+        accuracy: None,
     }
 }
 
@@ -392,5 +437,59 @@ mod tests {
         assert_eq!(w.over, None);
         assert!(!w.drifting);
         assert!(w.severity > 1.0, "measured anyway: {w:?}");
+    }
+
+    #[test]
+    fn labelled_predictions_give_each_window_its_accuracy() {
+        let mk = |start: i64| WindowDrift {
+            start,
+            requests: 10,
+            devices: 1,
+            features: vec![],
+            prediction_js: None,
+            low_confidence_share: None,
+            severity: 0.0,
+            over: Some(false),
+            drifting: false,
+            labelled: 0,
+            accuracy: None,
+        };
+        let mut series = vec![
+            DriftSeries {
+                group: "berlin".into(),
+                windows: vec![mk(0), mk(60)],
+            },
+            DriftSeries {
+                group: "oslo".into(),
+                windows: vec![mk(0)],
+            },
+        ];
+        let row = |device: &str, at: i64, correct: bool| LabelledRow {
+            device: device.into(),
+            at,
+            correct,
+        };
+        let rows = [
+            row("b1", 5, true),
+            row("b1", 59, false),
+            row("b2", 61, true),
+            row("o1", 10, false),
+            row("o1", 200, true), // no sketch window there
+        ];
+        let group_of =
+            |d: &str| Some(if d.starts_with('b') { "berlin" } else { "oslo" }.to_string());
+        add_accuracy(&mut series, &rows, &group_of, 60);
+        assert_eq!(
+            (series[0].windows[0].labelled, series[0].windows[0].accuracy),
+            (2, Some(0.5))
+        );
+        assert_eq!(
+            (series[0].windows[1].labelled, series[0].windows[1].accuracy),
+            (1, Some(1.0))
+        );
+        assert_eq!(
+            (series[1].windows[0].labelled, series[1].windows[0].accuracy),
+            (1, Some(0.0))
+        );
     }
 }

@@ -299,6 +299,8 @@ mod tests {
             severity,
             over,
             drifting,
+            labelled: 0,
+            accuracy: None,
         }
     }
 
