@@ -327,3 +327,90 @@ pub fn state_name(s: &PipelineState) -> &'static str {
         PipelineState::Cancelled { .. } => "cancelled",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(patch: serde_json::Value) -> serde_json::Value {
+        let mut p = serde_json::json!({
+            "job": {"name": "retrain", "command": ["train"]},
+            "rollout": {"selector": "site=lab"}
+        });
+        for (k, v) in patch.as_object().into_iter().flatten() {
+            p[k] = v.clone();
+        }
+        p
+    }
+
+    #[test]
+    fn defaults_and_field_named_refusals() {
+        let c: RetrainingConfig = serde_json::from_value(policy(serde_json::json!({}))).unwrap();
+        c.validate().unwrap();
+        assert_eq!((c.eval_fraction, c.max_attempts), (0.3, 3));
+        let cases = [
+            (serde_json::json!({"eval_fraction": 0.0}), "eval_fraction"),
+            (
+                serde_json::json!({"min_eval_samples": 0}),
+                "min_eval_samples",
+            ),
+            (
+                serde_json::json!({"edge_window_rows": 0}),
+                "edge_window_rows",
+            ),
+            (
+                serde_json::json!({"quantization_budget_points": -1}),
+                "quantization_budget_points",
+            ),
+            (
+                serde_json::json!({"min_gain_points": 101}),
+                "min_gain_points",
+            ),
+            (
+                serde_json::json!({"step_timeout_seconds": 5}),
+                "step_timeout_seconds",
+            ),
+            (serde_json::json!({"job": {"name": "x"}}), "job.command"),
+            (
+                serde_json::json!({"rollout": {"selector": "a=b", "model": "m"}}),
+                "rollout.model",
+            ),
+            (
+                serde_json::json!({"rollout": {"selector": "a=b", "waves": 1}}),
+                "rollout",
+            ),
+            (serde_json::json!({"cluster": "Not A Name"}), "cluster"),
+        ];
+        for (patch, want) in cases {
+            let c: RetrainingConfig = serde_json::from_value(policy(patch.clone())).unwrap();
+            match c.validate() {
+                Err(Error::BadRequest { field: Some(f), .. }) => assert_eq!(f, want, "{patch}"),
+                other => panic!("{patch}: {other:?}"),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_numbers_are_accepted_or_refused_with_a_field(
+            eval in proptest::prelude::any::<f64>(),
+            budget in proptest::prelude::any::<f64>(),
+            gain in proptest::prelude::any::<f64>(),
+            attempts in proptest::prelude::any::<u32>(),
+            timeout in proptest::prelude::any::<i64>(),
+            window in proptest::prelude::any::<u64>(),
+        ) {
+            let body = policy(serde_json::json!({
+                "eval_fraction": eval, "quantization_budget_points": budget,
+                "min_gain_points": gain, "max_attempts": attempts,
+                "step_timeout_seconds": timeout, "edge_window_rows": window,
+            }));
+            if let Ok(c) = serde_json::from_value::<RetrainingConfig>(body) {
+                match c.validate() {
+                    Ok(()) | Err(Error::BadRequest { field: Some(_), .. }) => {}
+                    Err(other) => proptest::prop_assert!(false, "{other}"),
+                }
+            }
+        }
+    }
+}

@@ -304,4 +304,42 @@ mod tests {
         assert_eq!(*window, Some((23 * 60, 4 * 60)));
         assert_eq!(t[2].kind, TriggerKind::NewLabels { min: 1000 });
     }
+
+    fn field() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<f64>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            "[ -~]{0,24}".prop_map(serde_json::Value::from),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever a client sends, the answer is a config or a 400 naming
+        /// a field; never a panic.
+        #[test]
+        fn any_trigger_body_is_accepted_or_refused_with_a_field(
+            kind in proptest::sample::select(vec!["drift", "accuracy_drop", "new_labels", "schedule", "x"]),
+            values in proptest::collection::vec(field(), 8),
+            cooldown in proptest::prelude::any::<i64>(),
+        ) {
+            let keys = ["min_severity", "min_duration_seconds", "min_accuracy_drop_points",
+                        "points", "min", "cron", "window", "id"];
+            let mut t = serde_json::json!({"id": "t", "kind": kind});
+            for (k, v) in keys.iter().zip(values) {
+                if !v.is_null() {
+                    t[*k] = v;
+                }
+            }
+            let body = serde_json::json!({"cooldown_seconds": cooldown, "triggers": [t]});
+            if let Ok(c) = serde_json::from_value::<TriggersConfig>(body) {
+                match c.triggers_for("m") {
+                    Ok(t) => proptest::prop_assert_eq!(t.len(), 1),
+                    Err(Error::BadRequest { field: Some(_), .. }) => {}
+                    Err(other) => proptest::prop_assert!(false, "{other}"),
+                }
+            }
+        }
+    }
 }
