@@ -580,10 +580,23 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
         .context("ONNX Runtime (scripts/fetch-onnxruntime.sh installs it)")?;
 
     let work = workdir(&args);
+    // Replaced each run, but only if an earlier run made it: a mistyped
+    // --workdir must not cost anyone a directory.
+    const MARKER: &str = ".edgeloop-demo";
     if work.exists() {
+        let empty = std::fs::read_dir(&work)?.next().is_none();
+        anyhow::ensure!(
+            empty || work.join(MARKER).exists(),
+            "refusing to replace {}: it is not empty and not a demo directory (no {MARKER})",
+            work.display()
+        );
         std::fs::remove_dir_all(&work).with_context(|| format!("clearing {}", work.display()))?;
     }
     std::fs::create_dir_all(&work)?;
+    std::fs::write(
+        work.join(MARKER),
+        b"made by edgeloop demo; replaced by the next run\n",
+    )?;
     say(&format!("working in {} (logs in logs/)", work.display()));
     // The control plane signs retrained versions with this key; the agents
     // trust its public half.
