@@ -5,6 +5,7 @@
 pub mod fake_k8s;
 pub mod manifests;
 pub mod mnist;
+pub mod rows;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -86,6 +87,45 @@ impl ControlPlane {
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.unwrap().unwrap();
+    }
+
+    /// Stops this control plane and starts it again on the same data dir
+    /// and ports (so agents and bridges reconnect), with `settings`.
+    pub async fn restart(self, settings: ServeSettings) -> ControlPlane {
+        let (grpc, http) = (self.grpc_addr, self.http_addr);
+        self.stop().await;
+        ControlPlane::start_with(ServeSettings {
+            grpc_listen: Some(grpc),
+            http_listen: Some(http),
+            ..settings
+        })
+        .await
+    }
+
+    /// Enrolls a member with `token` (its identity kept in `dir`) and opens
+    /// an mTLS channel as it, for tests that speak the gRPC API directly.
+    pub async fn connect(&self, role: Role, token: &str, dir: &Path) -> tonic::transport::Channel {
+        let identity = self.enroll(role, token, dir).await;
+        edgeloop_client_core::tls::mtls_endpoint(&self.grpc_url, &identity)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// A trainer bridge (cluster `local-gpu`, local engine) in this process,
+    /// its data in `dir`; cancel the token to stop it.
+    pub async fn start_bridge(
+        &self,
+        dir: &Path,
+    ) -> (CancellationToken, JoinHandle<anyhow::Result<()>>) {
+        let token = self.token("cluster", "local-gpu").await;
+        let config = self.member_config(dir, Some(token));
+        let stop = CancellationToken::new();
+        (
+            stop.clone(),
+            tokio::spawn(edgeloop_trainer_bridge::run(config, stop)),
+        )
     }
 
     pub fn api(&self) -> Api {

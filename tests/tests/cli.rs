@@ -30,14 +30,12 @@ use edgeloop_control_plane::cli::api::ServerArgs;
 use edgeloop_control_plane::cli::trigger::{execute, TriggerCommand};
 use edgeloop_control_plane::config::{CostSettings, ServeSettings};
 use edgeloop_models::manifest::{ClassShare, InputHistogram, ManifestKey, ReferenceStats};
-use edgeloop_models::npz::Npz;
-use edgeloop_models::{Digest, Tensor};
+use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
 use edgeloop_proto::bridge::v1::{JobState, LeaseJobRequest, ProgressReport};
 use edgeloop_tests::{eventually, free_port, settings, ControlPlane};
-use ndarray::{ArrayD, IxDyn};
 use serde_json::{json, Value};
 
 /// `edgeloop <args> --server <base> --token <token>`, in process; the exit
@@ -661,20 +659,6 @@ async fn drift_and_cost_from_agent_telemetry() {
     cp.stop().await;
 }
 
-/// 20 rows of 8 features with labels: the policy's base dataset.
-fn base_dataset() -> Vec<u8> {
-    let x = ArrayD::from_shape_vec(
-        IxDyn(&[20, 8]),
-        (0..160).map(|v| v as f32 / 160.0).collect(),
-    )
-    .unwrap();
-    let y = ArrayD::from_shape_vec(IxDyn(&[20]), (0..20).map(|i| i % 2).collect()).unwrap();
-    let mut npz = Npz::new();
-    npz.insert("input", Tensor::F32(x));
-    npz.insert("label", Tensor::I64(y));
-    npz.to_bytes().unwrap()
-}
-
 /// Eight labelled feedback samples from one device, as an agent uploads
 /// them, observed from `t0` (unix seconds) on.
 fn labelled_samples(t0: i64) -> pb::TelemetryReport {
@@ -748,7 +732,7 @@ async fn retraining_policies_and_pipelines_through_the_cli() {
     assert_eq!(cli!("retrain", "rain").await.0, ExitCode::from(75));
 
     // The policy, from a file.
-    let data = cp.upload(&base_dataset()).await;
+    let data = cp.upload(&edgeloop_tests::rows::rows_npz(20)).await;
     let policy = json!({
         "job": {"name": "retrain-rain", "command": ["python3", "train.py"],
                 "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
@@ -1227,7 +1211,7 @@ async fn triggers_through_the_cli() {
     // With a retraining policy and a trigger those labels meet, the task
     // starts a retrain, then coalesces into it on every tick (the labels
     // stay newer than its start).
-    let data = cp.upload(&base_dataset()).await;
+    let data = cp.upload(&edgeloop_tests::rows::rows_npz(20)).await;
     let (status, body) = api
         .put(
             "/api/v1/models/rain/retraining",

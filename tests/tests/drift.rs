@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::Role;
 use edgeloop_models::manifest::{
     ClassShare, InputHistogram, Manifest, ManifestKey, ReferenceStats,
@@ -110,15 +109,10 @@ async fn sketches_from_two_sites_show_drift_per_window_and_site() {
         let token = cp
             .labelled_token("device", &name, json!({"site": site}))
             .await;
-        let identity = cp
-            .enroll(Role::Device, &token, &dir.path().join(&name))
-            .await;
-        let channel = mtls_endpoint(&cp.grpc_url, &identity)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = AgentServiceClient::new(channel);
+        let mut client = AgentServiceClient::new(
+            cp.connect(Role::Device, &token, &dir.path().join(&name))
+                .await,
+        );
         for hour in 0..6i64 {
             let hot = shifts && hour >= 3;
             let (temp, classes) = if hot {

@@ -10,17 +10,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::Role;
 use edgeloop_control_plane::config::ServeSettings;
-use edgeloop_models::npz::Npz;
-use edgeloop_models::Tensor;
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+use edgeloop_tests::rows::rows_npz;
 use edgeloop_tests::{eventually, settings, ControlPlane};
-use ndarray::{ArrayD, IxDyn};
 use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
 
 const MODEL: &str = "rain";
 
@@ -29,20 +25,6 @@ fn cp_settings(dir: &Path) -> ServeSettings {
         rollout_tick_ms: Some(100),
         ..settings(dir)
     }
-}
-
-/// 100 rows of 8 features: the "original" training set.
-fn base_dataset() -> Vec<u8> {
-    let x = ArrayD::from_shape_vec(
-        IxDyn(&[100, 8]),
-        (0..800).map(|v| v as f32 / 800.0).collect(),
-    )
-    .unwrap();
-    let y = ArrayD::from_shape_vec(IxDyn(&[100]), (0..100).map(|i| i % 2).collect()).unwrap();
-    let mut npz = Npz::new();
-    npz.insert("input", Tensor::F32(x));
-    npz.insert("label", Tensor::I64(y));
-    npz.to_bytes().unwrap()
 }
 
 fn policy(job: Value, base: &str) -> Value {
@@ -65,7 +47,7 @@ async fn setup(cp: &ControlPlane, dir: &Path, job: Value) {
         .post("/api/v1/models", json!({"name": MODEL}))
         .await;
     assert_eq!(status, 201, "{body}");
-    let base = cp.upload(&base_dataset()).await;
+    let base = cp.upload(&rows_npz(100)).await;
     let (status, body) = cp
         .api()
         .put(
@@ -78,13 +60,8 @@ async fn setup(cp: &ControlPlane, dir: &Path, job: Value) {
     let token = cp
         .labelled_token("device", "edge-1", json!({"site": "lab"}))
         .await;
-    let identity = cp.enroll(Role::Device, &token, &dir.join("edge-1")).await;
-    let channel = mtls_endpoint(&cp.grpc_url, &identity)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = AgentServiceClient::new(channel);
+    let mut client =
+        AgentServiceClient::new(cp.connect(Role::Device, &token, &dir.join("edge-1")).await);
     let samples = (0..40)
         .map(|i| {
             let x: Vec<u8> = (0..8)
@@ -119,22 +96,6 @@ async fn setup(cp: &ControlPlane, dir: &Path, job: Value) {
         })
         .await
         .unwrap();
-}
-
-async fn start_bridge(
-    cp: &ControlPlane,
-    dir: &Path,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
-) {
-    let token = cp.token("cluster", "local-gpu").await;
-    let config = cp.member_config(dir, Some(token));
-    let stop = CancellationToken::new();
-    (
-        stop.clone(),
-        tokio::spawn(edgeloop_trainer_bridge::run(config, stop)),
-    )
 }
 
 async fn pipeline(cp: &ControlPlane, id: &str) -> Value {
@@ -172,7 +133,7 @@ async fn a_failed_training_job_fails_the_pipeline_and_deploys_nothing() {
         "restarts": {"max_restarts": 0, "backoff_seconds": 0, "backoff_max_seconds": 0}
     });
     setup(&cp, dir.path(), job).await;
-    let (_stop, _bridge) = start_bridge(&cp, &dir.path().join("bridge")).await;
+    let (_stop, _bridge) = cp.start_bridge(&dir.path().join("bridge")).await;
 
     let (status, started) = cp
         .api()
@@ -260,7 +221,7 @@ async fn a_restart_mid_pipeline_resumes_it_and_a_second_request_is_coalesced() {
         "restarts": {"max_restarts": 0, "backoff_seconds": 0, "backoff_max_seconds": 0}
     });
     setup(&cp, dir.path(), job).await;
-    let (_stop, _bridge) = start_bridge(&cp, &dir.path().join("bridge")).await;
+    let (_stop, _bridge) = cp.start_bridge(&dir.path().join("bridge")).await;
     let (status, started) = cp
         .api()
         .post(&format!("/api/v1/models/{MODEL}/retrain"), json!({}))
@@ -274,14 +235,7 @@ async fn a_restart_mid_pipeline_resumes_it_and_a_second_request_is_coalesced() {
     })
     .await;
 
-    let (grpc, http) = (cp.grpc_addr, cp.http_addr);
-    cp.stop().await;
-    cp = ControlPlane::start_with(ServeSettings {
-        grpc_listen: Some(grpc),
-        http_listen: Some(http),
-        ..cp_settings(&cp_dir)
-    })
-    .await;
+    cp = cp.restart(cp_settings(&cp_dir)).await;
     let (status, again) = cp
         .api()
         .post(

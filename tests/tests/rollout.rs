@@ -490,14 +490,7 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
         (events_of(&body, "wave_started").len() >= 2).then_some(())
     })
     .await;
-    let (grpc, http) = (cp.grpc_addr, cp.http_addr);
-    cp.stop().await;
-    cp = ControlPlane::start_with(ServeSettings {
-        grpc_listen: Some(grpc),
-        http_listen: Some(http),
-        ..cp_settings(&cp_dir)
-    })
-    .await;
+    cp = cp.restart(cp_settings(&cp_dir)).await;
     let ended = wait_ended(&cp, &restart_id).await;
     assert_eq!(ended["state"], "succeeded", "{ended}");
     let indexes = indexes(&ended, "wave_started");

@@ -30,22 +30,6 @@ fn spec(name: &str, total: u32, step_seconds: &str) -> Value {
     })
 }
 
-async fn start_bridge(
-    cp: &ControlPlane,
-    dir: &Path,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
-) {
-    let token = cp.token("cluster", "local-gpu").await;
-    let config = cp.member_config(dir, Some(token));
-    let stop = CancellationToken::new();
-    (
-        stop.clone(),
-        tokio::spawn(edgeloop_trainer_bridge::run(config, stop)),
-    )
-}
-
 async fn job_state(cp: &ControlPlane, id: &str) -> Value {
     cp.api().get(&format!("/api/v1/jobs/{id}")).await.1
 }
@@ -61,7 +45,7 @@ async fn a_job_runs_uploads_checkpoints_and_resumes_after_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let bridge_dir = dir.path().join("bridge");
-    let (stop, bridge) = start_bridge(&cp, &bridge_dir).await;
+    let (stop, bridge) = cp.start_bridge(&bridge_dir).await;
 
     // A clean run.
     let id = submit(&cp, spec("clean", 20, "0.02")).await;
@@ -156,7 +140,7 @@ async fn a_job_runs_uploads_checkpoints_and_resumes_after_kill_9() {
 async fn cancel_stops_a_running_job_and_preflight_refuses_what_cannot_run() {
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
-    let (stop, bridge) = start_bridge(&cp, &dir.path().join("bridge")).await;
+    let (stop, bridge) = cp.start_bridge(&dir.path().join("bridge")).await;
 
     let id = submit(&cp, spec("long", 10_000, "0.05")).await;
     eventually(Duration::from_secs(30), "running", || async {
@@ -192,7 +176,7 @@ async fn a_restarted_bridge_adopts_its_running_job_instead_of_starting_it_again(
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let bridge_dir = dir.path().join("bridge");
-    let (stop, bridge) = start_bridge(&cp, &bridge_dir).await;
+    let (stop, bridge) = cp.start_bridge(&bridge_dir).await;
     let id = submit(&cp, spec("adopted", 60, "0.05")).await;
     let ckpts = bridge_dir.join("jobs").join(&id).join("checkpoints");
     eventually(
@@ -244,7 +228,7 @@ async fn a_job_whose_bridge_died_resumes_on_another_bridge_from_the_uploaded_che
     })
     .await;
     let first_dir = dir.path().join("bridge-a");
-    let (stop, bridge) = start_bridge(&cp, &first_dir).await;
+    let (stop, bridge) = cp.start_bridge(&first_dir).await;
     let mut s = spec("moved", 60, "0.1");
     // Progress as JSON lines on stdout, the other half of the contract.
     s["env"]["REPORT_VIA"] = json!("stdout");
@@ -323,7 +307,7 @@ async fn a_job_whose_bridge_died_resumes_on_another_bridge_from_the_uploaded_che
 async fn a_job_failing_the_same_way_twice_without_progress_is_not_restarted_again() {
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
-    let (stop, bridge) = start_bridge(&cp, &dir.path().join("bridge")).await;
+    let (stop, bridge) = cp.start_bridge(&dir.path().join("bridge")).await;
     let id = submit(
         &cp,
         json!({
@@ -392,7 +376,7 @@ async fn the_reference_trainer_killed_mid_run_ends_with_the_weights_of_an_uninte
     // Through the bridge, killed with -9 after a checkpoint.
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let bridge_dir = dir.path().join("bridge");
-    let (stop, bridge) = start_bridge(&cp, &bridge_dir).await;
+    let (stop, bridge) = cp.start_bridge(&bridge_dir).await;
     let id = submit(
         &cp,
         json!({
