@@ -156,6 +156,26 @@ fn output(p: &Pipeline, step: Step) -> Result<&Output, StepError> {
         .ok_or_else(|| StepError::fatal(format!("step {step:?} left no output")))
 }
 
+/// The dataset snapshot's digest (the first step's output).
+fn snapshot_of(p: &Pipeline) -> Result<&str, StepError> {
+    match output(p, Step::BuildDataset)? {
+        Output::Dataset { digest, .. } => Ok(digest),
+        _ => Err(StepError::fatal(
+            "the dataset step's output is not a dataset",
+        )),
+    }
+}
+
+/// The registered version (the register step's output).
+fn version_of(p: &Pipeline) -> Result<&str, StepError> {
+    match output(p, Step::Register)? {
+        Output::Version { version } => Ok(version),
+        _ => Err(StepError::fatal(
+            "the register step's output is not a version",
+        )),
+    }
+}
+
 fn digest(text: &str, what: &str) -> Result<Digest, StepError> {
     text.parse()
         .map_err(|e| StepError::fatal(format!("{what} {text:?} is not a digest: {e}")))
@@ -341,11 +361,7 @@ async fn train(
     attempt: u32,
     now: OffsetDateTime,
 ) -> Poll {
-    let Output::Dataset { digest: data, .. } = output(p, Step::BuildDataset)? else {
-        return Err(StepError::fatal(
-            "the dataset step's output is not a dataset",
-        ));
-    };
+    let data = snapshot_of(p)?;
     let id = job_id(p, attempt);
     let job = match core.store.jobs.get(&id)? {
         Some(j) => j,
@@ -478,11 +494,7 @@ async fn quantize(
     else {
         return Err(StepError::fatal("the export step's output is not a model"));
     };
-    let Output::Dataset { digest: data, .. } = output(p, Step::BuildDataset)? else {
-        return Err(StepError::fatal(
-            "the dataset step's output is not a dataset",
-        ));
-    };
+    let data = snapshot_of(p)?;
     let Output::Job {
         id: job,
         checkpoint,
@@ -592,11 +604,7 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
     if let Some(acc) = evidence.as_ref().and_then(chosen_accuracy) {
         metrics.insert("eval_accuracy".to_string(), acc / 100.0);
     }
-    let Output::Dataset { digest: data, .. } = output(p, Step::BuildDataset)? else {
-        return Err(StepError::fatal(
-            "the dataset step's output is not a dataset",
-        ));
-    };
+    let data = snapshot_of(p)?;
     let v = models::create_version(
         &core.store,
         core.artifacts.as_ref(),
@@ -655,16 +663,8 @@ fn accuracy_on(runtime: &OrtRuntime, model_bytes: &[u8], snapshot: &Npz) -> Resu
 }
 
 async fn compare(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
-    let Output::Version { version } = output(p, Step::Register)? else {
-        return Err(StepError::fatal(
-            "the register step's output is not a version",
-        ));
-    };
-    let Output::Dataset { digest: data, .. } = output(p, Step::BuildDataset)? else {
-        return Err(StepError::fatal(
-            "the dataset step's output is not a dataset",
-        ));
-    };
+    let version = version_of(p)?;
+    let data = snapshot_of(p)?;
     let new = models::get_version(&core.store, &p.model, version)?;
     let serving = serving_version(core, &p.model)?.filter(|v| v.version != new.version);
     let new_bytes = read_artifact(core, new.artifact_digest).await?;
@@ -705,11 +705,7 @@ async fn deploy(
     attempt: u32,
     now: OffsetDateTime,
 ) -> Poll {
-    let Output::Version { version } = output(p, Step::Register)? else {
-        return Err(StepError::fatal(
-            "the register step's output is not a version",
-        ));
-    };
+    let version = version_of(p)?;
     let seed = deploy_seed(p, attempt);
     let Some(d) = find_deployment(core, &seed)? else {
         let mut req = config.deployment_request(&p.model, version)?;
@@ -745,11 +741,7 @@ async fn reset_reference(
     p: &Pipeline,
     now: OffsetDateTime,
 ) -> Result<Output, StepError> {
-    let Output::Version { version } = output(p, Step::Register)? else {
-        return Err(StepError::fatal(
-            "the register step's output is not a version",
-        ));
-    };
+    let version = version_of(p)?;
     let Output::Comparison { new, .. } = output(p, Step::Compare)? else {
         return Err(StepError::fatal(
             "the compare step's output is not a comparison",
@@ -759,7 +751,7 @@ async fn reset_reference(
         &core.store,
         &p.model,
         super::ReferenceRecord {
-            version: version.clone(),
+            version: version.to_string(),
             since: now,
             evaluated_accuracy: Some(*new),
             pipeline: Some(p.id.clone()),
