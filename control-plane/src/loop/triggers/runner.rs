@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 
 use super::config::TriggersConfig;
 use super::{decide, Decision, ModelState, TriggerKind};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fleet::drift::SampleRecord;
 use crate::r#loop::drift::analysis::{self, WindowDrift};
 use crate::r#loop::retrain::{self, steps, Started};
@@ -256,12 +256,19 @@ async fn act(
         Decision::Cooldown { .. } => Ok(None),
         Decision::Start { .. } => {
             let trigger: String = reasons.join("; ").chars().take(500).collect();
-            let p = match retrain::start(&core.store, model, &trigger, now).await? {
-                Started::Started(p) => {
+            let p = match retrain::start(&core.store, model, &trigger, now).await {
+                Ok(Started::Started(p)) => {
                     tracing::info!(%model, pipeline = %p.id, %trigger, "trigger started a retrain");
                     p
                 }
-                Started::Coalesced(p) => p,
+                Ok(Started::Coalesced(p)) => p,
+                // No retraining policy yet: the decision is kept (and
+                // shown) without a pipeline, rather than failing each tick.
+                Err(Error::Conflict(why)) => {
+                    tracing::debug!(%model, %why, "a trigger fired but no retrain could start");
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
             };
             Ok(Some(p.id))
         }
