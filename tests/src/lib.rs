@@ -6,6 +6,7 @@ pub mod fake_k8s;
 pub mod manifests;
 pub mod mnist;
 pub mod rows;
+pub mod weather;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,26 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use edgeloop_control_plane;
+
+/// A bridge's progress report for `job`, as the local engine sends one.
+pub fn progress(
+    job: &str,
+    attempt: u32,
+    state: edgeloop_proto::bridge::v1::JobState,
+    step: u64,
+) -> edgeloop_proto::bridge::v1::ProgressReport {
+    edgeloop_proto::bridge::v1::ProgressReport {
+        job_id: job.into(),
+        attempt,
+        state: state as i32,
+        step,
+        metrics: [("loss".to_string(), 0.25)].into(),
+        message: format!("step {step}"),
+        engine_job_id: "local-1".into(),
+        exit_code: 0,
+        at: None,
+    }
+}
 
 /// A running control plane, served by the same `Server::serve` as the binary.
 pub struct ControlPlane {

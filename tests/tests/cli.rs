@@ -29,12 +29,13 @@ use edgeloop_client_core::Role;
 use edgeloop_control_plane::cli::api::ServerArgs;
 use edgeloop_control_plane::cli::trigger::{execute, TriggerCommand};
 use edgeloop_control_plane::config::{CostSettings, ServeSettings};
-use edgeloop_models::manifest::{ClassShare, InputHistogram, ManifestKey, ReferenceStats};
+use edgeloop_models::manifest::ManifestKey;
 use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
 use edgeloop_proto::bridge::v1::{JobState, LeaseJobRequest, ProgressReport};
+use edgeloop_tests::weather::{self, at};
 use edgeloop_tests::{eventually, free_port, settings, ControlPlane};
 use serde_json::{json, Value};
 
@@ -78,17 +79,7 @@ fn spec(name: &str) -> Value {
 }
 
 fn progress(job: &str, state: JobState, step: u64) -> ProgressReport {
-    ProgressReport {
-        job_id: job.into(),
-        attempt: 1,
-        state: state as i32,
-        step,
-        metrics: [("loss".to_string(), 0.25)].into(),
-        message: format!("step {step}"),
-        engine_job_id: "local-1".into(),
-        exit_code: 0,
-        at: None,
-    }
+    edgeloop_tests::progress(job, 1, state, step)
 }
 
 #[tokio::test]
@@ -165,19 +156,13 @@ async fn models_jobs_and_devices_through_the_cli() {
         .await;
     assert_eq!(status, 201, "{job}");
     let id = job["id"].as_str().unwrap().to_string();
-    let identity = cp
-        .enroll(
+    let mut bridge = BridgeServiceClient::new(
+        cp.connect(
             Role::Cluster,
             &cp.token("cluster", "gpu-a").await,
             &dir.path().join("bridge"),
         )
-        .await;
-    let mut bridge = BridgeServiceClient::new(
-        mtls_endpoint(&cp.grpc_url, &identity)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
+        .await,
     );
     let leased = bridge
         .lease_job(LeaseJobRequest {
@@ -306,15 +291,6 @@ async fn models_jobs_and_devices_through_the_cli() {
     cp.stop().await;
 }
 
-const EDGES: [f64; 4] = [0.0, 10.0, 20.0, 30.0];
-
-fn at(s: i64) -> Option<edgeloop_proto::Timestamp> {
-    Some(edgeloop_proto::Timestamp {
-        seconds: s,
-        nanos: 0,
-    })
-}
-
 /// One device's report for one window, as an agent sends it: the window,
 /// the model's request count and latency, and its drift sketch.
 fn report(
@@ -325,30 +301,7 @@ fn report(
     temp: Option<([u64; 3], [u64; 2])>,
 ) -> pb::TelemetryReport {
     let sketches = temp
-        .map(|(temp, classes)| pb::ModelSketch {
-            model_name: "rain".into(),
-            model_version: "1.0.0".into(),
-            window_start: at(start),
-            window_end: at(start + 3599),
-            requests: temp.iter().sum(),
-            features: vec![pb::FeatureHistogram {
-                name: "temp".into(),
-                bin_edges: EDGES.to_vec(),
-                counts: temp.to_vec(),
-                ..Default::default()
-            }],
-            classes: vec![
-                pb::ClassCount {
-                    class: 0,
-                    count: classes[0],
-                },
-                pb::ClassCount {
-                    class: 1,
-                    count: classes[1],
-                },
-            ],
-            ..Default::default()
-        })
+        .map(|(temp, classes)| weather::sketch(start, temp, classes))
         .into_iter()
         .collect();
     pb::TelemetryReport {
@@ -402,27 +355,7 @@ async fn drift_and_cost_from_agent_telemetry() {
         assert_eq!(status, 201, "{body}");
     }
     let model = b"not a real model; drift and cost need only telemetry".to_vec();
-    let manifest = edgeloop_models::manifest::Manifest {
-        reference_stats: Some(ReferenceStats {
-            inputs: vec![InputHistogram {
-                name: "temp".into(),
-                bin_edges: EDGES.to_vec(),
-                counts: vec![300, 400, 300],
-            }],
-            prediction_distribution: vec![
-                ClassShare {
-                    class: 0,
-                    share: 0.7,
-                },
-                ClassShare {
-                    class: 1,
-                    share: 0.3,
-                },
-            ],
-            sample_count: 1000,
-        }),
-        ..edgeloop_tests::manifests::manifest("rain", "1.0.0", &model, ("temp", 1), ("logits", 2))
-    };
+    let manifest = weather::manifest(&model);
     let signed = ManifestKey::generate()
         .sign(manifest)
         .unwrap()
@@ -834,19 +767,13 @@ async fn retraining_policies_and_pipelines_through_the_cli() {
 
     // A bridge leases the pipeline's training job and reports it running.
     let job = format!("{id}-train-1");
-    let identity = cp
-        .enroll(
+    let mut bridge = BridgeServiceClient::new(
+        cp.connect(
             Role::Cluster,
             &cp.token("cluster", "gpu-a").await,
             &dir.path().join("bridge"),
         )
-        .await;
-    let mut bridge = BridgeServiceClient::new(
-        mtls_endpoint(&cp.grpc_url, &identity)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
+        .await,
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {

@@ -7,72 +7,12 @@
 #![allow(clippy::unwrap_used)]
 
 use edgeloop_client_core::Role;
-use edgeloop_models::manifest::{
-    ClassShare, InputHistogram, Manifest, ManifestKey, ReferenceStats,
-};
+use edgeloop_models::manifest::ManifestKey;
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+use edgeloop_tests::weather::{manifest, sketch};
 use edgeloop_tests::ControlPlane;
 use serde_json::json;
-
-const EDGES: [f64; 4] = [0.0, 10.0, 20.0, 30.0];
-
-fn manifest(model: &[u8]) -> Manifest {
-    Manifest {
-        reference_stats: Some(ReferenceStats {
-            inputs: vec![InputHistogram {
-                name: "temp".into(),
-                bin_edges: EDGES.to_vec(),
-                counts: vec![300, 400, 300],
-            }],
-            prediction_distribution: vec![
-                ClassShare {
-                    class: 0,
-                    share: 0.7,
-                },
-                ClassShare {
-                    class: 1,
-                    share: 0.3,
-                },
-            ],
-            sample_count: 1000,
-        }),
-        ..edgeloop_tests::manifests::manifest("rain", "1.0.0", model, ("temp", 1), ("logits", 2))
-    }
-}
-
-fn sketch(window: i64, temp: [u64; 3], classes: [u64; 2]) -> pb::ModelSketch {
-    let at = |s: i64| {
-        Some(edgeloop_proto::Timestamp {
-            seconds: s,
-            nanos: 0,
-        })
-    };
-    pb::ModelSketch {
-        model_name: "rain".into(),
-        model_version: "1.0.0".into(),
-        window_start: at(window),
-        window_end: at(window + 3599),
-        requests: temp.iter().sum(),
-        features: vec![pb::FeatureHistogram {
-            name: "temp".into(),
-            bin_edges: EDGES.to_vec(),
-            counts: temp.to_vec(),
-            ..Default::default()
-        }],
-        classes: vec![
-            pb::ClassCount {
-                class: 0,
-                count: classes[0],
-            },
-            pb::ClassCount {
-                class: 1,
-                count: classes[1],
-            },
-        ],
-        ..Default::default()
-    }
-}
 
 #[tokio::test]
 async fn sketches_from_two_sites_show_drift_per_window_and_site() {

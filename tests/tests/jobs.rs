@@ -5,12 +5,10 @@
 
 use std::time::Duration;
 
-use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::Role;
 use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
-use edgeloop_proto::bridge::v1::{
-    job_event, JobState, LeaseJobRequest, ProgressReport, WatchJobsRequest,
-};
+use edgeloop_proto::bridge::v1::{job_event, JobState, LeaseJobRequest, WatchJobsRequest};
+use edgeloop_tests::progress;
 use edgeloop_tests::ControlPlane;
 use serde_json::json;
 use tonic::transport::Channel;
@@ -30,30 +28,10 @@ async fn bridge(
     name: &str,
     dir: &std::path::Path,
 ) -> BridgeServiceClient<Channel> {
-    let identity = cp
-        .enroll(Role::Cluster, &cp.token("cluster", name).await, dir)
-        .await;
     BridgeServiceClient::new(
-        mtls_endpoint(&cp.grpc_url, &identity)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
+        cp.connect(Role::Cluster, &cp.token("cluster", name).await, dir)
+            .await,
     )
-}
-
-fn progress(job: &str, attempt: u32, state: JobState, step: u64) -> ProgressReport {
-    ProgressReport {
-        job_id: job.into(),
-        attempt,
-        state: state as i32,
-        step,
-        metrics: [("loss".to_string(), 0.25)].into(),
-        message: format!("step {step}"),
-        engine_job_id: "local-1".into(),
-        exit_code: 0,
-        at: None,
-    }
 }
 
 #[tokio::test]
