@@ -24,7 +24,6 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::Role;
 use edgeloop_control_plane::cli::api::ServerArgs;
 use edgeloop_control_plane::cli::trigger::{execute, TriggerCommand};
@@ -38,6 +37,30 @@ use edgeloop_proto::bridge::v1::{JobState, LeaseJobRequest, ProgressReport};
 use edgeloop_tests::weather::{self, at};
 use edgeloop_tests::{eventually, free_port, settings, ControlPlane};
 use serde_json::{json, Value};
+
+/// The CLI as a control plane's admin (the tests' usual caller).
+struct Admin {
+    base: String,
+    token: String,
+}
+
+impl Admin {
+    fn of(cp: &ControlPlane) -> Admin {
+        Admin {
+            base: cp.http_base.clone(),
+            token: cp.admin_token.clone(),
+        }
+    }
+
+    async fn run(&self, args: &[&str]) -> (ExitCode, String) {
+        edgeloop(&self.base, &self.token, args).await
+    }
+
+    async fn run_owned(&self, args: Vec<String>) -> (ExitCode, String) {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.run(&args).await
+    }
+}
 
 /// `edgeloop <args> --server <base> --token <token>`, in process; the exit
 /// code and what it printed on stdout.
@@ -88,10 +111,8 @@ async fn models_jobs_and_devices_through_the_cli() {
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let api = cp.api();
     let (base, admin) = (cp.http_base.clone(), cp.admin_token.clone());
-    let run = |args: &'static [&'static str]| {
-        let (base, admin) = (base.clone(), admin.clone());
-        async move { edgeloop(&base, &admin, args).await }
-    };
+    let as_admin = Admin::of(&cp);
+    let run = |args: &'static [&'static str]| as_admin.run(args);
 
     // Models and versions, the second with its lineage.
     let (status, body) = api
@@ -343,11 +364,9 @@ async fn drift_and_cost_from_agent_telemetry() {
     };
     let cp = ControlPlane::start_with(s).await;
     let api = cp.api();
-    let (base, admin) = (cp.http_base.clone(), cp.admin_token.clone());
-    let run = |args: &'static [&'static str]| {
-        let (base, admin) = (base.clone(), admin.clone());
-        async move { edgeloop(&base, &admin, args).await }
-    };
+    let base = cp.http_base.clone();
+    let as_admin = Admin::of(&cp);
+    let run = |args: &'static [&'static str]| as_admin.run(args);
 
     // The model, its version's signed manifest with reference statistics.
     for name in ["rain", "idle"] {
@@ -386,15 +405,10 @@ async fn drift_and_cost_from_agent_telemetry() {
         let token = cp
             .labelled_token("device", &name, json!({"site": site}))
             .await;
-        let identity = cp
-            .enroll(Role::Device, &token, &dir.path().join(&name))
-            .await;
-        let channel = mtls_endpoint(&cp.grpc_url, &identity)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = AgentServiceClient::new(channel);
+        let mut client = AgentServiceClient::new(
+            cp.connect(Role::Device, &token, &dir.path().join(&name))
+                .await,
+        );
         for hour in 0..6i64 {
             let sketch = if shifts && hour >= 3 {
                 ([20, 80, 400], [100, 400])
@@ -642,13 +656,8 @@ async fn retraining_policies_and_pipelines_through_the_cli() {
     .await;
     let api = cp.api();
     let (base, admin) = (cp.http_base.clone(), cp.admin_token.clone());
-    let run = |args: Vec<String>| {
-        let (base, admin) = (base.clone(), admin.clone());
-        async move {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            edgeloop(&base, &admin, &args).await
-        }
-    };
+    let as_admin = Admin::of(&cp);
+    let run = |args: Vec<String>| as_admin.run_owned(args);
     macro_rules! cli {
         ($($arg:expr),* $(,)?) => { run(vec![$(String::from($arg)),*]) };
     }
@@ -730,15 +739,9 @@ async fn retraining_policies_and_pipelines_through_the_cli() {
     let token = cp
         .labelled_token("device", "edge-1", json!({"site": "lab"}))
         .await;
-    let device = cp
-        .enroll(Role::Device, &token, &dir.path().join("edge-1"))
-        .await;
     AgentServiceClient::new(
-        mtls_endpoint(&cp.grpc_url, &device)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
+        cp.connect(Role::Device, &token, &dir.path().join("edge-1"))
+            .await,
     )
     .report_telemetry(labelled_samples(1_796_083_200))
     .await
@@ -959,13 +962,8 @@ async fn triggers_through_the_cli() {
     .await;
     let api = cp.api();
     let (base, admin) = (cp.http_base.clone(), cp.admin_token.clone());
-    let run = |args: Vec<String>| {
-        let (base, admin) = (base.clone(), admin.clone());
-        async move {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            edgeloop(&base, &admin, &args).await
-        }
-    };
+    let as_admin = Admin::of(&cp);
+    let run = |args: Vec<String>| as_admin.run_owned(args);
     macro_rules! cli {
         ($($arg:expr),* $(,)?) => { run(vec![$(String::from($arg)),*]) };
     }
@@ -1083,16 +1081,10 @@ async fn triggers_through_the_cli() {
     let token = cp
         .labelled_token("device", "edge-1", json!({"site": "lab"}))
         .await;
-    let device = cp
-        .enroll(Role::Device, &token, &dir.path().join("edge-1"))
-        .await;
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     AgentServiceClient::new(
-        mtls_endpoint(&cp.grpc_url, &device)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
+        cp.connect(Role::Device, &token, &dir.path().join("edge-1"))
+            .await,
     )
     .report_telemetry(labelled_samples(now + 86_400))
     .await

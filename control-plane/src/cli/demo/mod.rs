@@ -498,24 +498,18 @@ async fn close_the_loop(console: &Console, steps: u64) -> anyhow::Result<()> {
 
 /// v1's accuracy on `rows` of the stream, run here: what the devices would
 /// have scored had v2 never shipped.
-fn counterfactual(
-    model: &[u8],
-    stream: &data::Stream,
-    rows: &[usize],
-) -> anyhow::Result<Option<f64>> {
-    if rows.is_empty() {
+fn counterfactual(model: &[u8], x: Vec<f32>, y: Vec<i64>) -> anyhow::Result<Option<f64>> {
+    if y.is_empty() {
         return Ok(None);
     }
     let model = onnx::decode(model)?;
     let inputs = onnx::inspect(&model).inputs;
     let name = inputs.first().context("v1 has no inputs")?.name.clone();
-    let x: Vec<f32> = rows.iter().flat_map(|&r| stream.x[r]).collect();
-    let y: Vec<i64> = rows.iter().map(|&r| stream.y[r]).collect();
     let mut npz = Npz::new();
     npz.insert(
         name,
         edgeloop_models::Tensor::F32(ndarray::ArrayD::from_shape_vec(
-            ndarray::IxDyn(&[rows.len(), data::FEATURES]),
+            ndarray::IxDyn(&[y.len(), data::FEATURES]),
             x,
         )?),
     );
@@ -672,11 +666,12 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
     let v2_rows = pick(&|r| v2_row.is_some_and(|v| r.row >= v) && r.version != V1);
     let recovered = accuracy(&v2_rows);
     let v2_days: Vec<usize> = v2_rows.iter().map(|r| r.row).collect();
-    let (artifact, days) = (v1.artifact.clone(), v2_days);
-    let stream_for_v1 = data::load(&data)?;
+    // The rows v2 served, copied out of the stream already in memory.
+    let x: Vec<f32> = v2_days.iter().flat_map(|&r| stream.x[r]).collect();
+    let y: Vec<i64> = v2_days.iter().map(|&r| stream.y[r]).collect();
+    let artifact = v1.artifact.clone();
     let v1_on_v2_days =
-        tokio::task::spawn_blocking(move || counterfactual(&artifact, &stream_for_v1, &days))
-            .await??;
+        tokio::task::spawn_blocking(move || counterfactual(&artifact, x, y)).await??;
     let mut latencies: Vec<f64> = results.iter().map(|r| r.latency_ms).collect();
     latencies.sort_by(f64::total_cmp);
     let ps = pipelines.as_array().cloned().unwrap_or_default();
