@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde::Deserialize;
 
-use crate::registry::cost::Prices;
+use crate::fleet::cost::Prices;
 
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -69,7 +69,7 @@ pub struct ServeSettings {
 }
 
 /// Prices and hardware for `GET /api/v1/models/{name}/cost`, in US
-/// dollars. Each unset one keeps its default (`registry::cost::Prices`;
+/// dollars. Each unset one keeps its default (`fleet::cost::Prices`;
 /// sources and dates in `docs/cost.md`).
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]

@@ -5,7 +5,6 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
 use crate::registry::artifacts::ArtifactError;
 use crate::store::StoreError;
@@ -102,21 +101,8 @@ impl From<ArtifactError> for Error {
     }
 }
 
-/// The JSON body of every error response.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ErrorDetail {
-    /// Stable machine-readable code, e.g. `bad_request`.
-    pub code: String,
-    pub message: String,
-    /// The request field at fault, when there is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub field: Option<String>,
-}
+/// The JSON body of every error response is part of the console API.
+pub use edgeloop_api::error::{ErrorBody, ErrorDetail};
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {

@@ -6,12 +6,12 @@
 //! the tests both go through [`run`] / [`Server`].
 
 pub mod api;
-pub mod cli;
 pub mod config;
 pub mod datadir;
+pub mod drift;
 pub mod error;
 pub mod fleet;
-pub mod r#loop;
+pub mod lifecycle;
 pub mod registry;
 pub mod store;
 pub mod validate;
@@ -154,12 +154,12 @@ impl Server {
             core.config.rollout_tick,
             core.shutdown.clone(),
         ));
-        let pipelines = tokio::spawn(r#loop::retrain::runner::run(
+        let pipelines = tokio::spawn(lifecycle::retrain::runner::run(
             core.clone(),
             core.config.rollout_tick,
             core.shutdown.clone(),
         ));
-        let triggers = tokio::spawn(r#loop::triggers::runner::run(
+        let triggers = tokio::spawn(lifecycle::triggers::runner::run(
             core.clone(),
             core.config.rollout_tick,
             core.shutdown.clone(),

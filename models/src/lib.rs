@@ -11,6 +11,7 @@ pub mod manifest;
 pub mod names;
 pub mod npz;
 pub mod onnx;
+pub mod package;
 pub mod quantize;
 pub mod runtime;
 pub mod tensor;

@@ -24,9 +24,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use edgeloop_cli::api::ServerArgs;
+use edgeloop_cli::trigger::{execute, TriggerCommand};
 use edgeloop_client_core::Role;
-use edgeloop_control_plane::cli::api::ServerArgs;
-use edgeloop_control_plane::cli::trigger::{execute, TriggerCommand};
 use edgeloop_control_plane::config::{CostSettings, ServeSettings};
 use edgeloop_models::manifest::ManifestKey;
 use edgeloop_models::Digest;
@@ -78,7 +78,7 @@ async fn edgeloop(base: &str, token: &str, args: &[&str]) -> (ExitCode, String) 
     tokio::task::spawn_blocking(move || {
         let mut out = Vec::new();
         let cli = clap::Parser::parse_from(argv);
-        let code = edgeloop_control_plane::cli::run_with(cli, &mut out).unwrap();
+        let code = edgeloop_cli::run_with(cli, &mut out).unwrap();
         (code, String::from_utf8(out).unwrap())
     })
     .await

@@ -610,7 +610,7 @@ async fn bad_deployment_requests_get_a_400_naming_the_field() {
         tokio::task::spawn_blocking(move || {
             let mut argv = vec!["edgeloop".to_string(), "deployment".to_string()];
             argv.extend(args);
-            edgeloop_control_plane::cli::run(clap::Parser::parse_from(argv)).unwrap()
+            edgeloop_cli::run(clap::Parser::parse_from(argv)).unwrap()
         })
         .await
         .unwrap()

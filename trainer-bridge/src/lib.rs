@@ -8,7 +8,9 @@ pub mod launch;
 pub mod preflight;
 pub mod progress;
 pub mod runner;
-pub mod spec;
+/// The job spec lives in `edgeloop-api` (the console API submits it, the
+/// bridge runs it); re-exported so the bridge's own paths stay `spec::`.
+pub use edgeloop_api::spec;
 pub mod tensorboard;
 
 use std::collections::BTreeMap;

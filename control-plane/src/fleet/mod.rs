@@ -2,8 +2,8 @@
 //! assignments pushed to devices, and what they report back.
 
 pub mod assignments;
+pub mod cost;
 pub mod deployments;
-pub mod drift;
 pub mod members;
 pub mod pki;
 pub mod rollout;

@@ -2,7 +2,7 @@
 //! agent replays its offline buffer) and the state of each assignment.
 //!
 //! A report's sketches and samples go to their own trees (see
-//! [`super::drift`]), keyed by model and version for drift analysis; the
+//! [`crate::drift::records`]), keyed by model and version for drift analysis; the
 //! report's own record is written last, with a compare-and-swap, and is
 //! what marks the sequence as stored. A crash before it leaves keys that the
 //! agent's retry rewrites with the same content, so every report is stored
@@ -14,7 +14,7 @@ use edgeloop_proto::agent::v1 as pb;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use super::drift::{self, record_key};
+use crate::drift::records::{self as drift, record_key};
 use crate::error::{Error, Result};
 use crate::store::Store;
 

@@ -1,9 +1,7 @@
 //! The registry wing: content-addressed artifacts, models and versions with
-//! lineage, training checkpoints, and what serving a model costs.
+//! lineage, and training checkpoints.
 
 pub mod artifact_cache;
 pub mod artifacts;
 pub mod checkpoints;
-pub mod cost;
 pub mod models;
-pub mod package;

@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 pub use tree::Tree;
 
+use crate::drift::records::{SampleRecord, SketchRecord};
 use crate::fleet::assignments::AssignmentSetRecord;
 use crate::fleet::deployments::{DeploymentRecord, EventEntry};
-use crate::fleet::drift::{SampleRecord, SketchRecord};
 use crate::fleet::members::{BootstrapTokenRecord, Member, MemberKind};
 use crate::fleet::telemetry::{AssignmentStatusRecord, TelemetryRecord};
-use crate::r#loop::jobs::JobRecord;
+use crate::lifecycle::jobs::JobRecord;
 use crate::registry::checkpoints::CheckpointRecord;
 use crate::registry::models::{ModelRecord, ModelVersionRecord};
 
@@ -86,17 +86,17 @@ pub struct Store {
     /// Each deployment's event log, by `<id>/<n>`.
     pub deployment_events: Tree<EventEntry>,
     /// Each model's retraining policy, by model.
-    pub retraining: Tree<crate::r#loop::retrain::RetrainingConfig>,
+    pub retraining: Tree<crate::lifecycle::retrain::RetrainingConfig>,
     /// Retraining pipelines, by id (`p-<seq>`).
-    pub pipelines: Tree<crate::r#loop::pipeline::Pipeline>,
+    pub pipelines: Tree<crate::lifecycle::pipeline::Pipeline>,
     /// The pipeline that holds each model's one retraining slot, by model.
     pub pipeline_active: Tree<String>,
     /// Each model's retraining triggers, by model.
-    pub triggers: Tree<crate::r#loop::triggers::config::TriggersConfig>,
+    pub triggers: Tree<crate::lifecycle::triggers::config::TriggersConfig>,
     /// What the trigger task last saw and decided, by model.
-    pub trigger_state: Tree<crate::r#loop::triggers::runner::TriggerStateRecord>,
+    pub trigger_state: Tree<crate::lifecycle::triggers::runner::TriggerStateRecord>,
     /// What each model's drift is measured against, by model.
-    pub drift_reference: Tree<crate::r#loop::retrain::ReferenceRecord>,
+    pub drift_reference: Tree<crate::lifecycle::retrain::ReferenceRecord>,
 }
 
 impl Store {

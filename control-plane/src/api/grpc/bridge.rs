@@ -24,7 +24,7 @@ use super::auth::caller;
 use crate::error::Error;
 use crate::fleet::members::MemberKind;
 use crate::fleet::FleetEvent;
-use crate::r#loop::jobs::{self, JobState};
+use crate::lifecycle::jobs::{self, JobState};
 use crate::registry::artifacts::ArtifactError;
 use crate::registry::checkpoints::{self, CheckpointRecord};
 use crate::{validate, Core};

@@ -1,19 +1,19 @@
 //! `GET /api/v1/models/{name}/cost`: what serving the model's measured
 //! traffic costs a month at the edge versus in the cloud
-//! (`registry::cost`, `docs/cost.md`).
+//! (`fleet::cost`, `docs/cost.md`).
 
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use serde::{Deserialize, Serialize};
-use time::OffsetDateTime;
+use serde::Deserialize;
 
 use crate::error::{Error, ErrorBody};
-use crate::registry::cost::{self, Estimate, Observation, Prices, Traffic};
+use crate::fleet::cost::{self, Observation};
 use crate::registry::models;
 use crate::{validate, Core};
+pub use edgeloop_api::cost::CostView;
 
 pub const DEFAULT_DAYS: i64 = 30;
 /// Agents keep telemetry for about this long anyway, and a longer look
@@ -28,20 +28,6 @@ pub struct CostQuery {
     pub version: Option<String>,
     /// Days of telemetry to measure, back from now (default 30, 1 to 90).
     pub days: Option<i64>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct CostView {
-    pub model: String,
-    pub version: Option<String>,
-    pub days: i64,
-    /// The start of the measured period.
-    #[serde(with = "time::serde::rfc3339")]
-    pub since: OffsetDateTime,
-    pub prices: Prices,
-    pub traffic: Traffic,
-    /// `null` when no requests were reported in the period.
-    pub estimate: Option<Estimate>,
 }
 
 /// The monthly cost of the model's measured traffic: edge (power and

@@ -10,9 +10,9 @@ use axum::extract::{Path, Query, State};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use crate::drift::analysis::{self, DriftConfig, DriftSeries};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::MemberKind;
-use crate::r#loop::drift::analysis::{self, DriftConfig, DriftSeries};
 use crate::registry::models;
 use crate::Core;
 

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::json::ValidJson;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::FleetEvent;
-use crate::r#loop::jobs::{self, CreateJob, JobRecord};
+use crate::lifecycle::jobs::{self, CreateJob, JobRecord};
 use crate::registry::checkpoints::{self, CheckpointRecord};
 use crate::Core;
 

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::json::{OptionalJson, ValidJson};
 use crate::error::{Error, ErrorBody};
-use crate::r#loop::pipeline::{Pipeline, PipelineState};
-use crate::r#loop::retrain::{self, RetrainingConfig, Started};
+use crate::lifecycle::pipeline::{Pipeline, PipelineState};
+use crate::lifecycle::retrain::{self, RetrainingConfig, Started};
 use crate::Core;
 
 /// A pipeline as the API shows it: the record, its state's name, and the
@@ -36,7 +36,7 @@ pub struct PipelineView {
     pub pipeline: Pipeline,
 }
 
-fn step_name(step: crate::r#loop::pipeline::Step) -> String {
+fn step_name(step: crate::lifecycle::pipeline::Step) -> String {
     serde_json::to_value(step)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))

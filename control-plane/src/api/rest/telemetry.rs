@@ -9,8 +9,8 @@ use axum::extract::{Path, Query, State};
 use axum::Json;
 use serde::Deserialize;
 
+use crate::drift::records::{SampleKind, SampleRecord, SketchRecord};
 use crate::error::{Error, ErrorBody};
-use crate::fleet::drift::{SampleKind, SampleRecord, SketchRecord};
 use crate::fleet::members::{self, MemberKind};
 use crate::fleet::telemetry::TelemetryRecord;
 use crate::registry::models;

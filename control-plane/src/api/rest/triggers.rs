@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use super::json::ValidJson;
 use crate::error::{Error, ErrorBody};
-use crate::r#loop::triggers::config::TriggersConfig;
-use crate::r#loop::triggers::runner::TriggerStateRecord;
+use crate::lifecycle::triggers::config::TriggersConfig;
+use crate::lifecycle::triggers::runner::TriggerStateRecord;
 use crate::registry::models;
 use crate::Core;
 

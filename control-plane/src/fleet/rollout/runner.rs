@@ -14,10 +14,10 @@ use tokio_util::sync::CancellationToken;
 use super::{
     step, Action, AssignmentStatus, DeviceState, Event, FleetState, Telemetry, WindowStats,
 };
+use crate::drift::records::{SampleKind, SampleRecord};
 use crate::error::{Error, Result};
 use crate::fleet::assignments::{self, AssignmentRecord, SetOutcome};
 use crate::fleet::deployments::{self, DeploymentRecord};
-use crate::fleet::drift::{SampleKind, SampleRecord};
 use crate::fleet::members::{member_status, MemberStatus};
 use crate::fleet::telemetry::{status_key, AssignmentStatusRecord, TelemetryRecord};
 use crate::fleet::FleetEvent;

@@ -1,0 +1,363 @@
+//! The one console-API client: the CLI, the demo and the integration tests
+//! all talk to the control plane through it. Responses are decoded into
+//! the views of this crate, so a renamed field fails to compile (or fails
+//! here, naming the path and field), never silently reads as missing.
+
+use std::future::Future;
+use std::time::Duration;
+
+use edgeloop_models::Digest;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::ErrorBody;
+
+/// The kind of a failure, for callers that branch on it (the CLI's exit
+/// codes, tests that expect a 4xx).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The control plane could not be reached.
+    Unreachable,
+    /// 400, 413, 422: the request was refused as invalid.
+    Invalid,
+    /// 401, 403.
+    Auth,
+    /// 404.
+    NotFound,
+    /// 409.
+    Conflict,
+    /// Any other status, or a response that is not the expected view.
+    Server,
+    /// A request that could not be built (a bad server URL).
+    Usage,
+    /// A wait that ran out of time.
+    Timeout,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("cannot reach the control plane at {server}: {detail}")]
+    Unreachable { server: String, detail: String },
+    /// The server refused the request; `message` is its own, prefixed by
+    /// the field it names when it names one.
+    #[error("{message}")]
+    Status { status: u16, message: String },
+    #[error("{method} {path}: the response is not a {what}: {detail}")]
+    Decode {
+        method: String,
+        path: String,
+        what: &'static str,
+        detail: String,
+    },
+    #[error("{0}")]
+    Usage(String),
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout { what: String, after: Duration },
+}
+
+impl ApiError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ApiError::Unreachable { .. } => ErrorKind::Unreachable,
+            ApiError::Status { status, .. } => match status {
+                400 | 413 | 422 => ErrorKind::Invalid,
+                401 | 403 => ErrorKind::Auth,
+                404 => ErrorKind::NotFound,
+                409 => ErrorKind::Conflict,
+                _ => ErrorKind::Server,
+            },
+            ApiError::Decode { .. } => ErrorKind::Server,
+            ApiError::Usage(_) => ErrorKind::Usage,
+            ApiError::Timeout { .. } => ErrorKind::Timeout,
+        }
+    }
+
+    /// The HTTP status the server answered with, if it answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ApiError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = ApiError> = std::result::Result<T, E>;
+
+/// A console-API client holding the server's base URL and the admin token.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Client {
+    /// `base` is the console API's root (`http://127.0.0.1:7080`); every
+    /// request carries `token` as a bearer token when there is one.
+    /// `timeout` bounds each request, not a wait.
+    pub fn new(base: &str, token: Option<String>, timeout: Duration) -> Result<Client> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| ApiError::Usage(format!("HTTP client: {e}")))?;
+        Ok(Client {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            token,
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A request with the token, for callers that need the response as it
+    /// came (status, headers, bytes): the protocol tests.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.http.request(method, self.url(path));
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.call(
+            reqwest::Method::GET,
+            path,
+            self.request(reqwest::Method::GET, path),
+        )
+        .await
+    }
+
+    /// A GET with query parameters, encoded by `Url` (selectors hold `=`,
+    /// `,`, `!` and spaces). Parameters set to `None` are left out, so the
+    /// server's defaults apply.
+    pub async fn get_query<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        params: &[(&str, Option<String>)],
+    ) -> Result<T> {
+        let mut url = reqwest::Url::parse(&self.url(path))
+            .map_err(|e| ApiError::Usage(format!("--server {}: {e}", self.base)))?;
+        let given: Vec<(&str, &String)> = params
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (*k, v)))
+            .collect();
+        if !given.is_empty() {
+            url.query_pairs_mut().extend_pairs(given);
+        }
+        let mut req = self.http.get(url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        self.call(reqwest::Method::GET, path, req).await
+    }
+
+    pub async fn post<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T> {
+        let req = self.request(reqwest::Method::POST, path).json(body);
+        self.call(reqwest::Method::POST, path, req).await
+    }
+
+    pub async fn put<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T> {
+        let req = self.request(reqwest::Method::PUT, path).json(body);
+        self.call(reqwest::Method::PUT, path, req).await
+    }
+
+    /// Uploads an artifact under its own digest (the server checks it).
+    pub async fn upload(&self, bytes: Vec<u8>) -> Result<Digest> {
+        let digest = Digest::of(&bytes);
+        let path = format!("/api/v1/artifacts/{digest}");
+        let req = self.request(reqwest::Method::PUT, &path).body(bytes);
+        self.send(&path, req).await?;
+        Ok(digest)
+    }
+
+    /// Downloads an artifact and checks it against its digest.
+    pub async fn download(&self, digest: &Digest) -> Result<Vec<u8>> {
+        let path = format!("/api/v1/artifacts/{digest}");
+        let resp = self
+            .send(&path, self.request(reqwest::Method::GET, &path))
+            .await?;
+        let bytes = resp.bytes().await.map_err(|e| self.unreachable(e))?;
+        if Digest::of(&bytes) != *digest {
+            return Err(ApiError::Decode {
+                method: "GET".into(),
+                path,
+                what: "artifact with that digest",
+                detail: format!("the bytes hash to {}", Digest::of(&bytes)),
+            });
+        }
+        Ok(bytes.to_vec())
+    }
+
+    /// Polls `path` every `every` until `done` says the record ended, and
+    /// returns it; `seen` gets every record read (progress display).
+    /// `timeout` of `None` waits as long as it takes (a person pressing
+    /// Ctrl-C ends it).
+    pub async fn wait_for<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        every: Duration,
+        timeout: Option<Duration>,
+        mut seen: impl FnMut(&T),
+        done: impl Fn(&T) -> bool,
+    ) -> Result<T> {
+        let deadline = timeout.map(|t| (tokio::time::Instant::now() + t, t));
+        loop {
+            let record: T = self.get(path).await?;
+            seen(&record);
+            if done(&record) {
+                return Ok(record);
+            }
+            if let Some((at, after)) = deadline {
+                if tokio::time::Instant::now() >= at {
+                    return Err(ApiError::Timeout {
+                        what: path.to_string(),
+                        after,
+                    });
+                }
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        req: reqwest::RequestBuilder,
+    ) -> Result<T> {
+        let resp = self.send(path, req).await?;
+        let bytes = resp.bytes().await.map_err(|e| self.unreachable(e))?;
+        // An empty body reads as `null`, so `()` and `Option<_>` decode it.
+        let body: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+        serde_json::from_slice(body).map_err(|e| ApiError::Decode {
+            method: method.to_string(),
+            path: path.to_string(),
+            what: std::any::type_name::<T>(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// Sends `req`; a non-2xx answer becomes `ApiError::Status` with the
+    /// server's message (and the field it names).
+    async fn send(&self, path: &str, req: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        let resp = req.send().await.map_err(|e| self.unreachable(e))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let bytes = resp.bytes().await.unwrap_or_default();
+        let message = match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(body) => body.error.to_string(),
+            Err(_) if bytes.is_empty() => format!("{status} (no message) from {path}"),
+            Err(_) => format!("{status}: {}", String::from_utf8_lossy(&bytes)),
+        };
+        Err(ApiError::Status {
+            status: status.as_u16(),
+            message,
+        })
+    }
+
+    fn unreachable(&self, e: reqwest::Error) -> ApiError {
+        ApiError::Unreachable {
+            server: self.base.clone(),
+            detail: e.to_string(),
+        }
+    }
+}
+
+/// Runs `check` every `every` until it returns `Some`; fails after
+/// `timeout` (when given) saying what it waited for. The one poller behind
+/// every wait of the CLI, the demo and the tests.
+pub async fn poll_until<T, E, F, Fut>(
+    what: &str,
+    every: Duration,
+    timeout: Option<Duration>,
+    mut check: F,
+) -> Result<T, E>
+where
+    E: From<ApiError>,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>, E>>,
+{
+    let deadline = timeout.map(|t| (tokio::time::Instant::now() + t, t));
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        if let Some((at, after)) = deadline {
+            if tokio::time::Instant::now() >= at {
+                return Err(ApiError::Timeout {
+                    what: what.to_string(),
+                    after,
+                }
+                .into());
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_have_their_kinds() {
+        let status = |status| ApiError::Status {
+            status,
+            message: String::new(),
+        };
+        for (code, kind) in [
+            (400, ErrorKind::Invalid),
+            (413, ErrorKind::Invalid),
+            (422, ErrorKind::Invalid),
+            (401, ErrorKind::Auth),
+            (403, ErrorKind::Auth),
+            (404, ErrorKind::NotFound),
+            (409, ErrorKind::Conflict),
+            (500, ErrorKind::Server),
+            (503, ErrorKind::Server),
+        ] {
+            assert_eq!(status(code).kind(), kind, "{code}");
+            assert_eq!(status(code).status(), Some(code));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_poll_ends_with_the_value_or_a_timeout_naming_what() {
+        let mut n = 0;
+        let v = poll_until("three", Duration::from_millis(1), None, || {
+            n += 1;
+            let v = n;
+            async move { Ok::<_, ApiError>((v == 3).then_some(v)) }
+        })
+        .await
+        .unwrap();
+        assert_eq!(v, 3);
+        let e = poll_until::<(), ApiError, _, _>(
+            "nothing",
+            Duration::from_millis(1),
+            Some(Duration::from_millis(5)),
+            || async { Ok(None) },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout);
+        assert!(e.to_string().contains("waiting for nothing"), "{e}");
+    }
+}

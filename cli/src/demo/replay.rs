@@ -1,0 +1,156 @@
+//! Replays rows of the stream through the agents' inference API in time
+//! order, one request per day, round-robin over the agents, and sends each
+//! day's label as feedback right after. Meanwhile it watches the control
+//! plane: when the trigger task first saw drift, when a retrain started,
+//! and which version answered each row.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde_json::{json, Value};
+
+use super::console::Console;
+use super::data::Stream;
+
+pub struct RowResult {
+    pub row: usize,
+    pub version: String,
+    pub correct: bool,
+    pub latency_ms: f64,
+}
+
+#[derive(Default)]
+pub struct Watch {
+    /// The row being replayed when the drift state (hysteresis) was first set.
+    pub drift_state_row: Option<usize>,
+    /// The row being replayed when the first retrain started.
+    pub retrain_row: Option<usize>,
+    pub pipelines: BTreeSet<String>,
+    /// The first row a version other than the first one answered.
+    pub new_version_row: Option<usize>,
+}
+
+pub struct Replay<'a> {
+    pub http: reqwest::Client,
+    pub agents: Vec<String>,
+    pub model: &'a str,
+    pub console: &'a Console,
+    pub stream: &'a Stream,
+    pub rows_per_second: f64,
+}
+
+fn argmax(v: &[Value]) -> Option<i64> {
+    v.iter()
+        .enumerate()
+        .filter_map(|(i, x)| x.as_f64().map(|x| (i, x)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(i, _)| i as i64)
+}
+
+impl Replay<'_> {
+    async fn infer(&self, agent: &str, row: usize) -> anyhow::Result<(String, i64, f64)> {
+        let id = format!("day-{row}");
+        let started = Instant::now();
+        let resp = self
+            .http
+            .post(format!("{agent}/v2/models/{}/infer", self.model))
+            .json(&json!({
+                "id": id,
+                "inputs": [{"name": "input", "shape": [1, super::data::FEATURES],
+                            "datatype": "FP32", "data": self.stream.x[row].to_vec()}]
+            }))
+            .send()
+            .await
+            .with_context(|| format!("inference at {agent}"))?;
+        let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        anyhow::ensure!(
+            status.is_success(),
+            "inference at {agent} (row {row}): {status}: {body}"
+        );
+        let version = body["model_version"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let predicted = body["outputs"][0]["data"]
+            .as_array()
+            .and_then(|d| argmax(d))
+            .with_context(|| format!("inference at {agent}: no output data in {body}"))?;
+        let resp = self
+            .http
+            .post(format!("{agent}/v2/models/{}/feedback", self.model))
+            .json(&json!({"labels": [{"id": id, "label": self.stream.y[row]}]}))
+            .send()
+            .await
+            .with_context(|| format!("feedback at {agent}"))?;
+        anyhow::ensure!(
+            resp.status().is_success(),
+            "feedback at {agent}: {}",
+            resp.status()
+        );
+        Ok((version, predicted, latency_ms))
+    }
+
+    async fn observe(&self, row: usize, watch: &mut Watch) -> anyhow::Result<()> {
+        if watch.drift_state_row.is_none() {
+            let t: Value = self
+                .console
+                .get(&format!("/api/v1/models/{}/triggers", self.model))
+                .await?;
+            if !t["state"]["last"]["state"]["drifting_since"].is_null() {
+                watch.drift_state_row = Some(row);
+            }
+        }
+        let pipelines = self
+            .console
+            .get(&format!("/api/v1/pipelines?model={}", self.model))
+            .await?;
+        for p in pipelines.as_array().into_iter().flatten() {
+            if let Some(id) = p["id"].as_str() {
+                if watch.pipelines.insert(id.to_string()) && watch.retrain_row.is_none() {
+                    watch.retrain_row = Some(row);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Replays `rows` at the set pace; `tick` is called after each row.
+    pub async fn run(
+        &self,
+        rows: &[usize],
+        first_version: &str,
+        mut tick: impl FnMut(usize),
+    ) -> anyhow::Result<(Vec<RowResult>, Watch)> {
+        let mut out = Vec::with_capacity(rows.len());
+        let mut watch = Watch::default();
+        let started = Instant::now();
+        let mut last_look = Instant::now() - Duration::from_secs(1);
+        for (k, &row) in rows.iter().enumerate() {
+            let agent = &self.agents[k % self.agents.len()];
+            let (version, predicted, latency_ms) = self.infer(agent, row).await?;
+            if version != first_version && watch.new_version_row.is_none() {
+                watch.new_version_row = Some(row);
+            }
+            out.push(RowResult {
+                row,
+                version,
+                correct: predicted == self.stream.y[row],
+                latency_ms,
+            });
+            if last_look.elapsed() >= Duration::from_millis(500) {
+                self.observe(row, &mut watch).await?;
+                last_look = Instant::now();
+            }
+            tick(k + 1);
+            let due = started + Duration::from_secs_f64((k + 1) as f64 / self.rows_per_second);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        if let Some(&last) = rows.last() {
+            self.observe(last, &mut watch).await?;
+        }
+        Ok((out, watch))
+    }
+}

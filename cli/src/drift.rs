@@ -1,0 +1,257 @@
+//! `edgeloop drift <model>`: the latest drift window per device group and
+//! feature (PSI, KS), and whether the model is drifting
+//! (`GET /api/v1/models/{name}/drift`, `docs/drift.md`).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::Value;
+
+use super::api::{block_on, client, segment, Reply, ServerArgs};
+use super::table::{fields, num, text, unix_time as at, Table};
+
+#[derive(Debug, Args)]
+pub struct DriftArgs {
+    pub model: String,
+    /// Default: the newest version.
+    #[arg(long)]
+    pub version: Option<String>,
+    /// A device label to group by, e.g. `site`.
+    #[arg(long)]
+    pub group_by: Option<String>,
+    /// Window length in seconds (default 3600).
+    #[arg(long)]
+    pub window_seconds: Option<i64>,
+    #[arg(long)]
+    pub psi_watch: Option<f64>,
+    #[arg(long)]
+    pub psi_act: Option<f64>,
+    #[arg(long)]
+    pub js_act: Option<f64>,
+    #[arg(long)]
+    pub ks_alpha: Option<f64>,
+    #[arg(long)]
+    pub min_requests: Option<u64>,
+    /// Consecutive windows over a threshold that set the drift state.
+    #[arg(long)]
+    pub set_after: Option<u32>,
+    /// Consecutive windows under every threshold that clear it.
+    #[arg(long)]
+    pub clear_after: Option<u32>,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+impl DriftArgs {
+    /// The query: only what was given, so the server's defaults apply (and
+    /// the server alone validates, naming the field).
+    pub fn params(&self) -> Vec<(&'static str, Option<String>)> {
+        vec![
+            ("version", opt(&self.version)),
+            ("group_by", opt(&self.group_by)),
+            ("window_seconds", opt(&self.window_seconds)),
+            ("psi_watch", opt(&self.psi_watch)),
+            ("psi_act", opt(&self.psi_act)),
+            ("js_act", opt(&self.js_act)),
+            ("ks_alpha", opt(&self.ks_alpha)),
+            ("min_requests", opt(&self.min_requests)),
+            ("set_after", opt(&self.set_after)),
+            ("clear_after", opt(&self.clear_after)),
+        ]
+    }
+}
+
+pub fn opt<T: ToString>(v: &Option<T>) -> Option<String> {
+    v.as_ref().map(T::to_string)
+}
+
+pub fn run(args: &DriftArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    block_on(out, async {
+        let model = segment("model name", &args.model)?;
+        let view = client(&args.server)?
+            .get_query(&format!("/api/v1/models/{model}/drift"), &args.params())
+            .await?;
+        Ok(Reply::show(&view, args.server.json, render))
+    })
+}
+
+/// Small p-values are what matter; fixed decimals would show them all as 0.
+fn p_value(v: &Value) -> String {
+    match v.as_f64() {
+        Some(p) if p >= 0.001 => format!("{p:.3}"),
+        Some(p) => format!("{p:.1e}"),
+        None => "-".into(),
+    }
+}
+
+pub fn render(view: &Value) -> String {
+    let c = &view["config"];
+    let mut out = fields(&[
+        (
+            "model",
+            format!("{} {}", text(&view["model"]), text(&view["version"])),
+        ),
+        (
+            "thresholds",
+            format!(
+                "PSI watch {} act {}, prediction JS {}, KS alpha {}, min requests {}",
+                text(&c["psi_watch"]),
+                text(&c["psi_act"]),
+                text(&c["js_act"]),
+                text(&c["ks_alpha"]),
+                text(&c["min_requests"])
+            ),
+        ),
+        (
+            "windows",
+            format!(
+                "{} s; drifting after {} over, cleared after {} under",
+                text(&c["window_seconds"]),
+                text(&c["set_after"]),
+                text(&c["clear_after"])
+            ),
+        ),
+    ]);
+    let series = view["series"].as_array().map_or(&[][..], |s| s);
+    if series
+        .iter()
+        .all(|s| s["windows"].as_array().is_none_or(|w| w.is_empty()))
+    {
+        out.push_str("\nno sketches reported for this version yet\n");
+        return out;
+    }
+    let mut groups = Table::new(&[
+        "GROUP",
+        "LATEST WINDOW",
+        "REQUESTS",
+        "DEVICES",
+        "SEVERITY",
+        "PRED JS",
+        "LOW CONF",
+        "ACCURACY",
+        "OVER",
+        "DRIFTING WINDOWS",
+        "STATE",
+    ]);
+    let mut features = Table::new(&["GROUP", "FEATURE", "PSI", "KS", "P-VALUE", "LEVEL"]);
+    for s in series {
+        let windows = s["windows"].as_array().map_or(&[][..], |w| w);
+        let Some(w) = windows.last() else { continue };
+        let drifting = windows.iter().filter(|w| w["drifting"] == true).count();
+        groups.row(vec![
+            text(&s["group"]),
+            at(&w["start"]),
+            text(&w["requests"]),
+            text(&w["devices"]),
+            num(&w["severity"], 3),
+            num(&w["prediction_js"], 3),
+            num(&w["low_confidence_share"], 3),
+            // Share right among the window's labelled predictions.
+            match (w["accuracy"].as_f64(), w["labelled"].as_u64()) {
+                (Some(a), Some(n)) => format!("{:.1} % of {n}", a * 100.0),
+                _ => "-".into(),
+            },
+            match w["over"].as_bool() {
+                Some(true) => "yes".into(),
+                Some(false) => "no".into(),
+                // Too few requests to judge.
+                None => "-".into(),
+            },
+            format!("{drifting} of {}", windows.len()),
+            if w["drifting"] == true {
+                "DRIFTING"
+            } else {
+                "ok"
+            }
+            .into(),
+        ]);
+        for f in w["features"].as_array().into_iter().flatten() {
+            features.row(vec![
+                text(&s["group"]),
+                text(&f["name"]),
+                num(&f["psi"], 3),
+                num(&f["ks_statistic"], 3),
+                p_value(&f["ks_p_value"]),
+                text(&f["level"]),
+            ]);
+        }
+    }
+    out.push('\n');
+    out.push_str(&groups.render());
+    if !features.is_empty() {
+        out.push('\n');
+        out.push_str(&features.render());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use serde_json::json;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    #[test]
+    fn only_given_parameters_are_sent() {
+        let Command::Drift(a) = Cli::parse_from([
+            "edgeloop",
+            "drift",
+            "rain",
+            "--group-by",
+            "site",
+            "--set-after",
+            "2",
+        ])
+        .command
+        else {
+            panic!("not drift")
+        };
+        let given: Vec<(&str, String)> = a
+            .params()
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect();
+        assert_eq!(
+            given,
+            [("group_by", "site".to_string()), ("set_after", "2".into())]
+        );
+    }
+
+    #[test]
+    fn the_latest_window_per_group_and_feature() {
+        let view = json!({"model": "rain", "version": "1.0.0",
+            "config": {"window_seconds": 3600, "psi_watch": 0.1, "psi_act": 0.2, "js_act": 0.1,
+                       "ks_alpha": 0.01, "min_requests": 100, "set_after": 2, "clear_after": 2},
+            "series": [{"group": "berlin", "windows": [
+                {"start": 0, "requests": 500, "devices": 1, "features": [], "severity": 0.0,
+                 "prediction_js": null, "low_confidence_share": null, "over": false, "drifting": false},
+                {"start": 1796094000i64, "requests": 500, "devices": 1,
+                 "features": [{"name": "temp", "psi": 1.23456, "ks_statistic": 0.5,
+                               "ks_p_value": 1.0e-30, "level": "act"}],
+                 "severity": 1.23456, "prediction_js": 0.4, "low_confidence_share": null,
+                 "over": true, "drifting": true}]}]});
+        let out = render(&view);
+        let row = out.lines().find(|l| l.starts_with("berlin  2026")).unwrap();
+        for want in [
+            "2026-12-01T03:00:00Z",
+            "500",
+            "1.235",
+            "0.400",
+            "yes",
+            "1 of 2",
+            "DRIFTING",
+        ] {
+            assert!(row.contains(want), "{want}: {out}");
+        }
+        let feature = out.lines().find(|l| l.contains("temp")).unwrap();
+        assert!(
+            feature.contains("1.235") && feature.contains("1.0e-30") && feature.ends_with("act"),
+            "{out}"
+        );
+        let empty = render(&json!({"model": "rain", "version": "1", "config": {}, "series": []}));
+        assert!(empty.contains("no sketches"), "{empty}");
+    }
+}

@@ -1,0 +1,184 @@
+//! `edgeloop model list | show <name> | versions <name>`: the model
+//! registry through the console API (the local `model` subcommands are in
+//! `model.rs`).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use serde_json::{json, Value};
+
+use super::api::{block_on, client, segment, Reply, ServerArgs};
+use super::table::{bytes, fields, short_digest, text, when, Table};
+
+pub fn list(server: &ServerArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    block_on(out, async {
+        let all = client(server)?.get("/api/v1/models").await?;
+        Ok(Reply::show(&all, server.json, |all| {
+            models_table(all.as_array().map_or(&[][..], |a| a))
+        }))
+    })
+}
+
+pub fn show(name: &str, server: &ServerArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    block_on(out, async {
+        let client = client(server)?;
+        let name = segment("model name", name)?;
+        let model: Value = client.get(&format!("/api/v1/models/{name}")).await?;
+        let versions: Value = client
+            .get(&format!("/api/v1/models/{name}/versions"))
+            .await?;
+        // The two server answers side by side, as they came.
+        let both = json!({"model": model, "versions": versions});
+        Ok(Reply::show(&both, server.json, render_model))
+    })
+}
+
+pub fn versions(name: &str, server: &ServerArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    block_on(out, async {
+        let name = segment("model name", name)?;
+        let versions = client(server)?
+            .get(&format!("/api/v1/models/{name}/versions"))
+            .await?;
+        Ok(Reply::show(&versions, server.json, |v| {
+            versions_table(v.as_array().map_or(&[][..], |a| a))
+        }))
+    })
+}
+
+pub fn models_table(all: &[Value]) -> String {
+    let mut t = Table::new(&["NAME", "TASK", "LABELS", "CREATED", "DESCRIPTION"]);
+    for m in all {
+        t.row(vec![
+            text(&m["name"]),
+            text(&m["task"]),
+            text(&m["labels"]),
+            when(&m["created_at"]),
+            super::table::clip(m["description"].as_str().unwrap_or(""), 40),
+        ]);
+    }
+    t.render()
+}
+
+fn render_model(both: &Value) -> String {
+    let m = &both["model"];
+    let mut out = fields(&[
+        ("name", text(&m["name"])),
+        ("task", text(&m["task"])),
+        ("description", text(&m["description"])),
+        ("labels", text(&m["labels"])),
+        ("created", when(&m["created_at"])),
+    ]);
+    out.push('\n');
+    out.push_str(&versions_table(
+        both["versions"].as_array().map_or(&[][..], |a| a),
+    ));
+    out
+}
+
+/// One row per version, oldest first (the server's order), with where it
+/// came from: parent, trigger, training job, dataset snapshot, checkpoint
+/// and quantization method.
+pub fn versions_table(versions: &[Value]) -> String {
+    let mut t = Table::new(&[
+        "VERSION",
+        "CREATED",
+        "SIZE",
+        "SIGNED",
+        "PARENT",
+        "TRIGGER",
+        "JOB",
+        "DATASET",
+        "CHECKPOINT",
+        "QUANTIZED",
+        "METRICS",
+    ]);
+    for v in versions {
+        let lineage = &v["lineage"];
+        let quantized = match &lineage["quantization"] {
+            Value::Null => "-".to_string(),
+            q => q["method"].as_str().unwrap_or("yes").to_string(),
+        };
+        t.row(vec![
+            text(&v["version"]),
+            when(&v["created_at"]),
+            bytes(&v["artifact_size"]),
+            if v["manifest_digest"].is_string() {
+                "yes"
+            } else {
+                "no"
+            }
+            .into(),
+            text(&lineage["parent_version"]),
+            text(&lineage["trigger"]),
+            text(&lineage["training_job"]),
+            short_digest(&lineage["dataset_snapshot"]),
+            short_digest(&lineage["checkpoint_digest"]),
+            quantized,
+            metrics(&v["metrics"]),
+        ]);
+    }
+    t.render()
+}
+
+/// `accuracy=0.981,latency_ms=3.2`: four significant decimals are enough
+/// to compare versions by eye; `--json` has the exact numbers.
+fn metrics(m: &Value) -> String {
+    match m.as_object() {
+        Some(o) if !o.is_empty() => o
+            .iter()
+            .map(|(k, v)| match v.as_f64() {
+                Some(x) => format!("{k}={}", trim_float(x)),
+                None => format!("{k}={}", text(v)),
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        _ => "-".into(),
+    }
+}
+
+fn trim_float(x: f64) -> String {
+    let s = format!("{x:.4}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    s.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_show_their_lineage() {
+        let v = json!([{
+            "model": "digits", "version": "2.0.0", "artifact_size": 2048,
+            "manifest_digest": format!("sha256:{}", "1".repeat(64)),
+            "metrics": {"accuracy": 0.98126, "loss": 0.5},
+            "lineage": {"parent_version": "1.0.0", "trigger": "drift",
+                        "training_job": "mnist-0000abcd",
+                        "dataset_snapshot": format!("sha256:{}", "ab".repeat(32)),
+                        "quantization": {"method": "static_entropy", "evidence": {}}},
+            "created_at": "2026-01-02T03:04:05Z"
+        }, {
+            "model": "digits", "version": "1.0.0", "artifact_size": 10,
+            "metrics": {}, "lineage": {}, "created_at": "2026-01-01T00:00:00Z"
+        }]);
+        let t = versions_table(v.as_array().unwrap());
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3, "{t}");
+        for want in [
+            "2.0.0",
+            "2.0 KiB",
+            "yes",
+            "1.0.0",
+            "drift",
+            "mnist-0000abcd",
+            "abababababab",
+            "static_entropy",
+            "accuracy=0.9813,loss=0.5",
+        ] {
+            assert!(lines[1].contains(want), "{want}: {t}");
+        }
+        assert!(lines[2].starts_with("1.0.0"), "{t}");
+        assert!(lines[2].contains(" no "), "{t}");
+        assert_eq!(lines[0].find("TRIGGER"), lines[1].find("drift"), "{t}");
+    }
+}

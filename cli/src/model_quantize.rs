@@ -1,0 +1,193 @@
+//! `edgeloop model quantize` and `edgeloop model verify`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use edgeloop_models::dataset::Dataset;
+use edgeloop_models::fs::write_atomic;
+use edgeloop_models::manifest::{Lineage, PublicKey, SignedManifest};
+use edgeloop_models::onnx;
+use edgeloop_models::quantize::gate::{CalibrationMethodName, Candidate, GateOptions, GateOutcome};
+use edgeloop_models::runtime::OrtRuntime;
+
+use edgeloop_models::package::{load_or_create_key, package, public_key_path, Identity, Packaged};
+
+use super::model::{Method, QuantizeArgs};
+
+/// `~/.edgeloop/keys/manifest-signing.key` unless overridden.
+fn default_signing_key() -> PathBuf {
+    let home = std::env::var_os("EDGELOOP_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".edgeloop")
+        });
+    home.join("keys").join("manifest-signing.key")
+}
+
+fn candidates(method: Method) -> Vec<Candidate> {
+    match method {
+        Method::Auto => Candidate::default_order(),
+        Method::StaticEntropy => vec![Candidate::Static {
+            method: CalibrationMethodName::Entropy,
+        }],
+        Method::StaticPercentile => vec![Candidate::Static {
+            method: CalibrationMethodName::Percentile,
+        }],
+        Method::StaticMinmax => vec![Candidate::Static {
+            method: CalibrationMethodName::MinMax,
+        }],
+        Method::Dynamic => vec![Candidate::Dynamic],
+        Method::Fp16 => vec![Candidate::Fp16],
+    }
+}
+
+pub fn manifest_path(out: &Path) -> PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(".manifest.json");
+    PathBuf::from(name)
+}
+
+pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.budget >= 0.0 && args.budget.is_finite(),
+        "--budget must be a finite number >= 0"
+    );
+    let mut model =
+        onnx::read(&args.model).with_context(|| format!("reading {}", args.model.display()))?;
+    let dir = args
+        .model
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    onnx::validate(&model, Some(dir))
+        .with_context(|| format!("{} is not a valid model", args.model.display()))?;
+    onnx::internalize_external_data(&mut model, dir)?;
+    let inputs = onnx::inspect(&model).inputs;
+    let calibration = Dataset::read(&args.calibration, &inputs, false)?;
+    let eval = Dataset::read(&args.eval, &inputs, true)?;
+    let runtime = OrtRuntime::load(args.ort_library.as_deref())?;
+    let opts = GateOptions {
+        budget_points: args.budget,
+        percentile: args.percentile,
+        candidates: candidates(args.method),
+        ..GateOptions::default()
+    };
+    let name = match &args.name {
+        Some(n) => n.clone(),
+        None => args
+            .model
+            .file_stem()
+            .map(|s| {
+                s.to_string_lossy()
+                    .to_lowercase()
+                    .replace(['_', '.', ' '], "-")
+            })
+            .unwrap_or_else(|| "model".into()),
+    };
+    let key_path = args.signing_key.clone().unwrap_or_else(default_signing_key);
+    let key = load_or_create_key(&key_path)?;
+    let Packaged {
+        artifact: bytes,
+        manifest: signed,
+        outcome,
+    } = package(
+        &runtime,
+        &model,
+        &calibration,
+        &eval,
+        &opts,
+        Identity {
+            name,
+            version: args.version.clone(),
+            lineage: Lineage {
+                job: args.job.clone(),
+                checkpoint: args.checkpoint,
+                dataset: args.dataset,
+                parent_version: args.parent_version.clone(),
+            },
+        },
+        &key,
+    )?;
+    write_atomic(&args.out, &bytes, 0o644)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    let manifest_out = manifest_path(&args.out);
+    write_atomic(&manifest_out, signed.to_json_pretty()?.as_bytes(), 0o644)
+        .with_context(|| format!("writing {}", manifest_out.display()))?;
+
+    if args.json {
+        let mut v = serde_json::to_value(&outcome)?;
+        v["out"] = serde_json::Value::String(args.out.display().to_string());
+        v["manifest"] = serde_json::Value::String(manifest_out.display().to_string());
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", render_table(&outcome));
+        println!(
+            "wrote {} ({}) and {}",
+            args.out.display(),
+            outcome.chosen,
+            manifest_out.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn render_table(o: &GateOutcome) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<26} {:>9} {:>8} {:>9} {:>7} {:>11} {:>11}  verdict",
+        "candidate", "top-1 %", "drop", "agree %", "size", "latency ms", "quantize ms"
+    );
+    for m in std::iter::once(&o.float).chain(&o.candidates) {
+        let _ = writeln!(
+            s,
+            "{:<26} {:>9.2} {:>8.2} {:>9.2} {:>7.3} {:>11.3} {:>11.1}  {}{}",
+            m.name,
+            m.accuracy,
+            o.float.accuracy - m.accuracy,
+            m.agreement,
+            m.size_bytes as f64 / o.float.size_bytes.max(1) as f64,
+            m.latency_ms,
+            m.quantize_ms,
+            if m.name == o.chosen { "CHOSEN: " } else { "" },
+            m.verdict
+        );
+    }
+    let _ = writeln!(
+        s,
+        "size is relative to float ({} bytes); budget {:.2} points",
+        o.float.size_bytes, o.budget_points
+    );
+    let _ = writeln!(s, "{}", o.reason);
+    s
+}
+
+pub fn verify(
+    model: &Path,
+    manifest: &Path,
+    public_key: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let raw = std::fs::read(manifest).with_context(|| format!("reading {}", manifest.display()))?;
+    let signed = SignedManifest::from_json(&raw)
+        .with_context(|| format!("parsing {}", manifest.display()))?;
+    let key_path = public_key
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| public_key_path(&default_signing_key()));
+    let key = PublicKey::read_from(&key_path)
+        .with_context(|| format!("reading public key {}", key_path.display()))?;
+    match signed.verify_artifact(&[key], model) {
+        Ok(m) => {
+            println!(
+                "OK: {} {} ({} bytes, sha256 {}) signed by {}",
+                m.name, m.version, m.artifact.size, m.artifact.sha256, signed.key_id
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("FAILED: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

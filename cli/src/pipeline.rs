@@ -1,0 +1,476 @@
+//! `edgeloop pipeline list [--model M] | show <id> [--wait] | cancel <id>`:
+//! retraining pipelines through the console API, with every step's
+//! attempt, status, timing and output (`GET /api/v1/pipelines/{id}`).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use serde_json::{json, Value};
+
+use super::api::{block_on, client, segment, wait_for, CliError, Client, Reply, ServerArgs};
+use super::table::{clip, duration, fields, num, short_digest, text, unix_time, Table};
+use edgeloop_api::pipelines::Step;
+
+#[derive(Debug, Subcommand)]
+pub enum PipelineCommand {
+    /// Retraining pipelines, newest first.
+    List {
+        /// Only this model's pipelines.
+        #[arg(long)]
+        model: Option<String>,
+    },
+    /// One pipeline: each step's attempt, status, timing and output.
+    Show {
+        id: String,
+        /// Follow the pipeline until it ends; exit 0 only if it succeeded.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Cancel a running pipeline and what its step started (a training
+    /// job, a rollout).
+    Cancel { id: String },
+}
+
+/// The widest a step's outcome is shown in the table; longer ones are
+/// printed in full under it.
+const STATUS_WIDTH: usize = 40;
+
+pub fn run(
+    cmd: PipelineCommand,
+    server: &ServerArgs,
+    out: &mut dyn Write,
+) -> anyhow::Result<ExitCode> {
+    block_on(out, async {
+        let client = client(server)?;
+        let json = server.json;
+        match cmd {
+            PipelineCommand::List { model } => {
+                let all = client
+                    .get_query("/api/v1/pipelines", &[("model", model)])
+                    .await?;
+                Ok(Reply::show(&all, json, |all| {
+                    table(all.as_array().map_or(&[][..], |a| a), now())
+                }))
+            }
+            PipelineCommand::Show { id, wait: false } => {
+                let p = client
+                    .get(&format!("/api/v1/pipelines/{}", path(&id)?))
+                    .await?;
+                Ok(Reply::show(&p, json, render))
+            }
+            PipelineCommand::Show { id, wait: true } => follow(&client, &id, json).await,
+            PipelineCommand::Cancel { id } => {
+                let p = client
+                    .post(
+                        &format!("/api/v1/pipelines/{}/cancel", path(&id)?),
+                        &json!({}),
+                    )
+                    .await?;
+                Ok(Reply::show(&p, json, render))
+            }
+        }
+    })
+}
+
+fn path(id: &str) -> Result<&str, CliError> {
+    segment("pipeline id", id)
+}
+
+fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// Follows pipeline `id` on the shared spinner until it ends; exits 0 only
+/// if it succeeded, else 1 with the reason on stderr.
+pub async fn follow(client: &Client, id: &str, json: bool) -> Result<Reply, CliError> {
+    let p = wait_for(
+        client,
+        &format!("/api/v1/pipelines/{}", path(id)?),
+        json,
+        progress,
+        is_terminal,
+    )
+    .await?;
+    let mut reply = Reply::show(&p, json, render);
+    if p["status"] != "succeeded" {
+        eprintln!("error: pipeline {} {}", text(&p["id"]), progress(&p));
+        reply.code = ExitCode::FAILURE;
+    }
+    Ok(reply)
+}
+
+pub fn is_terminal(p: &Value) -> bool {
+    p["status"].as_str().is_some_and(|s| s != "running")
+}
+
+/// Where a step falls in the pipeline, e.g. `2/8` for `train`.
+fn position(step: &str) -> String {
+    let names: Vec<Value> = Step::ALL
+        .iter()
+        .filter_map(|s| serde_json::to_value(s).ok())
+        .collect();
+    match names.iter().position(|n| n == step) {
+        Some(i) => format!("{}/{}", i + 1, names.len()),
+        None => "?".into(),
+    }
+}
+
+/// `running: step 2/8 train, attempt 1` while it runs; `failed at train:
+/// <reason>` or `succeeded` once it ended (what the spinner shows).
+pub fn progress(p: &Value) -> String {
+    let status = p["status"].as_str().unwrap_or("?");
+    let step = p["step"].as_str().unwrap_or("?");
+    match status {
+        "running" => format!(
+            "running: step {} {step}, attempt {}",
+            position(step),
+            p["state"]["attempt"].as_u64().unwrap_or(1)
+        ),
+        "succeeded" => "succeeded".into(),
+        other => match p["reason"].as_str() {
+            Some(r) => format!("{other} at {step}: {r}"),
+            None => format!("{other} at {step}"),
+        },
+    }
+}
+
+fn history(p: &Value) -> &[Value] {
+    p["history"].as_array().map_or(&[][..], |h| h)
+}
+
+/// When the pipeline started, and how long it ran (so far).
+fn span(p: &Value, now: i64) -> (Value, Option<i64>) {
+    let h = history(p);
+    let Some(start) = h.first().and_then(|r| r["started_at"].as_i64()) else {
+        return (Value::Null, None);
+    };
+    let end = if is_terminal(p) {
+        h.iter().filter_map(|r| r["ended_at"].as_i64()).max()
+    } else {
+        Some(now)
+    };
+    (json!(start), end.map(|e| e - start))
+}
+
+/// A step's status: `running`, `succeeded`, or its outcome.
+fn step_status(r: &Value) -> String {
+    match r["outcome"].as_str() {
+        None if r["ended_at"].is_null() => "running".into(),
+        None => "-".into(),
+        Some(o) => clip(o, STATUS_WIDTH),
+    }
+}
+
+/// What a step handed on, in a line.
+pub fn output(o: &Value) -> String {
+    let Some(kind) = o["output"].as_str() else {
+        return text(o);
+    };
+    match kind {
+        "dataset" => format!(
+            "{} rows, {} to evaluate, {} from devices; snapshot {}",
+            text(&o["rows"]),
+            text(&o["eval_rows"]),
+            text(&o["edge_rows"]),
+            short_digest(&o["digest"])
+        ),
+        "job" => format!(
+            "job {}, checkpoint {}",
+            text(&o["id"]),
+            short_digest(&o["checkpoint"])
+        ),
+        "onnx" => format!("model {}", short_digest(&o["digest"])),
+        "quantized" => format!(
+            "version {}, {} {}",
+            text(&o["version"]),
+            text(&o["method"]),
+            short_digest(&o["digest"])
+        ),
+        "version" => format!("version {}", text(&o["version"])),
+        "comparison" => format!(
+            "accuracy {} % new vs {} % serving",
+            percent(&o["new"]),
+            percent(&o["serving"])
+        ),
+        "deployment" => format!("deployment {}", text(&o["id"])),
+        "reference" => "drift reference reset".into(),
+        _ => text(o),
+    }
+}
+
+fn percent(v: &Value) -> String {
+    num(&v.as_f64().map_or(Value::Null, |x| json!(x * 100.0)), 2)
+}
+
+pub fn render(p: &Value) -> String {
+    render_at(p, now())
+}
+
+/// One pipeline at time `now` (running steps' durations run to it).
+pub fn render_at(p: &Value, now: i64) -> String {
+    let status = match (p["status"].as_str(), p["step"].as_str()) {
+        (Some("running"), _) => progress(p),
+        (Some(s @ ("stopped" | "failed" | "cancelled")), Some(step)) => format!("{s} at {step}"),
+        (s, _) => s.unwrap_or("?").to_string(),
+    };
+    let (started, took) = span(p, now);
+    let mut pairs = vec![
+        ("id", text(&p["id"])),
+        ("model", text(&p["model"])),
+        ("status", status),
+    ];
+    if let Some(r) = p["reason"].as_str() {
+        pairs.push(("reason", r.to_string()));
+    }
+    pairs.push(("trigger", text(&p["trigger"])));
+    for c in p["coalesced"].as_array().into_iter().flatten() {
+        pairs.push((
+            "coalesced",
+            format!("{} ({})", text(&c["trigger"]), unix_time(&c["at"])),
+        ));
+    }
+    pairs.push(("started", unix_time(&started)));
+    pairs.push(("duration", took.map_or("-".into(), duration)));
+    let mut out = fields(&pairs);
+    let h = history(p);
+    if h.is_empty() {
+        return out;
+    }
+    out.push('\n');
+    let mut t = Table::new(&["STEP", "ATTEMPT", "STATUS", "STARTED", "DURATION", "OUTPUT"]);
+    let mut notes = vec![];
+    for r in h {
+        let took = match (r["started_at"].as_i64(), r["ended_at"].as_i64()) {
+            (Some(s), Some(e)) => duration(e - s),
+            (Some(s), None) => duration(now - s),
+            _ => "-".into(),
+        };
+        if let Some(o) = r["outcome"].as_str() {
+            // A long outcome the reason line does not already show.
+            let shown = p["reason"].as_str().is_some_and(|why| why.starts_with(o));
+            if o.chars().count() > STATUS_WIDTH && !shown {
+                notes.push(format!(
+                    "  {} attempt {}: {o}\n",
+                    text(&r["step"]),
+                    text(&r["attempt"])
+                ));
+            }
+        }
+        t.row(vec![
+            text(&r["step"]),
+            text(&r["attempt"]),
+            step_status(r),
+            unix_time(&r["started_at"]),
+            took,
+            if r["output"].is_null() {
+                "-".into()
+            } else {
+                output(&r["output"])
+            },
+        ]);
+    }
+    out.push_str(&t.render());
+    if !notes.is_empty() {
+        out.push_str("\noutcomes:\n");
+        out.extend(notes);
+    }
+    out
+}
+
+/// The human table for `list`.
+pub fn table(all: &[Value], now: i64) -> String {
+    let mut t = Table::new(&[
+        "ID", "MODEL", "STATUS", "STEP", "TRIGGER", "STARTED", "DURATION", "REASON",
+    ]);
+    for p in all {
+        let (started, took) = span(p, now);
+        t.row(vec![
+            text(&p["id"]),
+            text(&p["model"]),
+            text(&p["status"]),
+            text(&p["step"]),
+            clip(p["trigger"].as_str().unwrap_or(""), 30),
+            unix_time(&started),
+            took.map_or("-".into(), duration),
+            clip(p["reason"].as_str().unwrap_or(""), 50),
+        ]);
+    }
+    t.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: i64 = 1_796_083_200;
+
+    fn record(
+        step: &str,
+        attempt: u32,
+        start: i64,
+        end: Option<i64>,
+        outcome: Option<&str>,
+        output: Value,
+    ) -> Value {
+        json!({"step": step, "attempt": attempt, "started_at": start, "ended_at": end,
+               "outcome": outcome, "output": output})
+    }
+
+    /// What the API shows for a pipeline that failed at train on its
+    /// second attempt, with the first attempt's long outcome.
+    fn failed() -> Value {
+        let long = "the trainer bridge lost its lease while uploading the checkpoint";
+        json!({
+            "id": "p-00000007", "model": "rain", "status": "failed", "step": "train",
+            "reason": "training job p-00000007-train-2 failed: exit code 3",
+            "trigger": "manual: cli",
+            "state": {"state": "failed", "step": "train",
+                      "reason": "training job p-00000007-train-2 failed: exit code 3"},
+            "history": [
+                record("build_dataset", 1, T0, Some(T0 + 2), Some("succeeded"),
+                    json!({"output": "dataset", "digest": "ab".repeat(32), "rows": 90,
+                           "eval_rows": 10, "edge_rows": 40})),
+                record("train", 1, T0 + 2, Some(T0 + 65), Some(long), Value::Null),
+                record("train", 2, T0 + 65, Some(T0 + 3600), Some("training job p-00000007-train-2 failed: exit code 3"), Value::Null),
+            ],
+            "coalesced": [{"trigger": "drift", "at": T0 + 30}],
+            "max_attempts": 2, "step_timeout_seconds": 21600, "min_gain_points": 0.0
+        })
+    }
+
+    fn row<'a>(out: &'a str, first: &str, attempt: &str) -> &'a str {
+        out.lines()
+            .find(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                cells.first() == Some(&first) && cells.get(1) == Some(&attempt)
+            })
+            .unwrap_or_else(|| panic!("no row {first} {attempt} in:\n{out}"))
+    }
+
+    #[test]
+    fn show_has_a_row_per_step_attempt_and_the_reason() {
+        let out = render_at(&failed(), T0 + 10_000);
+        assert!(out.contains("status:     failed at train\n"), "{out}");
+        assert!(
+            out.contains("reason:     training job p-00000007-train-2 failed: exit code 3\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("coalesced:  drift (2026-12-01T00:00:30Z)\n"),
+            "{out}"
+        );
+        assert!(out.contains("started:    2026-12-01T00:00:00Z\n"), "{out}");
+        assert!(out.contains("duration:   1h00m\n"), "{out}");
+        let ds = row(&out, "build_dataset", "1");
+        for want in [
+            "succeeded",
+            "2026-12-01T00:00:00Z",
+            "2s",
+            "90 rows, 10 to evaluate, 40 from devices; snapshot abababababab",
+        ] {
+            assert!(ds.contains(want), "{want}: {out}");
+        }
+        let header = out.lines().find(|l| l.starts_with("STEP")).unwrap();
+        assert_eq!(header.find("STATUS"), ds.find("succeeded"), "{out}");
+        let first = row(&out, "train", "1");
+        assert!(
+            first.contains("the trainer bridge lost its lease while…"),
+            "{out}"
+        );
+        assert!(first.contains("1m03s"), "{out}");
+        assert!(row(&out, "train", "2").contains("58m55s"), "{out}");
+        // The clipped outcome in full, but not the one the reason shows.
+        assert!(
+            out.ends_with("outcomes:\n  train attempt 1: the trainer bridge lost its lease while uploading the checkpoint\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_running_pipeline_counts_up_to_now() {
+        let p = json!({
+            "id": "p-1", "model": "rain", "status": "running", "step": "compare",
+            "reason": null, "trigger": "drift",
+            "state": {"state": "running", "step": "compare", "attempt": 1, "started_at": T0 + 5},
+            "history": [
+                record("register", 1, T0, Some(T0 + 5), Some("succeeded"),
+                    json!({"output": "version", "version": "3"})),
+                record("compare", 1, T0 + 5, None, None, Value::Null),
+            ],
+            "coalesced": []
+        });
+        assert_eq!(progress(&p), "running: step 6/8 compare, attempt 1");
+        assert!(!is_terminal(&p));
+        let out = render_at(&p, T0 + 65);
+        // No `coalesced:` line, so the keys are one column narrower.
+        assert!(
+            out.contains("status:    running: step 6/8 compare, attempt 1\n"),
+            "{out}"
+        );
+        assert!(out.contains("duration:  1m05s\n"), "{out}");
+        assert!(!out.contains("reason:"), "{out}");
+        let r = row(&out, "compare", "1");
+        assert!(r.contains("running") && r.contains("1m00s"), "{out}");
+        assert!(row(&out, "register", "1").ends_with("version 3"), "{out}");
+        let t = table(&[p, failed()], T0 + 65);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3, "{t}");
+        assert_eq!(lines[0].find("STATUS"), lines[1].find("running"), "{t}");
+        assert!(
+            lines[2].contains("failed") && lines[2].contains("1h00m"),
+            "{t}"
+        );
+        assert!(
+            lines[2].contains("training job p-00000007-train-2 failed"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn outputs_read_as_a_line() {
+        let d = format!("sha256:{}", "cd".repeat(32));
+        let cases = [
+            (
+                json!({"output": "job", "id": "p-1-train-1", "checkpoint": d}),
+                "job p-1-train-1, checkpoint cdcdcdcdcdcd",
+            ),
+            (json!({"output": "onnx", "digest": d}), "model cdcdcdcdcdcd"),
+            (
+                json!({"output": "quantized", "digest": d, "method": "static_entropy",
+                    "manifest": d, "version": "4"}),
+                "version 4, static_entropy cdcdcdcdcdcd",
+            ),
+            (
+                json!({"output": "comparison", "new": 0.912, "serving": 0.8805}),
+                "accuracy 91.20 % new vs 88.05 % serving",
+            ),
+            (
+                json!({"output": "deployment", "id": "d-00000003"}),
+                "deployment d-00000003",
+            ),
+            (json!({"output": "reference"}), "drift reference reset"),
+        ];
+        for (o, want) in cases {
+            assert_eq!(output(&o), want, "{o}");
+        }
+    }
+
+    #[test]
+    fn end_states_and_their_progress_line() {
+        for (status, reason, line) in [
+            ("succeeded", None, "succeeded"),
+            (
+                "stopped",
+                Some("not better"),
+                "stopped at compare: not better",
+            ),
+            ("failed", Some("boom"), "failed at compare: boom"),
+            ("cancelled", None, "cancelled at compare"),
+        ] {
+            let p = json!({"status": status, "step": "compare", "reason": reason});
+            assert!(is_terminal(&p), "{status}");
+            assert_eq!(progress(&p), line);
+        }
+    }
+}

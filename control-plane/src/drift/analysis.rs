@@ -1,0 +1,495 @@
+//! Drift series: the agents' sketches of one model version, summed per
+//! time window (and per device group), compared with the manifest's
+//! reference statistics, with the hysteresis state after each window. A
+//! pure function of its inputs; the handler reads the store.
+
+use std::collections::BTreeMap;
+
+use edgeloop_models::manifest::ReferenceStats;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::hysteresis::{self, DriftState, Hysteresis};
+use super::stats;
+use crate::drift::records::SketchRecord;
+
+/// Thresholds; every one is configurable per request (and, with the
+/// triggers, per model). Defaults follow the usual rules of thumb.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DriftConfig {
+    pub window_seconds: i64,
+    /// PSI at which a feature is worth watching (0.1) and acting on (0.2).
+    pub psi_watch: f64,
+    pub psi_act: f64,
+    /// Jensen–Shannon distance of the predicted classes that counts as drift.
+    pub js_act: f64,
+    /// KS p-value under which a feature's shift is significant.
+    pub ks_alpha: f64,
+    /// Windows with fewer requests are reported but not judged.
+    pub min_requests: u64,
+    pub set_after: u32,
+    pub clear_after: u32,
+}
+
+impl Default for DriftConfig {
+    fn default() -> Self {
+        DriftConfig {
+            window_seconds: 3600,
+            psi_watch: 0.1,
+            psi_act: 0.2,
+            js_act: 0.1,
+            ks_alpha: 0.01,
+            min_requests: 100,
+            set_after: 3,
+            clear_after: 3,
+        }
+    }
+}
+
+/// Checks thresholds; errors name the field, after `prefix`.
+pub fn validate(c: &DriftConfig, prefix: &str) -> Result<(), crate::error::Error> {
+    use crate::error::Error;
+    let field = |f: &str| format!("{prefix}{f}");
+    // Down to a second: a replay (the demo) compresses days into seconds.
+    if !(1..=30 * 86_400).contains(&c.window_seconds) {
+        return Err(Error::bad_field(
+            field("window_seconds"),
+            "must be 1 to 2592000",
+        ));
+    }
+    for (f, v) in [
+        ("psi_watch", c.psi_watch),
+        ("psi_act", c.psi_act),
+        ("js_act", c.js_act),
+        ("ks_alpha", c.ks_alpha),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(Error::bad_field(field(f), "must be a positive number"));
+        }
+    }
+    if c.psi_watch > c.psi_act {
+        return Err(Error::bad_field(
+            field("psi_watch"),
+            "must not exceed psi_act",
+        ));
+    }
+    if c.set_after == 0 || c.clear_after == 0 {
+        return Err(Error::bad_field(
+            field("set_after"),
+            "windows must be at least 1",
+        ));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FeatureDrift {
+    pub name: String,
+    pub psi: Option<f64>,
+    pub ks_statistic: Option<f64>,
+    pub ks_p_value: Option<f64>,
+    /// `stable`, `watch` or `act` by PSI.
+    pub level: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WindowDrift {
+    /// Unix seconds at the window's start.
+    pub start: i64,
+    pub requests: u64,
+    pub devices: usize,
+    pub features: Vec<FeatureDrift>,
+    pub prediction_js: Option<f64>,
+    /// Share of requests in the lowest confidence bins (top-class
+    /// probability under 0.5).
+    pub low_confidence_share: Option<f64>,
+    /// Largest PSI over features: the window's severity.
+    pub severity: f64,
+    /// Whether this window alone is over a threshold; `None` when it had
+    /// too few requests to judge.
+    pub over: Option<bool>,
+    /// The hysteresis state after this window.
+    pub drifting: bool,
+    /// Feedback labels for predictions made in this window, and the share
+    /// the model got right (see [`add_accuracy`]).
+    #[serde(default)]
+    pub labelled: u64,
+    #[serde(default)]
+    pub accuracy: Option<f64>,
+}
+
+/// One prediction that got a label.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabelledRow {
+    pub device: String,
+    /// Unix seconds of the prediction.
+    pub at: i64,
+    pub correct: bool,
+}
+
+/// Annotates each window of `series` with the accuracy of the labelled
+/// predictions that fall in it (same windows and groups as the sketches).
+pub fn add_accuracy(
+    series: &mut [DriftSeries],
+    rows: &[LabelledRow],
+    group_of: &dyn Fn(&str) -> Option<String>,
+    window_seconds: i64,
+) {
+    let window = window_seconds.max(1);
+    let mut counts: BTreeMap<(String, i64), (u64, u64)> = BTreeMap::new();
+    for r in rows {
+        let group = group_of(&r.device).unwrap_or_else(|| "all".into());
+        let c = counts
+            .entry((group, r.at - r.at.rem_euclid(window)))
+            .or_default();
+        c.0 += u64::from(r.correct);
+        c.1 += 1;
+    }
+    for s in series.iter_mut() {
+        for w in s.windows.iter_mut() {
+            if let Some(&(hits, n)) = counts.get(&(s.group.clone(), w.start)) {
+                w.labelled = n;
+                w.accuracy = Some(hits as f64 / n as f64);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DriftSeries {
+    /// `all`, or the value of the grouping label.
+    pub group: String,
+    pub windows: Vec<WindowDrift>,
+}
+
+#[derive(Default)]
+struct Sum {
+    requests: u64,
+    devices: std::collections::BTreeSet<String>,
+    features: BTreeMap<String, Vec<u64>>,
+    classes: BTreeMap<i64, u64>,
+    confidence: Vec<u64>,
+}
+
+/// One series per group (`group_of` maps a device to its group; `None`
+/// puts every device in `all`), windows in time order.
+pub fn analyze(
+    reference: &ReferenceStats,
+    sketches: &[SketchRecord],
+    group_of: &dyn Fn(&str) -> Option<String>,
+    config: &DriftConfig,
+) -> Vec<DriftSeries> {
+    let window = config.window_seconds.max(1);
+    let mut sums: BTreeMap<String, BTreeMap<i64, Sum>> = BTreeMap::new();
+    for s in sketches {
+        let Some(end) = s.window_end.or(s.window_start) else {
+            continue;
+        };
+        let t = end.unix_timestamp();
+        let start = t - t.rem_euclid(window);
+        let group = group_of(&s.device).unwrap_or_else(|| "all".into());
+        let sum = sums.entry(group).or_default().entry(start).or_default();
+        sum.requests += s.requests;
+        sum.devices.insert(s.device.clone());
+        for f in &s.features {
+            let folded = f.folded_counts();
+            let acc = sum
+                .features
+                .entry(f.name.clone())
+                .or_insert_with(|| vec![0; folded.len()]);
+            // A sketch binned differently from the others is skipped.
+            if acc.len() == folded.len() {
+                for (a, c) in acc.iter_mut().zip(folded) {
+                    *a += c;
+                }
+            }
+        }
+        for c in &s.classes {
+            *sum.classes.entry(c.class).or_default() += c.count;
+        }
+        if sum.confidence.len() < s.confidence_counts.len() {
+            sum.confidence.resize(s.confidence_counts.len(), 0);
+        }
+        for (a, c) in sum.confidence.iter_mut().zip(&s.confidence_counts) {
+            *a += c;
+        }
+    }
+    let h = Hysteresis {
+        set_after: config.set_after,
+        clear_after: config.clear_after,
+    };
+    sums.into_iter()
+        .map(|(group, windows)| {
+            let mut state = DriftState::default();
+            let windows = windows
+                .into_iter()
+                .map(|(start, sum)| {
+                    let w = judge(reference, start, &sum, config);
+                    state = hysteresis::next(h, state, w.over);
+                    WindowDrift {
+                        drifting: state.drifting,
+                        ..w
+                    }
+                })
+                .collect();
+            DriftSeries { group, windows }
+        })
+        .collect()
+}
+
+fn judge(reference: &ReferenceStats, start: i64, sum: &Sum, config: &DriftConfig) -> WindowDrift {
+    let features: Vec<FeatureDrift> = reference
+        .inputs
+        .iter()
+        .map(|r| {
+            let live = sum.features.get(&r.name);
+            let as_f = |c: &[u64]| c.iter().map(|&v| v as f64).collect::<Vec<_>>();
+            let psi = live.and_then(|l| stats::psi(&as_f(&r.counts), &as_f(l)).ok());
+            let ks = live.and_then(|l| stats::ks_test(&r.counts, l).ok());
+            let level = match psi {
+                Some(p) if p >= config.psi_act => "act",
+                Some(p) if p >= config.psi_watch => "watch",
+                Some(_) => "stable",
+                None => "unknown",
+            };
+            FeatureDrift {
+                name: r.name.clone(),
+                psi,
+                ks_statistic: ks.map(|k| k.statistic),
+                ks_p_value: ks.map(|k| k.p_value),
+                level: level.into(),
+            }
+        })
+        .collect();
+    let prediction_js = if reference.prediction_distribution.is_empty() || sum.classes.is_empty() {
+        None
+    } else {
+        let mut classes: Vec<i64> = reference
+            .prediction_distribution
+            .iter()
+            .map(|c| c.class)
+            .chain(sum.classes.keys().copied())
+            .collect();
+        classes.sort_unstable();
+        classes.dedup();
+        let r: Vec<f64> = classes
+            .iter()
+            .map(|c| {
+                reference
+                    .prediction_distribution
+                    .iter()
+                    .find(|s| s.class == *c)
+                    .map_or(0.0, |s| s.share)
+            })
+            .collect();
+        let w: Vec<f64> = classes
+            .iter()
+            .map(|c| sum.classes.get(c).copied().unwrap_or(0) as f64)
+            .collect();
+        stats::js_distance(&r, &w).ok()
+    };
+    let total_confidence: u64 = sum.confidence.iter().sum();
+    let low_confidence_share = (total_confidence > 0).then(|| {
+        let half = sum.confidence.len() / 2;
+        sum.confidence[..half].iter().sum::<u64>() as f64 / total_confidence as f64
+    });
+    let severity = features.iter().filter_map(|f| f.psi).fold(0.0f64, f64::max);
+    let over = (sum.requests >= config.min_requests)
+        .then(|| severity >= config.psi_act || prediction_js.is_some_and(|j| j >= config.js_act));
+    WindowDrift {
+        start,
+        requests: sum.requests,
+        devices: sum.devices.len(),
+        features,
+        prediction_js,
+        low_confidence_share,
+        severity,
+        over,
+        drifting: false,
+        labelled: 0,
+        accuracy: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use edgeloop_models::manifest::{ClassShare, InputHistogram};
+    use time::OffsetDateTime;
+
+    use super::*;
+    use crate::drift::records::{ClassCountRecord, FeatureHistogramRecord};
+
+    fn reference() -> ReferenceStats {
+        ReferenceStats {
+            inputs: vec![InputHistogram {
+                name: "temp".into(),
+                bin_edges: vec![0.0, 10.0, 20.0, 30.0],
+                counts: vec![300, 400, 300],
+            }],
+            prediction_distribution: vec![
+                ClassShare {
+                    class: 0,
+                    share: 0.7,
+                },
+                ClassShare {
+                    class: 1,
+                    share: 0.3,
+                },
+            ],
+            sample_count: 1000,
+        }
+    }
+
+    fn sketch(device: &str, t: i64, counts: [u64; 3], classes: [u64; 2]) -> SketchRecord {
+        SketchRecord {
+            device: device.into(),
+            sequence: 1,
+            model_name: "m".into(),
+            model_version: "1".into(),
+            window_start: None,
+            window_end: Some(OffsetDateTime::from_unix_timestamp(t).unwrap()),
+            requests: counts.iter().sum(),
+            errors: 0,
+            latency_p50_ms: 1.0,
+            latency_p99_ms: 2.0,
+            features: vec![FeatureHistogramRecord {
+                name: "temp".into(),
+                bin_edges: vec![0.0, 10.0, 20.0, 30.0],
+                counts: counts.to_vec(),
+                underflow: 0,
+                overflow: 0,
+                non_finite: 0,
+            }],
+            classes: vec![
+                ClassCountRecord {
+                    class: 0,
+                    count: classes[0],
+                },
+                ClassCountRecord {
+                    class: 1,
+                    count: classes[1],
+                },
+            ],
+            confidence_counts: vec![0, 0, 0, 0, 0, 10, 10, 10, 10, 10],
+            low_confidence: 0,
+        }
+    }
+
+    #[test]
+    fn windows_and_groups_sum_then_drift_sets_after_three_windows() {
+        let config = DriftConfig {
+            window_seconds: 100,
+            min_requests: 50,
+            ..DriftConfig::default()
+        };
+        let mut sketches = Vec::new();
+        // Windows 0..2 look like the reference; 3..6 are hot; two devices
+        // per window, in two groups.
+        for w in 0..7i64 {
+            let hot = w >= 3;
+            let counts = if hot { [30, 100, 370] } else { [150, 200, 150] };
+            let classes = if hot { [100, 400] } else { [350, 150] };
+            for d in ["a1", "b1"] {
+                sketches.push(sketch(d, w * 100 + 50, counts, classes));
+            }
+        }
+        let by_site = |d: &str| Some(d[..1].to_string());
+        let series = analyze(&reference(), &sketches, &by_site, &config);
+        assert_eq!(series.len(), 2);
+        for s in &series {
+            let flags: Vec<bool> = s.windows.iter().map(|w| w.drifting).collect();
+            assert_eq!(
+                flags,
+                [false, false, false, false, false, true, true],
+                "{}",
+                s.group
+            );
+            let first = &s.windows[0];
+            assert_eq!((first.requests, first.devices), (500, 1));
+            assert!(first.features[0].psi.unwrap() < 0.01);
+            assert_eq!(first.features[0].level, "stable");
+            let hot = &s.windows[3];
+            assert!(hot.features[0].psi.unwrap() > 0.2, "{hot:?}");
+            assert_eq!(hot.features[0].level, "act");
+            assert!(hot.features[0].ks_p_value.unwrap() < 1e-6);
+            assert!(hot.prediction_js.unwrap() > 0.1);
+            assert_eq!(hot.low_confidence_share, Some(0.0));
+        }
+        // Without groups, both devices sum into one series.
+        let all = analyze(&reference(), &sketches, &|_| None, &config);
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].group, "all");
+        assert_eq!(all[0].windows[0].devices, 2);
+        assert_eq!(all[0].windows[0].requests, 1000);
+    }
+
+    #[test]
+    fn thin_windows_are_reported_but_not_judged() {
+        let config = DriftConfig {
+            window_seconds: 100,
+            min_requests: 1000,
+            set_after: 1,
+            ..DriftConfig::default()
+        };
+        let sketches = vec![sketch("a", 50, [0, 0, 500], [0, 500])];
+        let series = analyze(&reference(), &sketches, &|_| None, &config);
+        let w = &series[0].windows[0];
+        assert_eq!(w.over, None);
+        assert!(!w.drifting);
+        assert!(w.severity > 1.0, "measured anyway: {w:?}");
+    }
+
+    #[test]
+    fn labelled_predictions_give_each_window_its_accuracy() {
+        let mk = |start: i64| WindowDrift {
+            start,
+            requests: 10,
+            devices: 1,
+            features: vec![],
+            prediction_js: None,
+            low_confidence_share: None,
+            severity: 0.0,
+            over: Some(false),
+            drifting: false,
+            labelled: 0,
+            accuracy: None,
+        };
+        let mut series = vec![
+            DriftSeries {
+                group: "berlin".into(),
+                windows: vec![mk(0), mk(60)],
+            },
+            DriftSeries {
+                group: "oslo".into(),
+                windows: vec![mk(0)],
+            },
+        ];
+        let row = |device: &str, at: i64, correct: bool| LabelledRow {
+            device: device.into(),
+            at,
+            correct,
+        };
+        let rows = [
+            row("b1", 5, true),
+            row("b1", 59, false),
+            row("b2", 61, true),
+            row("o1", 10, false),
+            row("o1", 200, true), // no sketch window there
+        ];
+        let group_of =
+            |d: &str| Some(if d.starts_with('b') { "berlin" } else { "oslo" }.to_string());
+        add_accuracy(&mut series, &rows, &group_of, 60);
+        assert_eq!(
+            (series[0].windows[0].labelled, series[0].windows[0].accuracy),
+            (2, Some(0.5))
+        );
+        assert_eq!(
+            (series[0].windows[1].labelled, series[0].windows[1].accuracy),
+            (1, Some(1.0))
+        );
+        assert_eq!(
+            (series[1].windows[0].labelled, series[1].windows[0].accuracy),
+            (1, Some(0.0))
+        );
+    }
+}

@@ -1,0 +1,12 @@
+//! Drift, in one place: what devices send for it (`records`: sketches and
+//! samples, checked off the wire), and the analysis (issue #7): how far a
+//! window of agent sketches is from the manifest's reference statistics,
+//! and when that counts as drift.
+//! The pure parts come first: `stats` (PSI, Jensen–Shannon distance, the
+//! two-sample KS test on binned counts) and `hysteresis` (set after N
+//! windows, clear after M).
+
+pub mod analysis;
+pub mod hysteresis;
+pub mod records;
+pub mod stats;

@@ -1,0 +1,528 @@
+//! Training jobs: queued by ML teams through the console API, leased by
+//! trainer bridges over gRPC (a pull model, so clusters behind NAT work),
+//! reported on while they run, and cancelled on request.
+//!
+//! The decisions (which job a bridge gets, what a progress report does to a
+//! job, when a lease has lapsed) are pure functions of `(job, now)`; the
+//! functions that touch the store are thin.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use time::{Duration, OffsetDateTime};
+use utoipa::ToSchema;
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// The lease the table tests use. The running value comes from the config
+/// (`job_lease_secs`, 5 minutes by default): generous, because a bridge that
+/// restarts re-adopts its jobs within this window.
+#[cfg(test)]
+const LEASE_TTL: Duration = Duration::minutes(5);
+/// Progress events kept per job (the newest).
+pub const HISTORY_LIMIT: usize = 200;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Leased,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ProgressEvent {
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+    pub attempt: u32,
+    pub state: JobState,
+    pub step: u64,
+    pub metrics: BTreeMap<String, f64>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobRecord {
+    pub id: String,
+    /// The engine-neutral job spec (trainer-bridge's `JobSpec`), as submitted.
+    #[schema(value_type = Object)]
+    pub spec: serde_json::Value,
+    /// Only this cluster may lease the job, when set.
+    pub cluster: Option<String>,
+    pub state: JobState,
+    /// The cluster holding the lease, and until when.
+    pub leased_by: Option<String>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub lease_expires_at: Option<OffsetDateTime>,
+    pub attempt: u32,
+    pub step: u64,
+    pub engine_job_id: Option<String>,
+    pub exit_code: Option<i32>,
+    pub cancel_requested: bool,
+    pub last_message: String,
+    pub history: Vec<ProgressEvent>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+/// Whether the lease on `job` has lapsed at `now` (its bridge went away).
+pub fn lease_lapsed(job: &JobRecord, now: OffsetDateTime) -> bool {
+    matches!(job.state, JobState::Leased | JobState::Running)
+        && job.lease_expires_at.is_some_and(|t| now >= t)
+}
+
+/// Whether `cluster`, which is running `running` right now, may take `job`:
+/// queued (or its lease lapsed), or leased to this very cluster but not among
+/// what it runs (its bridge restarted and lost track); never a cancelled
+/// one; and only if untargeted or targeted at this cluster.
+pub fn leasable_by(
+    job: &JobRecord,
+    cluster: &str,
+    running: &[String],
+    now: OffsetDateTime,
+) -> bool {
+    let free = job.state == JobState::Queued || lease_lapsed(job, now);
+    let orphaned = matches!(job.state, JobState::Leased | JobState::Running)
+        && job.leased_by.as_deref() == Some(cluster)
+        && !running.contains(&job.id);
+    (free || orphaned)
+        && !job.cancel_requested
+        && job.cluster.as_deref().is_none_or(|c| c == cluster)
+}
+
+/// The job a cluster gets: its own lapsed or running jobs first (re-adoption
+/// after a bridge restart), then the oldest leasable one.
+pub fn pick<'a>(
+    jobs: &'a [JobRecord],
+    cluster: &str,
+    running: &[String],
+    now: OffsetDateTime,
+) -> Option<&'a JobRecord> {
+    jobs.iter()
+        .filter(|j| leasable_by(j, cluster, running, now))
+        .min_by(|a, b| {
+            let mine = |j: &JobRecord| j.leased_by.as_deref() != Some(cluster);
+            mine(a)
+                .cmp(&mine(b))
+                .then(a.created_at.cmp(&b.created_at))
+                .then(a.id.cmp(&b.id))
+        })
+}
+
+/// A progress report from a bridge, already parsed from the wire.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub attempt: u32,
+    pub state: JobState,
+    pub step: u64,
+    pub metrics: BTreeMap<String, f64>,
+    pub message: String,
+    pub engine_job_id: Option<String>,
+    pub exit_code: Option<i32>,
+}
+
+/// Applies a progress report from `cluster`. Refuses reports from a cluster
+/// that does not hold the lease, from an older attempt, or for a job that
+/// has already ended; extends the lease otherwise.
+pub fn apply_report(
+    job: &JobRecord,
+    cluster: &str,
+    report: &Report,
+    now: OffsetDateTime,
+    lease: Duration,
+) -> Result<JobRecord> {
+    if job.leased_by.as_deref() != Some(cluster) {
+        return Err(Error::PermissionDenied(format!(
+            "job {:?} is not leased by cluster/{cluster}",
+            job.id
+        )));
+    }
+    if job.state.is_terminal() {
+        return Err(Error::Conflict(format!(
+            "job {:?} already ended ({:?})",
+            job.id, job.state
+        )));
+    }
+    if report.attempt < job.attempt {
+        return Err(Error::Conflict(format!(
+            "attempt {} is stale; the job is on attempt {}",
+            report.attempt, job.attempt
+        )));
+    }
+    if matches!(report.state, JobState::Queued | JobState::Leased) {
+        return Err(Error::bad_field(
+            "state",
+            "a bridge reports running, succeeded, failed or cancelled",
+        ));
+    }
+    if let Some((k, _)) = report.metrics.iter().find(|(_, v)| !v.is_finite()) {
+        return Err(Error::bad_field(
+            format!("metrics.{k}"),
+            "must be a finite number",
+        ));
+    }
+    let mut next = job.clone();
+    next.state = report.state;
+    next.attempt = report.attempt;
+    next.step = report.step.max(if report.attempt == job.attempt {
+        job.step
+    } else {
+        0
+    });
+    if report.engine_job_id.is_some() {
+        next.engine_job_id = report.engine_job_id.clone();
+    }
+    next.exit_code = report.exit_code.or(job.exit_code);
+    next.last_message = report.message.chars().take(4096).collect();
+    next.lease_expires_at = if report.state.is_terminal() {
+        None
+    } else {
+        Some(now + lease)
+    };
+    next.updated_at = now;
+    next.history.push(ProgressEvent {
+        at: now,
+        attempt: report.attempt,
+        state: report.state,
+        step: report.step,
+        metrics: report.metrics.clone(),
+        message: next.last_message.clone(),
+    });
+    if next.history.len() > HISTORY_LIMIT {
+        let excess = next.history.len() - HISTORY_LIMIT;
+        next.history.drain(..excess);
+    }
+    Ok(next)
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateJob {
+    /// The job spec (see trainer-bridge's JobSpec).
+    #[schema(value_type = Object)]
+    pub spec: serde_json::Value,
+    /// Run only on this cluster.
+    #[serde(default)]
+    pub cluster: Option<String>,
+}
+
+/// Validates a job spec; the rules live with the spec, in trainer-bridge.
+pub fn validate_spec(spec: &serde_json::Value) -> Result<String> {
+    let bytes = serde_json::to_vec(spec).map_err(|e| Error::bad_field("spec", e.to_string()))?;
+    let parsed = edgeloop_api::spec::JobSpec::from_json(&bytes).map_err(|e| match e.field() {
+        Some(f) => Error::bad_field(format!("spec.{f}"), e.to_string()),
+        None => Error::bad_field("spec", e.to_string()),
+    })?;
+    Ok(parsed.name.clone())
+}
+
+pub async fn create(store: &Store, req: CreateJob, now: OffsetDateTime) -> Result<JobRecord> {
+    let name = validate_spec(&req.spec)?;
+    let id = format!("{name}-{:08x}", rand::random::<u32>());
+    match create_with_id(store, &id, req, now).await? {
+        (job, true) => Ok(job),
+        (_, false) => Err(Error::Conflict(format!("job id {id:?} collided; retry"))),
+    }
+}
+
+/// Creates job `id` unless it exists; returns the job and whether this call
+/// created it (an idempotent create, for callers that retry after a crash).
+pub async fn create_with_id(
+    store: &Store,
+    id: &str,
+    req: CreateJob,
+    now: OffsetDateTime,
+) -> Result<(JobRecord, bool)> {
+    validate_spec(&req.spec)?;
+    if let Some(c) = &req.cluster {
+        crate::validate::name("cluster", c)?;
+    }
+    let id = id.to_string();
+    let job = JobRecord {
+        id: id.clone(),
+        spec: req.spec,
+        cluster: req.cluster,
+        state: JobState::Queued,
+        leased_by: None,
+        lease_expires_at: None,
+        attempt: 0,
+        step: 0,
+        engine_job_id: None,
+        exit_code: None,
+        cancel_requested: false,
+        last_message: String::new(),
+        history: vec![],
+        created_at: now,
+        updated_at: now,
+    };
+    if !store.jobs.insert_new(&id, &job)? {
+        return Ok((get(store, &id)?, false));
+    }
+    store.flush().await?;
+    Ok((job, true))
+}
+
+pub fn get(store: &Store, id: &str) -> Result<JobRecord> {
+    store
+        .jobs
+        .get(id)?
+        .ok_or_else(|| Error::not_found("job", id))
+}
+
+/// Leases the next job for `cluster`, if any, atomically.
+pub async fn lease(
+    store: &Store,
+    cluster: &str,
+    running: &[String],
+    now: OffsetDateTime,
+    lease: Duration,
+) -> Result<Option<JobRecord>> {
+    loop {
+        let jobs = store.jobs.values()?;
+        let Some(candidate) = pick(&jobs, cluster, running, now) else {
+            return Ok(None);
+        };
+        let id = candidate.id.clone();
+        let taken = store.jobs.update(&id, |cur| match cur {
+            Some(j) if leasable_by(&j, cluster, running, now) => {
+                // Re-adoption by the same cluster keeps the attempt (the engine may
+                // still be running it); anything else starts a new one.
+                let readopt = j.leased_by.as_deref() == Some(cluster)
+                    && matches!(j.state, JobState::Running | JobState::Leased)
+                    && j.engine_job_id.is_some();
+                Ok(JobRecord {
+                    state: if readopt {
+                        JobState::Running
+                    } else {
+                        JobState::Leased
+                    },
+                    leased_by: Some(cluster.to_string()),
+                    lease_expires_at: Some(now + lease),
+                    attempt: if readopt { j.attempt } else { j.attempt + 1 },
+                    updated_at: now,
+                    ..j
+                })
+            }
+            _ => Err(()),
+        })?;
+        // Lost a race to another bridge: look again.
+        if let Ok(job) = taken {
+            store.flush().await?;
+            return Ok(Some(job));
+        }
+    }
+}
+
+pub async fn report(
+    store: &Store,
+    id: &str,
+    cluster: &str,
+    report: &Report,
+    now: OffsetDateTime,
+    lease: Duration,
+) -> Result<JobRecord> {
+    let job = store.jobs.update(id, |cur| match cur {
+        Some(j) => apply_report(&j, cluster, report, now, lease),
+        None => Err(Error::not_found("job", id)),
+    })??;
+    store.flush().await?;
+    Ok(job)
+}
+
+/// Requests cancellation. A queued job ends at once; a leased or running one
+/// is stopped by its bridge, which then reports `cancelled`.
+pub async fn cancel(store: &Store, id: &str, now: OffsetDateTime) -> Result<JobRecord> {
+    let job = store.jobs.update(id, |cur| match cur {
+        Some(j) if j.state.is_terminal() => Ok(j),
+        Some(j) if j.state == JobState::Queued => Ok(JobRecord {
+            state: JobState::Cancelled,
+            cancel_requested: true,
+            updated_at: now,
+            ..j
+        }),
+        Some(j) => Ok(JobRecord {
+            cancel_requested: true,
+            updated_at: now,
+            ..j
+        }),
+        None => Err(Error::not_found("job", id)),
+    })??;
+    store.flush().await?;
+    Ok(job)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> OffsetDateTime {
+        OffsetDateTime::UNIX_EPOCH + Duration::seconds(s)
+    }
+
+    fn job(id: &str, created: i64) -> JobRecord {
+        JobRecord {
+            id: id.into(),
+            spec: serde_json::json!({}),
+            cluster: None,
+            state: JobState::Queued,
+            leased_by: None,
+            lease_expires_at: None,
+            attempt: 0,
+            step: 0,
+            engine_job_id: None,
+            exit_code: None,
+            cancel_requested: false,
+            last_message: String::new(),
+            history: vec![],
+            created_at: at(created),
+            updated_at: at(created),
+        }
+    }
+
+    #[test]
+    fn pick_prefers_own_jobs_then_oldest_and_respects_targets() {
+        let now = at(1000);
+        let a = job("a", 10);
+        let b = JobRecord {
+            cluster: Some("other".into()),
+            ..job("b", 5)
+        };
+        let c = JobRecord {
+            cancel_requested: true,
+            ..job("c", 1)
+        };
+        let jobs = vec![a.clone(), b.clone(), c];
+        assert_eq!(
+            pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()),
+            Some("a")
+        );
+        assert_eq!(
+            pick(&jobs, "other", &[], now).map(|j| j.id.as_str()),
+            Some("b")
+        );
+        // A lapsed running job of mine comes first (re-adoption).
+        let mine = JobRecord {
+            state: JobState::Running,
+            leased_by: Some("gpu".into()),
+            lease_expires_at: Some(at(999)),
+            ..job("m", 50)
+        };
+        let theirs_live = JobRecord {
+            state: JobState::Running,
+            leased_by: Some("x".into()),
+            lease_expires_at: Some(at(2000)),
+            ..job("t", 0)
+        };
+        let jobs = vec![a.clone(), mine, theirs_live.clone()];
+        assert_eq!(
+            pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()),
+            Some("m")
+        );
+        // A live lease of mine that my bridge says it is not running is
+        // orphaned (the bridge restarted): handed back.
+        let live_mine = JobRecord {
+            state: JobState::Running,
+            leased_by: Some("gpu".into()),
+            lease_expires_at: Some(at(2000)),
+            ..job("live", 60)
+        };
+        let jobs = vec![a, live_mine, theirs_live];
+        assert_eq!(
+            pick(&jobs, "gpu", &[], now).map(|j| j.id.as_str()),
+            Some("live")
+        );
+        // ...but not while my bridge still runs it.
+        assert_eq!(
+            pick(&jobs, "gpu", &["live".to_string()], now).map(|j| j.id.as_str()),
+            Some("a")
+        );
+        // Another cluster's live lease is never taken.
+        assert_eq!(pick(&jobs[1..], "y", &[], now).map(|j| j.id.as_str()), None);
+    }
+
+    #[test]
+    fn lease_lapse_table() {
+        let leased = |state, exp| JobRecord {
+            state,
+            lease_expires_at: Some(at(exp)),
+            leased_by: Some("c".into()),
+            ..job("j", 0)
+        };
+        assert!(!lease_lapsed(&leased(JobState::Running, 100), at(99)));
+        assert!(lease_lapsed(&leased(JobState::Running, 100), at(100)));
+        assert!(lease_lapsed(&leased(JobState::Leased, 100), at(200)));
+        assert!(!lease_lapsed(&leased(JobState::Succeeded, 100), at(200)));
+    }
+
+    #[test]
+    fn reports_are_checked_and_extend_the_lease() {
+        let held = JobRecord {
+            state: JobState::Leased,
+            leased_by: Some("c".into()),
+            attempt: 2,
+            lease_expires_at: Some(at(10)),
+            ..job("j", 0)
+        };
+        let r = |state, attempt, step| Report {
+            attempt,
+            state,
+            step,
+            metrics: BTreeMap::from([("loss".to_string(), 0.5)]),
+            message: "ok".into(),
+            engine_job_id: Some("123".into()),
+            exit_code: None,
+        };
+        let next =
+            apply_report(&held, "c", &r(JobState::Running, 2, 100), at(5), LEASE_TTL).unwrap();
+        assert_eq!(
+            (next.state, next.step, next.lease_expires_at),
+            (JobState::Running, 100, Some(at(5) + LEASE_TTL))
+        );
+        assert_eq!(next.history.len(), 1);
+        assert!(matches!(
+            apply_report(&held, "d", &r(JobState::Running, 2, 1), at(5), LEASE_TTL),
+            Err(Error::PermissionDenied(_))
+        ));
+        assert!(matches!(
+            apply_report(&held, "c", &r(JobState::Running, 1, 1), at(5), LEASE_TTL),
+            Err(Error::Conflict(_))
+        ));
+        assert!(matches!(
+            apply_report(&held, "c", &r(JobState::Queued, 2, 1), at(5), LEASE_TTL),
+            Err(Error::BadRequest { .. })
+        ));
+        let done = apply_report(
+            &next,
+            "c",
+            &r(JobState::Succeeded, 2, 200),
+            at(6),
+            LEASE_TTL,
+        )
+        .unwrap();
+        assert_eq!(done.lease_expires_at, None);
+        assert!(matches!(
+            apply_report(&done, "c", &r(JobState::Running, 2, 300), at(7), LEASE_TTL),
+            Err(Error::Conflict(_))
+        ));
+        let mut nan = r(JobState::Running, 2, 1);
+        nan.metrics.insert("loss".into(), f64::NAN);
+        assert!(
+            matches!(apply_report(&held, "c", &nan, at(5), LEASE_TTL), Err(Error::BadRequest { field: Some(f), .. }) if f == "metrics.loss")
+        );
+    }
+}

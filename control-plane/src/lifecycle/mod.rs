@@ -1,0 +1,7 @@
+//! A model's lifecycle after it ships: training jobs, retraining triggers
+//! and the retraining pipeline (its pure state machine and the steps).
+
+pub mod jobs;
+pub mod pipeline;
+pub mod retrain;
+pub mod triggers;

@@ -1,0 +1,517 @@
+//! The retraining pipeline as one state machine (issue #7): a pure
+//! `advance(pipeline, event, now) -> (pipeline, actions)`. Every step's
+//! start, end, outcome and outputs are in the pipeline's history, so a
+//! persisted pipeline resumes after a control-plane restart by re-issuing
+//! the action of its current step (each step's executor is idempotent per
+//! `(pipeline, step, attempt)`). The executors come with the pipeline task.
+
+use serde::{Deserialize, Serialize};
+
+/// Unix seconds.
+pub type UnixSeconds = i64;
+
+/// The steps are part of the console API (pipelines show them).
+pub use edgeloop_api::pipelines::Step;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum PipelineState {
+    Running {
+        step: Step,
+        attempt: u32,
+        started_at: UnixSeconds,
+    },
+    Succeeded,
+    /// Ended on purpose, e.g. the new version did not beat the serving one.
+    Stopped {
+        step: Step,
+        reason: String,
+    },
+    Failed {
+        step: Step,
+        reason: String,
+    },
+    Cancelled {
+        step: Step,
+    },
+}
+
+impl PipelineState {
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, PipelineState::Running { .. })
+    }
+}
+
+/// What a finished step handed on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "output", rename_all = "snake_case")]
+pub enum Output {
+    /// The snapshot; `rows` train, `eval_rows` (the newest labelled edge
+    /// samples) evaluate; `edge_rows` of all came from devices.
+    Dataset {
+        digest: String,
+        rows: u64,
+        #[serde(default)]
+        eval_rows: u64,
+        #[serde(default)]
+        edge_rows: u64,
+    },
+    Job {
+        id: String,
+        checkpoint: String,
+    },
+    Onnx {
+        digest: String,
+    },
+    /// The gate's choice, its signed manifest, and the version it names.
+    Quantized {
+        digest: String,
+        method: String,
+        manifest: String,
+        version: String,
+    },
+    Version {
+        version: String,
+    },
+    /// Accuracy on the recent labelled eval set, new and serving.
+    Comparison {
+        new: f64,
+        serving: f64,
+    },
+    Deployment {
+        id: String,
+    },
+    Reference,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub step: Step,
+    pub attempt: u32,
+    pub started_at: UnixSeconds,
+    pub ended_at: Option<UnixSeconds>,
+    /// `succeeded`, or why it did not.
+    pub outcome: Option<String>,
+    pub output: Option<Output>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pipeline {
+    pub id: String,
+    pub model: String,
+    /// The trigger and reasons that started it.
+    pub trigger: String,
+    pub state: PipelineState,
+    pub history: Vec<StepRecord>,
+    pub max_attempts: u32,
+    pub step_timeout_seconds: i64,
+    /// Accuracy points the new version must gain over the serving one.
+    pub min_gain_points: f64,
+    /// Triggers that fired while it ran, folded into it (never a second
+    /// retrain of the same model at once).
+    #[serde(default)]
+    pub coalesced: Vec<Coalesced>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Coalesced {
+    pub trigger: String,
+    pub at: UnixSeconds,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Event {
+    Succeeded(Output),
+    Failed {
+        reason: String,
+        retryable: bool,
+    },
+    Cancel,
+    /// Time passes: a step past its timeout fails (retryably).
+    Tick,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Action {
+    /// Run this step; idempotent per `(pipeline, step, attempt)`.
+    Run { step: Step, attempt: u32 },
+    /// Stop whatever the step started (a job, a deployment).
+    Abort { step: Step },
+}
+
+impl Pipeline {
+    pub fn new(
+        id: String,
+        model: String,
+        trigger: String,
+        now: UnixSeconds,
+    ) -> (Pipeline, Vec<Action>) {
+        let first = Step::BuildDataset;
+        (
+            Pipeline {
+                id,
+                model,
+                trigger,
+                state: PipelineState::Running {
+                    step: first,
+                    attempt: 1,
+                    started_at: now,
+                },
+                history: vec![StepRecord {
+                    step: first,
+                    attempt: 1,
+                    started_at: now,
+                    ended_at: None,
+                    outcome: None,
+                    output: None,
+                }],
+                max_attempts: 3,
+                step_timeout_seconds: 6 * 3600,
+                min_gain_points: 0.0,
+                coalesced: vec![],
+            },
+            vec![Action::Run {
+                step: first,
+                attempt: 1,
+            }],
+        )
+    }
+
+    /// The action to re-issue after a restart: the current step's run.
+    pub fn resume(&self) -> Vec<Action> {
+        match self.state {
+            PipelineState::Running { step, attempt, .. } => vec![Action::Run { step, attempt }],
+            _ => vec![],
+        }
+    }
+
+    /// The output of the last successful run of `step`.
+    pub fn output_of(&self, step: Step) -> Option<&Output> {
+        self.history
+            .iter()
+            .rev()
+            .find(|r| r.step == step && r.output.is_some())
+            .and_then(|r| r.output.as_ref())
+    }
+}
+
+fn close(p: &mut Pipeline, now: UnixSeconds, outcome: String, output: Option<Output>) {
+    if let Some(last) = p.history.last_mut() {
+        if last.ended_at.is_none() {
+            last.ended_at = Some(now);
+            last.outcome = Some(outcome);
+            last.output = output;
+        }
+    }
+}
+
+fn start(p: &mut Pipeline, step: Step, attempt: u32, now: UnixSeconds) -> Vec<Action> {
+    p.state = PipelineState::Running {
+        step,
+        attempt,
+        started_at: now,
+    };
+    p.history.push(StepRecord {
+        step,
+        attempt,
+        started_at: now,
+        ended_at: None,
+        outcome: None,
+        output: None,
+    });
+    vec![Action::Run { step, attempt }]
+}
+
+/// One event. Pure; a terminal pipeline ignores everything.
+pub fn advance(p: &Pipeline, event: Event, now: UnixSeconds) -> (Pipeline, Vec<Action>) {
+    let mut p = p.clone();
+    let PipelineState::Running {
+        step,
+        attempt,
+        started_at,
+    } = p.state
+    else {
+        return (p, vec![]);
+    };
+    let failure = match event {
+        Event::Cancel => {
+            close(&mut p, now, "cancelled".into(), None);
+            p.state = PipelineState::Cancelled { step };
+            return (p, vec![Action::Abort { step }]);
+        }
+        Event::Tick if now - started_at >= p.step_timeout_seconds => {
+            Some((format!("timed out after {}s", now - started_at), true))
+        }
+        Event::Tick => None,
+        Event::Failed { reason, retryable } => Some((reason, retryable)),
+        Event::Succeeded(output) => {
+            if let (Step::Compare, Output::Comparison { new, serving }) = (step, &output) {
+                let gain = (new - serving) * 100.0;
+                if gain <= p.min_gain_points {
+                    let reason = format!(
+                        "the new version ({:.2} %) does not beat the serving one ({:.2} %) by more than {} points on recent data",
+                        new * 100.0,
+                        serving * 100.0,
+                        p.min_gain_points
+                    );
+                    close(&mut p, now, reason.clone(), Some(output));
+                    p.state = PipelineState::Stopped { step, reason };
+                    return (p, vec![]);
+                }
+            }
+            close(&mut p, now, "succeeded".into(), Some(output));
+            return match step.next() {
+                Some(next) => {
+                    let actions = start(&mut p, next, 1, now);
+                    (p, actions)
+                }
+                None => {
+                    p.state = PipelineState::Succeeded;
+                    (p, vec![])
+                }
+            };
+        }
+    };
+    let Some((reason, retryable)) = failure else {
+        return (p, vec![]);
+    };
+    close(&mut p, now, reason.clone(), None);
+    if retryable && attempt < p.max_attempts {
+        let mut actions = vec![Action::Abort { step }];
+        actions.extend(start(&mut p, step, attempt + 1, now));
+        return (p, actions);
+    }
+    let reason = if retryable {
+        format!("{reason} (attempt {attempt} of {})", p.max_attempts)
+    } else {
+        reason
+    };
+    p.state = PipelineState::Failed { step, reason };
+    (p, vec![Action::Abort { step }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(step: Step) -> Output {
+        match step {
+            Step::BuildDataset => Output::Dataset {
+                digest: "sha256:d".into(),
+                rows: 100,
+                eval_rows: 30,
+                edge_rows: 50,
+            },
+            Step::Train => Output::Job {
+                id: "j".into(),
+                checkpoint: "sha256:c".into(),
+            },
+            Step::Export => Output::Onnx {
+                digest: "sha256:o".into(),
+            },
+            Step::Quantize => Output::Quantized {
+                digest: "sha256:q".into(),
+                method: "int8-static".into(),
+                manifest: "sha256:m".into(),
+                version: "2".into(),
+            },
+            Step::Register => Output::Version {
+                version: "2".into(),
+            },
+            Step::Compare => Output::Comparison {
+                new: 0.93,
+                serving: 0.90,
+            },
+            Step::Deploy => Output::Deployment { id: "d-1".into() },
+            Step::ResetReference => Output::Reference,
+        }
+    }
+
+    fn current(p: &Pipeline) -> Option<(Step, u32)> {
+        match p.state {
+            PipelineState::Running { step, attempt, .. } => Some((step, attempt)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_happy_path_runs_every_step_once_and_records_it() {
+        let (mut p, actions) = Pipeline::new("p".into(), "m".into(), "drift".into(), 0);
+        assert_eq!(
+            actions,
+            vec![Action::Run {
+                step: Step::BuildDataset,
+                attempt: 1
+            }]
+        );
+        for (i, step) in Step::ALL.into_iter().enumerate() {
+            assert_eq!(current(&p), Some((step, 1)));
+            let (next, actions) = advance(&p, Event::Succeeded(ok(step)), 10 * (i as i64 + 1));
+            p = next;
+            match step.next() {
+                Some(n) => assert_eq!(
+                    actions,
+                    vec![Action::Run {
+                        step: n,
+                        attempt: 1
+                    }]
+                ),
+                None => assert!(actions.is_empty()),
+            }
+        }
+        assert_eq!(p.state, PipelineState::Succeeded);
+        assert_eq!(p.history.len(), 8);
+        assert!(p
+            .history
+            .iter()
+            .all(|r| r.outcome.as_deref() == Some("succeeded") && r.ended_at.is_some()));
+        assert_eq!(
+            p.output_of(Step::Register),
+            Some(&Output::Version {
+                version: "2".into()
+            })
+        );
+        // Terminal: nothing moves it any more.
+        assert_eq!(advance(&p, Event::Cancel, 999), (p.clone(), vec![]));
+    }
+
+    #[test]
+    fn failures_retry_then_fail_timeouts_count_and_cancel_aborts() {
+        let (p, _) = Pipeline::new("p".into(), "m".into(), "manual".into(), 0);
+        let (p, _) = advance(&p, Event::Succeeded(ok(Step::BuildDataset)), 1);
+        // A retryable failure runs the step again, up to max_attempts.
+        let fail = || Event::Failed {
+            reason: "node lost".into(),
+            retryable: true,
+        };
+        let (p, a) = advance(&p, fail(), 2);
+        assert_eq!(current(&p), Some((Step::Train, 2)));
+        assert_eq!(
+            a,
+            vec![
+                Action::Abort { step: Step::Train },
+                Action::Run {
+                    step: Step::Train,
+                    attempt: 2
+                }
+            ]
+        );
+        // A timeout is a retryable failure; a tick before it is nothing.
+        let (same, a) = advance(&p, Event::Tick, 2 + p.step_timeout_seconds - 1);
+        assert_eq!((same.clone(), a), (p.clone(), vec![]));
+        let (p, _) = advance(&p, Event::Tick, 2 + p.step_timeout_seconds);
+        assert_eq!(current(&p), Some((Step::Train, 3)));
+        let (p, a) = advance(&p, fail(), 3 + p.step_timeout_seconds);
+        assert_eq!(a, vec![Action::Abort { step: Step::Train }]);
+        assert_eq!(
+            p.state,
+            PipelineState::Failed {
+                step: Step::Train,
+                reason: "node lost (attempt 3 of 3)".into()
+            }
+        );
+        assert_eq!(p.history.len(), 4, "every attempt is in the history");
+        assert!(p.history[2]
+            .outcome
+            .as_deref()
+            .unwrap()
+            .starts_with("timed out"));
+
+        // A failure that a retry would only repeat ends at once.
+        let (q, _) = Pipeline::new("q".into(), "m".into(), "manual".into(), 0);
+        let (q, _) = advance(
+            &q,
+            Event::Failed {
+                reason: "no labelled data".into(),
+                retryable: false,
+            },
+            1,
+        );
+        assert_eq!(
+            q.state,
+            PipelineState::Failed {
+                step: Step::BuildDataset,
+                reason: "no labelled data".into()
+            }
+        );
+
+        // Cancel aborts the running step.
+        let (r, _) = Pipeline::new("r".into(), "m".into(), "manual".into(), 0);
+        let (r, a) = advance(&r, Event::Cancel, 5);
+        assert_eq!(
+            r.state,
+            PipelineState::Cancelled {
+                step: Step::BuildDataset
+            }
+        );
+        assert_eq!(
+            a,
+            vec![Action::Abort {
+                step: Step::BuildDataset
+            }]
+        );
+    }
+
+    #[test]
+    fn a_version_that_does_not_beat_the_serving_one_stops_before_deploy() {
+        let (mut p, _) = Pipeline::new("p".into(), "m".into(), "drift".into(), 0);
+        p.min_gain_points = 0.5;
+        for step in &Step::ALL[..5] {
+            p = advance(&p, Event::Succeeded(ok(*step)), 1).0;
+        }
+        let (stopped, actions) = advance(
+            &p,
+            Event::Succeeded(Output::Comparison {
+                new: 0.912,
+                serving: 0.910,
+            }),
+            2,
+        );
+        assert!(actions.is_empty(), "no deploy");
+        match &stopped.state {
+            PipelineState::Stopped { step, reason } => {
+                assert_eq!(*step, Step::Compare);
+                assert!(
+                    reason.contains("91.20 %") && reason.contains("91.00 %"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // A real gain goes on to deploy.
+        let (on, actions) = advance(
+            &p,
+            Event::Succeeded(Output::Comparison {
+                new: 0.93,
+                serving: 0.91,
+            }),
+            2,
+        );
+        assert_eq!(current(&on), Some((Step::Deploy, 1)));
+        assert_eq!(
+            actions,
+            vec![Action::Run {
+                step: Step::Deploy,
+                attempt: 1
+            }]
+        );
+    }
+
+    #[test]
+    fn a_persisted_pipeline_resumes_its_current_step() {
+        let (p, _) = Pipeline::new("p".into(), "m".into(), "drift".into(), 0);
+        let (p, _) = advance(&p, Event::Succeeded(ok(Step::BuildDataset)), 1);
+        let stored = serde_json::to_string(&p).unwrap();
+        let back: Pipeline = serde_json::from_str(&stored).unwrap();
+        assert_eq!(back, p);
+        assert_eq!(
+            back.resume(),
+            vec![Action::Run {
+                step: Step::Train,
+                attempt: 1
+            }]
+        );
+        let (done, _) = advance(&back, Event::Cancel, 2);
+        assert!(done.resume().is_empty());
+    }
+}

@@ -1,0 +1,416 @@
+//! Retraining: each model's retraining policy (training template, data,
+//! quantization budget, rollout), and the pipelines that carry it out: one
+//! at a time per model, persisted after every step, driven by
+//! [`runner`] through the pure state machine in [`crate::lifecycle::pipeline`].
+
+pub mod dataset;
+pub mod runner;
+pub mod steps;
+
+use edgeloop_models::Digest;
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+
+use crate::error::{Error, Result};
+use crate::fleet::deployments::CreateDeployment;
+use crate::lifecycle::pipeline::{self, Pipeline, PipelineState};
+use crate::store::Store;
+use crate::validate;
+
+/// How a model is retrained (`PUT /api/v1/models/{name}/retraining`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetrainingConfig {
+    /// The training job (trainer-bridge's job spec). The pipeline names the
+    /// job and puts its dataset snapshot first in `datasets`.
+    #[schema(value_type = Object)]
+    pub job: serde_json::Value,
+    /// Run the job only on this cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// The original training set: an uploaded npz with `input` and `label`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub base_dataset: Option<Digest>,
+    /// Keep only the last this many rows of the base set (a recent window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_window_rows: Option<u64>,
+    /// Keep only the newest this many labelled edge samples: after a concept
+    /// shift, older rows teach the old concept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge_window_rows: Option<u64>,
+    /// The newest fraction of labelled edge samples held out to evaluate
+    /// (quantization gate and promotion check), default 0.3.
+    #[serde(default = "default_eval_fraction")]
+    pub eval_fraction: f64,
+    /// Fewer labelled edge samples than this fail the dataset step: the
+    /// comparison with the serving version would mean nothing (default 20).
+    #[serde(default = "default_min_eval_samples")]
+    pub min_eval_samples: u64,
+    /// Largest accuracy drop the quantization gate accepts, in points.
+    #[serde(default = "default_budget")]
+    pub quantization_budget_points: f64,
+    /// Points the new version must gain over the serving one (default 0:
+    /// it must be strictly better).
+    #[serde(default)]
+    pub min_gain_points: f64,
+    /// The staged rollout: a deployment request without `model` and
+    /// `version` (selector, strategy, gates, ...).
+    #[schema(value_type = Object)]
+    pub rollout: serde_json::Value,
+    /// Tries per step before the pipeline fails (default 3).
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// A step running longer than this fails, retryably (default 6 h).
+    #[serde(default = "default_step_timeout")]
+    pub step_timeout_seconds: i64,
+}
+
+fn default_eval_fraction() -> f64 {
+    0.3
+}
+fn default_min_eval_samples() -> u64 {
+    20
+}
+fn default_budget() -> f64 {
+    1.0
+}
+fn default_max_attempts() -> u32 {
+    3
+}
+fn default_step_timeout() -> i64 {
+    6 * 3600
+}
+
+impl RetrainingConfig {
+    /// Checks every field the pipeline relies on, naming the one at fault.
+    pub fn validate(&self) -> Result<()> {
+        if !self.job.is_object() {
+            return Err(Error::bad_field("job", "must be a job spec object"));
+        }
+        crate::lifecycle::jobs::validate_spec(&self.job).map_err(|e| match e {
+            Error::BadRequest { field, message } => Error::BadRequest {
+                field: Some(match field {
+                    Some(f) => f.replacen("spec", "job", 1),
+                    None => "job".into(),
+                }),
+                message,
+            },
+            other => other,
+        })?;
+        if let Some(c) = &self.cluster {
+            validate::name("cluster", c)?;
+        }
+        if self.base_window_rows == Some(0) {
+            return Err(Error::bad_field("base_window_rows", "must be at least 1"));
+        }
+        if self.edge_window_rows == Some(0) {
+            return Err(Error::bad_field("edge_window_rows", "must be at least 1"));
+        }
+        if !(self.eval_fraction > 0.0 && self.eval_fraction < 1.0) {
+            return Err(Error::bad_field(
+                "eval_fraction",
+                "must be between 0 and 1 (exclusive)",
+            ));
+        }
+        if self.min_eval_samples == 0 {
+            return Err(Error::bad_field("min_eval_samples", "must be at least 1"));
+        }
+        if !(self.quantization_budget_points.is_finite()
+            && (0.0..=100.0).contains(&self.quantization_budget_points))
+        {
+            return Err(Error::bad_field(
+                "quantization_budget_points",
+                "must be between 0 and 100",
+            ));
+        }
+        if !(self.min_gain_points.is_finite() && (0.0..=100.0).contains(&self.min_gain_points)) {
+            return Err(Error::bad_field(
+                "min_gain_points",
+                "must be between 0 and 100",
+            ));
+        }
+        if !(1..=20).contains(&self.max_attempts) {
+            return Err(Error::bad_field("max_attempts", "must be 1 to 20"));
+        }
+        if !(60..=7 * 86_400).contains(&self.step_timeout_seconds) {
+            return Err(Error::bad_field(
+                "step_timeout_seconds",
+                "must be 60 s to 7 days",
+            ));
+        }
+        self.deployment_request("m", "1").map(|_| ())
+    }
+
+    /// The rollout template as a deployment request for `model` `version`.
+    pub fn deployment_request(&self, model: &str, version: &str) -> Result<CreateDeployment> {
+        let serde_json::Value::Object(mut fields) = self.rollout.clone() else {
+            return Err(Error::bad_field("rollout", "must be an object"));
+        };
+        for k in ["model", "version"] {
+            if fields.contains_key(k) {
+                return Err(Error::bad_field(
+                    format!("rollout.{k}"),
+                    "is set by the pipeline, not the template",
+                ));
+            }
+        }
+        fields.insert("model".into(), model.into());
+        fields.insert("version".into(), version.into());
+        let req: CreateDeployment = serde_json::from_value(serde_json::Value::Object(fields))
+            .map_err(|e| Error::bad_field("rollout", e.to_string()))?;
+        crate::fleet::deployments::parse_selector("rollout.selector", &req.selector)?;
+        Ok(req)
+    }
+}
+
+/// Sets `model`'s retraining policy.
+pub async fn put_config(store: &Store, model: &str, config: RetrainingConfig) -> Result<()> {
+    crate::registry::models::get_model(store, model)?;
+    config.validate()?;
+    store.retraining.insert(model, &config)?;
+    store.flush().await?;
+    Ok(())
+}
+
+pub fn get_config(store: &Store, model: &str) -> Result<RetrainingConfig> {
+    store
+        .retraining
+        .get(model)?
+        .ok_or_else(|| Error::not_found("retraining policy of model", model))
+}
+
+/// What starting a retrain did.
+#[derive(Debug)]
+pub enum Started {
+    Started(Pipeline),
+    /// One is already running for the model: the trigger was recorded on
+    /// it (coalesced) instead.
+    Coalesced(Pipeline),
+}
+
+/// Starts a retrain of `model` because of `trigger`, unless one is already
+/// running: never two at once (the per-model `pipeline_active` key is taken
+/// atomically).
+pub async fn start(
+    store: &Store,
+    model: &str,
+    trigger: &str,
+    now: OffsetDateTime,
+) -> Result<Started> {
+    let config = get_config(store, model).map_err(|_| {
+        Error::Conflict(format!(
+            "model {model:?} has no retraining policy; PUT /api/v1/models/{model}/retraining first"
+        ))
+    })?;
+    validate::text("trigger", trigger, 512)?;
+    let id = format!("p-{:08}", store.next_id()?);
+    loop {
+        if store.pipeline_active.insert_new(model, &id)? {
+            break;
+        }
+        let Some(running) = store.pipeline_active.get(model)? else {
+            continue;
+        };
+        match store.pipelines.get(&running)? {
+            Some(p) if !p.state.is_terminal() => {
+                let p = coalesce(store, &running, trigger, now)?;
+                store.flush().await?;
+                return Ok(Started::Coalesced(p));
+            }
+            // The runner ended it but had not released the key yet (or
+            // crashed in between): take it over.
+            _ => {
+                let _ = store.pipeline_active.update(model, |cur| match cur {
+                    Some(c) if c == running => Ok(id.clone()),
+                    _ => Err(()),
+                })?;
+                if store.pipeline_active.get(model)?.as_deref() == Some(id.as_str()) {
+                    break;
+                }
+            }
+        }
+    }
+    let (mut p, _) = Pipeline::new(
+        id.clone(),
+        model.to_string(),
+        trigger.to_string(),
+        now.unix_timestamp(),
+    );
+    p.max_attempts = config.max_attempts;
+    p.step_timeout_seconds = config.step_timeout_seconds;
+    p.min_gain_points = config.min_gain_points;
+    store.pipelines.insert(&id, &p)?;
+    store.flush().await?;
+    Ok(Started::Started(p))
+}
+
+fn coalesce(store: &Store, id: &str, trigger: &str, now: OffsetDateTime) -> Result<Pipeline> {
+    store.pipelines.update(id, |cur| {
+        let mut p = cur.ok_or_else(|| Error::not_found("pipeline", id))?;
+        p.coalesced.push(pipeline::Coalesced {
+            trigger: trigger.to_string(),
+            at: now.unix_timestamp(),
+        });
+        // Bounded: a trigger that keeps firing must not grow the record.
+        if p.coalesced.len() > 100 {
+            p.coalesced.remove(0);
+        }
+        Ok(p)
+    })?
+}
+
+pub fn get(store: &Store, id: &str) -> Result<Pipeline> {
+    store
+        .pipelines
+        .get(id)?
+        .ok_or_else(|| Error::not_found("pipeline", id))
+}
+
+/// Newest first; only `model`'s when given.
+pub fn list(store: &Store, model: Option<&str>) -> Result<Vec<Pipeline>> {
+    let mut all: Vec<Pipeline> = store
+        .pipelines
+        .values()?
+        .into_iter()
+        .filter(|p| model.is_none_or(|m| p.model == m))
+        .collect();
+    all.sort_by(|a, b| b.id.cmp(&a.id));
+    Ok(all)
+}
+
+/// Cancels a running pipeline; the runner aborts what its step started.
+pub async fn cancel(store: &Store, id: &str, now: OffsetDateTime) -> Result<Pipeline> {
+    let p = store.pipelines.update(id, |cur| {
+        let p = cur.ok_or_else(|| Error::not_found("pipeline", id))?;
+        if p.state.is_terminal() {
+            return Err(Error::Conflict(format!(
+                "pipeline {id:?} has already ended ({})",
+                state_name(&p.state)
+            )));
+        }
+        Ok(pipeline::advance(&p, pipeline::Event::Cancel, now.unix_timestamp()).0)
+    })??;
+    store.flush().await?;
+    Ok(p)
+}
+
+/// What the drift analysis and the triggers compare a model against: the
+/// version a pipeline last shipped and its accuracy on recent data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReferenceRecord {
+    pub version: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub since: OffsetDateTime,
+    /// 0..1, on the eval set of the pipeline that shipped it.
+    pub evaluated_accuracy: Option<f64>,
+    pub pipeline: Option<String>,
+}
+
+pub async fn set_reference(store: &Store, model: &str, r: ReferenceRecord) -> Result<()> {
+    store.drift_reference.insert(model, &r)?;
+    store.flush().await?;
+    Ok(())
+}
+
+pub fn reference(store: &Store, model: &str) -> Result<Option<ReferenceRecord>> {
+    Ok(store.drift_reference.get(model)?)
+}
+
+pub fn state_name(s: &PipelineState) -> &'static str {
+    match s {
+        PipelineState::Running { .. } => "running",
+        PipelineState::Succeeded => "succeeded",
+        PipelineState::Stopped { .. } => "stopped",
+        PipelineState::Failed { .. } => "failed",
+        PipelineState::Cancelled { .. } => "cancelled",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(patch: serde_json::Value) -> serde_json::Value {
+        let mut p = serde_json::json!({
+            "job": {"name": "retrain", "command": ["train"]},
+            "rollout": {"selector": "site=lab"}
+        });
+        for (k, v) in patch.as_object().into_iter().flatten() {
+            p[k] = v.clone();
+        }
+        p
+    }
+
+    #[test]
+    fn defaults_and_field_named_refusals() {
+        let c: RetrainingConfig = serde_json::from_value(policy(serde_json::json!({}))).unwrap();
+        c.validate().unwrap();
+        assert_eq!((c.eval_fraction, c.max_attempts), (0.3, 3));
+        let cases = [
+            (serde_json::json!({"eval_fraction": 0.0}), "eval_fraction"),
+            (
+                serde_json::json!({"min_eval_samples": 0}),
+                "min_eval_samples",
+            ),
+            (
+                serde_json::json!({"edge_window_rows": 0}),
+                "edge_window_rows",
+            ),
+            (
+                serde_json::json!({"quantization_budget_points": -1}),
+                "quantization_budget_points",
+            ),
+            (
+                serde_json::json!({"min_gain_points": 101}),
+                "min_gain_points",
+            ),
+            (
+                serde_json::json!({"step_timeout_seconds": 5}),
+                "step_timeout_seconds",
+            ),
+            (serde_json::json!({"job": {"name": "x"}}), "job.command"),
+            (
+                serde_json::json!({"rollout": {"selector": "a=b", "model": "m"}}),
+                "rollout.model",
+            ),
+            (
+                serde_json::json!({"rollout": {"selector": "a=b", "waves": 1}}),
+                "rollout",
+            ),
+            (serde_json::json!({"cluster": "Not A Name"}), "cluster"),
+        ];
+        for (patch, want) in cases {
+            let c: RetrainingConfig = serde_json::from_value(policy(patch.clone())).unwrap();
+            match c.validate() {
+                Err(Error::BadRequest { field: Some(f), .. }) => assert_eq!(f, want, "{patch}"),
+                other => panic!("{patch}: {other:?}"),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_numbers_are_accepted_or_refused_with_a_field(
+            eval in proptest::prelude::any::<f64>(),
+            budget in proptest::prelude::any::<f64>(),
+            gain in proptest::prelude::any::<f64>(),
+            attempts in proptest::prelude::any::<u32>(),
+            timeout in proptest::prelude::any::<i64>(),
+            window in proptest::prelude::any::<u64>(),
+        ) {
+            let body = policy(serde_json::json!({
+                "eval_fraction": eval, "quantization_budget_points": budget,
+                "min_gain_points": gain, "max_attempts": attempts,
+                "step_timeout_seconds": timeout, "edge_window_rows": window,
+            }));
+            if let Ok(c) = serde_json::from_value::<RetrainingConfig>(body) {
+                match c.validate() {
+                    Ok(()) | Err(Error::BadRequest { field: Some(_), .. }) => {}
+                    Err(other) => proptest::prop_assert!(false, "{other}"),
+                }
+            }
+        }
+    }
+}

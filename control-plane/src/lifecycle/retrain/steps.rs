@@ -1,0 +1,762 @@
+//! The executors of a retraining pipeline's steps. Each is a poll:
+//! called every tick while its step runs, it starts the step's work if it is
+//! not started yet (idempotently: a job or deployment is found by a name
+//! derived from `(pipeline, attempt)`, artifacts are content-addressed) and
+//! returns its output once done. Compute steps (dataset, export, quantize,
+//! compare) finish within one poll, on the blocking pool.
+
+use std::collections::BTreeMap;
+use std::io::Read as _;
+
+use bytes::Bytes;
+use edgeloop_models::dataset::Dataset;
+use edgeloop_models::manifest::{DimSpec, Lineage as ManifestLineage, SignedManifest};
+use edgeloop_models::npz::Npz;
+use edgeloop_models::onnx;
+use edgeloop_models::quantize::gate::{predictions, GateOptions};
+use edgeloop_models::runtime::OrtRuntime;
+use edgeloop_models::Digest;
+use time::OffsetDateTime;
+use tokio::io::AsyncReadExt as _;
+
+use super::dataset::{self, Rows};
+use super::RetrainingConfig;
+use crate::error::Error;
+use crate::fleet::deployments;
+use crate::fleet::rollout::RolloutState;
+use crate::lifecycle::jobs::{self, CreateJob, JobState};
+use crate::lifecycle::pipeline::{Output, Pipeline, Step};
+use crate::registry::artifacts::UploadLimits;
+use crate::registry::checkpoints;
+use crate::registry::models::{self, CreateModelVersion, Lineage, ModelVersionRecord};
+use crate::Core;
+use edgeloop_models::package::{self, Identity};
+
+/// Why a step did not succeed, and whether trying it again may help.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepError {
+    pub reason: String,
+    pub retryable: bool,
+}
+
+impl StepError {
+    /// A failure that will fail the same way again (bad data, a failed
+    /// job, a rolled-back rollout).
+    pub fn fatal(reason: impl Into<String>) -> Self {
+        StepError {
+            reason: reason.into(),
+            retryable: false,
+        }
+    }
+
+    pub fn transient(reason: impl Into<String>) -> Self {
+        StepError {
+            reason: reason.into(),
+            retryable: true,
+        }
+    }
+}
+
+impl From<Error> for StepError {
+    fn from(e: Error) -> Self {
+        match e {
+            // The store or artifact store hiccuped: the next attempt may pass.
+            Error::Internal(_) | Error::Unavailable(_) => StepError::transient(e.to_string()),
+            other => StepError::fatal(other.to_string()),
+        }
+    }
+}
+
+impl From<crate::store::StoreError> for StepError {
+    fn from(e: crate::store::StoreError) -> Self {
+        StepError::transient(e.to_string())
+    }
+}
+
+/// `Ok(None)`: still running, poll again next tick.
+pub type Poll = Result<Option<Output>, StepError>;
+
+/// Calibration rows for static quantization: the newest training rows are
+/// the closest to what the devices see now.
+const CALIBRATION_ROWS: usize = 512;
+
+pub async fn poll(
+    core: &Core,
+    p: &Pipeline,
+    step: Step,
+    attempt: u32,
+    now: OffsetDateTime,
+) -> Poll {
+    let config = super::get_config(&core.store, &p.model).map_err(|_| {
+        StepError::fatal(format!(
+            "model {:?} has no retraining policy any more",
+            p.model
+        ))
+    })?;
+    match step {
+        Step::BuildDataset => build_dataset(core, p, &config).await.map(Some),
+        Step::Train => train(core, p, &config, attempt, now).await,
+        Step::Export => export(core, p).await.map(Some),
+        Step::Quantize => quantize(core, p, &config).await.map(Some),
+        Step::Register => register(core, p, now).await.map(Some),
+        Step::Compare => compare(core, p).await.map(Some),
+        Step::Deploy => deploy(core, p, &config, attempt, now).await,
+        Step::ResetReference => reset_reference(core, p, now).await.map(Some),
+    }
+}
+
+/// Stops what `step` started, if it is still going: its training job or
+/// its rollout. Safe to repeat.
+pub async fn abort(
+    core: &Core,
+    p: &Pipeline,
+    step: Step,
+    now: OffsetDateTime,
+) -> Result<(), Error> {
+    let attempts = p
+        .history
+        .iter()
+        .filter(|r| r.step == step)
+        .map(|r| r.attempt);
+    match step {
+        Step::Train => {
+            for a in attempts {
+                let id = job_id(p, a);
+                if let Some(j) = core.store.jobs.get(&id)? {
+                    if !j.state.is_terminal() {
+                        jobs::cancel(&core.store, &id, now).await?;
+                    }
+                }
+            }
+        }
+        Step::Deploy => {
+            for a in attempts {
+                if let Some(d) = find_deployment(core, &deploy_seed(p, a))? {
+                    if !d.is_terminal() {
+                        deployments::cancel(&core.store, &d.id, now).await?;
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+pub fn job_id(p: &Pipeline, attempt: u32) -> String {
+    format!("{}-train-{attempt}", p.id)
+}
+
+fn deploy_seed(p: &Pipeline, attempt: u32) -> String {
+    format!("{}-deploy-{attempt}", p.id)
+}
+
+fn output(p: &Pipeline, step: Step) -> Result<&Output, StepError> {
+    p.output_of(step)
+        .ok_or_else(|| StepError::fatal(format!("step {step:?} left no output")))
+}
+
+/// The dataset snapshot's digest (the first step's output).
+fn snapshot_of(p: &Pipeline) -> Result<&str, StepError> {
+    match output(p, Step::BuildDataset)? {
+        Output::Dataset { digest, .. } => Ok(digest),
+        _ => Err(StepError::fatal(
+            "the dataset step's output is not a dataset",
+        )),
+    }
+}
+
+/// The registered version (the register step's output).
+fn version_of(p: &Pipeline) -> Result<&str, StepError> {
+    match output(p, Step::Register)? {
+        Output::Version { version } => Ok(version),
+        _ => Err(StepError::fatal(
+            "the register step's output is not a version",
+        )),
+    }
+}
+
+fn digest(text: &str, what: &str) -> Result<Digest, StepError> {
+    text.parse()
+        .map_err(|e| StepError::fatal(format!("{what} {text:?} is not a digest: {e}")))
+}
+
+async fn read_artifact(core: &Core, d: Digest) -> Result<Vec<u8>, StepError> {
+    let size = core
+        .artifacts
+        .head(d)
+        .await
+        .map_err(|e| StepError::transient(e.to_string()))?
+        .ok_or_else(|| StepError::fatal(format!("artifact {d} is not in the store")))?;
+    if size > core.config.max_artifact_bytes {
+        return Err(StepError::fatal(format!(
+            "artifact {d} is {size} bytes, over the {} byte limit",
+            core.config.max_artifact_bytes
+        )));
+    }
+    let (_, mut reader) = core
+        .artifacts
+        .open_at(d, 0)
+        .await
+        .map_err(|e| StepError::transient(e.to_string()))?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    reader
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| StepError::transient(format!("reading artifact {d}: {e}")))?;
+    Ok(bytes)
+}
+
+async fn put_artifact(core: &Core, bytes: Vec<u8>) -> Result<Digest, StepError> {
+    let d = Digest::of(&bytes);
+    let size = bytes.len() as u64;
+    let body = futures::stream::once(async move { Ok(Bytes::from(bytes)) });
+    core.artifacts
+        .put(
+            d,
+            Box::pin(body),
+            UploadLimits {
+                max_bytes: core.config.max_artifact_bytes,
+                declared_size: Some(size),
+            },
+        )
+        .await
+        .map_err(|e| StepError::transient(format!("storing artifact {d}: {e}")))?;
+    Ok(d)
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StepError> + Send + 'static,
+) -> Result<T, StepError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StepError::transient(format!("worker task: {e}")))?
+}
+
+/// The version the devices run now: the target of the model's newest
+/// succeeded rollout, else its newest version.
+pub fn serving_version(core: &Core, model: &str) -> Result<Option<ModelVersionRecord>, Error> {
+    let rolled = deployments::list(&core.store)?
+        .into_iter()
+        .find(|d| d.deployment.model == model && d.deployment.state == RolloutState::Succeeded);
+    if let Some(d) = rolled {
+        return Ok(Some(models::get_version(
+            &core.store,
+            model,
+            &d.deployment.target_version,
+        )?));
+    }
+    let mut all = models::list_versions(&core.store, model)?;
+    all.sort_by_key(|v| v.created_at);
+    Ok(all.pop())
+}
+
+async fn manifest_of(
+    core: &Core,
+    v: &ModelVersionRecord,
+) -> Result<Option<SignedManifest>, StepError> {
+    match v.manifest_digest {
+        Some(m) => Ok(Some(
+            models::read_manifest(core.artifacts.as_ref(), m, "manifest_digest").await?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// One sample's shape, from a manifest's first input (its batch axis
+/// dropped); every other axis must be fixed.
+fn sample_shape(m: &SignedManifest) -> Option<Vec<usize>> {
+    let input = m.manifest.signature.inputs.first()?;
+    input
+        .shape
+        .iter()
+        .skip(1)
+        .map(|d| match d {
+            DimSpec::Fixed(n) => usize::try_from(*n).ok(),
+            DimSpec::Symbolic(_) => None,
+        })
+        .collect()
+}
+
+async fn build_dataset(
+    core: &Core,
+    p: &Pipeline,
+    config: &RetrainingConfig,
+) -> Result<Output, StepError> {
+    let base = match config.base_dataset {
+        Some(d) => {
+            let bytes = read_artifact(core, d).await?;
+            let window = config.base_window_rows;
+            Some(
+                blocking(move || {
+                    let npz = Npz::from_bytes(&bytes)
+                        .map_err(|e| StepError::fatal(format!("base dataset {d}: {e}")))?;
+                    let rows = Rows::from_npz(&npz).map_err(StepError::fatal)?;
+                    Ok(match window {
+                        Some(n) => rows.tail(n as usize),
+                        None => rows,
+                    })
+                })
+                .await?,
+            )
+        }
+        None => None,
+    };
+    let serving = serving_version(core, &p.model)?;
+    let from_manifest = match &serving {
+        Some(v) => manifest_of(core, v).await?.as_ref().and_then(sample_shape),
+        None => None,
+    };
+    let shape = from_manifest
+        .or_else(|| base.as_ref().map(|b| b.sample_shape.clone()))
+        .ok_or_else(|| {
+            StepError::fatal(
+                "the input shape is unknown: the serving version has no manifest with fixed input dims, \
+                 and the policy names no base_dataset",
+            )
+        })?;
+    let store = core.store.clone();
+    let prefix = format!("{}/", p.model);
+    let (eval_fraction, min_eval) = (config.eval_fraction, config.min_eval_samples);
+    let edge_window = config.edge_window_rows.map_or(usize::MAX, |n| n as usize);
+    let snapshot = blocking(move || {
+        let records: Vec<_> = store
+            .samples
+            .scan_prefix(&prefix)?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect();
+        let width = shape.iter().product();
+        let (mut edge, skipped) = dataset::edge_rows(&records, Some(width));
+        edge.drain(..edge.len().saturating_sub(edge_window));
+        if skipped > 0 {
+            tracing::warn!(
+                skipped,
+                "labelled samples that do not fit the model's input were left out"
+            );
+        }
+        let snap = dataset::build(base.as_ref(), &edge, &shape, eval_fraction, min_eval)
+            .map_err(StepError::fatal)?;
+        let bytes = snap
+            .npz
+            .to_bytes()
+            .map_err(|e| StepError::transient(format!("encoding the snapshot: {e}")))?;
+        Ok((snap.train_rows, snap.eval_rows, snap.edge_rows, bytes))
+    })
+    .await?;
+    let (rows, eval_rows, edge_rows, bytes) = snapshot;
+    let d = put_artifact(core, bytes).await?;
+    Ok(Output::Dataset {
+        digest: d.to_string(),
+        rows: rows as u64,
+        eval_rows: eval_rows as u64,
+        edge_rows: edge_rows as u64,
+    })
+}
+
+async fn train(
+    core: &Core,
+    p: &Pipeline,
+    config: &RetrainingConfig,
+    attempt: u32,
+    now: OffsetDateTime,
+) -> Poll {
+    let data = snapshot_of(p)?;
+    let id = job_id(p, attempt);
+    let job = match core.store.jobs.get(&id)? {
+        Some(j) => j,
+        None => {
+            let mut spec = config.job.clone();
+            let mut datasets = vec![serde_json::Value::String(format!(
+                "edgeloop-artifact://sha256:{data}"
+            ))];
+            if let Some(more) = spec["datasets"].as_array() {
+                datasets.extend(more.iter().cloned());
+            }
+            spec["datasets"] = serde_json::Value::Array(datasets);
+            let (job, _) = jobs::create_with_id(
+                &core.store,
+                &id,
+                CreateJob {
+                    spec,
+                    cluster: config.cluster.clone(),
+                },
+                now,
+            )
+            .await?;
+            core.events
+                .publish(crate::fleet::FleetEvent::JobChanged { job: id.clone() });
+            job
+        }
+    };
+    match job.state {
+        JobState::Succeeded => {
+            let last = checkpoints::latest(&core.store, &id)?.ok_or_else(|| {
+                StepError::fatal(format!(
+                    "training job {id} succeeded but uploaded no checkpoint"
+                ))
+            })?;
+            Ok(Some(Output::Job {
+                id,
+                checkpoint: last.digest.to_string(),
+            }))
+        }
+        JobState::Failed => Err(StepError::fatal(format!(
+            "training job {id} failed: {}",
+            job.last_message
+        ))),
+        JobState::Cancelled => Err(StepError::fatal(format!("training job {id} was cancelled"))),
+        JobState::Queued | JobState::Leased | JobState::Running => Ok(None),
+    }
+}
+
+/// The file a checkpoint must carry for export (the checkpoint contract's
+/// final-step files; see docs/checkpoint-contract.md).
+pub const CHECKPOINT_MODEL: &str = "model.onnx";
+
+async fn export(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
+    let Output::Job { checkpoint, .. } = output(p, Step::Train)? else {
+        return Err(StepError::fatal("the training step's output is not a job"));
+    };
+    let zip = read_artifact(core, digest(checkpoint, "checkpoint")?).await?;
+    let onnx_bytes = blocking(move || {
+        let mut archive = zip::ZipArchive::new(std::io::Cursor::new(zip))
+            .map_err(|e| StepError::fatal(format!("the checkpoint is not a zip: {e}")))?;
+        let mut file = archive.by_name(CHECKPOINT_MODEL).map_err(|_| {
+            StepError::fatal(format!(
+                "the final checkpoint has no {CHECKPOINT_MODEL}: the trainer must export the model \
+                 into its last checkpoint"
+            ))
+        })?;
+        let mut bytes = vec![];
+        file.read_to_end(&mut bytes)
+            .map_err(|e| StepError::fatal(format!("reading {CHECKPOINT_MODEL}: {e}")))?;
+        let model = onnx::decode(&bytes)
+            .map_err(|e| StepError::fatal(format!("{CHECKPOINT_MODEL} is not ONNX: {e}")))?;
+        onnx::validate(&model, None).map_err(|e| {
+            StepError::fatal(format!("{CHECKPOINT_MODEL} is not a valid model: {e}"))
+        })?;
+        Ok(bytes)
+    })
+    .await?;
+    let d = put_artifact(core, onnx_bytes).await?;
+    Ok(Output::Onnx {
+        digest: d.to_string(),
+    })
+}
+
+fn signing_key_path(core: &Core) -> std::path::PathBuf {
+    core.config
+        .data_dir
+        .join("keys")
+        .join("manifest-signing.key")
+}
+
+/// The next free version name, as manifests need it (semantic): the next
+/// major after the largest leading number among the model's versions.
+fn next_version(core: &Core, model: &str) -> Result<String, Error> {
+    let taken: std::collections::BTreeSet<String> = models::list_versions(&core.store, model)?
+        .into_iter()
+        .map(|v| v.version)
+        .collect();
+    let mut n = taken
+        .iter()
+        .filter_map(|v| v.split('.').next()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0)
+        + 1;
+    while taken.contains(&format!("{n}.0.0")) {
+        n += 1;
+    }
+    Ok(format!("{n}.0.0"))
+}
+
+fn with_rows(npz: Npz, keep_last: usize) -> Npz {
+    let mut out = Npz::new();
+    for (name, t) in npz.iter() {
+        let n = t.shape().first().copied().unwrap_or(0);
+        out.insert(
+            name,
+            edgeloop_models::dataset::slice_rows(t, n.saturating_sub(keep_last), n),
+        );
+    }
+    out
+}
+
+async fn quantize(
+    core: &Core,
+    p: &Pipeline,
+    config: &RetrainingConfig,
+) -> Result<Output, StepError> {
+    let Output::Onnx {
+        digest: onnx_digest,
+    } = output(p, Step::Export)?
+    else {
+        return Err(StepError::fatal("the export step's output is not a model"));
+    };
+    let data = snapshot_of(p)?;
+    let Output::Job {
+        id: job,
+        checkpoint,
+    } = output(p, Step::Train)?
+    else {
+        return Err(StepError::fatal("the training step's output is not a job"));
+    };
+    let model_bytes = read_artifact(core, digest(onnx_digest, "model")?).await?;
+    let data_digest = digest(data, "dataset")?;
+    let snapshot = read_artifact(core, data_digest).await?;
+    let version = next_version(core, &p.model)?;
+    let parent = serving_version(core, &p.model)?.map(|v| v.version);
+    let identity = Identity {
+        name: p.model.clone(),
+        version: version.clone(),
+        lineage: ManifestLineage {
+            job: Some(job.clone()),
+            checkpoint: Some(digest(checkpoint, "checkpoint")?),
+            dataset: Some(data_digest),
+            parent_version: parent,
+        },
+    };
+    let key_path = signing_key_path(core);
+    let budget = config.quantization_budget_points;
+    let packaged = blocking(move || {
+        let model = onnx::decode(&model_bytes).map_err(|e| StepError::fatal(e.to_string()))?;
+        let inputs = onnx::inspect(&model).inputs;
+        let first = inputs
+            .first()
+            .ok_or_else(|| StepError::fatal("the model has no inputs"))?
+            .name
+            .clone();
+        let snapshot = Npz::from_bytes(&snapshot).map_err(|e| StepError::fatal(e.to_string()))?;
+        let part = |eval: bool| -> Result<Dataset, StepError> {
+            let npz = dataset::part_for_model(&snapshot, &first, eval).map_err(StepError::fatal)?;
+            let npz = if eval {
+                npz
+            } else {
+                with_rows(npz, CALIBRATION_ROWS)
+            };
+            Dataset::from_npz(&npz, "the dataset snapshot", &inputs, eval)
+                .map_err(|e| StepError::fatal(e.to_string()))
+        };
+        let (calibration, eval) = (part(false)?, part(true)?);
+        let runtime =
+            OrtRuntime::load(None).map_err(|e| StepError::fatal(format!("ONNX Runtime: {e}")))?;
+        let key = package::load_or_create_key(&key_path)
+            .map_err(|e| StepError::transient(format!("{e:#}")))?;
+        let opts = GateOptions {
+            budget_points: budget,
+            ..GateOptions::default()
+        };
+        package::package(&runtime, &model, &calibration, &eval, &opts, identity, &key)
+            .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))
+    })
+    .await?;
+    let manifest_json = packaged
+        .manifest
+        .to_json_pretty()
+        .map_err(|e| StepError::fatal(e.to_string()))?;
+    let artifact = put_artifact(core, packaged.artifact).await?;
+    let manifest = put_artifact(core, manifest_json.into_bytes()).await?;
+    tracing::info!(pipeline = %p.id, chosen = %packaged.outcome.chosen, reason = %packaged.outcome.reason, "quantization gate");
+    Ok(Output::Quantized {
+        digest: artifact.to_string(),
+        method: packaged.outcome.chosen,
+        manifest: manifest.to_string(),
+        version,
+    })
+}
+
+async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Output, StepError> {
+    let Output::Quantized {
+        digest: artifact,
+        manifest,
+        version,
+        ..
+    } = output(p, Step::Quantize)?
+    else {
+        return Err(StepError::fatal(
+            "the quantize step's output is not a model",
+        ));
+    };
+    let artifact = digest(artifact, "artifact")?;
+    // Registered by an earlier try that crashed before recording it.
+    if let Some(v) = core
+        .store
+        .model_versions
+        .get(&models::version_key(&p.model, version))?
+    {
+        if v.artifact_digest == artifact {
+            return Ok(Output::Version { version: v.version });
+        }
+        return Err(StepError::fatal(format!(
+            "version {version} of {:?} was registered by someone else meanwhile",
+            p.model
+        )));
+    }
+    let manifest = digest(manifest, "manifest")?;
+    let signed = models::read_manifest(core.artifacts.as_ref(), manifest, "manifest").await?;
+    let m = &signed.manifest;
+    let evidence = m
+        .quantization
+        .as_ref()
+        .map(|q| serde_json::to_value(q).unwrap_or_default());
+    let mut metrics = BTreeMap::new();
+    if let Some(acc) = evidence.as_ref().and_then(chosen_accuracy) {
+        metrics.insert("eval_accuracy".to_string(), acc / 100.0);
+    }
+    let data = snapshot_of(p)?;
+    let v = models::create_version(
+        &core.store,
+        core.artifacts.as_ref(),
+        &p.model,
+        CreateModelVersion {
+            version: Some(version.clone()),
+            artifact_digest: artifact,
+            format: None,
+            manifest_digest: Some(manifest),
+            metrics: Some(metrics),
+            lineage: Some(Lineage {
+                parent_version: m.lineage.parent_version.clone(),
+                trigger: Some(
+                    format!("{} ({})", p.trigger, p.id)
+                        .chars()
+                        .take(128)
+                        .collect(),
+                ),
+                dataset_snapshot: Some(digest(data, "dataset")?),
+                training_job: m.lineage.job.clone(),
+                checkpoint_digest: m.lineage.checkpoint,
+                quantization: evidence,
+            }),
+        },
+        now,
+    )
+    .await?;
+    Ok(Output::Version { version: v.version })
+}
+
+/// The chosen candidate's accuracy (percent) in the quantization evidence.
+fn chosen_accuracy(evidence: &serde_json::Value) -> Option<f64> {
+    let e = &evidence["evidence"];
+    let chosen = e["chosen"].as_str()?;
+    std::iter::once(&e["float"])
+        .chain(e["candidates"].as_array().into_iter().flatten())
+        .find(|m| m["name"].as_str() == Some(chosen))
+        .and_then(|m| m["accuracy"].as_f64())
+}
+
+/// Top-1 accuracy (0..1) of an ONNX artifact on the snapshot's eval part.
+fn accuracy_on(runtime: &OrtRuntime, model_bytes: &[u8], snapshot: &Npz) -> Result<f64, StepError> {
+    let model = onnx::decode(model_bytes).map_err(|e| StepError::fatal(e.to_string()))?;
+    let inputs = onnx::inspect(&model).inputs;
+    let first = &inputs
+        .first()
+        .ok_or_else(|| StepError::fatal("the model has no inputs"))?
+        .name;
+    let npz = dataset::part_for_model(snapshot, first, true).map_err(StepError::fatal)?;
+    let eval = Dataset::from_npz(&npz, "the dataset snapshot", &inputs, true)
+        .map_err(|e| StepError::fatal(e.to_string()))?;
+    let labels = eval.labels.clone().unwrap_or_default();
+    let pred = predictions(runtime, &model, &eval).map_err(|e| StepError::fatal(e.to_string()))?;
+    let hits = pred.iter().zip(&labels).filter(|(p, l)| p == l).count();
+    Ok(hits as f64 / labels.len().max(1) as f64)
+}
+
+async fn compare(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
+    let version = version_of(p)?;
+    let data = snapshot_of(p)?;
+    let new = models::get_version(&core.store, &p.model, version)?;
+    let serving = serving_version(core, &p.model)?.filter(|v| v.version != new.version);
+    let new_bytes = read_artifact(core, new.artifact_digest).await?;
+    let serving_bytes = match &serving {
+        Some(v) => Some(read_artifact(core, v.artifact_digest).await?),
+        None => None,
+    };
+    let snapshot = read_artifact(core, digest(data, "dataset")?).await?;
+    let (new, serving) = blocking(move || {
+        let snapshot = Npz::from_bytes(&snapshot).map_err(|e| StepError::fatal(e.to_string()))?;
+        let runtime =
+            OrtRuntime::load(None).map_err(|e| StepError::fatal(format!("ONNX Runtime: {e}")))?;
+        let new = accuracy_on(&runtime, &new_bytes, &snapshot)?;
+        // Nothing serves yet: anything beats nothing.
+        let serving = match serving_bytes {
+            Some(b) => accuracy_on(&runtime, &b, &snapshot)?,
+            None => 0.0,
+        };
+        Ok((new, serving))
+    })
+    .await?;
+    Ok(Output::Comparison { new, serving })
+}
+
+fn find_deployment(
+    core: &Core,
+    seed: &str,
+) -> Result<Option<deployments::DeploymentRecord>, Error> {
+    Ok(deployments::list(&core.store)?
+        .into_iter()
+        .find(|d| d.deployment.seed == seed))
+}
+
+async fn deploy(
+    core: &Core,
+    p: &Pipeline,
+    config: &RetrainingConfig,
+    attempt: u32,
+    now: OffsetDateTime,
+) -> Poll {
+    let version = version_of(p)?;
+    let seed = deploy_seed(p, attempt);
+    let Some(d) = find_deployment(core, &seed)? else {
+        let mut req = config.deployment_request(&p.model, version)?;
+        req.seed = Some(seed);
+        let d = deployments::create(&core.store, core.artifacts.as_ref(), req, now)
+            .await
+            .map_err(|e| StepError::fatal(format!("creating the rollout: {e}")))?;
+        tracing::info!(pipeline = %p.id, deployment = %d.id, "rollout created");
+        return Ok(None);
+    };
+    match &d.deployment.state {
+        RolloutState::Succeeded => Ok(Some(Output::Deployment { id: d.id })),
+        RolloutState::RolledBack { reason, .. } => Err(StepError::fatal(format!(
+            "rollout {} rolled back: {reason}",
+            d.id
+        ))),
+        RolloutState::Failed { reason } => Err(StepError::fatal(format!(
+            "rollout {} failed: {reason}",
+            d.id
+        ))),
+        RolloutState::Cancelled { reason } => Err(StepError::fatal(format!(
+            "rollout {} was cancelled ({reason:?})",
+            d.id
+        ))),
+        RolloutState::Pending | RolloutState::Wave { .. } | RolloutState::RollingBack { .. } => {
+            Ok(None)
+        }
+    }
+}
+
+async fn reset_reference(
+    core: &Core,
+    p: &Pipeline,
+    now: OffsetDateTime,
+) -> Result<Output, StepError> {
+    let version = version_of(p)?;
+    let Output::Comparison { new, .. } = output(p, Step::Compare)? else {
+        return Err(StepError::fatal(
+            "the compare step's output is not a comparison",
+        ));
+    };
+    super::set_reference(
+        &core.store,
+        &p.model,
+        super::ReferenceRecord {
+            version: version.to_string(),
+            since: now,
+            evaluated_accuracy: Some(*new),
+            pipeline: Some(p.id.clone()),
+        },
+    )
+    .await?;
+    Ok(Output::Reference)
+}

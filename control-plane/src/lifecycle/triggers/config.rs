@@ -1,0 +1,345 @@
+//! A model's triggers as the API takes them (`PUT /api/v1/models/{name}/triggers`),
+//! checked field by field and turned into the scheduler's [`Trigger`]s.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{CronExpr, Trigger, TriggerKind};
+use crate::drift::analysis::DriftConfig;
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TriggersConfig {
+    /// No automatic retrain starts within this long of the last one.
+    #[serde(default = "default_cooldown")]
+    pub cooldown_seconds: i64,
+    /// The model's drift thresholds (defaults: `GET .../drift` documents them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<DriftConfig>,
+    /// Online accuracy is measured over this many newest labelled samples
+    /// of the serving version (default 200)...
+    #[serde(default = "default_accuracy_window")]
+    pub accuracy_window: u64,
+    /// ...and only once there are this many (default 50).
+    #[serde(default = "default_accuracy_min")]
+    pub accuracy_min_samples: u64,
+    #[serde(default)]
+    pub triggers: Vec<TriggerSpec>,
+}
+
+fn default_cooldown() -> i64 {
+    3600
+}
+fn default_accuracy_window() -> u64 {
+    200
+}
+fn default_accuracy_min() -> u64 {
+    50
+}
+
+/// One trigger; which fields apply depends on `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerSpec {
+    pub id: String,
+    /// `drift`, `accuracy_drop`, `new_labels` or `schedule`.
+    pub kind: String,
+    /// drift: the severity (largest PSI) that counts (default 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_severity: Option<f64>,
+    /// drift: for at least this long (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_duration_seconds: Option<i64>,
+    /// drift: and, when labels exist, accuracy at least this many points down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_accuracy_drop_points: Option<f64>,
+    /// accuracy_drop: points under the evaluated accuracy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub points: Option<f64>,
+    /// new_labels: labelled samples since the last retrain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u64>,
+    /// schedule: five-field cron, UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    /// schedule: only inside this daily UTC window, `HH:MM-HH:MM`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+}
+
+const KINDS: [&str; 4] = ["drift", "accuracy_drop", "new_labels", "schedule"];
+
+fn points_field(field: String, v: f64) -> Result<f64> {
+    if !(v.is_finite() && (0.0..=100.0).contains(&v)) {
+        return Err(Error::bad_field(field, "must be between 0 and 100 points"));
+    }
+    Ok(v)
+}
+
+/// `HH:MM-HH:MM` as minutes since midnight.
+fn parse_window(field: &str, text: &str) -> Result<(u32, u32)> {
+    let bad = || Error::bad_field(field, format!("{text:?} is not HH:MM-HH:MM"));
+    let minute = |s: &str| -> Option<u32> {
+        let (h, m) = s.trim().split_once(':')?;
+        let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
+        (h < 24 && m < 60).then_some(h * 60 + m)
+    };
+    let (a, b) = text.split_once('-').ok_or_else(bad)?;
+    let (a, b) = (minute(a).ok_or_else(bad)?, minute(b).ok_or_else(bad)?);
+    if a == b {
+        return Err(Error::bad_field(
+            field,
+            "the window is empty (start equals end)",
+        ));
+    }
+    Ok((a, b))
+}
+
+impl TriggersConfig {
+    /// The scheduler's triggers, or a 400 naming the field at fault.
+    pub fn triggers_for(&self, model: &str) -> Result<Vec<Trigger>> {
+        if !(0..=90 * 86_400).contains(&self.cooldown_seconds) {
+            return Err(Error::bad_field("cooldown_seconds", "must be 0 to 90 days"));
+        }
+        if self.accuracy_window == 0 || self.accuracy_window > 100_000 {
+            return Err(Error::bad_field("accuracy_window", "must be 1 to 100000"));
+        }
+        if self.accuracy_min_samples == 0 || self.accuracy_min_samples > self.accuracy_window {
+            return Err(Error::bad_field(
+                "accuracy_min_samples",
+                "must be 1 to accuracy_window",
+            ));
+        }
+        if let Some(d) = &self.drift {
+            crate::drift::analysis::validate(d, "drift.")?;
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        let mut out = vec![];
+        for (i, t) in self.triggers.iter().enumerate() {
+            let at = |f: &str| format!("triggers[{i}].{f}");
+            crate::validate::name(&at("id"), &t.id)?;
+            if !ids.insert(t.id.clone()) {
+                return Err(Error::bad_field(
+                    at("id"),
+                    format!("{:?} is used twice", t.id),
+                ));
+            }
+            let need = |v: bool, f: &str| {
+                if v {
+                    Ok(())
+                } else {
+                    Err(Error::bad_field(
+                        at(f),
+                        format!("is required for kind {:?}", t.kind),
+                    ))
+                }
+            };
+            let unused = [
+                ("min_severity", t.min_severity.is_some(), "drift"),
+                (
+                    "min_duration_seconds",
+                    t.min_duration_seconds.is_some(),
+                    "drift",
+                ),
+                (
+                    "min_accuracy_drop_points",
+                    t.min_accuracy_drop_points.is_some(),
+                    "drift",
+                ),
+                ("points", t.points.is_some(), "accuracy_drop"),
+                ("min", t.min.is_some(), "new_labels"),
+                ("cron", t.cron.is_some(), "schedule"),
+                ("window", t.window.is_some(), "schedule"),
+            ];
+            if let Some((f, _, kind)) = unused.iter().find(|(_, set, kind)| *set && *kind != t.kind)
+            {
+                return Err(Error::bad_field(
+                    at(f),
+                    format!("applies to kind {kind:?} only"),
+                ));
+            }
+            let kind = match t.kind.as_str() {
+                "drift" => {
+                    let min_severity = t.min_severity.unwrap_or(0.2);
+                    if !(min_severity.is_finite() && min_severity > 0.0) {
+                        return Err(Error::bad_field(at("min_severity"), "must be positive"));
+                    }
+                    let min_duration_seconds = t.min_duration_seconds.unwrap_or(0);
+                    if !(0..=90 * 86_400).contains(&min_duration_seconds) {
+                        return Err(Error::bad_field(at("min_duration_seconds"), "must be 0 to 90 days"));
+                    }
+                    TriggerKind::Drift {
+                        min_severity,
+                        min_duration_seconds,
+                        min_accuracy_drop_points: t
+                            .min_accuracy_drop_points
+                            .map(|p| points_field(at("min_accuracy_drop_points"), p))
+                            .transpose()?,
+                    }
+                }
+                "accuracy_drop" => {
+                    need(t.points.is_some(), "points")?;
+                    TriggerKind::AccuracyDrop {
+                        points: points_field(at("points"), t.points.unwrap_or_default())?,
+                    }
+                }
+                "new_labels" => {
+                    need(t.min.is_some_and(|m| m > 0), "min")?;
+                    TriggerKind::NewLabels {
+                        min: t.min.unwrap_or_default(),
+                    }
+                }
+                "schedule" => {
+                    need(t.cron.is_some(), "cron")?;
+                    let cron: CronExpr = t
+                        .cron
+                        .as_deref()
+                        .unwrap_or_default()
+                        .parse()
+                        .map_err(|e: super::CronError| {
+                            Error::bad_field(at(&format!("cron.{}", e.field)), e.message)
+                        })?;
+                    let window = t
+                        .window
+                        .as_deref()
+                        .map(|w| parse_window(&at("window"), w))
+                        .transpose()?;
+                    TriggerKind::Schedule { cron, window }
+                }
+                other => {
+                    return Err(Error::bad_field(
+                        at("kind"),
+                        format!("unknown kind {other:?}; expected one of {KINDS:?} (a manual retrain is POST /api/v1/models/{{name}}/retrain)"),
+                    ))
+                }
+            };
+            out.push(Trigger {
+                id: t.id.clone(),
+                model: model.to_string(),
+                kind,
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(triggers: serde_json::Value) -> TriggersConfig {
+        serde_json::from_value(serde_json::json!({ "triggers": triggers })).unwrap()
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let cases = [
+            (
+                serde_json::json!([{"id": "a", "kind": "nope"}]),
+                "triggers[0].kind",
+            ),
+            (
+                serde_json::json!([{"id": "a", "kind": "accuracy_drop"}]),
+                "triggers[0].points",
+            ),
+            (
+                serde_json::json!([{"id": "a", "kind": "accuracy_drop", "points": 200}]),
+                "triggers[0].points",
+            ),
+            (
+                serde_json::json!([{"id": "a", "kind": "new_labels", "min": 0}]),
+                "triggers[0].min",
+            ),
+            (
+                serde_json::json!([{"id": "a", "kind": "schedule", "cron": "61 * * * *"}]),
+                "triggers[0].cron.minute",
+            ),
+            (
+                serde_json::json!([{"id": "a", "kind": "schedule", "cron": "0 * * * *", "window": "2-4"}]),
+                "triggers[0].window",
+            ),
+            (
+                serde_json::json!([{"id": "a", "kind": "drift", "points": 3}]),
+                "triggers[0].points",
+            ),
+            (
+                serde_json::json!([{"id": "a", "kind": "drift"}, {"id": "a", "kind": "drift"}]),
+                "triggers[1].id",
+            ),
+            (
+                serde_json::json!([{"id": "A b", "kind": "drift"}]),
+                "triggers[0].id",
+            ),
+        ];
+        for (triggers, field) in cases {
+            let e = config(triggers.clone()).triggers_for("m").unwrap_err();
+            match e {
+                Error::BadRequest { field: Some(f), .. } => assert_eq!(f, field, "{triggers}"),
+                other => panic!("{triggers}: {other}"),
+            }
+        }
+    }
+
+    #[test]
+    fn good_triggers_become_the_schedulers() {
+        let t = config(serde_json::json!([
+            {"id": "hurts", "kind": "drift", "min_severity": 0.25, "min_accuracy_drop_points": 5},
+            {"id": "nightly", "kind": "schedule", "cron": "0 2 * * *", "window": "23:00-04:00"},
+            {"id": "labels", "kind": "new_labels", "min": 1000}
+        ]))
+        .triggers_for("m")
+        .unwrap();
+        assert_eq!(
+            t[0].kind,
+            TriggerKind::Drift {
+                min_severity: 0.25,
+                min_duration_seconds: 0,
+                min_accuracy_drop_points: Some(5.0)
+            }
+        );
+        let TriggerKind::Schedule { window, .. } = &t[1].kind else {
+            panic!()
+        };
+        assert_eq!(*window, Some((23 * 60, 4 * 60)));
+        assert_eq!(t[2].kind, TriggerKind::NewLabels { min: 1000 });
+    }
+
+    fn field() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<f64>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            "[ -~]{0,24}".prop_map(serde_json::Value::from),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever a client sends, the answer is a config or a 400 naming
+        /// a field; never a panic.
+        #[test]
+        fn any_trigger_body_is_accepted_or_refused_with_a_field(
+            kind in proptest::sample::select(vec!["drift", "accuracy_drop", "new_labels", "schedule", "x"]),
+            values in proptest::collection::vec(field(), 8),
+            cooldown in proptest::prelude::any::<i64>(),
+        ) {
+            let keys = ["min_severity", "min_duration_seconds", "min_accuracy_drop_points",
+                        "points", "min", "cron", "window", "id"];
+            let mut t = serde_json::json!({"id": "t", "kind": kind});
+            for (k, v) in keys.iter().zip(values) {
+                if !v.is_null() {
+                    t[*k] = v;
+                }
+            }
+            let body = serde_json::json!({"cooldown_seconds": cooldown, "triggers": [t]});
+            if let Ok(c) = serde_json::from_value::<TriggersConfig>(body) {
+                match c.triggers_for("m") {
+                    Ok(t) => proptest::prop_assert_eq!(t.len(), 1),
+                    Err(Error::BadRequest { field: Some(_), .. }) => {}
+                    Err(other) => proptest::prop_assert!(false, "{other}"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! The thin task around [`super::decide`]: every tick, for each model with
+//! triggers, it reads what the scheduler needs from the store (the serving
+//! version's drift with hysteresis, online accuracy from labelled
+//! feedback, labels since the last retrain, the running pipeline), asks the
+//! pure scheduler, and acts: starts a retrain, or records the triggers on
+//! the running one. What it saw and decided is kept per model for
+//! `GET /api/v1/models/{name}/triggers`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
+
+use super::config::TriggersConfig;
+use super::{decide, Decision, ModelState, TriggerKind};
+use crate::drift::analysis::{self, WindowDrift};
+use crate::drift::records::SampleRecord;
+use crate::error::{Error, Result};
+use crate::lifecycle::retrain::{self, steps, Started};
+use crate::registry::models;
+use crate::Core;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TriggerStateRecord {
+    /// The minute a schedule last fired, so it fires once per minute.
+    pub schedule_fired_minute: Option<i64>,
+    pub last: Option<Evaluation>,
+}
+
+/// One evaluation of a model's triggers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Evaluation {
+    /// Unix seconds.
+    pub at: i64,
+    /// The serving version the drift and accuracy are about.
+    pub version: Option<String>,
+    #[schema(value_type = Object)]
+    pub state: ModelState,
+    /// `start`, `coalesce`, `cooldown`, or none when nothing fired.
+    pub decision: Option<String>,
+    pub reasons: Vec<String>,
+    pub pipeline: Option<String>,
+}
+
+pub async fn run(core: Arc<Core>, interval: Duration, shutdown: CancellationToken) {
+    loop {
+        if let Err(e) = tick(&core, OffsetDateTime::now_utc()).await {
+            tracing::error!(error = %e, "trigger tick failed; retrying next tick");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+pub async fn tick(core: &Core, now: OffsetDateTime) -> Result<()> {
+    for (model, config) in core.store.triggers.scan_prefix("")? {
+        if let Err(e) = evaluate(core, &model, &config, now).await {
+            tracing::error!(%model, error = %e, "evaluating triggers");
+        }
+    }
+    Ok(())
+}
+
+/// The current drifting run of `windows`: since when (the start of its
+/// first window) and how severe (its largest judged severity).
+pub fn drifting_run(windows: &[WindowDrift]) -> Option<(i64, f64)> {
+    if !windows.last()?.drifting {
+        return None;
+    }
+    let run: Vec<&WindowDrift> = windows.iter().rev().take_while(|w| w.drifting).collect();
+    let since = run.last()?.start;
+    let severity = run
+        .iter()
+        .filter(|w| w.over.is_some())
+        .map(|w| w.severity)
+        .fold(0.0, f64::max);
+    Some((since, severity))
+}
+
+/// Labelled rows once per `(device, request)`, oldest first.
+fn labelled(records: Vec<SampleRecord>) -> Vec<SampleRecord> {
+    let mut seen = BTreeSet::new();
+    let mut out: Vec<SampleRecord> = records
+        .into_iter()
+        .filter(|r| r.label.is_some())
+        .filter(|r| seen.insert((r.device.clone(), r.request_id.clone())))
+        .collect();
+    out.sort_by_key(|r| r.observed_at);
+    out
+}
+
+/// Top-1 accuracy (0..1) of the newest `window` labelled predictions, once
+/// there are at least `min`.
+pub fn online_accuracy(rows: &[SampleRecord], window: usize, min: usize) -> Option<f64> {
+    let scored: Vec<&SampleRecord> = rows
+        .iter()
+        .filter(|r| r.predicted_class.is_some())
+        .collect();
+    let recent = &scored[scored.len().saturating_sub(window)..];
+    if recent.len() < min.max(1) {
+        return None;
+    }
+    let hits = recent
+        .iter()
+        .filter(|r| r.predicted_class == r.label)
+        .count();
+    Some(hits as f64 / recent.len() as f64)
+}
+
+async fn observe(
+    core: &Core,
+    model: &str,
+    config: &TriggersConfig,
+    saved: &TriggerStateRecord,
+) -> Result<(ModelState, Option<String>)> {
+    let store = &core.store;
+    let running = match store.pipeline_active.get(model)? {
+        Some(id) => store
+            .pipelines
+            .get(&id)?
+            .filter(|p| !p.state.is_terminal())
+            .map(|p| p.id),
+        None => None,
+    };
+    let last_started = retrain::list(store, Some(model))?
+        .first()
+        .and_then(|p| p.history.first())
+        .map(|r| r.started_at);
+    let serving = steps::serving_version(core, model)?;
+    let mut state = ModelState {
+        running,
+        last_started,
+        cooldown_seconds: config.cooldown_seconds,
+        schedule_fired_minute: saved.schedule_fired_minute,
+        ..Default::default()
+    };
+    let all = labelled(
+        store
+            .samples
+            .scan_prefix(&format!("{model}/"))?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect(),
+    );
+    state.labels_since_last = all
+        .iter()
+        .filter(|r| {
+            last_started.is_none_or(|s| r.observed_at.is_some_and(|t| t.unix_timestamp() > s))
+        })
+        .count() as u64;
+    let Some(version) = serving else {
+        return Ok((state, None));
+    };
+    let mine: Vec<SampleRecord> = all
+        .into_iter()
+        .filter(|r| r.model_version == version.version)
+        .collect();
+    state.online_accuracy = online_accuracy(
+        &mine,
+        config.accuracy_window as usize,
+        config.accuracy_min_samples as usize,
+    );
+    let reference = retrain::reference(store, model)?.filter(|r| r.version == version.version);
+    state.evaluated_accuracy = reference
+        .and_then(|r| r.evaluated_accuracy)
+        .or_else(|| version.metrics.get("eval_accuracy").copied());
+    if let Some(m) = version.manifest_digest {
+        let signed = models::read_manifest(core.artifacts.as_ref(), m, "manifest").await?;
+        if let Some(reference) = signed.manifest.reference_stats {
+            let sketches: Vec<_> = store
+                .sketches
+                .scan_prefix(&format!("{model}/{}/", version.version))?
+                .into_iter()
+                .map(|(_, s)| s)
+                .collect();
+            let drift = config.drift.unwrap_or_default();
+            let series = analysis::analyze(&reference, &sketches, &|_| None, &drift);
+            if let Some((since, severity)) = series.first().and_then(|s| drifting_run(&s.windows)) {
+                state.drifting_since = Some(since);
+                state.drift_severity = severity;
+            }
+        }
+    }
+    Ok((state, Some(version.version)))
+}
+
+async fn evaluate(
+    core: &Core,
+    model: &str,
+    config: &TriggersConfig,
+    now: OffsetDateTime,
+) -> Result<()> {
+    let triggers = config.triggers_for(model)?;
+    if triggers.is_empty() {
+        return Ok(());
+    }
+    let saved = core.store.trigger_state.get(model)?.unwrap_or_default();
+    let (state, version) = observe(core, model, config, &saved).await?;
+    let now_s = now.unix_timestamp();
+    let decisions = decide(
+        &triggers,
+        &BTreeMap::from([(model.to_string(), state.clone())]),
+        now_s,
+    );
+    let mut next = TriggerStateRecord {
+        schedule_fired_minute: saved.schedule_fired_minute,
+        last: Some(Evaluation {
+            at: now_s,
+            version,
+            state,
+            decision: None,
+            reasons: vec![],
+            pipeline: None,
+        }),
+    };
+    if let Some(d) = decisions.into_iter().next() {
+        let (name, reasons) = match &d {
+            Decision::Start { reasons, .. } => ("start", reasons.clone()),
+            Decision::Coalesce { reasons, .. } => ("coalesce", reasons.clone()),
+            Decision::Cooldown { reasons, .. } => ("cooldown", reasons.clone()),
+        };
+        let fired_schedule = triggers.iter().any(|t| {
+            matches!(t.kind, TriggerKind::Schedule { .. })
+                && reasons
+                    .iter()
+                    .any(|r| r.starts_with(&format!("{}: ", t.id)))
+        });
+        if fired_schedule {
+            next.schedule_fired_minute = Some(now_s - now_s.rem_euclid(60));
+        }
+        let pipeline = act(core, model, &d, &reasons, now).await?;
+        if let Some(last) = next.last.as_mut() {
+            last.decision = Some(name.to_string());
+            last.reasons = reasons;
+            last.pipeline = pipeline;
+        }
+    }
+    core.store.trigger_state.insert(model, &next)?;
+    Ok(())
+}
+
+async fn act(
+    core: &Core,
+    model: &str,
+    d: &Decision,
+    reasons: &[String],
+    now: OffsetDateTime,
+) -> Result<Option<String>> {
+    match d {
+        Decision::Cooldown { .. } => Ok(None),
+        Decision::Start { .. } => {
+            let trigger: String = reasons.join("; ").chars().take(500).collect();
+            let p = match retrain::start(&core.store, model, &trigger, now).await {
+                Ok(Started::Started(p)) => {
+                    tracing::info!(%model, pipeline = %p.id, %trigger, "trigger started a retrain");
+                    p
+                }
+                Ok(Started::Coalesced(p)) => p,
+                // No retraining policy yet: the decision is kept (and
+                // shown) without a pipeline, rather than failing each tick.
+                Err(Error::Conflict(why)) => {
+                    tracing::debug!(%model, %why, "a trigger fired but no retrain could start");
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
+            Ok(Some(p.id))
+        }
+        Decision::Coalesce { running, .. } => {
+            // Once per trigger per pipeline: a condition that holds for an
+            // hour is one reason, not 3600 entries.
+            let p = retrain::get(&core.store, running)?;
+            for reason in reasons {
+                let id = reason.split(": ").next().unwrap_or_default();
+                let known = p
+                    .coalesced
+                    .iter()
+                    .any(|c| c.trigger.split(": ").next() == Some(id));
+                if !known {
+                    retrain::start(&core.store, model, reason, now).await?;
+                }
+            }
+            Ok(Some(running.clone()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(start: i64, severity: f64, over: Option<bool>, drifting: bool) -> WindowDrift {
+        WindowDrift {
+            start,
+            requests: 100,
+            devices: 1,
+            features: vec![],
+            prediction_js: None,
+            low_confidence_share: None,
+            severity,
+            over,
+            drifting,
+            labelled: 0,
+            accuracy: None,
+        }
+    }
+
+    #[test]
+    fn the_drifting_run_starts_at_its_first_window() {
+        assert_eq!(drifting_run(&[]), None);
+        assert_eq!(drifting_run(&[w(0, 0.5, Some(true), false)]), None);
+        let windows = [
+            w(0, 0.3, Some(true), true),
+            w(10, 0.0, Some(false), false),
+            w(20, 0.4, Some(true), true),
+            w(30, 0.9, None, true),
+            w(40, 0.3, Some(true), true),
+        ];
+        assert_eq!(drifting_run(&windows), Some((20, 0.4)));
+    }
+
+    fn row(i: i64, predicted: i64, label: i64) -> SampleRecord {
+        SampleRecord {
+            device: "d".into(),
+            sequence: 1,
+            kind: crate::drift::records::SampleKind::Feedback,
+            model_name: "m".into(),
+            model_version: "1".into(),
+            request_id: format!("r{i}"),
+            observed_at: OffsetDateTime::from_unix_timestamp(i).ok(),
+            inputs: vec![],
+            predicted_class: Some(predicted),
+            confidence: None,
+            label: Some(label),
+        }
+    }
+
+    #[test]
+    fn online_accuracy_is_over_the_newest_window_once_there_are_enough() {
+        let mut rows: Vec<SampleRecord> = (0..10).map(|i| row(i, 0, 1)).collect();
+        rows.extend((10..20).map(|i| row(i, 1, 1)));
+        assert_eq!(online_accuracy(&rows, 10, 5), Some(1.0));
+        assert_eq!(online_accuracy(&rows, 20, 5), Some(0.5));
+        assert_eq!(online_accuracy(&rows, 20, 21), None);
+        let dup = labelled(vec![row(1, 1, 1), row(1, 1, 1), row(0, 0, 1)]);
+        assert_eq!(dup.len(), 2);
+        assert_eq!(dup[0].request_id, "r0", "oldest first");
+    }
+}

@@ -1,0 +1,151 @@
+//! Packaging a trained float model for the fleet: the accuracy gate picks
+//! the smallest candidate within budget, and a signed manifest describes it
+//! (signature, reference statistics for drift, lineage). One code path for
+//! `edgeloop model quantize` and the retraining pipeline's Quantize step.
+
+use std::path::{Path, PathBuf};
+
+use crate::dataset::{reference_stats, Dataset};
+use crate::manifest::{
+    ArtifactRef, DimSpec, IoSignature, Lineage, Manifest, ManifestError, ManifestKey,
+    QuantizationRecord, SignedManifest, TensorSpec, SCHEMA_VERSION,
+};
+use crate::onnx::{self, ir, Dim, ValueSummary};
+use crate::quantize::gate::{predictions, run_gate, GateOptions, GateOutcome};
+use crate::quantize::QuantizeError;
+use crate::runtime::OrtRuntime;
+use crate::Digest;
+
+/// Why packaging failed: the gate could not run, or the manifest could not
+/// be made or signed, or the signing key could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum PackageError {
+    #[error(transparent)]
+    Gate(#[from] QuantizeError),
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error("formatting the manifest's creation time: {0}")]
+    Time(#[from] time::error::Format),
+    #[error("{what} {}: {source}", path.display())]
+    Key {
+        what: &'static str,
+        path: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+fn key_error<E: std::error::Error + Send + Sync + 'static>(
+    what: &'static str,
+    path: &Path,
+) -> impl FnOnce(E) -> PackageError {
+    let path = path.to_path_buf();
+    move |e| PackageError::Key {
+        what,
+        path,
+        source: Box::new(e),
+    }
+}
+
+/// Bins of the manifest's per-input reference histograms.
+pub const REFERENCE_BINS: usize = 32;
+
+pub struct Packaged {
+    /// The chosen model's ONNX bytes.
+    pub artifact: Vec<u8>,
+    pub manifest: SignedManifest,
+    pub outcome: GateOutcome,
+}
+
+/// What the manifest says about where the model came from.
+pub struct Identity {
+    pub name: String,
+    pub version: String,
+    pub lineage: Lineage,
+}
+
+/// Runs the gate on `model` and signs the chosen candidate's manifest.
+pub fn package(
+    runtime: &OrtRuntime,
+    model: &ir::ModelProto,
+    calibration: &Dataset,
+    eval: &Dataset,
+    opts: &GateOptions,
+    identity: Identity,
+    key: &ManifestKey,
+) -> Result<Packaged, PackageError> {
+    let outcome = run_gate(runtime, model, calibration, eval, opts)?;
+    let artifact = onnx::encode(&outcome.chosen_model);
+    let chosen_predictions = predictions(runtime, &outcome.chosen_model, eval)?;
+    let summary = onnx::inspect(&outcome.chosen_model);
+    let manifest = Manifest {
+        schema: SCHEMA_VERSION,
+        name: identity.name,
+        version: identity.version,
+        artifact: ArtifactRef {
+            sha256: Digest::of(&artifact),
+            size: artifact.len() as u64,
+            format: "onnx".into(),
+        },
+        signature: IoSignature {
+            inputs: summary.inputs.iter().map(spec).collect(),
+            outputs: summary.outputs.iter().map(spec).collect(),
+        },
+        quantization: Some(QuantizationRecord::new(outcome.chosen.clone(), &outcome)?),
+        reference_stats: Some(reference_stats(eval, &chosen_predictions, REFERENCE_BINS)),
+        lineage: identity.lineage,
+        health_probe: None,
+        created_at: time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)?,
+    };
+    let manifest = key.sign(manifest)?;
+    Ok(Packaged {
+        artifact,
+        manifest,
+        outcome,
+    })
+}
+
+fn spec(v: &ValueSummary) -> TensorSpec {
+    TensorSpec {
+        name: v.name.clone(),
+        dtype: v.dtype.clone(),
+        shape: v
+            .shape
+            .iter()
+            .flatten()
+            .map(|d| match d {
+                Dim::Fixed(n) => DimSpec::Fixed(*n),
+                Dim::Symbolic(s) => DimSpec::Symbolic(s.clone()),
+                Dim::Unknown => DimSpec::Symbolic("?".into()),
+            })
+            .collect(),
+    }
+}
+
+/// The public half of a signing key lives beside it, as `.pub`.
+pub fn public_key_path(signing_key: &Path) -> PathBuf {
+    signing_key.with_extension("pub")
+}
+
+/// Reads the ed25519 signing key at `path`, creating it (mode 0600, with
+/// its public key beside it) when missing.
+pub fn load_or_create_key(path: &Path) -> Result<ManifestKey, PackageError> {
+    if path.exists() {
+        return ManifestKey::read_from(path).map_err(key_error("reading signing key", path));
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(key_error("creating", dir))?;
+    }
+    let key = ManifestKey::generate();
+    // The public key first: a crash between the two leaves a key pair whose
+    // signing half is missing, which the next call regenerates, rather than
+    // a signing key whose public half nobody can read.
+    let public = public_key_path(path);
+    key.public()
+        .write_to(&public)
+        .map_err(key_error("writing public key", &public))?;
+    key.write_to(path)
+        .map_err(key_error("writing signing key", path))?;
+    tracing::info!(path = %path.display(), "created a manifest signing key (public key beside it, .pub)");
+    Ok(key)
+}
