@@ -1,0 +1,445 @@
+//! The manifest schema and its validation. Field order in every struct is
+//! part of the signed bytes: reordering fields invalidates every signature
+//! ever made.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::canonical::serialize_sorted;
+use super::checks::{check_name, check_rfc3339, check_semver, check_text, check_token};
+use super::{finite, invalid, ManifestError, SCHEMA_VERSION};
+use crate::Digest;
+
+/// The deepest JSON nesting allowed in quantization evidence. `serde_json`
+/// refuses documents nested deeper than 128 when parsing, so evidence that
+/// could be signed but never parsed back is refused at signing instead.
+const MAX_EVIDENCE_DEPTH: usize = 64;
+
+/// How far the prediction shares may sum away from 1: they are rounded
+/// fractions, but a distribution that sums to 0.9 is a bug upstream.
+const SHARE_SUM_TOLERANCE: f64 = 1e-6;
+
+/// Element type names, as `onnx::inspect` writes them, so a manifest's
+/// signature can be filled from an inspection.
+const TENSOR_DTYPES: &[&str] = &[
+    "float32",
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "int32",
+    "int64",
+    "string",
+    "bool",
+    "float16",
+    "float64",
+    "uint32",
+    "uint64",
+    "complex64",
+    "complex128",
+    "bfloat16",
+    "float8e4m3fn",
+    "float8e4m3fnuz",
+    "float8e5m2",
+    "float8e5m2fnuz",
+    "uint4",
+    "int4",
+    "float4e2m1",
+    "float8e8m0",
+    "uint2",
+    "int2",
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// [`SCHEMA_VERSION`].
+    pub schema: u32,
+    /// The model's name, a DNS label like the registry's model names.
+    pub name: String,
+    /// Semantic version: `MAJOR.MINOR.PATCH[-pre][+build]`.
+    pub version: String,
+    pub artifact: ArtifactRef,
+    pub signature: IoSignature,
+    pub quantization: Option<QuantizationRecord>,
+    /// The training-time distributions that drift detection compares with.
+    pub reference_stats: Option<ReferenceStats>,
+    pub lineage: Lineage,
+    pub health_probe: Option<HealthProbe>,
+    /// RFC 3339, supplied by the caller so that signing is a pure function.
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactRef {
+    pub sha256: Digest,
+    pub size: u64,
+    /// `onnx` today.
+    pub format: String,
+}
+
+/// The model's inputs and outputs, so a device can refuse a version whose
+/// interface does not fit its pipeline before loading it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IoSignature {
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorSpec {
+    pub name: String,
+    /// `float32`, `int64`, ... (ONNX element types, NumPy-style names).
+    pub dtype: String,
+    pub shape: Vec<DimSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DimSpec {
+    Fixed(i64),
+    /// A named dimension such as `batch`.
+    Symbolic(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuantizationRecord {
+    pub method: String,
+    /// The quantizer's numbers for every candidate it tried. Build it with
+    /// [`QuantizationRecord::new`]: converting to a `Value` silently turns NaN
+    /// into `null`, which `new` refuses instead.
+    #[serde(serialize_with = "serialize_sorted")]
+    pub evidence: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferenceStats {
+    pub inputs: Vec<InputHistogram>,
+    pub prediction_distribution: Vec<ClassShare>,
+    pub sample_count: u64,
+}
+
+/// `counts[i]` values fell in `[bin_edges[i], bin_edges[i + 1])`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputHistogram {
+    pub name: String,
+    pub bin_edges: Vec<f64>,
+    pub counts: Vec<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassShare {
+    pub class: i64,
+    pub share: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lineage {
+    pub job: Option<String>,
+    pub checkpoint: Option<Digest>,
+    pub dataset: Option<Digest>,
+    pub parent_version: Option<String>,
+}
+
+/// What a device runs after loading a version, before switching traffic to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthProbe {
+    /// The `.npz` artifact with the sample inputs.
+    pub sample_inputs: Digest,
+    pub max_latency_ms: f64,
+}
+
+impl QuantizationRecord {
+    /// Converts the quantizer's evidence to JSON, refusing NaN and infinities
+    /// with the path of the first one (`quantization.evidence.candidates[2].mse`).
+    pub fn new(
+        method: impl Into<String>,
+        evidence: &impl Serialize,
+    ) -> Result<Self, ManifestError> {
+        const FIELD: &str = "quantization.evidence";
+        match finite::first_non_finite(evidence) {
+            Ok(None) => {}
+            Ok(Some(path)) => {
+                return Err(invalid(
+                    format!("{FIELD}{path}"),
+                    "must be a finite number, not NaN or infinity",
+                ))
+            }
+            Err(reason) => return Err(invalid(FIELD, reason)),
+        }
+        let evidence = serde_json::to_value(evidence).map_err(|e| invalid(FIELD, e.to_string()))?;
+        Ok(Self {
+            method: method.into(),
+            evidence,
+        })
+    }
+}
+
+impl Manifest {
+    /// Checks every field; the error names the first bad one, e.g.
+    /// `reference_stats.inputs[0].bin_edges`.
+    pub fn validate(&self) -> Result<(), ManifestError> {
+        if self.schema != SCHEMA_VERSION {
+            return Err(invalid(
+                "schema",
+                format!(
+                    "schema {} is not supported; this build reads schema {SCHEMA_VERSION}",
+                    self.schema
+                ),
+            ));
+        }
+        check_name("name", &self.name)?;
+        check_semver("version", &self.version)?;
+        self.artifact.validate()?;
+        self.signature.validate()?;
+        if let Some(q) = &self.quantization {
+            q.validate()?;
+        }
+        if let Some(stats) = &self.reference_stats {
+            stats.validate()?;
+        }
+        self.lineage.validate(&self.version)?;
+        if let Some(probe) = &self.health_probe {
+            if !(probe.max_latency_ms.is_finite() && probe.max_latency_ms > 0.0) {
+                return Err(invalid(
+                    "health_probe.max_latency_ms",
+                    format!(
+                        "must be a finite number above 0, got {}",
+                        probe.max_latency_ms
+                    ),
+                ));
+            }
+        }
+        check_rfc3339("created_at", &self.created_at)
+    }
+}
+
+impl ArtifactRef {
+    fn validate(&self) -> Result<(), ManifestError> {
+        if self.size == 0 {
+            return Err(invalid("artifact.size", "an empty artifact is not a model"));
+        }
+        check_token("artifact.format", &self.format)
+    }
+}
+
+impl IoSignature {
+    fn validate(&self) -> Result<(), ManifestError> {
+        check_tensors("signature.inputs", &self.inputs)?;
+        if self.outputs.is_empty() {
+            return Err(invalid(
+                "signature.outputs",
+                "a model has at least one output",
+            ));
+        }
+        check_tensors("signature.outputs", &self.outputs)
+    }
+}
+
+fn check_tensors(field: &str, tensors: &[TensorSpec]) -> Result<(), ManifestError> {
+    for (i, t) in tensors.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        check_text(&format!("{at}.name"), &t.name, 1024)?;
+        if tensors[..i].iter().any(|earlier| earlier.name == t.name) {
+            return Err(invalid(
+                format!("{at}.name"),
+                format!("{:?} appears twice", t.name),
+            ));
+        }
+        if !TENSOR_DTYPES.contains(&t.dtype.as_str()) {
+            return Err(invalid(
+                format!("{at}.dtype"),
+                format!("{:?} is not an ONNX tensor element type", t.dtype),
+            ));
+        }
+        for (d, dim) in t.shape.iter().enumerate() {
+            match dim {
+                DimSpec::Fixed(n) if *n < 0 => {
+                    return Err(invalid(
+                        format!("{at}.shape[{d}]"),
+                        format!("a dimension cannot be negative, got {n}"),
+                    ))
+                }
+                DimSpec::Symbolic(s) => check_text(&format!("{at}.shape[{d}]"), s, 256)?,
+                DimSpec::Fixed(_) => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+impl QuantizationRecord {
+    fn validate(&self) -> Result<(), ManifestError> {
+        check_token("quantization.method", &self.method)?;
+        if value_depth_exceeds(&self.evidence, MAX_EVIDENCE_DEPTH) {
+            return Err(invalid(
+                "quantization.evidence",
+                format!("nested deeper than {MAX_EVIDENCE_DEPTH} levels"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Bounded recursion: it stops descending at `max`, so even a pathologically
+/// deep value cannot exhaust the stack here.
+fn value_depth_exceeds(value: &Value, max: usize) -> bool {
+    let children: Box<dyn Iterator<Item = &Value>> = match value {
+        Value::Array(items) => Box::new(items.iter()),
+        Value::Object(map) => Box::new(map.values()),
+        _ => return false,
+    };
+    if max == 0 {
+        return true;
+    }
+    children
+        .into_iter()
+        .any(|child| value_depth_exceeds(child, max - 1))
+}
+
+impl ReferenceStats {
+    fn validate(&self) -> Result<(), ManifestError> {
+        if self.sample_count == 0 {
+            return Err(invalid(
+                "reference_stats.sample_count",
+                "reference statistics need at least one sample",
+            ));
+        }
+        for (i, h) in self.inputs.iter().enumerate() {
+            let at = format!("reference_stats.inputs[{i}]");
+            check_text(&format!("{at}.name"), &h.name, 1024)?;
+            if self.inputs[..i]
+                .iter()
+                .any(|earlier| earlier.name == h.name)
+            {
+                return Err(invalid(
+                    format!("{at}.name"),
+                    format!("{:?} appears twice", h.name),
+                ));
+            }
+            let edges_field = format!("{at}.bin_edges");
+            if h.bin_edges.len() < 2 {
+                return Err(invalid(edges_field, "a histogram needs at least two edges"));
+            }
+            if h.counts.len() + 1 != h.bin_edges.len() {
+                return Err(invalid(
+                    format!("{at}.counts"),
+                    format!(
+                        "{} counts for {} edges: there must be one count per bin, one fewer than the edges",
+                        h.counts.len(),
+                        h.bin_edges.len()
+                    ),
+                ));
+            }
+            if let Some(bad) = h.bin_edges.iter().position(|e| !e.is_finite()) {
+                return Err(invalid(
+                    edges_field,
+                    format!("edge {bad} is {}, not a finite number", h.bin_edges[bad]),
+                ));
+            }
+            if let Some(bad) = h.bin_edges.windows(2).position(|w| w[0] >= w[1]) {
+                return Err(invalid(
+                    edges_field,
+                    format!("edges must be strictly increasing; edge {} is not", bad + 1),
+                ));
+            }
+        }
+        let mut sum = 0.0;
+        for (i, c) in self.prediction_distribution.iter().enumerate() {
+            let at = format!("reference_stats.prediction_distribution[{i}]");
+            if !(c.share.is_finite() && (0.0..=1.0).contains(&c.share)) {
+                return Err(invalid(
+                    format!("{at}.share"),
+                    format!("must be a finite number in [0, 1], got {}", c.share),
+                ));
+            }
+            if self.prediction_distribution[..i]
+                .iter()
+                .any(|earlier| earlier.class == c.class)
+            {
+                return Err(invalid(
+                    format!("{at}.class"),
+                    format!("class {} appears twice", c.class),
+                ));
+            }
+            sum += c.share;
+        }
+        if !self.prediction_distribution.is_empty() && (sum - 1.0).abs() > SHARE_SUM_TOLERANCE {
+            return Err(invalid(
+                "reference_stats.prediction_distribution",
+                format!("shares must sum to 1, got {sum}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Lineage {
+    fn validate(&self, version: &str) -> Result<(), ManifestError> {
+        if let Some(job) = &self.job {
+            check_text("lineage.job", job, 256)?;
+        }
+        if let Some(parent) = &self.parent_version {
+            check_semver("lineage.parent_version", parent)?;
+            if parent == version {
+                return Err(invalid(
+                    "lineage.parent_version",
+                    "a version cannot be its own parent",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Serialize)]
+    struct Candidate {
+        name: &'static str,
+        mse: f64,
+        extra: Option<Vec<f32>>,
+    }
+
+    #[test]
+    fn quantization_record_refuses_nan_before_it_becomes_null() {
+        let err = QuantizationRecord::new(
+            "dynamic-int8",
+            &vec![Candidate {
+                name: "a",
+                mse: f64::NAN,
+                extra: None,
+            }],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, ManifestError::Invalid { field, .. } if field == "quantization.evidence[0].mse"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn evidence_depth_is_bounded() {
+        let mut deep = Value::from(1);
+        for _ in 0..200 {
+            deep = Value::Array(vec![deep]);
+        }
+        assert!(value_depth_exceeds(&deep, MAX_EVIDENCE_DEPTH));
+        let mut shallow = Value::from(1);
+        for _ in 0..MAX_EVIDENCE_DEPTH {
+            shallow = Value::Array(vec![shallow]);
+        }
+        assert!(!value_depth_exceeds(&shallow, MAX_EVIDENCE_DEPTH));
+    }
+}
