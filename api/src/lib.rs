@@ -7,6 +7,7 @@ pub mod client;
 pub mod cost;
 pub mod error;
 pub mod pipelines;
+pub mod registry;
 pub mod spec;
 
 pub use client::{ApiError, Client, ErrorKind};

@@ -5,80 +5,96 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use serde_json::{json, Value};
+use edgeloop_api::registry::{ModelVersionView, ModelView};
+use edgeloop_models::Digest;
+use serde::Serialize;
+use serde_json::Value;
 
 use super::api::{block_on, client, segment, Reply, ServerArgs};
 use super::table::{bytes, fields, short_digest, text, when, Table};
 
 pub fn list(server: &ServerArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     block_on(out, async {
-        let all = client(server)?.get("/api/v1/models").await?;
-        Ok(Reply::show(&all, server.json, |all| {
-            models_table(all.as_array().map_or(&[][..], |a| a))
-        }))
+        let all: Vec<ModelView> = client(server)?.get("/api/v1/models").await?;
+        Reply::typed(&all, server.json, |all| models_table(all))
     })
+}
+
+/// `model show`: the two server answers side by side, as they came.
+#[derive(Debug, Serialize)]
+struct ModelShow {
+    model: ModelView,
+    versions: Vec<ModelVersionView>,
 }
 
 pub fn show(name: &str, server: &ServerArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     block_on(out, async {
         let client = client(server)?;
         let name = segment("model name", name)?;
-        let model: Value = client.get(&format!("/api/v1/models/{name}")).await?;
-        let versions: Value = client
+        let model: ModelView = client.get(&format!("/api/v1/models/{name}")).await?;
+        let versions: Vec<ModelVersionView> = client
             .get(&format!("/api/v1/models/{name}/versions"))
             .await?;
-        // The two server answers side by side, as they came.
-        let both = json!({"model": model, "versions": versions});
-        Ok(Reply::show(&both, server.json, render_model))
+        let both = ModelShow { model, versions };
+        Reply::typed(&both, server.json, render_model)
     })
 }
 
 pub fn versions(name: &str, server: &ServerArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     block_on(out, async {
         let name = segment("model name", name)?;
-        let versions = client(server)?
+        let versions: Vec<ModelVersionView> = client(server)?
             .get(&format!("/api/v1/models/{name}/versions"))
             .await?;
-        Ok(Reply::show(&versions, server.json, |v| {
-            versions_table(v.as_array().map_or(&[][..], |a| a))
-        }))
+        Reply::typed(&versions, server.json, |v| versions_table(v))
     })
 }
 
-pub fn models_table(all: &[Value]) -> String {
+/// A byte count in binary units (`table::bytes` on a typed count).
+pub fn size(n: u64) -> String {
+    bytes(&Value::from(n))
+}
+
+/// A digest shortened to what a person compares by eye.
+pub fn short(d: Option<&Digest>) -> String {
+    match d {
+        Some(d) => short_digest(&Value::from(d.to_string())),
+        None => "-".into(),
+    }
+}
+
+pub fn models_table(all: &[ModelView]) -> String {
     let mut t = Table::new(&["NAME", "TASK", "LABELS", "CREATED", "DESCRIPTION"]);
     for m in all {
         t.row(vec![
-            text(&m["name"]),
-            text(&m["task"]),
-            text(&m["labels"]),
-            when(&m["created_at"]),
-            super::table::clip(m["description"].as_str().unwrap_or(""), 40),
+            text(&m.name),
+            text(&m.task),
+            text(&m.labels),
+            when(&m.created_at),
+            super::table::clip(&m.description, 40),
         ]);
     }
     t.render()
 }
 
-fn render_model(both: &Value) -> String {
-    let m = &both["model"];
+fn render_model(both: &ModelShow) -> String {
+    let m = &both.model;
     let mut out = fields(&[
-        ("name", text(&m["name"])),
-        ("task", text(&m["task"])),
-        ("description", text(&m["description"])),
-        ("labels", text(&m["labels"])),
-        ("created", when(&m["created_at"])),
+        ("name", text(&m.name)),
+        ("task", text(&m.task)),
+        ("description", text(&m.description)),
+        ("labels", text(&m.labels)),
+        ("created", when(&m.created_at)),
     ]);
     out.push('\n');
-    out.push_str(&versions_table(
-        both["versions"].as_array().map_or(&[][..], |a| a),
-    ));
+    out.push_str(&versions_table(&both.versions));
     out
 }
 
 /// One row per version, oldest first (the server's order), with where it
 /// came from: parent, trigger, training job, dataset snapshot, checkpoint
 /// and quantization method.
-pub fn versions_table(versions: &[Value]) -> String {
+pub fn versions_table(versions: &[ModelVersionView]) -> String {
     let mut t = Table::new(&[
         "VERSION",
         "CREATED",
@@ -93,28 +109,23 @@ pub fn versions_table(versions: &[Value]) -> String {
         "METRICS",
     ]);
     for v in versions {
-        let lineage = &v["lineage"];
-        let quantized = match &lineage["quantization"] {
-            Value::Null => "-".to_string(),
-            q => q["method"].as_str().unwrap_or("yes").to_string(),
+        let lineage = &v.lineage;
+        let quantized = match &lineage.quantization {
+            None | Some(Value::Null) => "-".to_string(),
+            Some(_) => lineage.quantization_method().unwrap_or("yes").to_string(),
         };
         t.row(vec![
-            text(&v["version"]),
-            when(&v["created_at"]),
-            bytes(&v["artifact_size"]),
-            if v["manifest_digest"].is_string() {
-                "yes"
-            } else {
-                "no"
-            }
-            .into(),
-            text(&lineage["parent_version"]),
-            text(&lineage["trigger"]),
-            text(&lineage["training_job"]),
-            short_digest(&lineage["dataset_snapshot"]),
-            short_digest(&lineage["checkpoint_digest"]),
+            text(&v.version),
+            when(&v.created_at),
+            size(v.artifact_size),
+            text(&v.manifest_digest.is_some()),
+            text(&lineage.parent_version),
+            text(&lineage.trigger),
+            text(&lineage.training_job),
+            short(lineage.dataset_snapshot.as_ref()),
+            short(lineage.checkpoint_digest.as_ref()),
             quantized,
-            metrics(&v["metrics"]),
+            metrics(&v.metrics),
         ]);
     }
     t.render()
@@ -122,18 +133,14 @@ pub fn versions_table(versions: &[Value]) -> String {
 
 /// `accuracy=0.981,latency_ms=3.2`: four significant decimals are enough
 /// to compare versions by eye; `--json` has the exact numbers.
-fn metrics(m: &Value) -> String {
-    match m.as_object() {
-        Some(o) if !o.is_empty() => o
-            .iter()
-            .map(|(k, v)| match v.as_f64() {
-                Some(x) => format!("{k}={}", trim_float(x)),
-                None => format!("{k}={}", text(v)),
-            })
-            .collect::<Vec<_>>()
-            .join(","),
-        _ => "-".into(),
+fn metrics(m: &std::collections::BTreeMap<String, f64>) -> String {
+    if m.is_empty() {
+        return "-".into();
     }
+    m.iter()
+        .map(|(k, x)| format!("{k}={}", trim_float(*x)))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn trim_float(x: f64) -> String {
@@ -144,12 +151,15 @@ fn trim_float(x: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
     fn versions_show_their_lineage() {
         let v = json!([{
             "model": "digits", "version": "2.0.0", "artifact_size": 2048,
+            "artifact_digest": format!("sha256:{}", "2".repeat(64)), "format": "onnx",
             "manifest_digest": format!("sha256:{}", "1".repeat(64)),
             "metrics": {"accuracy": 0.98126, "loss": 0.5},
             "lineage": {"parent_version": "1.0.0", "trigger": "drift",
@@ -159,9 +169,11 @@ mod tests {
             "created_at": "2026-01-02T03:04:05Z"
         }, {
             "model": "digits", "version": "1.0.0", "artifact_size": 10,
+            "artifact_digest": format!("sha256:{}", "3".repeat(64)), "format": "onnx",
             "metrics": {}, "lineage": {}, "created_at": "2026-01-01T00:00:00Z"
         }]);
-        let t = versions_table(v.as_array().unwrap());
+        let v: Vec<ModelVersionView> = serde_json::from_value(v).unwrap();
+        let t = versions_table(&v);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3, "{t}");
         for want in [

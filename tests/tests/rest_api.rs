@@ -476,7 +476,7 @@ async fn health_readiness_and_openapi_need_no_token() {
     for schema in [
         "CreateToken",
         "MemberView",
-        "ModelVersionRecord",
+        "ModelVersionView",
         "Lineage",
         "ErrorBody",
     ] {

@@ -16,7 +16,7 @@ use crate::registry::artifacts::ArtifactStore;
 use crate::store::Store;
 use crate::validate;
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelRecord {
     pub name: String,
     #[serde(default)]
@@ -29,47 +29,22 @@ pub struct ModelRecord {
     pub created_at: OffsetDateTime,
 }
 
-/// Where a model version came from. Every field is optional: a hand-uploaded
-/// model has none, a retrained one has all of them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Lineage {
-    /// The version this one was derived from (same model).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_version: Option<String>,
-    /// What caused it: "manual", "drift", "schedule", ...
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trigger: Option<String>,
-    /// Digest of the dataset snapshot it was trained on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
-    pub dataset_snapshot: Option<Digest>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub training_job: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
-    pub checkpoint_digest: Option<Digest>,
-    /// The quantization evidence (every candidate's numbers).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub quantization: Option<serde_json::Value>,
-}
+/// The version's lineage is the console API's type (the records store it
+/// as the API shows it).
+pub use edgeloop_api::registry::{CreateModel, Lineage};
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelVersionRecord {
     pub model: String,
     pub version: String,
-    #[schema(value_type = String)]
     pub artifact_digest: Digest,
     pub artifact_size: u64,
     pub format: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
     pub manifest_digest: Option<Digest>,
     /// The health probe's sample inputs (`.npz`), named by the manifest;
     /// devices fetch it with the model to probe a version before it serves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
     pub probe_digest: Option<Digest>,
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
@@ -77,18 +52,6 @@ pub struct ModelVersionRecord {
     pub lineage: Lineage,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateModel {
-    pub name: String,
-    #[serde(default)]
-    pub description: Option<String>,
-    #[serde(default)]
-    pub task: Option<String>,
-    #[serde(default)]
-    pub labels: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

@@ -12,64 +12,108 @@ use crate::registry::models::{
     self, CreateModel, CreateModelVersion, ModelRecord, ModelVersionRecord,
 };
 use crate::Core;
+pub use edgeloop_api::registry::{ModelVersionView, ModelView};
+
+impl From<ModelRecord> for ModelView {
+    fn from(m: ModelRecord) -> Self {
+        ModelView {
+            name: m.name,
+            description: m.description,
+            task: m.task,
+            labels: m.labels,
+            created_at: m.created_at,
+        }
+    }
+}
+
+impl From<ModelVersionRecord> for ModelVersionView {
+    fn from(v: ModelVersionRecord) -> Self {
+        ModelVersionView {
+            model: v.model,
+            version: v.version,
+            artifact_digest: v.artifact_digest,
+            artifact_size: v.artifact_size,
+            format: v.format,
+            manifest_digest: v.manifest_digest,
+            probe_digest: v.probe_digest,
+            metrics: v.metrics,
+            lineage: v.lineage,
+            created_at: v.created_at,
+        }
+    }
+}
 
 #[utoipa::path(post, path = "/api/v1/models", tag = "registry", request_body = CreateModel,
-    responses((status = 201, body = ModelRecord), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)),
+    responses((status = 201, body = ModelView), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn create_model(
     State(core): State<Arc<Core>>,
     ValidJson(req): ValidJson<CreateModel>,
-) -> Result<(StatusCode, Json<ModelRecord>), Error> {
+) -> Result<(StatusCode, Json<ModelView>), Error> {
     let model = models::create_model(&core.store, req, core.now()).await?;
-    Ok((StatusCode::CREATED, Json(model)))
+    Ok((StatusCode::CREATED, Json(model.into())))
 }
 
 #[utoipa::path(get, path = "/api/v1/models", tag = "registry",
-    responses((status = 200, body = Vec<ModelRecord>)), security(("bearer" = [])))]
-pub async fn list_models(State(core): State<Arc<Core>>) -> Result<Json<Vec<ModelRecord>>, Error> {
-    Ok(Json(core.store.models.values()?))
+    responses((status = 200, body = Vec<ModelView>)), security(("bearer" = [])))]
+pub async fn list_models(State(core): State<Arc<Core>>) -> Result<Json<Vec<ModelView>>, Error> {
+    Ok(Json(
+        core.store
+            .models
+            .values()?
+            .into_iter()
+            .map(ModelView::from)
+            .collect(),
+    ))
 }
 
 #[utoipa::path(get, path = "/api/v1/models/{name}", tag = "registry", params(("name" = String, Path)),
-    responses((status = 200, body = ModelRecord), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = ModelView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get_model(
     State(core): State<Arc<Core>>,
     Path(name): Path<String>,
-) -> Result<Json<ModelRecord>, Error> {
-    Ok(Json(models::get_model(&core.store, &name)?))
+) -> Result<Json<ModelView>, Error> {
+    Ok(Json(models::get_model(&core.store, &name)?.into()))
 }
 
 /// Registers a version of a model. Its artifact must already be uploaded.
 #[utoipa::path(post, path = "/api/v1/models/{name}/versions", tag = "registry", params(("name" = String, Path)),
     request_body = CreateModelVersion,
-    responses((status = 201, body = ModelVersionRecord), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    responses((status = 201, body = ModelVersionView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn create_version(
     State(core): State<Arc<Core>>,
     Path(name): Path<String>,
     ValidJson(req): ValidJson<CreateModelVersion>,
-) -> Result<(StatusCode, Json<ModelVersionRecord>), Error> {
+) -> Result<(StatusCode, Json<ModelVersionView>), Error> {
     let version =
         models::create_version(&core.store, core.artifacts.as_ref(), &name, req, core.now())
             .await?;
-    Ok((StatusCode::CREATED, Json(version)))
+    Ok((StatusCode::CREATED, Json(version.into())))
 }
 
 #[utoipa::path(get, path = "/api/v1/models/{name}/versions", tag = "registry", params(("name" = String, Path)),
-    responses((status = 200, body = Vec<ModelVersionRecord>), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = Vec<ModelVersionView>), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn list_versions(
     State(core): State<Arc<Core>>,
     Path(name): Path<String>,
-) -> Result<Json<Vec<ModelVersionRecord>>, Error> {
-    Ok(Json(models::list_versions(&core.store, &name)?))
+) -> Result<Json<Vec<ModelVersionView>>, Error> {
+    Ok(Json(
+        models::list_versions(&core.store, &name)?
+            .into_iter()
+            .map(ModelVersionView::from)
+            .collect(),
+    ))
 }
 
 #[utoipa::path(get, path = "/api/v1/models/{name}/versions/{version}", tag = "registry",
     params(("name" = String, Path), ("version" = String, Path)),
-    responses((status = 200, body = ModelVersionRecord), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = ModelVersionView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get_version(
     State(core): State<Arc<Core>>,
     Path((name, version)): Path<(String, String)>,
-) -> Result<Json<ModelVersionRecord>, Error> {
-    Ok(Json(models::get_version(&core.store, &name, &version)?))
+) -> Result<Json<ModelVersionView>, Error> {
+    Ok(Json(
+        models::get_version(&core.store, &name, &version)?.into(),
+    ))
 }
