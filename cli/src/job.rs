@@ -5,10 +5,18 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use serde_json::{json, Value};
+use edgeloop_api::jobs::{Job, JobState, JobView};
+use serde_json::json;
 
 use super::api::{block_on, client, segment, wait_for, CliError, Reply, ServerArgs};
-use super::table::{bytes, clip, fields, short_digest, text, when, Table};
+use super::model_api::{short, size};
+use super::table::{clip, fields, text, when, Cell, Table};
+
+impl Cell for JobState {
+    fn cell(&self) -> String {
+        self.as_str().into()
+    }
+}
 
 #[derive(Debug, Subcommand)]
 pub enum JobCommand {
@@ -34,17 +42,15 @@ pub fn run(cmd: JobCommand, server: &ServerArgs, out: &mut dyn Write) -> anyhow:
         let json = server.json;
         match cmd {
             JobCommand::List => {
-                let all = client.get("/api/v1/jobs").await?;
-                Ok(Reply::show(&all, json, |all| {
-                    table(all.as_array().map_or(&[][..], |a| a))
-                }))
+                let all: Vec<Job> = client.get("/api/v1/jobs").await?;
+                Reply::typed(&all, json, |all| table(all))
             }
             JobCommand::Show { id, wait: false } => {
-                let job = client.get(&format!("/api/v1/jobs/{}", path(&id)?)).await?;
-                Ok(Reply::show(&job, json, render))
+                let job: JobView = client.get(&format!("/api/v1/jobs/{}", path(&id)?)).await?;
+                Reply::typed(&job, json, render)
             }
             JobCommand::Show { id, wait: true } => {
-                let job = wait_for(
+                let job: JobView = wait_for(
                     &client,
                     &format!("/api/v1/jobs/{}", path(&id)?),
                     json,
@@ -52,17 +58,17 @@ pub fn run(cmd: JobCommand, server: &ServerArgs, out: &mut dyn Write) -> anyhow:
                     is_terminal,
                 )
                 .await?;
-                let mut reply = Reply::show(&job, json, render);
-                if job["state"] != "succeeded" {
+                let mut reply = Reply::typed(&job, json, render)?;
+                if job.job.state != JobState::Succeeded {
                     reply.code = ExitCode::FAILURE;
                 }
                 Ok(reply)
             }
             JobCommand::Cancel { id } => {
-                let job = client
+                let job: JobView = client
                     .post(&format!("/api/v1/jobs/{}/cancel", path(&id)?), &json!({}))
                     .await?;
-                Ok(Reply::show(&job, json, render))
+                Reply::typed(&job, json, render)
             }
         }
     })
@@ -72,71 +78,70 @@ fn path(id: &str) -> Result<&str, CliError> {
     segment("job id", id)
 }
 
-pub fn is_terminal(job: &Value) -> bool {
-    matches!(
-        job["state"].as_str(),
-        Some("succeeded" | "failed" | "cancelled")
-    )
+pub fn is_terminal(job: &JobView) -> bool {
+    job.job.state.is_terminal()
 }
 
 /// `running, attempt 2, step 1200: loss=0.31` (what the spinner shows).
-pub fn progress(job: &Value) -> String {
+pub fn progress(job: &JobView) -> String {
+    let job = &job.job;
     let mut line = format!(
         "{}, attempt {}, step {}",
-        job["state"].as_str().unwrap_or("?"),
-        job["attempt"].as_u64().unwrap_or(0),
-        job["step"].as_u64().unwrap_or(0)
+        job.state.as_str(),
+        job.attempt,
+        job.step
     );
-    let last = job["history"].as_array().and_then(|h| h.last());
-    if let Some(m) = last.map(|e| &e["metrics"]).filter(|m| !text(*m).eq("-")) {
+    let last = job.history.last();
+    if let Some(m) = last.map(|e| &e.metrics).filter(|m| !text(*m).eq("-")) {
         line.push_str(&format!(": {}", text(m)));
     }
-    if let Some(msg) = job["last_message"].as_str().filter(|m| !m.is_empty()) {
-        line.push_str(&format!(" ({})", clip(msg, 60)));
+    if !job.last_message.is_empty() {
+        line.push_str(&format!(" ({})", clip(&job.last_message, 60)));
     }
     line
 }
 
-pub fn table(all: &[Value]) -> String {
+pub fn table(all: &[Job]) -> String {
     let mut t = Table::new(&[
         "ID", "STATE", "ATTEMPT", "STEP", "CLUSTER", "UPDATED", "MESSAGE",
     ]);
     for j in all {
         t.row(vec![
-            text(&j["id"]),
-            text(&j["state"]),
-            text(&j["attempt"]),
-            text(&j["step"]),
-            text(&j["leased_by"]),
-            when(&j["updated_at"]),
-            clip(j["last_message"].as_str().unwrap_or(""), 50),
+            text(&j.id),
+            text(&j.state),
+            text(&j.attempt),
+            text(&j.step),
+            text(&j.leased_by),
+            when(&j.updated_at),
+            clip(&j.last_message, 50),
         ]);
     }
     t.render()
 }
 
-pub fn render(job: &Value) -> String {
-    let cancel = if job["cancel_requested"] == true {
+pub fn render(view: &JobView) -> String {
+    let job = &view.job;
+    let cancel = if job.cancel_requested {
         " (cancel requested)"
     } else {
         ""
     };
     let mut out = fields(&[
-        ("id", text(&job["id"])),
-        ("name", text(&job["spec"]["name"])),
-        ("state", format!("{}{cancel}", text(&job["state"]))),
-        ("attempt", text(&job["attempt"])),
-        ("step", text(&job["step"])),
-        ("cluster", text(&job["cluster"])),
-        ("leased by", text(&job["leased_by"])),
-        ("lease until", when(&job["lease_expires_at"])),
-        ("engine job", text(&job["engine_job_id"])),
-        ("exit code", text(&job["exit_code"])),
-        ("message", text(&job["last_message"])),
-        ("created", when(&job["created_at"])),
-        ("updated", when(&job["updated_at"])),
+        ("id", text(&job.id)),
+        ("name", text(&job.spec.name)),
+        ("state", format!("{}{cancel}", text(&job.state))),
+        ("attempt", text(&job.attempt)),
+        ("step", text(&job.step)),
+        ("cluster", text(&job.cluster)),
+        ("leased by", text(&job.leased_by)),
+        ("lease until", when(&job.lease_expires_at)),
+        ("engine job", text(&job.engine_job_id)),
+        ("exit code", text(&job.exit_code)),
+        ("message", text(&job.last_message)),
+        ("created", when(&job.created_at)),
+        ("updated", when(&job.updated_at)),
     ]);
-    let history = job["history"].as_array().map_or(&[][..], |h| h);
+    let history = &job.history;
     if !history.is_empty() {
         let skip = history.len().saturating_sub(HISTORY_SHOWN);
         out.push_str(&format!(
@@ -147,28 +152,27 @@ pub fn render(job: &Value) -> String {
         let mut t = Table::new(&["AT", "ATTEMPT", "STATE", "STEP", "METRICS", "MESSAGE"]);
         for e in &history[skip..] {
             t.row(vec![
-                when(&e["at"]),
-                text(&e["attempt"]),
-                text(&e["state"]),
-                text(&e["step"]),
-                text(&e["metrics"]),
-                clip(e["message"].as_str().unwrap_or(""), 50),
+                when(&e.at),
+                text(&e.attempt),
+                text(&e.state),
+                text(&e.step),
+                text(&e.metrics),
+                clip(&e.message, 50),
             ]);
         }
         out.push_str(&t.render());
     }
-    let checkpoints = job["checkpoints"].as_array().map_or(&[][..], |c| c);
-    if !checkpoints.is_empty() {
+    if !view.checkpoints.is_empty() {
         out.push_str("\ncheckpoints:\n");
         let mut t = Table::new(&["STEP", "ATTEMPT", "DIGEST", "SIZE", "CLUSTER", "UPLOADED"]);
-        for c in checkpoints {
+        for c in &view.checkpoints {
             t.row(vec![
-                text(&c["step"]),
-                text(&c["attempt"]),
-                short_digest(&c["digest"]),
-                bytes(&c["size"]),
-                text(&c["cluster"]),
-                when(&c["uploaded_at"]),
+                text(&c.step),
+                text(&c.attempt),
+                short(Some(&c.digest)),
+                size(c.size),
+                text(&c.cluster),
+                when(&c.uploaded_at),
             ]);
         }
         out.push_str(&t.render());
@@ -180,20 +184,21 @@ pub fn render(job: &Value) -> String {
 mod tests {
     use super::*;
 
-    fn job(state: &str) -> Value {
-        json!({
+    fn job(state: &str) -> JobView {
+        serde_json::from_value(json!({
             "id": "mnist-0000abcd", "spec": {"name": "mnist"}, "cluster": null,
             "state": state, "leased_by": "gpu-a", "lease_expires_at": null,
             "attempt": 2, "step": 1200, "engine_job_id": "local-1", "exit_code": null,
             "cancel_requested": false, "last_message": "step 1200",
-            "history": [{"at": "t1", "attempt": 2, "state": "running", "step": 1200,
+            "history": [{"at": "2026-01-01T00:00:01Z", "attempt": 2, "state": "running", "step": 1200,
                          "metrics": {"loss": 0.25}, "message": "step 1200"}],
-            "created_at": "t0", "updated_at": "t1",
+            "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:01Z",
             "checkpoints": [{"job_id": "mnist-0000abcd", "attempt": 2, "step": 1000,
                              "digest": format!("sha256:{}", "c".repeat(64)), "size": 4096,
                              "has_optimizer_state": true, "cluster": "gpu-a",
-                             "uploaded_at": "t1"}]
-        })
+                             "uploaded_at": "2026-01-01T00:00:01Z"}]
+        }))
+        .unwrap()
     }
 
     #[test]

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
-use utoipa::ToSchema;
 
 use crate::error::{Error, Result};
 use crate::store::Store;
@@ -23,42 +22,13 @@ const LEASE_TTL: Duration = Duration::minutes(5);
 /// Progress events kept per job (the newest).
 pub const HISTORY_LIMIT: usize = 200;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    Queued,
-    Leased,
-    Running,
-    Succeeded,
-    Failed,
-    Cancelled,
-}
+/// The job's state and progress events are the console API's types.
+pub use edgeloop_api::jobs::{CreateJob, JobState, ProgressEvent};
 
-impl JobState {
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded | JobState::Failed | JobState::Cancelled
-        )
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct ProgressEvent {
-    #[serde(with = "time::serde::rfc3339")]
-    pub at: OffsetDateTime,
-    pub attempt: u32,
-    pub state: JobState,
-    pub step: u64,
-    pub metrics: BTreeMap<String, f64>,
-    pub message: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRecord {
     pub id: String,
     /// The engine-neutral job spec (trainer-bridge's `JobSpec`), as submitted.
-    #[schema(value_type = Object)]
     pub spec: serde_json::Value,
     /// Only this cluster may lease the job, when set.
     pub cluster: Option<String>,
@@ -208,17 +178,6 @@ pub fn apply_report(
         next.history.drain(..excess);
     }
     Ok(next)
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateJob {
-    /// The job spec (see trainer-bridge's JobSpec).
-    #[schema(value_type = Object)]
-    pub spec: serde_json::Value,
-    /// Run only on this cluster.
-    #[serde(default)]
-    pub cluster: Option<String>,
 }
 
 /// Validates a job spec; the rules live with the spec, in trainer-bridge.

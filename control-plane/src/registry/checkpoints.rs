@@ -10,12 +10,11 @@ use time::OffsetDateTime;
 
 use crate::store::Store;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointRecord {
     pub job_id: String,
     pub attempt: u32,
     pub step: u64,
-    #[schema(value_type = String)]
     pub digest: Digest,
     pub size: u64,
     pub has_optimizer_state: bool,

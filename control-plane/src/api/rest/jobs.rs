@@ -5,7 +5,6 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use serde::Serialize;
 
 use super::json::ValidJson;
 use crate::error::{Error, ErrorBody};
@@ -14,16 +13,58 @@ use crate::lifecycle::jobs::{self, CreateJob, JobRecord};
 use crate::registry::checkpoints::{self, CheckpointRecord};
 use crate::Core;
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct JobView {
-    #[serde(flatten)]
-    pub job: JobRecord,
-    pub checkpoints: Vec<CheckpointRecord>,
+pub use edgeloop_api::jobs::{CheckpointView, Job, JobView, SubmittedSpec};
+
+impl From<&CheckpointRecord> for CheckpointView {
+    fn from(c: &CheckpointRecord) -> Self {
+        CheckpointView {
+            job_id: c.job_id.clone(),
+            attempt: c.attempt,
+            step: c.step,
+            digest: c.digest,
+            size: c.size,
+            has_optimizer_state: c.has_optimizer_state,
+            metadata: c.metadata.clone(),
+            cluster: c.cluster.clone(),
+            uploaded_at: c.uploaded_at,
+        }
+    }
+}
+
+/// The job as the API shows it. The spec was validated when the job was
+/// created, so it is an object; its name is read once, here.
+pub fn job_view(j: JobRecord) -> Result<Job, Error> {
+    let spec: SubmittedSpec = serde_json::from_value(j.spec).map_err(|e| {
+        Error::Internal(anyhow::Error::new(e).context(format!("job {:?}: stored spec", j.id)))
+    })?;
+    Ok(Job {
+        id: j.id,
+        spec,
+        cluster: j.cluster,
+        state: j.state,
+        leased_by: j.leased_by,
+        lease_expires_at: j.lease_expires_at,
+        attempt: j.attempt,
+        step: j.step,
+        engine_job_id: j.engine_job_id,
+        exit_code: j.exit_code,
+        cancel_requested: j.cancel_requested,
+        last_message: j.last_message,
+        history: j.history,
+        created_at: j.created_at,
+        updated_at: j.updated_at,
+    })
 }
 
 fn view(core: &Core, job: JobRecord) -> Result<JobView, Error> {
-    let checkpoints = checkpoints::list(&core.store, &job.id)?;
-    Ok(JobView { job, checkpoints })
+    let checkpoints = checkpoints::list(&core.store, &job.id)?
+        .iter()
+        .map(CheckpointView::from)
+        .collect();
+    Ok(JobView {
+        job: job_view(job)?,
+        checkpoints,
+    })
 }
 
 /// Queues a training job; a trainer bridge leases it.
@@ -42,11 +83,13 @@ pub async fn create(
 }
 
 #[utoipa::path(get, path = "/api/v1/jobs", tag = "loop",
-    responses((status = 200, body = Vec<JobRecord>)), security(("bearer" = [])))]
-pub async fn list(State(core): State<Arc<Core>>) -> Result<Json<Vec<JobRecord>>, Error> {
+    responses((status = 200, body = Vec<Job>)), security(("bearer" = [])))]
+pub async fn list(State(core): State<Arc<Core>>) -> Result<Json<Vec<Job>>, Error> {
     let mut all = core.store.jobs.values()?;
     all.sort_by_key(|j| j.created_at);
-    Ok(Json(all))
+    Ok(Json(
+        all.into_iter().map(job_view).collect::<Result<_, _>>()?,
+    ))
 }
 
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "loop", params(("id" = String, Path)),
