@@ -6,6 +6,7 @@
 pub mod client;
 pub mod cost;
 pub mod error;
+pub mod fleet;
 pub mod jobs;
 pub mod pipelines;
 pub mod registry;

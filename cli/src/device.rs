@@ -5,10 +5,17 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use serde_json::Value;
+use edgeloop_api::fleet::{Capabilities, MemberStatus, MemberView};
 
 use super::api::{block_on, client, segment, Reply, ServerArgs};
-use super::table::{bytes, fields, text, when, Table};
+use super::model_api::size;
+use super::table::{fields, text, when, Cell, Table};
+
+impl Cell for MemberStatus {
+    fn cell(&self) -> String {
+        self.as_str().into()
+    }
+}
 
 #[derive(Debug, Subcommand)]
 pub enum DeviceCommand {
@@ -32,23 +39,21 @@ pub fn run(
         let client = client(server)?;
         match cmd {
             DeviceCommand::List { selector } => {
-                let all = client
+                let all: Vec<MemberView> = client
                     .get_query("/api/v1/devices", &[("selector", selector)])
                     .await?;
-                Ok(Reply::show(&all, server.json, |all| {
-                    table(all.as_array().map_or(&[][..], |a| a))
-                }))
+                Reply::typed(&all, server.json, |all| table(all))
             }
             DeviceCommand::Show { id } => {
                 let id = segment("device id", &id)?;
-                let d = client.get(&format!("/api/v1/devices/{id}")).await?;
-                Ok(Reply::show(&d, server.json, render))
+                let d: MemberView = client.get(&format!("/api/v1/devices/{id}")).await?;
+                Reply::typed(&d, server.json, render)
             }
         }
     })
 }
 
-pub fn table(all: &[Value]) -> String {
+pub fn table(all: &[MemberView]) -> String {
     let mut t = Table::new(&[
         "ID",
         "STATUS",
@@ -60,28 +65,26 @@ pub fn table(all: &[Value]) -> String {
         "LAST SEEN",
     ]);
     for d in all {
-        let c = &d["capabilities"];
+        let c = &d.capabilities;
         t.row(vec![
-            text(&d["id"]),
-            text(&d["status"]),
-            text(&d["labels"]),
-            text(&c["arch"]),
-            text(&c["os"]),
+            text(&d.id),
+            text(&d.status),
+            text(&d.labels),
+            text(&c.arch),
+            text(&c.os),
             providers(c),
-            text(&c["agent_version"]),
-            when(&d["last_seen"]),
+            text(&c.agent_version),
+            when(&d.last_seen),
         ]);
     }
     t.render()
 }
 
 /// `CUDAExecutionProvider` → `CUDA`: the suffix is the same on every one.
-fn providers(c: &Value) -> String {
-    let names: Vec<&str> = c["execution_providers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p.as_str())
+fn providers(c: &Capabilities) -> String {
+    let names: Vec<&str> = c
+        .execution_providers
+        .iter()
         .map(|p| p.strip_suffix("ExecutionProvider").unwrap_or(p))
         .collect();
     if names.is_empty() {
@@ -91,29 +94,28 @@ fn providers(c: &Value) -> String {
     }
 }
 
-pub fn render(d: &Value) -> String {
-    let c = &d["capabilities"];
-    let gpus: Vec<String> = c["gpus"]
-        .as_array()
-        .into_iter()
-        .flatten()
+pub fn render(d: &MemberView) -> String {
+    let c = &d.capabilities;
+    let gpus: Vec<String> = c
+        .gpus
+        .iter()
         .map(|g| {
             format!(
                 "{}x {} ({})",
-                text(&g["count"]),
-                text(&g["model"]),
-                bytes(&g["memory_bytes"])
+                text(&g.count),
+                text(&g.model),
+                size(g.memory_bytes)
             )
         })
         .collect();
     let mut pairs = vec![
-        ("id", text(&d["id"])),
-        ("status", text(&d["status"])),
-        ("labels", text(&d["labels"])),
-        ("hostname", text(&c["hostname"])),
-        ("arch", text(&c["arch"])),
-        ("os", text(&c["os"])),
-        ("agent", text(&c["agent_version"])),
+        ("id", text(&d.id)),
+        ("status", text(&d.status)),
+        ("labels", text(&d.labels)),
+        ("hostname", text(&c.hostname)),
+        ("arch", text(&c.arch)),
+        ("os", text(&c.os)),
+        ("agent", text(&c.agent_version)),
         ("providers", providers(c)),
         (
             "gpus",
@@ -123,14 +125,14 @@ pub fn render(d: &Value) -> String {
                 gpus.join(", ")
             },
         ),
-        ("free disk", bytes(&c["free_disk_bytes"])),
-        ("last seen", when(&d["last_seen"])),
-        ("enrolled", when(&d["enrolled_at"])),
-        ("cert until", when(&d["cert_not_after"])),
+        ("free disk", size(c.free_disk_bytes)),
+        ("last seen", when(&d.last_seen)),
+        ("enrolled", when(&d.enrolled_at)),
+        ("cert until", when(&d.cert_not_after)),
     ];
-    if !d["revoked_at"].is_null() {
-        pairs.push(("revoked", when(&d["revoked_at"])));
-        pairs.push(("reason", text(&d["revoked_reason"])));
+    if d.revoked_at.is_some() {
+        pairs.push(("revoked", when(&d.revoked_at)));
+        pairs.push(("reason", text(&d.revoked_reason)));
     }
     fields(&pairs)
 }
@@ -149,8 +151,10 @@ mod tests {
                 "hostname": "pi", "execution_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"],
                 "gpus": [{"model": "Orin", "memory_bytes": 8589934592u64, "count": 1}],
                 "free_disk_bytes": 1048576},
-            "last_seen": "t", "enrolled_at": "t0", "revoked_at": null,
-            "revoked_reason": null, "cert_not_after": "t9"});
+            "last_seen": "2026-01-01T00:00:09Z", "enrolled_at": "2026-01-01T00:00:00Z",
+            "revoked_at": null, "revoked_reason": null,
+            "cert_not_after": "2026-02-01T00:00:00Z"});
+        let d: MemberView = serde_json::from_value(d).unwrap();
         let t = table(std::slice::from_ref(&d));
         let row = t.lines().nth(1).unwrap();
         for want in [

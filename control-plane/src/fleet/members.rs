@@ -9,7 +9,6 @@ use edgeloop_client_core::BootstrapToken;
 use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
-use utoipa::ToSchema;
 
 use crate::error::{Error, Result};
 use crate::fleet::pki::{Pki, SignedCert};
@@ -17,40 +16,13 @@ use crate::fleet::{Events, FleetEvent};
 use crate::store::Store;
 use crate::validate;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum MemberKind {
-    Device,
-    Cluster,
-}
-
-impl MemberKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MemberKind::Device => "device",
-            MemberKind::Cluster => "cluster",
-        }
-    }
-
-    /// The name in the member's certificate.
-    pub fn identity(self, id: &str) -> String {
-        format!("{}/{id}", self.as_str())
-    }
-
-    /// Splits `device/<id>` back into kind and id.
-    pub fn parse_identity(identity: &str) -> Option<(MemberKind, &str)> {
-        let (kind, id) = identity.split_once('/')?;
-        let kind = match kind {
-            "device" => MemberKind::Device,
-            "cluster" => MemberKind::Cluster,
-            _ => return None,
-        };
-        Some((kind, id))
-    }
-}
+/// The member kinds, states and request bodies are the console API's types.
+pub use edgeloop_api::fleet::{
+    CreateToken, CreatedToken, MemberKind, MemberStatus, MemberView, TokenState, TokenView,
+};
 
 /// What a member reported about itself (from the gRPC `Capabilities`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CapabilitiesRecord {
     #[serde(default)]
     pub agent_version: String,
@@ -76,7 +48,7 @@ pub struct CapabilitiesRecord {
     pub extra: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuRecord {
     pub model: String,
     pub memory_bytes: u64,
@@ -147,14 +119,6 @@ pub struct Member {
     pub token_id: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum MemberStatus {
-    Online,
-    Offline,
-    Revoked,
-}
-
 /// Online means a heartbeat arrived within `offline_after`.
 pub fn member_status(
     member: &Member,
@@ -170,39 +134,47 @@ pub fn member_status(
     }
 }
 
-/// A member as the console API shows it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct MemberView {
-    pub id: String,
-    pub kind: MemberKind,
-    pub status: MemberStatus,
-    pub labels: BTreeMap<String, String>,
-    pub capabilities: CapabilitiesRecord,
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub last_seen: Option<OffsetDateTime>,
-    #[serde(with = "time::serde::rfc3339")]
-    pub enrolled_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub revoked_at: Option<OffsetDateTime>,
-    pub revoked_reason: Option<String>,
-    #[serde(with = "time::serde::rfc3339")]
-    pub cert_not_after: OffsetDateTime,
+impl From<GpuRecord> for edgeloop_api::fleet::Gpu {
+    fn from(g: GpuRecord) -> Self {
+        edgeloop_api::fleet::Gpu {
+            model: g.model,
+            memory_bytes: g.memory_bytes,
+            count: g.count,
+        }
+    }
 }
 
-impl MemberView {
-    pub fn new(m: Member, now: OffsetDateTime, offline_after: Duration) -> Self {
-        Self {
-            status: member_status(&m, now, offline_after),
-            id: m.id,
-            kind: m.kind,
-            labels: m.labels,
-            capabilities: m.capabilities,
-            last_seen: m.last_seen,
-            enrolled_at: m.enrolled_at,
-            revoked_at: m.revoked_at,
-            revoked_reason: m.revoked_reason,
-            cert_not_after: m.cert_not_after,
+impl From<CapabilitiesRecord> for edgeloop_api::fleet::Capabilities {
+    fn from(c: CapabilitiesRecord) -> Self {
+        edgeloop_api::fleet::Capabilities {
+            agent_version: c.agent_version,
+            os: c.os,
+            arch: c.arch,
+            hostname: c.hostname,
+            execution_providers: c.execution_providers,
+            gpus: c.gpus.into_iter().map(Into::into).collect(),
+            free_disk_bytes: c.free_disk_bytes,
+            engines: c.engines,
+            driver_version: c.driver_version,
+            cuda_version: c.cuda_version,
+            extra: c.extra,
         }
+    }
+}
+
+/// A member as the console API shows it.
+pub fn member_view(m: Member, now: OffsetDateTime, offline_after: Duration) -> MemberView {
+    MemberView {
+        status: member_status(&m, now, offline_after),
+        id: m.id,
+        kind: m.kind,
+        labels: m.labels,
+        capabilities: m.capabilities.into(),
+        last_seen: m.last_seen,
+        enrolled_at: m.enrolled_at,
+        revoked_at: m.revoked_at,
+        revoked_reason: m.revoked_reason,
+        cert_not_after: m.cert_not_after,
     }
 }
 
@@ -224,14 +196,6 @@ pub struct BootstrapTokenRecord {
     pub used_at: Option<OffsetDateTime>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum TokenState {
-    Unused,
-    Used,
-    Expired,
-}
-
 pub fn token_state(t: &BootstrapTokenRecord, now: OffsetDateTime) -> TokenState {
     if t.used_at.is_some() {
         TokenState::Used
@@ -242,60 +206,17 @@ pub fn token_state(t: &BootstrapTokenRecord, now: OffsetDateTime) -> TokenState 
     }
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct TokenView {
-    pub id: String,
-    pub kind: MemberKind,
-    pub member_id: String,
-    pub labels: BTreeMap<String, String>,
-    pub state: TokenState,
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339")]
-    pub expires_at: OffsetDateTime,
-}
-
-impl TokenView {
-    pub fn new(t: BootstrapTokenRecord, now: OffsetDateTime) -> Self {
-        Self {
-            state: token_state(&t, now),
-            id: t.id,
-            kind: t.kind,
-            member_id: t.member_id,
-            labels: t.labels,
-            created_at: t.created_at,
-            expires_at: t.expires_at,
-        }
+/// A token as the console API shows it (never its secret).
+pub fn token_view(t: BootstrapTokenRecord, now: OffsetDateTime) -> TokenView {
+    TokenView {
+        state: token_state(&t, now),
+        id: t.id,
+        kind: t.kind,
+        member_id: t.member_id,
+        labels: t.labels,
+        created_at: t.created_at,
+        expires_at: t.expires_at,
     }
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateToken {
-    /// What the token enrolls: a device (edge agent) or a cluster (trainer bridge).
-    pub kind: MemberKind,
-    /// The id the member will get; generated when absent.
-    #[serde(default)]
-    pub name: Option<String>,
-    /// Labels the member starts with.
-    #[serde(default)]
-    pub labels: Option<BTreeMap<String, String>>,
-    /// Lifetime in seconds (60 to 2 592 000); defaults to 24 hours.
-    #[serde(default)]
-    pub ttl_seconds: Option<u64>,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct CreatedToken {
-    /// The bootstrap token. Shown once: only its hash is stored.
-    pub token: String,
-    pub id: String,
-    pub kind: MemberKind,
-    pub member_id: String,
-    #[serde(with = "time::serde::rfc3339")]
-    pub expires_at: OffsetDateTime,
-    /// sha256 of the CA certificate, also embedded in the token.
-    pub ca_fingerprint: String,
 }
 
 pub const MIN_TOKEN_TTL: u64 = 60;

@@ -1,6 +1,5 @@
 //! Tokens, devices and clusters.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
@@ -38,7 +37,7 @@ pub async fn list_tokens(State(core): State<Arc<Core>>) -> Result<Json<Vec<Token
         .tokens
         .values()?
         .into_iter()
-        .map(|t| TokenView::new(t, now))
+        .map(|t| members::token_view(t, now))
         .collect();
     Ok(Json(tokens))
 }
@@ -64,7 +63,7 @@ fn list_selected(
         .values()?
         .into_iter()
         .filter(|m| selector.matches(&selector::facts(&m.labels, &m.capabilities)))
-        .map(|m| MemberView::new(m, now, window))
+        .map(|m| members::member_view(m, now, window))
         .collect();
     Ok(Json(views))
 }
@@ -80,7 +79,7 @@ pub struct DeviceQuery {
 
 fn show(core: &Core, kind: MemberKind, id: &str) -> Result<Json<MemberView>, Error> {
     let member = members::get(&core.store, kind, id)?;
-    Ok(Json(MemberView::new(
+    Ok(Json(members::member_view(
         member,
         core.now(),
         offline_after(core),
@@ -95,12 +94,7 @@ pub struct RevokeRequest {
     pub reason: Option<String>,
 }
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LabelsRequest {
-    /// The complete new label set (replaces the old one).
-    pub labels: BTreeMap<String, String>,
-}
+pub use edgeloop_api::fleet::LabelsRequest;
 
 async fn revoke(
     core: &Core,
@@ -110,7 +104,7 @@ async fn revoke(
 ) -> Result<Json<MemberView>, Error> {
     let member =
         members::revoke(&core.store, &core.events, kind, id, req.reason, core.now()).await?;
-    Ok(Json(MemberView::new(
+    Ok(Json(members::member_view(
         member,
         core.now(),
         offline_after(core),
@@ -124,7 +118,7 @@ async fn set_labels(
     req: LabelsRequest,
 ) -> Result<Json<MemberView>, Error> {
     let member = members::set_labels(&core.store, kind, id, req.labels).await?;
-    Ok(Json(MemberView::new(
+    Ok(Json(members::member_view(
         member,
         core.now(),
         offline_after(core),

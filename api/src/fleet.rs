@@ -1,0 +1,183 @@
+//! Devices, cluster bridges and their bootstrap tokens as the console API
+//! shows them (`/api/v1/devices`, `/api/v1/clusters`, `/api/v1/tokens`).
+//! The store's records are in `control-plane/src/fleet/members.rs`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum MemberKind {
+    Device,
+    Cluster,
+}
+
+impl MemberKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberKind::Device => "device",
+            MemberKind::Cluster => "cluster",
+        }
+    }
+
+    /// The name in the member's certificate.
+    pub fn identity(self, id: &str) -> String {
+        format!("{}/{id}", self.as_str())
+    }
+
+    /// Splits `device/<id>` back into kind and id.
+    pub fn parse_identity(identity: &str) -> Option<(MemberKind, &str)> {
+        let (kind, id) = identity.split_once('/')?;
+        let kind = match kind {
+            "device" => MemberKind::Device,
+            "cluster" => MemberKind::Cluster,
+            _ => return None,
+        };
+        Some((kind, id))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum MemberStatus {
+    Online,
+    Offline,
+    Revoked,
+}
+
+impl MemberStatus {
+    /// As the JSON writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberStatus::Online => "online",
+            MemberStatus::Offline => "offline",
+            MemberStatus::Revoked => "revoked",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum TokenState {
+    Unused,
+    Used,
+    Expired,
+}
+
+/// What a member reported about itself.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Capabilities {
+    #[serde(default)]
+    pub agent_version: String,
+    #[serde(default)]
+    pub os: String,
+    #[serde(default)]
+    pub arch: String,
+    #[serde(default)]
+    pub hostname: String,
+    #[serde(default)]
+    pub execution_providers: Vec<String>,
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
+    #[serde(default)]
+    pub free_disk_bytes: u64,
+    #[serde(default)]
+    pub engines: Vec<String>,
+    #[serde(default)]
+    pub driver_version: String,
+    #[serde(default)]
+    pub cuda_version: String,
+    #[serde(default)]
+    pub extra: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Gpu {
+    pub model: String,
+    pub memory_bytes: u64,
+    pub count: u32,
+}
+
+/// A device or cluster bridge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MemberView {
+    pub id: String,
+    pub kind: MemberKind,
+    pub status: MemberStatus,
+    pub labels: BTreeMap<String, String>,
+    pub capabilities: Capabilities,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_seen: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub enrolled_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub revoked_at: Option<OffsetDateTime>,
+    pub revoked_reason: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub cert_not_after: OffsetDateTime,
+}
+
+/// A bootstrap token, never its secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TokenView {
+    pub id: String,
+    pub kind: MemberKind,
+    pub member_id: String,
+    pub labels: BTreeMap<String, String>,
+    pub state: TokenState,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+}
+
+/// `POST /api/v1/tokens`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateToken {
+    /// What the token enrolls: a device (edge agent) or a cluster (trainer bridge).
+    pub kind: MemberKind,
+    /// The id the member will get; generated when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Labels the member starts with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Lifetime in seconds (60 to 2 592 000); defaults to 24 hours.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// The answer to `POST /api/v1/tokens`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CreatedToken {
+    /// The bootstrap token. Shown once: only its hash is stored.
+    pub token: String,
+    pub id: String,
+    pub kind: MemberKind,
+    pub member_id: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+    /// sha256 of the CA certificate, also embedded in the token.
+    pub ca_fingerprint: String,
+}
+
+/// `PUT /api/v1/{devices,clusters}/{id}/labels`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LabelsRequest {
+    /// The complete new label set (replaces the old one).
+    pub labels: BTreeMap<String, String>,
+}
