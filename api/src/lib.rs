@@ -3,10 +3,12 @@
 //! engine-neutral training job spec, and the one typed client that the
 //! CLI, the demo and the integration tests use.
 
+#[cfg(feature = "client")]
 pub mod client;
 pub mod cost;
 pub mod error;
 pub mod pipelines;
 pub mod spec;
 
+#[cfg(feature = "client")]
 pub use client::{ApiError, Client, ErrorKind};
