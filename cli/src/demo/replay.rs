@@ -40,12 +40,24 @@ pub struct Replay<'a> {
     pub rows_per_second: f64,
 }
 
-fn argmax(v: &[Value]) -> Option<i64> {
+fn argmax(v: &[f64]) -> Option<i64> {
     v.iter()
         .enumerate()
-        .filter_map(|(i, x)| x.as_f64().map(|x| (i, x)))
-        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .max_by(|a, b| a.1.total_cmp(b.1))
         .map(|(i, _)| i as i64)
+}
+
+/// The part of an Open Inference Protocol v2 answer the replay reads.
+#[derive(Debug, serde::Deserialize)]
+struct InferResponse {
+    #[serde(default)]
+    model_version: String,
+    outputs: Vec<InferOutput>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct InferOutput {
+    data: Vec<f64>,
 }
 
 impl Replay<'_> {
@@ -65,19 +77,22 @@ impl Replay<'_> {
             .with_context(|| format!("inference at {agent}"))?;
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         let status = resp.status();
-        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        let body = resp.bytes().await.unwrap_or_default();
+        let text = || String::from_utf8_lossy(&body).into_owned();
         anyhow::ensure!(
             status.is_success(),
-            "inference at {agent} (row {row}): {status}: {body}"
+            "inference at {agent} (row {row}): {status}: {}",
+            text()
         );
-        let version = body["model_version"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let predicted = body["outputs"][0]["data"]
-            .as_array()
-            .and_then(|d| argmax(d))
-            .with_context(|| format!("inference at {agent}: no output data in {body}"))?;
+        let answer: InferResponse = serde_json::from_slice(&body).with_context(|| {
+            format!("inference at {agent}: not an inference answer: {}", text())
+        })?;
+        let version = answer.model_version;
+        let predicted = answer
+            .outputs
+            .first()
+            .and_then(|o| argmax(&o.data))
+            .with_context(|| format!("inference at {agent}: no output data in {}", text()))?;
         let resp = self
             .http
             .post(format!("{agent}/v2/models/{}/feedback", self.model))
