@@ -6,9 +6,14 @@
 #[cfg(feature = "client")]
 pub mod client;
 pub mod cost;
+pub mod drift;
 pub mod error;
 pub mod pipelines;
 pub mod spec;
+pub mod triggers;
 
 #[cfg(feature = "client")]
 pub use client::{ApiError, Client, ErrorKind};
+
+/// Unix seconds: how the lifecycle's records and views write times.
+pub type UnixSeconds = i64;
