@@ -29,6 +29,7 @@ use edgeloop_models::runtime::OrtRuntime;
 use serde_json::{json, Value};
 
 use console::{wait_for, Console};
+use edgeloop_api::pipelines::{PipelineStatus, PipelineView};
 use procs::{free_port, Procs};
 use summary::{Latency, ModelBytes, PipelineSummary, Summary, VersionSummary};
 
@@ -533,6 +534,10 @@ fn accuracy(rows: &[&replay::RowResult]) -> Option<f64> {
     (!rows.is_empty()).then(|| rows.iter().filter(|r| r.correct).count() as f64 / rows.len() as f64)
 }
 
+fn as_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
 fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
@@ -642,12 +647,10 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
         "the retrain to finish",
         Duration::from_secs(300),
         || async {
-            let ps: Value = console
-                .get(&format!("/api/v1/pipelines?model={MODEL}"))
+            let ps: Vec<PipelineView> = console
+                .typed(&format!("/api/v1/pipelines?model={MODEL}"))
                 .await?;
-            let running = ps
-                .as_array()
-                .is_some_and(|a| a.iter().any(|p| p["status"] == "running"));
+            let running = ps.iter().any(|p| p.status == PipelineStatus::Running);
             Ok((!running).then_some(ps))
         },
     )
@@ -676,14 +679,19 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
         tokio::task::spawn_blocking(move || counterfactual(&artifact, x, y)).await??;
     let mut latencies: Vec<f64> = results.iter().map(|r| r.latency_ms).collect();
     latencies.sort_by(f64::total_cmp);
-    let ps = pipelines.as_array().cloned().unwrap_or_default();
+    let ps = pipelines;
+    // Each part as JSON writes it (strings quoted, an absent one `null`), as
+    // the summary always showed them.
     let failed: Vec<String> = ps
         .iter()
-        .filter(|p| p["status"] == "failed" || p["status"] == "cancelled")
+        .filter(|p| matches!(p.status, PipelineStatus::Failed | PipelineStatus::Cancelled))
         .map(|p| {
             format!(
                 "{} {} at {}: {}",
-                p["id"], p["status"], p["step"], p["reason"]
+                as_json(&p.id),
+                as_json(&p.status),
+                as_json(&p.step),
+                as_json(&p.reason)
             )
         })
         .collect();
@@ -719,11 +727,11 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
         pipelines: ps
             .iter()
             .map(|p| PipelineSummary {
-                id: p["id"].clone(),
-                status: p["status"].clone(),
-                step: p["step"].clone(),
-                reason: p["reason"].clone(),
-                trigger: p["trigger"].clone(),
+                id: p.id.clone(),
+                status: p.status,
+                step: p.step,
+                reason: p.reason.clone(),
+                trigger: p.trigger.clone(),
             })
             .collect(),
         model_bytes: ModelBytes {

@@ -8,7 +8,10 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use serde_json::{json, Value};
+use serde_json::json;
+
+use edgeloop_api::pipelines::PipelineView;
+use edgeloop_api::triggers::TriggersView;
 
 use super::console::Console;
 use super::data::Stream;
@@ -110,23 +113,24 @@ impl Replay<'_> {
 
     async fn observe(&self, row: usize, watch: &mut Watch) -> anyhow::Result<()> {
         if watch.drift_state_row.is_none() {
-            let t: Value = self
+            let t: TriggersView = self
                 .console
-                .get(&format!("/api/v1/models/{}/triggers", self.model))
+                .typed(&format!("/api/v1/models/{}/triggers", self.model))
                 .await?;
-            if !t["state"]["last"]["state"]["drifting_since"].is_null() {
+            if t.state
+                .last
+                .is_some_and(|e| e.state.drifting_since.is_some())
+            {
                 watch.drift_state_row = Some(row);
             }
         }
-        let pipelines = self
+        let pipelines: Vec<PipelineView> = self
             .console
-            .get(&format!("/api/v1/pipelines?model={}", self.model))
+            .typed(&format!("/api/v1/pipelines?model={}", self.model))
             .await?;
-        for p in pipelines.as_array().into_iter().flatten() {
-            if let Some(id) = p["id"].as_str() {
-                if watch.pipelines.insert(id.to_string()) && watch.retrain_row.is_none() {
-                    watch.retrain_row = Some(row);
-                }
+        for p in pipelines {
+            if watch.pipelines.insert(p.id) && watch.retrain_row.is_none() {
+                watch.retrain_row = Some(row);
             }
         }
         Ok(())

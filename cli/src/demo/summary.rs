@@ -1,6 +1,7 @@
 //! What the demo found: one typed summary, printed as a table or (with
 //! `--json`) as one JSON object.
 
+use edgeloop_api::pipelines::{PipelineStatus, Step};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -31,11 +32,11 @@ pub struct Summary {
 /// A pipeline as the summary keeps it: its outcome and why.
 #[derive(Debug, Serialize)]
 pub struct PipelineSummary {
-    pub id: Value,
-    pub status: Value,
-    pub step: Value,
-    pub reason: Value,
-    pub trigger: Value,
+    pub id: String,
+    pub status: PipelineStatus,
+    pub step: Option<Step>,
+    pub reason: Option<String>,
+    pub trigger: String,
 }
 
 #[derive(Debug, Serialize)]
