@@ -15,6 +15,22 @@ for crate in openssl-sys aws-lc-sys aws-lc-rs; do
   fi
 done
 
+echo "==> dependency direction (ARCHITECTURE.md): the server links no cluster client or CLI crate, the CLI no server crate"
+forbid() { # forbid <package> <crate>...
+  local pkg="$1"; shift
+  for crate in "$@"; do
+    # Empty output (or an error: the crate is in no graph at all) means absent.
+    if [ -n "$(cargo tree -p "$pkg" -e normal -i "$crate" 2>/dev/null)" ]; then
+      echo "error: $pkg depends on $crate:" >&2
+      cargo tree -p "$pkg" -e normal -i "$crate" >&2
+      exit 1
+    fi
+  done
+}
+forbid edgeloop-control-plane kube k8s-openapi indicatif reqwest edgeloop-trainer-bridge edgeloop-cli
+forbid edgeloop-cli sled axum rcgen tonic edgeloop-control-plane edgeloop-client-core
+forbid edgeloop-api sled axum tonic
+
 echo "==> dependencies (idempotent; in \${EDGELOOP_DEPS:-\$HOME/.edgeloop/deps})"
 scripts/fetch-onnxruntime.sh
 scripts/fetch-onnx-node-tests.sh

@@ -3,13 +3,20 @@
 //! engine-neutral training job spec, and the one typed client that the
 //! CLI, the demo and the integration tests use.
 
+#[cfg(feature = "client")]
 pub mod client;
 pub mod cost;
+pub mod drift;
 pub mod error;
 pub mod fleet;
 pub mod jobs;
 pub mod pipelines;
 pub mod registry;
 pub mod spec;
+pub mod triggers;
 
+#[cfg(feature = "client")]
 pub use client::{ApiError, Client, ErrorKind};
+
+/// Unix seconds: how the lifecycle's records and views write times.
+pub type UnixSeconds = i64;

@@ -1,6 +1,9 @@
 //! Retraining pipelines as the console API shows them.
 
+use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
+
+use crate::UnixSeconds;
 
 /// A retraining pipeline's steps, in the order they run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -42,4 +45,286 @@ impl Step {
         let i = Step::ALL.iter().position(|s| *s == self)?;
         Step::ALL.get(i + 1).copied()
     }
+}
+
+/// How a model is retrained (`PUT /api/v1/models/{name}/retraining`, and
+/// what is stored); the server checks every field, naming the one at fault.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RetrainingConfig {
+    /// The training job (trainer-bridge's job spec). The pipeline names the
+    /// job and puts its dataset snapshot first in `datasets`.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub job: serde_json::Value,
+    /// Run the job only on this cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// The original training set: an uploaded npz with `input` and `label`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub base_dataset: Option<Digest>,
+    /// Keep only the last this many rows of the base set (a recent window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_window_rows: Option<u64>,
+    /// Keep only the newest this many labelled edge samples: after a concept
+    /// shift, older rows teach the old concept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge_window_rows: Option<u64>,
+    /// The newest fraction of labelled edge samples held out to evaluate
+    /// (quantization gate and promotion check), default 0.3.
+    #[serde(default = "default_eval_fraction")]
+    pub eval_fraction: f64,
+    /// Fewer labelled edge samples than this fail the dataset step: the
+    /// comparison with the serving version would mean nothing (default 20).
+    #[serde(default = "default_min_eval_samples")]
+    pub min_eval_samples: u64,
+    /// Largest accuracy drop the quantization gate accepts, in points.
+    #[serde(default = "default_budget")]
+    pub quantization_budget_points: f64,
+    /// Points the new version must gain over the serving one (default 0:
+    /// it must be strictly better).
+    #[serde(default)]
+    pub min_gain_points: f64,
+    /// The staged rollout: a deployment request without `model` and
+    /// `version` (selector, strategy, gates, ...).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub rollout: serde_json::Value,
+    /// Tries per step before the pipeline fails (default 3).
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// A step running longer than this fails, retryably (default 6 h).
+    #[serde(default = "default_step_timeout")]
+    pub step_timeout_seconds: i64,
+}
+
+fn default_eval_fraction() -> f64 {
+    0.3
+}
+fn default_min_eval_samples() -> u64 {
+    20
+}
+fn default_budget() -> f64 {
+    1.0
+}
+fn default_max_attempts() -> u32 {
+    3
+}
+fn default_step_timeout() -> i64 {
+    6 * 3600
+}
+
+/// `POST /api/v1/models/{name}/retrain` (the body may be absent).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RetrainRequest {
+    /// Why, for the record (the trigger becomes `manual: <reason>`).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// A pipeline's state, tagged by `state`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum PipelineState {
+    Running {
+        step: Step,
+        attempt: u32,
+        started_at: UnixSeconds,
+    },
+    Succeeded,
+    /// Ended on purpose, e.g. the new version did not beat the serving one.
+    Stopped {
+        step: Step,
+        reason: String,
+    },
+    Failed {
+        step: Step,
+        reason: String,
+    },
+    Cancelled {
+        step: Step,
+    },
+}
+
+/// The name of a pipeline's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum PipelineStatus {
+    Running,
+    Succeeded,
+    Stopped,
+    Failed,
+    Cancelled,
+}
+
+impl PipelineStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PipelineStatus::Running => "running",
+            PipelineStatus::Succeeded => "succeeded",
+            PipelineStatus::Stopped => "stopped",
+            PipelineStatus::Failed => "failed",
+            PipelineStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl PipelineState {
+    pub fn status(&self) -> PipelineStatus {
+        match self {
+            PipelineState::Running { .. } => PipelineStatus::Running,
+            PipelineState::Succeeded => PipelineStatus::Succeeded,
+            PipelineState::Stopped { .. } => PipelineStatus::Stopped,
+            PipelineState::Failed { .. } => PipelineStatus::Failed,
+            PipelineState::Cancelled { .. } => PipelineStatus::Cancelled,
+        }
+    }
+}
+
+/// How a step's run ended. Written as one string, as it always was:
+/// `succeeded`, `cancelled`, or the reason it did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepOutcome {
+    Succeeded,
+    Cancelled,
+    /// It failed (or timed out), or the comparison stopped the pipeline:
+    /// why, in words.
+    Ended(String),
+}
+
+impl StepOutcome {
+    pub fn as_str(&self) -> &str {
+        match self {
+            StepOutcome::Succeeded => "succeeded",
+            StepOutcome::Cancelled => "cancelled",
+            StepOutcome::Ended(reason) => reason,
+        }
+    }
+}
+
+impl From<String> for StepOutcome {
+    fn from(s: String) -> Self {
+        match s.as_str() {
+            "succeeded" => StepOutcome::Succeeded,
+            "cancelled" => StepOutcome::Cancelled,
+            _ => StepOutcome::Ended(s),
+        }
+    }
+}
+
+impl Serialize for StepOutcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for StepOutcome {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(StepOutcome::from)
+    }
+}
+
+/// What a finished step handed on, tagged by `output`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "output", rename_all = "snake_case")]
+pub enum Output {
+    /// The snapshot; `rows` train, `eval_rows` (the newest labelled edge
+    /// samples) evaluate; `edge_rows` of all came from devices.
+    Dataset {
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        digest: Digest,
+        rows: u64,
+        #[serde(default)]
+        eval_rows: u64,
+        #[serde(default)]
+        edge_rows: u64,
+    },
+    Job {
+        id: String,
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        checkpoint: Digest,
+    },
+    Onnx {
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        digest: Digest,
+    },
+    /// The gate's choice, its signed manifest, and the version it names.
+    Quantized {
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        digest: Digest,
+        method: String,
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        manifest: Digest,
+        version: String,
+    },
+    Version {
+        version: String,
+    },
+    /// Accuracy on the recent labelled eval set, new and serving.
+    Comparison {
+        new: f64,
+        serving: f64,
+    },
+    Deployment {
+        id: String,
+    },
+    Reference,
+}
+
+/// One run (attempt) of one step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StepRecord {
+    pub step: Step,
+    pub attempt: u32,
+    pub started_at: UnixSeconds,
+    pub ended_at: Option<UnixSeconds>,
+    /// `succeeded`, or why it did not.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub outcome: Option<StepOutcome>,
+    pub output: Option<Output>,
+}
+
+/// A trigger that fired while the pipeline ran, folded into it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Coalesced {
+    pub trigger: String,
+    pub at: UnixSeconds,
+}
+
+/// A pipeline as the API shows it (`GET /api/v1/pipelines/{id}`, and the
+/// answer of a retrain or a cancel): the record, its state's name, and the
+/// current step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PipelineView {
+    pub id: String,
+    pub model: String,
+    /// `running`, `succeeded`, `stopped`, `failed` or `cancelled`.
+    pub status: PipelineStatus,
+    /// The step running or the one it ended in.
+    pub step: Option<Step>,
+    /// Why it stopped or failed.
+    pub reason: Option<String>,
+    /// Set when this request's trigger was folded into a running pipeline
+    /// (listed in its `coalesced`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub coalesced_request: bool,
+    /// The trigger and reasons that started it.
+    pub trigger: String,
+    pub state: PipelineState,
+    pub history: Vec<StepRecord>,
+    pub max_attempts: u32,
+    pub step_timeout_seconds: i64,
+    /// Accuracy points the new version must gain over the serving one.
+    pub min_gain_points: f64,
+    /// Triggers that fired while it ran, folded into it.
+    #[serde(default)]
+    pub coalesced: Vec<Coalesced>,
 }

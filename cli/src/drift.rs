@@ -6,10 +6,11 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Args;
-use serde_json::Value;
+use edgeloop_api::drift::DriftView;
+use edgeloop_api::UnixSeconds;
 
 use super::api::{block_on, client, segment, Reply, ServerArgs};
-use super::table::{fields, num, text, unix_time as at, Table};
+use super::table::{fields, fixed, text, Table};
 
 #[derive(Debug, Args)]
 pub struct DriftArgs {
@@ -69,55 +70,60 @@ pub fn opt<T: ToString>(v: &Option<T>) -> Option<String> {
 pub fn run(args: &DriftArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     block_on(out, async {
         let model = segment("model name", &args.model)?;
-        let view = client(&args.server)?
+        let view: DriftView = client(&args.server)?
             .get_query(&format!("/api/v1/models/{model}/drift"), &args.params())
             .await?;
-        Ok(Reply::show(&view, args.server.json, render))
+        Reply::typed(&view, args.server.json, render)
     })
 }
 
+/// Unix seconds as RFC 3339 (UTC), as the rest of the API writes times.
+pub fn at(s: impl Into<Option<UnixSeconds>>) -> String {
+    use time::format_description::well_known::Rfc3339;
+    s.into()
+        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_else(|| "-".into())
+}
+
 /// Small p-values are what matter; fixed decimals would show them all as 0.
-fn p_value(v: &Value) -> String {
-    match v.as_f64() {
+fn p_value(v: Option<f64>) -> String {
+    match v {
         Some(p) if p >= 0.001 => format!("{p:.3}"),
         Some(p) => format!("{p:.1e}"),
         None => "-".into(),
     }
 }
 
-pub fn render(view: &Value) -> String {
-    let c = &view["config"];
+pub fn render(view: &DriftView) -> String {
+    let c = &view.config;
     let mut out = fields(&[
         (
             "model",
-            format!("{} {}", text(&view["model"]), text(&view["version"])),
+            format!("{} {}", text(&view.model), text(&view.version)),
         ),
         (
             "thresholds",
             format!(
                 "PSI watch {} act {}, prediction JS {}, KS alpha {}, min requests {}",
-                text(&c["psi_watch"]),
-                text(&c["psi_act"]),
-                text(&c["js_act"]),
-                text(&c["ks_alpha"]),
-                text(&c["min_requests"])
+                text(&c.psi_watch),
+                text(&c.psi_act),
+                text(&c.js_act),
+                text(&c.ks_alpha),
+                text(&c.min_requests)
             ),
         ),
         (
             "windows",
             format!(
                 "{} s; drifting after {} over, cleared after {} under",
-                text(&c["window_seconds"]),
-                text(&c["set_after"]),
-                text(&c["clear_after"])
+                text(&c.window_seconds),
+                text(&c.set_after),
+                text(&c.clear_after)
             ),
         ),
     ]);
-    let series = view["series"].as_array().map_or(&[][..], |s| s);
-    if series
-        .iter()
-        .all(|s| s["windows"].as_array().is_none_or(|w| w.is_empty()))
-    {
+    if view.series.iter().all(|s| s.windows.is_empty()) {
         out.push_str("\nno sketches reported for this version yet\n");
         return out;
     }
@@ -135,45 +141,40 @@ pub fn render(view: &Value) -> String {
         "STATE",
     ]);
     let mut features = Table::new(&["GROUP", "FEATURE", "PSI", "KS", "P-VALUE", "LEVEL"]);
-    for s in series {
-        let windows = s["windows"].as_array().map_or(&[][..], |w| w);
+    for s in &view.series {
+        let windows = &s.windows;
         let Some(w) = windows.last() else { continue };
-        let drifting = windows.iter().filter(|w| w["drifting"] == true).count();
+        let drifting = windows.iter().filter(|w| w.drifting).count();
         groups.row(vec![
-            text(&s["group"]),
-            at(&w["start"]),
-            text(&w["requests"]),
-            text(&w["devices"]),
-            num(&w["severity"], 3),
-            num(&w["prediction_js"], 3),
-            num(&w["low_confidence_share"], 3),
+            text(&s.group),
+            at(w.start),
+            text(&w.requests),
+            text(&w.devices),
+            fixed(w.severity, 3),
+            fixed(w.prediction_js, 3),
+            fixed(w.low_confidence_share, 3),
             // Share right among the window's labelled predictions.
-            match (w["accuracy"].as_f64(), w["labelled"].as_u64()) {
-                (Some(a), Some(n)) => format!("{:.1} % of {n}", a * 100.0),
-                _ => "-".into(),
+            match w.accuracy {
+                Some(a) => format!("{:.1} % of {}", a * 100.0, w.labelled),
+                None => "-".into(),
             },
-            match w["over"].as_bool() {
+            match w.over {
                 Some(true) => "yes".into(),
                 Some(false) => "no".into(),
                 // Too few requests to judge.
                 None => "-".into(),
             },
             format!("{drifting} of {}", windows.len()),
-            if w["drifting"] == true {
-                "DRIFTING"
-            } else {
-                "ok"
-            }
-            .into(),
+            if w.drifting { "DRIFTING" } else { "ok" }.into(),
         ]);
-        for f in w["features"].as_array().into_iter().flatten() {
+        for f in &w.features {
             features.row(vec![
-                text(&s["group"]),
-                text(&f["name"]),
-                num(&f["psi"], 3),
-                num(&f["ks_statistic"], 3),
-                p_value(&f["ks_p_value"]),
-                text(&f["level"]),
+                text(&s.group),
+                text(&f.name),
+                fixed(f.psi, 3),
+                fixed(f.ks_statistic, 3),
+                p_value(f.ks_p_value),
+                text(&f.level),
             ]);
         }
     }
@@ -189,6 +190,7 @@ pub fn render(view: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+    use edgeloop_api::drift::DriftConfig;
     use serde_json::json;
 
     use super::*;
@@ -233,7 +235,7 @@ mod tests {
                                "ks_p_value": 1.0e-30, "level": "act"}],
                  "severity": 1.23456, "prediction_js": 0.4, "low_confidence_share": null,
                  "over": true, "drifting": true}]}]});
-        let out = render(&view);
+        let out = render(&serde_json::from_value(view).unwrap());
         let row = out.lines().find(|l| l.starts_with("berlin  2026")).unwrap();
         for want in [
             "2026-12-01T03:00:00Z",
@@ -251,7 +253,12 @@ mod tests {
             feature.contains("1.235") && feature.contains("1.0e-30") && feature.ends_with("act"),
             "{out}"
         );
-        let empty = render(&json!({"model": "rain", "version": "1", "config": {}, "series": []}));
+        let empty = render(&DriftView {
+            model: "rain".into(),
+            version: "1".into(),
+            config: DriftConfig::default(),
+            series: vec![],
+        });
         assert!(empty.contains("no sketches"), "{empty}");
     }
 }

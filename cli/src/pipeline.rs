@@ -6,11 +6,16 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use serde_json::{json, Value};
+use edgeloop_api::pipelines::{
+    Output, PipelineState, PipelineStatus, PipelineView, Step, StepRecord,
+};
+use edgeloop_api::UnixSeconds;
+use edgeloop_models::Digest;
+use serde_json::json;
 
 use super::api::{block_on, client, segment, wait_for, CliError, Client, Reply, ServerArgs};
-use super::table::{clip, duration, fields, num, short_digest, text, unix_time, Table};
-use edgeloop_api::pipelines::Step;
+use super::drift::at;
+use super::table::{clip, duration, fields, fixed, text, Cell, Table};
 
 #[derive(Debug, Subcommand)]
 pub enum PipelineCommand {
@@ -46,28 +51,26 @@ pub fn run(
         let json = server.json;
         match cmd {
             PipelineCommand::List { model } => {
-                let all = client
+                let all: Vec<PipelineView> = client
                     .get_query("/api/v1/pipelines", &[("model", model)])
                     .await?;
-                Ok(Reply::show(&all, json, |all| {
-                    table(all.as_array().map_or(&[][..], |a| a), now())
-                }))
+                Reply::typed(&all, json, |all| table(all, now()))
             }
             PipelineCommand::Show { id, wait: false } => {
-                let p = client
+                let p: PipelineView = client
                     .get(&format!("/api/v1/pipelines/{}", path(&id)?))
                     .await?;
-                Ok(Reply::show(&p, json, render))
+                Reply::typed(&p, json, render)
             }
             PipelineCommand::Show { id, wait: true } => follow(&client, &id, json).await,
             PipelineCommand::Cancel { id } => {
-                let p = client
+                let p: PipelineView = client
                     .post(
                         &format!("/api/v1/pipelines/{}/cancel", path(&id)?),
                         &json!({}),
                     )
                     .await?;
-                Ok(Reply::show(&p, json, render))
+                Reply::typed(&p, json, render)
             }
         }
     })
@@ -81,10 +84,35 @@ fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
+/// A step as the API names it, e.g. `build_dataset`.
+pub fn step_name(step: Step) -> String {
+    serde_json::to_value(step)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+impl Cell for Step {
+    fn cell(&self) -> String {
+        step_name(*self)
+    }
+}
+
+impl Cell for PipelineStatus {
+    fn cell(&self) -> String {
+        self.as_str().into()
+    }
+}
+
+/// A digest shortened to what a person compares by eye.
+pub fn short(d: &Digest) -> String {
+    d.to_string().chars().take(12).collect()
+}
+
 /// Follows pipeline `id` on the shared spinner until it ends; exits 0 only
 /// if it succeeded, else 1 with the reason on stderr.
 pub async fn follow(client: &Client, id: &str, json: bool) -> Result<Reply, CliError> {
-    let p = wait_for(
+    let p: PipelineView = wait_for(
         client,
         &format!("/api/v1/pipelines/{}", path(id)?),
         json,
@@ -92,148 +120,146 @@ pub async fn follow(client: &Client, id: &str, json: bool) -> Result<Reply, CliE
         is_terminal,
     )
     .await?;
-    let mut reply = Reply::show(&p, json, render);
-    if p["status"] != "succeeded" {
-        eprintln!("error: pipeline {} {}", text(&p["id"]), progress(&p));
+    let mut reply = Reply::typed(&p, json, render)?;
+    if p.status != PipelineStatus::Succeeded {
+        eprintln!("error: pipeline {} {}", text(&p.id), progress(&p));
         reply.code = ExitCode::FAILURE;
     }
     Ok(reply)
 }
 
-pub fn is_terminal(p: &Value) -> bool {
-    p["status"].as_str().is_some_and(|s| s != "running")
+pub fn is_terminal(p: &PipelineView) -> bool {
+    p.status != PipelineStatus::Running
 }
 
 /// Where a step falls in the pipeline, e.g. `2/8` for `train`.
-fn position(step: &str) -> String {
-    let names: Vec<Value> = Step::ALL
-        .iter()
-        .filter_map(|s| serde_json::to_value(s).ok())
-        .collect();
-    match names.iter().position(|n| n == step) {
-        Some(i) => format!("{}/{}", i + 1, names.len()),
+fn position(step: Option<Step>) -> String {
+    match step.and_then(|s| Step::ALL.iter().position(|n| *n == s)) {
+        Some(i) => format!("{}/{}", i + 1, Step::ALL.len()),
         None => "?".into(),
     }
 }
 
 /// `running: step 2/8 train, attempt 1` while it runs; `failed at train:
 /// <reason>` or `succeeded` once it ended (what the spinner shows).
-pub fn progress(p: &Value) -> String {
-    let status = p["status"].as_str().unwrap_or("?");
-    let step = p["step"].as_str().unwrap_or("?");
-    match status {
-        "running" => format!(
+pub fn progress(p: &PipelineView) -> String {
+    let step = p.step.map_or_else(|| "?".to_string(), step_name);
+    match p.status {
+        PipelineStatus::Running => format!(
             "running: step {} {step}, attempt {}",
-            position(step),
-            p["state"]["attempt"].as_u64().unwrap_or(1)
+            position(p.step),
+            match p.state {
+                PipelineState::Running { attempt, .. } => attempt,
+                _ => 1,
+            }
         ),
-        "succeeded" => "succeeded".into(),
-        other => match p["reason"].as_str() {
-            Some(r) => format!("{other} at {step}: {r}"),
-            None => format!("{other} at {step}"),
+        PipelineStatus::Succeeded => "succeeded".into(),
+        other => match &p.reason {
+            Some(r) => format!("{} at {step}: {r}", other.as_str()),
+            None => format!("{} at {step}", other.as_str()),
         },
     }
 }
 
-fn history(p: &Value) -> &[Value] {
-    p["history"].as_array().map_or(&[][..], |h| h)
-}
-
 /// When the pipeline started, and how long it ran (so far).
-fn span(p: &Value, now: i64) -> (Value, Option<i64>) {
-    let h = history(p);
-    let Some(start) = h.first().and_then(|r| r["started_at"].as_i64()) else {
-        return (Value::Null, None);
+fn span(p: &PipelineView, now: i64) -> (Option<UnixSeconds>, Option<i64>) {
+    let h = &p.history;
+    let Some(start) = h.first().map(|r| r.started_at) else {
+        return (None, None);
     };
     let end = if is_terminal(p) {
-        h.iter().filter_map(|r| r["ended_at"].as_i64()).max()
+        h.iter().filter_map(|r| r.ended_at).max()
     } else {
         Some(now)
     };
-    (json!(start), end.map(|e| e - start))
+    (Some(start), end.map(|e| e - start))
 }
 
 /// A step's status: `running`, `succeeded`, or its outcome.
-fn step_status(r: &Value) -> String {
-    match r["outcome"].as_str() {
-        None if r["ended_at"].is_null() => "running".into(),
+fn step_status(r: &StepRecord) -> String {
+    match &r.outcome {
+        None if r.ended_at.is_none() => "running".into(),
         None => "-".into(),
-        Some(o) => clip(o, STATUS_WIDTH),
+        Some(o) => clip(o.as_str(), STATUS_WIDTH),
     }
 }
 
 /// What a step handed on, in a line.
-pub fn output(o: &Value) -> String {
-    let Some(kind) = o["output"].as_str() else {
-        return text(o);
-    };
-    match kind {
-        "dataset" => format!(
+pub fn output(o: &Output) -> String {
+    match o {
+        Output::Dataset {
+            digest,
+            rows,
+            eval_rows,
+            edge_rows,
+        } => format!(
             "{} rows, {} to evaluate, {} from devices; snapshot {}",
-            text(&o["rows"]),
-            text(&o["eval_rows"]),
-            text(&o["edge_rows"]),
-            short_digest(&o["digest"])
+            text(rows),
+            text(eval_rows),
+            text(edge_rows),
+            short(digest)
         ),
-        "job" => format!(
-            "job {}, checkpoint {}",
-            text(&o["id"]),
-            short_digest(&o["checkpoint"])
-        ),
-        "onnx" => format!("model {}", short_digest(&o["digest"])),
-        "quantized" => format!(
+        Output::Job { id, checkpoint } => {
+            format!("job {}, checkpoint {}", text(id), short(checkpoint))
+        }
+        Output::Onnx { digest } => format!("model {}", short(digest)),
+        Output::Quantized {
+            digest,
+            method,
+            version,
+            ..
+        } => format!(
             "version {}, {} {}",
-            text(&o["version"]),
-            text(&o["method"]),
-            short_digest(&o["digest"])
+            text(version),
+            text(method),
+            short(digest)
         ),
-        "version" => format!("version {}", text(&o["version"])),
-        "comparison" => format!(
+        Output::Version { version } => format!("version {}", text(version)),
+        Output::Comparison { new, serving } => format!(
             "accuracy {} % new vs {} % serving",
-            percent(&o["new"]),
-            percent(&o["serving"])
+            percent(*new),
+            percent(*serving)
         ),
-        "deployment" => format!("deployment {}", text(&o["id"])),
-        "reference" => "drift reference reset".into(),
-        _ => text(o),
+        Output::Deployment { id } => format!("deployment {}", text(id)),
+        Output::Reference => "drift reference reset".into(),
     }
 }
 
-fn percent(v: &Value) -> String {
-    num(&v.as_f64().map_or(Value::Null, |x| json!(x * 100.0)), 2)
+fn percent(v: f64) -> String {
+    fixed(v * 100.0, 2)
 }
 
-pub fn render(p: &Value) -> String {
+pub fn render(p: &PipelineView) -> String {
     render_at(p, now())
 }
 
 /// One pipeline at time `now` (running steps' durations run to it).
-pub fn render_at(p: &Value, now: i64) -> String {
-    let status = match (p["status"].as_str(), p["step"].as_str()) {
-        (Some("running"), _) => progress(p),
-        (Some(s @ ("stopped" | "failed" | "cancelled")), Some(step)) => format!("{s} at {step}"),
-        (s, _) => s.unwrap_or("?").to_string(),
+pub fn render_at(p: &PipelineView, now: i64) -> String {
+    let status = match (p.status, p.step) {
+        (PipelineStatus::Running, _) => progress(p),
+        (
+            s @ (PipelineStatus::Stopped | PipelineStatus::Failed | PipelineStatus::Cancelled),
+            Some(step),
+        ) => format!("{} at {}", s.as_str(), step_name(step)),
+        (s, _) => s.as_str().to_string(),
     };
     let (started, took) = span(p, now);
     let mut pairs = vec![
-        ("id", text(&p["id"])),
-        ("model", text(&p["model"])),
+        ("id", text(&p.id)),
+        ("model", text(&p.model)),
         ("status", status),
     ];
-    if let Some(r) = p["reason"].as_str() {
+    if let Some(r) = &p.reason {
         pairs.push(("reason", r.to_string()));
     }
-    pairs.push(("trigger", text(&p["trigger"])));
-    for c in p["coalesced"].as_array().into_iter().flatten() {
-        pairs.push((
-            "coalesced",
-            format!("{} ({})", text(&c["trigger"]), unix_time(&c["at"])),
-        ));
+    pairs.push(("trigger", text(&p.trigger)));
+    for c in &p.coalesced {
+        pairs.push(("coalesced", format!("{} ({})", text(&c.trigger), at(c.at))));
     }
-    pairs.push(("started", unix_time(&started)));
+    pairs.push(("started", at(started)));
     pairs.push(("duration", took.map_or("-".into(), duration)));
     let mut out = fields(&pairs);
-    let h = history(p);
+    let h = &p.history;
     if h.is_empty() {
         return out;
     }
@@ -241,33 +267,29 @@ pub fn render_at(p: &Value, now: i64) -> String {
     let mut t = Table::new(&["STEP", "ATTEMPT", "STATUS", "STARTED", "DURATION", "OUTPUT"]);
     let mut notes = vec![];
     for r in h {
-        let took = match (r["started_at"].as_i64(), r["ended_at"].as_i64()) {
-            (Some(s), Some(e)) => duration(e - s),
-            (Some(s), None) => duration(now - s),
-            _ => "-".into(),
+        let took = match r.ended_at {
+            Some(e) => duration(e - r.started_at),
+            None => duration(now - r.started_at),
         };
-        if let Some(o) = r["outcome"].as_str() {
+        if let Some(o) = &r.outcome {
+            let o = o.as_str();
             // A long outcome the reason line does not already show.
-            let shown = p["reason"].as_str().is_some_and(|why| why.starts_with(o));
+            let shown = p.reason.as_deref().is_some_and(|why| why.starts_with(o));
             if o.chars().count() > STATUS_WIDTH && !shown {
                 notes.push(format!(
                     "  {} attempt {}: {o}\n",
-                    text(&r["step"]),
-                    text(&r["attempt"])
+                    text(&r.step),
+                    text(&r.attempt)
                 ));
             }
         }
         t.row(vec![
-            text(&r["step"]),
-            text(&r["attempt"]),
+            text(&r.step),
+            text(&r.attempt),
             step_status(r),
-            unix_time(&r["started_at"]),
+            at(r.started_at),
             took,
-            if r["output"].is_null() {
-                "-".into()
-            } else {
-                output(&r["output"])
-            },
+            r.output.as_ref().map_or_else(|| "-".into(), output),
         ]);
     }
     out.push_str(&t.render());
@@ -279,21 +301,21 @@ pub fn render_at(p: &Value, now: i64) -> String {
 }
 
 /// The human table for `list`.
-pub fn table(all: &[Value], now: i64) -> String {
+pub fn table(all: &[PipelineView], now: i64) -> String {
     let mut t = Table::new(&[
         "ID", "MODEL", "STATUS", "STEP", "TRIGGER", "STARTED", "DURATION", "REASON",
     ]);
     for p in all {
         let (started, took) = span(p, now);
         t.row(vec![
-            text(&p["id"]),
-            text(&p["model"]),
-            text(&p["status"]),
-            text(&p["step"]),
-            clip(p["trigger"].as_str().unwrap_or(""), 30),
-            unix_time(&started),
+            text(&p.id),
+            text(&p.model),
+            text(&p.status),
+            text(&p.step),
+            clip(&p.trigger, 30),
+            at(started),
             took.map_or("-".into(), duration),
-            clip(p["reason"].as_str().unwrap_or(""), 50),
+            clip(p.reason.as_deref().unwrap_or(""), 50),
         ]);
     }
     t.render()
@@ -301,6 +323,8 @@ pub fn table(all: &[Value], now: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
 
     const T0: i64 = 1_796_083_200;
@@ -339,6 +363,10 @@ mod tests {
         })
     }
 
+    fn typed(p: Value) -> PipelineView {
+        serde_json::from_value(p).unwrap()
+    }
+
     fn row<'a>(out: &'a str, first: &str, attempt: &str) -> &'a str {
         out.lines()
             .find(|l| {
@@ -350,7 +378,7 @@ mod tests {
 
     #[test]
     fn show_has_a_row_per_step_attempt_and_the_reason() {
-        let out = render_at(&failed(), T0 + 10_000);
+        let out = render_at(&typed(failed()), T0 + 10_000);
         assert!(out.contains("status:     failed at train\n"), "{out}");
         assert!(
             out.contains("reason:     training job p-00000007-train-2 failed: exit code 3\n"),
@@ -398,8 +426,10 @@ mod tests {
                     json!({"output": "version", "version": "3"})),
                 record("compare", 1, T0 + 5, None, None, Value::Null),
             ],
-            "coalesced": []
+            "coalesced": [],
+            "max_attempts": 3, "step_timeout_seconds": 21600, "min_gain_points": 0.0
         });
+        let p = typed(p);
         assert_eq!(progress(&p), "running: step 6/8 compare, attempt 1");
         assert!(!is_terminal(&p));
         let out = render_at(&p, T0 + 65);
@@ -413,7 +443,7 @@ mod tests {
         let r = row(&out, "compare", "1");
         assert!(r.contains("running") && r.contains("1m00s"), "{out}");
         assert!(row(&out, "register", "1").ends_with("version 3"), "{out}");
-        let t = table(&[p, failed()], T0 + 65);
+        let t = table(&[p, typed(failed())], T0 + 65);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3, "{t}");
         assert_eq!(lines[0].find("STATUS"), lines[1].find("running"), "{t}");
@@ -452,7 +482,11 @@ mod tests {
             (json!({"output": "reference"}), "drift reference reset"),
         ];
         for (o, want) in cases {
-            assert_eq!(output(&o), want, "{o}");
+            assert_eq!(
+                output(&serde_json::from_value(o.clone()).unwrap()),
+                want,
+                "{o}"
+            );
         }
     }
 
@@ -468,7 +502,12 @@ mod tests {
             ("failed", Some("boom"), "failed at compare: boom"),
             ("cancelled", None, "cancelled at compare"),
         ] {
-            let p = json!({"status": status, "step": "compare", "reason": reason});
+            let p = typed(
+                json!({"id": "p-1", "model": "rain", "status": status, "step": "compare",
+                "reason": reason, "trigger": "manual", "state": {"state": "succeeded"},
+                "history": [], "max_attempts": 3, "step_timeout_seconds": 21600,
+                "min_gain_points": 0.0}),
+            );
             assert!(is_terminal(&p), "{status}");
             assert_eq!(progress(&p), line);
         }

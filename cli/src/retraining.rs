@@ -8,11 +8,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use serde_json::{json, Value};
+use edgeloop_api::pipelines::{PipelineView, RetrainRequest, RetrainingConfig};
+use serde::Deserialize;
 
 use super::api::{block_on, client, read_json, segment, Reply, ServerArgs};
 use super::pipeline;
-use super::table::{duration, fields, short_digest, text};
+use super::table::{duration, fields, text};
 
 #[derive(Debug, Subcommand)]
 pub enum RetrainingCommand {
@@ -53,19 +54,19 @@ pub fn run(
             RetrainingCommand::Set { model, file } => {
                 let name = segment("model name", &model)?;
                 let policy = read_json(&file)?;
-                let saved = client
+                let saved: RetrainingConfig = client
                     .put(&format!("/api/v1/models/{name}/retraining"), &policy)
                     .await?;
-                Ok(Reply::show(&saved, server.json, |c| {
+                Reply::typed(&saved, server.json, |c| {
                     format!("retraining policy of {name} set\n{}", render(name, c))
-                }))
+                })
             }
             RetrainingCommand::Show { model } => {
                 let name = segment("model name", &model)?;
-                let c = client
+                let c: RetrainingConfig = client
                     .get(&format!("/api/v1/models/{name}/retraining"))
                     .await?;
-                Ok(Reply::show(&c, server.json, |c| render(name, c)))
+                Reply::typed(&c, server.json, |c| render(name, c))
             }
         }
     })
@@ -76,22 +77,20 @@ pub fn retrain(args: &RetrainArgs, out: &mut dyn Write) -> anyhow::Result<ExitCo
         let name = segment("model name", &args.model)?;
         let client = client(&args.server)?;
         let json = args.server.json;
-        let body = match &args.reason {
-            Some(r) => json!({ "reason": r }),
-            None => json!({}),
+        let body = RetrainRequest {
+            reason: args.reason.clone(),
         };
-        let p = client
+        let p: PipelineView = client
             .post(&format!("/api/v1/models/{name}/retrain"), &body)
             .await?;
         let line = started(&p);
         if !args.wait {
-            return Ok(Reply::show(&p, json, |_| line.clone()));
+            return Reply::typed(&p, json, |_| line.clone());
         }
         if !json {
             eprint!("{line}");
         }
-        let id = p["id"].as_str().unwrap_or_default();
-        let mut reply = pipeline::follow(&client, id, json).await?;
+        let mut reply = pipeline::follow(&client, &p.id, json).await?;
         if !json {
             reply.stdout = format!("{line}\n{}", reply.stdout);
         }
@@ -101,9 +100,9 @@ pub fn retrain(args: &RetrainArgs, out: &mut dyn Write) -> anyhow::Result<ExitCo
 
 /// What a retrain request did: a new pipeline, or the running one it was
 /// folded into.
-pub fn started(p: &Value) -> String {
-    let (id, model) = (text(&p["id"]), text(&p["model"]));
-    if p["coalesced_request"] == true {
+pub fn started(p: &PipelineView) -> String {
+    let (id, model) = (text(&p.id), text(&p.model));
+    if p.coalesced_request {
         format!(
             "{model} is already retraining: the request was coalesced into pipeline {id} ({})\n",
             pipeline::progress(p)
@@ -111,71 +110,71 @@ pub fn started(p: &Value) -> String {
     } else {
         format!(
             "pipeline {id} started for {model} (trigger: {})\n",
-            text(&p["trigger"])
+            text(&p.trigger)
         )
     }
 }
 
+/// The parts of the job template a person reads (the template itself is
+/// the trainer bridge's free-form job spec).
+#[derive(Debug, Default, Deserialize)]
+struct JobTemplate {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    command: Option<Vec<String>>,
+}
+
 /// A policy as a person reads it.
-pub fn render(model: &str, c: &Value) -> String {
-    let job = &c["job"];
-    let command = job["command"].as_array().map_or("-".into(), |a| {
-        a.iter()
-            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
-            .collect::<Vec<_>>()
-            .join(" ")
-    });
-    let base = match (&c["base_dataset"], c["base_window_rows"].as_u64()) {
-        (Value::Null, _) => "-".into(),
-        (d, Some(n)) => format!("{} (the last {n} rows)", short_digest(d)),
-        (d, None) => short_digest(d),
+pub fn render(model: &str, c: &RetrainingConfig) -> String {
+    let job: JobTemplate = serde_json::from_value(c.job.clone()).unwrap_or_default();
+    let command = job.command.map_or("-".into(), |a| a.join(" "));
+    let base = match (&c.base_dataset, c.base_window_rows) {
+        (None, _) => "-".into(),
+        (Some(d), Some(n)) => format!("{} (the last {n} rows)", pipeline::short(d)),
+        (Some(d), None) => pipeline::short(d),
     };
-    let fraction = c["eval_fraction"]
-        .as_f64()
-        .map_or("-".into(), |f| format!("{}", (f * 1000.0).round() / 10.0));
+    let fraction = format!("{}", (c.eval_fraction * 1000.0).round() / 10.0);
     fields(&[
         ("model", model.to_string()),
-        ("job", text(&job["name"])),
+        ("job", text(&job.name)),
         ("command", command),
-        ("cluster", text(&c["cluster"])),
+        ("cluster", text(&c.cluster)),
         ("base dataset", base),
         (
             "evaluate on",
             format!(
                 "the newest {fraction} % of labelled edge samples (at least {})",
-                text(&c["min_eval_samples"])
+                text(&c.min_eval_samples)
             ),
         ),
         (
             "quantization",
             format!(
                 "at most {} points of accuracy lost",
-                text(&c["quantization_budget_points"])
+                text(&c.quantization_budget_points)
             ),
         ),
         (
             "promotion",
             format!(
                 "more than {} points better than the serving version",
-                text(&c["min_gain_points"])
+                text(&c.min_gain_points)
             ),
         ),
         (
             "rollout",
-            serde_json::to_string(&c["rollout"]).unwrap_or_default(),
+            serde_json::to_string(&c.rollout).unwrap_or_default(),
         ),
-        ("attempts", format!("{} per step", text(&c["max_attempts"]))),
-        (
-            "step timeout",
-            c["step_timeout_seconds"]
-                .as_i64()
-                .map_or("-".into(), duration),
-        ),
+        ("attempts", format!("{} per step", text(&c.max_attempts))),
+        ("step timeout", duration(c.step_timeout_seconds)),
     ])
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -188,7 +187,7 @@ mod tests {
             "rollout": {"selector": "site=lab"}, "max_attempts": 2,
             "step_timeout_seconds": 21600
         });
-        let out = render("rain", &c);
+        let out = render("rain", &serde_json::from_value(c).unwrap());
         for want in [
             "model:         rain\n",
             "job:           retrain-rain\n",
@@ -210,16 +209,21 @@ mod tests {
     fn a_retrain_says_what_it_started_or_joined() {
         let p = json!({"id": "p-00000004", "model": "rain", "trigger": "manual: cli",
                        "status": "running", "step": "build_dataset",
-                       "state": {"state": "running", "attempt": 1}});
+                       "state": {"state": "running", "step": "build_dataset", "attempt": 1,
+                                 "started_at": 0},
+                       "history": [], "max_attempts": 3, "step_timeout_seconds": 21600,
+                       "min_gain_points": 0.0});
+        let typed =
+            |p: &serde_json::Value| -> PipelineView { serde_json::from_value(p.clone()).unwrap() };
         assert_eq!(
-            started(&p),
+            started(&typed(&p)),
             "pipeline p-00000004 started for rain (trigger: manual: cli)\n"
         );
         let mut joined = p.clone();
         joined["step"] = json!("train");
         joined["coalesced_request"] = json!(true);
         assert_eq!(
-            started(&joined),
+            started(&typed(&joined)),
             "rain is already retraining: the request was coalesced into pipeline p-00000004 \
              (running: step 2/8 train, attempt 1)\n"
         );

@@ -8,10 +8,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use serde_json::{json, Value};
+use edgeloop_api::drift::DriftConfig;
+use edgeloop_api::triggers::{Evaluation, TriggerSpec, TriggersView};
 
 use super::api::{block_on, client, read_json, segment, CliError, Reply, ServerArgs};
-use super::table::{duration, fields, num, text, unix_time, Table};
+use super::drift::at;
+use super::table::{duration, fields, fixed, text, Table};
 
 #[derive(Debug, Subcommand)]
 pub enum TriggerCommand {
@@ -47,34 +49,31 @@ pub async fn execute(cmd: TriggerCommand, server: &ServerArgs) -> Result<Reply, 
         TriggerCommand::Set { model, file } => {
             let name = segment("model name", &model)?;
             let config = read_json(&file)?;
-            let view = client
+            let view: TriggersView = client
                 .put(&format!("/api/v1/models/{name}/triggers"), &config)
                 .await?;
-            Ok(Reply::show(&view, server.json, |v| {
+            Reply::typed(&view, server.json, |v| {
                 format!("triggers of {name} set\n{}", render(v))
-            }))
+            })
         }
         TriggerCommand::Show { model } => {
             let name = segment("model name", &model)?;
-            let view = client
+            let view: TriggersView = client
                 .get(&format!("/api/v1/models/{name}/triggers"))
                 .await?;
-            Ok(Reply::show(&view, server.json, render))
+            Reply::typed(&view, server.json, render)
         }
     }
 }
 
-/// A JSON number as a person writes it: `5`, not `5.0`; `0.2`.
-fn number(v: &Value) -> String {
-    match v.as_f64() {
-        Some(x) => x.to_string(),
-        None => text(v),
-    }
+/// A number as a person writes it: `5`, not `5.0`; `0.2`; `-` when absent.
+fn number<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |x| x.to_string())
 }
 
 /// A fraction (0..1) as a percentage, or `-`.
-fn percent(v: &Value) -> String {
-    match v.as_f64() {
+fn percent(v: Option<f64>) -> String {
+    match v {
         Some(x) => format!("{:.1} %", x * 100.0),
         None => "-".into(),
     }
@@ -82,107 +81,95 @@ fn percent(v: &Value) -> String {
 
 /// When a trigger fires, in words, e.g. `drift >= 0.2 for 60 s and
 /// accuracy down >= 5 points` or `cron 0 2 * * * within 02:00-04:00 UTC`.
-pub fn condition(t: &Value) -> String {
-    match t["kind"].as_str() {
-        Some("drift") => {
+pub fn condition(t: &TriggerSpec) -> String {
+    match t.kind.as_str() {
+        "drift" => {
             // An absent severity is the server's default
-            // (`loop/triggers/config.rs`).
-            let severity = match &t["min_severity"] {
-                Value::Null => "0.2".to_string(),
-                v => number(v),
-            };
+            // (`lifecycle/triggers/config.rs`).
+            let severity = number(Some(t.min_severity.unwrap_or(0.2)));
             let mut out = format!("drift >= {severity}");
-            if let Some(s) = t["min_duration_seconds"].as_i64().filter(|s| *s > 0) {
+            if let Some(s) = t.min_duration_seconds.filter(|s| *s > 0) {
                 out.push_str(&format!(" for {s} s"));
             }
-            if !t["min_accuracy_drop_points"].is_null() {
+            if t.min_accuracy_drop_points.is_some() {
                 out.push_str(&format!(
                     " and accuracy down >= {} points",
-                    number(&t["min_accuracy_drop_points"])
+                    number(t.min_accuracy_drop_points)
                 ));
             }
             out
         }
-        Some("accuracy_drop") => format!("accuracy down >= {} points", number(&t["points"])),
-        Some("new_labels") => format!(">= {} new labels", number(&t["min"])),
-        Some("schedule") => {
-            let mut out = format!("cron {}", text(&t["cron"]));
-            if let Some(w) = t["window"].as_str() {
+        "accuracy_drop" => format!("accuracy down >= {} points", number(t.points)),
+        "new_labels" => format!(">= {} new labels", number(t.min)),
+        "schedule" => {
+            let mut out = format!("cron {}", text(&t.cron));
+            if let Some(w) = &t.window {
                 out.push_str(&format!(" within {w}"));
             }
             out.push_str(" UTC");
             out
         }
-        _ => text(t),
+        _ => serde_json::to_value(t).map_or_else(|_| "-".into(), |v| text(&v)),
     }
 }
 
-fn drift_thresholds(d: &Value) -> String {
-    if d.is_null() {
+fn drift_thresholds(d: Option<&DriftConfig>) -> String {
+    let Some(d) = d else {
         return "the defaults (edgeloop drift shows them)".into();
-    }
+    };
     format!(
         "window {}, PSI {} watch / {} act, JS {}, KS alpha {}, at least {} requests; \
          set after {} windows, cleared after {}",
-        d["window_seconds"].as_i64().map_or("-".into(), duration),
-        number(&d["psi_watch"]),
-        number(&d["psi_act"]),
-        number(&d["js_act"]),
-        number(&d["ks_alpha"]),
-        text(&d["min_requests"]),
-        text(&d["set_after"]),
-        text(&d["clear_after"]),
+        duration(d.window_seconds),
+        number(Some(d.psi_watch)),
+        number(Some(d.psi_act)),
+        number(Some(d.js_act)),
+        number(Some(d.ks_alpha)),
+        text(&d.min_requests),
+        text(&d.set_after),
+        text(&d.clear_after),
     )
 }
 
 /// What the last evaluation decided, in words.
-fn decision(e: &Value) -> String {
-    let pipeline = text(&e["pipeline"]);
-    match e["decision"].as_str() {
+fn decision(e: &Evaluation) -> String {
+    let pipeline = text(&e.pipeline);
+    match e.decision.as_deref() {
         None => "none: no trigger fired".into(),
         Some("start") => format!("start: pipeline {pipeline} started"),
         Some("coalesce") => format!("coalesce: recorded on the running pipeline {pipeline}"),
         Some("cooldown") => {
-            let s = &e["state"];
-            let until = s["last_started"]
-                .as_i64()
-                .zip(s["cooldown_seconds"].as_i64())
-                .map(|(at, c)| json!(at + c));
-            format!(
-                "cooldown: no automatic retrain until {}",
-                unix_time(&until.unwrap_or(Value::Null))
-            )
+            let s = &e.state;
+            let until = s.last_started.map(|at| at + s.cooldown_seconds);
+            format!("cooldown: no automatic retrain until {}", at(until))
         }
         Some(other) => other.to_string(),
     }
 }
 
 /// The trigger task's last evaluation as `key: value` lines.
-pub fn evaluation(e: &Value) -> String {
-    if e.is_null() {
+pub fn evaluation(e: Option<&Evaluation>) -> String {
+    let Some(e) = e else {
         return fields(&[(
             "last evaluation",
             "not yet (the trigger task evaluates each model's triggers every tick)".into(),
         )]);
-    }
-    let s = &e["state"];
-    let drifting = match s["drifting_since"].as_i64() {
+    };
+    let s = &e.state;
+    let drifting = match s.drifting_since {
         Some(since) => format!(
             "since {}, severity {}",
-            unix_time(&json!(since)),
-            num(&s["drift_severity"], 3)
+            at(since),
+            fixed(s.drift_severity, 3)
         ),
         None => "no".into(),
     };
     let mut accuracy = format!(
         "evaluated {}, online {}",
-        percent(&s["evaluated_accuracy"]),
-        percent(&s["online_accuracy"])
+        percent(s.evaluated_accuracy),
+        percent(s.online_accuracy)
     );
-    if let (Some(ev), Some(on)) = (
-        s["evaluated_accuracy"].as_f64(),
-        s["online_accuracy"].as_f64(),
-    ) {
+    if let (Some(ev), Some(on)) = (s.evaluated_accuracy, s.online_accuracy) {
         let drop = (ev - on) * 100.0;
         accuracy.push_str(&if drop >= 0.0 {
             format!(" ({drop:.1} points down)")
@@ -191,19 +178,19 @@ pub fn evaluation(e: &Value) -> String {
         });
     }
     let mut pairs = vec![
-        ("last evaluation", unix_time(&e["at"])),
-        ("serving version", text(&e["version"])),
+        ("last evaluation", at(e.at)),
+        ("serving version", text(&e.version)),
         ("drifting", drifting),
         ("accuracy", accuracy),
         (
             "new labels",
-            format!("{} since the last retrain", text(&s["labels_since_last"])),
+            format!("{} since the last retrain", text(&s.labels_since_last)),
         ),
-        ("last retrain", unix_time(&s["last_started"])),
-        ("running pipeline", text(&s["running"])),
+        ("last retrain", at(s.last_started)),
+        ("running pipeline", text(&s.running)),
         ("decision", decision(e)),
     ];
-    for r in e["reasons"].as_array().into_iter().flatten() {
+    for r in &e.reasons {
         pairs.push(("reason", text(r)));
     }
     fields(&pairs)
@@ -211,45 +198,59 @@ pub fn evaluation(e: &Value) -> String {
 
 /// A model's triggers as a person reads them: settings, a row per
 /// trigger with its condition, and the last evaluation.
-pub fn render(v: &Value) -> String {
-    let c = &v["config"];
-    let cooldown = match c["cooldown_seconds"].as_i64() {
-        Some(0) => "none".to_string(),
-        Some(s) => format!("{} between automatic retrains", duration(s)),
-        None => "-".into(),
+pub fn render(v: &TriggersView) -> String {
+    let c = &v.config;
+    let cooldown = match c.cooldown_seconds {
+        0 => "none".to_string(),
+        s => format!("{} between automatic retrains", duration(s)),
     };
     let mut out = fields(&[
-        ("model", text(&v["model"])),
+        ("model", text(&v.model)),
         ("cooldown", cooldown),
         (
             "online accuracy",
             format!(
                 "over the newest {} labelled samples, once there are {}",
-                text(&c["accuracy_window"]),
-                text(&c["accuracy_min_samples"])
+                text(&c.accuracy_window),
+                text(&c.accuracy_min_samples)
             ),
         ),
-        ("drift thresholds", drift_thresholds(&c["drift"])),
+        ("drift thresholds", drift_thresholds(c.drift.as_ref())),
     ]);
     out.push('\n');
-    let triggers = c["triggers"].as_array().map_or(&[][..], |t| t);
-    if triggers.is_empty() {
+    if c.triggers.is_empty() {
         out.push_str("no triggers: only `edgeloop retrain` starts a retrain\n");
     } else {
         let mut t = Table::new(&["ID", "KIND", "CONDITION"]);
-        for tr in triggers {
-            t.row(vec![text(&tr["id"]), text(&tr["kind"]), condition(tr)]);
+        for tr in &c.triggers {
+            t.row(vec![text(&tr.id), text(&tr.kind), condition(tr)]);
         }
         out.push_str(&t.render());
     }
     out.push('\n');
-    out.push_str(&evaluation(&v["state"]["last"]));
+    out.push_str(&evaluation(v.state.last.as_ref()));
     out
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{json, Value};
+
     use super::*;
+
+    fn typed(v: &Value) -> TriggersView {
+        serde_json::from_value(v.clone()).unwrap()
+    }
+
+    fn spec(t: &Value) -> TriggerSpec {
+        let mut t = t.clone();
+        t["id"] = json!("t");
+        serde_json::from_value(t).unwrap()
+    }
+
+    fn eval(e: &Value) -> String {
+        evaluation(Some(&serde_json::from_value(e.clone()).unwrap()))
+    }
 
     const T0: i64 = 1_796_083_200;
 
@@ -307,13 +308,13 @@ mod tests {
             ),
         ];
         for (t, want) in cases {
-            assert_eq!(condition(&t), want, "{t}");
+            assert_eq!(condition(&spec(&t)), want, "{t}");
         }
     }
 
     #[test]
     fn show_has_a_row_per_trigger_and_says_when_nothing_was_evaluated() {
-        let out = render(&view(Value::Null));
+        let out = render(&typed(&view(Value::Null)));
         assert!(out.starts_with("model:             rain\n"), "{out}");
         for want in [
             "cooldown:          1h00m between automatic retrains\n",
@@ -344,7 +345,7 @@ mod tests {
         none["config"]["cooldown_seconds"] = json!(0);
         none["config"]["drift"] = json!({"window_seconds": 60, "psi_watch": 0.1, "psi_act": 0.25,
             "js_act": 0.1, "ks_alpha": 0.01, "min_requests": 20, "set_after": 2, "clear_after": 3});
-        let out = render(&none);
+        let out = render(&typed(&none));
         for want in [
             "cooldown:          none\n",
             "drift thresholds:  window 1m00s, PSI 0.1 watch / 0.25 act, JS 0.1, KS alpha 0.01, \
@@ -369,7 +370,7 @@ mod tests {
                         "labels: 8 new labelled samples"],
             "pipeline": "p-00000003"
         });
-        let out = render(&view(last.clone()));
+        let out = render(&typed(&view(last.clone())));
         for want in [
             "last evaluation:   2026-12-01T00:01:30Z\n",
             "serving version:   1.0.0\n",
@@ -399,7 +400,7 @@ mod tests {
         ] {
             quiet["state"][k] = Value::Null;
         }
-        let out = evaluation(&quiet);
+        let out = eval(&quiet);
         for want in [
             "serving version:   -\n",
             "drifting:          no\n",
@@ -416,7 +417,7 @@ mod tests {
         waiting["decision"] = json!("cooldown");
         waiting["pipeline"] = Value::Null;
         waiting["state"]["online_accuracy"] = json!(0.95);
-        let out = evaluation(&waiting);
+        let out = eval(&waiting);
         assert!(
             out.contains(
                 "decision:          cooldown: no automatic retrain until 2026-12-01T01:00:00Z\n"
@@ -426,7 +427,6 @@ mod tests {
         assert!(out.contains("(4.0 points up)"), "{out}");
         let mut started = last;
         started["decision"] = json!("start");
-        assert!(evaluation(&started)
-            .contains("decision:          start: pipeline p-00000003 started\n"));
+        assert!(eval(&started).contains("decision:          start: pipeline p-00000003 started\n"));
     }
 }

@@ -3,7 +3,7 @@
 //! Library code returns [`Error`] (or a typed error that converts into it);
 //! handlers never pick status codes themselves.
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::registry::artifacts::ArtifactError;
@@ -22,14 +22,30 @@ pub enum Error {
     PermissionDenied(String),
     #[error("{kind} {id:?} not found")]
     NotFound { kind: &'static str, id: String },
+    /// Not found, where `{kind} {id:?} not found` does not say what is
+    /// missing (a job's checkpoint or dataset, say).
+    #[error("{0}")]
+    Absent(String),
     #[error("{0}")]
     Conflict(String),
     #[error("body exceeds the limit of {limit} bytes")]
     PayloadTooLarge { limit: u64 },
     #[error("{0}")]
     Unavailable(String),
+    /// A read offset past the end of an artifact. Over HTTP a bodyless 416
+    /// with `Content-Range: bytes */{size}`, as RFC 9110 asks.
+    #[error("offset {offset} is past the end ({size} bytes)")]
+    RangeNotSatisfiable { offset: u64, size: u64 },
+    /// Reading an artifact failed after its download had started. Unlike
+    /// [`Error::Internal`], the reason is shown to the caller.
+    #[error("reading artifact: {0}")]
+    ArtifactRead(String),
     #[error("internal error: {0:#}")]
     Internal(anyhow::Error),
+    /// The answer to a HEAD request: the inner error's status and headers,
+    /// with no body.
+    #[error("{0}")]
+    Head(Box<Error>),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -49,16 +65,26 @@ impl Error {
         }
     }
 
+    /// This error as the answer to a HEAD request (no body).
+    pub fn for_head(self) -> Self {
+        match self {
+            head @ Error::Head(_) => head,
+            other => Self::Head(Box::new(other)),
+        }
+    }
+
     fn code(&self) -> &'static str {
         match self {
             Error::BadRequest { .. } => "bad_request",
             Error::Unauthenticated(_) => "unauthenticated",
             Error::PermissionDenied(_) => "permission_denied",
-            Error::NotFound { .. } => "not_found",
+            Error::NotFound { .. } | Error::Absent(_) => "not_found",
             Error::Conflict(_) => "conflict",
             Error::PayloadTooLarge { .. } => "payload_too_large",
             Error::Unavailable(_) => "unavailable",
-            Error::Internal(_) => "internal",
+            Error::RangeNotSatisfiable { .. } => "range_not_satisfiable",
+            Error::ArtifactRead(_) | Error::Internal(_) => "internal",
+            Error::Head(inner) => inner.code(),
         }
     }
 
@@ -67,11 +93,13 @@ impl Error {
             Error::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Error::PermissionDenied(_) => StatusCode::FORBIDDEN,
-            Error::NotFound { .. } => StatusCode::NOT_FOUND,
+            Error::NotFound { .. } | Error::Absent(_) => StatusCode::NOT_FOUND,
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
+            Error::ArtifactRead(_) | Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::Head(inner) => inner.http_status(),
         }
     }
 }
@@ -107,8 +135,22 @@ pub use edgeloop_api::error::{ErrorBody, ErrorDetail};
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let status = self.http_status();
-        if let Error::Internal(e) = &self {
-            tracing::error!(error = ?e, "request failed");
+        match &self {
+            Error::Internal(e) => tracing::error!(error = ?e, "request failed"),
+            Error::Head(inner) => {
+                if let Error::Internal(e) = inner.as_ref() {
+                    tracing::error!(error = ?e, "request failed");
+                }
+                return status.into_response();
+            }
+            Error::RangeNotSatisfiable { size, .. } => {
+                let mut r = status.into_response();
+                if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                    r.headers_mut().insert(header::CONTENT_RANGE, v);
+                }
+                return r;
+            }
+            _ => {}
         }
         let field = match &self {
             Error::BadRequest { field, .. } => field.clone(),
@@ -145,13 +187,17 @@ impl From<Error> for tonic::Status {
             Error::Unauthenticated(m) => Status::unauthenticated(m),
             Error::PermissionDenied(m) => Status::permission_denied(m),
             e @ Error::NotFound { .. } => Status::not_found(e.to_string()),
+            Error::Absent(m) => Status::not_found(m),
             Error::Conflict(m) => Status::already_exists(m),
             e @ Error::PayloadTooLarge { .. } => Status::resource_exhausted(e.to_string()),
             Error::Unavailable(m) => Status::unavailable(m),
+            e @ Error::RangeNotSatisfiable { .. } => Status::out_of_range(e.to_string()),
+            e @ Error::ArtifactRead(_) => Status::internal(e.to_string()),
             Error::Internal(e) => {
                 tracing::error!(error = ?e, "rpc failed");
                 Status::internal("internal error")
             }
+            Error::Head(inner) => (*inner).into(),
         }
     }
 }
@@ -199,6 +245,26 @@ mod tests {
                 tonic::Code::Unavailable,
             ),
             (
+                Error::Absent("a".into()),
+                StatusCode::NOT_FOUND,
+                tonic::Code::NotFound,
+            ),
+            (
+                Error::RangeNotSatisfiable { offset: 2, size: 1 },
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                tonic::Code::OutOfRange,
+            ),
+            (
+                Error::ArtifactRead("r".into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                tonic::Code::Internal,
+            ),
+            (
+                Error::not_found("artifact", "a").for_head(),
+                StatusCode::NOT_FOUND,
+                tonic::Code::NotFound,
+            ),
+            (
                 Error::Internal(anyhow::anyhow!("secret detail")),
                 StatusCode::INTERNAL_SERVER_ERROR,
                 tonic::Code::Internal,
@@ -209,6 +275,40 @@ mod tests {
             let status: tonic::Status = err.into();
             assert_eq!(status.code(), grpc);
             assert!(!status.message().contains("secret detail"));
+        }
+    }
+
+    #[tokio::test]
+    async fn bodyless_responses() {
+        let r = Error::RangeNotSatisfiable { offset: 9, size: 5 }.into_response();
+        assert_eq!(r.status(), StatusCode::RANGE_NOT_SATISFIABLE);
+        assert_eq!(r.headers()[header::CONTENT_RANGE], "bytes */5");
+        let body = axum::body::to_bytes(r.into_body(), 1024).await.unwrap();
+        assert!(body.is_empty());
+
+        let r = Error::not_found("artifact", "a").for_head().into_response();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        let body = axum::body::to_bytes(r.into_body(), 1024).await.unwrap();
+        assert!(body.is_empty());
+    }
+
+    #[test]
+    fn grpc_messages() {
+        let cases: Vec<(Error, &str)> = vec![
+            (
+                Error::bad_field("header", "the first message must be the checkpoint header"),
+                "header: the first message must be the checkpoint header",
+            ),
+            (
+                Error::RangeNotSatisfiable { offset: 9, size: 5 },
+                "offset 9 is past the end (5 bytes)",
+            ),
+            (Error::ArtifactRead("eof".into()), "reading artifact: eof"),
+            (Error::Absent("gone".into()), "gone"),
+        ];
+        for (err, message) in cases {
+            let status: tonic::Status = err.into();
+            assert_eq!(status.message(), message);
         }
     }
 }

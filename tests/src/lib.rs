@@ -221,10 +221,12 @@ impl ControlPlane {
 
 /// A minimal console API client.
 #[derive(Clone)]
+/// The console API for tests: the shared typed client
+/// (`edgeloop_api::Client`, what the CLI and the demo use) for typed
+/// calls, and the same requests answered as `(status, JSON)` for the tests
+/// that check the protocol itself (4xx bodies, field names).
 pub struct Api {
-    base: String,
-    token: Option<String>,
-    pub client: reqwest::Client,
+    pub typed: edgeloop_api::Client,
 }
 
 /// A port nothing listens on right now (for "unreachable" cases, or a
@@ -256,25 +258,21 @@ impl Api {
     pub fn new(base: &str, token: Option<&str>) -> Api {
         edgeloop_client_core::install_crypto_provider();
         Api {
-            base: base.to_string(),
-            token: token.map(str::to_string),
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
+            typed: edgeloop_api::Client::new(
+                base,
+                token.map(str::to_string),
+                Duration::from_secs(30),
+            )
+            .unwrap(),
         }
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+        self.typed.url(path)
     }
 
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let r = self.client.request(method, self.url(path));
-        match &self.token {
-            Some(t) => r.bearer_auth(t),
-            None => r,
-        }
+        self.typed.request(method, path)
     }
 
     pub async fn send(&self, r: reqwest::RequestBuilder) -> (StatusCode, Value) {
@@ -319,23 +317,24 @@ impl Api {
     }
 }
 
-/// Polls `check` until it returns Some, or panics after `timeout`.
+/// Polls `check` until it returns Some, or panics after `timeout`: the
+/// shared poller (`edgeloop_api::client::poll_until`) every 100 ms.
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    edgeloop_api::client::poll_until::<T, edgeloop_api::ApiError, _, _>(
+        what,
+        Duration::from_millis(100),
+        Some(timeout),
+        || {
+            let check = check();
+            async move { Ok(check.await) }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Every regular file under `dir`, recursively.

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
+use edgeloop_control_plane::fleet::telemetry::AssignmentState;
 use edgeloop_control_plane::registry::models::ModelVersionRecord;
 use edgeloop_edge_agent::AgentConfig;
 use edgeloop_models::manifest::{Manifest, ManifestKey};
@@ -79,7 +80,7 @@ async fn wait_active(cp: &ControlPlane, version: &str) -> Value {
             .assignment_status
             .get("edge-1/digits")
             .unwrap()
-            .filter(|s| s.model_version == version && s.state == "ASSIGNMENT_STATE_ACTIVE")
+            .filter(|s| s.model_version == version && s.state == AssignmentState::Active)
             .map(|s| serde_json::to_value(s).unwrap())
     })
     .await

@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use edgeloop_client_core::{Identity, Role};
 use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
-use edgeloop_control_plane::fleet::telemetry::AssignmentStatusRecord;
+use edgeloop_control_plane::fleet::telemetry::{AssignmentState, AssignmentStatusRecord};
 use edgeloop_control_plane::registry::models::ModelVersionRecord;
 use edgeloop_edge_agent::config::SyncConfig;
 use edgeloop_edge_agent::serving::{ActivationError, ModelServing, PrepareSpec, Serving};
@@ -506,8 +506,13 @@ impl Env {
             .unwrap()
     }
 
-    async fn wait_status(&self, model: &str, version: &str, state: &str) -> AssignmentStatusRecord {
-        eventually(WAIT, &format!("{model} {version} {state}"), || async {
+    async fn wait_status(
+        &self,
+        model: &str,
+        version: &str,
+        state: AssignmentState,
+    ) -> AssignmentStatusRecord {
+        eventually(WAIT, &format!("{model} {version} {state:?}"), || async {
             self.status(model)
                 .filter(|s| s.model_version == version && s.state == state)
         })
@@ -637,7 +642,7 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
         .assign(vec![AssignmentRecord::for_version(&v1, "d1", 60)])
         .await;
     let st = env
-        .wait_status("digits", "1", "ASSIGNMENT_STATE_ACTIVE")
+        .wait_status("digits", "1", AssignmentState::Active)
         .await;
     assert_eq!((st.generation, st.execution_provider.as_str()), (g1, CPU));
     let acts = agent.serving.activations();
@@ -657,7 +662,7 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
     // Upgrade: into the other slot; the old version stays on disk.
     env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)])
         .await;
-    env.wait_status("digits", "2", "ASSIGNMENT_STATE_ACTIVE")
+    env.wait_status("digits", "2", AssignmentState::Active)
         .await;
     assert_eq!(agent.serving.activations()[1].spec.path, slot(SlotId::B));
     assert_eq!(std::fs::read(slot(SlotId::A)).unwrap(), m1);
@@ -671,7 +676,7 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
     env.assign(vec![AssignmentRecord::for_version(&v1, "d1-again", 60)])
         .await;
     let st = env
-        .wait_status("digits", "1", "ASSIGNMENT_STATE_ROLLED_BACK")
+        .wait_status("digits", "1", AssignmentState::RolledBack)
         .await;
     assert_eq!(st.execution_provider, CPU);
     assert_eq!(agent.serving.version("digits").as_deref(), Some("1"));
@@ -683,7 +688,7 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
     env.assign(vec![AssignmentRecord::for_version(&v3, "d3", 60)])
         .await;
     let st = env
-        .wait_status("digits", "3", "ASSIGNMENT_STATE_ROLLED_BACK")
+        .wait_status("digits", "3", AssignmentState::RolledBack)
         .await;
     assert!(
         st.reason.contains("version 1 still serves"),
@@ -734,11 +739,11 @@ async fn a_copy_damaged_on_disk_is_downloaded_again_instead_of_activated() {
     let mut agent = env.agent(&env.cp.grpc_url, false, |_| {});
     env.assign(vec![AssignmentRecord::for_version(&v1, "d1", 60)])
         .await;
-    env.wait_status("digits", "1", "ASSIGNMENT_STATE_ACTIVE")
+    env.wait_status("digits", "1", AssignmentState::Active)
         .await;
     env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)])
         .await;
-    env.wait_status("digits", "2", "ASSIGNMENT_STATE_ACTIVE")
+    env.wait_status("digits", "2", AssignmentState::Active)
         .await;
     agent.drain();
     // The previous version's file rots in its slot.
@@ -749,7 +754,7 @@ async fn a_copy_damaged_on_disk_is_downloaded_again_instead_of_activated() {
 
     env.assign(vec![AssignmentRecord::for_version(&v1, "d1-again", 60)])
         .await;
-    env.wait_status("digits", "1", "ASSIGNMENT_STATE_ACTIVE")
+    env.wait_status("digits", "1", AssignmentState::Active)
         .await;
     assert_eq!(fetched(&agent.drain(), Digest::of(&m1)), vec![0]);
     let acts = agent.serving.activations();
@@ -801,7 +806,7 @@ async fn an_interrupted_download_resumes_from_its_offset_after_the_agent_is_kill
     assert!(partial_len >= offset);
     assert!(env
         .status("digits")
-        .is_none_or(|s| s.state != "ASSIGNMENT_STATE_ACTIVE"));
+        .is_none_or(|s| s.state != AssignmentState::Active));
 
     // A new agent process on the same data dir, the network back.
     proxy.heal();
@@ -812,7 +817,7 @@ async fn an_interrupted_download_resumes_from_its_offset_after_the_agent_is_kill
             |e| matches!(e, SyncEvent::Status { state, .. } if *state == ReportState::Active),
         )
         .await;
-    env.wait_status("digits", "1", "ASSIGNMENT_STATE_ACTIVE")
+    env.wait_status("digits", "1", AssignmentState::Active)
         .await;
     events.extend(agent.drain());
     assert_eq!(fetched(&events, digest), vec![offset], "{events:#?}");
@@ -860,7 +865,7 @@ async fn a_download_that_cannot_finish_fails_at_its_deadline_and_the_report_wait
         "digits 1 failed reported",
         || async {
             env.status("digits")
-                .filter(|s| s.model_version == "1" && s.state == "ASSIGNMENT_STATE_FAILED")
+                .filter(|s| s.model_version == "1" && s.state == AssignmentState::Failed)
         },
     )
     .await;
@@ -935,7 +940,7 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
         ("huge", "no space: 1152921504606846976 bytes needed"),
     ];
     for (model, reason) in expect {
-        let st = env.wait_status(model, "1", "ASSIGNMENT_STATE_FAILED").await;
+        let st = env.wait_status(model, "1", AssignmentState::Failed).await;
         assert!(st.reason.starts_with(reason), "{model}: {}", st.reason);
     }
     assert!(agent.serving.activations().is_empty());
@@ -958,7 +963,7 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
                 if model == "tampered" && *state == ReportState::Active)
         })
         .await;
-    env.wait_status("untrusted", "1", "ASSIGNMENT_STATE_FAILED")
+    env.wait_status("untrusted", "1", AssignmentState::Failed)
         .await;
     events.extend(agent.drain());
     assert_eq!(fetched(&events, Digest::of(&c)), vec![0]);
@@ -1018,7 +1023,7 @@ async fn a_stale_generation_never_overrides_a_newer_one() {
     );
     env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)])
         .await;
-    env.wait_status("digits", "2", "ASSIGNMENT_STATE_ACTIVE")
+    env.wait_status("digits", "2", AssignmentState::Active)
         .await;
     events.extend(agent.drain());
     assert!(events.contains(&SyncEvent::SetOffered {

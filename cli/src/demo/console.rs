@@ -24,6 +24,14 @@ impl Console {
         })
     }
 
+    /// A GET decoded into its view.
+    pub async fn typed<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        self.client
+            .get(path)
+            .await
+            .with_context(|| format!("GET {path}"))
+    }
+
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
         self.client
             .get(path)

@@ -11,6 +11,7 @@ mod console;
 mod data;
 mod procs;
 mod replay;
+mod summary;
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -28,7 +29,9 @@ use edgeloop_models::runtime::OrtRuntime;
 use serde_json::{json, Value};
 
 use console::{wait_for, Console};
+use edgeloop_api::pipelines::{PipelineStatus, PipelineView};
 use procs::{free_port, Procs};
+use summary::{Latency, ModelBytes, PipelineSummary, Summary, VersionSummary};
 
 use edgeloop_models::package::{self, Identity};
 
@@ -77,9 +80,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     match runtime.block_on(demo(args)) {
         Ok((summary, ok)) => {
             if json_out {
-                println!("{summary:#}");
+                println!("{}", summary.json());
             } else {
-                print!("{}", table(&summary));
+                print!("{}", summary.table());
             }
             Ok(if ok {
                 ExitCode::SUCCESS
@@ -531,6 +534,10 @@ fn accuracy(rows: &[&replay::RowResult]) -> Option<f64> {
     (!rows.is_empty()).then(|| rows.iter().filter(|r| r.correct).count() as f64 / rows.len() as f64)
 }
 
+fn as_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
 fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
@@ -539,7 +546,7 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[i.min(sorted.len() - 1)])
 }
 
-async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
+async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
     anyhow::ensure!(
         args.rows_per_second.is_finite() && args.rows_per_second > 0.0,
         "--rows-per-second must be positive"
@@ -640,12 +647,10 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
         "the retrain to finish",
         Duration::from_secs(300),
         || async {
-            let ps: Value = console
-                .get(&format!("/api/v1/pipelines?model={MODEL}"))
+            let ps: Vec<PipelineView> = console
+                .typed(&format!("/api/v1/pipelines?model={MODEL}"))
                 .await?;
-            let running = ps
-                .as_array()
-                .is_some_and(|a| a.iter().any(|p| p["status"] == "running"));
+            let running = ps.iter().any(|p| p.status == PipelineStatus::Running);
             Ok((!running).then_some(ps))
         },
     )
@@ -674,18 +679,23 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
         tokio::task::spawn_blocking(move || counterfactual(&artifact, x, y)).await??;
     let mut latencies: Vec<f64> = results.iter().map(|r| r.latency_ms).collect();
     latencies.sort_by(f64::total_cmp);
-    let ps = pipelines.as_array().cloned().unwrap_or_default();
+    let ps = pipelines;
+    // Each part as JSON writes it (strings quoted, an absent one `null`), as
+    // the summary always showed them.
     let failed: Vec<String> = ps
         .iter()
-        .filter(|p| p["status"] == "failed" || p["status"] == "cancelled")
+        .filter(|p| matches!(p.status, PipelineStatus::Failed | PipelineStatus::Cancelled))
         .map(|p| {
             format!(
                 "{} {} at {}: {}",
-                p["id"], p["status"], p["step"], p["reason"]
+                as_json(&p.id),
+                as_json(&p.status),
+                as_json(&p.step),
+                as_json(&p.reason)
             )
         })
         .collect();
-    let versions_out: Vec<Value> = versions
+    let versions_out: Vec<VersionSummary> = versions
         .as_array()
         .into_iter()
         .flatten()
@@ -696,90 +706,51 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Value, bool)> {
                 let chosen = q["evidence"]["chosen"].clone();
                 *q = json!({"chosen": chosen});
             }
-            json!({"version": v["version"], "artifact_size": v["artifact_size"],
-                   "metrics": v["metrics"], "lineage": lineage})
+            VersionSummary {
+                version: v["version"].as_str().unwrap_or_default().to_string(),
+                artifact_size: v["artifact_size"].as_u64().unwrap_or_default(),
+                metrics: v["metrics"].clone(),
+                lineage,
+            }
         })
         .collect();
-    let summary = json!({
-        "baseline_accuracy": baseline,
-        "drift_v1_accuracy": drift_v1,
-        "recovered_accuracy": recovered,
-        "v1_accuracy_on_v2_days": v1_on_v2_days,
-        "shift_row": shift,
-        "drift_flagged_row": watch.retrain_row,
-        "feature_drift_row": watch.drift_state_row,
-        "v2_serving_row": v2_row,
-        "retrains": ps.len(),
-        "pipelines": ps.iter().map(|p| json!({"id": p["id"], "status": p["status"], "step": p["step"],
-                                               "reason": p["reason"], "trigger": p["trigger"]})).collect::<Vec<_>>(),
-        "model_bytes": {"fp32": v1.fp32_bytes,
-                        "int8": v1.int8_bytes,
-                        "shipped": v1.shipped_bytes, "shipped_method": v1.method},
-        "edge_latency_ms": {"p50": percentile(&latencies, 0.5), "p99": percentile(&latencies, 0.99)},
-        "rows_replayed": results.len(),
-        "from_row": args.from_row,
-        "to_row": end,
-        "control": args.control,
-        "versions": versions_out,
-        "failures": failed,
-        "workdir": work.display().to_string(),
-    });
-    Ok((summary, failed.is_empty()))
-}
-
-fn table(s: &Value) -> String {
-    let pct = |v: &Value| {
-        v.as_f64()
-            .map_or("-".into(), |v| format!("{:.1} %", v * 100.0))
+    let summary = Summary {
+        baseline_accuracy: baseline,
+        drift_v1_accuracy: drift_v1,
+        recovered_accuracy: recovered,
+        v1_accuracy_on_v2_days: v1_on_v2_days,
+        shift_row: shift,
+        drift_flagged_row: watch.retrain_row,
+        feature_drift_row: watch.drift_state_row,
+        v2_serving_row: v2_row,
+        retrains: ps.len(),
+        pipelines: ps
+            .iter()
+            .map(|p| PipelineSummary {
+                id: p.id.clone(),
+                status: p.status,
+                step: p.step,
+                reason: p.reason.clone(),
+                trigger: p.trigger.clone(),
+            })
+            .collect(),
+        model_bytes: ModelBytes {
+            fp32: v1.fp32_bytes,
+            int8: v1.int8_bytes,
+            shipped: v1.shipped_bytes,
+            shipped_method: v1.method,
+        },
+        edge_latency_ms: Latency {
+            p50: percentile(&latencies, 0.5),
+            p99: percentile(&latencies, 0.99),
+        },
+        rows_replayed: results.len(),
+        from_row: args.from_row,
+        to_row: end,
+        control: args.control,
+        versions: versions_out,
+        failures: failed.clone(),
+        workdir: work.display().to_string(),
     };
-    let row = |v: &Value| v.as_u64().map_or("-".into(), |v| v.to_string());
-    let mut out = String::new();
-    let mut line = |k: &str, v: String| out.push_str(&format!("{k:<34} {v}\n"));
-    line(
-        "days replayed",
-        format!("{}..{}", s["from_row"], s["to_row"]),
-    );
-    line("v1 accuracy before the shift", pct(&s["baseline_accuracy"]));
-    line("v1 accuracy after the shift", pct(&s["drift_v1_accuracy"]));
-    line("v2 accuracy once serving", pct(&s["recovered_accuracy"]));
-    line(
-        "v1 on those days (counterfactual)",
-        pct(&s["v1_accuracy_on_v2_days"]),
-    );
-    line("documented shift (day)", row(&s["shift_row"]));
-    line(
-        "feature drift first seen (day)",
-        row(&s["feature_drift_row"]),
-    );
-    line("retrain triggered (day)", row(&s["drift_flagged_row"]));
-    line("v2 serving from (day)", row(&s["v2_serving_row"]));
-    line("retrains", row(&s["retrains"]));
-    line(
-        "model bytes (fp32, int8, shipped)",
-        format!(
-            "{}, {}, {} ({})",
-            s["model_bytes"]["fp32"],
-            s["model_bytes"]["int8"],
-            s["model_bytes"]["shipped"],
-            s["model_bytes"]["shipped_method"].as_str().unwrap_or("-")
-        ),
-    );
-    line(
-        "edge latency p50 / p99",
-        format!(
-            "{:.2} / {:.2} ms",
-            s["edge_latency_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
-            s["edge_latency_ms"]["p99"].as_f64().unwrap_or(f64::NAN)
-        ),
-    );
-    for v in s["versions"].as_array().into_iter().flatten() {
-        line(
-            &format!("version {}", v["version"].as_str().unwrap_or("?")),
-            format!("{}", v["lineage"]),
-        );
-    }
-    for f in s["failures"].as_array().into_iter().flatten() {
-        line("FAILED", f.as_str().unwrap_or_default().to_string());
-    }
-    out
+    Ok((summary, failed.is_empty()))
 }

@@ -8,7 +8,10 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use serde_json::{json, Value};
+use serde_json::json;
+
+use edgeloop_api::pipelines::PipelineView;
+use edgeloop_api::triggers::TriggersView;
 
 use super::console::Console;
 use super::data::Stream;
@@ -40,12 +43,24 @@ pub struct Replay<'a> {
     pub rows_per_second: f64,
 }
 
-fn argmax(v: &[Value]) -> Option<i64> {
+fn argmax(v: &[f64]) -> Option<i64> {
     v.iter()
         .enumerate()
-        .filter_map(|(i, x)| x.as_f64().map(|x| (i, x)))
-        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .max_by(|a, b| a.1.total_cmp(b.1))
         .map(|(i, _)| i as i64)
+}
+
+/// The part of an Open Inference Protocol v2 answer the replay reads.
+#[derive(Debug, serde::Deserialize)]
+struct InferResponse {
+    #[serde(default)]
+    model_version: String,
+    outputs: Vec<InferOutput>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct InferOutput {
+    data: Vec<f64>,
 }
 
 impl Replay<'_> {
@@ -65,19 +80,22 @@ impl Replay<'_> {
             .with_context(|| format!("inference at {agent}"))?;
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         let status = resp.status();
-        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        let body = resp.bytes().await.unwrap_or_default();
+        let text = || String::from_utf8_lossy(&body).into_owned();
         anyhow::ensure!(
             status.is_success(),
-            "inference at {agent} (row {row}): {status}: {body}"
+            "inference at {agent} (row {row}): {status}: {}",
+            text()
         );
-        let version = body["model_version"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let predicted = body["outputs"][0]["data"]
-            .as_array()
-            .and_then(|d| argmax(d))
-            .with_context(|| format!("inference at {agent}: no output data in {body}"))?;
+        let answer: InferResponse = serde_json::from_slice(&body).with_context(|| {
+            format!("inference at {agent}: not an inference answer: {}", text())
+        })?;
+        let version = answer.model_version;
+        let predicted = answer
+            .outputs
+            .first()
+            .and_then(|o| argmax(&o.data))
+            .with_context(|| format!("inference at {agent}: no output data in {}", text()))?;
         let resp = self
             .http
             .post(format!("{agent}/v2/models/{}/feedback", self.model))
@@ -95,23 +113,24 @@ impl Replay<'_> {
 
     async fn observe(&self, row: usize, watch: &mut Watch) -> anyhow::Result<()> {
         if watch.drift_state_row.is_none() {
-            let t: Value = self
+            let t: TriggersView = self
                 .console
-                .get(&format!("/api/v1/models/{}/triggers", self.model))
+                .typed(&format!("/api/v1/models/{}/triggers", self.model))
                 .await?;
-            if !t["state"]["last"]["state"]["drifting_since"].is_null() {
+            if t.state
+                .last
+                .is_some_and(|e| e.state.drifting_since.is_some())
+            {
                 watch.drift_state_row = Some(row);
             }
         }
-        let pipelines = self
+        let pipelines: Vec<PipelineView> = self
             .console
-            .get(&format!("/api/v1/pipelines?model={}", self.model))
+            .typed(&format!("/api/v1/pipelines?model={}", self.model))
             .await?;
-        for p in pipelines.as_array().into_iter().flatten() {
-            if let Some(id) = p["id"].as_str() {
-                if watch.pipelines.insert(id.to_string()) && watch.retrain_row.is_none() {
-                    watch.retrain_row = Some(row);
-                }
+        for p in pipelines {
+            if watch.pipelines.insert(p.id) && watch.retrain_row.is_none() {
+                watch.retrain_row = Some(row);
             }
         }
         Ok(())

@@ -69,13 +69,47 @@ pub struct EventRecord {
     pub attributes: BTreeMap<String, String>,
 }
 
+/// The state a device last reported for one assignment, as stored.
+///
+/// Written in snake case (`"rolled_back"`). Records written before this type
+/// hold the protobuf enum names (`"ASSIGNMENT_STATE_ROLLED_BACK"`); the
+/// aliases read them, so no rewrite of the tree is needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AssignmentState {
+    #[serde(alias = "ASSIGNMENT_STATE_DOWNLOADING")]
+    Downloading,
+    #[serde(alias = "ASSIGNMENT_STATE_ACTIVATING")]
+    Activating,
+    #[serde(alias = "ASSIGNMENT_STATE_ACTIVE")]
+    Active,
+    #[serde(alias = "ASSIGNMENT_STATE_FAILED")]
+    Failed,
+    #[serde(alias = "ASSIGNMENT_STATE_ROLLED_BACK")]
+    RolledBack,
+}
+
+impl AssignmentState {
+    /// The reported state; `None` for `UNSPECIFIED`, which is not a state.
+    pub fn from_proto(state: pb::AssignmentState) -> Option<Self> {
+        Some(match state {
+            pb::AssignmentState::Unspecified => return None,
+            pb::AssignmentState::Downloading => Self::Downloading,
+            pb::AssignmentState::Activating => Self::Activating,
+            pb::AssignmentState::Active => Self::Active,
+            pb::AssignmentState::Failed => Self::Failed,
+            pb::AssignmentState::RolledBack => Self::RolledBack,
+        })
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AssignmentStatusRecord {
     pub device: String,
     pub generation: u64,
     pub model_name: String,
     pub model_version: String,
-    pub state: String,
+    pub state: AssignmentState,
     pub reason: String,
     pub execution_provider: String,
     #[serde(with = "time::serde::rfc3339")]
@@ -286,9 +320,9 @@ pub fn record_status(
             format!("unknown assignment state {}", report.state),
         )
     })?;
-    if state == pb::AssignmentState::Unspecified {
+    let Some(state) = AssignmentState::from_proto(state) else {
         return Err(Error::bad_field("state", "must be set"));
-    }
+    };
     if report.model_name.is_empty() {
         return Err(Error::bad_field("model_name", "must be set"));
     }
@@ -297,7 +331,7 @@ pub fn record_status(
         generation: report.generation,
         model_name: report.model_name.chars().take(256).collect(),
         model_version: report.model_version.chars().take(256).collect(),
-        state: state.as_str_name().to_string(),
+        state,
         reason: report.reason.chars().take(4096).collect(),
         execution_provider: report.execution_provider.chars().take(256).collect(),
         at: to_time(report.at).unwrap_or(now),
@@ -328,14 +362,14 @@ pub fn status_key(device: &str, model: &str) -> String {
 fn running_version(
     previous: Option<&AssignmentStatusRecord>,
     report: &pb::AssignmentStatusReport,
-    state: pb::AssignmentState,
+    state: AssignmentState,
 ) -> Option<String> {
     if !report.serving_version.is_empty() {
         return Some(report.serving_version.chars().take(256).collect());
     }
     match state {
-        pb::AssignmentState::Active => Some(report.model_version.chars().take(256).collect()),
-        pb::AssignmentState::Failed => None,
+        AssignmentState::Active => Some(report.model_version.chars().take(256).collect()),
+        AssignmentState::Failed => None,
         _ => previous.and_then(|p| p.running_version.clone()),
     }
 }
@@ -400,8 +434,8 @@ mod tests {
         // Version 2 fails its activation; 1 still serves.
         record_status(&store, "d", status(2, "2", S::RolledBack, "1"), now).unwrap();
         assert_eq!(
-            (get().state.as_str(), get().running_version.as_deref()),
-            ("ASSIGNMENT_STATE_ROLLED_BACK", Some("1"))
+            (get().state, get().running_version.as_deref()),
+            (AssignmentState::RolledBack, Some("1"))
         );
         // A retried report of generation 1 arrives late: generation 2 stands.
         record_status(&store, "d", status(1, "1", S::Active, "1"), now).unwrap();
@@ -473,5 +507,65 @@ mod tests {
             matches!(&err, Error::BadRequest { field: Some(f), .. } if f == "models[0].latency_p99_ms"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn status_records_written_with_proto_names_still_decode() {
+        let old = serde_json::json!({
+            "device": "d",
+            "generation": 3,
+            "model_name": "m",
+            "model_version": "2",
+            "state": "ASSIGNMENT_STATE_ROLLED_BACK",
+            "reason": "probe failed",
+            "execution_provider": "CPUExecutionProvider",
+            "at": "2024-05-01T12:00:00Z",
+        });
+        let record: AssignmentStatusRecord = serde_json::from_value(old).unwrap();
+        assert_eq!(record.state, AssignmentState::RolledBack);
+        assert_eq!(record.running_version, None);
+        for (name, state) in [
+            ("ASSIGNMENT_STATE_DOWNLOADING", AssignmentState::Downloading),
+            ("ASSIGNMENT_STATE_ACTIVATING", AssignmentState::Activating),
+            ("ASSIGNMENT_STATE_ACTIVE", AssignmentState::Active),
+            ("ASSIGNMENT_STATE_FAILED", AssignmentState::Failed),
+            ("ASSIGNMENT_STATE_ROLLED_BACK", AssignmentState::RolledBack),
+        ] {
+            let old: AssignmentState = serde_json::from_value(name.into()).unwrap();
+            assert_eq!(old, state);
+            // New writes use the short form, which reads back the same.
+            let new = serde_json::to_value(state).unwrap();
+            assert_eq!(
+                new,
+                name.trim_start_matches("ASSIGNMENT_STATE_").to_lowercase()
+            );
+            assert_eq!(
+                serde_json::from_value::<AssignmentState>(new).unwrap(),
+                state
+            );
+        }
+        assert!(
+            serde_json::from_value::<AssignmentState>("ASSIGNMENT_STATE_UNSPECIFIED".into())
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn the_store_reads_an_old_status_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        // Written as the previous release wrote it.
+        let old = br#"{"device":"d","generation":1,"model_name":"m","model_version":"1","state":"ASSIGNMENT_STATE_ACTIVE","reason":"","execution_provider":"","at":"2024-05-01T12:00:00Z","running_version":"1"}"#;
+        {
+            let db = sled::Config::new().path(&path).open().unwrap();
+            db.open_tree("assignment_status")
+                .unwrap()
+                .insert("d/m", &old[..])
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let got = store.assignment_status.get("d/m").unwrap().unwrap();
+        assert_eq!(got.state, AssignmentState::Active);
     }
 }

@@ -5,13 +5,13 @@
 //! the action of its current step (each step's executor is idempotent per
 //! `(pipeline, step, attempt)`). The executors come with the pipeline task.
 
+use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 
-/// Unix seconds.
-pub type UnixSeconds = i64;
-
-/// The steps are part of the console API (pipelines show them).
-pub use edgeloop_api::pipelines::Step;
+/// The steps and how a step's run ended are part of the console API
+/// (pipelines show them).
+pub use edgeloop_api::pipelines::{Step, StepOutcome};
+pub use edgeloop_api::UnixSeconds;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
@@ -49,7 +49,7 @@ pub enum Output {
     /// The snapshot; `rows` train, `eval_rows` (the newest labelled edge
     /// samples) evaluate; `edge_rows` of all came from devices.
     Dataset {
-        digest: String,
+        digest: Digest,
         rows: u64,
         #[serde(default)]
         eval_rows: u64,
@@ -58,16 +58,16 @@ pub enum Output {
     },
     Job {
         id: String,
-        checkpoint: String,
+        checkpoint: Digest,
     },
     Onnx {
-        digest: String,
+        digest: Digest,
     },
     /// The gate's choice, its signed manifest, and the version it names.
     Quantized {
-        digest: String,
+        digest: Digest,
         method: String,
-        manifest: String,
+        manifest: Digest,
         version: String,
     },
     Version {
@@ -90,8 +90,9 @@ pub struct StepRecord {
     pub attempt: u32,
     pub started_at: UnixSeconds,
     pub ended_at: Option<UnixSeconds>,
-    /// `succeeded`, or why it did not.
-    pub outcome: Option<String>,
+    /// `succeeded`, `cancelled`, or why it did not succeed (stored as
+    /// that one string).
+    pub outcome: Option<StepOutcome>,
     pub output: Option<Output>,
 }
 
@@ -195,7 +196,7 @@ impl Pipeline {
     }
 }
 
-fn close(p: &mut Pipeline, now: UnixSeconds, outcome: String, output: Option<Output>) {
+fn close(p: &mut Pipeline, now: UnixSeconds, outcome: StepOutcome, output: Option<Output>) {
     if let Some(last) = p.history.last_mut() {
         if last.ended_at.is_none() {
             last.ended_at = Some(now);
@@ -235,7 +236,7 @@ pub fn advance(p: &Pipeline, event: Event, now: UnixSeconds) -> (Pipeline, Vec<A
     };
     let failure = match event {
         Event::Cancel => {
-            close(&mut p, now, "cancelled".into(), None);
+            close(&mut p, now, StepOutcome::Cancelled, None);
             p.state = PipelineState::Cancelled { step };
             return (p, vec![Action::Abort { step }]);
         }
@@ -254,12 +255,17 @@ pub fn advance(p: &Pipeline, event: Event, now: UnixSeconds) -> (Pipeline, Vec<A
                         serving * 100.0,
                         p.min_gain_points
                     );
-                    close(&mut p, now, reason.clone(), Some(output));
+                    close(
+                        &mut p,
+                        now,
+                        StepOutcome::Ended(reason.clone()),
+                        Some(output),
+                    );
                     p.state = PipelineState::Stopped { step, reason };
                     return (p, vec![]);
                 }
             }
-            close(&mut p, now, "succeeded".into(), Some(output));
+            close(&mut p, now, StepOutcome::Succeeded, Some(output));
             return match step.next() {
                 Some(next) => {
                     let actions = start(&mut p, next, 1, now);
@@ -275,7 +281,7 @@ pub fn advance(p: &Pipeline, event: Event, now: UnixSeconds) -> (Pipeline, Vec<A
     let Some((reason, retryable)) = failure else {
         return (p, vec![]);
     };
-    close(&mut p, now, reason.clone(), None);
+    close(&mut p, now, StepOutcome::Ended(reason.clone()), None);
     if retryable && attempt < p.max_attempts {
         let mut actions = vec![Action::Abort { step }];
         actions.extend(start(&mut p, step, attempt + 1, now));
@@ -294,25 +300,27 @@ pub fn advance(p: &Pipeline, event: Event, now: UnixSeconds) -> (Pipeline, Vec<A
 mod tests {
     use super::*;
 
+    fn d(c: char) -> Digest {
+        c.to_string().repeat(64).parse().unwrap()
+    }
+
     fn ok(step: Step) -> Output {
         match step {
             Step::BuildDataset => Output::Dataset {
-                digest: "sha256:d".into(),
+                digest: d('d'),
                 rows: 100,
                 eval_rows: 30,
                 edge_rows: 50,
             },
             Step::Train => Output::Job {
                 id: "j".into(),
-                checkpoint: "sha256:c".into(),
+                checkpoint: d('c'),
             },
-            Step::Export => Output::Onnx {
-                digest: "sha256:o".into(),
-            },
+            Step::Export => Output::Onnx { digest: d('0') },
             Step::Quantize => Output::Quantized {
-                digest: "sha256:q".into(),
+                digest: d('a'),
                 method: "int8-static".into(),
-                manifest: "sha256:m".into(),
+                manifest: d('b'),
                 version: "2".into(),
             },
             Step::Register => Output::Version {
@@ -364,7 +372,7 @@ mod tests {
         assert!(p
             .history
             .iter()
-            .all(|r| r.outcome.as_deref() == Some("succeeded") && r.ended_at.is_some()));
+            .all(|r| r.outcome == Some(StepOutcome::Succeeded) && r.ended_at.is_some()));
         assert_eq!(
             p.output_of(Step::Register),
             Some(&Output::Version {
@@ -413,8 +421,9 @@ mod tests {
         assert_eq!(p.history.len(), 4, "every attempt is in the history");
         assert!(p.history[2]
             .outcome
-            .as_deref()
+            .as_ref()
             .unwrap()
+            .as_str()
             .starts_with("timed out"));
 
         // A failure that a retry would only repeat ends at once.

@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 use super::failure::Failure;
 use crate::serving::Serving;
 
-/// The states a device reports (`AssignmentState` on the wire).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The states a device reports (`AssignmentState` on the wire). On disk (a
+/// model's `status.json`) in snake case: `"failed"`, `"rolled_back"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ReportState {
     Downloading,
     Activating,

@@ -46,12 +46,15 @@ pub struct Ctx {
 
 /// `models/<name>/status.json`: how the last assignment of a model ended,
 /// so that a restart re-reports a permanent failure instead of retrying it
-/// on every start.
+/// on every start. Only endings a retry would repeat are kept (`Failed` for
+/// a permanent reason, `RolledBack`); any other ending removes the file. A
+/// file from an older agent that says `"retry"` does not decode, which reads
+/// as no ending, as it did then.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Outcome {
     content: Content,
     deployment_id: String,
-    state: String,
+    state: ReportState,
     reason: String,
 }
 
@@ -97,12 +100,8 @@ impl Worker {
     pub async fn run(self, cancel: CancellationToken) {
         let content = self.assignment.content();
         if let Some(previous) = self.finished_before(&content) {
-            let state = match previous.state.as_str() {
-                "rolled_back" => ReportState::RolledBack,
-                _ => ReportState::Failed,
-            };
             tracing::info!(model = %self.assignment.model, reason = %previous.reason, "assignment already ended; reporting it again");
-            self.report(state, previous.reason, String::new());
+            self.report(previous.state, previous.reason, String::new());
             return;
         }
         let mut slots = match self.load_slots() {
@@ -217,25 +216,36 @@ impl Worker {
     fn finished_before(&self, content: &Content) -> Option<Outcome> {
         let bytes = std::fs::read(self.dir.root().join(OUTCOME_FILE)).ok()?;
         let o: Outcome = serde_json::from_slice(&bytes).ok()?;
-        let ended = o.state == "failed" || o.state == "rolled_back";
+        let ended = matches!(o.state, ReportState::Failed | ReportState::RolledBack);
         (ended && o.content == *content && o.deployment_id == self.assignment.deployment_id)
             .then_some(o)
     }
 
     /// Remembers an ending that a retry would only repeat.
     fn record_outcome(&self, content: &Content, phase: &Phase) {
+        let path = self.dir.root().join(OUTCOME_FILE);
         let (state, reason) = match phase {
-            Phase::Failed { reason } if reason.is_permanent() => ("failed", reason.to_string()),
-            Phase::RolledBack { reason } => ("rolled_back", reason.clone()),
-            _ => ("retry", String::new()),
+            Phase::Failed { reason } if reason.is_permanent() => {
+                (ReportState::Failed, reason.to_string())
+            }
+            Phase::RolledBack { reason } => (ReportState::RolledBack, reason.clone()),
+            _ => {
+                // A retry may succeed: nothing to remember, and an older
+                // ending must not stand in for this one.
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => tracing::warn!(error = %e, "clearing the assignment outcome"),
+                }
+                return;
+            }
         };
         let outcome = Outcome {
             content: content.clone(),
             deployment_id: self.assignment.deployment_id.clone(),
-            state: state.into(),
+            state,
             reason,
         };
-        let path = self.dir.root().join(OUTCOME_FILE);
         let written = serde_json::to_vec_pretty(&outcome)
             .map_err(std::io::Error::other)
             .and_then(|b| {
@@ -504,5 +514,30 @@ mod tests {
                 "{v} {serving:?}"
             );
         }
+    }
+
+    #[test]
+    fn outcome_files_from_older_agents_decode() {
+        let outcome = Outcome {
+            content: content("1"),
+            deployment_id: "dep".into(),
+            state: ReportState::RolledBack,
+            reason: "probe failed".into(),
+        };
+        let mut json = serde_json::to_value(&outcome).unwrap();
+        // The older agent wrote these strings; the enum's form is the same.
+        assert_eq!(json["state"], "rolled_back");
+        for (old, state) in [
+            ("failed", ReportState::Failed),
+            ("rolled_back", ReportState::RolledBack),
+        ] {
+            json["state"] = old.into();
+            let got: Outcome = serde_json::from_value(json.clone()).unwrap();
+            assert_eq!(got.state, state);
+        }
+        // "retry" was never an ending: it does not decode, which reads as
+        // no recorded ending.
+        json["state"] = "retry".into();
+        assert!(serde_json::from_value::<Outcome>(json).is_err());
     }
 }

@@ -121,9 +121,10 @@ impl AgentService for AgentApi {
             loop {
                 if signal.borrow_and_update().revoked {
                     let _ = tx
-                        .send(Err(Status::permission_denied(format!(
+                        .send(Err(Error::PermissionDenied(format!(
                             "device/{device} has been revoked"
-                        ))))
+                        ))
+                        .into()))
                         .await;
                     return;
                 }
@@ -136,7 +137,7 @@ impl AgentService for AgentApi {
                     }
                     Ok(_) => {}
                     Err(e) => {
-                        let _ = tx.send(Err(Status::from(e))).await;
+                        let _ = tx.send(Err(e.into())).await;
                         return;
                     }
                 }
@@ -163,12 +164,13 @@ impl AgentService for AgentApi {
         let digest: Digest = req
             .digest
             .parse()
-            .map_err(|e| Status::from(Error::bad_field("digest", format!("{e}"))))?;
+            .map_err(|e| Error::bad_field("digest", format!("{e}")))?;
         let set = assignments::current(&self.core.store, &device)?;
         if !set.references(digest) {
-            return Err(Status::permission_denied(format!(
+            return Err(Error::PermissionDenied(format!(
                 "artifact {digest} is not assigned to device/{device}"
-            )));
+            ))
+            .into());
         }
         let chunks = stream_artifact(
             &self.core,
@@ -297,7 +299,7 @@ pub(super) async fn stream_artifact(
                 Ok(n) => n,
                 Err(e) => {
                     let _ = tx
-                        .send(Err(Status::internal(format!("reading artifact: {e}"))))
+                        .send(Err(Error::ArtifactRead(e.to_string()).into()))
                         .await;
                     return;
                 }
@@ -316,11 +318,9 @@ pub(super) async fn stream_artifact(
     Ok(stream)
 }
 
-fn check_offset(offset: u64, size: u64) -> Result<(), Status> {
+fn check_offset(offset: u64, size: u64) -> Result<(), Error> {
     if offset > size {
-        return Err(Status::out_of_range(format!(
-            "offset {offset} is past the end ({size} bytes)"
-        )));
+        return Err(Error::RangeNotSatisfiable { offset, size });
     }
     Ok(())
 }

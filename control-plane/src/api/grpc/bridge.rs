@@ -48,6 +48,11 @@ impl BridgeApi {
     }
 }
 
+/// The refusal when a cluster touches a job it does not hold the lease of.
+fn not_leased(job: &str, cluster: &str) -> Error {
+    Error::PermissionDenied(format!("job {job:?} is not leased by cluster/{cluster}"))
+}
+
 fn validate_header(h: &pb::CheckpointHeader, max_bytes: u64) -> Result<Digest, Error> {
     if h.job_id.is_empty()
         || h.job_id.len() > 128
@@ -201,7 +206,7 @@ impl BridgeService for BridgeApi {
                     _ = core.shutdown.cancelled() => return,
                     _ = tx.closed() => return,
                     _ = &mut revoked => {
-                        let _ = tx.send(Err(Status::permission_denied(format!("cluster/{cluster} has been revoked")))).await;
+                        let _ = tx.send(Err(Error::PermissionDenied(format!("cluster/{cluster} has been revoked")).into())).await;
                         return;
                     }
                     ev = events.recv() => match ev {
@@ -270,15 +275,12 @@ impl BridgeService for BridgeApi {
         let req = req.into_inner();
         let job = jobs::get(&self.core.store, &req.job_id)?;
         if job.leased_by.as_deref() != Some(cluster.as_str()) {
-            return Err(Status::permission_denied(format!(
-                "job {:?} is not leased by cluster/{cluster}",
-                job.id
-            )));
+            return Err(not_leased(&job.id, &cluster).into());
         }
         let digest: Digest = req
             .digest
             .parse()
-            .map_err(|e| Status::from(Error::bad_field("digest", format!("{e}"))))?;
+            .map_err(|e| Error::bad_field("digest", format!("{e}")))?;
         if let Some(size) = self
             .core
             .artifacts
@@ -314,15 +316,12 @@ impl BridgeService for BridgeApi {
         let digest: Digest = req
             .digest
             .parse()
-            .map_err(|e| Status::from(Error::bad_field("digest", format!("{e}"))))?;
+            .map_err(|e| Error::bad_field("digest", format!("{e}")))?;
         let job = jobs::get(&self.core.store, &req.job_id)?;
         // Only the bridge running the job may read its checkpoints: they are
         // the team's weights, not something every cluster should see.
         if job.leased_by.as_deref() != Some(cluster.as_str()) {
-            return Err(Status::permission_denied(format!(
-                "job {:?} is not leased by cluster/{cluster}",
-                job.id
-            )));
+            return Err(not_leased(&job.id, &cluster).into());
         }
         // A job's own checkpoints, and the datasets its spec names in the
         // artifact store (a retraining pipeline's snapshot), and nothing else.
@@ -340,10 +339,11 @@ impl BridgeService for BridgeApi {
                 .iter()
                 .any(|c| c.digest == digest);
         if !known {
-            return Err(Status::not_found(format!(
+            return Err(Error::Absent(format!(
                 "job {:?} has no checkpoint or dataset {digest}",
                 job.id
-            )));
+            ))
+            .into());
         }
         let chunks = super::agent::stream_artifact(
             &self.core,
@@ -372,19 +372,18 @@ impl BridgeService for BridgeApi {
                 part: Some(pb::checkpoint_upload::Part::Header(h)),
             }) => h,
             _ => {
-                return Err(Status::invalid_argument(
-                    "header: the first message must be the checkpoint header",
-                ))
+                return Err(Error::bad_field(
+                    "header",
+                    "the first message must be the checkpoint header",
+                )
+                .into())
             }
         };
         let max = self.core.config.max_artifact_bytes;
         let digest = validate_header(&header, max)?;
         let job = jobs::get(&self.core.store, &header.job_id)?;
         if job.leased_by.as_deref() != Some(cluster.as_str()) {
-            return Err(Status::permission_denied(format!(
-                "job {:?} is not leased by cluster/{cluster}",
-                job.id
-            )));
+            return Err(not_leased(&job.id, &cluster).into());
         }
         // Chunks must arrive in order, with no gaps or overlaps.
         let mut expected_offset = header.offset;

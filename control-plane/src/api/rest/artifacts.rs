@@ -104,13 +104,7 @@ pub async fn download(
         HeaderValue::from_str(&format!("\"{digest}\"")).map_err(|e| Error::Internal(e.into()))?;
     let mut response = match start {
         Some(s) if s >= size && size > 0 => {
-            let mut r = StatusCode::RANGE_NOT_SATISFIABLE.into_response();
-            r.headers_mut().insert(
-                header::CONTENT_RANGE,
-                HeaderValue::from_str(&format!("bytes */{size}"))
-                    .map_err(|e| Error::Internal(e.into()))?,
-            );
-            return Ok(r);
+            return Err(Error::RangeNotSatisfiable { offset: s, size });
         }
         Some(s) if s > 0 => {
             let mut r = (
@@ -165,6 +159,6 @@ pub async fn head(
             );
             Ok(r)
         }
-        None => Ok(StatusCode::NOT_FOUND.into_response()),
+        None => Err(Error::from(ArtifactError::NotFound(digest)).for_head()),
     }
 }

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use edgeloop_api::drift::DriftView;
+use serde::Deserialize;
 
-use crate::drift::analysis::{self, DriftConfig, DriftSeries};
+use crate::drift::analysis::{self, DriftConfig};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::MemberKind;
 use crate::registry::models;
@@ -31,14 +32,6 @@ pub struct DriftQuery {
     pub min_requests: Option<u64>,
     pub set_after: Option<u32>,
     pub clear_after: Option<u32>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct DriftView {
-    pub model: String,
-    pub version: String,
-    pub config: DriftConfig,
-    pub series: Vec<DriftSeries>,
 }
 
 /// The query's thresholds over `d` (the model's, else the defaults).

@@ -7,60 +7,111 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use edgeloop_api::pipelines::{self as api, PipelineView, RetrainRequest};
+use serde::Deserialize;
 
 use super::json::{OptionalJson, ValidJson};
 use crate::error::{Error, ErrorBody};
-use crate::lifecycle::pipeline::{Pipeline, PipelineState};
+use crate::lifecycle::pipeline::{Output, Pipeline, PipelineState, StepRecord};
 use crate::lifecycle::retrain::{self, RetrainingConfig, Started};
 use crate::Core;
 
+fn state_view(s: PipelineState) -> api::PipelineState {
+    match s {
+        PipelineState::Running {
+            step,
+            attempt,
+            started_at,
+        } => api::PipelineState::Running {
+            step,
+            attempt,
+            started_at,
+        },
+        PipelineState::Succeeded => api::PipelineState::Succeeded,
+        PipelineState::Stopped { step, reason } => api::PipelineState::Stopped { step, reason },
+        PipelineState::Failed { step, reason } => api::PipelineState::Failed { step, reason },
+        PipelineState::Cancelled { step } => api::PipelineState::Cancelled { step },
+    }
+}
+
+fn output_view(o: Output) -> api::Output {
+    match o {
+        Output::Dataset {
+            digest,
+            rows,
+            eval_rows,
+            edge_rows,
+        } => api::Output::Dataset {
+            digest,
+            rows,
+            eval_rows,
+            edge_rows,
+        },
+        Output::Job { id, checkpoint } => api::Output::Job { id, checkpoint },
+        Output::Onnx { digest } => api::Output::Onnx { digest },
+        Output::Quantized {
+            digest,
+            method,
+            manifest,
+            version,
+        } => api::Output::Quantized {
+            digest,
+            method,
+            manifest,
+            version,
+        },
+        Output::Version { version } => api::Output::Version { version },
+        Output::Comparison { new, serving } => api::Output::Comparison { new, serving },
+        Output::Deployment { id } => api::Output::Deployment { id },
+        Output::Reference => api::Output::Reference,
+    }
+}
+
+fn step_view(r: StepRecord) -> api::StepRecord {
+    api::StepRecord {
+        step: r.step,
+        attempt: r.attempt,
+        started_at: r.started_at,
+        ended_at: r.ended_at,
+        outcome: r.outcome,
+        output: r.output.map(output_view),
+    }
+}
+
 /// A pipeline as the API shows it: the record, its state's name, and the
 /// current step.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct PipelineView {
-    pub id: String,
-    pub model: String,
-    /// `running`, `succeeded`, `stopped`, `failed` or `cancelled`.
-    pub status: &'static str,
-    /// The step running or the one it ended in.
-    pub step: Option<String>,
-    /// Why it stopped or failed.
-    pub reason: Option<String>,
-    /// Set when this request's trigger was folded into a running pipeline
-    /// (listed in its `coalesced`).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub coalesced_request: bool,
-    #[serde(flatten)]
-    #[schema(value_type = Object)]
-    pub pipeline: Pipeline,
-}
-
-fn step_name(step: crate::lifecycle::pipeline::Step) -> String {
-    serde_json::to_value(step)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
 pub fn view(pipeline: Pipeline, coalesced: bool) -> PipelineView {
     let (step, reason) = match &pipeline.state {
         PipelineState::Running { step, .. } | PipelineState::Cancelled { step } => {
-            (Some(step_name(*step)), None)
+            (Some(*step), None)
         }
         PipelineState::Stopped { step, reason } | PipelineState::Failed { step, reason } => {
-            (Some(step_name(*step)), Some(reason.clone()))
+            (Some(*step), Some(reason.clone()))
         }
         PipelineState::Succeeded => (None, None),
     };
+    let state = state_view(pipeline.state);
     PipelineView {
-        id: pipeline.id.clone(),
-        model: pipeline.model.clone(),
-        status: retrain::state_name(&pipeline.state),
+        id: pipeline.id,
+        model: pipeline.model,
+        status: state.status(),
         step,
         reason,
         coalesced_request: coalesced,
-        pipeline,
+        trigger: pipeline.trigger,
+        state,
+        history: pipeline.history.into_iter().map(step_view).collect(),
+        max_attempts: pipeline.max_attempts,
+        step_timeout_seconds: pipeline.step_timeout_seconds,
+        min_gain_points: pipeline.min_gain_points,
+        coalesced: pipeline
+            .coalesced
+            .into_iter()
+            .map(|c| api::Coalesced {
+                trigger: c.trigger,
+                at: c.at,
+            })
+            .collect(),
     }
 }
 
@@ -87,14 +138,6 @@ pub async fn get_config(
     Path(name): Path<String>,
 ) -> Result<Json<RetrainingConfig>, Error> {
     Ok(Json(retrain::get_config(&core.store, &name)?))
-}
-
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RetrainRequest {
-    /// Why, for the record (the trigger becomes `manual: <reason>`).
-    #[serde(default)]
-    pub reason: Option<String>,
 }
 
 /// A manual retrain. 201 with the new pipeline, or 200 with the running one

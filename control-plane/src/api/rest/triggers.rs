@@ -5,23 +5,57 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::Json;
-use serde::Serialize;
+use edgeloop_api::triggers::{Evaluation, ModelState, TriggerState, TriggersView};
 
 use super::json::ValidJson;
 use crate::error::{Error, ErrorBody};
-use crate::lifecycle::triggers::config::TriggersConfig;
-use crate::lifecycle::triggers::runner::TriggerStateRecord;
+use crate::lifecycle::triggers::config::{TriggerPolicy, TriggersConfig};
+use crate::lifecycle::triggers::runner::{self, TriggerStateRecord};
+use crate::lifecycle::triggers::ModelState as SchedulerState;
 use crate::registry::models;
 use crate::Core;
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TriggersView {
-    pub model: String,
-    pub config: TriggersConfig,
-    /// The last evaluation: the state the scheduler saw (drift, online and
-    /// evaluated accuracy, labels since the last retrain, the running
-    /// pipeline) and its decision.
-    pub state: TriggerStateRecord,
+fn model_state(s: SchedulerState) -> ModelState {
+    ModelState {
+        running: s.running,
+        last_started: s.last_started,
+        cooldown_seconds: s.cooldown_seconds,
+        drifting_since: s.drifting_since,
+        drift_severity: s.drift_severity,
+        evaluated_accuracy: s.evaluated_accuracy,
+        online_accuracy: s.online_accuracy,
+        labels_since_last: s.labels_since_last,
+        manual_requested: s.manual_requested,
+        schedule_fired_minute: s.schedule_fired_minute,
+    }
+}
+
+fn evaluation(e: runner::Evaluation) -> Evaluation {
+    Evaluation {
+        at: e.at,
+        version: e.version,
+        state: model_state(e.state),
+        decision: e.decision,
+        reasons: e.reasons,
+        pipeline: e.pipeline,
+    }
+}
+
+/// The stored record as the API shows it.
+pub fn state_view(r: TriggerStateRecord) -> TriggerState {
+    TriggerState {
+        schedule_fired_minute: r.schedule_fired_minute,
+        last: r.last.map(evaluation),
+    }
+}
+
+fn view(core: &Core, name: String, config: TriggersConfig) -> Result<TriggersView, Error> {
+    let state = core.store.trigger_state.get(&name)?.unwrap_or_default();
+    Ok(TriggersView {
+        model: name,
+        config,
+        state: state_view(state),
+    })
 }
 
 /// Sets a model's triggers (replacing the old ones); a 400 names the field.
@@ -38,12 +72,7 @@ pub async fn put(
     config.triggers_for(&name)?;
     core.store.triggers.insert(&name, &config)?;
     core.store.flush().await?;
-    let state = core.store.trigger_state.get(&name)?.unwrap_or_default();
-    Ok(Json(TriggersView {
-        model: name,
-        config,
-        state,
-    }))
+    Ok(Json(view(&core, name, config)?))
 }
 
 #[utoipa::path(get, path = "/api/v1/models/{name}/triggers", tag = "loop",
@@ -60,10 +89,5 @@ pub async fn get(
         .triggers
         .get(&name)?
         .ok_or_else(|| Error::not_found("triggers of model", &name))?;
-    let state = core.store.trigger_state.get(&name)?.unwrap_or_default();
-    Ok(Json(TriggersView {
-        model: name,
-        config,
-        state,
-    }))
+    Ok(Json(view(&core, name, config)?))
 }

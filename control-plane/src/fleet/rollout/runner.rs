@@ -19,7 +19,9 @@ use crate::error::{Error, Result};
 use crate::fleet::assignments::{self, AssignmentRecord, SetOutcome};
 use crate::fleet::deployments::{self, DeploymentRecord};
 use crate::fleet::members::{member_status, MemberStatus};
-use crate::fleet::telemetry::{status_key, AssignmentStatusRecord, TelemetryRecord};
+use crate::fleet::telemetry::{
+    status_key, AssignmentState, AssignmentStatusRecord, TelemetryRecord,
+};
 use crate::fleet::FleetEvent;
 use crate::registry::models::{self, ModelVersionRecord};
 use crate::store::Store;
@@ -317,20 +319,23 @@ pub fn device_status(
     let running = s
         .running_version
         .clone()
-        .or_else(|| (s.state == "ASSIGNMENT_STATE_ACTIVE").then(|| s.model_version.clone()));
+        .or_else(|| (s.state == AssignmentState::Active).then(|| s.model_version.clone()));
     let ours = record
         .assigned_generation
         .get(device)
         .is_some_and(|g| s.generation >= *g);
-    let state = match s.state.as_str() {
-        "ASSIGNMENT_STATE_ACTIVE" => AssignmentStatus::Active,
-        "ASSIGNMENT_STATE_FAILED" if ours => AssignmentStatus::Failed {
+    let state = match s.state {
+        AssignmentState::Active => AssignmentStatus::Active,
+        AssignmentState::Failed if ours => AssignmentStatus::Failed {
             reason: s.reason.clone(),
         },
-        "ASSIGNMENT_STATE_ROLLED_BACK" if ours => AssignmentStatus::RolledBack {
+        AssignmentState::RolledBack if ours => AssignmentStatus::RolledBack {
             reason: s.reason.clone(),
         },
-        _ => AssignmentStatus::Downloading,
+        AssignmentState::Failed
+        | AssignmentState::RolledBack
+        | AssignmentState::Downloading
+        | AssignmentState::Activating => AssignmentStatus::Downloading,
     };
     (running, state)
 }

@@ -7,7 +7,6 @@ pub mod dataset;
 pub mod runner;
 pub mod steps;
 
-use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -18,74 +17,20 @@ use crate::lifecycle::pipeline::{self, Pipeline, PipelineState};
 use crate::store::Store;
 use crate::validate;
 
-/// How a model is retrained (`PUT /api/v1/models/{name}/retraining`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RetrainingConfig {
-    /// The training job (trainer-bridge's job spec). The pipeline names the
-    /// job and puts its dataset snapshot first in `datasets`.
-    #[schema(value_type = Object)]
-    pub job: serde_json::Value,
-    /// Run the job only on this cluster.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<String>,
-    /// The original training set: an uploaded npz with `input` and `label`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
-    pub base_dataset: Option<Digest>,
-    /// Keep only the last this many rows of the base set (a recent window).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub base_window_rows: Option<u64>,
-    /// Keep only the newest this many labelled edge samples: after a concept
-    /// shift, older rows teach the old concept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub edge_window_rows: Option<u64>,
-    /// The newest fraction of labelled edge samples held out to evaluate
-    /// (quantization gate and promotion check), default 0.3.
-    #[serde(default = "default_eval_fraction")]
-    pub eval_fraction: f64,
-    /// Fewer labelled edge samples than this fail the dataset step: the
-    /// comparison with the serving version would mean nothing (default 20).
-    #[serde(default = "default_min_eval_samples")]
-    pub min_eval_samples: u64,
-    /// Largest accuracy drop the quantization gate accepts, in points.
-    #[serde(default = "default_budget")]
-    pub quantization_budget_points: f64,
-    /// Points the new version must gain over the serving one (default 0:
-    /// it must be strictly better).
-    #[serde(default)]
-    pub min_gain_points: f64,
-    /// The staged rollout: a deployment request without `model` and
-    /// `version` (selector, strategy, gates, ...).
-    #[schema(value_type = Object)]
-    pub rollout: serde_json::Value,
-    /// Tries per step before the pipeline fails (default 3).
-    #[serde(default = "default_max_attempts")]
-    pub max_attempts: u32,
-    /// A step running longer than this fails, retryably (default 6 h).
-    #[serde(default = "default_step_timeout")]
-    pub step_timeout_seconds: i64,
-}
+/// How a model is retrained: the console API's request body, stored as is.
+pub use edgeloop_api::pipelines::RetrainingConfig;
 
-fn default_eval_fraction() -> f64 {
-    0.3
-}
-fn default_min_eval_samples() -> u64 {
-    20
-}
-fn default_budget() -> f64 {
-    1.0
-}
-fn default_max_attempts() -> u32 {
-    3
-}
-fn default_step_timeout() -> i64 {
-    6 * 3600
-}
-
-impl RetrainingConfig {
+/// The checks and templates of a [`RetrainingConfig`] (a console API type,
+/// so its server-side behaviour is a trait here).
+pub trait RetrainingPolicy {
     /// Checks every field the pipeline relies on, naming the one at fault.
-    pub fn validate(&self) -> Result<()> {
+    fn validate(&self) -> Result<()>;
+    /// The rollout template as a deployment request for `model` `version`.
+    fn deployment_request(&self, model: &str, version: &str) -> Result<CreateDeployment>;
+}
+
+impl RetrainingPolicy for RetrainingConfig {
+    fn validate(&self) -> Result<()> {
         if !self.job.is_object() {
             return Err(Error::bad_field("job", "must be a job spec object"));
         }
@@ -143,8 +88,7 @@ impl RetrainingConfig {
         self.deployment_request("m", "1").map(|_| ())
     }
 
-    /// The rollout template as a deployment request for `model` `version`.
-    pub fn deployment_request(&self, model: &str, version: &str) -> Result<CreateDeployment> {
+    fn deployment_request(&self, model: &str, version: &str) -> Result<CreateDeployment> {
         let serde_json::Value::Object(mut fields) = self.rollout.clone() else {
             return Err(Error::bad_field("rollout", "must be an object"));
         };

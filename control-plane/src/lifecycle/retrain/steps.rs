@@ -20,7 +20,7 @@ use time::OffsetDateTime;
 use tokio::io::AsyncReadExt as _;
 
 use super::dataset::{self, Rows};
-use super::RetrainingConfig;
+use super::{RetrainingConfig, RetrainingPolicy};
 use crate::error::Error;
 use crate::fleet::deployments;
 use crate::fleet::rollout::RolloutState;
@@ -157,9 +157,9 @@ fn output(p: &Pipeline, step: Step) -> Result<&Output, StepError> {
 }
 
 /// The dataset snapshot's digest (the first step's output).
-fn snapshot_of(p: &Pipeline) -> Result<&str, StepError> {
+fn snapshot_of(p: &Pipeline) -> Result<Digest, StepError> {
     match output(p, Step::BuildDataset)? {
-        Output::Dataset { digest, .. } => Ok(digest),
+        Output::Dataset { digest, .. } => Ok(*digest),
         _ => Err(StepError::fatal(
             "the dataset step's output is not a dataset",
         )),
@@ -174,11 +174,6 @@ fn version_of(p: &Pipeline) -> Result<&str, StepError> {
             "the register step's output is not a version",
         )),
     }
-}
-
-fn digest(text: &str, what: &str) -> Result<Digest, StepError> {
-    text.parse()
-        .map_err(|e| StepError::fatal(format!("{what} {text:?} is not a digest: {e}")))
 }
 
 async fn read_artifact(core: &Core, d: Digest) -> Result<Vec<u8>, StepError> {
@@ -347,7 +342,7 @@ async fn build_dataset(
     let (rows, eval_rows, edge_rows, bytes) = snapshot;
     let d = put_artifact(core, bytes).await?;
     Ok(Output::Dataset {
-        digest: d.to_string(),
+        digest: d,
         rows: rows as u64,
         eval_rows: eval_rows as u64,
         edge_rows: edge_rows as u64,
@@ -398,7 +393,7 @@ async fn train(
             })?;
             Ok(Some(Output::Job {
                 id,
-                checkpoint: last.digest.to_string(),
+                checkpoint: last.digest,
             }))
         }
         JobState::Failed => Err(StepError::fatal(format!(
@@ -418,7 +413,7 @@ async fn export(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
     let Output::Job { checkpoint, .. } = output(p, Step::Train)? else {
         return Err(StepError::fatal("the training step's output is not a job"));
     };
-    let zip = read_artifact(core, digest(checkpoint, "checkpoint")?).await?;
+    let zip = read_artifact(core, *checkpoint).await?;
     let onnx_bytes = blocking(move || {
         let mut archive = zip::ZipArchive::new(std::io::Cursor::new(zip))
             .map_err(|e| StepError::fatal(format!("the checkpoint is not a zip: {e}")))?;
@@ -440,9 +435,7 @@ async fn export(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
     })
     .await?;
     let d = put_artifact(core, onnx_bytes).await?;
-    Ok(Output::Onnx {
-        digest: d.to_string(),
-    })
+    Ok(Output::Onnx { digest: d })
 }
 
 fn signing_key_path(core: &Core) -> std::path::PathBuf {
@@ -502,8 +495,8 @@ async fn quantize(
     else {
         return Err(StepError::fatal("the training step's output is not a job"));
     };
-    let model_bytes = read_artifact(core, digest(onnx_digest, "model")?).await?;
-    let data_digest = digest(data, "dataset")?;
+    let model_bytes = read_artifact(core, *onnx_digest).await?;
+    let data_digest = data;
     let snapshot = read_artifact(core, data_digest).await?;
     let version = next_version(core, &p.model)?;
     let parent = serving_version(core, &p.model)?.map(|v| v.version);
@@ -512,7 +505,7 @@ async fn quantize(
         version: version.clone(),
         lineage: ManifestLineage {
             job: Some(job.clone()),
-            checkpoint: Some(digest(checkpoint, "checkpoint")?),
+            checkpoint: Some(*checkpoint),
             dataset: Some(data_digest),
             parent_version: parent,
         },
@@ -559,9 +552,9 @@ async fn quantize(
     let manifest = put_artifact(core, manifest_json.into_bytes()).await?;
     tracing::info!(pipeline = %p.id, chosen = %packaged.outcome.chosen, reason = %packaged.outcome.reason, "quantization gate");
     Ok(Output::Quantized {
-        digest: artifact.to_string(),
+        digest: artifact,
         method: packaged.outcome.chosen,
-        manifest: manifest.to_string(),
+        manifest,
         version,
     })
 }
@@ -578,7 +571,7 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
             "the quantize step's output is not a model",
         ));
     };
-    let artifact = digest(artifact, "artifact")?;
+    let artifact = *artifact;
     // Registered by an earlier try that crashed before recording it.
     if let Some(v) = core
         .store
@@ -593,7 +586,7 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
             p.model
         )));
     }
-    let manifest = digest(manifest, "manifest")?;
+    let manifest = *manifest;
     let signed = models::read_manifest(core.artifacts.as_ref(), manifest, "manifest").await?;
     let m = &signed.manifest;
     let evidence = m
@@ -623,7 +616,7 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
                         .take(128)
                         .collect(),
                 ),
-                dataset_snapshot: Some(digest(data, "dataset")?),
+                dataset_snapshot: Some(data),
                 training_job: m.lineage.job.clone(),
                 checkpoint_digest: m.lineage.checkpoint,
                 quantization: evidence,
@@ -672,7 +665,7 @@ async fn compare(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
         Some(v) => Some(read_artifact(core, v.artifact_digest).await?),
         None => None,
     };
-    let snapshot = read_artifact(core, digest(data, "dataset")?).await?;
+    let snapshot = read_artifact(core, data).await?;
     let (new, serving) = blocking(move || {
         let snapshot = Npz::from_bytes(&snapshot).map_err(|e| StepError::fatal(e.to_string()))?;
         let runtime =

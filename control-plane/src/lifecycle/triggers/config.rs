@@ -1,72 +1,11 @@
 //! A model's triggers as the API takes them (`PUT /api/v1/models/{name}/triggers`),
 //! checked field by field and turned into the scheduler's [`Trigger`]s.
 
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
-
 use super::{CronExpr, Trigger, TriggerKind};
-use crate::drift::analysis::DriftConfig;
 use crate::error::{Error, Result};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TriggersConfig {
-    /// No automatic retrain starts within this long of the last one.
-    #[serde(default = "default_cooldown")]
-    pub cooldown_seconds: i64,
-    /// The model's drift thresholds (defaults: `GET .../drift` documents them).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drift: Option<DriftConfig>,
-    /// Online accuracy is measured over this many newest labelled samples
-    /// of the serving version (default 200)...
-    #[serde(default = "default_accuracy_window")]
-    pub accuracy_window: u64,
-    /// ...and only once there are this many (default 50).
-    #[serde(default = "default_accuracy_min")]
-    pub accuracy_min_samples: u64,
-    #[serde(default)]
-    pub triggers: Vec<TriggerSpec>,
-}
-
-fn default_cooldown() -> i64 {
-    3600
-}
-fn default_accuracy_window() -> u64 {
-    200
-}
-fn default_accuracy_min() -> u64 {
-    50
-}
-
-/// One trigger; which fields apply depends on `kind`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TriggerSpec {
-    pub id: String,
-    /// `drift`, `accuracy_drop`, `new_labels` or `schedule`.
-    pub kind: String,
-    /// drift: the severity (largest PSI) that counts (default 0.2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_severity: Option<f64>,
-    /// drift: for at least this long (default 0).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_duration_seconds: Option<i64>,
-    /// drift: and, when labels exist, accuracy at least this many points down.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_accuracy_drop_points: Option<f64>,
-    /// accuracy_drop: points under the evaluated accuracy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub points: Option<f64>,
-    /// new_labels: labelled samples since the last retrain.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min: Option<u64>,
-    /// schedule: five-field cron, UTC.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cron: Option<String>,
-    /// schedule: only inside this daily UTC window, `HH:MM-HH:MM`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub window: Option<String>,
-}
+/// The request body, stored as is: a console API type.
+pub use edgeloop_api::triggers::{TriggerSpec, TriggersConfig};
 
 const KINDS: [&str; 4] = ["drift", "accuracy_drop", "new_labels", "schedule"];
 
@@ -96,9 +35,15 @@ fn parse_window(field: &str, text: &str) -> Result<(u32, u32)> {
     Ok((a, b))
 }
 
-impl TriggersConfig {
+/// The checks of a [`TriggersConfig`] (a console API type, so its
+/// server-side behaviour is a trait here).
+pub trait TriggerPolicy {
     /// The scheduler's triggers, or a 400 naming the field at fault.
-    pub fn triggers_for(&self, model: &str) -> Result<Vec<Trigger>> {
+    fn triggers_for(&self, model: &str) -> Result<Vec<Trigger>>;
+}
+
+impl TriggerPolicy for TriggersConfig {
+    fn triggers_for(&self, model: &str) -> Result<Vec<Trigger>> {
         if !(0..=90 * 86_400).contains(&self.cooldown_seconds) {
             return Err(Error::bad_field("cooldown_seconds", "must be 0 to 90 days"));
         }

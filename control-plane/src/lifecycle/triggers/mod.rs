@@ -13,8 +13,7 @@ use time::OffsetDateTime;
 
 pub use cron::{CronError, CronExpr};
 
-/// Unix seconds.
-pub type UnixSeconds = i64;
+pub use edgeloop_api::UnixSeconds;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum TriggerKind {

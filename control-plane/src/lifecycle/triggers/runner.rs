@@ -13,9 +13,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
-use utoipa::ToSchema;
 
-use super::config::TriggersConfig;
+use super::config::{TriggerPolicy, TriggersConfig};
 use super::{decide, Decision, ModelState, TriggerKind};
 use crate::drift::analysis::{self, WindowDrift};
 use crate::drift::records::SampleRecord;
@@ -24,7 +23,7 @@ use crate::lifecycle::retrain::{self, steps, Started};
 use crate::registry::models;
 use crate::Core;
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TriggerStateRecord {
     /// The minute a schedule last fired, so it fires once per minute.
     pub schedule_fired_minute: Option<i64>,
@@ -32,13 +31,12 @@ pub struct TriggerStateRecord {
 }
 
 /// One evaluation of a model's triggers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Evaluation {
     /// Unix seconds.
     pub at: i64,
     /// The serving version the drift and accuracy are about.
     pub version: Option<String>,
-    #[schema(value_type = Object)]
     pub state: ModelState,
     /// `start`, `coalesce`, `cooldown`, or none when nothing fired.
     pub decision: Option<String>,

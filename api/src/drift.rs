@@ -1,0 +1,98 @@
+//! Drift as the console API shows it (`GET /api/v1/models/{name}/drift`):
+//! the thresholds it used and, per device group, the series of windows
+//! compared with the manifest's reference statistics. The server computes
+//! them (`control-plane/src/drift/analysis.rs`); `docs/drift.md` explains them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::UnixSeconds;
+
+/// Thresholds; every one is configurable per request (and, with the
+/// triggers, per model). Defaults follow the usual rules of thumb.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DriftConfig {
+    pub window_seconds: i64,
+    /// PSI at which a feature is worth watching (0.1) and acting on (0.2).
+    pub psi_watch: f64,
+    pub psi_act: f64,
+    /// Jensen–Shannon distance of the predicted classes that counts as drift.
+    pub js_act: f64,
+    /// KS p-value under which a feature's shift is significant.
+    pub ks_alpha: f64,
+    /// Windows with fewer requests are reported but not judged.
+    pub min_requests: u64,
+    pub set_after: u32,
+    pub clear_after: u32,
+}
+
+impl Default for DriftConfig {
+    fn default() -> Self {
+        DriftConfig {
+            window_seconds: 3600,
+            psi_watch: 0.1,
+            psi_act: 0.2,
+            js_act: 0.1,
+            ks_alpha: 0.01,
+            min_requests: 100,
+            set_after: 3,
+            clear_after: 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FeatureDrift {
+    pub name: String,
+    pub psi: Option<f64>,
+    pub ks_statistic: Option<f64>,
+    pub ks_p_value: Option<f64>,
+    /// `stable`, `watch` or `act` by PSI.
+    pub level: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WindowDrift {
+    /// Unix seconds at the window's start.
+    pub start: UnixSeconds,
+    pub requests: u64,
+    pub devices: usize,
+    pub features: Vec<FeatureDrift>,
+    pub prediction_js: Option<f64>,
+    /// Share of requests in the lowest confidence bins (top-class
+    /// probability under 0.5).
+    pub low_confidence_share: Option<f64>,
+    /// Largest PSI over features: the window's severity.
+    pub severity: f64,
+    /// Whether this window alone is over a threshold; `None` when it had
+    /// too few requests to judge.
+    pub over: Option<bool>,
+    /// The hysteresis state after this window.
+    pub drifting: bool,
+    /// Feedback labels for predictions made in this window, and the share
+    /// the model got right.
+    #[serde(default)]
+    pub labelled: u64,
+    #[serde(default)]
+    pub accuracy: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DriftSeries {
+    /// `all`, or the value of the grouping label.
+    pub group: String,
+    pub windows: Vec<WindowDrift>,
+}
+
+/// `GET /api/v1/models/{name}/drift`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DriftView {
+    pub model: String,
+    pub version: String,
+    pub config: DriftConfig,
+    pub series: Vec<DriftSeries>,
+}

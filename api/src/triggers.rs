@@ -1,0 +1,129 @@
+//! A model's retraining triggers as the console API takes and shows them
+//! (`PUT|GET /api/v1/models/{name}/triggers`): the triggers themselves,
+//! and what the trigger task last saw and decided.
+
+use serde::{Deserialize, Serialize};
+
+use crate::drift::DriftConfig;
+use crate::UnixSeconds;
+
+/// The request body of `PUT .../triggers` (and what is stored); the server
+/// checks it field by field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TriggersConfig {
+    /// No automatic retrain starts within this long of the last one.
+    #[serde(default = "default_cooldown")]
+    pub cooldown_seconds: i64,
+    /// The model's drift thresholds (defaults: `GET .../drift` documents them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<DriftConfig>,
+    /// Online accuracy is measured over this many newest labelled samples
+    /// of the serving version (default 200)...
+    #[serde(default = "default_accuracy_window")]
+    pub accuracy_window: u64,
+    /// ...and only once there are this many (default 50).
+    #[serde(default = "default_accuracy_min")]
+    pub accuracy_min_samples: u64,
+    #[serde(default)]
+    pub triggers: Vec<TriggerSpec>,
+}
+
+fn default_cooldown() -> i64 {
+    3600
+}
+fn default_accuracy_window() -> u64 {
+    200
+}
+fn default_accuracy_min() -> u64 {
+    50
+}
+
+/// One trigger; which fields apply depends on `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TriggerSpec {
+    pub id: String,
+    /// `drift`, `accuracy_drop`, `new_labels` or `schedule`.
+    pub kind: String,
+    /// drift: the severity (largest PSI) that counts (default 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_severity: Option<f64>,
+    /// drift: for at least this long (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_duration_seconds: Option<i64>,
+    /// drift: and, when labels exist, accuracy at least this many points down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_accuracy_drop_points: Option<f64>,
+    /// accuracy_drop: points under the evaluated accuracy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub points: Option<f64>,
+    /// new_labels: labelled samples since the last retrain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u64>,
+    /// schedule: five-field cron, UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    /// schedule: only inside this daily UTC window, `HH:MM-HH:MM`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+}
+
+/// What the scheduler knew about the model when it last evaluated.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ModelState {
+    /// The pipeline of a retrain in progress.
+    pub running: Option<String>,
+    pub last_started: Option<UnixSeconds>,
+    /// No new retrain starts within this long of the last one, except a
+    /// manual one.
+    pub cooldown_seconds: i64,
+    /// When the current drift state was set, and its severity (e.g. the
+    /// largest PSI); `None` when not drifting.
+    pub drifting_since: Option<UnixSeconds>,
+    pub drift_severity: f64,
+    pub evaluated_accuracy: Option<f64>,
+    pub online_accuracy: Option<f64>,
+    pub labels_since_last: u64,
+    pub manual_requested: bool,
+    /// The minute a schedule last fired, so it fires once per minute.
+    pub schedule_fired_minute: Option<UnixSeconds>,
+}
+
+/// One evaluation of a model's triggers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Evaluation {
+    pub at: UnixSeconds,
+    /// The serving version the drift and accuracy are about.
+    pub version: Option<String>,
+    pub state: ModelState,
+    /// `start`, `coalesce`, `cooldown`, or none when nothing fired.
+    pub decision: Option<String>,
+    pub reasons: Vec<String>,
+    pub pipeline: Option<String>,
+}
+
+/// The trigger task's memory of a model.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TriggerState {
+    /// The minute a schedule last fired, so it fires once per minute.
+    pub schedule_fired_minute: Option<UnixSeconds>,
+    pub last: Option<Evaluation>,
+}
+
+/// `GET|PUT /api/v1/models/{name}/triggers`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TriggersView {
+    pub model: String,
+    pub config: TriggersConfig,
+    /// The last evaluation: the state the scheduler saw (drift, online and
+    /// evaluated accuracy, labels since the last retrain, the running
+    /// pipeline) and its decision.
+    pub state: TriggerState,
+}

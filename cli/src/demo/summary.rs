@@ -1,0 +1,126 @@
+//! What the demo found: one typed summary, printed as a table or (with
+//! `--json`) as one JSON object.
+
+use edgeloop_api::pipelines::{PipelineStatus, Step};
+use serde::Serialize;
+use serde_json::Value;
+
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub baseline_accuracy: Option<f64>,
+    pub drift_v1_accuracy: Option<f64>,
+    pub recovered_accuracy: Option<f64>,
+    /// v1 run on the very days v2 served: the counterfactual.
+    pub v1_accuracy_on_v2_days: Option<f64>,
+    pub shift_row: usize,
+    pub drift_flagged_row: Option<usize>,
+    pub feature_drift_row: Option<usize>,
+    pub v2_serving_row: Option<usize>,
+    pub retrains: usize,
+    pub pipelines: Vec<PipelineSummary>,
+    pub model_bytes: ModelBytes,
+    pub edge_latency_ms: Latency,
+    pub rows_replayed: usize,
+    pub from_row: usize,
+    pub to_row: usize,
+    pub control: bool,
+    pub versions: Vec<VersionSummary>,
+    pub failures: Vec<String>,
+    pub workdir: String,
+}
+
+/// A pipeline as the summary keeps it: its outcome and why.
+#[derive(Debug, Serialize)]
+pub struct PipelineSummary {
+    pub id: String,
+    pub status: PipelineStatus,
+    pub step: Option<Step>,
+    pub reason: Option<String>,
+    pub trigger: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelBytes {
+    pub fp32: usize,
+    /// The smallest int8 candidate the gate built, shipped or not.
+    pub int8: Option<u64>,
+    pub shipped: usize,
+    pub shipped_method: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Latency {
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+}
+
+/// A registered version: its size, metrics and lineage (the gate's
+/// evidence cut to its verdict).
+#[derive(Debug, Serialize)]
+pub struct VersionSummary {
+    pub version: String,
+    pub artifact_size: u64,
+    pub metrics: Value,
+    pub lineage: Value,
+}
+
+impl Summary {
+    /// `--json`: one object, keys sorted as the demo always wrote them.
+    pub fn json(&self) -> String {
+        serde_json::to_value(self)
+            .map_or_else(|e| format!("{{\"error\": \"{e}\"}}"), |v| format!("{v:#}"))
+    }
+
+    pub fn table(&self) -> String {
+        let pct = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.1} %", v * 100.0));
+        let row = |v: Option<usize>| v.map_or("-".into(), |v| v.to_string());
+        let mut out = String::new();
+        let mut line = |k: &str, v: String| out.push_str(&format!("{k:<34} {v}\n"));
+        line(
+            "days replayed",
+            format!("{}..{}", self.from_row, self.to_row),
+        );
+        line("v1 accuracy before the shift", pct(self.baseline_accuracy));
+        line("v1 accuracy after the shift", pct(self.drift_v1_accuracy));
+        line("v2 accuracy once serving", pct(self.recovered_accuracy));
+        line(
+            "v1 on those days (counterfactual)",
+            pct(self.v1_accuracy_on_v2_days),
+        );
+        line("documented shift (day)", row(Some(self.shift_row)));
+        line(
+            "feature drift first seen (day)",
+            row(self.feature_drift_row),
+        );
+        line("retrain triggered (day)", row(self.drift_flagged_row));
+        line("v2 serving from (day)", row(self.v2_serving_row));
+        line("retrains", row(Some(self.retrains)));
+        let b = &self.model_bytes;
+        line(
+            "model bytes (fp32, int8, shipped)",
+            format!(
+                "{}, {}, {} ({})",
+                b.fp32,
+                // As the JSON writes it: an absent int8 candidate is `null`.
+                b.int8.map_or("null".into(), |n| n.to_string()),
+                b.shipped,
+                b.shipped_method
+            ),
+        );
+        line(
+            "edge latency p50 / p99",
+            format!(
+                "{:.2} / {:.2} ms",
+                self.edge_latency_ms.p50.unwrap_or(f64::NAN),
+                self.edge_latency_ms.p99.unwrap_or(f64::NAN)
+            ),
+        );
+        for v in &self.versions {
+            line(&format!("version {}", v.version), format!("{}", v.lineage));
+        }
+        for f in &self.failures {
+            line("FAILED", f.clone());
+        }
+        out
+    }
+}
