@@ -6,6 +6,7 @@
 #[cfg(feature = "client")]
 pub mod client;
 pub mod cost;
+pub mod deployments;
 pub mod drift;
 pub mod error;
 pub mod fleet;

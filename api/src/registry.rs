@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use edgeloop_models::manifest::Lineage as ManifestLineage;
 use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -25,6 +26,12 @@ pub struct ModelView {
 
 /// Where a model version came from. Every field is optional: a hand-uploaded
 /// model has none, a retrained one has all of them.
+///
+/// `job`, `checkpoint`, `dataset` and `parent_version` are the signed
+/// manifest's lineage ([`ManifestLineage`]) under the same names; the
+/// registry adds what caused the version and the quantization evidence. The
+/// names the registry used before (`training_job`, `checkpoint_digest`,
+/// `dataset_snapshot`) are still read, from old clients and old records.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -35,15 +42,29 @@ pub struct Lineage {
     /// What caused it: "manual", "drift", "schedule", ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<String>,
-    /// Digest of the dataset snapshot it was trained on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Digest of the dataset (snapshot) it was trained on.
+    #[serde(
+        default,
+        alias = "dataset_snapshot",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
-    pub dataset_snapshot: Option<Digest>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub training_job: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<Digest>,
+    /// The training job that produced it.
+    #[serde(
+        default,
+        alias = "training_job",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub job: Option<String>,
+    /// Digest of the checkpoint its model was exported from.
+    #[serde(
+        default,
+        alias = "checkpoint_digest",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
-    pub checkpoint_digest: Option<Digest>,
+    pub checkpoint: Option<Digest>,
     /// The quantization evidence (every candidate's numbers), free-form:
     /// usually `{"method": .., "evidence": ..}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,6 +76,28 @@ impl Lineage {
     /// The quantization method when the evidence names one as a string.
     pub fn quantization_method(&self) -> Option<&str> {
         self.quantization.as_ref()?.get("method")?.as_str()
+    }
+
+    /// The registry's lineage for a version whose signed manifest says
+    /// where it came from.
+    pub fn from_manifest(m: &ManifestLineage) -> Lineage {
+        Lineage {
+            parent_version: m.parent_version.clone(),
+            dataset: m.dataset,
+            job: m.job.clone(),
+            checkpoint: m.checkpoint,
+            ..Lineage::default()
+        }
+    }
+
+    /// The part a signed manifest records.
+    pub fn manifest(&self) -> ManifestLineage {
+        ManifestLineage {
+            job: self.job.clone(),
+            checkpoint: self.checkpoint,
+            dataset: self.dataset,
+            parent_version: self.parent_version.clone(),
+        }
     }
 }
 
@@ -72,11 +115,17 @@ pub struct ModelVersionView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub manifest_digest: Option<Digest>,
-    /// The health probe's sample inputs (`.npz`), named by the manifest;
-    /// devices fetch it with the model to probe a version before it serves.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The health probe's inputs (`.npz`), named by the manifest's
+    /// `health_probe.sample_inputs`; devices fetch it with the model to
+    /// probe a version before it serves. Read as `probe_inputs_digest` too, its
+    /// name before.
+    #[serde(
+        default,
+        alias = "probe_digest",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
-    pub probe_digest: Option<Digest>,
+    pub probe_inputs_digest: Option<Digest>,
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
     #[serde(default)]
@@ -97,4 +146,27 @@ pub struct CreateModel {
     pub task: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<BTreeMap<String, String>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lineage_reads_the_old_names_and_writes_the_manifest_names() {
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let old: Lineage = serde_json::from_value(serde_json::json!({
+            "training_job": "j-1", "checkpoint_digest": digest, "dataset_snapshot": digest,
+        }))
+        .unwrap();
+        let written = serde_json::to_value(&old).unwrap();
+        let hex = "ab".repeat(32);
+        assert_eq!(
+            written,
+            serde_json::json!({"job": "j-1", "checkpoint": hex, "dataset": hex})
+        );
+        assert_eq!(Lineage::from_manifest(&old.manifest()), old);
+        let typo = serde_json::from_value::<Lineage>(serde_json::json!({"jobs": "j"}));
+        assert!(typo.unwrap_err().to_string().contains("jobs"));
+    }
 }

@@ -5,7 +5,10 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use serde_json::{json, Map, Value};
+use edgeloop_api::deployments::{
+    CreateDeployment, DeploymentState, DeploymentView, Event, GatesRequest, RolloutState,
+    StrategyRequest, Waves, DEFAULT_WAVES,
+};
 
 use super::api::{block_on, client, segment, wait_for, CliError, Client, Reply, ServerArgs};
 use super::table::{fields, when, Table};
@@ -68,61 +71,41 @@ pub struct CreateArgs {
 }
 
 impl CreateArgs {
-    /// The request body; only what was given, so the server's defaults apply.
-    pub fn body(&self) -> Value {
-        let mut strategy = Map::new();
-        if let Some(p) = &self.waves {
-            strategy.insert("waves".into(), json!({ "percent": p }));
-        }
-        if let Some(c) = &self.wave_counts {
-            strategy.insert("waves".into(), json!({ "count": c }));
-        }
-        put(&mut strategy, "min_soak_seconds", self.soak);
-        put(&mut strategy, "wave_timeout_seconds", self.wave_timeout);
-        put(
-            &mut strategy,
-            "rollback_timeout_seconds",
-            self.rollback_timeout,
-        );
-        let mut gates = Map::new();
-        put(&mut gates, "max_error_rate", self.max_error_rate);
-        put(&mut gates, "max_p99_latency_ratio", self.max_p99_ratio);
-        put(
-            &mut gates,
-            "max_activation_failures",
-            self.max_activation_failures,
-        );
-        put(&mut gates, "min_online_accuracy", self.min_accuracy);
-        put(&mut gates, "min_requests", self.min_requests);
-        let mut body = Map::new();
-        body.insert("model".into(), json!(self.model));
-        body.insert("version".into(), json!(self.version));
-        body.insert("selector".into(), json!(self.selector));
-        if !strategy.is_empty() {
+    /// The request; only what was given, so the server's defaults apply.
+    pub fn body(&self) -> CreateDeployment {
+        let waves = match (&self.waves, &self.wave_counts) {
+            (Some(p), _) => Some(Waves::Percent(p.clone())),
+            (None, Some(c)) => Some(Waves::Count(c.clone())),
+            (None, None) => None,
+        };
+        let timings =
+            self.soak.is_some() || self.wave_timeout.is_some() || self.rollback_timeout.is_some();
+        let strategy = (waves.is_some() || timings).then(|| StrategyRequest {
             // Timings without waves keep the default waves.
-            strategy
-                .entry("waves")
-                .or_insert_with(|| json!({ "percent": [10, 50, 100] }));
-            body.insert("strategy".into(), Value::Object(strategy));
+            waves: waves.unwrap_or_else(|| Waves::Percent(DEFAULT_WAVES.to_vec())),
+            min_soak_seconds: self.soak,
+            wave_timeout_seconds: self.wave_timeout,
+            rollback_timeout_seconds: self.rollback_timeout,
+        });
+        let gates = GatesRequest {
+            max_error_rate: self.max_error_rate,
+            max_p99_latency_ratio: self.max_p99_ratio,
+            max_activation_failures: self.max_activation_failures,
+            min_online_accuracy: self.min_accuracy,
+            min_requests: self.min_requests,
+        };
+        CreateDeployment {
+            model: self.model.clone(),
+            version: self.version.clone(),
+            selector: self.selector.clone(),
+            strategy,
+            gates: (!gates.is_empty()).then_some(gates),
+            offline_tolerance: self.offline_tolerance,
+            deadline_seconds: self.deadline,
+            seed: self.seed.clone(),
+            required_provider: self.required_provider.clone(),
+            activation_timeout_seconds: None,
         }
-        if !gates.is_empty() {
-            body.insert("gates".into(), Value::Object(gates));
-        }
-        put(&mut body, "offline_tolerance", self.offline_tolerance);
-        put(&mut body, "deadline_seconds", self.deadline);
-        put(&mut body, "seed", self.seed.clone());
-        put(
-            &mut body,
-            "required_provider",
-            self.required_provider.clone(),
-        );
-        Value::Object(body)
-    }
-}
-
-fn put<T: serde::Serialize>(map: &mut Map<String, Value>, key: &str, value: Option<T>) {
-    if let Some(v) = value {
-        map.insert(key.into(), json!(v));
     }
 }
 
@@ -137,25 +120,23 @@ pub fn run(
         match cmd {
             DeploymentCommand::Create(args) => create(&client, json, &args).await,
             DeploymentCommand::List => {
-                let all = client.get("/api/v1/deployments").await?;
-                Ok(Reply::show(&all, json, |all| {
-                    table(all.as_array().map_or(&[][..], |a| a))
-                }))
+                let all: Vec<DeploymentView> = client.get("/api/v1/deployments").await?;
+                Reply::typed(&all, json, |all| table(all))
             }
             DeploymentCommand::Show { id } => {
-                let d = client
+                let d: DeploymentView = client
                     .get(&format!("/api/v1/deployments/{}", path(&id)?))
                     .await?;
-                Ok(Reply::show(&d, json, render))
+                Reply::typed(&d, json, render)
             }
             DeploymentCommand::Cancel { id } => {
-                let d = client
+                let d: DeploymentView = client
                     .post(
                         &format!("/api/v1/deployments/{}/cancel", path(&id)?),
-                        &json!({}),
+                        &serde_json::json!({}),
                     )
                     .await?;
-                Ok(Reply::show(&d, json, render))
+                Reply::typed(&d, json, render)
             }
         }
     })
@@ -166,130 +147,94 @@ fn path(id: &str) -> Result<&str, CliError> {
 }
 
 async fn create(client: &Client, json_out: bool, args: &CreateArgs) -> Result<Reply, CliError> {
-    let created = client.post("/api/v1/deployments", &args.body()).await?;
+    let created: DeploymentView = client.post("/api/v1/deployments", &args.body()).await?;
     if !args.wait {
-        return Ok(Reply::show(&created, json_out, render));
+        return Reply::typed(&created, json_out, render);
     }
-    let id = created["id"].as_str().unwrap_or_default();
     if !json_out {
-        eprintln!("deployment {id} created; waiting for it to end");
+        eprintln!("deployment {} created; waiting for it to end", created.id);
     }
-    let d = wait_for(
+    let d: DeploymentView = wait_for(
         client,
-        &format!("/api/v1/deployments/{}", path(id)?),
+        &format!("/api/v1/deployments/{}", path(&created.id)?),
         json_out,
         progress,
-        is_terminal,
+        |d: &DeploymentView| d.state.is_terminal(),
     )
     .await?;
-    let mut reply = Reply::show(&d, json_out, render);
-    if d["state"] != "succeeded" {
+    let mut reply = Reply::typed(&d, json_out, render)?;
+    if d.state != DeploymentState::Succeeded {
         reply.code = ExitCode::FAILURE;
     }
     Ok(reply)
 }
 
-fn is_terminal(d: &Value) -> bool {
-    matches!(
-        d["state"].as_str(),
-        Some("succeeded" | "rolled_back" | "failed" | "cancelled")
-    )
-}
-
 /// `wave 2/3: 10 of 20 devices moved`, or the end state with its reason.
-pub fn progress(d: &Value) -> String {
-    let dep = &d["deployment"];
-    let moved = dep["moved"].as_object().map_or(0, |m| m.len());
-    let skipped = dep["skipped"].as_object().map_or(0, |m| m.len());
-    let waves = match &dep["strategy"]["waves"] {
-        Value::Object(o) => o
-            .values()
-            .next()
-            .and_then(|v| v.as_array())
-            .map_or(0, |a| a.len()),
-        _ => 0,
-    };
-    let state = d["state"].as_str().unwrap_or("?");
-    let reason = dep["state"]["reason"]
-        .as_str()
-        .map(|r| format!(": {r}"))
-        .unwrap_or_default();
-    match state {
-        "wave" => format!(
+pub fn progress(d: &DeploymentView) -> String {
+    let dep = &d.deployment;
+    let moved = dep.moved.len();
+    let skipped = dep.skipped.len();
+    let waves = dep.strategy.waves.len();
+    match &dep.state {
+        RolloutState::Wave { index, .. } => format!(
             "wave {}/{waves}: {moved} devices moved, {skipped} skipped",
-            dep["state"]["index"].as_u64().unwrap_or(0) + 1
+            index + 1
         ),
-        other => format!("{other}{reason} ({moved} moved, {skipped} skipped)"),
+        other => {
+            let reason = other.reason().map(|r| format!(": {r}")).unwrap_or_default();
+            format!(
+                "{}{reason} ({moved} moved, {skipped} skipped)",
+                d.state.as_str()
+            )
+        }
     }
 }
 
 /// One deployment: what, where, how far, and its event log.
-fn render(d: &Value) -> String {
-    let dep = &d["deployment"];
+fn render(d: &DeploymentView) -> String {
+    let dep = &d.deployment;
     let mut pairs = vec![
-        ("id", d["id"].as_str().unwrap_or("").to_string()),
-        (
-            "model",
-            format!(
-                "{} {}",
-                dep["model"].as_str().unwrap_or(""),
-                dep["target_version"].as_str().unwrap_or("")
-            ),
-        ),
-        ("group", dep["group"].as_str().unwrap_or("").to_string()),
+        ("id", d.id.clone()),
+        ("model", format!("{} {}", dep.model, dep.target_version)),
+        ("group", dep.group.clone()),
         ("state", progress(d)),
     ];
-    if let Some(skipped) = dep["skipped"].as_object() {
-        for (device, why) in skipped {
-            pairs.push((
-                "skipped",
-                format!("{device}: {}", why.as_str().unwrap_or("")),
-            ));
-        }
+    for (device, why) in &dep.skipped {
+        pairs.push(("skipped", format!("{device}: {why}")));
     }
     let mut out = fields(&pairs);
-    for e in d["events"].as_array().into_iter().flatten() {
-        let ev = &e["event"];
-        let what = match ev["event"].as_str().unwrap_or("") {
-            "wave_started" => format!(
-                "wave {} started: {} devices",
-                ev["index"].as_u64().unwrap_or(0) + 1,
-                ev["assigned"].as_array().map_or(0, |a| a.len())
-            ),
-            "wave_healthy" => format!(
+    for e in &d.events {
+        let what = match &e.event {
+            Event::WaveStarted {
+                index, assigned, ..
+            } => format!("wave {} started: {} devices", index + 1, assigned.len()),
+            Event::WaveHealthy { index, evidence } => format!(
                 "wave {} healthy: {} requests, {} errors",
-                ev["index"].as_u64().unwrap_or(0) + 1,
-                ev["evidence"]["requests"],
-                ev["evidence"]["errors"]
+                index + 1,
+                evidence.requests,
+                evidence.errors
             ),
-            "rollback_started" => format!(
-                "rolling back {} devices: {}",
-                ev["reverted"].as_array().map_or(0, |a| a.len()),
-                ev["reason"].as_str().unwrap_or("")
-            ),
-            "finished" => format!("finished: {}", ev["state"]["state"].as_str().unwrap_or("")),
-            other => other.to_string(),
+            Event::RollbackStarted { reason, reverted } => {
+                format!("rolling back {} devices: {reason}", reverted.len())
+            }
+            Event::Finished { state, .. } => format!("finished: {}", state.name().as_str()),
         };
-        out.push_str(&format!("  {}  {what}\n", when(&e["at"])));
+        out.push_str(&format!("  {}  {what}\n", when(&e.at)));
     }
     out
 }
 
 /// The human table for `list`.
-pub fn table(all: &[Value]) -> String {
+pub fn table(all: &[DeploymentView]) -> String {
     let mut t = Table::new(&["ID", "MODEL", "GROUP", "STATE", "CREATED"]);
     for d in all {
-        let dep = &d["deployment"];
+        let dep = &d.deployment;
         t.row(vec![
-            d["id"].as_str().unwrap_or("").to_string(),
-            format!(
-                "{} {}",
-                dep["model"].as_str().unwrap_or(""),
-                dep["target_version"].as_str().unwrap_or("")
-            ),
-            dep["group"].as_str().unwrap_or("").to_string(),
-            d["state"].as_str().unwrap_or("").to_string(),
-            when(&d["created_at"]),
+            d.id.clone(),
+            format!("{} {}", dep.model, dep.target_version),
+            dep.group.clone(),
+            d.state.as_str().to_string(),
+            when(&d.created_at),
         ]);
     }
     t.render()
@@ -299,8 +244,14 @@ pub fn table(all: &[Value]) -> String {
 mod tests {
     use clap::Parser;
 
+    use serde_json::{json, Value};
+
     use super::*;
     use crate::{Cli, Command};
+
+    fn body(a: &CreateArgs) -> Value {
+        serde_json::to_value(a.body()).unwrap()
+    }
 
     fn create_args(args: &[&str]) -> CreateArgs {
         let mut argv = vec!["edgeloop", "deployment", "create"];
@@ -318,7 +269,7 @@ mod tests {
     fn only_given_fields_are_sent() {
         let a = create_args(&["--model", "m", "--version", "2", "--selector", "site=lab"]);
         assert_eq!(
-            a.body(),
+            body(&a),
             json!({"model": "m", "version": "2", "selector": "site=lab"})
         );
         let a = create_args(&[
@@ -338,7 +289,7 @@ mod tests {
             "CUDAExecutionProvider",
         ]);
         assert_eq!(
-            a.body(),
+            body(&a),
             json!({"model": "m", "version": "2", "selector": "a=b",
                    "strategy": {"waves": {"percent": [1, 10, 100]}, "min_soak_seconds": 60},
                    "gates": {"max_error_rate": 0.01},
@@ -355,19 +306,59 @@ mod tests {
             "5",
         ]);
         assert_eq!(
-            a.body()["strategy"]["waves"],
+            body(&a)["strategy"]["waves"],
             json!({"percent": [10, 50, 100]})
         );
     }
 
+    fn view(state: RolloutState) -> DeploymentView {
+        serde_json::from_value(json!({
+            "id": "d-1", "seq": 1, "activation_timeout_seconds": 600,
+            "created_at": "2026-12-01T09:00:00.5Z", "updated_at": "2026-12-01T09:00:00Z",
+            "state": state.name(), "requirements": {},
+            "deployment": {"id": "d-1", "group": "site=lab", "model": "digits",
+                "target_version": "2.0.0", "seed": "d-1",
+                "strategy": {"waves": {"percent": [10, 50, 100]}, "min_soak_seconds": 1,
+                    "wave_timeout_seconds": 2, "rollback_timeout_seconds": 3},
+                "gates": {"max_error_rate": 0.1, "max_p99_latency_ratio": 2.0,
+                    "max_activation_failures": 0},
+                "offline_tolerance": 0.0, "deadline": 10, "state": state,
+                "moved": {"dev-1": {"wave": 0, "previous": null}},
+                "skipped": {"dev-2": "no disk"}},
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn the_table_aligns_columns() {
-        let rows = vec![json!({"id": "d-1", "state": "succeeded", "created_at": "t",
-            "deployment": {"model": "digits", "target_version": "2.0.0", "group": "site=lab"}})];
+        let rows = vec![view(RolloutState::Succeeded)];
         let t = table(&rows);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0].find("MODEL"), lines[1].find("digits"));
         assert_eq!(lines[0].find("STATE"), lines[1].find("succeeded"));
+        assert!(lines[1].ends_with("2026-12-01T09:00:00Z"), "{t}");
+    }
+
+    #[test]
+    fn progress_names_the_wave_or_the_end_and_its_reason() {
+        let wave = RolloutState::Wave {
+            index: 1,
+            started_at: 0,
+            soak_until: None,
+        };
+        assert_eq!(
+            progress(&view(wave)),
+            "wave 2/3: 1 devices moved, 1 skipped"
+        );
+        let failed = RolloutState::Failed {
+            reason: "deadline passed".into(),
+        };
+        assert_eq!(
+            progress(&view(failed)),
+            "failed: deadline passed (1 moved, 1 skipped)"
+        );
+        let shown = render(&view(RolloutState::Succeeded));
+        assert!(shown.contains("skipped:  dev-2: no disk"), "{shown}");
     }
 }

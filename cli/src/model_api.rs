@@ -121,9 +121,9 @@ pub fn versions_table(versions: &[ModelVersionView]) -> String {
             text(&v.manifest_digest.is_some()),
             text(&lineage.parent_version),
             text(&lineage.trigger),
-            text(&lineage.training_job),
-            short(lineage.dataset_snapshot.as_ref()),
-            short(lineage.checkpoint_digest.as_ref()),
+            text(&lineage.job),
+            short(lineage.dataset.as_ref()),
+            short(lineage.checkpoint.as_ref()),
             quantized,
             metrics(&v.metrics),
         ]);
@@ -163,8 +163,8 @@ mod tests {
             "manifest_digest": format!("sha256:{}", "1".repeat(64)),
             "metrics": {"accuracy": 0.98126, "loss": 0.5},
             "lineage": {"parent_version": "1.0.0", "trigger": "drift",
-                        "training_job": "mnist-0000abcd",
-                        "dataset_snapshot": format!("sha256:{}", "ab".repeat(32)),
+                        "job": "mnist-0000abcd",
+                        "dataset": format!("sha256:{}", "ab".repeat(32)),
                         "quantization": {"method": "static_entropy", "evidence": {}}},
             "created_at": "2026-01-02T03:04:05Z"
         }, {

@@ -132,8 +132,8 @@ async fn models_jobs_and_devices_through_the_cli() {
         json!({"version": "2.0.0", "artifact_digest": v2.to_string(),
                "metrics": {"accuracy": 0.985},
                "lineage": {"parent_version": "1.0.0", "trigger": "drift",
-                           "training_job": "mnist-0000abcd",
-                           "dataset_snapshot": dataset.to_string()}}),
+                           "job": "mnist-0000abcd",
+                           "dataset": dataset.to_string()}}),
     ] {
         let (status, body) = api.post("/api/v1/models/digits/versions", body).await;
         assert_eq!(status, 201, "{body}");

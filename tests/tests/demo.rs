@@ -94,8 +94,8 @@ fn the_loop_notices_the_shift_retrains_once_and_v2_recovers() {
         .unwrap_or_else(|| panic!("no v2: {s:#}"));
     assert!(v2["lineage"]["quantization"]["chosen"].is_string(), "{v2}");
     assert_eq!(v2["lineage"]["parent_version"], "1.0.0");
-    assert!(v2["lineage"]["dataset_snapshot"].is_string(), "{v2}");
-    assert!(v2["lineage"]["training_job"].is_string(), "{v2}");
+    assert!(v2["lineage"]["dataset"].is_string(), "{v2}");
+    assert!(v2["lineage"]["job"].is_string(), "{v2}");
     let v2_row = s["v2_serving_row"]
         .as_u64()
         .unwrap_or_else(|| panic!("v2 never served: {s:#}"));

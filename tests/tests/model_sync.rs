@@ -548,7 +548,7 @@ async fn registering_a_version_checks_its_manifest_and_probe_inputs() {
     let model = blob(10_000, 1);
     let other = blob(10_000, 2);
     let probe = probe_inputs();
-    let probe_digest = Digest::of(&probe);
+    let probe_inputs_digest = Digest::of(&probe);
 
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
@@ -572,7 +572,10 @@ async fn registering_a_version_checks_its_manifest_and_probe_inputs() {
         ),
         (
             "probe-missing",
-            sign(&env.key, manifest("1.0.0", &model, Some(probe_digest))),
+            sign(
+                &env.key,
+                manifest("1.0.0", &model, Some(probe_inputs_digest)),
+            ),
             "health_probe.sample_inputs",
         ),
     ];
@@ -590,23 +593,26 @@ async fn registering_a_version_checks_its_manifest_and_probe_inputs() {
     // With the sample inputs uploaded, the version records them and an
     // assignment of it carries them, so a device may fetch them.
     env.upload(&probe).await;
-    let signed = sign(&env.key, manifest("1.0.0", &model, Some(probe_digest)));
+    let signed = sign(
+        &env.key,
+        manifest("1.0.0", &model, Some(probe_inputs_digest)),
+    );
     let v = env.version("1", &model, Some(&signed)).await;
-    assert_eq!(v.probe_digest, Some(probe_digest));
+    assert_eq!(v.probe_inputs_digest, Some(probe_inputs_digest));
     let a = AssignmentRecord::for_version(&v, "dep-1", 30);
-    assert_eq!(a.probe_inputs_digest, Some(probe_digest));
+    assert_eq!(a.probe_inputs_digest, Some(probe_inputs_digest));
     let generation = env.assign(vec![a]).await;
     let set = assignments::current(&env.cp.core.store, "edge-1").unwrap();
     assert_eq!(set.generation, generation);
-    assert!(set.references(probe_digest));
+    assert!(set.references(probe_inputs_digest));
     assert_eq!(
         set.to_proto().assignments[0].probe_inputs_digest,
-        probe_digest.to_string()
+        probe_inputs_digest.to_string()
     );
     // Without a manifest, nothing to check.
     let unsigned = env.version("2", &model, None).await;
     assert_eq!(
-        (unsigned.manifest_digest, unsigned.probe_digest),
+        (unsigned.manifest_digest, unsigned.probe_inputs_digest),
         (None, None)
     );
     env.cp.stop().await;
@@ -617,8 +623,8 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
     let env = Env::start().await;
     let (m1, m2, m3) = (blob(300_000, 1), blob(200_000, 2), blob(100_000, 3));
     let probe = probe_inputs();
-    let probe_digest = env.upload(&probe).await;
-    let s1 = sign(&env.key, manifest("1.0.0", &m1, Some(probe_digest)));
+    let probe_inputs_digest = env.upload(&probe).await;
+    let s1 = sign(&env.key, manifest("1.0.0", &m1, Some(probe_inputs_digest)));
     let v1 = env.version("1", &m1, Some(&s1)).await;
     let v2 = env
         .version(

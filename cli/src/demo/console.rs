@@ -3,8 +3,8 @@
 
 use anyhow::Context as _;
 use edgeloop_models::Digest;
+use serde::de::DeserializeOwned;
 use serde::Serialize;
-use serde_json::Value;
 
 use edgeloop_api::client::poll_until;
 
@@ -25,28 +25,29 @@ impl Console {
     }
 
     /// A GET decoded into its view.
-    pub async fn typed<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.client
             .get(path)
             .await
             .with_context(|| format!("GET {path}"))
     }
 
-    pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
-        self.client
-            .get(path)
-            .await
-            .with_context(|| format!("GET {path}"))
-    }
-
-    pub async fn post<B: Serialize>(&self, path: &str, body: B) -> anyhow::Result<Value> {
+    pub async fn post<T: DeserializeOwned, B: Serialize>(
+        &self,
+        path: &str,
+        body: B,
+    ) -> anyhow::Result<T> {
         self.client
             .post(path, &body)
             .await
             .with_context(|| format!("POST {path}"))
     }
 
-    pub async fn put<B: Serialize>(&self, path: &str, body: B) -> anyhow::Result<Value> {
+    pub async fn put<T: DeserializeOwned, B: Serialize>(
+        &self,
+        path: &str,
+        body: B,
+    ) -> anyhow::Result<T> {
         self.client
             .put(path, &body)
             .await

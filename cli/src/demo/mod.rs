@@ -29,8 +29,13 @@ use edgeloop_models::runtime::OrtRuntime;
 use serde_json::{json, Value};
 
 use console::{wait_for, Console};
+use edgeloop_api::deployments::{DeploymentState, DeploymentView};
+use edgeloop_api::fleet::{CreatedToken, MemberStatus, MemberView};
+use edgeloop_api::jobs::{JobState, JobView};
 use edgeloop_api::pipelines::{PipelineStatus, PipelineView};
+use edgeloop_api::registry::{ModelVersionView, ModelView};
 use procs::{free_port, Procs};
+use serde::de::IgnoredAny;
 use summary::{Latency, ModelBytes, PipelineSummary, Summary, VersionSummary};
 
 use edgeloop_models::package::{self, Identity};
@@ -203,7 +208,7 @@ async fn start(
     let console = Console::new(base, token.trim().to_string())?;
     let endpoint = format!("https://localhost:{grpc}");
 
-    let t: Value = console
+    let t: CreatedToken = console
         .post(
             "/api/v1/tokens",
             json!({"kind": "cluster", "name": "demo-bridge"}),
@@ -220,14 +225,14 @@ async fn start(
             "--control-plane".into(),
             endpoint.clone(),
             "--bootstrap-token".into(),
-            t["token"].as_str().unwrap_or_default().to_string(),
+            t.token,
         ],
         &logs,
     )?;
     let mut agents = vec![];
     for i in 1..=AGENTS {
         let name = format!("edge-{i}");
-        let t: Value = console
+        let t: CreatedToken = console
             .post(
                 "/api/v1/tokens",
                 json!({"kind": "device", "name": name,
@@ -245,7 +250,7 @@ async fn start(
                 "--control-plane".into(),
                 endpoint.clone(),
                 "--bootstrap-token".into(),
-                t["token"].as_str().unwrap_or_default().to_string(),
+                t.token,
                 "--inference-listen".into(),
                 format!("127.0.0.1:{port}"),
                 "--trusted-keys".into(),
@@ -268,17 +273,13 @@ async fn start(
             let alive = procs.check();
             async move {
                 alive?;
-                let devices = c
+                let devices: Vec<MemberView> = c
                     .get(&format!("/api/v1/devices?selector={SELECTOR}"))
                     .await?;
-                let online = devices
-                    .as_array()
-                    .map_or(0, |d| d.iter().filter(|d| d["status"] == "online").count());
-                let bridge = c.get("/api/v1/clusters/demo-bridge").await.ok();
-                Ok(
-                    (online == AGENTS && bridge.is_some_and(|b| b["status"] == "online"))
-                        .then_some(()),
-                )
+                let online = |m: &MemberView| m.status == MemberStatus::Online;
+                let devices_online = devices.iter().filter(|d| online(d)).count();
+                let bridge: Option<MemberView> = c.get("/api/v1/clusters/demo-bridge").await.ok();
+                Ok((devices_online == AGENTS && bridge.as_ref().is_some_and(online)).then_some(()))
             }
         },
     )
@@ -286,47 +287,41 @@ async fn start(
     Ok((console, agents))
 }
 
-async fn wait_job(console: &Console, id: &str) -> anyhow::Result<Value> {
+async fn wait_job(console: &Console, id: &str) -> anyhow::Result<JobView> {
     let job = wait_for(
         &format!("training job {id}"),
         Duration::from_secs(600),
         || async {
-            let j: Value = console.get(&format!("/api/v1/jobs/{id}")).await?;
-            Ok(matches!(
-                j["state"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
-            )
-            .then_some(j))
+            let j: JobView = console.get(&format!("/api/v1/jobs/{id}")).await?;
+            Ok(j.job.state.is_terminal().then_some(j))
         },
     )
     .await?;
+    // Each part as JSON writes it, as the demo always reported it.
     anyhow::ensure!(
-        job["state"] == "succeeded",
+        job.job.state == JobState::Succeeded,
         "training job {id} ended {}: {}",
-        job["state"],
-        job["last_message"]
+        as_json(&job.job.state),
+        as_json(&job.job.last_message)
     );
     Ok(job)
 }
 
-async fn wait_deployment(console: &Console, id: &str) -> anyhow::Result<Value> {
+async fn wait_deployment(console: &Console, id: &str) -> anyhow::Result<DeploymentView> {
     let d = wait_for(
         &format!("deployment {id}"),
         Duration::from_secs(300),
         || async {
-            let d: Value = console.get(&format!("/api/v1/deployments/{id}")).await?;
-            Ok(matches!(
-                d["state"].as_str(),
-                Some("succeeded" | "rolled_back" | "failed" | "cancelled")
-            )
-            .then_some(d))
+            let d: DeploymentView = console.get(&format!("/api/v1/deployments/{id}")).await?;
+            Ok(d.state.is_terminal().then_some(d))
         },
     )
     .await?;
     anyhow::ensure!(
-        d["state"] == "succeeded",
-        "deployment {id} ended {}: {d}",
-        d["state"]
+        d.state == DeploymentState::Succeeded,
+        "deployment {id} ended {}: {}",
+        as_json(&d.state),
+        as_json(&d)
     );
     Ok(d)
 }
@@ -361,7 +356,7 @@ async fn first_version(
     key_path: &Path,
     steps: u64,
 ) -> anyhow::Result<V1> {
-    console
+    let _: ModelView = console
         .post(
             "/api/v1/models",
             json!({"name": MODEL, "description": "rain tomorrow? NOAA Bellevue, NE"}),
@@ -370,21 +365,20 @@ async fn first_version(
     say(&format!(
         "training v1 on days 0..10 000 ({steps} steps, checkpoints through the bridge)"
     ));
-    let job: Value = console
+    let job: JobView = console
         .post(
             "/api/v1/jobs",
             json!({"spec": job_spec("rainfall-v1", &bin("edgeloop-train")?, steps, Some(data))}),
         )
         .await?;
-    let job_id = job["id"].as_str().context("job id")?.to_string();
+    let job_id = job.job.id;
     let job = wait_job(console, &job_id).await?;
-    let checkpoint = job["checkpoints"]
-        .as_array()
-        .and_then(|c| c.last())
-        .and_then(|c| c["digest"].as_str())
-        .context("the v1 job uploaded no checkpoint")?
-        .to_string();
-    let checkpoint_digest: edgeloop_models::Digest = checkpoint.parse()?;
+    let checkpoint_digest = job
+        .checkpoints
+        .last()
+        .map(|c| c.digest)
+        .context("the v1 job uploaded no checkpoint")?;
+    let checkpoint = checkpoint_digest.to_string();
     let zip = console.download(&checkpoint_digest).await?;
     let model_bytes = zip_file(&zip, "model.onnx")?;
     let calib = zip_file(&zip, "calib.npz")?;
@@ -438,7 +432,7 @@ async fn first_version(
     let manifest = console
         .upload(packaged.manifest.to_json_pretty()?.into_bytes())
         .await?;
-    console
+    let _: ModelVersionView = console
         .post(
             &format!("/api/v1/models/{MODEL}/versions"),
             json!({
@@ -446,7 +440,7 @@ async fn first_version(
                 "artifact_digest": artifact.to_string(),
                 "manifest_digest": manifest.to_string(),
                 "metrics": {"eval_accuracy": accuracy},
-                "lineage": {"training_job": job_id, "checkpoint_digest": checkpoint,
+                "lineage": {"job": job_id, "checkpoint": checkpoint,
                             "trigger": "initial training", "quantization": {"evidence": evidence}}
             }),
         )
@@ -455,8 +449,8 @@ async fn first_version(
     let mut req = rollout_template();
     req["model"] = json!(MODEL);
     req["version"] = json!(V1);
-    let d: Value = console.post("/api/v1/deployments", req).await?;
-    wait_deployment(console, d["id"].as_str().context("deployment id")?).await?;
+    let d: DeploymentView = console.post("/api/v1/deployments", req).await?;
+    wait_deployment(console, &d.id).await?;
     Ok(V1 {
         fp32_bytes,
         int8_bytes,
@@ -469,7 +463,7 @@ async fn first_version(
 /// How the loop closes on its own: the retraining policy and the trigger.
 /// Why these numbers: docs/demo.md.
 async fn close_the_loop(console: &Console, steps: u64) -> anyhow::Result<()> {
-    console
+    let _: IgnoredAny = console
         .put(
             &format!("/api/v1/models/{MODEL}/retraining"),
             json!({
@@ -482,7 +476,7 @@ async fn close_the_loop(console: &Console, steps: u64) -> anyhow::Result<()> {
             }),
         )
         .await?;
-    console
+    let _: IgnoredAny = console
         .put(
             &format!("/api/v1/models/{MODEL}/triggers"),
             json!({
@@ -648,14 +642,14 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
         Duration::from_secs(300),
         || async {
             let ps: Vec<PipelineView> = console
-                .typed(&format!("/api/v1/pipelines?model={MODEL}"))
+                .get(&format!("/api/v1/pipelines?model={MODEL}"))
                 .await?;
             let running = ps.iter().any(|p| p.status == PipelineStatus::Running);
             Ok((!running).then_some(ps))
         },
     )
     .await?;
-    let versions = console
+    let versions: Vec<ModelVersionView> = console
         .get(&format!("/api/v1/models/{MODEL}/versions"))
         .await?;
     procs.check().context("a process died during the demo")?;
@@ -695,25 +689,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
             )
         })
         .collect();
-    let versions_out: Vec<VersionSummary> = versions
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|v| {
-            let mut lineage = v["lineage"].clone();
-            // The evidence is long; the summary keeps its verdict.
-            if let Some(q) = lineage.get_mut("quantization") {
-                let chosen = q["evidence"]["chosen"].clone();
-                *q = json!({"chosen": chosen});
-            }
-            VersionSummary {
-                version: v["version"].as_str().unwrap_or_default().to_string(),
-                artifact_size: v["artifact_size"].as_u64().unwrap_or_default(),
-                metrics: v["metrics"].clone(),
-                lineage,
-            }
-        })
-        .collect();
+    let versions_out: Vec<VersionSummary> = versions.into_iter().map(VersionSummary::new).collect();
     let summary = Summary {
         baseline_accuracy: baseline,
         drift_v1_accuracy: drift_v1,

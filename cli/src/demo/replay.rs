@@ -115,7 +115,7 @@ impl Replay<'_> {
         if watch.drift_state_row.is_none() {
             let t: TriggersView = self
                 .console
-                .typed(&format!("/api/v1/models/{}/triggers", self.model))
+                .get(&format!("/api/v1/models/{}/triggers", self.model))
                 .await?;
             if t.state
                 .last
@@ -126,7 +126,7 @@ impl Replay<'_> {
         }
         let pipelines: Vec<PipelineView> = self
             .console
-            .typed(&format!("/api/v1/pipelines?model={}", self.model))
+            .get(&format!("/api/v1/pipelines?model={}", self.model))
             .await?;
         for p in pipelines {
             if watch.pipelines.insert(p.id) && watch.retrain_row.is_none() {

@@ -1,7 +1,10 @@
 //! What the demo found: one typed summary, printed as a table or (with
 //! `--json`) as one JSON object.
 
+use std::collections::BTreeMap;
+
 use edgeloop_api::pipelines::{PipelineStatus, Step};
+use edgeloop_api::registry::{Lineage, ModelVersionView};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -60,8 +63,30 @@ pub struct Latency {
 pub struct VersionSummary {
     pub version: String,
     pub artifact_size: u64,
-    pub metrics: Value,
-    pub lineage: Value,
+    pub metrics: BTreeMap<String, f64>,
+    pub lineage: Lineage,
+}
+
+impl VersionSummary {
+    pub fn new(v: ModelVersionView) -> VersionSummary {
+        let mut lineage = v.lineage;
+        // The evidence is long; the summary keeps its verdict. The
+        // evidence is free-form JSON in the registry (the gate's outcome).
+        if let Some(q) = &mut lineage.quantization {
+            let chosen = q
+                .get("evidence")
+                .and_then(|e| e.get("chosen"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            *q = serde_json::json!({ "chosen": chosen });
+        }
+        VersionSummary {
+            version: v.version,
+            artifact_size: v.artifact_size,
+            metrics: v.metrics,
+            lineage,
+        }
+    }
 }
 
 impl Summary {
@@ -116,7 +141,9 @@ impl Summary {
             ),
         );
         for v in &self.versions {
-            line(&format!("version {}", v.version), format!("{}", v.lineage));
+            // As JSON with its keys sorted, as the table always showed it.
+            let lineage = serde_json::to_value(&v.lineage).unwrap_or_default();
+            line(&format!("version {}", v.version), lineage.to_string());
         }
         for f in &self.failures {
             line("FAILED", f.clone());

@@ -53,7 +53,7 @@ impl AssignmentRecord {
             manifest_digest: version.manifest_digest,
             deployment_id: deployment_id.into(),
             activation_timeout_seconds,
-            probe_inputs_digest: version.probe_digest,
+            probe_inputs_digest: version.probe_inputs_digest,
             deployment_seq: 0,
         }
     }

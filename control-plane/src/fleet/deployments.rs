@@ -7,34 +7,23 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
-use utoipa::ToSchema;
 
 use super::members::{CapabilitiesRecord, MemberKind};
-use super::rollout::{Compatibility, Deployment, Event, Gates, RolloutState, Strategy, Waves};
+use super::rollout::{
+    self, Compatibility, Deployment, Event, Gates, RolloutState, Strategy, Waves,
+};
 use super::selector::{self, Selector};
 use crate::error::{Error, Result};
 use crate::registry::artifacts::ArtifactStore;
 use crate::registry::models;
 use crate::store::Store;
 use crate::validate;
+pub use edgeloop_api::deployments::{
+    CreateDeployment, DeploymentState, DeploymentView, EventEntry, GatesRequest, Requirements,
+    StrategyRequest,
+};
 
 pub use edgeloop_models::runtime::INPUT_DTYPES_CAPABILITY as INPUT_DTYPES_KEY;
-
-/// What a device must offer to take the version. Checked per device when
-/// its wave starts; a device that fails is skipped with the reason.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct Requirements {
-    /// An execution provider the device's ONNX Runtime must ship, e.g.
-    /// `CUDAExecutionProvider`.
-    #[serde(default)]
-    pub provider: Option<String>,
-    /// The model's input element types, from its manifest.
-    #[serde(default)]
-    pub input_dtypes: Vec<String>,
-    /// The artifact's size: the device keeps the serving version beside it.
-    #[serde(default)]
-    pub free_disk_bytes: u64,
-}
 
 /// The compatibility pre-check for one device. Pure.
 pub fn compatibility(req: &Requirements, caps: &CapabilitiesRecord) -> Compatibility {
@@ -77,13 +66,12 @@ pub fn compatibility(req: &Requirements, caps: &CapabilitiesRecord) -> Compatibi
     Compatibility::Compatible
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeploymentRecord {
     pub id: String,
     /// Creation order; a newer deployment's assignments win (see
     /// `assignments::set_model`).
     pub seq: u64,
-    #[schema(value_type = Object)]
     pub deployment: Deployment,
     pub requirements: Requirements,
     pub activation_timeout_seconds: u32,
@@ -101,76 +89,25 @@ impl DeploymentRecord {
     pub fn is_terminal(&self) -> bool {
         self.deployment.state.is_terminal()
     }
+
+    /// The console API's view, with `events` (empty in lists).
+    pub fn view(self, events: Vec<EventEntry>) -> DeploymentView {
+        DeploymentView {
+            state: self.deployment.state.name(),
+            id: self.id,
+            seq: self.seq,
+            deployment: self.deployment,
+            requirements: self.requirements,
+            activation_timeout_seconds: self.activation_timeout_seconds,
+            assigned_generation: self.assigned_generation,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            events,
+        }
+    }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct EventEntry {
-    #[serde(with = "time::serde::rfc3339")]
-    pub at: OffsetDateTime,
-    #[schema(value_type = Object)]
-    pub event: Event,
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct StrategyRequest {
-    /// `{"percent": [1, 10, 50, 100]}` (cumulative, increasing, ending at
-    /// 100) or `{"count": [1, 5, 20]}` (cumulative; the last wave takes the rest).
-    #[schema(value_type = Object)]
-    pub waves: Waves,
-    #[serde(default)]
-    pub min_soak_seconds: Option<i64>,
-    #[serde(default)]
-    pub wave_timeout_seconds: Option<i64>,
-    #[serde(default)]
-    pub rollback_timeout_seconds: Option<i64>,
-}
-
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GatesRequest {
-    #[serde(default)]
-    pub max_error_rate: Option<f64>,
-    #[serde(default)]
-    pub max_p99_latency_ratio: Option<f64>,
-    #[serde(default)]
-    pub max_activation_failures: Option<u32>,
-    #[serde(default)]
-    pub min_online_accuracy: Option<f64>,
-    #[serde(default)]
-    pub min_requests: Option<u64>,
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateDeployment {
-    pub model: String,
-    pub version: String,
-    /// The device group, as a label selector (`GET /api/v1/devices?selector=`).
-    pub selector: String,
-    #[serde(default)]
-    pub strategy: Option<StrategyRequest>,
-    #[serde(default)]
-    pub gates: Option<GatesRequest>,
-    /// Fraction of a wave's devices that may be offline when it passes
-    /// (default 0.1).
-    #[serde(default)]
-    pub offline_tolerance: Option<f64>,
-    /// Seconds the waves may take in all (default: waves × wave timeout).
-    #[serde(default)]
-    pub deadline_seconds: Option<i64>,
-    /// Picks the wave order (default: the deployment id). Reuse a seed to
-    /// have a retry move the same devices first.
-    #[serde(default)]
-    pub seed: Option<String>,
-    #[serde(default)]
-    pub required_provider: Option<String>,
-    /// How long a device may take to download and activate (default 600).
-    #[serde(default)]
-    pub activation_timeout_seconds: Option<u32>,
-}
-
-pub const DEFAULT_WAVES: [u32; 3] = [10, 50, 100];
+pub use edgeloop_api::deployments::DEFAULT_WAVES;
 pub const DEFAULT_MIN_SOAK_SECONDS: i64 = 300;
 pub const DEFAULT_WAVE_TIMEOUT_SECONDS: i64 = 1800;
 pub const DEFAULT_ROLLBACK_TIMEOUT_SECONDS: i64 = 600;
@@ -306,7 +243,7 @@ pub async fn create(
         superseded_by: None,
         generation: 0,
     };
-    deployment.validate()?;
+    rollout::validate(&deployment)?;
     if group(store, &selector)?.is_empty() {
         return Err(Error::bad_field(
             "selector",
@@ -389,7 +326,7 @@ pub async fn cancel(store: &Store, id: &str, now: OffsetDateTime) -> Result<Depl
         if cur.is_terminal() {
             return Err(Error::Conflict(format!(
                 "deployment {id} already ended ({})",
-                state_name(&cur.deployment.state)
+                cur.deployment.state.name().as_str()
             )));
         }
         cur.deployment.cancel_requested = true;
@@ -398,18 +335,6 @@ pub async fn cancel(store: &Store, id: &str, now: OffsetDateTime) -> Result<Depl
     })??;
     store.flush().await?;
     Ok(record)
-}
-
-pub fn state_name(state: &RolloutState) -> &'static str {
-    match state {
-        RolloutState::Pending => "pending",
-        RolloutState::Wave { .. } => "wave",
-        RolloutState::RollingBack { .. } => "rolling_back",
-        RolloutState::Succeeded => "succeeded",
-        RolloutState::RolledBack { .. } => "rolled_back",
-        RolloutState::Failed { .. } => "failed",
-        RolloutState::Cancelled { .. } => "cancelled",
-    }
 }
 
 #[cfg(test)]

@@ -50,6 +50,34 @@ pub struct JobRecord {
     pub updated_at: OffsetDateTime,
 }
 
+impl JobRecord {
+    /// A job as submitted: queued, never leased, no attempt yet.
+    pub fn queued(
+        id: &str,
+        spec: serde_json::Value,
+        cluster: Option<String>,
+        now: OffsetDateTime,
+    ) -> JobRecord {
+        JobRecord {
+            id: id.to_string(),
+            spec,
+            cluster,
+            state: JobState::Queued,
+            leased_by: None,
+            lease_expires_at: None,
+            attempt: 0,
+            step: 0,
+            engine_job_id: None,
+            exit_code: None,
+            cancel_requested: false,
+            last_message: String::new(),
+            history: vec![],
+            created_at: now,
+            updated_at: now,
+        }
+    }
+}
+
 /// Whether the lease on `job` has lapsed at `now` (its bridge went away).
 pub fn lease_lapsed(job: &JobRecord, now: OffsetDateTime) -> bool {
     matches!(job.state, JobState::Leased | JobState::Running)
@@ -211,26 +239,9 @@ pub async fn create_with_id(
     if let Some(c) = &req.cluster {
         crate::validate::name("cluster", c)?;
     }
-    let id = id.to_string();
-    let job = JobRecord {
-        id: id.clone(),
-        spec: req.spec,
-        cluster: req.cluster,
-        state: JobState::Queued,
-        leased_by: None,
-        lease_expires_at: None,
-        attempt: 0,
-        step: 0,
-        engine_job_id: None,
-        exit_code: None,
-        cancel_requested: false,
-        last_message: String::new(),
-        history: vec![],
-        created_at: now,
-        updated_at: now,
-    };
-    if !store.jobs.insert_new(&id, &job)? {
-        return Ok((get(store, &id)?, false));
+    let job = JobRecord::queued(id, req.spec, req.cluster, now);
+    if !store.jobs.insert_new(id, &job)? {
+        return Ok((get(store, id)?, false));
     }
     store.flush().await?;
     Ok((job, true))
@@ -334,23 +345,7 @@ mod tests {
     }
 
     fn job(id: &str, created: i64) -> JobRecord {
-        JobRecord {
-            id: id.into(),
-            spec: serde_json::json!({}),
-            cluster: None,
-            state: JobState::Queued,
-            leased_by: None,
-            lease_expires_at: None,
-            attempt: 0,
-            step: 0,
-            engine_job_id: None,
-            exit_code: None,
-            cancel_requested: false,
-            last_message: String::new(),
-            history: vec![],
-            created_at: at(created),
-            updated_at: at(created),
-        }
+        JobRecord::queued(id, serde_json::json!({}), None, at(created))
     }
 
     #[test]

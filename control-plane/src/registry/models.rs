@@ -42,10 +42,16 @@ pub struct ModelVersionRecord {
     pub format: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_digest: Option<Digest>,
-    /// The health probe's sample inputs (`.npz`), named by the manifest;
-    /// devices fetch it with the model to probe a version before it serves.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe_digest: Option<Digest>,
+    /// The health probe's inputs (`.npz`), named by the manifest's
+    /// `health_probe.sample_inputs`; devices fetch it with the model to
+    /// probe a version before it serves. Read as `probe_inputs_digest` too, its
+    /// name before.
+    #[serde(
+        default,
+        alias = "probe_digest",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub probe_inputs_digest: Option<Digest>,
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
     #[serde(default)]
@@ -166,7 +172,7 @@ pub async fn create_version(
             format!("artifact {} has not been uploaded", req.artifact_digest),
         )
     })?;
-    let probe_digest = match req.manifest_digest {
+    let probe_inputs_digest = match req.manifest_digest {
         Some(m) => check_manifest(artifacts, m, req.artifact_digest, artifact_size).await?,
         None => None,
     };
@@ -204,7 +210,7 @@ pub async fn create_version(
             artifact_size,
             format: format.clone(),
             manifest_digest: req.manifest_digest,
-            probe_digest,
+            probe_inputs_digest,
             metrics: metrics.clone(),
             lineage: lineage.clone(),
             created_at: now,

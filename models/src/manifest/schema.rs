@@ -153,7 +153,11 @@ pub struct Lineage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthProbe {
-    /// The `.npz` artifact with the sample inputs.
+    /// The `.npz` artifact with the probe's inputs. Everywhere else this is
+    /// `probe_inputs` (`probe_inputs_digest` in JSON and protobuf); the
+    /// manifest keeps its first name because the signature covers the
+    /// field names, and renaming it would void every signed manifest. It
+    /// changes only with a new `SCHEMA_VERSION`.
     pub sample_inputs: Digest,
     pub max_latency_ms: f64,
 }

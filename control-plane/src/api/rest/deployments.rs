@@ -6,22 +6,11 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use serde::Serialize;
 
 use super::json::ValidJson;
 use crate::error::{Error, ErrorBody};
-use crate::fleet::deployments::{self, CreateDeployment, DeploymentRecord, EventEntry};
+use crate::fleet::deployments::{self, CreateDeployment, DeploymentRecord, DeploymentView};
 use crate::Core;
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct DeploymentView {
-    #[serde(flatten)]
-    pub record: DeploymentRecord,
-    /// `pending`, `wave`, `rolling_back`, `succeeded`, `rolled_back`,
-    /// `failed` or `cancelled`; the details are in `deployment.state`.
-    pub state: &'static str,
-    pub events: Vec<EventEntry>,
-}
 
 fn view(core: &Core, record: DeploymentRecord, with_events: bool) -> Result<DeploymentView, Error> {
     let events = if with_events {
@@ -29,11 +18,7 @@ fn view(core: &Core, record: DeploymentRecord, with_events: bool) -> Result<Depl
     } else {
         Vec::new()
     };
-    Ok(DeploymentView {
-        state: deployments::state_name(&record.deployment.state),
-        record,
-        events,
-    })
+    Ok(record.view(events))
 }
 
 /// Starts a staged rollout. An unfinished deployment of the same model to

@@ -35,7 +35,7 @@ impl From<ModelVersionRecord> for ModelVersionView {
             artifact_size: v.artifact_size,
             format: v.format,
             manifest_digest: v.manifest_digest,
-            probe_digest: v.probe_digest,
+            probe_inputs_digest: v.probe_inputs_digest,
             metrics: v.metrics,
             lineage: v.lineage,
             created_at: v.created_at,

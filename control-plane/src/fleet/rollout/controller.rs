@@ -61,7 +61,7 @@ fn advance(
     }
     match d.state.clone() {
         RolloutState::Pending => {
-            if let Err(e) = d.validate() {
+            if let Err(e) = super::validate(d) {
                 let reason = describe(&e);
                 finish(d, RolloutState::Failed { reason }, Vec::new(), out);
             } else if now >= d.deadline {

@@ -42,146 +42,39 @@ use crate::error::{Error, Result};
 pub use controller::{step, Step};
 pub use plan::{Strategy, Waves};
 
-/// Unix time in seconds. The clock is an input so tests can inject it.
-pub type UnixSeconds = i64;
+pub use edgeloop_api::deployments::{
+    CancelReason, Deployment, Event, Evidence, Gates, Moved, RolloutState,
+};
+pub use edgeloop_api::UnixSeconds;
 
-/// Health gates, read from agent telemetry while a wave soaks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Gates {
-    /// Errors / requests on the new version, over every moved device.
-    pub max_error_rate: f64,
-    /// New p99 latency / the previous version's p99 on the same devices.
-    pub max_p99_latency_ratio: f64,
-    /// Devices whose activation failed, over the whole deployment.
-    pub max_activation_failures: u32,
-    #[serde(default)]
-    pub min_online_accuracy: Option<f64>,
-    /// Traffic needed before the rate gates are judged and before a wave may
-    /// pass: with a handful of requests one error would trip the gate, and a
-    /// wave that saw no traffic has proven nothing.
-    #[serde(default)]
-    pub min_requests: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Deployment {
-    pub id: String,
-    /// The device group's label selector, for the record; the fleet state
-    /// passed to [`step`] is already that group.
-    pub group: String,
-    pub model: String,
-    pub target_version: String,
-    /// Picks the wave order; a retry with the same seed picks the same devices.
-    pub seed: String,
-    pub strategy: Strategy,
-    pub gates: Gates,
-    /// Fraction of a wave's devices allowed to be offline when it passes.
-    pub offline_tolerance: f64,
-    /// The whole deployment must finish its waves by this time.
-    pub deadline: UnixSeconds,
-    pub state: RolloutState,
-    /// Devices given the target, with what they ran before (captured when
-    /// they were moved, so a rollback knows where to send each one back).
-    #[serde(default)]
-    pub moved: BTreeMap<String, Moved>,
-    /// Devices the compatibility pre-check excluded, with the reason.
-    #[serde(default)]
-    pub skipped: BTreeMap<String, String>,
-    #[serde(default)]
-    pub cancel_requested: bool,
-    /// Set when a newer deployment for the same group replaces this one.
-    #[serde(default)]
-    pub superseded_by: Option<String>,
-    /// Bumped on every change, so the persisting task can compare and swap.
-    #[serde(default)]
-    pub generation: u64,
-}
-
-impl Deployment {
-    pub fn validate(&self) -> Result<()> {
-        self.strategy.validate()?;
-        if !(0.0..1.0).contains(&self.offline_tolerance) {
-            return Err(Error::bad_field("offline_tolerance", "must be in [0, 1)"));
-        }
-        let g = &self.gates;
-        if !(0.0..=1.0).contains(&g.max_error_rate) {
+/// Checks a deployment's numbers; the error names the offending field.
+pub fn validate(d: &Deployment) -> Result<()> {
+    plan::validate_strategy(&d.strategy)?;
+    if !(0.0..1.0).contains(&d.offline_tolerance) {
+        return Err(Error::bad_field("offline_tolerance", "must be in [0, 1)"));
+    }
+    let g = &d.gates;
+    if !(0.0..=1.0).contains(&g.max_error_rate) {
+        return Err(Error::bad_field(
+            "gates.max_error_rate",
+            "must be in [0, 1]",
+        ));
+    }
+    if g.max_p99_latency_ratio.is_nan() || g.max_p99_latency_ratio <= 0.0 {
+        return Err(Error::bad_field(
+            "gates.max_p99_latency_ratio",
+            "must be positive",
+        ));
+    }
+    if let Some(a) = g.min_online_accuracy {
+        if !(0.0..=1.0).contains(&a) {
             return Err(Error::bad_field(
-                "gates.max_error_rate",
+                "gates.min_online_accuracy",
                 "must be in [0, 1]",
             ));
         }
-        if g.max_p99_latency_ratio.is_nan() || g.max_p99_latency_ratio <= 0.0 {
-            return Err(Error::bad_field(
-                "gates.max_p99_latency_ratio",
-                "must be positive",
-            ));
-        }
-        if let Some(a) = g.min_online_accuracy {
-            if !(0.0..=1.0).contains(&a) {
-                return Err(Error::bad_field(
-                    "gates.min_online_accuracy",
-                    "must be in [0, 1]",
-                ));
-            }
-        }
-        Ok(())
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Moved {
-    pub wave: usize,
-    /// `None`: the device ran no version of this model before.
-    pub previous: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum RolloutState {
-    Pending,
-    Wave {
-        index: usize,
-        started_at: UnixSeconds,
-        /// Set once every online device in the wave runs the target, so the
-        /// soak measures time on the new version, not download time.
-        soak_until: Option<UnixSeconds>,
-    },
-    /// Reverts were issued; waiting for online devices to confirm.
-    RollingBack {
-        started_at: UnixSeconds,
-        /// The terminal state to end in.
-        then: Box<RolloutState>,
-    },
-    Succeeded,
-    RolledBack {
-        reason: String,
-        evidence: Evidence,
-    },
-    Failed {
-        reason: String,
-    },
-    Cancelled {
-        reason: CancelReason,
-    },
-}
-
-impl RolloutState {
-    pub fn is_terminal(&self) -> bool {
-        matches!(
-            self,
-            RolloutState::Succeeded
-                | RolloutState::RolledBack { .. }
-                | RolloutState::Failed { .. }
-                | RolloutState::Cancelled { .. }
-        )
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum CancelReason {
-    Requested,
-    Superseded { by: String },
+    Ok(())
 }
 
 /// The group as the fleet reports it right now.
@@ -238,29 +131,6 @@ pub struct WindowStats {
     pub online_accuracy: Option<f64>,
 }
 
-/// The numbers a gate decision was made on.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Evidence {
-    pub wave: usize,
-    pub moved_devices: usize,
-    pub requests: u64,
-    pub errors: u64,
-    pub error_rate: Option<f64>,
-    /// Request-weighted mean of per-device p99s (p99s cannot be merged
-    /// exactly), on the new version and on the previous one, over devices
-    /// that have both.
-    pub p99_latency_ms: Option<f64>,
-    pub baseline_p99_latency_ms: Option<f64>,
-    pub p99_latency_ratio: Option<f64>,
-    /// `device: reason` for each device whose activation failed.
-    pub activation_failures: Vec<String>,
-    pub online_accuracy: Option<f64>,
-    /// About the current wave only.
-    pub wave_devices: usize,
-    pub offline: Vec<String>,
-    pub not_active: Vec<String>,
-}
-
 /// What the controller wants done. Data only; the caller does the I/O.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
@@ -274,29 +144,4 @@ pub enum Action {
     },
     /// An entry for the deployment's evidence log.
     Record { event: Event },
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum Event {
-    WaveStarted {
-        index: usize,
-        assigned: Vec<String>,
-        /// `(device, reason)` for devices the compatibility check excluded.
-        skipped: Vec<(String, String)>,
-    },
-    WaveHealthy {
-        index: usize,
-        evidence: Evidence,
-    },
-    RollbackStarted {
-        reason: String,
-        reverted: Vec<String>,
-    },
-    Finished {
-        state: RolloutState,
-        /// Online devices that had not confirmed the revert when the
-        /// rollback timed out; they converge from their stored assignment.
-        unconfirmed: Vec<String>,
-    },
 }

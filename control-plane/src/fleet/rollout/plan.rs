@@ -5,116 +5,77 @@
 //! output Rust does not promise to keep), and a retry with the same seed picks
 //! the same devices first. Waves are cuts of that order.
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
-/// Where each wave ends, cumulatively.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Waves {
-    /// Cumulative percentages of the group, e.g. `[1, 10, 50, 100]`. Each
-    /// cut is rounded up, so a non-empty group puts at least one device in
-    /// the first wave.
-    Percent(Vec<u32>),
-    /// Cumulative device counts, e.g. `[1, 5, 20]`. The last wave also takes
-    /// every remaining device: a deployment targets the whole group.
-    Count(Vec<usize>),
-}
+pub use edgeloop_api::deployments::{Strategy, Waves};
 
-impl Waves {
-    pub fn len(&self) -> usize {
-        match self {
-            Waves::Percent(p) => p.len(),
-            Waves::Count(c) => c.len(),
-        }
+/// Checks the strategy; the error names the offending field, e.g.
+/// `strategy.waves[2]`.
+pub fn validate_strategy(strategy: &Strategy) -> Result<()> {
+    let at = |i: usize| format!("strategy.waves[{i}]");
+    if strategy.waves.is_empty() {
+        return Err(Error::bad_field(
+            "strategy.waves",
+            "at least one wave is required",
+        ));
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Strategy {
-    pub waves: Waves,
-    /// How long a wave must run active on the new version before the next
-    /// one starts.
-    pub min_soak_seconds: i64,
-    /// How long a wave may take, from its start, to become healthy.
-    pub wave_timeout_seconds: i64,
-    /// How long a rollback waits for online devices to confirm they are back.
-    pub rollback_timeout_seconds: i64,
-}
-
-impl Strategy {
-    /// Checks the strategy; the error names the offending field, e.g.
-    /// `strategy.waves[2]`.
-    pub fn validate(&self) -> Result<()> {
-        let at = |i: usize| format!("strategy.waves[{i}]");
-        if self.waves.is_empty() {
-            return Err(Error::bad_field(
-                "strategy.waves",
-                "at least one wave is required",
-            ));
-        }
-        match &self.waves {
-            Waves::Percent(p) => {
-                for (i, &v) in p.iter().enumerate() {
-                    if !(1..=100).contains(&v) {
-                        return Err(Error::bad_field(at(i), format!("{v}% is not in 1..=100")));
-                    }
-                    if i > 0 && v <= p[i - 1] {
-                        return Err(Error::bad_field(
-                            at(i),
-                            format!(
-                                "{v}% must be greater than the previous wave's {}%",
-                                p[i - 1]
-                            ),
-                        ));
-                    }
+    match &strategy.waves {
+        Waves::Percent(p) => {
+            for (i, &v) in p.iter().enumerate() {
+                if !(1..=100).contains(&v) {
+                    return Err(Error::bad_field(at(i), format!("{v}% is not in 1..=100")));
                 }
-                let last = p.len() - 1;
-                if p[last] != 100 {
-                    return Err(Error::bad_field(at(last), "the last wave must be 100%"));
+                if i > 0 && v <= p[i - 1] {
+                    return Err(Error::bad_field(
+                        at(i),
+                        format!(
+                            "{v}% must be greater than the previous wave's {}%",
+                            p[i - 1]
+                        ),
+                    ));
                 }
             }
-            Waves::Count(c) => {
-                for (i, &v) in c.iter().enumerate() {
-                    if v == 0 {
-                        return Err(Error::bad_field(at(i), "a wave needs at least one device"));
-                    }
-                    if i > 0 && v <= c[i - 1] {
-                        return Err(Error::bad_field(
-                            at(i),
-                            format!("{v} must be greater than the previous wave's {}", c[i - 1]),
-                        ));
-                    }
+            let last = p.len() - 1;
+            if p[last] != 100 {
+                return Err(Error::bad_field(at(last), "the last wave must be 100%"));
+            }
+        }
+        Waves::Count(c) => {
+            for (i, &v) in c.iter().enumerate() {
+                if v == 0 {
+                    return Err(Error::bad_field(at(i), "a wave needs at least one device"));
+                }
+                if i > 0 && v <= c[i - 1] {
+                    return Err(Error::bad_field(
+                        at(i),
+                        format!("{v} must be greater than the previous wave's {}", c[i - 1]),
+                    ));
                 }
             }
         }
-        if self.min_soak_seconds < 0 {
-            return Err(Error::bad_field(
-                "strategy.min_soak_seconds",
-                "must not be negative",
-            ));
-        }
-        // A wave that must soak longer than it may take can never pass.
-        if self.wave_timeout_seconds <= self.min_soak_seconds {
-            return Err(Error::bad_field(
-                "strategy.wave_timeout_seconds",
-                "must be greater than min_soak_seconds",
-            ));
-        }
-        if self.rollback_timeout_seconds <= 0 {
-            return Err(Error::bad_field(
-                "strategy.rollback_timeout_seconds",
-                "must be positive",
-            ));
-        }
-        Ok(())
     }
+    if strategy.min_soak_seconds < 0 {
+        return Err(Error::bad_field(
+            "strategy.min_soak_seconds",
+            "must not be negative",
+        ));
+    }
+    // A wave that must soak longer than it may take can never pass.
+    if strategy.wave_timeout_seconds <= strategy.min_soak_seconds {
+        return Err(Error::bad_field(
+            "strategy.wave_timeout_seconds",
+            "must be greater than min_soak_seconds",
+        ));
+    }
+    if strategy.rollback_timeout_seconds <= 0 {
+        return Err(Error::bad_field(
+            "strategy.rollback_timeout_seconds",
+            "must be positive",
+        ));
+    }
+    Ok(())
 }
 
 /// The stable rank of a device within a deployment. The seed is length

@@ -261,7 +261,7 @@ fn log_event(id: &str, event: &Event) {
         ),
         Event::Finished { state, .. } => tracing::info!(
             deployment = id,
-            state = deployments::state_name(state),
+            state = state.name().as_str(),
             "deployment finished"
         ),
     }

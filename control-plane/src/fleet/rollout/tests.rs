@@ -261,7 +261,7 @@ fn rollout_validation_names_the_field() {
         ),
     ];
     for (strategy, want) in cases {
-        let got = match strategy.validate() {
+        let got = match plan::validate_strategy(&strategy) {
             Ok(()) => None,
             Err(crate::error::Error::BadRequest { field, .. }) => field,
             Err(e) => panic!("unexpected {e:?}"),

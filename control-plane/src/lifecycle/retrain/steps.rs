@@ -609,17 +609,15 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
             manifest_digest: Some(manifest),
             metrics: Some(metrics),
             lineage: Some(Lineage {
-                parent_version: m.lineage.parent_version.clone(),
                 trigger: Some(
                     format!("{} ({})", p.trigger, p.id)
                         .chars()
                         .take(128)
                         .collect(),
                 ),
-                dataset_snapshot: Some(data),
-                training_job: m.lineage.job.clone(),
-                checkpoint_digest: m.lineage.checkpoint,
+                dataset: Some(data),
                 quantization: evidence,
+                ..Lineage::from_manifest(&m.lineage)
             }),
         },
         now,
