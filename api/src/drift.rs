@@ -48,8 +48,32 @@ pub struct FeatureDrift {
     pub psi: Option<f64>,
     pub ks_statistic: Option<f64>,
     pub ks_p_value: Option<f64>,
-    /// `stable`, `watch` or `act` by PSI.
-    pub level: String,
+    /// By PSI against the watch and act thresholds.
+    pub level: DriftLevel,
+}
+
+/// A feature's drift by PSI: under `psi_watch`, at least `psi_watch`, at
+/// least `psi_act`; `unknown` when the window had no values for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum DriftLevel {
+    Stable,
+    Watch,
+    Act,
+    Unknown,
+}
+
+impl DriftLevel {
+    /// As the JSON writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriftLevel::Stable => "stable",
+            DriftLevel::Watch => "watch",
+            DriftLevel::Act => "act",
+            DriftLevel::Unknown => "unknown",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

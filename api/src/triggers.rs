@@ -101,8 +101,8 @@ pub struct Evaluation {
     /// The serving version the drift and accuracy are about.
     pub version: Option<String>,
     pub state: ModelState,
-    /// `start`, `coalesce`, `cooldown`, or none when nothing fired.
-    pub decision: Option<String>,
+    /// None when nothing fired.
+    pub decision: Option<DecisionKind>,
     pub reasons: Vec<String>,
     pub pipeline: Option<String>,
 }
@@ -126,4 +126,15 @@ pub struct TriggersView {
     /// evaluated accuracy, labels since the last retrain, the running
     /// pipeline) and its decision.
     pub state: TriggerState,
+}
+
+/// What an evaluation that fired decided: start a retrain, record the
+/// trigger on the one running, or wait out the cooldown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionKind {
+    Start,
+    Coalesce,
+    Cooldown,
 }

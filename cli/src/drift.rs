@@ -174,7 +174,7 @@ pub fn render(view: &DriftView) -> String {
                 fixed(f.psi, 3),
                 fixed(f.ks_statistic, 3),
                 p_value(f.ks_p_value),
-                text(&f.level),
+                f.level.as_str().into(),
             ]);
         }
     }

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use edgeloop_api::drift::DriftConfig;
-use edgeloop_api::triggers::{Evaluation, TriggerSpec, TriggersView};
+use edgeloop_api::triggers::{DecisionKind, Evaluation, TriggerSpec, TriggersView};
 
 use super::api::{block_on, client, read_json, segment, CliError, Reply, ServerArgs};
 use super::drift::at;
@@ -134,16 +134,17 @@ fn drift_thresholds(d: Option<&DriftConfig>) -> String {
 /// What the last evaluation decided, in words.
 fn decision(e: &Evaluation) -> String {
     let pipeline = text(&e.pipeline);
-    match e.decision.as_deref() {
+    match e.decision {
         None => "none: no trigger fired".into(),
-        Some("start") => format!("start: pipeline {pipeline} started"),
-        Some("coalesce") => format!("coalesce: recorded on the running pipeline {pipeline}"),
-        Some("cooldown") => {
+        Some(DecisionKind::Start) => format!("start: pipeline {pipeline} started"),
+        Some(DecisionKind::Coalesce) => {
+            format!("coalesce: recorded on the running pipeline {pipeline}")
+        }
+        Some(DecisionKind::Cooldown) => {
             let s = &e.state;
             let until = s.last_started.map(|at| at + s.cooldown_seconds);
             format!("cooldown: no automatic retrain until {}", at(until))
         }
-        Some(other) => other.to_string(),
     }
 }
 

@@ -12,7 +12,7 @@ use super::stats;
 use crate::drift::records::SketchRecord;
 
 /// The thresholds and the series are what the console API shows.
-pub use edgeloop_api::drift::{DriftConfig, DriftSeries, FeatureDrift, WindowDrift};
+pub use edgeloop_api::drift::{DriftConfig, DriftLevel, DriftSeries, FeatureDrift, WindowDrift};
 
 /// Checks thresholds; errors name the field, after `prefix`.
 pub fn validate(c: &DriftConfig, prefix: &str) -> Result<(), crate::error::Error> {
@@ -172,10 +172,10 @@ fn judge(reference: &ReferenceStats, start: i64, sum: &Sum, config: &DriftConfig
             let psi = live.and_then(|l| stats::psi(&as_f(&r.counts), &as_f(l)).ok());
             let ks = live.and_then(|l| stats::ks_test(&r.counts, l).ok());
             let level = match psi {
-                Some(p) if p >= config.psi_act => "act",
-                Some(p) if p >= config.psi_watch => "watch",
-                Some(_) => "stable",
-                None => "unknown",
+                Some(p) if p >= config.psi_act => DriftLevel::Act,
+                Some(p) if p >= config.psi_watch => DriftLevel::Watch,
+                Some(_) => DriftLevel::Stable,
+                None => DriftLevel::Unknown,
             };
             FeatureDrift {
                 name: r.name.clone(),
@@ -332,10 +332,10 @@ mod tests {
             let first = &s.windows[0];
             assert_eq!((first.requests, first.devices), (500, 1));
             assert!(first.features[0].psi.unwrap() < 0.01);
-            assert_eq!(first.features[0].level, "stable");
+            assert_eq!(first.features[0].level, DriftLevel::Stable);
             let hot = &s.windows[3];
             assert!(hot.features[0].psi.unwrap() > 0.2, "{hot:?}");
-            assert_eq!(hot.features[0].level, "act");
+            assert_eq!(hot.features[0].level, DriftLevel::Act);
             assert!(hot.features[0].ks_p_value.unwrap() < 1e-6);
             assert!(hot.prediction_js.unwrap() > 0.1);
             assert_eq!(hot.low_confidence_share, Some(0.0));

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::lifecycle::retrain::{self, steps, Started};
 use crate::registry::models;
 use crate::Core;
+pub use edgeloop_api::triggers::DecisionKind;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TriggerStateRecord {
@@ -38,8 +39,8 @@ pub struct Evaluation {
     /// The serving version the drift and accuracy are about.
     pub version: Option<String>,
     pub state: ModelState,
-    /// `start`, `coalesce`, `cooldown`, or none when nothing fired.
-    pub decision: Option<String>,
+    /// None when nothing fired.
+    pub decision: Option<DecisionKind>,
     pub reasons: Vec<String>,
     pub pipeline: Option<String>,
 }
@@ -219,9 +220,9 @@ async fn evaluate(
     };
     if let Some(d) = decisions.into_iter().next() {
         let (name, reasons) = match &d {
-            Decision::Start { reasons, .. } => ("start", reasons.clone()),
-            Decision::Coalesce { reasons, .. } => ("coalesce", reasons.clone()),
-            Decision::Cooldown { reasons, .. } => ("cooldown", reasons.clone()),
+            Decision::Start { reasons, .. } => (DecisionKind::Start, reasons.clone()),
+            Decision::Coalesce { reasons, .. } => (DecisionKind::Coalesce, reasons.clone()),
+            Decision::Cooldown { reasons, .. } => (DecisionKind::Cooldown, reasons.clone()),
         };
         let fired_schedule = triggers.iter().any(|t| {
             matches!(t.kind, TriggerKind::Schedule { .. })
@@ -234,7 +235,7 @@ async fn evaluate(
         }
         let pipeline = act(core, model, &d, &reasons, now).await?;
         if let Some(last) = next.last.as_mut() {
-            last.decision = Some(name.to_string());
+            last.decision = Some(name);
             last.reasons = reasons;
             last.pipeline = pipeline;
         }
