@@ -182,7 +182,7 @@ fn judge(reference: &ReferenceStats, start: i64, sum: &Sum, config: &DriftConfig
                 psi,
                 ks_statistic: ks.map(|k| k.statistic),
                 ks_p_value: ks.map(|k| k.p_value),
-                level: level.into(),
+                level,
             }
         })
         .collect();
