@@ -95,6 +95,56 @@ pub struct Capabilities {
     pub cuda_version: String,
     #[serde(default)]
     pub extra: BTreeMap<String, String>,
+    /// Cluster bridges: the node pools of each engine, with their GPU facts.
+    #[serde(default)]
+    pub pools: Vec<NodePool>,
+}
+
+/// A group of alike nodes that one of a bridge's engines can place a job
+/// on: a Slurm partition's nodes with the same GRES, a Ray node type, the
+/// Kubernetes nodes of one GPU product, or this machine (`local`). The
+/// pre-flight check holds a job against the pool it would land on, not
+/// against a sum over the cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodePool {
+    /// `local`, `slurm`, `ray` or `kubernetes`.
+    pub engine: String,
+    /// The pool within the engine: the Slurm partition (and GRES type), the
+    /// Ray accelerator type, the Kubernetes GPU product; `local` for this
+    /// machine.
+    pub name: String,
+    /// Nodes in the pool; `None` where the engine is not bounded by nodes
+    /// (the local engine runs any number of "nodes" as process groups).
+    #[serde(default)]
+    pub nodes: Option<u32>,
+    /// The most GPUs any one job may get per node in this pool.
+    #[serde(default)]
+    pub gpus_per_node: u32,
+    /// The GPU as the engine names it: Slurm's GRES type (`a100`), Ray's
+    /// `accelerator_type:*`, the `nvidia.com/gpu.product` label, NVML's name.
+    #[serde(default)]
+    pub gpu_type: Option<String>,
+    #[serde(default)]
+    pub gpu_memory_bytes: Option<u64>,
+    /// NVIDIA driver, e.g. `535.104.05`.
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    /// The newest CUDA the driver supports, e.g. `12.2`.
+    #[serde(default)]
+    pub cuda_version: Option<String>,
+    #[serde(default)]
+    pub cpus_per_node: u32,
+    #[serde(default)]
+    pub memory_mb_per_node: u64,
+    /// Where the facts came from, e.g. `slurmrestd GET /slurm/v0.0.38/nodes`
+    /// or `nvidia-smi`; `config` for facts set in the bridge's config.
+    pub source: String,
+    /// How the engine lands a job in this pool, in the engine's own terms
+    /// (Slurm: `partition`, `gres_type`; Kubernetes: the node labels to
+    /// select). Written and read by the engine that reported the pool.
+    #[serde(default)]
+    pub placement: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

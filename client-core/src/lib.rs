@@ -6,6 +6,7 @@
 //! agent and the bridge differ only in which gRPC service they call ([`Role`]).
 
 pub mod backoff;
+pub mod gpu;
 pub mod identity;
 pub mod member;
 pub mod session;

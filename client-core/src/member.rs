@@ -5,11 +5,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use edgeloop_proto::common::v1::Capabilities;
+use edgeloop_proto::common::v1::{Capabilities, Gpu};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::gpu::LocalGpus;
 use crate::session::{ensure_identity, heartbeat_loop, Role, SessionError};
 use crate::{Backoff, IdentityStore};
 
@@ -80,8 +81,24 @@ impl MemberConfig {
 /// The host facts every member reports.
 // statvfs counts are 32-bit on some edge targets, so the conversions stay.
 #[allow(clippy::useless_conversion)]
-pub fn host_capabilities(data_dir: &Path, version: &str) -> Capabilities {
+/// What this host is: OS, architecture, name, free disk, and its NVIDIA
+/// GPUs (one entry per product, with the count).
+pub fn host_capabilities(data_dir: &Path, version: &str, gpus: &LocalGpus) -> Capabilities {
+    let mut by_model: Vec<Gpu> = Vec::new();
+    for g in &gpus.gpus {
+        match by_model.iter_mut().find(|m| m.model == g.name) {
+            Some(m) => m.count += 1,
+            None => by_model.push(Gpu {
+                model: g.name.clone(),
+                memory_bytes: g.memory_bytes,
+                count: 1,
+            }),
+        }
+    }
     Capabilities {
+        gpus: by_model,
+        driver_version: gpus.driver_version.clone().unwrap_or_default(),
+        cuda_version: gpus.cuda_version.clone().unwrap_or_default(),
         agent_version: version.to_string(),
         os: std::env::consts::OS.to_string(),
         arch: std::env::consts::ARCH.to_string(),
@@ -134,7 +151,7 @@ pub async fn run_member(
         role,
         &config.control_plane,
         &identity,
-        capabilities,
+        tokio::sync::watch::channel(capabilities).1,
         config.backoff,
         shutdown,
     )

@@ -198,7 +198,9 @@ pub async fn heartbeat_loop(
     role: Role,
     url: &str,
     identity: &Identity,
-    capabilities: Capabilities,
+    // The latest facts: each beat sends what the member knows now (a
+    // bridge refreshes its engines' pools while it runs).
+    capabilities: tokio::sync::watch::Receiver<Capabilities>,
     backoff: Backoff,
     shutdown: CancellationToken,
 ) -> Result<(), SessionError> {
@@ -211,7 +213,7 @@ pub async fn heartbeat_loop(
     loop {
         let req = HeartbeatRequest {
             sent_at: Some(SystemTime::now().into()),
-            capabilities: Some(capabilities.clone()),
+            capabilities: Some(capabilities.borrow().clone()),
         };
         let result = call_heartbeat(role, channel.clone(), req).await;
         let delay = match result {

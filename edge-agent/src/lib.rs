@@ -32,7 +32,8 @@ pub const INFERENCE_ADDR_FILE: &str = "inference.addr";
 /// which an idle device without a model should not pay. A missing library
 /// is reported in `extra` instead.
 pub fn capabilities(config: &AgentConfig) -> Capabilities {
-    let mut caps = host_capabilities(&config.member.data_dir, env!("CARGO_PKG_VERSION"));
+    let gpus = edgeloop_client_core::gpu::LocalGpus::detect();
+    let mut caps = host_capabilities(&config.member.data_dir, env!("CARGO_PKG_VERSION"), &gpus);
     let library = edgeloop_models::runtime::OrtRuntime::resolve_library_path(
         config.serve.ort_library.as_deref(),
     );

@@ -58,6 +58,7 @@ fn launch(dir: &Path, job_id: &str, script: &str) -> Launch {
         memory_mb: 128,
         launcher: Launcher::None,
         log_path: workdir.join("attempt-1.log"),
+        pool: None,
     }
 }
 

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::engines::{Launch, Launcher};
+use crate::engines::{Launch, Launcher, NodePool};
 use crate::spec::{JobSpec, LauncherSpec, DEFAULT_MASTER_PORT};
 
 pub const CHECKPOINT_DIR: &str = "EDGELOOP_CHECKPOINT_DIR";
@@ -87,6 +87,8 @@ pub struct AttemptPlan<'a> {
     pub log_path: &'a Path,
     /// From [`contract_env`].
     pub contract: &'a BTreeMap<String, String>,
+    /// The pool the pre-flight check placed the job in.
+    pub pool: Option<&'a NodePool>,
 }
 
 /// The [`Launch`] of one attempt of `spec`.
@@ -119,6 +121,7 @@ pub fn build_launch(spec: &JobSpec, plan: &AttemptPlan<'_>) -> Launch {
         memory_mb: spec.resources.memory_mb,
         launcher,
         log_path: plan.log_path.to_path_buf(),
+        pool: plan.pool.cloned(),
     }
 }
 

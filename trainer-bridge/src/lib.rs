@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod engines;
+pub mod facts;
 pub mod launch;
 pub mod preflight;
 pub mod progress;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use edgeloop_client_core::gpu::LocalGpus;
 use edgeloop_client_core::member::{create_private_dir, host_capabilities};
 use edgeloop_client_core::session::{ensure_identity, SessionError};
 use edgeloop_client_core::tls::mtls_endpoint;
@@ -36,9 +38,12 @@ use runner::Runner;
 /// The engines this bridge can drive: `local` always; Slurm, Ray and
 /// Kubernetes when their settings are in the environment (see
 /// `engines::slurm`, `engines::ray`, `engines::kubernetes`).
-pub fn engines(config: &Config) -> anyhow::Result<BTreeMap<String, Arc<dyn Engine>>> {
+pub fn engines(
+    config: &Config,
+    gpus: &LocalGpus,
+) -> anyhow::Result<BTreeMap<String, Arc<dyn Engine>>> {
     let mut engines: BTreeMap<String, Arc<dyn Engine>> = BTreeMap::new();
-    let local = LocalEngine::new(&config.data_dir.join("engine-local"))
+    let local = LocalEngine::with_gpus(&config.data_dir.join("engine-local"), gpus.clone())
         .context("local engine state dir")?;
     engines.insert("local".into(), Arc::new(local));
     if std::env::var_os("EDGELOOP_SLURMRESTD_URL").is_some() {
@@ -68,11 +73,13 @@ pub fn engines(config: &Config) -> anyhow::Result<BTreeMap<String, Arc<dyn Engin
     Ok(engines)
 }
 
-/// What this bridge reports: the host, and the engines it can drive.
-pub fn capabilities(config: &Config, engines: &BTreeMap<String, Arc<dyn Engine>>) -> Capabilities {
+/// What this bridge reports: the host with its GPUs, the engines it can
+/// drive, and their node pools.
+pub fn capabilities(config: &Config, gpus: &LocalGpus, cluster: &ClusterFacts) -> Capabilities {
     Capabilities {
-        engines: engines.keys().cloned().collect(),
-        ..host_capabilities(&config.data_dir, env!("CARGO_PKG_VERSION"))
+        engines: cluster.engines.clone(),
+        pools: cluster.pools.iter().map(facts::to_proto).collect(),
+        ..host_capabilities(&config.data_dir, env!("CARGO_PKG_VERSION"), gpus)
     }
 }
 
@@ -81,8 +88,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     edgeloop_client_core::install_crypto_provider();
     create_private_dir(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-    let engines = engines(&config)?;
-    let caps = capabilities(&config, &engines);
+    let gpus = facts::local_gpus()?;
+    let refresh = facts::refresh_period()?;
+    let engines = engines(&config, &gpus)?;
+    let cluster = facts::read(&engines, &ClusterFacts::default()).await;
+    let caps = capabilities(&config, &gpus, &cluster);
+    let (facts_tx, facts_rx) = tokio::sync::watch::channel(cluster);
+    let (caps_tx, caps_rx) = tokio::sync::watch::channel(caps.clone());
+    let refresher = tokio::spawn(facts::refresh_loop(
+        engines.clone(),
+        facts_tx,
+        caps_tx,
+        refresh,
+        shutdown.clone(),
+    ));
     let store = IdentityStore::new(&config.data_dir);
     let identity = match ensure_identity(
         Role::Cluster,
@@ -103,13 +122,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         client: BridgeServiceClient::new(channel),
         engines,
         data_dir: config.data_dir.clone(),
-        facts: ClusterFacts {
-            driver_version: Some(caps.driver_version.clone()).filter(|s| !s.is_empty()),
-            cuda_version: Some(caps.cuda_version.clone()).filter(|s| !s.is_empty()),
-            gpus_per_node: caps.gpus.iter().map(|g| g.count).sum(),
-            gpu_type: caps.gpus.first().map(|g| g.model.clone()),
-            engines: caps.engines.clone(),
-        },
+        facts: facts_rx,
         poll: Duration::from_millis(500),
         running: Default::default(),
         progress: progress::ProgressHub::start(
@@ -125,7 +138,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Role::Cluster,
         &config.control_plane,
         &identity,
-        caps,
+        caps_rx,
         config.backoff,
         shutdown.clone(),
     )
@@ -133,6 +146,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // A refused heartbeat (revoked) ends the bridge; stop the job loop too.
     shutdown.cancel();
     let _ = jobs.await;
+    let _ = refresher.await;
     beats?;
     tracing::info!("trainer bridge stopped");
     Ok(())

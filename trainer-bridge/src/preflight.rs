@@ -26,20 +26,16 @@
 
 use std::fmt;
 
+use crate::engines::NodePool;
 use crate::spec::{EngineKind, Framework, JobSpec, Requirement, Version, VersionOp};
 
-/// What the bridge knows about its cluster.
+/// What the bridge knows about its cluster: the engines it drives and each
+/// engine's node pools, as last read from the engines.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterFacts {
-    /// NVIDIA driver version, e.g. "535.104.05".
-    pub driver_version: Option<String>,
-    /// Highest CUDA version the driver supports, e.g. "12.2".
-    pub cuda_version: Option<String>,
-    pub gpus_per_node: u32,
-    /// GPU product name, e.g. "NVIDIA A100-SXM4-80GB".
-    pub gpu_type: Option<String>,
     /// Engines the bridge drives ("local", "slurm", "ray", "kubernetes").
     pub engines: Vec<String>,
+    pub pools: Vec<NodePool>,
 }
 
 /// One reason a job cannot run on this cluster.
@@ -166,43 +162,103 @@ pub const TENSORFLOW_BUILDS: &[FrameworkBuilds] = &[
 ];
 
 /// Checks `spec` against `cluster`; every reason found, not just the first.
-pub fn check(spec: &JobSpec, cluster: &ClusterFacts) -> Result<(), Vec<Refusal>> {
+/// Holds `spec` against the pools of the engine it would run on (its
+/// `engine`, else `local`). Returns the first pool it fits, or `None` for a
+/// job that needs no GPUs on an engine that reported no pools. When no pool
+/// fits, the refusals are those of the pool that came closest (fewest
+/// reasons, then the first reported), each naming that pool.
+pub fn check(spec: &JobSpec, cluster: &ClusterFacts) -> Result<Option<NodePool>, Vec<Refusal>> {
+    let engine = spec.engine.map_or("local", EngineKind::as_str);
+    if !cluster.engines.iter().any(|e| e == engine) {
+        let mut refusals = spec
+            .engine
+            .map(|e| vec![engine_refusal(e, &cluster.engines)])
+            .unwrap_or_default();
+        if refusals.is_empty() {
+            refusals.push(Refusal {
+                field: "engine".into(),
+                reason: format!(
+                    "the default local engine is not configured on this bridge (it offers {})",
+                    cluster.engines.join(", ")
+                ),
+            });
+        }
+        return Err(refusals);
+    }
+    let pools: Vec<&NodePool> = cluster
+        .pools
+        .iter()
+        .filter(|p| p.engine == engine)
+        .collect();
+    let wanted = spec.resources.gpus_per_node;
+    if pools.is_empty() {
+        if wanted == 0 {
+            return Ok(None);
+        }
+        return Err(vec![Refusal {
+            field: "resources.gpus_per_node".into(),
+            reason: format!(
+                "needs {wanted} GPUs per node, the {engine} engine has reported no node pools (no GPU facts yet)"
+            ),
+        }]);
+    }
+    let mut best: Option<Vec<Refusal>> = None;
+    for pool in pools {
+        let refusals = pool_refusals(spec, pool);
+        if refusals.is_empty() {
+            return Ok(Some(pool.clone()));
+        }
+        if best.as_ref().is_none_or(|b| refusals.len() < b.len()) {
+            best = Some(refusals);
+        }
+    }
+    Err(best.unwrap_or_default())
+}
+
+/// How a refusal names a pool: `slurm pool "gpu"`, or `this machine`.
+pub fn pool_name(pool: &NodePool) -> String {
+    if pool.engine == "local" {
+        "this machine".into()
+    } else {
+        format!("{} pool {:?}", pool.engine, pool.name)
+    }
+}
+
+/// Why `spec` cannot run in `pool`; empty when it can.
+pub fn pool_refusals(spec: &JobSpec, pool: &NodePool) -> Vec<Refusal> {
     let mut refusals = Vec::new();
     let wanted = spec.resources.gpus_per_node;
-
-    if wanted > cluster.gpus_per_node {
-        let has = match cluster.gpus_per_node {
+    let name = pool_name(pool);
+    if wanted > pool.gpus_per_node {
+        let has = match pool.gpus_per_node {
             0 => "no GPUs".to_string(),
             n => n.to_string(),
         };
         refusals.push(Refusal {
             field: "resources.gpus_per_node".into(),
-            reason: format!("needs {wanted} GPUs per node, the cluster has {has}"),
+            reason: format!("needs {wanted} GPUs per node, {name} has {has}"),
         });
     }
-    if let (Some(want), Some(have)) = (&spec.resources.gpu_type, &cluster.gpu_type) {
+    if let (Some(want), Some(have)) = (&spec.resources.gpu_type, &pool.gpu_type) {
         if wanted > 0 && !gpu_type_matches(want, have) {
             refusals.push(Refusal {
                 field: "resources.gpu_type".into(),
-                reason: format!("needs {want} GPUs, the cluster has {have}"),
+                reason: format!("needs {want} GPUs, {name} has {have}"),
             });
         }
     }
-    if let Some(engine) = spec.engine {
-        if !cluster.engines.iter().any(|e| e == engine.as_str()) {
-            refusals.push(engine_refusal(engine, &cluster.engines));
+    if let Some(nodes) = pool.nodes {
+        if spec.resources.nodes > nodes {
+            refusals.push(Refusal {
+                field: "resources.nodes".into(),
+                reason: format!("needs {} nodes, {name} has {nodes}", spec.resources.nodes),
+            });
         }
     }
-    // A CPU-only job never touches the driver.
     if wanted > 0 {
-        refusals.extend(cuda_refusals(&spec.requirements, cluster));
+        refusals.extend(cuda_refusals(&spec.requirements, pool));
     }
-
-    if refusals.is_empty() {
-        Ok(())
-    } else {
-        Err(refusals)
-    }
+    refusals
 }
 
 fn engine_refusal(engine: EngineKind, offered: &[String]) -> Refusal {
@@ -245,7 +301,7 @@ enum Capability {
     BelowTable,
 }
 
-fn capability(cluster: &ClusterFacts) -> Capability {
+fn capability(cluster: &NodePool) -> Capability {
     if let Some(v) = cluster.cuda_version.as_deref().and_then(Version::parse) {
         return Capability::UpTo(v.truncate(2));
     }
@@ -274,7 +330,7 @@ pub fn min_driver_for_cuda(cuda: &Version) -> Option<&'static str> {
         .map(|r| r.min_driver)
 }
 
-fn cuda_refusals(requirements: &[Requirement], cluster: &ClusterFacts) -> Vec<Refusal> {
+fn cuda_refusals(requirements: &[Requirement], cluster: &NodePool) -> Vec<Refusal> {
     let cap = capability(cluster);
     if matches!(cap, Capability::Unknown) {
         return Vec::new();
@@ -403,7 +459,7 @@ pub fn series_matches(major: u32, minor: u32, reqs: &[&Requirement]) -> bool {
     })
 }
 
-fn describe_capability(cap: &Capability, cluster: &ClusterFacts) -> String {
+fn describe_capability(cap: &Capability, cluster: &NodePool) -> String {
     match (cap, &cluster.driver_version) {
         (Capability::UpTo(max), Some(driver)) if cluster.cuda_version.is_none() => {
             format!("cluster driver {driver} supports ≤ {max}")
@@ -426,7 +482,7 @@ fn describe_capability(cap: &Capability, cluster: &ClusterFacts) -> String {
 
 /// When minor-version compatibility would have started the job, say so and
 /// name the driver that runs it fully.
-fn minor_compat_note(need: &Version, cap: &Capability, cluster: &ClusterFacts) -> Option<String> {
+fn minor_compat_note(need: &Version, cap: &Capability, cluster: &NodePool) -> Option<String> {
     let Capability::UpTo(max) = cap else {
         return None;
     };

@@ -38,7 +38,8 @@ pub struct Runner {
     /// spec's `engine`, else `local`.
     pub engines: std::collections::BTreeMap<String, Arc<dyn Engine>>,
     pub data_dir: PathBuf,
-    pub facts: ClusterFacts,
+    /// The latest facts (see `crate::facts`).
+    pub facts: tokio::sync::watch::Receiver<ClusterFacts>,
     /// How often a running job is polled, scanned for checkpoints and reported.
     pub poll: Duration,
     /// Jobs this process is running, sent with every lease request so the
@@ -405,17 +406,21 @@ impl Runner {
                 return;
             }
         };
-        if let Err(refusals) = preflight::check(&spec, &self.facts) {
-            let why = refusals
-                .iter()
-                .map(|r| format!("{}: {}", r.field, r.reason))
-                .collect::<Vec<_>>()
-                .join("; ");
-            tracing::warn!(job = %id, %why, "pre-flight check refused the job");
-            self.fail(&id, attempt, format!("pre-flight check refused: {why}"))
-                .await;
-            return;
-        }
+        let facts = self.facts.borrow().clone();
+        let pool = match preflight::check(&spec, &facts) {
+            Ok(pool) => pool,
+            Err(refusals) => {
+                let why = refusals
+                    .iter()
+                    .map(|r| format!("{}: {}", r.field, r.reason))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                tracing::warn!(job = %id, %why, "pre-flight check refused the job");
+                self.fail(&id, attempt, format!("pre-flight check refused: {why}"))
+                    .await;
+                return;
+            }
+        };
         let wanted = spec.engine.map_or("local", |e| e.as_str());
         let Some(engine) = self.engines.get(wanted).cloned() else {
             let have = self.engines.keys().cloned().collect::<Vec<_>>().join(", ");
@@ -515,6 +520,7 @@ impl Runner {
                     job_dir: &job_dir,
                     log_path: &log,
                     contract: &contract,
+                    pool: pool.as_ref(),
                 },
             );
             let submitted = match adopt.take() {

@@ -40,6 +40,7 @@ fn launch(jobs_root: &Path, job_id: &str, script: &str) -> Launch {
         memory_mb: 64,
         launcher: Launcher::Torchrun { nproc_per_node: 1 },
         log_path: workdir.join("attempt-1.log"),
+        pool: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn launch(
         memory_mb: 256,
         launcher,
         log_path: dir.join("logs").join(format!("{job}.log")),
+        pool: None,
     }
 }
 

@@ -87,6 +87,7 @@ fn launch(name: &str, workdir: &Path, command: &[&str]) -> Launch {
         memory_mb: 0,
         launcher: Launcher::None,
         log_path: workdir.join("job.log"),
+        pool: None,
     }
 }
 

@@ -76,6 +76,7 @@ fn launch(dir: &Path, name: &str, command: &[&str]) -> Launch {
         memory_mb: 100,
         launcher: Launcher::None,
         log_path: dir.join("job.log"),
+        pool: None,
     }
 }
 

@@ -10,6 +10,7 @@ use edgeloop_trainer_bridge::launch::{
     build_launch, contract_env, horovod_command, job_env, master_port, torchrun_env, AttemptPlan,
     LaunchError, RankInfo,
 };
+use edgeloop_trainer_bridge::engines::NodePool;
 use edgeloop_trainer_bridge::preflight::{check, gpu_type_matches, ClusterFacts, Refusal};
 use edgeloop_trainer_bridge::spec::{
     EngineKind, Framework, JobSpec, LauncherSpec, Precision, Requirement, SpecError, Version,
@@ -539,14 +540,25 @@ fn gpu_spec(gpus: u32, requirements: &[&str]) -> JobSpec {
     .unwrap()
 }
 
+/// A cluster whose every engine has one pool of 8-GPU nodes on `version`.
 fn driver(version: &str) -> ClusterFacts {
-    ClusterFacts {
-        driver_version: Some(version.into()),
-        cuda_version: None,
+    let pool = |engine: &str| NodePool {
+        engine: engine.into(),
+        name: if engine == "local" { "local" } else { "gpu" }.into(),
         gpus_per_node: 8,
-        gpu_type: None,
+        driver_version: Some(version.into()).filter(|v: &String| !v.is_empty()),
+        source: "test".into(),
+        ..NodePool::default()
+    };
+    ClusterFacts {
         engines: vec!["local".into()],
+        pools: ["local", "slurm", "ray", "kubernetes"].map(pool).to_vec(),
     }
+}
+
+/// Changes every pool of `cluster`.
+fn each(cluster: &mut ClusterFacts, change: impl Fn(&mut NodePool)) {
+    cluster.pools.iter_mut().for_each(change);
 }
 
 fn refusals(spec: &JobSpec, cluster: &ClusterFacts) -> Vec<Refusal> {
@@ -568,23 +580,23 @@ fn the_issues_example_message_is_exact() {
 #[test]
 fn gpu_count_refusal_is_exact() {
     let mut cluster = driver("535.104.05");
-    cluster.gpus_per_node = 4;
+    each(&mut cluster, |p| p.gpus_per_node = 4);
     let got = refusals(&gpu_spec(8, &[]), &cluster);
     assert_eq!(
         got,
         vec![Refusal {
             field: "resources.gpus_per_node".into(),
-            reason: "needs 8 GPUs per node, the cluster has 4".into(),
+            reason: "needs 8 GPUs per node, this machine has 4".into(),
         }]
     );
-    cluster.gpus_per_node = 0;
+    each(&mut cluster, |p| p.gpus_per_node = 0);
     let got = refusals(&gpu_spec(1, &[]), &cluster);
     assert_eq!(
         got[0].reason,
-        "needs 1 GPUs per node, the cluster has no GPUs"
+        "needs 1 GPUs per node, this machine has no GPUs"
     );
     // Asking for fewer or as many is fine.
-    cluster.gpus_per_node = 8;
+    each(&mut cluster, |p| p.gpus_per_node = 8);
     assert!(check(&gpu_spec(8, &[]), &cluster).is_ok());
 }
 
@@ -717,7 +729,7 @@ fn framework_refusals_explain_the_number() {
     );
     // Every reason is reported, not just the first.
     let mut cluster = driver("450.51.05");
-    cluster.gpus_per_node = 2;
+    each(&mut cluster, |p| p.gpus_per_node = 2);
     let got = refusals(
         &gpu_spec(4, &["cuda>=11.8", "torch>=2.0", "tensorflow==2.15"]),
         &cluster,
@@ -743,11 +755,8 @@ fn framework_refusals_explain_the_number() {
 #[test]
 fn reported_cuda_version_wins_over_the_driver_table() {
     // A driver newer than the table reports what it supports.
-    let cluster = ClusterFacts {
-        driver_version: Some("590.10".into()),
-        cuda_version: Some("13.1".into()),
-        ..driver("")
-    };
+    let mut cluster = driver("590.10");
+    each(&mut cluster, |p| p.cuda_version = Some("13.1".into()));
     assert!(check(&gpu_spec(1, &["cuda>=13.1"]), &cluster).is_ok());
     let got = refusals(&gpu_spec(1, &["cuda>=13.2"]), &cluster);
     assert_eq!(
@@ -755,11 +764,8 @@ fn reported_cuda_version_wins_over_the_driver_table() {
         "image needs CUDA 13.2, cluster driver 590.10 reports CUDA ≤ 13.1"
     );
     // Only a CUDA version.
-    let cluster = ClusterFacts {
-        driver_version: None,
-        cuda_version: Some("11.8".into()),
-        ..driver("")
-    };
+    let mut cluster = driver("");
+    each(&mut cluster, |p| p.cuda_version = Some("11.8".into()));
     let got = refusals(&gpu_spec(1, &["torch==2.8"]), &cluster);
     assert_eq!(
         got[0].reason,
@@ -776,11 +782,7 @@ fn cuda_is_not_checked_without_gpus_or_facts() {
     )
     .is_ok());
     // No facts about the driver: nothing to hold the job against.
-    let unknown = ClusterFacts {
-        driver_version: None,
-        cuda_version: None,
-        ..driver("")
-    };
+    let unknown = driver("");
     assert!(check(&gpu_spec(1, &["cuda>=13.0"]), &unknown).is_ok());
 }
 
@@ -792,26 +794,29 @@ fn gpu_type_and_engine_refusals() {
     }))
     .unwrap();
     let mut cluster = driver("535.104.05");
-    cluster.gpu_type = Some("NVIDIA H100 80GB HBM3".into());
+    each(&mut cluster, |p| p.gpu_type = Some("NVIDIA H100 80GB HBM3".into()));
     cluster.engines = vec!["local".into(), "ray".into()];
+    // An engine the bridge does not drive has no pools to look at.
     assert_eq!(
         refusals(&spec, &cluster),
-        vec![
-            Refusal {
-                field: "resources.gpu_type".into(),
-                reason: "needs A100 GPUs, the cluster has NVIDIA H100 80GB HBM3".into()
-            },
-            Refusal {
-                field: "engine".into(),
-                reason: "needs the slurm engine, this bridge offers local, ray".into()
-            },
-        ]
+        vec![Refusal {
+            field: "engine".into(),
+            reason: "needs the slurm engine, this bridge offers local, ray".into()
+        }]
     );
-    cluster.gpu_type = Some("NVIDIA A100-SXM4-80GB".into());
     cluster.engines.push("slurm".into());
-    assert!(check(&spec, &cluster).is_ok());
+    assert_eq!(
+        refusals(&spec, &cluster),
+        vec![Refusal {
+            field: "resources.gpu_type".into(),
+            reason: "needs A100 GPUs, slurm pool \"gpu\" has NVIDIA H100 80GB HBM3".into()
+        }]
+    );
+    each(&mut cluster, |p| p.gpu_type = Some("NVIDIA A100-SXM4-80GB".into()));
+    let landed = check(&spec, &cluster).unwrap().unwrap();
+    assert_eq!((landed.engine.as_str(), landed.name.as_str()), ("slurm", "gpu"));
     // Without a cluster GPU type there is nothing to compare.
-    cluster.gpu_type = None;
+    each(&mut cluster, |p| p.gpu_type = None);
     assert!(check(&spec, &cluster).is_ok());
     spec.engine = Some(EngineKind::Kubernetes);
     cluster.engines.clear();
@@ -896,6 +901,7 @@ fn launch_from_the_full_spec() {
         attempt: 2,
         job_dir: Path::new("/data/jobs/job-7"),
         log_path: Path::new("/data/jobs/job-7/attempt-2.log"),
+        pool: None,
         contract: &contract,
     };
     let launch = build_launch(&spec, &plan);
@@ -950,6 +956,7 @@ fn launchers_and_workdirs_map_over() {
         attempt: 0,
         job_dir: Path::new("/jobs/j"),
         log_path: Path::new("/jobs/j/log"),
+        pool: None,
         contract: &contract,
     };
     use serde_json::json;

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use edgeloop_api::fleet::NodePool;
 use edgeloop_client_core::BootstrapToken;
 use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
@@ -46,6 +47,10 @@ pub struct CapabilitiesRecord {
     pub cuda_version: String,
     #[serde(default)]
     pub extra: BTreeMap<String, String>,
+    /// Cluster bridges' node pools. Stored in the view's shape: they are
+    /// reported facts, shown as they came (capped, see `From` below).
+    #[serde(default)]
+    pub pools: Vec<NodePool>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -92,7 +97,36 @@ impl From<edgeloop_proto::common::v1::Capabilities> for CapabilitiesRecord {
                 .take(64)
                 .map(|(k, v)| (cap(k), cap(v)))
                 .collect(),
+            pools: c.pools.into_iter().take(64).map(pool).collect(),
         }
+    }
+}
+
+/// A reported pool, its strings capped; empty strings and zeros are the
+/// protocol's "unknown".
+fn pool(p: edgeloop_proto::common::v1::NodePool) -> NodePool {
+    fn cap(s: String) -> String {
+        s.chars().take(256).collect()
+    }
+    let known = |s: String| Some(cap(s)).filter(|s| !s.is_empty());
+    NodePool {
+        engine: cap(p.engine),
+        name: cap(p.name),
+        nodes: Some(p.nodes).filter(|&n| n > 0),
+        gpus_per_node: p.gpus_per_node,
+        gpu_type: known(p.gpu_type),
+        gpu_memory_bytes: Some(p.gpu_memory_bytes).filter(|&b| b > 0),
+        driver_version: known(p.driver_version),
+        cuda_version: known(p.cuda_version),
+        cpus_per_node: p.cpus_per_node,
+        memory_mb_per_node: p.memory_mb_per_node,
+        source: cap(p.source),
+        placement: p
+            .placement
+            .into_iter()
+            .take(16)
+            .map(|(k, v)| (cap(k), cap(v)))
+            .collect(),
     }
 }
 
@@ -158,6 +192,7 @@ impl From<CapabilitiesRecord> for edgeloop_api::fleet::Capabilities {
             driver_version: c.driver_version,
             cuda_version: c.cuda_version,
             extra: c.extra,
+            pools: c.pools,
         }
     }
 }

@@ -93,7 +93,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use sha2::{Digest, Sha256};
 
-use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher};
+use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher, NodePool};
 use crate::launch::{self, RankInfo, CHECKPOINT_DIR, RESUME_FROM};
 
 /// A plain API server URL (`http://127.0.0.1:8001`, `https://...`); takes
@@ -1109,6 +1109,13 @@ impl Engine for KubernetesEngine {
         Ok(())
     }
 
+    async fn pools(&self) -> Result<Vec<NodePool>, EngineError> {
+        // TODO(#12, in progress): nodes' allocatable nvidia.com/gpu and GFD labels.
+        Err(EngineError::Unavailable(
+            "node pools are not read from Kubernetes yet".into(),
+        ))
+    }
+
     async fn logs(&self, id: &EngineJobId) -> Result<String, EngineError> {
         let name = checked_name(id)?;
         let pods = self.pods_of(name).await?;
@@ -1185,6 +1192,7 @@ mod tests {
             memory_mb: 64000,
             launcher: Launcher::Torchrun { nproc_per_node: 1 },
             log_path: PathBuf::from("/data/jobs/train-1a2b3c4d/attempt-2.log"),
+            pool: None,
         }
     }
 

@@ -8,7 +8,7 @@
 //! read from those files, so a restarted bridge re-adopts what is running
 //! instead of starting it again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -16,18 +16,78 @@ use async_trait::async_trait;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
-use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher};
+use edgeloop_client_core::gpu::LocalGpus;
+
+use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher, NodePool};
 
 pub struct LocalEngine {
     state_dir: PathBuf,
+    gpus: LocalGpus,
+    /// Serializes submissions, so two jobs never pick the same free GPU.
+    allocating: tokio::sync::Mutex<()>,
 }
 
 impl LocalEngine {
+    /// An engine with this machine's GPUs as `nvidia-smi` reports them.
     pub fn new(state_dir: &Path) -> std::io::Result<Self> {
+        Self::with_gpus(state_dir, LocalGpus::detect())
+    }
+
+    /// An engine with the given GPUs (injected facts, or none).
+    pub fn with_gpus(state_dir: &Path, gpus: LocalGpus) -> std::io::Result<Self> {
         std::fs::create_dir_all(state_dir)?;
         Ok(Self {
             state_dir: state_dir.to_path_buf(),
+            gpus,
+            allocating: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// GPU indexes held by submissions that are still running. A
+    /// submission's devices are in its `gpus` file, written before its
+    /// processes start, so a restarted bridge still knows them.
+    async fn busy_gpus(&self) -> Result<BTreeSet<u32>, EngineError> {
+        let mut busy = BTreeSet::new();
+        for entry in std::fs::read_dir(&self.state_dir)? {
+            let entry = entry?;
+            let Some(held) = std::fs::read_to_string(entry.path().join(GPUS_FILE)).ok() else {
+                continue;
+            };
+            let id = EngineJobId(entry.file_name().to_string_lossy().into_owned());
+            if matches!(
+                self.status(&id).await,
+                Ok(EngineState::Running | EngineState::Pending)
+            ) {
+                busy.extend(held.split(',').filter_map(|i| i.trim().parse::<u32>().ok()));
+            }
+        }
+        Ok(busy)
+    }
+
+    /// Picks `per_node` free GPUs of the pool's type for each of `nodes`
+    /// process groups; the groups' `CUDA_VISIBLE_DEVICES`.
+    async fn allocate(&self, launch: &Launch) -> Result<Vec<Vec<u32>>, EngineError> {
+        let per_node = launch.gpus_per_node as usize;
+        let groups = launch.nodes.max(1) as usize;
+        let wanted_type = launch.pool.as_ref().and_then(|p| p.gpu_type.as_deref());
+        let busy = self.busy_gpus().await?;
+        let free: Vec<u32> = self
+            .gpus
+            .gpus
+            .iter()
+            .filter(|g| wanted_type.is_none_or(|t| g.name == t))
+            .map(|g| g.index)
+            .filter(|i| !busy.contains(i))
+            .collect();
+        let need = per_node * groups;
+        if free.len() < need {
+            return Err(EngineError::Unavailable(format!(
+                "needs {need} free GPUs on this machine, {} of {} are free",
+                free.len(),
+                self.gpus.gpus.len()
+            )));
+        }
+        Ok(free[..need].chunks(per_node).map(<[u32]>::to_vec).collect())
     }
 
     fn dir(&self, id: &EngineJobId) -> Result<PathBuf, EngineError> {
@@ -41,6 +101,44 @@ impl LocalEngine {
             return Err(EngineError::NotFound(id.0.clone()));
         }
         Ok(self.state_dir.join(&id.0))
+    }
+}
+
+/// The file in a submission's state dir that lists the GPUs it holds.
+const GPUS_FILE: &str = "gpus";
+
+/// This machine as a pool per GPU product (one pool, `local`, for a machine
+/// with one kind of GPU or none).
+pub fn local_pools(gpus: &LocalGpus) -> Vec<NodePool> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let mut products: Vec<(&str, u32, u64)> = Vec::new();
+    for g in &gpus.gpus {
+        match products.iter_mut().find(|(name, _, _)| *name == g.name) {
+            Some(p) => p.1 += 1,
+            None => products.push((&g.name, 1, g.memory_bytes)),
+        }
+    }
+    let pool = |name: String, count: u32, gpu: Option<(&str, u64)>| NodePool {
+        engine: "local".into(),
+        name,
+        nodes: None,
+        gpus_per_node: count,
+        gpu_type: gpu.map(|(t, _)| t.to_string()),
+        gpu_memory_bytes: gpu.map(|(_, m)| m).filter(|&m| m > 0),
+        driver_version: gpus.driver_version.clone(),
+        cuda_version: gpus.cuda_version.clone(),
+        cpus_per_node: cpus,
+        memory_mb_per_node: 0,
+        source: gpus.source.clone(),
+        placement: BTreeMap::new(),
+    };
+    match products.as_slice() {
+        [] => vec![pool("local".into(), 0, None)],
+        [(name, count, mem)] => vec![pool("local".into(), *count, Some((name, *mem)))],
+        many => many
+            .iter()
+            .map(|(name, count, mem)| pool(format!("local:{name}"), *count, Some((name, *mem))))
+            .collect(),
     }
 }
 
@@ -95,6 +193,18 @@ pub fn process_envs(launch: &Launch) -> Result<Vec<BTreeMap<String, String>>, En
     Ok(out)
 }
 
+/// The "node" (process group) of each process [`process_envs`] returns, in
+/// the same order: torchrun starts `nproc_per_node` processes per node.
+pub fn process_nodes(launch: &Launch) -> Vec<usize> {
+    let nodes = launch.nodes.max(1) as usize;
+    match launch.launcher {
+        Launcher::Torchrun { nproc_per_node } => (0..nodes)
+            .flat_map(|n| std::iter::repeat_n(n, nproc_per_node.max(1) as usize))
+            .collect(),
+        Launcher::None | Launcher::Horovod { .. } => (0..nodes).collect(),
+    }
+}
+
 /// A port derived from the job id, in the dynamic range, so ranks agree on
 /// it without talking.
 pub fn master_port(job_id: &str) -> u16 {
@@ -134,7 +244,22 @@ impl Engine for LocalEngine {
             std::fs::create_dir_all(parent)?;
         }
         std::fs::create_dir_all(&launch.workdir)?;
-        let envs = process_envs(launch)?;
+        let mut envs = process_envs(launch)?;
+        let _allocating = self.allocating.lock().await;
+        if launch.gpus_per_node > 0 {
+            let groups = self.allocate(launch).await?;
+            let held: Vec<String> = groups.iter().flatten().map(u32::to_string).collect();
+            std::fs::write(dir.join(GPUS_FILE), held.join(","))?;
+            for (env, node) in envs.iter_mut().zip(process_nodes(launch)) {
+                let visible: Vec<String> = groups[node].iter().map(u32::to_string).collect();
+                env.insert("CUDA_VISIBLE_DEVICES".into(), visible.join(","));
+            }
+        } else {
+            // A CPU job sees no GPU, rather than every GPU of the machine.
+            for env in &mut envs {
+                env.entry("CUDA_VISIBLE_DEVICES".into()).or_default();
+            }
+        }
         // State files are per process ("node" below is a process index).
         for (node, env) in envs.iter().enumerate() {
             let log = std::fs::OpenOptions::new()
@@ -236,5 +361,9 @@ impl Engine for LocalEngine {
         let log = std::fs::read_to_string(dir.join("log_path"))
             .map_err(|_| EngineError::NotFound(id.0.clone()))?;
         Ok(std::fs::read_to_string(log).unwrap_or_default())
+    }
+
+    async fn pools(&self) -> Result<Vec<NodePool>, EngineError> {
+        Ok(local_pools(&self.gpus))
     }
 }

@@ -7,11 +7,13 @@ pub mod kubernetes;
 pub mod local;
 pub mod ray;
 pub mod slurm;
+pub mod slurm_nodes;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
+pub use edgeloop_api::fleet::NodePool;
 
 /// How a multi-process job is started on each node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +49,17 @@ pub struct Launch {
     pub launcher: Launcher,
     /// Where the engine should write the job's combined output, when it can.
     pub log_path: PathBuf,
+    /// The pool the pre-flight check placed the job in (its partition, GPU
+    /// type); `None` for a job that needs no GPUs and found no pool.
+    pub pool: Option<NodePool>,
+}
+
+/// Driver facts from the bridge's config, for engines that cannot read them
+/// off their nodes (Slurm nodes without driver features, Ray).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfiguredFacts {
+    pub driver_version: Option<String>,
+    pub cuda_version: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,4 +111,7 @@ pub trait Engine: Send + Sync {
     async fn cancel(&self, id: &EngineJobId) -> Result<(), EngineError>;
     /// The job's output so far (may be truncated by the engine).
     async fn logs(&self, id: &EngineJobId) -> Result<String, EngineError>;
+    /// The node pools this engine can place jobs on, with their GPU facts,
+    /// read from the engine itself (refreshed by the bridge periodically).
+    async fn pools(&self) -> Result<Vec<NodePool>, EngineError>;
 }

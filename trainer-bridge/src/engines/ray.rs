@@ -39,7 +39,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher};
+use super::{
+    ConfiguredFacts, Engine, EngineError, EngineJobId, EngineState, Launch, Launcher, NodePool,
+};
 
 /// The environment variable holding the dashboard URL (what
 /// `scripts/ray-up.sh` writes into its env file).
@@ -50,7 +52,15 @@ pub const DASHBOARD_URL_ENV: &str = "EDGELOOP_RAY_DASHBOARD_URL";
 pub struct RayEngine {
     base_url: String,
     client: reqwest::Client,
+    configured: ConfiguredFacts,
 }
+
+/// The NVIDIA driver of the Ray nodes, and the newest CUDA it supports:
+/// Ray does not report them.
+pub const DRIVER_VERSION_ENV: &str = "EDGELOOP_RAY_DRIVER_VERSION";
+pub const CUDA_VERSION_ENV: &str = "EDGELOOP_RAY_CUDA_VERSION";
+/// Ray's state API: every node with its total resources.
+const NODES_PATH: &str = "/api/v0/nodes?limit=10000&detail=true";
 
 impl RayEngine {
     /// An engine for the dashboard at `url` (e.g. `http://127.0.0.1:8265`).
@@ -67,13 +77,25 @@ impl RayEngine {
             .timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| EngineError::Unavailable(format!("HTTP client: {e}")))?;
-        Ok(Self { base_url, client })
+        Ok(Self {
+            base_url,
+            client,
+            configured: ConfiguredFacts::default(),
+        })
     }
 
     /// An engine for the URL in `EDGELOOP_RAY_DASHBOARD_URL`.
     pub fn from_env() -> Result<Self, EngineError> {
+        let optional = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let configured = ConfiguredFacts {
+            driver_version: optional(DRIVER_VERSION_ENV),
+            cuda_version: optional(CUDA_VERSION_ENV),
+        };
         match std::env::var(DASHBOARD_URL_ENV) {
-            Ok(url) if !url.trim().is_empty() => Self::new(url.trim()),
+            Ok(url) if !url.trim().is_empty() => Ok(Self {
+                configured,
+                ..Self::new(url.trim())?
+            }),
             _ => Err(EngineError::Unavailable(format!(
                 "{DASHBOARD_URL_ENV} is not set (scripts/ray-up.sh writes it into its env file)"
             ))),
@@ -189,6 +211,21 @@ impl Engine for RayEngine {
             )));
         }
         Err(unexpected("submit", status, &text))
+    }
+
+    async fn pools(&self) -> Result<Vec<NodePool>, EngineError> {
+        let url = format!("{}{NODES_PATH}", self.base_url);
+        let (status, body) = self.send(self.client.get(url), "GET nodes").await?;
+        if !status.is_success() {
+            return Err(unexpected("GET nodes", status, &body));
+        }
+        let resp: NodesAnswer = serde_json::from_str(&body).map_err(|e| {
+            EngineError::Protocol(format!(
+                "GET nodes: undecodable answer ({e}): {}",
+                clip(&body)
+            ))
+        })?;
+        Ok(ray_pools(&resp.data.result.result, &self.configured))
     }
 
     async fn status(&self, id: &EngineJobId) -> Result<EngineState, EngineError> {
@@ -399,6 +436,92 @@ pub fn entrypoint(launch: &Launch) -> Result<String, EngineError> {
     Ok(format!("cd {} && {command}", shell_quote(dir)?))
 }
 
+#[derive(Debug, Deserialize)]
+struct NodesAnswer {
+    data: NodesData,
+}
+
+#[derive(Debug, Deserialize)]
+struct NodesData {
+    result: NodesPage,
+}
+
+#[derive(Debug, Deserialize)]
+struct NodesPage {
+    #[serde(default)]
+    result: Vec<RayNode>,
+}
+
+/// One node of Ray's state API (`GET /api/v0/nodes`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct RayNode {
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub resources_total: BTreeMap<String, f64>,
+}
+
+/// The nodes Ray calls ALIVE, one pool per (accelerator type, GPU count).
+/// `--num-gpus` on `ray start` declares GPUs Ray then hands out with
+/// `CUDA_VISIBLE_DEVICES`; `accelerator_type:<T>` is Ray's GPU type.
+pub fn ray_pools(nodes: &[RayNode], configured: &ConfiguredFacts) -> Vec<NodePool> {
+    let mut groups: BTreeMap<(Option<String>, u32), (u32, u32, u64)> = BTreeMap::new();
+    for n in nodes.iter().filter(|n| n.state == "ALIVE") {
+        let count = |key: &str| n.resources_total.get(key).copied().unwrap_or(0.0);
+        // Fractional GPUs are for sharing one device; a job takes whole ones.
+        let gpus = count("GPU").max(0.0).min(f64::from(u32::MAX)).floor() as u32;
+        let ty = n
+            .resources_total
+            .keys()
+            .find_map(|k| k.strip_prefix("accelerator_type:"))
+            .filter(|t| !t.is_empty() && t.len() <= 64)
+            .map(str::to_string);
+        let cpus = count("CPU").max(0.0).min(f64::from(u32::MAX)) as u32;
+        let memory_mb = (count("memory").max(0.0) / (1024.0 * 1024.0)) as u64;
+        let g = groups.entry((ty, gpus)).or_insert((0, u32::MAX, u64::MAX));
+        g.0 += 1;
+        g.1 = g.1.min(cpus);
+        g.2 = g.2.min(memory_mb);
+    }
+    groups
+        .into_iter()
+        .map(|((ty, gpus), (nodes, cpus, memory_mb))| {
+            let name = match (&ty, gpus) {
+                (Some(t), _) => t.clone(),
+                (None, 0) => "cpu".to_string(),
+                (None, n) => format!("gpu:{n}"),
+            };
+            let placement = ty
+                .iter()
+                .map(|t| ("accelerator_type".to_string(), t.clone()))
+                .collect();
+            let config = configured.driver_version.is_some() || configured.cuda_version.is_some();
+            NodePool {
+                engine: "ray".into(),
+                name,
+                nodes: Some(nodes),
+                gpus_per_node: gpus,
+                gpu_type: ty,
+                gpu_memory_bytes: None,
+                driver_version: configured.driver_version.clone(),
+                cuda_version: configured.cuda_version.clone(),
+                cpus_per_node: cpus,
+                memory_mb_per_node: memory_mb,
+                source: format!(
+                    "ray GET {}{}",
+                    NODES_PATH.split('?').next().unwrap_or(NODES_PATH),
+                    if config {
+                        "; driver from the bridge's config"
+                    } else {
+                        ""
+                    }
+                ),
+                placement,
+            }
+        })
+        .collect()
+}
+
 /// The JSON body of `POST /api/jobs/` for one attempt.
 pub fn submit_body(launch: &Launch) -> Result<Value, EngineError> {
     let entrypoint = entrypoint(launch)?;
@@ -420,6 +543,16 @@ pub fn submit_body(launch: &Launch) -> Result<Value, EngineError> {
             "job_name": launch.name,
         },
     });
+    // The pool's GPU type: a sliver of Ray's accelerator resource pins the
+    // entrypoint to a node of that type without using it up.
+    if let Some(ty) = launch
+        .pool
+        .as_ref()
+        .and_then(|p| p.placement.get("accelerator_type"))
+        .filter(|_| launch.gpus_per_node > 0)
+    {
+        body["entrypoint_resources"] = json!({ format!("accelerator_type:{ty}"): 0.001 });
+    }
     if launch.memory_mb > 0 {
         let bytes = launch.memory_mb.checked_mul(1024 * 1024).ok_or_else(|| {
             EngineError::Refused(format!("memory_mb {} is too large", launch.memory_mb))
@@ -527,6 +660,7 @@ mod tests {
             memory_mb: 512,
             launcher: Launcher::None,
             log_path: PathBuf::from("/tmp/log"),
+            pool: None,
         }
     }
 

@@ -48,7 +48,8 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher};
+use super::slurm_nodes::{self, ConfiguredFacts, NodesResponse};
+use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher, NodePool};
 
 const API: &str = "slurm/v0.0.38";
 /// slurmrestd's base URL (`http://127.0.0.1:16820`).
@@ -59,6 +60,11 @@ pub const USER_ENV: &str = "EDGELOOP_SLURM_USER";
 pub const JWT_ENV: &str = "EDGELOOP_SLURM_JWT";
 /// The partition to submit to (optional; the cluster's default otherwise).
 pub const PARTITION_ENV: &str = "EDGELOOP_SLURM_PARTITION";
+/// The NVIDIA driver of the cluster's GPU nodes, for nodes whose features
+/// do not say (see `slurm_nodes`).
+pub const DRIVER_VERSION_ENV: &str = "EDGELOOP_SLURM_DRIVER_VERSION";
+/// The newest CUDA that driver supports.
+pub const CUDA_VERSION_ENV: &str = "EDGELOOP_SLURM_CUDA_VERSION";
 /// Slurm's "Invalid job id specified".
 const ESLURM_INVALID_JOB_ID: i64 = 2017;
 /// Slurm's "Job/step already completing or completed".
@@ -74,6 +80,7 @@ pub struct SlurmEngine {
     user: String,
     token: String,
     partition: Option<String>,
+    configured: ConfiguredFacts,
     client: reqwest::Client,
 }
 
@@ -109,8 +116,15 @@ impl SlurmEngine {
             user: user.into(),
             token: token.into(),
             partition: partition.filter(|p| !p.is_empty()),
+            configured: ConfiguredFacts::default(),
             client,
         })
+    }
+
+    /// Driver facts for nodes whose features do not name them.
+    pub fn with_configured_facts(mut self, facts: ConfiguredFacts) -> Self {
+        self.configured = facts;
+        self
     }
 
     /// From `EDGELOOP_SLURMRESTD_URL`, `EDGELOOP_SLURM_USER`,
@@ -123,12 +137,17 @@ impl SlurmEngine {
                 .filter(|v| !v.is_empty())
                 .ok_or_else(|| EngineError::Unavailable(format!("{name} is not set")))
         };
-        Self::new(
+        let optional = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        Ok(Self::new(
             var(URL_ENV)?,
             var(USER_ENV)?,
             var(JWT_ENV)?,
-            std::env::var(PARTITION_ENV).ok(),
-        )
+            optional(PARTITION_ENV),
+        )?
+        .with_configured_facts(ConfiguredFacts {
+            driver_version: optional(DRIVER_VERSION_ENV),
+            cuda_version: optional(CUDA_VERSION_ENV),
+        }))
     }
 
     fn url(&self, path: &str) -> String {
@@ -220,6 +239,27 @@ impl Engine for SlurmEngine {
                 snippet(&resp.to_string())
             ))),
         }
+    }
+
+    async fn pools(&self) -> Result<Vec<NodePool>, EngineError> {
+        let (status, body) = self
+            .send(self.request(reqwest::Method::GET, "nodes"))
+            .await?;
+        let errors = slurm_errors(&body);
+        if status != 200 || !errors.is_empty() {
+            return Err(EngineError::Protocol(format!(
+                "GET nodes: HTTP {status}: {}",
+                describe_errors(&errors)
+            )));
+        }
+        let resp: NodesResponse = serde_json::from_value(body)
+            .map_err(|e| EngineError::Protocol(format!("GET nodes: unexpected answer: {e}")))?;
+        Ok(slurm_nodes::pools(
+            &resp.nodes,
+            self.partition.as_deref(),
+            &self.configured,
+            &format!("/{API}/nodes"),
+        ))
     }
 
     async fn status(&self, id: &EngineJobId) -> Result<EngineState, EngineError> {
@@ -614,10 +654,16 @@ pub fn submit_body(
     if launch.memory_mb > 0 {
         job["memory_per_node"] = json!(launch.memory_mb);
     }
+    // The pool the pre-flight check chose names its partition and GPU type.
+    let placement = launch.pool.as_ref().map(|p| &p.placement);
+    let placed = |key: &str| placement.and_then(|p| p.get(key)).map(String::as_str);
     if launch.gpus_per_node > 0 {
-        job["gres"] = json!(format!("gpu:{}", launch.gpus_per_node));
+        job["gres"] = json!(match placed("gres_type") {
+            Some(ty) => format!("gpu:{ty}:{}", launch.gpus_per_node),
+            None => format!("gpu:{}", launch.gpus_per_node),
+        });
     }
-    if let Some(p) = partition {
+    if let Some(p) = placed("partition").or(partition) {
         job["partition"] = json!(p);
     }
     Ok(json!({ "script": script, "job": job }))
@@ -665,6 +711,7 @@ mod tests {
             memory_mb: 1000,
             launcher: Launcher::Torchrun { nproc_per_node: 2 },
             log_path: PathBuf::from("/logs/job-1-100%.log"),
+            pool: None,
         }
     }
 
