@@ -7,6 +7,7 @@
 //! anywhere (tests read it).
 
 pub mod api;
+mod cluster;
 mod cost;
 mod demo;
 pub mod deployment;
@@ -54,6 +55,14 @@ pub enum Command {
     Job {
         #[command(subcommand)]
         cmd: job::JobCommand,
+        #[command(flatten)]
+        server: api::ServerArgs,
+    },
+    /// Enrolled trainer bridges and their engines' node pools (GPUs per
+    /// node, type, driver, CUDA).
+    Cluster {
+        #[command(subcommand)]
+        cmd: cluster::ClusterCommand,
         #[command(flatten)]
         server: api::ServerArgs,
     },
@@ -112,6 +121,7 @@ pub fn run_with(cli: Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Model(cmd) => model::run(cmd, out),
         Command::Deployment { cmd, server } => deployment::run(cmd, &server, out),
         Command::Job { cmd, server } => job::run(cmd, &server, out),
+        Command::Cluster { cmd, server } => cluster::run(cmd, &server, out),
         Command::Device { cmd, server } => device::run(cmd, &server, out),
         Command::Drift(args) => drift::run(&args, out),
         Command::Cost(args) => cost::run(&args, out),

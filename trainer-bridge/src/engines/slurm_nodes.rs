@@ -214,9 +214,11 @@ pub fn pools(
 mod tests {
     use super::*;
 
+    type Gpus<'a> = Vec<(Option<&'a str>, u32)>;
+
     #[test]
     fn gres_strings() {
-        let table: &[(&str, Vec<(Option<&str>, u32)>)] = &[
+        let table: &[(&str, Gpus<'_>)] = &[
             ("gpu:fake:2", vec![(Some("fake"), 2)]),
             ("gpu:2", vec![(None, 2)]),
             ("gpu:a100:4(S:0-1)", vec![(Some("a100"), 4)]),
