@@ -36,9 +36,14 @@ pub struct LocalGpus {
     /// The newest CUDA the driver supports (`nvidia-smi`'s "CUDA Version").
     #[serde(default)]
     pub cuda_version: Option<String>,
-    /// Where the facts came from: `nvidia-smi`, or the injected file.
+    /// Where the facts came from: `nvidia-smi`, the Jetson's release
+    /// files, or the injected file.
     #[serde(default)]
     pub source: String,
+    /// Jetson: the L4T (Jetson Linux) release, e.g. `36.4.3`, which fixes
+    /// the GPU driver there (Jetsons have no separate driver version).
+    #[serde(default)]
+    pub l4t_release: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +62,16 @@ impl LocalGpus {
     /// Asks `nvidia-smi`. No tool, a failing tool or unreadable output all
     /// mean "no GPUs"; the reason is in `source` and logged.
     pub fn detect() -> LocalGpus {
+        let found = Self::from_nvidia_smi();
+        if !found.gpus.is_empty() {
+            return found;
+        }
+        // Jetsons have no discrete GPU for nvidia-smi to list (older
+        // releases have no nvidia-smi at all); their release files say.
+        jetson(Path::new("/")).unwrap_or(found)
+    }
+
+    fn from_nvidia_smi() -> LocalGpus {
         let query = [
             "--query-gpu=index,name,memory.total,driver_version",
             "--format=csv,noheader,nounits",
@@ -79,6 +94,7 @@ impl LocalGpus {
                     .ok()
                     .and_then(|s| parse_cuda_version(&s)),
                 source: "nvidia-smi".into(),
+                l4t_release: None,
             },
             Err(why) => {
                 tracing::warn!(%why, "nvidia-smi's answer was not understood; reporting no GPUs");
@@ -123,6 +139,73 @@ impl LocalGpus {
         facts.source = format!("file {shown}");
         Ok(facts)
     }
+}
+
+/// A Jetson's integrated GPU, from the files under `root` (`/` on the
+/// device): `/etc/nv_tegra_release` (the L4T release), the board's name in
+/// `/proc/device-tree/model`, CUDA from `/usr/local/cuda/version.json`, and
+/// the memory it shares with the CPU from `/proc/meminfo`. `None` on any
+/// other machine.
+pub fn jetson(root: &Path) -> Option<LocalGpus> {
+    let read = |p: &str| std::fs::read(root.join(p)).ok();
+    let release = parse_tegra_release(&String::from_utf8_lossy(&read("etc/nv_tegra_release")?))?;
+    let model = read("proc/device-tree/model")
+        .map(|m| String::from_utf8_lossy(&m).trim_end_matches('\0').trim().to_string())
+        .filter(|m| !m.is_empty() && m.len() <= 256)
+        .unwrap_or_else(|| "NVIDIA Jetson".into());
+    let memory_bytes = read("proc/meminfo")
+        .and_then(|m| parse_mem_total(&String::from_utf8_lossy(&m)))
+        .unwrap_or(0);
+    let cuda_version = read("usr/local/cuda/version.json")
+        .and_then(|v| serde_json::from_slice::<serde_json::Value>(&v).ok())
+        .and_then(|v| v.pointer("/cuda/version")?.as_str().map(str::to_string))
+        .and_then(|v| {
+            let mut parts = v.split('.');
+            let (major, minor) = (parts.next()?, parts.next()?);
+            let short = format!("{major}.{minor}");
+            is_version(&short).then_some(short)
+        });
+    Some(LocalGpus {
+        gpus: vec![LocalGpu {
+            index: 0,
+            name: model,
+            memory_bytes,
+        }],
+        driver_version: None,
+        cuda_version,
+        source: "jetson: /etc/nv_tegra_release".into(),
+        l4t_release: Some(release),
+    })
+}
+
+/// `# R36 (release), REVISION: 4.3, GCID: ...` → `36.4.3`.
+pub fn parse_tegra_release(text: &str) -> Option<String> {
+    let line = text.lines().next()?;
+    let major: String = line
+        .split_once('R')?
+        .1
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let revision = line
+        .split(',')
+        .find_map(|f| f.trim().strip_prefix("REVISION:"))?
+        .trim();
+    let version = format!("{major}.{revision}");
+    is_version(&version).then_some(version)
+}
+
+/// `MemTotal:       7801124 kB` → bytes.
+fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let kb: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    kb.checked_mul(1024)
 }
 
 /// Runs a tool with a deadline; its stdout, or why not.
@@ -271,11 +354,38 @@ mod tests {
         assert!(facts.source.starts_with("file "), "{}", facts.source);
     }
 
+    #[test]
+    fn a_jetson_is_read_from_its_release_files() {
+        let root = tempfile::tempdir().unwrap();
+        let put = |p: &str, body: &[u8]| {
+            let path = root.path().join(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, body).unwrap();
+        };
+        assert!(jetson(root.path()).is_none(), "not a Jetson without the release file");
+        put(
+            "etc/nv_tegra_release",
+            b"# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: Wed Jan  8 01:49:37 UTC 2025\n",
+        );
+        put("proc/device-tree/model", b"NVIDIA Jetson AGX Orin Developer Kit\0");
+        put("proc/meminfo", b"MemTotal:       64335836 kB\nMemFree: 1 kB\n");
+        put("usr/local/cuda/version.json", br#"{"cuda": {"name": "CUDA SDK", "version": "12.6.68"}}"#);
+        let j = jetson(root.path()).unwrap();
+        assert_eq!(j.l4t_release.as_deref(), Some("36.4.3"));
+        assert_eq!(j.cuda_version.as_deref(), Some("12.6"));
+        assert_eq!(j.gpus[0].name, "NVIDIA Jetson AGX Orin Developer Kit");
+        assert_eq!(j.gpus[0].memory_bytes, 64_335_836 * 1024);
+        assert_eq!(parse_tegra_release("# R32 (release), REVISION: 7.1, GCID: 1"), Some("32.7.1".into()));
+        assert_eq!(parse_tegra_release("garbage"), None);
+    }
+
     proptest::proptest! {
         #[test]
         fn parsers_never_panic(s in ".{0,400}") {
             let _ = parse_query(&s);
             let _ = parse_cuda_version(&s);
+            let _ = parse_tegra_release(&s);
+            let _ = parse_mem_total(&s);
         }
 
         #[test]

@@ -95,8 +95,13 @@ pub fn host_capabilities(data_dir: &Path, version: &str, gpus: &LocalGpus) -> Ca
             }),
         }
     }
+    let mut extra = std::collections::HashMap::new();
+    if let Some(r) = &gpus.l4t_release {
+        extra.insert("l4t_release".to_string(), r.clone());
+    }
     Capabilities {
         gpus: by_model,
+        extra,
         driver_version: gpus.driver_version.clone().unwrap_or_default(),
         cuda_version: gpus.cuda_version.clone().unwrap_or_default(),
         agent_version: version.to_string(),

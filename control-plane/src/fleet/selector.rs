@@ -58,9 +58,28 @@ pub fn facts(labels: &BTreeMap<String, String>, caps: &CapabilitiesRecord) -> Fa
         put("provider", p);
     }
     for g in &caps.gpus {
-        put("gpu", &g.model);
+        put("gpu", &gpu_label(&g.model));
     }
     f
+}
+
+/// A GPU's name as a selector value: a selector word has no spaces, so
+/// `NVIDIA H200` is matched as `edgeloop.io/gpu=NVIDIA-H200` (the form of
+/// GPU Feature Discovery's `nvidia.com/gpu.product` label). Anything but
+/// letters, digits, `-`, `_` and `.` becomes `-`, runs of them one `-`.
+pub fn gpu_label(model: &str) -> String {
+    let mut out = String::new();
+    for c in model.trim().chars() {
+        let c = if c.is_ascii_alphanumeric() || matches!(c, '_' | '.') {
+            c
+        } else {
+            '-'
+        };
+        if !(c == '-' && out.ends_with('-')) {
+            out.push(c);
+        }
+    }
+    out.trim_matches('-').chars().take(253).collect()
 }
 
 const MAX_LEN: usize = 4096;
@@ -216,13 +235,32 @@ mod tests {
                 "CUDAExecutionProvider".into(),
                 "CPUExecutionProvider".into(),
             ],
-            gpus: vec![GpuRecord {
-                model: "Orin".into(),
-                ..Default::default()
-            }],
+            gpus: vec![
+                GpuRecord {
+                    model: "Orin".into(),
+                    ..Default::default()
+                },
+                GpuRecord {
+                    model: "NVIDIA Jetson AGX Orin (64GB)".into(),
+                    ..Default::default()
+                },
+            ],
             ..Default::default()
         };
         facts(&labels, &caps)
+    }
+
+    #[test]
+    fn gpu_names_become_selector_words() {
+        for (model, label) in [
+            ("NVIDIA H200", "NVIDIA-H200"),
+            ("NVIDIA A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB"),
+            ("  NVIDIA Jetson AGX Orin (64GB) ", "NVIDIA-Jetson-AGX-Orin-64GB"),
+            ("Orin", "Orin"),
+            ("()", ""),
+        ] {
+            assert_eq!(gpu_label(model), label, "{model}");
+        }
     }
 
     #[test]
@@ -249,6 +287,8 @@ mod tests {
                 true,
             ),
             ("edgeloop.io/os", false),
+            ("edgeloop.io/gpu=NVIDIA-Jetson-AGX-Orin-64GB", true),
+            ("edgeloop.io/gpu=NVIDIA-H200", false),
         ];
         for (s, want) in table {
             let sel: Selector = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
