@@ -150,7 +150,12 @@ pub fn jetson(root: &Path) -> Option<LocalGpus> {
     let read = |p: &str| std::fs::read(root.join(p)).ok();
     let release = parse_tegra_release(&String::from_utf8_lossy(&read("etc/nv_tegra_release")?))?;
     let model = read("proc/device-tree/model")
-        .map(|m| String::from_utf8_lossy(&m).trim_end_matches('\0').trim().to_string())
+        .map(|m| {
+            String::from_utf8_lossy(&m)
+                .trim_end_matches('\0')
+                .trim()
+                .to_string()
+        })
         .filter(|m| !m.is_empty() && m.len() <= 256)
         .unwrap_or_else(|| "NVIDIA Jetson".into());
     let memory_bytes = read("proc/meminfo")
@@ -362,20 +367,35 @@ mod tests {
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(path, body).unwrap();
         };
-        assert!(jetson(root.path()).is_none(), "not a Jetson without the release file");
+        assert!(
+            jetson(root.path()).is_none(),
+            "not a Jetson without the release file"
+        );
         put(
             "etc/nv_tegra_release",
             b"# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: Wed Jan  8 01:49:37 UTC 2025\n",
         );
-        put("proc/device-tree/model", b"NVIDIA Jetson AGX Orin Developer Kit\0");
-        put("proc/meminfo", b"MemTotal:       64335836 kB\nMemFree: 1 kB\n");
-        put("usr/local/cuda/version.json", br#"{"cuda": {"name": "CUDA SDK", "version": "12.6.68"}}"#);
+        put(
+            "proc/device-tree/model",
+            b"NVIDIA Jetson AGX Orin Developer Kit\0",
+        );
+        put(
+            "proc/meminfo",
+            b"MemTotal:       64335836 kB\nMemFree: 1 kB\n",
+        );
+        put(
+            "usr/local/cuda/version.json",
+            br#"{"cuda": {"name": "CUDA SDK", "version": "12.6.68"}}"#,
+        );
         let j = jetson(root.path()).unwrap();
         assert_eq!(j.l4t_release.as_deref(), Some("36.4.3"));
         assert_eq!(j.cuda_version.as_deref(), Some("12.6"));
         assert_eq!(j.gpus[0].name, "NVIDIA Jetson AGX Orin Developer Kit");
         assert_eq!(j.gpus[0].memory_bytes, 64_335_836 * 1024);
-        assert_eq!(parse_tegra_release("# R32 (release), REVISION: 7.1, GCID: 1"), Some("32.7.1".into()));
+        assert_eq!(
+            parse_tegra_release("# R32 (release), REVISION: 7.1, GCID: 1"),
+            Some("32.7.1".into())
+        );
         assert_eq!(parse_tegra_release("garbage"), None);
     }
 

@@ -37,6 +37,9 @@ pub struct AgentSettings {
     /// CUDA memory arena limit per session, in MiB.
     #[arg(long, env = "EDGELOOP_CUDA_MEM_LIMIT_MB")]
     pub cuda_mem_limit_mb: Option<u64>,
+    /// Let TensorRT build fp16 kernels (faster, within fp16's precision).
+    #[arg(long, env = "EDGELOOP_TRT_FP16")]
+    pub trt_fp16: Option<bool>,
     /// Session workers per model (ort's `Session::run` takes `&mut self`).
     #[arg(long, env = "EDGELOOP_WORKERS_PER_MODEL")]
     pub workers_per_model: Option<usize>,
@@ -81,6 +84,7 @@ impl AgentSettings {
             ort_library: self.ort_library.or(lower.ort_library),
             providers: self.providers.or(lower.providers),
             cuda_mem_limit_mb: self.cuda_mem_limit_mb.or(lower.cuda_mem_limit_mb),
+            trt_fp16: self.trt_fp16.or(lower.trt_fp16),
             workers_per_model: self.workers_per_model.or(lower.workers_per_model),
             max_batch_size: self.max_batch_size.or(lower.max_batch_size),
             max_queue_delay_us: self.max_queue_delay_us.or(lower.max_queue_delay_us),
@@ -111,6 +115,10 @@ pub struct ServeConfig {
     pub ort_library: Option<PathBuf>,
     pub providers: Vec<Provider>,
     pub cuda_mem_limit_bytes: Option<usize>,
+    /// TensorRT: where built engines are kept between loads and restarts
+    /// (`<data dir>/trt-cache`; see `serve::loader::trt_cache_dir`).
+    pub trt_cache: Option<PathBuf>,
+    pub trt_fp16: bool,
     pub workers_per_model: usize,
     pub max_batch_size: usize,
     pub max_queue_delay: Duration,
@@ -216,6 +224,7 @@ impl AgentConfig {
             "trusted-keys is required (the keys whose manifest signatures this device accepts), \
              unless allow-unsigned is set for development"
         );
+        let trt_cache = member.data_dir.join("trt-cache");
         Ok(AgentConfig {
             member,
             serve: ServeConfig {
@@ -227,6 +236,8 @@ impl AgentConfig {
                 cuda_mem_limit_bytes: s
                     .cuda_mem_limit_mb
                     .map(|mb| usize::try_from(mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)),
+                trt_cache: Some(trt_cache),
+                trt_fp16: s.trt_fp16.unwrap_or(false),
                 workers_per_model: in_range(
                     "workers-per-model",
                     s.workers_per_model.unwrap_or(2),

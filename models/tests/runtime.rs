@@ -357,7 +357,11 @@ fn unavailable_gpu_providers_fall_back_to_cpu() {
         intra_op_threads: 1,
         optimization: GraphOptimization::Basic,
         providers: vec![
-            ExecutionProvider::TensorRt { device_id: 0 },
+            ExecutionProvider::TensorRt {
+                device_id: 0,
+                engine_cache: None,
+                fp16: false,
+            },
             ExecutionProvider::Cuda {
                 device_id: 0,
                 mem_limit_bytes: Some(1 << 30),

@@ -255,7 +255,10 @@ mod tests {
         for (model, label) in [
             ("NVIDIA H200", "NVIDIA-H200"),
             ("NVIDIA A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB"),
-            ("  NVIDIA Jetson AGX Orin (64GB) ", "NVIDIA-Jetson-AGX-Orin-64GB"),
+            (
+                "  NVIDIA Jetson AGX Orin (64GB) ",
+                "NVIDIA-Jetson-AGX-Orin-64GB",
+            ),
             ("Orin", "Orin"),
             ("()", ""),
         ] {

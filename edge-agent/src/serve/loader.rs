@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use edgeloop_models::runtime::{
     ExecutionProvider, GraphOptimization, IoInfo, ModelSession, OrtRuntime, SessionOptions,
+    GPU_RUNTIME_DIR,
 };
 use edgeloop_models::tensor::{DType, Tensor};
+use edgeloop_models::Digest;
 use ndarray::{ArrayD, IxDyn};
 
 use super::metrics::{Registry, VersionMetrics};
@@ -43,6 +45,42 @@ pub struct Loader {
     /// is missing still starts (and says why each activation fails).
     runtime: Arc<Mutex<Option<OrtRuntime>>>,
     registry: Arc<Registry>,
+    /// This device's GPU, asked once (for the TensorRT cache key).
+    gpu: Arc<std::sync::OnceLock<Option<String>>>,
+}
+
+/// `<root>/<model digest>/<GPU>/<TensorRT version>/`, each part made safe
+/// as a path component.
+pub fn trt_cache_dir(root: &std::path::Path, model: &Digest, gpu: &str, trt: &str) -> PathBuf {
+    let safe = |s: &str| -> String {
+        let cleaned: String = s
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_') {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .take(96)
+            .collect();
+        match cleaned.trim_matches(['-', '.']) {
+            "" => "unknown".to_string(),
+            ok => ok.to_string(),
+        }
+    };
+    root.join(model.to_hex()).join(safe(gpu)).join(safe(trt))
+}
+
+/// TensorRT's release from the library the fetch script installed
+/// (`libnvinfer.so.10.16.1` → `10.16.1`).
+pub fn tensorrt_version(dir: &std::path::Path) -> Option<String> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|n| n.strip_prefix("libnvinfer.so.").map(str::to_string))
+        .filter(|v| v.split('.').count() >= 2 && v.split('.').all(|p| p.parse::<u32>().is_ok()))
+        .max_by_key(|v| v.split('.').count())
 }
 
 impl Loader {
@@ -51,6 +89,7 @@ impl Loader {
             config,
             runtime: Arc::new(Mutex::new(None)),
             registry,
+            gpu: Arc::new(std::sync::OnceLock::new()),
         }
     }
 
@@ -69,7 +108,33 @@ impl Loader {
         Ok(runtime)
     }
 
-    fn session_options(&self) -> SessionOptions {
+    /// The TensorRT engine cache for a model: one directory per model
+    /// digest, GPU and TensorRT release, since an engine is built for one
+    /// GPU by one TensorRT and is useless (or refused) anywhere else.
+    fn trt_cache(&self, runtime: &OrtRuntime, model: &Digest) -> Option<PathBuf> {
+        let root = self.config.trt_cache.as_ref()?;
+        let gpu = self
+            .gpu
+            .get_or_init(|| {
+                edgeloop_client_core::gpu::LocalGpus::detect()
+                    .gpus
+                    .first()
+                    .map(|g| g.name.clone())
+            })
+            .clone();
+        let trt = runtime
+            .library_path()
+            .parent()
+            .and_then(|d| tensorrt_version(&d.join(GPU_RUNTIME_DIR)));
+        Some(trt_cache_dir(
+            root,
+            model,
+            gpu.as_deref().unwrap_or("unknown-gpu"),
+            trt.as_deref().unwrap_or("unknown-tensorrt"),
+        ))
+    }
+
+    fn session_options(&self, trt_cache: Option<PathBuf>) -> SessionOptions {
         // Workers run side by side: split the cores between them rather than
         // letting each session start a thread per core.
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
@@ -79,7 +144,11 @@ impl Loader {
             .providers
             .iter()
             .map(|p| match p {
-                Provider::TensorRt => ExecutionProvider::TensorRt { device_id: 0 },
+                Provider::TensorRt => ExecutionProvider::TensorRt {
+                    device_id: 0,
+                    engine_cache: trt_cache.clone(),
+                    fp16: self.config.trt_fp16,
+                },
                 Provider::Cuda => ExecutionProvider::Cuda {
                     device_id: 0,
                     mem_limit_bytes: self.config.cuda_mem_limit_bytes,
@@ -101,7 +170,13 @@ impl Loader {
         let runtime = self.runtime()?;
         let bytes = std::fs::read(&spec.path)
             .map_err(|e| load_error(format!("reading {}: {e}", spec.path.display())))?;
-        let options = self.session_options();
+        // Only TensorRT needs the digest; hashing is cheap next to a load.
+        let trt_cache = if self.config.providers.contains(&Provider::TensorRt) {
+            self.trt_cache(&runtime, &Digest::of(&bytes))
+        } else {
+            None
+        };
+        let options = self.session_options(trt_cache);
         let first = runtime
             .session(&bytes, &options)
             .map_err(|e| load_error(e.to_string()))?;
@@ -205,4 +280,43 @@ pub fn zero_inputs(inputs: &[IoInfo]) -> Named {
             (io.name.clone(), tensor)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trt_cache_is_keyed_by_model_gpu_and_tensorrt() {
+        let root = std::path::Path::new("/data/trt-cache");
+        let model = Digest::of(b"model");
+        let dir = trt_cache_dir(root, &model, "NVIDIA Jetson AGX Orin (64GB)", "10.16.1");
+        assert_eq!(
+            dir,
+            root.join(model.to_hex())
+                .join("NVIDIA-Jetson-AGX-Orin--64GB")
+                .join("10.16.1")
+        );
+        // Nothing a reported name holds can leave the cache directory.
+        let odd = trt_cache_dir(root, &model, "../..", "");
+        assert_eq!(
+            odd,
+            root.join(model.to_hex()).join("unknown").join("unknown")
+        );
+    }
+
+    #[test]
+    fn the_tensorrt_version_comes_from_its_library_name() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(tensorrt_version(dir.path()), None);
+        for f in [
+            "libnvinfer.so.10",
+            "libnvinfer.so.10.16.1",
+            "libnvinfer_plugin.so.10.16.1",
+            "libnvinfer.so.10.x",
+        ] {
+            std::fs::write(dir.path().join(f), b"").unwrap();
+        }
+        assert_eq!(tensorrt_version(dir.path()).as_deref(), Some("10.16.1"));
+    }
 }

@@ -65,6 +65,8 @@ pub fn config() -> ServeConfig {
         ort_library: Some(library_path()),
         providers: vec![Provider::Cpu],
         cuda_mem_limit_bytes: None,
+        trt_cache: None,
+        trt_fp16: false,
         workers_per_model: 2,
         max_batch_size: 8,
         max_queue_delay: Duration::from_micros(500),
