@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use edgeloop_trainer_bridge::engines::Launcher;
+use edgeloop_trainer_bridge::engines::NodePool;
 use edgeloop_trainer_bridge::launch::{
     build_launch, contract_env, horovod_command, job_env, master_port, torchrun_env, AttemptPlan,
     LaunchError, RankInfo,
 };
-use edgeloop_trainer_bridge::engines::NodePool;
 use edgeloop_trainer_bridge::preflight::{check, gpu_type_matches, ClusterFacts, Refusal};
 use edgeloop_trainer_bridge::spec::{
     EngineKind, Framework, JobSpec, LauncherSpec, Precision, Requirement, SpecError, Version,
@@ -794,7 +794,9 @@ fn gpu_type_and_engine_refusals() {
     }))
     .unwrap();
     let mut cluster = driver("535.104.05");
-    each(&mut cluster, |p| p.gpu_type = Some("NVIDIA H100 80GB HBM3".into()));
+    each(&mut cluster, |p| {
+        p.gpu_type = Some("NVIDIA H100 80GB HBM3".into())
+    });
     cluster.engines = vec!["local".into(), "ray".into()];
     // An engine the bridge does not drive has no pools to look at.
     assert_eq!(
@@ -812,9 +814,14 @@ fn gpu_type_and_engine_refusals() {
             reason: "needs A100 GPUs, slurm pool \"gpu\" has NVIDIA H100 80GB HBM3".into()
         }]
     );
-    each(&mut cluster, |p| p.gpu_type = Some("NVIDIA A100-SXM4-80GB".into()));
+    each(&mut cluster, |p| {
+        p.gpu_type = Some("NVIDIA A100-SXM4-80GB".into())
+    });
     let landed = check(&spec, &cluster).unwrap().unwrap();
-    assert_eq!((landed.engine.as_str(), landed.name.as_str()), ("slurm", "gpu"));
+    assert_eq!(
+        (landed.engine.as_str(), landed.name.as_str()),
+        ("slurm", "gpu")
+    );
     // Without a cluster GPU type there is nothing to compare.
     each(&mut cluster, |p| p.gpu_type = None);
     assert!(check(&spec, &cluster).is_ok());
