@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 
-use super::super::NodePool;
+use crate::engines::NodePool;
 
 /// The extended resource of NVIDIA's device plugin.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
