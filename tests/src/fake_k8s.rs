@@ -2,8 +2,10 @@
 //!
 //! It serves, on `127.0.0.1:0`, only what the trainer bridge's kubernetes
 //! engine calls: create/get/delete of `batch/v1` Jobs, create/get/patch/
-//! delete of Services, pod lists by label selector, and pod logs. Anything
-//! else is answered 404 and recorded in [`FakeKubernetes::unexpected`].
+//! delete of Services, pod lists by label selector, pod logs, and the node
+//! list (`GET /api/v1/nodes`, paged with `limit`/`continue`) of the fake
+//! nodes in [`FakeOptions::nodes`]. Anything else is answered 404 and
+//! recorded in [`FakeKubernetes::unexpected`].
 //!
 //! It is also a fake kubelet: creating an Indexed Job starts one local
 //! process per completion index, running the container's `command` + `args`
@@ -21,8 +23,16 @@
 //! their own path and claims not registered with
 //! [`FakeKubernetes::add_claim`] at a matching path (processes see the host's
 //! filesystem), `backoffLimit` other than 0 and failure policy actions other
-//! than `FailJob`/`Count` (it never replaces a pod). A pod asking for more
-//! `nvidia.com/gpu` than the fake node has stays Pending (unschedulable).
+//! than `FailJob`/`Count` (it never replaces a pod). The only `emptyDir` it
+//! mounts is a memory-backed one at `/dev/shm` (the processes get the
+//! host's, which is memory too).
+//!
+//! A fake scheduler: a pod stays Pending (unschedulable) unless some fake
+//! node is not cordoned, carries every label of the pod's `nodeSelector`,
+//! has only `NoSchedule`/`NoExecute` taints the pod tolerates, and offers
+//! at least the pod's `nvidia.com/gpu` limit; the first such node is the
+//! pod's `spec.nodeName`. Every node counts as empty: what other pods use
+//! is not subtracted.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,7 +46,7 @@ use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-    ContainerStatus, Pod, PodCondition, PodStatus,
+    ContainerStatus, Node, Pod, PodCondition, PodSpec, PodStatus, Taint, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use nix::sys::signal::{killpg, Signal};
@@ -51,8 +61,29 @@ const INDEX_ANNOTATION: &str = "batch.kubernetes.io/job-completion-index";
 pub struct FakeOptions {
     /// When set, every request must carry `Authorization: Bearer <token>`.
     pub token: Option<String>,
-    /// `nvidia.com/gpu` the fake node offers; pods asking for more stay Pending.
+    /// `nvidia.com/gpu` the default fake node offers (when `nodes` is
+    /// `None`); pods asking for more stay Pending.
     pub gpus_per_node: u32,
+    /// The cluster's nodes, as `GET /api/v1/nodes` lists them and the fake
+    /// scheduler places pods on. `None`: one node, `fake-node`, with 8 CPUs,
+    /// 32Gi of memory, `gpus_per_node` GPUs and no GPU Feature Discovery
+    /// labels.
+    pub nodes: Option<Vec<Node>>,
+}
+
+/// The node of a cluster left at its default (see [`FakeOptions::nodes`]).
+pub fn default_node(gpus: u32) -> Node {
+    let mut allocatable = json!({"cpu": "8", "memory": "32Gi", "pods": "110"});
+    if gpus > 0 {
+        allocatable["nvidia.com/gpu"] = json!(gpus.to_string());
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "fake-node", "labels": {"kubernetes.io/hostname": "fake-node"}},
+        "spec": {},
+        "status": {"capacity": allocatable.clone(), "allocatable": allocatable},
+    }))
+    .unwrap()
 }
 
 /// The fake API server (see the module docs).
@@ -75,6 +106,7 @@ struct FakePod {
 #[derive(Default)]
 struct State {
     options: FakeOptions,
+    nodes: Vec<Node>,
     claims: BTreeMap<String, PathBuf>,
     jobs: BTreeMap<(String, String), Job>,
     services: BTreeMap<(String, String), Value>,
@@ -225,7 +257,12 @@ impl FakeKubernetes {
 
     pub async fn start_with(options: FakeOptions) -> FakeKubernetes {
         let logs = tempfile::tempdir().unwrap();
+        let nodes = options
+            .nodes
+            .clone()
+            .unwrap_or_else(|| vec![default_node(options.gpus_per_node)]);
         let state = Arc::new(Mutex::new(State {
+            nodes,
             options,
             log_dir: logs.path().to_path_buf(),
             ..Default::default()
@@ -453,6 +490,7 @@ async fn handle(
         (Method::GET, ["api", "v1", "namespaces", ns, "pods", name, "log"]) => {
             pod_log(&state, ns, name, &q)
         }
+        (Method::GET, ["api", "v1", "nodes"]) => list_nodes(&state, &q),
         _ => {
             lock(&state).unexpected.push(line.clone());
             status_body(
@@ -462,6 +500,123 @@ async fn handle(
             )
         }
     }
+}
+
+/// A page of nodes: `continue` is the index of the next one.
+fn list_nodes(state: &Arc<Mutex<State>>, q: &BTreeMap<String, String>) -> Response {
+    let s = lock(state);
+    let from: usize = match q.get("continue").map(|c| c.parse()) {
+        None => 0,
+        Some(Ok(i)) => i,
+        Some(Err(_)) => {
+            return status_body(
+                StatusCode::GONE,
+                "Expired",
+                "the continue token is not ours",
+            )
+        }
+    };
+    let limit = q
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
+    let items: Vec<&Node> = s.nodes.iter().skip(from).take(limit).collect();
+    let next = from.saturating_add(items.len());
+    let mut metadata = json!({"resourceVersion": s.serial.to_string()});
+    if next < s.nodes.len() {
+        metadata["continue"] = json!(next.to_string());
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({"kind": "NodeList", "apiVersion": "v1", "metadata": metadata, "items": items}),
+    )
+}
+
+fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+    let effect = t
+        .effect
+        .as_deref()
+        .is_none_or(|e| e.is_empty() || e == taint.effect);
+    let key = match t.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => t
+            .key
+            .as_deref()
+            .is_none_or(|k| k.is_empty() || k == taint.key),
+        _ => {
+            t.key.as_deref() == Some(taint.key.as_str())
+                && t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
+        }
+    };
+    effect && key
+}
+
+/// Why `node` cannot take a pod of `spec` asking for `gpus`.
+fn refuses(node: &Node, spec: &PodSpec, gpus: u32) -> Option<&'static str> {
+    let node_spec = node.spec.clone().unwrap_or_default();
+    if node_spec.unschedulable == Some(true) {
+        return Some("node(s) were unschedulable");
+    }
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    if spec
+        .node_selector
+        .iter()
+        .flatten()
+        .any(|(k, v)| labels.get(k) != Some(v))
+    {
+        return Some("node(s) didn't match Pod's node affinity/selector");
+    }
+    let untolerated = node_spec
+        .taints
+        .iter()
+        .flatten()
+        .filter(|t| matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
+        .any(|taint| {
+            !spec
+                .tolerations
+                .iter()
+                .flatten()
+                .any(|t| tolerates(t, taint))
+        });
+    if untolerated {
+        return Some("node(s) had untolerated taint");
+    }
+    let have: u32 = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get("nvidia.com/gpu"))
+        .and_then(|q| q.0.parse().ok())
+        .unwrap_or(0);
+    (gpus > have).then_some("Insufficient nvidia.com/gpu")
+}
+
+/// The first node that can take the pod; else the scheduler's message.
+fn schedule(nodes: &[Node], pod: &Pod) -> Result<String, String> {
+    let spec = pod.spec.as_ref().ok_or("the pod has no spec")?;
+    let gpus: u32 = spec.containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get("nvidia.com/gpu"))
+        .and_then(|q| q.0.parse().ok())
+        .unwrap_or(0);
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for node in nodes {
+        match refuses(node, spec, gpus) {
+            None => return Ok(node.metadata.name.clone().unwrap_or_default()),
+            Some(why) => *reasons.entry(why).or_default() += 1,
+        }
+    }
+    let reasons: Vec<String> = reasons
+        .iter()
+        .map(|(why, n)| format!("{n} {why}"))
+        .collect();
+    Err(format!(
+        "0/{} nodes are available: {}.",
+        nodes.len(),
+        reasons.join(", ")
+    ))
 }
 
 fn next_serial(s: &mut State) -> u64 {
@@ -562,6 +717,15 @@ fn check_job(s: &State, job: &Job) -> Result<(), String> {
             .iter()
             .find(|v| v.name == m.name)
             .ok_or_else(|| format!("volumeMounts {}: no such volume", m.name))?;
+        if let Some(dir) = &v.empty_dir {
+            if dir.medium.as_deref() == Some("Memory") && m.mount_path == "/dev/shm" {
+                continue;
+            }
+            return Err(format!(
+                "volume {}: the fake mounts a memory-backed emptyDir at /dev/shm only",
+                v.name
+            ));
+        }
         let seen_at = if let Some(hp) = &v.host_path {
             PathBuf::from(&hp.path)
         } else if let Some(pvc) = &v.persistent_volume_claim {
@@ -625,20 +789,20 @@ fn create_job(state: &Arc<Mutex<State>>, ns: &str, body: &[u8]) -> Response {
         let mut starts = Vec::new();
         for index in 0..completions {
             let pod_name = format!("{name}-{index}-{:05x}", serial * 7919 + index as u64);
-            let pod = new_pod(&job, ns, &pod_name, index);
-            let gpus: u32 = pod.spec.as_ref().unwrap().containers[0]
-                .resources
-                .as_ref()
-                .and_then(|r| r.limits.as_ref())
-                .and_then(|l| l.get("nvidia.com/gpu"))
-                .and_then(|q| q.0.parse().ok())
-                .unwrap_or(0);
+            let mut pod = new_pod(&job, ns, &pod_name, index);
             let log = s.log_dir.join(format!("{pod_name}.log"));
-            let schedulable = gpus <= s.options.gpus_per_node;
+            let refused = match schedule(&s.nodes, &pod) {
+                Ok(node) => {
+                    pod.spec.as_mut().unwrap().node_name = Some(node);
+                    None
+                }
+                Err(message) => Some(message),
+            };
+            let schedulable = refused.is_none();
             s.pods.insert(
                 (ns.to_string(), pod_name.clone()),
                 FakePod {
-                    pod: pending(pod, schedulable),
+                    pod: pending(pod, refused),
                     job: name.clone(),
                     pgid: None,
                     log: log.clone(),
@@ -705,19 +869,18 @@ fn container_status(pod: &Pod, state: ContainerState, ready: bool) -> ContainerS
     }
 }
 
-fn pending(mut pod: Pod, schedulable: bool) -> Pod {
-    let (reason, message) = if schedulable {
-        ("ContainerCreating", "")
-    } else {
-        (
-            "Unschedulable",
-            "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
-        )
+/// A new pod, waiting to start or, with the scheduler's message, to be
+/// scheduled.
+fn pending(mut pod: Pod, unschedulable: Option<String>) -> Pod {
+    let schedulable = unschedulable.is_none();
+    let (reason, message) = match unschedulable {
+        None => ("ContainerCreating", String::new()),
+        Some(message) => ("Unschedulable", message),
     };
     let waiting = ContainerState {
         waiting: Some(ContainerStateWaiting {
             reason: Some(reason.into()),
-            message: Some(message.into()).filter(|m: &String| !m.is_empty()),
+            message: Some(message).filter(|m| !m.is_empty()),
         }),
         ..Default::default()
     };

@@ -83,6 +83,20 @@ async fn fake_api_kubernetes_jobs_run_the_contract_trainer_resume_and_cancel() {
         .unwrap()
         .clone();
     assert!(engines.contains(&json!("kubernetes")), "{cluster}");
+    // The fake's one node without GPUs, as the engine's pool, in the
+    // bridge's capabilities: what the pre-flight check holds jobs against.
+    eventually(Duration::from_secs(20), "the kubernetes pool", || async {
+        let (_, list) = cp.api().get("/api/v1/clusters").await;
+        list.as_array()?.iter().find(|c| {
+            c["capabilities"]["pools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|p| p["engine"] == "kubernetes" && p["name"] == "cpu" && p["nodes"] == 1)
+        })?;
+        Some(())
+    })
+    .await;
 
     // 1. Runs to completion; every checkpoint reaches the control plane.
     let id = submit(&cp, spec("on-k8s", 15, "0.02", 0)).await;

@@ -37,6 +37,32 @@
 //!   the pods (what the MPI Operator's MPIJob sets up); this engine does not,
 //!   so multi-node Horovod is refused.
 //!
+//! Pools ([`Engine::pools`], [`nodes::pools`]): the nodes of
+//! `GET /api/v1/nodes` (paged), grouped by GPU product, GPU count, driver
+//! and CUDA version; GPUs are the allocatable `nvidia.com/gpu`, the rest
+//! comes from NVIDIA GPU Feature Discovery's labels (`nvidia.com/gpu.product`,
+//! `nvidia.com/gpu.memory`, `nvidia.com/cuda.*`). Nodes without GPUs form
+//! the `cpu` pool; cordoned nodes, and nodes tainted against every pod of
+//! ours, are left out. A pool's `placement` is the node labels that select
+//! it: `nvidia.com/gpu.product`, plus the driver labels where several pools
+//! share a product. Nodes are cluster-scoped: the bridge's credentials need
+//! `list` on `nodes` (a ClusterRole), or the bridge reports no pools.
+//!
+//! GPU jobs (`gpus_per_node > 0`):
+//! - `nvidia.com/gpu` limits of `gpus_per_node` (an extended resource is
+//!   requested at its limit);
+//! - a `nodeSelector` of the placement of `Launch::pool`, the pool the
+//!   pre-flight check held the job against ([`node_selector`]); a job
+//!   without GPUs is not pinned to the pool it was placed in;
+//! - a toleration of the usual GPU taint (`nvidia.com/gpu`, `Exists`,
+//!   `NoSchedule`);
+//! - a memory-backed `emptyDir` at `/dev/shm` for NCCL, also for any job
+//!   with several processes per pod ([`needs_shm`]).
+//!
+//! NCCL settings arrive in `Launch::env` like every other variable; they are
+//! in the one container of the pod template, so every pod (rank) of the Job,
+//! and every torchrun worker in it, has them.
+//!
 //! Kubernetes expands `$(VAR)` in `command`, `args` and `env` values; every
 //! `$` of the launch is written as `$$` ([`escape_expansion`]) so the words
 //! reach the process exactly as given.
@@ -84,9 +110,9 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodTemplateSpec, ResourceRequirements,
-    Service, ServiceSpec, Volume, VolumeMount,
+    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource, Node,
+    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodTemplateSpec,
+    ResourceRequirements, Service, ServiceSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -95,6 +121,9 @@ use sha2::{Digest, Sha256};
 
 use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher, NodePool};
 use crate::launch::{self, RankInfo, CHECKPOINT_DIR, RESUME_FROM};
+
+pub mod nodes;
+pub use nodes::{GPU_RESOURCE, GPU_TAINT, PRODUCT_LABEL};
 
 /// A plain API server URL (`http://127.0.0.1:8001`, `https://...`); takes
 /// precedence over `KUBECONFIG`.
@@ -126,6 +155,13 @@ pub const MAX_NAME_LEN: usize = 52;
 /// At most this much of a pod's log is returned by `logs`.
 pub const MAX_LOG_BYTES: i64 = 1 << 20;
 const LOG_TAIL_LINES: i64 = 20_000;
+/// Nodes per `GET /api/v1/nodes` page, and at most this many pages (a
+/// server that keeps answering with a continue token is not trusted).
+const NODE_PAGE: u32 = 500;
+const MAX_NODE_PAGES: usize = 200;
+/// The memory-backed volume at `/dev/shm` (see [`needs_shm`]).
+pub const SHM_VOLUME: &str = "dshm";
+pub const SHM_PATH: &str = "/dev/shm";
 
 /// Where the pods get the shared directories from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -513,7 +549,7 @@ fn resources(launch: &Launch) -> ResourceRequirements {
     if launch.gpus_per_node > 0 {
         // Extended resources are limits only; the request defaults to it.
         limits.insert(
-            "nvidia.com/gpu".to_string(),
+            GPU_RESOURCE.to_string(),
             Quantity(launch.gpus_per_node.to_string()),
         );
     }
@@ -522,6 +558,67 @@ fn resources(launch: &Launch) -> ResourceRequirements {
         limits: Some(limits).filter(|m| !m.is_empty()),
         ..Default::default()
     }
+}
+
+/// The node labels a GPU job's pods must match: the placement this engine
+/// wrote into the pool the pre-flight check chose (the GPU product, and the
+/// driver labels where pools share a product). A job without GPUs is not
+/// pinned even when it was placed in a GPU pool (the first pool it fits):
+/// it would take GPU nodes' CPUs and memory, and need their taint.
+pub fn node_selector(launch: &Launch) -> Option<BTreeMap<String, String>> {
+    let pool = launch.pool.as_ref().filter(|p| p.engine == "kubernetes")?;
+    Some(pool.placement.clone()).filter(|p| launch.gpus_per_node > 0 && !p.is_empty())
+}
+
+/// GPU nodes are commonly tainted `nvidia.com/gpu:NoSchedule` (GPU
+/// Operator, cloud GPU node pools) so that only pods that need GPUs land
+/// there: GPU jobs tolerate that taint, whatever its value.
+fn tolerations(launch: &Launch) -> Option<Vec<Toleration>> {
+    (launch.gpus_per_node > 0).then(|| {
+        vec![Toleration {
+            key: Some(GPU_TAINT.to_string()),
+            operator: Some("Exists".to_string()),
+            effect: Some("NoSchedule".to_string()),
+            ..Default::default()
+        }]
+    })
+}
+
+/// Training processes per pod: torchrun's workers, Horovod's slots.
+fn procs_per_pod(launch: &Launch) -> u32 {
+    match launch.launcher {
+        Launcher::None => 1,
+        Launcher::Torchrun { nproc_per_node } => nproc_per_node,
+        Launcher::Horovod { slots_per_node } => slots_per_node,
+    }
+}
+
+/// A container's `/dev/shm` is 64 MiB, too little for NCCL's shared-memory
+/// transport between GPUs of one pod and for PyTorch's DataLoader workers:
+/// GPU jobs, and jobs with several processes in a pod (they talk through
+/// shared memory), get a memory-backed `emptyDir` there. Its pages count
+/// against the pod's memory limit, which also bounds its size; one process
+/// per pod without GPUs keeps the default.
+pub fn needs_shm(launch: &Launch) -> bool {
+    launch.gpus_per_node > 0 || procs_per_pod(launch) > 1
+}
+
+fn shm() -> (Volume, VolumeMount) {
+    (
+        Volume {
+            name: SHM_VOLUME.to_string(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".to_string()),
+                size_limit: None,
+            }),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: SHM_VOLUME.to_string(),
+            mount_path: SHM_PATH.to_string(),
+            ..Default::default()
+        },
+    )
 }
 
 fn labels(launch: &Launch) -> BTreeMap<String, String> {
@@ -596,7 +693,12 @@ pub fn build_job(launch: &Launch, settings: &Settings) -> Result<Job, EngineErro
     let nodes = i32::try_from(launch.nodes.max(1))
         .map_err(|_| EngineError::Refused(format!("{} nodes", launch.nodes)))?;
     let (words, env) = process(launch, &name)?;
-    let (volumes, mounts) = volumes(launch, settings)?;
+    let (mut volumes, mut mounts) = volumes(launch, settings)?;
+    if needs_shm(launch) {
+        let (volume, mount) = shm();
+        volumes.push(volume);
+        mounts.push(mount);
+    }
     let mut pod_labels = labels(launch);
     pod_labels.insert(LABEL_OBJECT.to_string(), name.clone());
     let container = Container {
@@ -636,6 +738,8 @@ pub fn build_job(launch: &Launch, settings: &Settings) -> Result<Job, EngineErro
                     enable_service_links: Some(false),
                     containers: vec![container],
                     volumes: Some(volumes).filter(|v| !v.is_empty()),
+                    node_selector: node_selector(launch),
+                    tolerations: tolerations(launch),
                     ..Default::default()
                 }),
             },
@@ -952,6 +1056,32 @@ impl KubernetesEngine {
         ))
     }
 
+    /// Every node, a page at a time.
+    async fn nodes(&self) -> Result<Vec<Node>, EngineError> {
+        let api: Api<Node> = Api::all(self.client().await?);
+        let mut lp = ListParams::default().limit(NODE_PAGE);
+        let mut items = Vec::new();
+        for _ in 0..MAX_NODE_PAGES {
+            let page = api.list(&lp).await.map_err(|e| match e {
+                // Nodes are cluster-scoped: a namespace's Role cannot grant them.
+                kube::Error::Api(s) if s.code == 403 => EngineError::Unavailable(format!(
+                    "listing nodes: HTTP 403 {}: {} (the bridge's credentials need `list` on \
+                     `nodes`, granted by a ClusterRole)",
+                    s.reason, s.message
+                )),
+                e => api_error("listing nodes", e),
+            })?;
+            items.extend(page.items);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => lp = lp.continue_token(&token),
+                None => return Ok(items),
+            }
+        }
+        Err(EngineError::Protocol(format!(
+            "listing nodes: still more after {MAX_NODE_PAGES} pages of {NODE_PAGE}"
+        )))
+    }
+
     async fn pods_of(&self, name: &str) -> Result<Vec<Pod>, EngineError> {
         let list = self
             .pods()
@@ -1110,10 +1240,7 @@ impl Engine for KubernetesEngine {
     }
 
     async fn pools(&self) -> Result<Vec<NodePool>, EngineError> {
-        // TODO(#12, in progress): nodes' allocatable nvidia.com/gpu and GFD labels.
-        Err(EngineError::Unavailable(
-            "node pools are not read from Kubernetes yet".into(),
-        ))
+        Ok(nodes::pools(&self.nodes().await?))
     }
 
     async fn logs(&self, id: &EngineJobId) -> Result<String, EngineError> {
@@ -1194,6 +1321,33 @@ mod tests {
             log_path: PathBuf::from("/data/jobs/train-1a2b3c4d/attempt-2.log"),
             pool: None,
         }
+    }
+
+    /// One process per pod, no GPUs: no `/dev/shm` volume.
+    fn cpu_launch() -> Launch {
+        let mut l = launch();
+        l.gpus_per_node = 0;
+        l
+    }
+
+    fn a100_pool() -> NodePool {
+        NodePool {
+            engine: "kubernetes".into(),
+            name: "NVIDIA-A100-SXM4-80GB".into(),
+            nodes: Some(4),
+            gpus_per_node: 8,
+            gpu_type: Some("NVIDIA-A100-SXM4-80GB".into()),
+            source: "kubernetes GET /api/v1/nodes (GPU Feature Discovery labels)".into(),
+            placement: BTreeMap::from([(
+                PRODUCT_LABEL.to_string(),
+                "NVIDIA-A100-SXM4-80GB".to_string(),
+            )]),
+            ..NodePool::default()
+        }
+    }
+
+    fn pod_spec(job: &Job) -> &PodSpec {
+        job.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
     }
 
     fn settings() -> Settings {
@@ -1616,9 +1770,123 @@ mod tests {
     }
 
     #[test]
+    fn gpu_jobs_land_in_their_pool_tolerate_the_gpu_taint_and_get_shared_memory() {
+        let nccl = [
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_SOCKET_IFNAME", "eth0"),
+            ("NCCL_IB_DISABLE", "1"),
+        ];
+        for launcher in [
+            Launcher::None,
+            Launcher::Torchrun { nproc_per_node: 1 },
+            Launcher::Torchrun { nproc_per_node: 2 },
+        ] {
+            let mut l = launch();
+            l.gpus_per_node = 2;
+            l.launcher = launcher.clone();
+            l.pool = Some(a100_pool());
+            l.env
+                .extend(nccl.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            let (v, job) = job_of(&l);
+            let pod = pod_spec(&job);
+            let limits = container(&job).resources.clone().unwrap().limits.unwrap();
+            assert_eq!(limits[GPU_RESOURCE], Quantity("2".into()), "{launcher:?}");
+            let wire_pod = &v["spec"]["template"]["spec"];
+            assert_eq!(
+                wire_pod["nodeSelector"],
+                json!({PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"}),
+                "{launcher:?}"
+            );
+            assert_eq!(
+                wire_pod["tolerations"],
+                json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]),
+                "{launcher:?}"
+            );
+            let shm = pod
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == SHM_VOLUME)
+                .unwrap();
+            assert_eq!(
+                shm.empty_dir.as_ref().unwrap().medium.as_deref(),
+                Some("Memory")
+            );
+            assert_eq!(
+                wire_pod["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|v| v["name"] == SHM_VOLUME)
+                    .unwrap()["emptyDir"],
+                json!({"medium": "Memory"})
+            );
+            // Every container of the template, so every pod of the Job, and
+            // the torchrun workers that inherit its environment.
+            assert!(!pod.containers.is_empty());
+            for c in &pod.containers {
+                let mounts = c.volume_mounts.as_ref().unwrap();
+                assert!(
+                    mounts
+                        .iter()
+                        .any(|m| m.name == SHM_VOLUME && m.mount_path == "/dev/shm"),
+                    "{mounts:?}"
+                );
+                let env: BTreeMap<&str, Option<&str>> = c
+                    .env
+                    .iter()
+                    .flatten()
+                    .map(|e| (e.name.as_str(), e.value.as_deref()))
+                    .collect();
+                for (k, want) in nccl {
+                    assert_eq!(env.get(k), Some(&Some(want)), "{k} with {launcher:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn jobs_without_gpus_are_not_pinned_and_get_no_gpu_extras() {
+        // Placed in a GPU pool, the first one it fits: not pinned there.
+        let mut l = cpu_launch();
+        l.pool = Some(a100_pool());
+        let (v, job) = job_of(&l);
+        let pod = pod_spec(&job);
+        assert_eq!(pod.node_selector, None);
+        assert_eq!(pod.tolerations, None);
+        assert!(v["spec"]["template"]["spec"]["nodeSelector"].is_null());
+        assert!(!pod.volumes.iter().flatten().any(|v| v.name == SHM_VOLUME));
+        let limits = container(&job).resources.clone().unwrap().limits.unwrap();
+        assert!(!limits.contains_key(GPU_RESOURCE));
+
+        // Several processes in one pod share memory: /dev/shm, no GPU taint.
+        l.launcher = Launcher::Torchrun { nproc_per_node: 4 };
+        let (_, job) = job_of(&l);
+        let pod = pod_spec(&job);
+        assert!(pod.volumes.iter().flatten().any(|v| v.name == SHM_VOLUME));
+        assert_eq!(pod.tolerations, None);
+
+        // A GPU job with no pool, or another engine's pool: no selector.
+        let mut l = launch();
+        assert_eq!(node_selector(&l), None);
+        l.pool = Some(NodePool {
+            engine: "slurm".into(),
+            ..a100_pool()
+        });
+        assert_eq!(node_selector(&l), None);
+        l.pool = Some(NodePool {
+            placement: BTreeMap::new(),
+            ..a100_pool()
+        });
+        assert_eq!(node_selector(&l), None, "a pool without a product label");
+        let (_, job) = job_of(&l);
+        assert_eq!(pod_spec(&job).tolerations.as_ref().unwrap().len(), 1);
+    }
+
+    #[test]
     fn shared_directories_are_mounted_at_their_own_paths() {
         // The checkpoint dir inside the working dir: one hostPath mount.
-        let (_, job) = job_of(&launch());
+        let (_, job) = job_of(&cpu_launch());
         let pod = job.spec.as_ref().unwrap().template.spec.clone().unwrap();
         let vols = pod.volumes.unwrap();
         assert_eq!(vols.len(), 1);
@@ -1630,7 +1898,7 @@ mod tests {
         assert_eq!(mounts[0].name, vols[0].name);
 
         // A working dir elsewhere: both.
-        let mut l = launch();
+        let mut l = cpu_launch();
         l.workdir = PathBuf::from("/src/project");
         let (_, job) = job_of(&l);
         let mounts: Vec<String> = container(&job)
