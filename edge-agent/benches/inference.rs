@@ -59,6 +59,8 @@ fn config(max_batch_size: usize) -> ServeConfig {
         ort_library: None,
         providers: vec![Provider::Cpu],
         cuda_mem_limit_bytes: None,
+        trt_cache: None,
+        trt_fp16: false,
         workers_per_model: WORKERS,
         max_batch_size,
         max_queue_delay: Duration::from_micros(500),
