@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 /// How long to wait for the file lock before giving up with sled's error.
-const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// Generous: on a loaded 2-core machine sled's flusher thread, which drops
+/// the lock, has been seen to take longer than 5 s to run.
+const LOCK_WAIT: Duration = Duration::from_secs(15);
 
 /// Opens `config`, retrying while the database's file lock is held. sled
 /// releases the lock from its background flusher thread, shortly *after*

@@ -221,7 +221,8 @@ mod tests {
         }
         let err = Store::open(&path).err().unwrap();
         assert!(
-            matches!(err, StoreError::SchemaTooNew { found, supported } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION)
+            matches!(err, StoreError::SchemaTooNew { found, supported } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
+            "{err:?}"
         );
         assert!(err.to_string().contains("newer Edgeloop"), "{err}");
     }
