@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use edgeloop_edge_agent::config::{Provider, ServeConfig};
 use edgeloop_edge_agent::observe::NoopObserver;
 use edgeloop_edge_agent::serve::{serve, ModelHost};
-use edgeloop_edge_agent::serving::{ModelServing, PrepareSpec};
+use edgeloop_edge_agent::serving::{ModelServing, PrepareSpec, ProbeSpec};
 use edgeloop_models::runtime::{ExecutionProvider, IoInfo, OrtRuntime, SessionOptions};
 use edgeloop_models::{DType, Tensor};
 use ndarray::{ArrayD, IxDyn};
@@ -248,14 +248,20 @@ struct Outcome {
     failed: bool,
 }
 
-async fn activate(host: &ModelHost, model: &Path) -> Duration {
+/// Activates `model` with the check's inputs as its health probe, as a
+/// signed manifest's probe would be: the warm-up on zeros uses 1 for every
+/// dynamic dimension, which a detector with dynamic H×W cannot run.
+async fn activate(host: &ModelHost, model: &Path, inputs: &[(String, Tensor)]) -> Duration {
     let t = Instant::now();
     host.activate(PrepareSpec {
         model: "m".into(),
         version: "1".into(),
         path: model.to_path_buf(),
         manifest: None,
-        probe: None,
+        probe: Some(ProbeSpec {
+            inputs: inputs.to_vec(),
+            max_latency: Duration::from_secs(600),
+        }),
     })
     .await
     .unwrap();
@@ -285,7 +291,7 @@ async fn check(
         config(library, provider, cache.path()),
         Arc::new(NoopObserver),
     );
-    let cold = activate(&host, model).await;
+    let cold = activate(&host, model, &inputs).await;
     let serving = host
         .serving_info()
         .first()
@@ -416,7 +422,7 @@ async fn check(
         config(library, provider, cache.path()),
         Arc::new(NoopObserver),
     );
-    let warm = activate(&again, model).await;
+    let warm = activate(&again, model, &inputs).await;
     let fast = warm < Duration::from_secs(5);
     let _ = writeln!(
         report,
@@ -487,6 +493,10 @@ fn main() {
         for &p in &providers {
             let outcome = rt.block_on(check(&mut report, &runtime, &library, model, p, tolerance));
             failed |= outcome.failed;
+            // Written after each check, so a later panic keeps what ran.
+            if let Some(path) = env("GPU_CHECK_REPORT") {
+                std::fs::write(&path, &report).unwrap();
+            }
         }
     }
     print!("{report}");

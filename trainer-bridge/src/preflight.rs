@@ -163,7 +163,8 @@ pub const TENSORFLOW_BUILDS: &[FrameworkBuilds] = &[
 
 /// Checks `spec` against `cluster`; every reason found, not just the first.
 /// Holds `spec` against the pools of the engine it would run on (its
-/// `engine`, else `local`). Returns the first pool it fits, or `None` for a
+/// `engine`, else `local`). Returns the pool it fits most tightly (fewest
+/// GPUs per node), or `None` for a
 /// job that needs no GPUs on an engine that reported no pools. When no pool
 /// fits, the refusals are those of the pool that came closest (fewest
 /// reasons, then the first reported), each naming that pool.
@@ -203,16 +204,24 @@ pub fn check(spec: &JobSpec, cluster: &ClusterFacts) -> Result<Option<NodePool>,
         }]);
     }
     let mut best: Option<Vec<Refusal>> = None;
+    let mut fits: Option<&NodePool> = None;
     for pool in pools {
         let refusals = pool_refusals(spec, pool);
         if refusals.is_empty() {
-            return Ok(Some(pool.clone()));
-        }
-        if best.as_ref().is_none_or(|b| refusals.len() < b.len()) {
+            // The tightest fit: a CPU job in a CPU pool, a 1-GPU job on the
+            // smallest GPU nodes, leaving the big ones for the jobs that
+            // need them. Ties go to the first reported.
+            if fits.is_none_or(|f| pool.gpus_per_node < f.gpus_per_node) {
+                fits = Some(pool);
+            }
+        } else if best.as_ref().is_none_or(|b| refusals.len() < b.len()) {
             best = Some(refusals);
         }
     }
-    Err(best.unwrap_or_default())
+    match fits {
+        Some(pool) => Ok(Some(pool.clone())),
+        None => Err(best.unwrap_or_default()),
+    }
 }
 
 /// How a refusal names a pool: `slurm pool "gpu"`, or `this machine`.

@@ -1185,3 +1185,29 @@ fn the_job_specs_in_the_docs_parse() {
     }
     assert!(seen >= 1, "no job spec examples found in docs/");
 }
+
+#[test]
+fn a_job_lands_in_the_tightest_pool_it_fits() {
+    let pool = |name: &str, gpus: u32| NodePool {
+        engine: "slurm".into(),
+        name: name.into(),
+        gpus_per_node: gpus,
+        source: "test".into(),
+        ..NodePool::default()
+    };
+    let cluster = ClusterFacts {
+        engines: vec!["slurm".into()],
+        pools: vec![pool("big", 8), pool("cpu", 0), pool("small", 2)],
+    };
+    let landed = |gpus: u32| {
+        let spec = json_with(serde_json::json!({
+            "resources": {"gpus_per_node": gpus},
+            "engine": "slurm",
+        }))
+        .unwrap();
+        check(&spec, &cluster).unwrap().unwrap().name
+    };
+    assert_eq!(landed(0), "cpu");
+    assert_eq!(landed(1), "small");
+    assert_eq!(landed(4), "big");
+}

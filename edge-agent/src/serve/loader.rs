@@ -211,9 +211,19 @@ impl Loader {
         };
         let metrics = self.registry.version(&spec.model, &spec.version);
         let depth = self.registry.queue_depth(&spec.model);
+        // The probe's inputs have the shapes the model is meant for; zeros
+        // with every symbolic dimension at 1 are only a guess, one that a
+        // detector with dynamic H×W cannot run.
+        // Probe inputs that do not fit are left to the probe to report.
+        let warm_up = match &spec.probe {
+            Some(probe) if super::infer::check_inputs(&inputs, &probe.inputs).is_ok() => {
+                super::infer::in_model_order(&inputs, probe.inputs.clone())
+            }
+            _ => zero_inputs(&inputs),
+        };
         let pool = Pool::start(
             sessions,
-            Arc::new(zero_inputs(&inputs)),
+            Arc::new(warm_up),
             PoolOptions {
                 name: format!("serve-{}", spec.model),
                 policy,

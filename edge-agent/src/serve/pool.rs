@@ -122,7 +122,12 @@ impl Pool {
         for _ in 0..workers {
             match ready_rx.recv() {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(format!("warm-up on zero inputs failed: {e}")),
+                Ok(Err(e)) => {
+                    return Err(format!(
+                        "warm-up failed (on the health probe's inputs, else on zeros with every \
+                         symbolic dimension 1: give a model with dynamic sizes a probe): {e}"
+                    ))
+                }
                 Err(_) => return Err("a worker died during warm-up".to_string()),
             }
         }

@@ -188,3 +188,28 @@ async fn rollback_swaps_back_to_the_previous_version() {
     let old = server.post("/v2/models/add/versions/2/infer", &body).await;
     assert_eq!(old.status, 404, "{}", old.text);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_with_dynamic_sizes_warms_up_on_its_probe_inputs() {
+    let server = start(config()).await;
+    let host = &server.host;
+    let models = Models::new();
+    let path = models.write("sized", &sized_model());
+    // Without a probe the warm-up guesses 1 for every symbolic dimension,
+    // and this model cannot run on that: the activation says what to do.
+    let err = host.activate(spec("sized", "1", &path)).await.unwrap_err();
+    let ActivationError::Probe(why) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        why.contains("give a model with dynamic sizes a probe"),
+        "{why}"
+    );
+    // With a probe of the shape it is meant for, it warms up and serves.
+    let mut with_probe = spec("sized", "1", &path);
+    with_probe.probe = probe(
+        vec![("x".into(), f32_tensor(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]))],
+        Duration::from_secs(5),
+    );
+    host.activate(with_probe).await.unwrap();
+}

@@ -261,6 +261,35 @@ pub fn add_model(c: f32) -> Vec<u8> {
     model("add", 4, vec![c], vec![node("Add", &["x", "c"], "y")])
 }
 
+/// `y = x W`, with x `[N, K]` (K symbolic) and W `[2, 2]`: it runs only
+/// when K is 2. Zeros with every symbolic dimension 1 cannot warm it up,
+/// which is what a detector with dynamic H×W does to that guess.
+pub fn sized_model() -> Vec<u8> {
+    let w = onnx::from_tensor("w", &f32_tensor(&[2, 2], vec![1.0, 0.0, 0.0, 1.0]));
+    let mut m = ir::ModelProto::new();
+    m.set_ir_version(8);
+    let mut o = ir::OperatorSetIdProto::new();
+    o.set_version(17);
+    m.opset_import.push(o);
+    let g = m.graph.mut_or_insert_default();
+    g.set_name("sized".into());
+    let mut x = value("x", &[-1, -1]);
+    // A second symbol, so N and K are independent.
+    if let Some(ir::type_proto::Value::TensorType(t)) =
+        x.type_.mut_or_insert_default().value.as_mut()
+    {
+        t.shape.mut_or_insert_default().dim[1].value = Some(
+            ir::tensor_shape_proto::dimension::Value::DimParam("K".into()),
+        );
+    }
+    g.input.push(x);
+    g.output.push(value("y", &[-1, 2]));
+    g.initializer = vec![w];
+    g.node = vec![node("MatMul", &["x", "w"], "y")];
+    onnx::validate(&m, None).unwrap();
+    onnx::encode(&m)
+}
+
 /// `y = x + NaN`: loads and runs, and fails any health probe.
 pub fn nan_model() -> Vec<u8> {
     add_model(f32::NAN)
