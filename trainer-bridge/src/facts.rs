@@ -126,3 +126,129 @@ pub fn to_proto(p: &NodePool) -> pb::NodePool {
         placement: p.placement.clone().into_iter().collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::engines::{EngineError, EngineJobId, EngineState, Launch};
+
+    /// An engine whose pools answer can be switched off; nothing else is
+    /// called by `read`.
+    struct Flaky {
+        up: AtomicBool,
+        engine: &'static str,
+    }
+
+    #[async_trait]
+    impl Engine for Flaky {
+        fn name(&self) -> &'static str {
+            self.engine
+        }
+        async fn submit(&self, _: &Launch) -> Result<EngineJobId, EngineError> {
+            unreachable!("read only asks for pools")
+        }
+        async fn status(&self, _: &EngineJobId) -> Result<EngineState, EngineError> {
+            unreachable!("read only asks for pools")
+        }
+        async fn cancel(&self, _: &EngineJobId) -> Result<(), EngineError> {
+            unreachable!("read only asks for pools")
+        }
+        async fn logs(&self, _: &EngineJobId) -> Result<String, EngineError> {
+            unreachable!("read only asks for pools")
+        }
+        async fn pools(&self) -> Result<Vec<NodePool>, EngineError> {
+            if !self.up.load(Ordering::SeqCst) {
+                return Err(EngineError::Unavailable("slurmrestd is restarting".into()));
+            }
+            Ok(vec![
+                NodePool {
+                    engine: self.engine.into(),
+                    name: "gpu".into(),
+                    gpus_per_node: 4,
+                    source: "test".into(),
+                    ..NodePool::default()
+                },
+                // Not this engine's to report: dropped.
+                NodePool {
+                    engine: "ray".into(),
+                    name: "stray".into(),
+                    source: "test".into(),
+                    ..NodePool::default()
+                },
+            ])
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failing_engine_keeps_its_last_pools() {
+        let slurm = Arc::new(Flaky {
+            up: AtomicBool::new(true),
+            engine: "slurm",
+        });
+        let engines: BTreeMap<String, Arc<dyn Engine>> =
+            BTreeMap::from([("slurm".to_string(), slurm.clone() as Arc<dyn Engine>)]);
+        let first = read(&engines, &ClusterFacts::default()).await;
+        assert_eq!(first.engines, ["slurm"]);
+        assert_eq!(first.pools.len(), 1, "{first:?}");
+        assert_eq!(first.pools[0].name, "gpu");
+        slurm.up.store(false, Ordering::SeqCst);
+        assert_eq!(read(&engines, &first).await, first);
+        // Never answered: no pools, and a GPU job for it is refused.
+        assert!(read(&engines, &ClusterFacts::default())
+            .await
+            .pools
+            .is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_refresh_loop_publishes_new_pools_to_the_runner_and_the_heartbeats() {
+        let slurm = Arc::new(Flaky {
+            up: AtomicBool::new(false),
+            engine: "slurm",
+        });
+        let engines: BTreeMap<String, Arc<dyn Engine>> =
+            BTreeMap::from([("slurm".to_string(), slurm.clone() as Arc<dyn Engine>)]);
+        let (facts_tx, mut facts_rx) =
+            watch::channel(read(&engines, &ClusterFacts::default()).await);
+        let (caps_tx, caps_rx) = watch::channel(pb::Capabilities::default());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(refresh_loop(
+            engines,
+            facts_tx,
+            caps_tx,
+            Duration::from_millis(10),
+            stop.clone(),
+        ));
+        assert!(facts_rx.borrow().pools.is_empty());
+        slurm.up.store(true, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(5), facts_rx.changed())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(facts_rx.borrow().pools[0].gpus_per_node, 4);
+        let beat = caps_rx.borrow().clone();
+        assert_eq!(beat.pools.len(), 1);
+        assert_eq!(
+            (beat.pools[0].engine.as_str(), beat.pools[0].gpus_per_node),
+            ("slurm", 4)
+        );
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    #[test]
+    fn the_refresh_period_is_checked() {
+        // One test touches the variable, so nothing races on it.
+        std::env::set_var(REFRESH_ENV, "0.5");
+        assert_eq!(refresh_period().unwrap(), Duration::from_millis(500));
+        std::env::set_var(REFRESH_ENV, "never");
+        let err = refresh_period().unwrap_err().to_string();
+        assert!(err.contains(REFRESH_ENV), "{err}");
+        std::env::remove_var(REFRESH_ENV);
+        assert_eq!(refresh_period().unwrap(), DEFAULT_REFRESH);
+    }
+}
