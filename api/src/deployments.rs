@@ -309,6 +309,11 @@ pub struct DeploymentView {
     /// assignment.
     #[serde(default)]
     pub assigned_generation: BTreeMap<String, u64>,
+    /// The version's variant each moved device got (`GET
+    /// /api/v1/models/{m}/versions/{v}`); a device not listed got the
+    /// version's own artifact.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub variants: BTreeMap<String, String>,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]

@@ -132,6 +132,68 @@ pub struct ModelVersionView {
     pub lineage: Lineage,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+    /// More artifacts of this version, each for a class of hardware (e.g.
+    /// `fp16` for CUDA/TensorRT beside this int8 artifact for CPUs). A
+    /// device gets the first variant whose providers it has, else the
+    /// version's own artifact.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<VariantView>,
+}
+
+/// One more artifact of a version, for the devices that have one of its
+/// execution providers. Signed like the version's own, with the same
+/// interface, and with its own gate evidence (from its manifest).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct VariantView {
+    pub name: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub artifact_digest: Digest,
+    pub artifact_size: u64,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub manifest_digest: Digest,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub probe_inputs_digest: Option<Digest>,
+    /// Execution providers this variant is for, e.g.
+    /// `["TensorrtExecutionProvider", "CUDAExecutionProvider"]`.
+    pub providers: Vec<String>,
+    /// The gate's evidence for this variant, from its signed manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub quantization: Option<serde_json::Value>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+/// `POST /api/v1/models/{name}/versions/{version}/variants`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateVariant {
+    /// A DNS label, unique within the version, e.g. `fp16-cuda`.
+    pub name: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub artifact_digest: Digest,
+    /// A signed manifest describing the artifact, for the same model and
+    /// version and with the same inputs and outputs as the version's own.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub manifest_digest: Digest,
+    /// Execution providers it is for, in the device's terms
+    /// (`CUDAExecutionProvider`, `TensorrtExecutionProvider`, ...).
+    pub providers: Vec<String>,
+}
+
+/// The variant a device with these execution providers gets: the first
+/// one naming any of them, in the version's order; `None` means the
+/// version's own artifact.
+pub fn variant_for<'a>(
+    variants: &'a [VariantView],
+    providers: &[String],
+) -> Option<&'a VariantView> {
+    variants
+        .iter()
+        .find(|v| v.providers.iter().any(|p| providers.contains(p)))
 }
 
 /// `POST /api/v1/models`.

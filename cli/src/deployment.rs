@@ -202,6 +202,10 @@ fn render(d: &DeploymentView) -> String {
     for (device, why) in &dep.skipped {
         pairs.push(("skipped", format!("{device}: {why}")));
     }
+    // Devices not listed got the version's own artifact.
+    for (device, variant) in &d.variants {
+        pairs.push(("variant", format!("{device}: {variant}")));
+    }
     let mut out = fields(&pairs);
     for e in &d.events {
         let what = match &e.event {
@@ -358,7 +362,10 @@ mod tests {
             progress(&view(failed)),
             "failed: deadline passed (1 moved, 1 skipped)"
         );
-        let shown = render(&view(RolloutState::Succeeded));
+        let mut done = view(RolloutState::Succeeded);
+        done.variants.insert("dev-1".into(), "fp16-gpu".into());
+        let shown = render(&done);
         assert!(shown.contains("skipped:  dev-2: no disk"), "{shown}");
+        assert!(shown.contains("variant:  dev-1: fp16-gpu"), "{shown}");
     }
 }

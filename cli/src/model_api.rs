@@ -128,7 +128,42 @@ pub fn versions_table(versions: &[ModelVersionView]) -> String {
             metrics(&v.metrics),
         ]);
     }
-    t.render()
+    let mut out = t.render();
+    out.push_str(&variants_table(versions));
+    out
+}
+
+/// The versions' variants, one row each, after the versions; nothing when
+/// no version has any. The method is the one the variant's own gate chose.
+pub fn variants_table(versions: &[ModelVersionView]) -> String {
+    let mut t = Table::new(&["VERSION", "VARIANT", "FOR", "SIZE", "QUANTIZED", "ARTIFACT"]);
+    for v in versions {
+        for variant in &v.variants {
+            let providers: Vec<&str> = variant
+                .providers
+                .iter()
+                .map(|p| p.strip_suffix("ExecutionProvider").unwrap_or(p))
+                .collect();
+            let method = variant
+                .quantization
+                .as_ref()
+                .and_then(|q| q.get("method"))
+                .and_then(Value::as_str)
+                .unwrap_or("-");
+            t.row(vec![
+                text(&v.version),
+                text(&variant.name),
+                providers.join(","),
+                size(variant.artifact_size),
+                method.to_string(),
+                short(Some(&variant.artifact_digest)),
+            ]);
+        }
+    }
+    if t.is_empty() {
+        return String::new();
+    }
+    format!("\nvariants:\n{}", t.render())
 }
 
 /// `accuracy=0.981,latency_ms=3.2`: four significant decimals are enough
@@ -154,6 +189,30 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn versions_list_their_variants() {
+        let v = json!([{
+            "model": "digits", "version": "2.0.0", "artifact_size": 2048,
+            "artifact_digest": format!("sha256:{}", "2".repeat(64)), "format": "onnx",
+            "metrics": {}, "lineage": {}, "created_at": "2026-01-02T03:04:05Z",
+            "variants": [{"name": "fp16-gpu", "artifact_size": 4096,
+                "artifact_digest": format!("sha256:{}", "4".repeat(64)),
+                "manifest_digest": format!("sha256:{}", "5".repeat(64)),
+                "providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"],
+                "quantization": {"method": "fp16", "evidence": {}},
+                "created_at": "2026-01-02T03:05:00Z"}]
+        }]);
+        let v: Vec<ModelVersionView> = serde_json::from_value(v).unwrap();
+        let t = versions_table(&v);
+        let row = t
+            .lines()
+            .find(|l| l.contains("fp16-gpu"))
+            .unwrap_or_else(|| panic!("{t}"));
+        for want in ["2.0.0", "Tensorrt,CUDA", "4.0 KiB", "fp16", "444444"] {
+            assert!(row.contains(want), "{want}: {t}");
+        }
+    }
 
     #[test]
     fn versions_show_their_lineage() {

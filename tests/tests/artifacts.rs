@@ -214,6 +214,7 @@ async fn devices_watch_assignments_and_fetch_only_assigned_artifacts_from_an_off
         activation_timeout_seconds: 60,
         probe_inputs_digest: None,
         deployment_seq: 0,
+        variant: None,
     };
     assignments::replace(&cp.core.store, &cp.core.events, "edge-1", vec![assignment])
         .await

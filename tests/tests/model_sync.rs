@@ -535,6 +535,7 @@ fn record(name: &str, version: &str, artifact: &[u8], manifest: Option<&[u8]>) -
         activation_timeout_seconds: 60,
         probe_inputs_digest: None,
         deployment_seq: 0,
+        variant: None,
     }
 }
 

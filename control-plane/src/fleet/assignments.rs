@@ -10,6 +10,7 @@ use crate::fleet::members::MemberKind;
 use crate::fleet::{Events, FleetEvent};
 use crate::registry::models::ModelVersionRecord;
 use crate::store::Store;
+use edgeloop_api::registry::variant_for;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AssignmentSetRecord {
@@ -36,6 +37,9 @@ pub struct AssignmentRecord {
     /// from an older deployment never replaces a newer one's.
     #[serde(default)]
     pub deployment_seq: u64,
+    /// The version's variant this device got; `None`: its own artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
 }
 
 impl AssignmentRecord {
@@ -55,6 +59,30 @@ impl AssignmentRecord {
             activation_timeout_seconds,
             probe_inputs_digest: version.probe_inputs_digest,
             deployment_seq: 0,
+            variant: None,
+        }
+    }
+
+    /// The assignment of `version` for a device with these execution
+    /// providers: the first of its variants that names one of them, else
+    /// the version's own artifact.
+    pub fn for_device(
+        version: &ModelVersionRecord,
+        providers: &[String],
+        deployment_id: impl Into<String>,
+        activation_timeout_seconds: u32,
+    ) -> AssignmentRecord {
+        let own = Self::for_version(version, deployment_id, activation_timeout_seconds);
+        match variant_for(&version.variants, providers) {
+            None => own,
+            Some(v) => AssignmentRecord {
+                artifact_digest: v.artifact_digest,
+                artifact_size: v.artifact_size,
+                manifest_digest: Some(v.manifest_digest),
+                probe_inputs_digest: v.probe_inputs_digest,
+                variant: Some(v.name.clone()),
+                ..own
+            },
         }
     }
 }

@@ -79,6 +79,10 @@ pub struct DeploymentRecord {
     /// assignment: a status report from before it is about something else.
     #[serde(default)]
     pub assigned_generation: BTreeMap<String, u64>,
+    /// The variant each moved device got, for devices that did not get the
+    /// version's own artifact.
+    #[serde(default)]
+    pub assigned_variant: BTreeMap<String, String>,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
@@ -100,6 +104,7 @@ impl DeploymentRecord {
             requirements: self.requirements,
             activation_timeout_seconds: self.activation_timeout_seconds,
             assigned_generation: self.assigned_generation,
+            variants: self.assigned_variant,
             created_at: self.created_at,
             updated_at: self.updated_at,
             events,
@@ -261,6 +266,7 @@ pub async fn create(
         },
         activation_timeout_seconds,
         assigned_generation: BTreeMap::new(),
+        assigned_variant: BTreeMap::new(),
         created_at: now,
         updated_at: now,
     };

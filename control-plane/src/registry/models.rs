@@ -31,7 +31,7 @@ pub struct ModelRecord {
 
 /// The version's lineage is the console API's type (the records store it
 /// as the API shows it).
-pub use edgeloop_api::registry::{CreateModel, Lineage};
+pub use edgeloop_api::registry::{CreateModel, CreateVariant, Lineage, VariantView};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelVersionRecord {
@@ -58,6 +58,9 @@ pub struct ModelVersionRecord {
     pub lineage: Lineage,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+    /// Stored as the API shows them, like the lineage.
+    #[serde(default)]
+    pub variants: Vec<VariantView>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -214,6 +217,7 @@ pub async fn create_version(
             metrics: metrics.clone(),
             lineage: lineage.clone(),
             created_at: now,
+            variants: Vec::new(),
         };
         if store
             .model_versions
@@ -229,6 +233,137 @@ pub async fn create_version(
         }
         next += 1;
     }
+}
+
+/// Variants a version may carry: more is a typo or abuse.
+const MAX_VARIANTS: usize = 8;
+
+/// Adds a variant to a version. The variant is immutable once added, like
+/// the version: a second variant of the same name is a conflict.
+pub async fn add_variant(
+    store: &Store,
+    artifacts: &dyn ArtifactStore,
+    model: &str,
+    version: &str,
+    req: CreateVariant,
+    now: OffsetDateTime,
+) -> Result<ModelVersionRecord> {
+    let current = get_version(store, model, version)?;
+    validate::name("name", &req.name)?;
+    if req.providers.is_empty() || req.providers.len() > 8 {
+        return Err(Error::bad_field(
+            "providers",
+            "must name 1 to 8 execution providers",
+        ));
+    }
+    for (i, p) in req.providers.iter().enumerate() {
+        let known = p.len() <= 64
+            && p.strip_suffix("ExecutionProvider").is_some_and(|stem| {
+                !stem.is_empty() && stem.bytes().all(|b| b.is_ascii_alphanumeric())
+            });
+        if !known {
+            return Err(Error::bad_field(
+                format!("providers[{i}]"),
+                format!("{p:?} is not an execution provider name like CUDAExecutionProvider"),
+            ));
+        }
+    }
+    if current.format != "onnx" {
+        return Err(Error::bad_field(
+            "artifact_digest",
+            format!(
+                "only onnx versions take variants; this one is {}",
+                current.format
+            ),
+        ));
+    }
+    let artifact_size = artifacts.head(req.artifact_digest).await?.ok_or_else(|| {
+        Error::bad_field(
+            "artifact_digest",
+            format!("artifact {} has not been uploaded", req.artifact_digest),
+        )
+    })?;
+    let probe_inputs_digest = check_manifest(
+        artifacts,
+        req.manifest_digest,
+        req.artifact_digest,
+        artifact_size,
+    )
+    .await?;
+    let signed = read_manifest(artifacts, req.manifest_digest, "manifest_digest").await?;
+    let variant_manifest = &signed.manifest;
+    // Same identity and interface as the version's own: a client must not
+    // be able to tell which variant answered, except by speed.
+    match current.manifest_digest {
+        Some(own) => {
+            let own = read_manifest(artifacts, own, "manifest_digest")
+                .await?
+                .manifest;
+            if (&variant_manifest.name, &variant_manifest.version) != (&own.name, &own.version) {
+                return Err(Error::bad_field(
+                    "manifest_digest",
+                    format!(
+                        "the manifest is for {} {}, the version's own for {} {}",
+                        variant_manifest.name, variant_manifest.version, own.name, own.version
+                    ),
+                ));
+            }
+            if variant_manifest.signature != own.signature {
+                return Err(Error::bad_field(
+                    "manifest_digest",
+                    "the variant's inputs and outputs differ from the version's own; a variant must be a drop-in",
+                ));
+            }
+        }
+        None if variant_manifest.name != model => {
+            return Err(Error::bad_field(
+                "manifest_digest",
+                format!(
+                    "the manifest is for model {:?}, not {model:?}",
+                    variant_manifest.name
+                ),
+            ));
+        }
+        None => {}
+    }
+    let quantization = variant_manifest
+        .quantization
+        .as_ref()
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|e| Error::Internal(anyhow::Error::new(e).context("the variant's evidence")))?;
+    let variant = VariantView {
+        name: req.name.clone(),
+        artifact_digest: req.artifact_digest,
+        artifact_size,
+        manifest_digest: req.manifest_digest,
+        probe_inputs_digest,
+        providers: req.providers,
+        quantization,
+        created_at: now,
+    };
+    let record = store
+        .model_versions
+        .update(&version_key(model, version), |cur| {
+            let mut cur =
+                cur.ok_or_else(|| Error::not_found("model version", format!("{model}:{version}")))?;
+            if cur.variants.iter().any(|v| v.name == variant.name) {
+                return Err(Error::Conflict(format!(
+                    "version {version:?} of model {model:?} already has a variant {:?}",
+                    variant.name
+                )));
+            }
+            if cur.variants.len() >= MAX_VARIANTS {
+                return Err(Error::bad_field(
+                    "name",
+                    format!("a version carries at most {MAX_VARIANTS} variants"),
+                ));
+            }
+            cur.variants.push(variant.clone());
+            Ok(cur)
+        })??;
+    store.flush().await?;
+    Ok(record)
 }
 
 /// Checks that `manifest` is an uploaded signed manifest describing this

@@ -70,6 +70,10 @@ pub fn router(core: Arc<Core>) -> Router {
             get(models::get_version),
         )
         .route(
+            "/api/v1/models/{name}/versions/{version}/variants",
+            post(models::add_variant),
+        )
+        .route(
             "/api/v1/models/{name}/sketches",
             get(telemetry::model_sketches),
         )

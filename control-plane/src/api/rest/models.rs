@@ -9,7 +9,7 @@ use axum::Json;
 use super::json::ValidJson;
 use crate::error::{Error, ErrorBody};
 use crate::registry::models::{
-    self, CreateModel, CreateModelVersion, ModelRecord, ModelVersionRecord,
+    self, CreateModel, CreateModelVersion, CreateVariant, ModelRecord, ModelVersionRecord,
 };
 use crate::Core;
 pub use edgeloop_api::registry::{ModelVersionView, ModelView};
@@ -39,6 +39,7 @@ impl From<ModelVersionRecord> for ModelVersionView {
             metrics: v.metrics,
             lineage: v.lineage,
             created_at: v.created_at,
+            variants: v.variants,
         }
     }
 }
@@ -116,4 +117,28 @@ pub async fn get_version(
     Ok(Json(
         models::get_version(&core.store, &name, &version)?.into(),
     ))
+}
+
+/// Adds a variant of a version for a class of hardware: a signed artifact
+/// with the same interface, for devices that have one of its providers.
+#[utoipa::path(post, path = "/api/v1/models/{name}/versions/{version}/variants", tag = "registry",
+    params(("name" = String, Path), ("version" = String, Path)),
+    request_body = CreateVariant,
+    responses((status = 201, body = ModelVersionView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn add_variant(
+    State(core): State<Arc<Core>>,
+    Path((name, version)): Path<(String, String)>,
+    ValidJson(req): ValidJson<CreateVariant>,
+) -> Result<(StatusCode, Json<ModelVersionView>), Error> {
+    let v = models::add_variant(
+        &core.store,
+        core.artifacts.as_ref(),
+        &name,
+        &version,
+        req,
+        core.now(),
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(v.into())))
 }

@@ -36,6 +36,7 @@ use super::{
         models::create_version,
         models::list_versions,
         models::get_version,
+        models::add_variant,
         telemetry::model_sketches,
         telemetry::model_samples,
         drift::model_drift,

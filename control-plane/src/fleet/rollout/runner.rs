@@ -18,7 +18,7 @@ use crate::drift::records::{SampleKind, SampleRecord};
 use crate::error::{Error, Result};
 use crate::fleet::assignments::{self, AssignmentRecord, SetOutcome};
 use crate::fleet::deployments::{self, DeploymentRecord};
-use crate::fleet::members::{member_status, MemberStatus};
+use crate::fleet::members::{member_status, MemberKind, MemberStatus};
 use crate::fleet::telemetry::{
     status_key, AssignmentState, AssignmentStatusRecord, TelemetryRecord,
 };
@@ -70,6 +70,7 @@ pub async fn tick(core: &Core, now: OffsetDateTime) -> Result<()> {
 struct Written {
     stepped: super::Deployment,
     assigned_generation: BTreeMap<String, u64>,
+    assigned_variant: BTreeMap<String, String>,
     woken: BTreeSet<String>,
 }
 
@@ -88,6 +89,7 @@ async fn advance(core: &Core, record: DeploymentRecord, now: OffsetDateTime) -> 
     let Some(Written {
         stepped,
         assigned_generation,
+        assigned_variant,
         woken,
     }) = written
     else {
@@ -113,6 +115,7 @@ async fn advance(core: &Core, record: DeploymentRecord, now: OffsetDateTime) -> 
             .clone()
             .or(cur.deployment.superseded_by.clone());
         new.assigned_generation = assigned_generation.clone();
+        new.assigned_variant = assigned_variant.clone();
         new.updated_at = now;
         Ok::<_, Error>(new)
     })??;
@@ -134,6 +137,7 @@ fn step_and_write(
         return Ok(None);
     }
     let mut assigned_generation = record.assigned_generation.clone();
+    let mut assigned_variant = record.assigned_variant.clone();
     let mut woken = BTreeSet::new();
     let mut versions: HashMap<String, Option<ModelVersionRecord>> = HashMap::new();
     let model = record.deployment.model.clone();
@@ -142,7 +146,11 @@ fn step_and_write(
             Action::Assign { device, version } => {
                 let v = version_record(store, &mut versions, &model, version)?
                     .ok_or_else(|| Error::not_found("model version", version))?;
-                let outcome = set(store, record, device, Some(&v))?;
+                let (outcome, variant) = set(store, record, device, Some(&v))?;
+                match variant {
+                    Some(name) => assigned_variant.insert(device.clone(), name),
+                    None => assigned_variant.remove(device),
+                };
                 note(device, outcome, &mut assigned_generation, &mut woken, store)?;
             }
             Action::Revert { device, version } => {
@@ -153,7 +161,9 @@ fn step_and_write(
                 if version.is_some() && v.is_none() {
                     tracing::warn!(%device, ?version, "previous version is gone from the registry; removing the assignment instead");
                 }
-                let outcome = set(store, record, device, v.as_ref())?;
+                let (outcome, _) = set(store, record, device, v.as_ref())?;
+                // Back on what it ran before: no variant of the target.
+                assigned_variant.remove(device);
                 if v.is_none() && matches!(outcome, SetOutcome::Changed(_)) {
                     // The agent unloads an unassigned model and reports
                     // nothing for it, so its old status would never clear.
@@ -172,21 +182,32 @@ fn step_and_write(
     Ok(Some(Written {
         stepped: next.deployment,
         assigned_generation,
+        assigned_variant,
         woken,
     }))
 }
 
+/// Writes the device's assignment of `version` (the variant that fits its
+/// execution providers) or removes it; returns the variant it got.
 fn set(
     store: &Store,
     record: &DeploymentRecord,
     device: &str,
     version: Option<&ModelVersionRecord>,
-) -> Result<SetOutcome> {
+) -> Result<(SetOutcome, Option<String>)> {
+    let providers = store
+        .members(MemberKind::Device)
+        .get(device)?
+        .map(|m| m.capabilities.execution_providers)
+        .unwrap_or_default();
     let entry = version.map(|v| AssignmentRecord {
         deployment_seq: record.seq,
-        ..AssignmentRecord::for_version(v, &record.id, record.activation_timeout_seconds)
+        ..AssignmentRecord::for_device(v, &providers, &record.id, record.activation_timeout_seconds)
     });
-    assignments::set_model(store, device, &record.deployment.model, entry, record.seq)
+    let variant = entry.as_ref().and_then(|e| e.variant.clone());
+    let outcome =
+        assignments::set_model(store, device, &record.deployment.model, entry, record.seq)?;
+    Ok((outcome, variant))
 }
 
 fn note(
