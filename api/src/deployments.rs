@@ -239,7 +239,29 @@ pub struct Evidence {
     pub wave_devices: usize,
     pub offline: Vec<String>,
     pub not_active: Vec<String>,
+    /// Per variant (`own` for the version's own artifact), when the moved
+    /// devices run more than the version's own: each is gated by itself,
+    /// so a variant that fails on its hardware is not averaged away by the
+    /// devices running another.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub variants: BTreeMap<String, TrafficEvidence>,
 }
+
+/// The traffic numbers of one group of moved devices.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrafficEvidence {
+    pub devices: usize,
+    pub requests: u64,
+    pub errors: u64,
+    pub error_rate: Option<f64>,
+    pub p99_latency_ms: Option<f64>,
+    pub baseline_p99_latency_ms: Option<f64>,
+    pub p99_latency_ratio: Option<f64>,
+    pub online_accuracy: Option<f64>,
+}
+
+/// The name per-variant evidence gives the version's own artifact.
+pub const OWN_ARTIFACT: &str = "own";
 
 /// An entry of a deployment's evidence log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

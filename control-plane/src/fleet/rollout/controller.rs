@@ -1,10 +1,12 @@
 //! The rollout state machine. See the module docs of `rollout` for the
 //! decisions it encodes.
 
+use std::collections::BTreeMap;
+
 use super::plan;
 use super::{
     Action, AssignmentStatus, CancelReason, Compatibility, Deployment, Event, Evidence, FleetState,
-    Moved, RolloutState, Telemetry, UnixSeconds,
+    Moved, RolloutState, Telemetry, TrafficEvidence, UnixSeconds, WindowStats, OWN_ARTIFACT,
 };
 use crate::error::Error;
 
@@ -295,14 +297,72 @@ fn finish(
 
 /// Gathers the gate inputs: traffic and failures over every moved device,
 /// readiness over the current wave.
+/// Traffic of a group of moved devices, summed as [`measure`] reads it.
+#[derive(Default)]
+struct Traffic {
+    devices: usize,
+    requests: u64,
+    errors: u64,
+    p99_sum: f64,
+    base_sum: f64,
+    paired: u64,
+    acc_sum: f64,
+    acc_n: u64,
+}
+
+impl Traffic {
+    fn add(&mut self, new: &WindowStats, base: Option<&WindowStats>) {
+        self.requests += new.requests;
+        self.errors += new.errors;
+        if let Some(a) = new.online_accuracy {
+            self.acc_sum += a * new.requests as f64;
+            self.acc_n += new.requests;
+        }
+        if let Some(base) = base {
+            if new.requests > 0 && base.requests > 0 {
+                self.p99_sum += new.p99_latency_ms * new.requests as f64;
+                self.base_sum += base.p99_latency_ms * new.requests as f64;
+                self.paired += new.requests;
+            }
+        }
+    }
+
+    fn evidence(&self) -> TrafficEvidence {
+        let mut ev = TrafficEvidence {
+            devices: self.devices,
+            requests: self.requests,
+            errors: self.errors,
+            ..TrafficEvidence::default()
+        };
+        if self.requests > 0 {
+            ev.error_rate = Some(self.errors as f64 / self.requests as f64);
+        }
+        if self.paired > 0 {
+            let (p, b) = (
+                self.p99_sum / self.paired as f64,
+                self.base_sum / self.paired as f64,
+            );
+            ev.p99_latency_ms = Some(p);
+            ev.baseline_p99_latency_ms = Some(b);
+            if b > 0.0 {
+                ev.p99_latency_ratio = Some(p / b);
+            }
+        }
+        if self.acc_n > 0 {
+            ev.online_accuracy = Some(self.acc_sum / self.acc_n as f64);
+        }
+        ev
+    }
+}
+
 fn measure(d: &Deployment, wave: usize, fleet: &FleetState, telemetry: &Telemetry) -> Evidence {
     let mut ev = Evidence {
         wave,
         moved_devices: d.moved.len(),
         ..Evidence::default()
     };
-    let (mut p99_sum, mut base_sum, mut paired) = (0.0, 0.0, 0u64);
-    let (mut acc_sum, mut acc_n) = (0.0, 0u64);
+    let mut all = Traffic::default();
+    let mut by_variant: BTreeMap<String, Traffic> = BTreeMap::new();
     for (dev, m) in &d.moved {
         let state = fleet.devices.get(dev);
         match state.map(|s| &s.status) {
@@ -327,46 +387,42 @@ fn measure(d: &Deployment, wave: usize, fleet: &FleetState, telemetry: &Telemetr
                 _ => ev.offline.push(dev.clone()),
             }
         }
+        let variant = state
+            .and_then(|s| s.variant.clone())
+            .unwrap_or_else(|| OWN_ARTIFACT.to_string());
+        let group = by_variant.entry(variant).or_default();
+        group.devices += 1;
         let windows = telemetry.windows.get(dev);
         let Some(new) = windows.and_then(|w| w.get(&d.target_version)) else {
             continue;
         };
-        ev.requests += new.requests;
-        ev.errors += new.errors;
-        if let Some(a) = new.online_accuracy {
-            acc_sum += a * new.requests as f64;
-            acc_n += new.requests;
-        }
         let base = m
             .previous
             .as_ref()
             .and_then(|p| windows.and_then(|w| w.get(p)));
-        if let Some(base) = base {
-            if new.requests > 0 && base.requests > 0 {
-                p99_sum += new.p99_latency_ms * new.requests as f64;
-                base_sum += base.p99_latency_ms * new.requests as f64;
-                paired += new.requests;
-            }
-        }
+        all.devices += 1;
+        all.add(new, base);
+        group.add(new, base);
     }
-    if ev.requests > 0 {
-        ev.error_rate = Some(ev.errors as f64 / ev.requests as f64);
-    }
-    if paired > 0 {
-        let (p, b) = (p99_sum / paired as f64, base_sum / paired as f64);
-        ev.p99_latency_ms = Some(p);
-        ev.baseline_p99_latency_ms = Some(b);
-        if b > 0.0 {
-            ev.p99_latency_ratio = Some(p / b);
-        }
-    }
-    if acc_n > 0 {
-        ev.online_accuracy = Some(acc_sum / acc_n as f64);
+    let total = all.evidence();
+    ev.requests = total.requests;
+    ev.errors = total.errors;
+    ev.error_rate = total.error_rate;
+    ev.p99_latency_ms = total.p99_latency_ms;
+    ev.baseline_p99_latency_ms = total.baseline_p99_latency_ms;
+    ev.p99_latency_ratio = total.p99_latency_ratio;
+    ev.online_accuracy = total.online_accuracy;
+    if by_variant.keys().any(|k| k != OWN_ARTIFACT) {
+        ev.variants = by_variant
+            .into_iter()
+            .map(|(name, t)| (name, t.evidence()))
+            .collect();
     }
     ev
 }
 
-/// The first gate that trips, as a reason naming the numbers.
+/// The first gate that trips, as a reason naming the numbers: over every
+/// moved device, then over each variant's devices by themselves.
 fn breach(d: &Deployment, ev: &Evidence) -> Option<String> {
     let g = &d.gates;
     if ev.activation_failures.len() as u64 > u64::from(g.max_activation_failures) {
@@ -377,22 +433,42 @@ fn breach(d: &Deployment, ev: &Evidence) -> Option<String> {
             ev.activation_failures.join("; ")
         ));
     }
-    // Rate gates wait for enough traffic to mean something.
-    if ev.requests == 0 || ev.requests < g.min_requests {
+    let total = TrafficEvidence {
+        devices: ev.moved_devices,
+        requests: ev.requests,
+        errors: ev.errors,
+        error_rate: ev.error_rate,
+        p99_latency_ms: ev.p99_latency_ms,
+        baseline_p99_latency_ms: ev.baseline_p99_latency_ms,
+        p99_latency_ratio: ev.p99_latency_ratio,
+        online_accuracy: ev.online_accuracy,
+    };
+    if let Some(reason) = traffic_breach(g, &total) {
+        return Some(reason);
+    }
+    ev.variants
+        .iter()
+        .find_map(|(name, t)| traffic_breach(g, t).map(|r| format!("variant {name}: {r}")))
+}
+
+/// The rate gates on one group's traffic; they wait for enough traffic to
+/// mean something.
+fn traffic_breach(g: &super::Gates, t: &TrafficEvidence) -> Option<String> {
+    if t.requests == 0 || t.requests < g.min_requests {
         return None;
     }
-    if let Some(rate) = ev.error_rate {
+    if let Some(rate) = t.error_rate {
         if rate > g.max_error_rate {
             return Some(format!(
                 "error rate {rate:.4} > max {} ({} of {} requests)",
-                g.max_error_rate, ev.errors, ev.requests
+                g.max_error_rate, t.errors, t.requests
             ));
         }
     }
     if let (Some(r), Some(p), Some(b)) = (
-        ev.p99_latency_ratio,
-        ev.p99_latency_ms,
-        ev.baseline_p99_latency_ms,
+        t.p99_latency_ratio,
+        t.p99_latency_ms,
+        t.baseline_p99_latency_ms,
     ) {
         if r > g.max_p99_latency_ratio {
             return Some(format!(
@@ -401,7 +477,7 @@ fn breach(d: &Deployment, ev: &Evidence) -> Option<String> {
             ));
         }
     }
-    if let (Some(min), Some(acc)) = (g.min_online_accuracy, ev.online_accuracy) {
+    if let (Some(min), Some(acc)) = (g.min_online_accuracy, t.online_accuracy) {
         if acc < min {
             return Some(format!("online accuracy {acc:.4} < min {min}"));
         }

@@ -43,7 +43,8 @@ pub use controller::{step, Step};
 pub use plan::{Strategy, Waves};
 
 pub use edgeloop_api::deployments::{
-    CancelReason, Deployment, Event, Evidence, Gates, Moved, RolloutState,
+    CancelReason, Deployment, Event, Evidence, Gates, Moved, RolloutState, TrafficEvidence,
+    OWN_ARTIFACT,
 };
 pub use edgeloop_api::UnixSeconds;
 
@@ -90,6 +91,10 @@ pub struct DeviceState {
     pub version: Option<String>,
     pub status: AssignmentStatus,
     pub compatibility: Compatibility,
+    /// The variant of the target this deployment gave the device, if not
+    /// the version's own artifact; its traffic is gated with its variant's.
+    #[serde(default)]
+    pub variant: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

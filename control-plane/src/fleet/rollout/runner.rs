@@ -314,6 +314,7 @@ pub fn observe(
                 version,
                 status,
                 compatibility: deployments::compatibility(&record.requirements, &m.capabilities),
+                variant: record.assigned_variant.get(&m.id).cloned(),
             },
         );
         if d.moved.contains_key(&m.id) {

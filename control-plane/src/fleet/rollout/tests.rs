@@ -75,6 +75,7 @@ impl Sim {
                     version: Some(OLD.into()),
                     status: AssignmentStatus::Active,
                     compatibility: Compatibility::Compatible,
+                    variant: None,
                 };
                 (format!("dev-{i:02}"), s)
             })
@@ -399,6 +400,53 @@ fn rollout_gate_breaches_roll_back_only_moved_devices() {
         assert_eq!(sim.ever_assigned, wave0, "{}", c.name);
         assert!(sim.on_version(NEW).is_empty(), "{}", c.name);
     }
+}
+
+/// A variant that fails on its own hardware: one of ten wave-0 devices runs
+/// it and fails 40 % of its requests. Over all ten that is 4 %, under the
+/// 5 % gate; the variant's own devices are gated by themselves and trip it.
+#[test]
+fn rollout_a_failing_variant_is_gated_on_its_own_devices() {
+    let mut sim = Sim::new(20, pct(&[50, 100]));
+    sim.tick(); // wave 0: 10 devices
+    let wave0: Vec<String> = sim.wave_members(0).into_iter().collect();
+    let gpu = wave0[0].clone();
+    sim.fleet.devices.get_mut(&gpu).unwrap().variant = Some("fp16-gpu".into());
+    sim.now += 10;
+    // 9 healthy devices at 100 requests and 0 errors, the variant's at 100
+    // and 40: 40 of 1000 overall (4 %, under the 5 % gate), 40 % on it.
+    let mut t = sim.telemetry();
+    for (dev, w) in t.windows.iter_mut() {
+        if let Some(new) = w.get_mut(NEW) {
+            *new = if *dev == gpu {
+                stats(100, 40, 10.0)
+            } else {
+                stats(100, 0, 10.0)
+            };
+        }
+    }
+    let out = step(&sim.dep, &sim.fleet, &t, sim.now);
+    let RolloutState::RollingBack { then, .. } = &out.deployment.state else {
+        panic!("{:?}", out.deployment.state);
+    };
+    let RolloutState::RolledBack { reason, evidence } = then.as_ref() else {
+        panic!("{then:?}");
+    };
+    assert!(
+        reason.starts_with("variant fp16-gpu: error rate 0.4000 > max 0.05 (40 of 100 requests)"),
+        "{reason}"
+    );
+    assert_eq!(evidence.error_rate, Some(0.04));
+    assert_eq!(evidence.variants["fp16-gpu"].devices, 1);
+    assert_eq!(evidence.variants[OWN_ARTIFACT].requests, 900);
+    // Without the variant the same traffic passes: only it was at fault.
+    sim.fleet.devices.get_mut(&gpu).unwrap().variant = None;
+    let out = step(&sim.dep, &sim.fleet, &t, sim.now);
+    assert!(
+        matches!(out.deployment.state, RolloutState::Wave { index: 0, .. }),
+        "{:?}",
+        out.deployment.state
+    );
 }
 
 #[test]
