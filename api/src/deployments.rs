@@ -134,7 +134,8 @@ pub enum RolloutState {
     Succeeded,
     RolledBack {
         reason: String,
-        evidence: Evidence,
+        /// Boxed: the evidence is large, and the other states small.
+        evidence: Box<Evidence>,
     },
     Failed {
         reason: String,
@@ -438,7 +439,7 @@ mod tests {
             RolloutState::Succeeded,
             RolloutState::RolledBack {
                 reason: "r".into(),
-                evidence: Evidence::default(),
+                evidence: Box::default(),
             },
             RolloutState::Failed { reason: "r".into() },
             RolloutState::Cancelled {

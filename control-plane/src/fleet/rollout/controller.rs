@@ -120,7 +120,7 @@ fn wave_tick(
     if let Some(reason) = breach(d, &ev) {
         let then = RolloutState::RolledBack {
             reason: reason.clone(),
-            evidence: ev,
+            evidence: Box::new(ev),
         };
         roll_back(d, now, reason, then, out);
         return;
