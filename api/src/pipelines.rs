@@ -96,6 +96,39 @@ pub struct RetrainingConfig {
     /// A step running longer than this fails, retryably (default 6 h).
     #[serde(default = "default_step_timeout")]
     pub step_timeout_seconds: i64,
+    /// More artifacts of each new version, one per hardware class, each
+    /// through its own gate: e.g. an `fp16` variant for CUDA and TensorRT
+    /// beside the int8 artifact the CPUs get.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<VariantPolicy>,
+}
+
+/// A variant the Quantize step built: its gate's choice and signed manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct QuantizedVariant {
+    pub name: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub digest: Digest,
+    pub method: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub manifest: Digest,
+    pub providers: Vec<String>,
+}
+
+/// A variant the Quantize step builds for every new version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct VariantPolicy {
+    /// A DNS label, unique in the policy, e.g. `fp16-gpu`.
+    pub name: String,
+    /// The quantizations its gate may choose from, in the gate's labels
+    /// (`fp16`, `int8-dynamic`, `int8-static-entropy`, ...); float ships if
+    /// none is within the budget.
+    pub candidates: Vec<String>,
+    /// The execution providers it is for; a device with one of them gets it.
+    pub providers: Vec<String>,
 }
 
 fn default_eval_fraction() -> f64 {
@@ -261,6 +294,9 @@ pub enum Output {
         #[cfg_attr(feature = "openapi", schema(value_type = String))]
         manifest: Digest,
         version: String,
+        /// The policy's variants, each through its own gate.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        variants: Vec<QuantizedVariant>,
     },
     Version {
         version: String,

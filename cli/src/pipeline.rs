@@ -207,13 +207,25 @@ pub fn output(o: &Output) -> String {
             digest,
             method,
             version,
+            variants,
             ..
-        } => format!(
-            "version {}, {} {}",
-            text(version),
-            text(method),
-            short(digest)
-        ),
+        } => {
+            let mut line = format!(
+                "version {}, {} {}",
+                text(version),
+                text(method),
+                short(digest)
+            );
+            for v in variants {
+                line.push_str(&format!(
+                    "; variant {}: {} {}",
+                    v.name,
+                    v.method,
+                    short(&v.digest)
+                ));
+            }
+            line
+        }
         Output::Version { version } => format!("version {}", text(version)),
         Output::Comparison { new, serving } => format!(
             "accuracy {} % new vs {} % serving",

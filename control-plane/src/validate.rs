@@ -76,6 +76,30 @@ pub fn text(field: &str, value: &str, max: usize) -> Result<(), Error> {
     Ok(())
 }
 
+/// An ONNX Runtime execution provider's name, as devices report them
+/// (`CUDAExecutionProvider`): 1 to 8 of them.
+pub fn execution_providers(field: &str, providers: &[String]) -> Result<(), Error> {
+    if providers.is_empty() || providers.len() > 8 {
+        return Err(Error::bad_field(
+            field,
+            "must name 1 to 8 execution providers",
+        ));
+    }
+    for (i, p) in providers.iter().enumerate() {
+        let known = p.len() <= 64
+            && p.strip_suffix("ExecutionProvider").is_some_and(|stem| {
+                !stem.is_empty() && stem.bytes().all(|b| b.is_ascii_alphanumeric())
+            });
+        if !known {
+            return Err(Error::bad_field(
+                format!("{field}[{i}]"),
+                format!("{p:?} is not an execution provider name like CUDAExecutionProvider"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

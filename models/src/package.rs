@@ -57,6 +57,7 @@ pub struct Packaged {
 }
 
 /// What the manifest says about where the model came from.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Identity {
     pub name: String,
     pub version: String,

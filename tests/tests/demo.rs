@@ -96,6 +96,8 @@ fn the_loop_notices_the_shift_retrains_once_and_v2_recovers() {
     assert_eq!(v2["lineage"]["parent_version"], "1.0.0");
     assert!(v2["lineage"]["dataset"].is_string(), "{v2}");
     assert!(v2["lineage"]["job"].is_string(), "{v2}");
+    // The policy's fp16 variant for GPU devices went through its own gate.
+    assert!(v2["variants"]["fp16-gpu"].is_string(), "{v2}");
     let v2_row = s["v2_serving_row"]
         .as_u64()
         .unwrap_or_else(|| panic!("v2 never served: {s:#}"));

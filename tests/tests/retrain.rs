@@ -310,6 +310,17 @@ async fn bad_policies_and_requests_get_a_4xx_naming_the_field() {
             json!({"job": good_job, "rollout": {"selector": "a=b"}, "nope": 1}),
             "nope",
         ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b"},
+                   "variants": [{"name": "gpu", "candidates": ["int4"],
+                                 "providers": ["CUDAExecutionProvider"]}]}),
+            "variants[0].candidates[0]",
+        ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b"},
+                   "variants": [{"name": "gpu", "candidates": ["fp16"], "providers": ["cuda"]}]}),
+            "variants[0].providers[0]",
+        ),
     ];
     for (body, field) in cases {
         let (status, err) = cp.api().put(&url, body.clone()).await;

@@ -472,7 +472,12 @@ async fn close_the_loop(console: &Console, steps: u64) -> anyhow::Result<()> {
                 "eval_fraction": 0.4,
                 "min_eval_samples": 50,
                 "min_gain_points": 1.0,
-                "rollout": rollout_template()
+                "rollout": rollout_template(),
+                // Each new version also gets an fp16 variant for GPU
+                // devices, through its own gate (the demo's devices are
+                // CPUs: they get the version's own artifact).
+                "variants": [{"name": "fp16-gpu", "candidates": ["fp16"],
+                              "providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"]}]
             }),
         )
         .await?;

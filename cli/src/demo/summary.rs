@@ -65,6 +65,10 @@ pub struct VersionSummary {
     pub artifact_size: u64,
     pub metrics: BTreeMap<String, f64>,
     pub lineage: Lineage,
+    /// The version's variants by name, with the method each one's gate
+    /// chose.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub variants: BTreeMap<String, String>,
 }
 
 impl VersionSummary {
@@ -80,11 +84,25 @@ impl VersionSummary {
                 .unwrap_or(Value::Null);
             *q = serde_json::json!({ "chosen": chosen });
         }
+        let variants = v
+            .variants
+            .iter()
+            .map(|variant| {
+                let method = variant
+                    .quantization
+                    .as_ref()
+                    .and_then(|q| q.get("method"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("-");
+                (variant.name.clone(), method.to_string())
+            })
+            .collect();
         VersionSummary {
             version: v.version,
             artifact_size: v.artifact_size,
             metrics: v.metrics,
             lineage,
+            variants,
         }
     }
 }

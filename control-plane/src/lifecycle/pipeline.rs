@@ -5,6 +5,7 @@
 //! the action of its current step (each step's executor is idempotent per
 //! `(pipeline, step, attempt)`). The executors come with the pipeline task.
 
+pub use edgeloop_api::pipelines::QuantizedVariant;
 use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +70,9 @@ pub enum Output {
         method: String,
         manifest: Digest,
         version: String,
+        /// The policy's variants, each through its own gate.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        variants: Vec<QuantizedVariant>,
     },
     Version {
         version: String,
@@ -322,6 +326,7 @@ mod tests {
                 method: "int8-static".into(),
                 manifest: d('b'),
                 version: "2".into(),
+                variants: Vec::new(),
             },
             Step::Register => Output::Version {
                 version: "2".into(),

@@ -250,24 +250,7 @@ pub async fn add_variant(
 ) -> Result<ModelVersionRecord> {
     let current = get_version(store, model, version)?;
     validate::name("name", &req.name)?;
-    if req.providers.is_empty() || req.providers.len() > 8 {
-        return Err(Error::bad_field(
-            "providers",
-            "must name 1 to 8 execution providers",
-        ));
-    }
-    for (i, p) in req.providers.iter().enumerate() {
-        let known = p.len() <= 64
-            && p.strip_suffix("ExecutionProvider").is_some_and(|stem| {
-                !stem.is_empty() && stem.bytes().all(|b| b.is_ascii_alphanumeric())
-            });
-        if !known {
-            return Err(Error::bad_field(
-                format!("providers[{i}]"),
-                format!("{p:?} is not an execution provider name like CUDAExecutionProvider"),
-            ));
-        }
-    }
+    validate::execution_providers("providers", &req.providers)?;
     if current.format != "onnx" {
         return Err(Error::bad_field(
             "artifact_digest",

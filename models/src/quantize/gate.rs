@@ -46,6 +46,19 @@ impl CalibrationMethodName {
 }
 
 impl Candidate {
+    /// The candidate a [`Candidate::label`] names.
+    pub fn from_label(label: &str) -> Option<Candidate> {
+        let method = |m| Some(Candidate::Static { method: m });
+        match label {
+            "int8-static-entropy" => method(CalibrationMethodName::Entropy),
+            "int8-static-percentile" => method(CalibrationMethodName::Percentile),
+            "int8-static-minmax" => method(CalibrationMethodName::MinMax),
+            "int8-dynamic" => Some(Candidate::Dynamic),
+            "fp16" => Some(Candidate::Fp16),
+            _ => None,
+        }
+    }
+
     pub fn label(&self) -> String {
         match self {
             Candidate::Static { method } => format!("int8-static-{}", method.as_str()),
@@ -83,6 +96,11 @@ pub struct GateOptions {
     pub latency_runs: usize,
     /// "Not slower" allows this fraction of measurement noise.
     pub latency_tolerance: f64,
+    /// Whether "not slower than float" is a gate. Off for an artifact that
+    /// will run on another provider (an fp16 variant for CUDA/TensorRT):
+    /// its speed on this machine's CPU says nothing about its speed there.
+    /// Latency is still measured and reported.
+    pub gate_latency: bool,
     pub static_options: StaticOptions,
 }
 
@@ -94,6 +112,7 @@ impl Default for GateOptions {
             percentile: 99.99,
             latency_runs: 50,
             latency_tolerance: 0.10,
+            gate_latency: true,
             static_options: StaticOptions::default(),
         }
     }
@@ -286,7 +305,8 @@ pub fn run_gate(
                 let acc = accuracy(&pred, labels);
                 let agree = accuracy(&pred, &float_pred);
                 let drop = float_acc - acc;
-                let slower = latency > float_latency * (1.0 + opts.latency_tolerance);
+                let slower =
+                    opts.gate_latency && latency > float_latency * (1.0 + opts.latency_tolerance);
                 let verdict = if drop > opts.budget_points {
                     format!(
                         "accuracy drop {drop:.2} points exceeds the budget of {:.2}",
@@ -359,4 +379,17 @@ pub fn run_gate(
         budget_points: opts.budget_points,
         chosen_model,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_candidate_is_named_by_its_label() {
+        for c in Candidate::default_order() {
+            assert_eq!(Candidate::from_label(&c.label()), Some(c));
+        }
+        assert_eq!(Candidate::from_label("int4"), None);
+    }
 }

@@ -54,11 +54,13 @@ fn output_view(o: Output) -> api::Output {
             method,
             manifest,
             version,
+            variants,
         } => api::Output::Quantized {
             digest,
             method,
             manifest,
             version,
+            variants,
         },
         Output::Version { version } => api::Output::Version { version },
         Output::Comparison { new, serving } => api::Output::Comparison { new, serving },

@@ -76,6 +76,38 @@ impl RetrainingPolicy for RetrainingConfig {
                 "must be between 0 and 100",
             ));
         }
+        let mut names = std::collections::BTreeSet::new();
+        if self.variants.len() > 4 {
+            return Err(Error::bad_field("variants", "at most 4 variants"));
+        }
+        for (i, v) in self.variants.iter().enumerate() {
+            let at = |f: &str| format!("variants[{i}].{f}");
+            validate::name(&at("name"), &v.name)?;
+            if !names.insert(v.name.as_str()) {
+                return Err(Error::bad_field(
+                    at("name"),
+                    format!("{:?} is named twice", v.name),
+                ));
+            }
+            if v.candidates.is_empty() {
+                return Err(Error::bad_field(
+                    at("candidates"),
+                    "name at least one quantization",
+                ));
+            }
+            for (j, c) in v.candidates.iter().enumerate() {
+                if edgeloop_models::quantize::gate::Candidate::from_label(c).is_none() {
+                    return Err(Error::bad_field(
+                        format!("variants[{i}].candidates[{j}]"),
+                        format!(
+                            "unknown quantization {c:?}; expected fp16, int8-dynamic, \
+                             int8-static-entropy, int8-static-percentile or int8-static-minmax"
+                        ),
+                    ));
+                }
+            }
+            validate::execution_providers(&at("providers"), &v.providers)?;
+        }
         if !(1..=20).contains(&self.max_attempts) {
             return Err(Error::bad_field("max_attempts", "must be 1 to 20"));
         }

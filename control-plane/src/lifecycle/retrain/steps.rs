@@ -13,7 +13,7 @@ use edgeloop_models::dataset::Dataset;
 use edgeloop_models::manifest::{DimSpec, Lineage as ManifestLineage, SignedManifest};
 use edgeloop_models::npz::Npz;
 use edgeloop_models::onnx;
-use edgeloop_models::quantize::gate::{predictions, GateOptions};
+use edgeloop_models::quantize::gate::{predictions, Candidate, GateOptions};
 use edgeloop_models::runtime::OrtRuntime;
 use edgeloop_models::Digest;
 use time::OffsetDateTime;
@@ -25,10 +25,12 @@ use crate::error::Error;
 use crate::fleet::deployments;
 use crate::fleet::rollout::RolloutState;
 use crate::lifecycle::jobs::{self, CreateJob, JobState};
-use crate::lifecycle::pipeline::{Output, Pipeline, Step};
+use crate::lifecycle::pipeline::{Output, Pipeline, QuantizedVariant, Step};
 use crate::registry::artifacts::UploadLimits;
 use crate::registry::checkpoints;
-use crate::registry::models::{self, CreateModelVersion, Lineage, ModelVersionRecord};
+use crate::registry::models::{
+    self, CreateModelVersion, CreateVariant, Lineage, ModelVersionRecord,
+};
 use crate::Core;
 use edgeloop_models::package::{self, Identity};
 
@@ -512,7 +514,8 @@ async fn quantize(
     };
     let key_path = signing_key_path(core);
     let budget = config.quantization_budget_points;
-    let packaged = blocking(move || {
+    let policies = config.variants.clone();
+    let (packaged, variants) = blocking(move || {
         let model = onnx::decode(&model_bytes).map_err(|e| StepError::fatal(e.to_string()))?;
         let inputs = onnx::inspect(&model).inputs;
         let first = inputs
@@ -540,8 +543,45 @@ async fn quantize(
             budget_points: budget,
             ..GateOptions::default()
         };
-        package::package(&runtime, &model, &calibration, &eval, &opts, identity, &key)
-            .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))
+        let own = package::package(
+            &runtime,
+            &model,
+            &calibration,
+            &eval,
+            &opts,
+            identity.clone(),
+            &key,
+        )
+        .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))?;
+        let mut variants = Vec::new();
+        for policy in policies {
+            // Its own gate, over its own candidates. Speed is not gated: it
+            // runs on other providers than this machine's CPU.
+            let opts = GateOptions {
+                budget_points: budget,
+                candidates: policy
+                    .candidates
+                    .iter()
+                    .filter_map(|c| Candidate::from_label(c))
+                    .collect(),
+                gate_latency: false,
+                ..GateOptions::default()
+            };
+            let packaged = package::package(
+                &runtime,
+                &model,
+                &calibration,
+                &eval,
+                &opts,
+                identity.clone(),
+                &key,
+            )
+            .map_err(|e| {
+                StepError::fatal(format!("quantization of variant {}: {e:#}", policy.name))
+            })?;
+            variants.push((policy, packaged));
+        }
+        Ok((own, variants))
     })
     .await?;
     let manifest_json = packaged
@@ -551,11 +591,27 @@ async fn quantize(
     let artifact = put_artifact(core, packaged.artifact).await?;
     let manifest = put_artifact(core, manifest_json.into_bytes()).await?;
     tracing::info!(pipeline = %p.id, chosen = %packaged.outcome.chosen, reason = %packaged.outcome.reason, "quantization gate");
+    let mut built = Vec::new();
+    for (policy, v) in variants {
+        let json = v
+            .manifest
+            .to_json_pretty()
+            .map_err(|e| StepError::fatal(e.to_string()))?;
+        tracing::info!(pipeline = %p.id, variant = %policy.name, chosen = %v.outcome.chosen, reason = %v.outcome.reason, "quantization gate of a variant");
+        built.push(QuantizedVariant {
+            name: policy.name,
+            digest: put_artifact(core, v.artifact).await?,
+            method: v.outcome.chosen,
+            manifest: put_artifact(core, json.into_bytes()).await?,
+            providers: policy.providers,
+        });
+    }
     Ok(Output::Quantized {
         digest: artifact,
         method: packaged.outcome.chosen,
         manifest,
         version,
+        variants: built,
     })
 }
 
@@ -564,6 +620,7 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
         digest: artifact,
         manifest,
         version,
+        variants,
         ..
     } = output(p, Step::Quantize)?
     else {
@@ -579,6 +636,7 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
         .get(&models::version_key(&p.model, version))?
     {
         if v.artifact_digest == artifact {
+            add_variants(core, &p.model, &v, variants, now).await?;
             return Ok(Output::Version { version: v.version });
         }
         return Err(StepError::fatal(format!(
@@ -623,7 +681,46 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
         now,
     )
     .await?;
+    add_variants(core, &p.model, &v, variants, now).await?;
     Ok(Output::Version { version: v.version })
+}
+
+/// Adds the Quantize step's variants to the registered version; one added
+/// by an earlier try of this step (same name, same artifact) is kept.
+async fn add_variants(
+    core: &Core,
+    model: &str,
+    version: &ModelVersionRecord,
+    variants: &[QuantizedVariant],
+    now: OffsetDateTime,
+) -> Result<(), StepError> {
+    for v in variants {
+        match version.variants.iter().find(|have| have.name == v.name) {
+            Some(have) if have.artifact_digest == v.digest => continue,
+            Some(_) => {
+                return Err(StepError::fatal(format!(
+                    "variant {} of version {} was added by someone else meanwhile",
+                    v.name, version.version
+                )))
+            }
+            None => {}
+        }
+        models::add_variant(
+            &core.store,
+            core.artifacts.as_ref(),
+            model,
+            &version.version,
+            CreateVariant {
+                name: v.name.clone(),
+                artifact_digest: v.digest,
+                manifest_digest: v.manifest,
+                providers: v.providers.clone(),
+            },
+            now,
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// The chosen candidate's accuracy (percent) in the quantization evidence.
