@@ -45,6 +45,9 @@ async fn upload_signed(
 fn re_exported(model: &[u8]) -> Vec<u8> {
     let mut m = onnx::decode(model).unwrap();
     m.set_producer_name("edgeloop-tests variant".into());
+    // Larger than the version's own, as an fp16 artifact beside an int8
+    // one is: the deployment's disk check must count the larger.
+    m.set_doc_string("a variant ".repeat(100));
     onnx::encode(&m)
 }
 
@@ -234,6 +237,13 @@ async fn each_device_gets_the_variant_that_fits_its_providers() {
     .await;
     assert_eq!(ended["state"], "succeeded", "{ended}");
     assert_eq!(ended["variants"], json!({"edge-gpu": "gpu"}), "{ended}");
+    // Disk is checked for the largest artifact a device may get.
+    assert!(gpu.len() > own.len());
+    assert_eq!(
+        ended["requirements"]["free_disk_bytes"],
+        own.len().max(gpu.len()) as u64,
+        "{ended}"
+    );
     for (device, want) in [("edge-gpu", gpu_artifact), ("edge-cpu", artifact)] {
         let set = cp.core.store.assignments.get(device).unwrap().unwrap();
         let a = set

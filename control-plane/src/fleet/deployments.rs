@@ -262,7 +262,13 @@ pub async fn create(
         requirements: Requirements {
             provider: req.required_provider,
             input_dtypes,
-            free_disk_bytes: version.artifact_size,
+            // The largest artifact a device may get: a variant can be
+            // bigger than the version's own (fp16 beside int8).
+            free_disk_bytes: version
+                .variants
+                .iter()
+                .map(|v| v.artifact_size)
+                .fold(version.artifact_size, u64::max),
         },
         activation_timeout_seconds,
         assigned_generation: BTreeMap::new(),
