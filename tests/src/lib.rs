@@ -149,6 +149,27 @@ impl ControlPlane {
         )
     }
 
+    /// Submits a training job; its id.
+    pub async fn submit_job(&self, spec: Value) -> String {
+        let (status, job) = self.api().post("/api/v1/jobs", json!({"spec": spec})).await;
+        assert_eq!(status, 201, "{job}");
+        job["id"].as_str().unwrap_or_default().to_string()
+    }
+
+    /// Waits up to `timeout` for job `id` to end; its record.
+    pub async fn job_ended(&self, id: &str, timeout: Duration) -> Value {
+        eventually(timeout, &format!("job {id} ends"), || async {
+            let (_, j) = self.api().get(&format!("/api/v1/jobs/{id}")).await;
+            Some(j).filter(|j| {
+                matches!(
+                    j["state"].as_str(),
+                    Some("succeeded" | "failed" | "cancelled")
+                )
+            })
+        })
+        .await
+    }
+
     pub fn api(&self) -> Api {
         Api::new(&self.http_base, Some(&self.admin_token))
     }
@@ -335,6 +356,26 @@ where
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Loads `KEY=VALUE` lines from an engine's env file (the one
+/// `scripts/slurm-up.sh` or `scripts/ray-up.sh` writes) into this process.
+/// Engines read their settings from the environment when a bridge starts.
+pub fn load_env_file(var: &str, default: &str, script: &str) {
+    let path = std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}: run {script} (scripts/test.sh does)",
+            path.display()
+        )
+    });
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            std::env::set_var(k.trim(), v.trim());
+        }
+    }
 }
 
 /// Every regular file under `dir`, recursively.

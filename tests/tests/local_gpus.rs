@@ -26,25 +26,6 @@ fn gpu_job(name: &str, requirements: &[&str]) -> Value {
     })
 }
 
-async fn submit(cp: &ControlPlane, spec: Value) -> String {
-    let (status, job) = cp.api().post("/api/v1/jobs", json!({"spec": spec})).await;
-    assert_eq!(status, 201, "{job}");
-    job["id"].as_str().unwrap().to_string()
-}
-
-async fn ended(cp: &ControlPlane, id: &str) -> Value {
-    eventually(Duration::from_secs(60), "job ends", || async {
-        let (_, j) = cp.api().get(&format!("/api/v1/jobs/{id}")).await;
-        Some(j).filter(|j| {
-            matches!(
-                j["state"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
-            )
-        })
-    })
-    .await
-}
-
 #[tokio::test]
 async fn concurrent_gpu_jobs_get_their_own_device_and_old_drivers_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -95,11 +76,11 @@ async fn concurrent_gpu_jobs_get_their_own_device_and_old_drivers_are_refused() 
         "{local}"
     );
 
-    let a = submit(&cp, gpu_job("gpu-a", &[])).await;
-    let b = submit(&cp, gpu_job("gpu-b", &[])).await;
+    let a = cp.submit_job(gpu_job("gpu-a", &[])).await;
+    let b = cp.submit_job(gpu_job("gpu-b", &[])).await;
     let mut devices = Vec::new();
     for id in [&a, &b] {
-        let done = ended(&cp, id).await;
+        let done = cp.job_ended(id, Duration::from_secs(60)).await;
         assert_eq!(done["state"], "succeeded", "{done}");
         let seen = std::fs::read_to_string(dir.path().join("bridge/jobs").join(id).join("gpu.txt"))
             .unwrap();
@@ -108,8 +89,10 @@ async fn concurrent_gpu_jobs_get_their_own_device_and_old_drivers_are_refused() 
     devices.sort();
     assert_eq!(devices, ["0", "1"], "each job had a device of its own");
 
-    let old = submit(&cp, gpu_job("needs-cuda-12", &["cuda>=12.2"])).await;
-    let refused = ended(&cp, &old).await;
+    let old = cp
+        .submit_job(gpu_job("needs-cuda-12", &["cuda>=12.2"]))
+        .await;
+    let refused = cp.job_ended(&old, Duration::from_secs(60)).await;
     assert_eq!(refused["state"], "failed", "{refused}");
     assert_eq!(
         refused["last_message"],

@@ -11,27 +11,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use edgeloop_tests::{checkpoint_at_least, eventually, kill_trainer_of, ControlPlane};
+use edgeloop_tests::{
+    checkpoint_at_least, eventually, kill_trainer_of, load_env_file, ControlPlane,
+};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
-
-/// Loads `KEY=VALUE` lines from an engine's env file into this process.
-fn load_env_file(var: &str, default: &str, script: &str) {
-    let path = std::env::var_os(var)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(default));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}: run {script} (scripts/test.sh does)",
-            path.display()
-        )
-    });
-    for line in text.lines() {
-        if let Some((k, v)) = line.split_once('=') {
-            std::env::set_var(k.trim(), v.trim());
-        }
-    }
-}
 
 fn spec(name: &str, engine: &str) -> Value {
     let trainer = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/contract_trainer.sh");

@@ -16,29 +16,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use edgeloop_tests::{eventually, ControlPlane};
+use edgeloop_tests::{eventually, load_env_file, ControlPlane};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
-
-fn load_env_file(var: &str, default: &str, script: &str) {
-    let path = std::env::var_os(var)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(default));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}: run {script} (scripts/test.sh does)",
-            path.display()
-        )
-    });
-    for line in text.lines() {
-        if let Some((k, v)) = line.split_once('=') {
-            std::env::set_var(k.trim(), v.trim());
-        }
-    }
-}
 
 /// A job that records the GPU part of its environment in `gpu.env`, in
 /// its working directory (the job's directory on the bridge).
@@ -52,22 +34,6 @@ fn gpu_job(name: &str, engine: &str, gpus: u32) -> Value {
         "nccl": {"NCCL_SOCKET_IFNAME": "lo"},
         "restarts": {"max_restarts": 0}
     })
-}
-
-async fn run_to_end(cp: &ControlPlane, spec: Value) -> Value {
-    let (status, job) = cp.api().post("/api/v1/jobs", json!({"spec": spec})).await;
-    assert_eq!(status, 201, "{job}");
-    let id = job["id"].as_str().unwrap().to_string();
-    eventually(Duration::from_secs(120), "job ends", || async {
-        let (_, j) = cp.api().get(&format!("/api/v1/jobs/{id}")).await;
-        Some(j).filter(|j| {
-            matches!(
-                j["state"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
-            )
-        })
-    })
-    .await
 }
 
 #[tokio::test]
@@ -131,7 +97,10 @@ async fn slurm_and_ray_schedule_gpus_from_their_pools() {
     );
 
     for engine in ["slurm", "ray"] {
-        let done = run_to_end(&cp, gpu_job(&format!("one-gpu-{engine}"), engine, 1)).await;
+        let id = cp
+            .submit_job(gpu_job(&format!("one-gpu-{engine}"), engine, 1))
+            .await;
+        let done = cp.job_ended(&id, Duration::from_secs(120)).await;
         assert_eq!(done["state"], "succeeded", "{engine}: {done}");
         let id = done["id"].as_str().unwrap();
         let seen = std::fs::read_to_string(dir.path().join("bridge/jobs").join(id).join("gpu.env"))
@@ -153,7 +122,10 @@ async fn slurm_and_ray_schedule_gpus_from_their_pools() {
             assert!(seen.contains("SLURM_JOB_GPUS="), "{seen:?}");
         }
 
-        let refused = run_to_end(&cp, gpu_job(&format!("three-gpus-{engine}"), engine, 3)).await;
+        let id = cp
+            .submit_job(gpu_job(&format!("three-gpus-{engine}"), engine, 3))
+            .await;
+        let refused = cp.job_ended(&id, Duration::from_secs(120)).await;
         assert_eq!(refused["state"], "failed", "{engine}: {refused}");
         let why = refused["last_message"].as_str().unwrap();
         let pool_name = if engine == "slurm" {

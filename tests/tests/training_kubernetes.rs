@@ -36,25 +36,6 @@ fn spec(name: &str, total: u32, step_seconds: &str, max_restarts: u32) -> Value 
     })
 }
 
-async fn submit(cp: &ControlPlane, spec: Value) -> String {
-    let (status, job) = cp.api().post("/api/v1/jobs", json!({"spec": spec})).await;
-    assert_eq!(status, 201, "{job}");
-    job["id"].as_str().unwrap().to_string()
-}
-
-async fn ended(cp: &ControlPlane, id: &str) -> Value {
-    eventually(Duration::from_secs(120), "job ends", || async {
-        let (_, j) = cp.api().get(&format!("/api/v1/jobs/{id}")).await;
-        Some(j).filter(|j| {
-            matches!(
-                j["state"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
-            )
-        })
-    })
-    .await
-}
-
 #[tokio::test]
 async fn fake_api_kubernetes_jobs_run_the_contract_trainer_resume_and_cancel() {
     let fake = FakeKubernetes::start().await;
@@ -99,8 +80,8 @@ async fn fake_api_kubernetes_jobs_run_the_contract_trainer_resume_and_cancel() {
     .await;
 
     // 1. Runs to completion; every checkpoint reaches the control plane.
-    let id = submit(&cp, spec("on-k8s", 15, "0.02", 0)).await;
-    let done = ended(&cp, &id).await;
+    let id = cp.submit_job(spec("on-k8s", 15, "0.02", 0)).await;
+    let done = cp.job_ended(&id, Duration::from_secs(120)).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     let steps: Vec<u64> = done["checkpoints"]
         .as_array()
@@ -125,14 +106,14 @@ async fn fake_api_kubernetes_jobs_run_the_contract_trainer_resume_and_cancel() {
 
     // 2. kill -9 of the trainer: the pod fails, so does the Job; the next
     // attempt is a new Job that resumes from the last committed checkpoint.
-    let id = submit(&cp, spec("k8s-killed", 40, "0.1", 2)).await;
+    let id = cp.submit_job(spec("k8s-killed", 40, "0.1", 2)).await;
     let job_dir = dir.path().join("bridge/jobs").join(&id);
     checkpoint_at_least(&job_dir.join("checkpoints"), 10).await;
     assert!(
         kill_trainer_of(&id) > 0,
         "found the training process of {id}"
     );
-    let done = ended(&cp, &id).await;
+    let done = cp.job_ended(&id, Duration::from_secs(120)).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(
         (done["step"].as_u64(), done["attempt"].as_u64()),
@@ -164,7 +145,7 @@ async fn fake_api_kubernetes_jobs_run_the_contract_trainer_resume_and_cancel() {
     );
 
     // 3. Cancel: the Job and its Service are deleted, the process stopped.
-    let id = submit(&cp, spec("k8s-cancelled", 1000, "0.1", 2)).await;
+    let id = cp.submit_job(spec("k8s-cancelled", 1000, "0.1", 2)).await;
     checkpoint_at_least(
         &dir.path().join("bridge/jobs").join(&id).join("checkpoints"),
         5,
@@ -175,7 +156,7 @@ async fn fake_api_kubernetes_jobs_run_the_contract_trainer_resume_and_cancel() {
         .post(&format!("/api/v1/jobs/{id}/cancel"), json!({}))
         .await;
     assert!(status.is_success(), "{status} {body}");
-    let done = ended(&cp, &id).await;
+    let done = cp.job_ended(&id, Duration::from_secs(120)).await;
     assert_eq!(done["state"], "cancelled", "{done}");
     let name = format!("{id}-1");
     assert!(fake.job(NS, &name).is_none(), "{:?}", fake.jobs());
