@@ -40,6 +40,8 @@ scripts/fetch-mnist-models.sh
 # them itself) and the NOAA rainfall table.
 scripts/fetch-mnist.sh
 scripts/fetch-rainfall.sh
+# The standard clients our protocols are tested with (tritonclient).
+scripts/python-clients.sh
 
 echo "==> engines (real Slurm and Ray on this machine; stopped again at the end)"
 stop_engines() {

@@ -13,7 +13,7 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -21,6 +21,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use super::binary;
 use super::error::ServeError;
 use super::host::ModelHost;
 use super::infer::{decode_inputs, execute, new_request_id};
@@ -149,10 +150,11 @@ async fn version_ready(
 async fn infer(
     State(host): Host,
     name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     match path(name) {
-        Ok(name) => run(&host, &name, None, body).await,
+        Ok(name) => run(&host, &name, None, &headers, body).await,
         Err(e) => e.response(),
     }
 }
@@ -160,10 +162,11 @@ async fn infer(
 async fn version_infer(
     State(host): Host,
     p: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     match path(p) {
-        Ok((name, version)) => run(&host, &name, Some(&version), body).await,
+        Ok((name, version)) => run(&host, &name, Some(&version), &headers, body).await,
         Err(e) => e.response(),
     }
 }
@@ -175,6 +178,7 @@ async fn run(
     host: &ModelHost,
     model: &str,
     version: Option<&str>,
+    headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let started = Instant::now();
@@ -188,20 +192,51 @@ async fn run(
         },
         _ => ServeError::BadBody(rejection.body_text()),
     });
+    // The binary extension: a JSON header, then the tensors' bytes.
+    let header_len = match headers.get(binary::HEADER).map(|v| v.to_str()) {
+        None => Ok(None),
+        Some(Ok(v)) => Ok(Some(v)),
+        Some(Err(_)) => Err(ServeError::BadBody(
+            "Inference-Header-Content-Length is not text".into(),
+        )),
+    };
+    let parts = body.as_ref().map_err(Clone::clone).and_then(|bytes| {
+        header_len.and_then(|len| binary::split(bytes, len).map_err(ServeError::BadBody))
+    });
     // Parsed in place: `data` stays borrowed from the body until decoded.
-    let request = body.as_ref().map_err(Clone::clone).and_then(|bytes| {
-        serde_json::from_slice::<InferRequest<'_>>(bytes)
+    let request = parts.and_then(|(json, raw)| {
+        serde_json::from_slice::<InferRequest<'_>>(json)
+            .map(|r| (r, raw))
             .map_err(|e| ServeError::BadBody(e.to_string()))
     });
-    let (id, decoded) = match request {
-        Ok(request) => {
+    let (id, decoded, binary_out) = match request {
+        Ok((request, raw)) => {
             let id = request.id.unwrap_or_else(new_request_id);
+            let all_binary = request.parameters.binary_data_output.unwrap_or(false);
+            let binary_out = BinaryOutputs {
+                all: all_binary,
+                named: request
+                    .outputs
+                    .iter()
+                    .flatten()
+                    .map(|o| {
+                        (
+                            o.name.clone(),
+                            o.parameters.binary_data.unwrap_or(all_binary),
+                        )
+                    })
+                    .collect(),
+            };
             let outputs = request
                 .outputs
                 .map(|o| o.into_iter().map(|o| o.name).collect());
-            (id, decode_inputs(request.inputs).map(|i| (i, outputs)))
+            (
+                id,
+                decode_inputs(request.inputs, raw).map(|i| (i, outputs)),
+                binary_out,
+            )
         }
-        Err(e) => (new_request_id(), Err(e)),
+        Err(e) => (new_request_id(), Err(e), BinaryOutputs::default()),
     };
     drop(body);
     let (inputs, result) = match decoded {
@@ -209,25 +244,78 @@ async fn run(
         Err(e) => (Vec::new(), Err(e)),
     };
     let response = match &result {
-        Ok(outputs) => {
-            let body = InferResponse {
-                model_name: &target.model,
-                model_version: &target.version,
-                id: &id,
-                outputs: outputs
-                    .iter()
-                    .map(|(name, tensor)| ResponseOutput::new(name, tensor))
-                    .collect(),
-            };
-            match serde_json::to_vec(&body) {
-                Ok(bytes) => json_bytes(bytes),
-                Err(e) => ServeError::Inference(format!("writing the response: {e}")).response(),
-            }
-        }
+        Ok(outputs) => respond(&target.model, &target.version, &id, outputs, &binary_out),
         Err(e) => e.response(),
     };
     host.record(&target, &id, &inputs, &result, started);
     response
+}
+
+/// Which outputs go back as binary data: those the request asked for so,
+/// and, when `all`, every output it did not name.
+#[derive(Debug, Default)]
+struct BinaryOutputs {
+    all: bool,
+    named: std::collections::HashMap<String, bool>,
+}
+
+impl BinaryOutputs {
+    fn wants(&self, name: &str) -> bool {
+        self.named.get(name).copied().unwrap_or(self.all)
+    }
+}
+
+/// The answer: JSON, or a JSON header followed by the binary outputs' bytes.
+fn respond(
+    model: &str,
+    version: &str,
+    id: &str,
+    outputs: &[(String, edgeloop_models::Tensor)],
+    binary_out: &BinaryOutputs,
+) -> Response {
+    let mut blob = Vec::new();
+    let described = outputs
+        .iter()
+        .map(|(name, tensor)| {
+            if binary_out.wants(name) {
+                let bytes = binary::to_bytes(tensor);
+                let out = ResponseOutput::binary(name, tensor, bytes.len());
+                blob.extend_from_slice(&bytes);
+                out
+            } else {
+                ResponseOutput::new(name, tensor)
+            }
+        })
+        .collect();
+    let body = InferResponse {
+        model_name: model,
+        model_version: version,
+        id,
+        outputs: described,
+    };
+    let mut header = match serde_json::to_vec(&body) {
+        Ok(bytes) => bytes,
+        Err(e) => return ServeError::Inference(format!("writing the response: {e}")).response(),
+    };
+    if blob.is_empty() && !binary_out.named.values().any(|&b| b) {
+        return json_bytes(header);
+    }
+    let header_len = header.len();
+    header.extend_from_slice(&blob);
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (
+                header::HeaderName::from_static(binary::HEADER),
+                HeaderValue::from(header_len),
+            ),
+        ],
+        header,
+    )
+        .into_response()
 }
 
 fn json_bytes(bytes: Vec<u8>) -> Response {

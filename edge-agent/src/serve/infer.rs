@@ -256,10 +256,15 @@ fn pick(all: Named, wanted: Option<&[usize]>) -> Named {
         .collect()
 }
 
-/// The protocol's JSON inputs as tensors: datatype known, shape valid, and
-/// exactly as many elements as the shape holds.
-pub(super) fn decode_inputs(inputs: Vec<RequestInput<'_>>) -> Result<Named, ServeError> {
-    inputs
+/// The protocol's inputs as tensors: datatype known, shape valid, and
+/// exactly as many elements (JSON) or bytes (binary data, taken from
+/// `binary` in input order) as the shape holds.
+pub(super) fn decode_inputs(
+    inputs: Vec<RequestInput<'_>>,
+    binary: &[u8],
+) -> Result<Named, ServeError> {
+    let mut cursor = super::binary::Cursor::new(binary);
+    let named = inputs
         .into_iter()
         .map(|input| {
             let bad = |reason: String| ServeError::BadInput {
@@ -274,10 +279,26 @@ pub(super) fn decode_inputs(inputs: Vec<RequestInput<'_>>) -> Result<Named, Serv
                 ))
             })?;
             let (shape, _) = checked_shape(&input.shape).map_err(bad)?;
-            let tensor = to_tensor(dtype, shape, input.data.get()).map_err(bad)?;
+            let tensor = match (input.data, input.parameters.binary_data_size) {
+                (Some(data), None) => to_tensor(dtype, shape, data.get()).map_err(bad)?,
+                (None, Some(size)) => {
+                    let bytes = cursor.take(size).map_err(bad)?;
+                    super::binary::to_tensor(dtype, shape, bytes).map_err(bad)?
+                }
+                (Some(_), Some(_)) => {
+                    return Err(bad("has both data and binary_data_size".into()));
+                }
+                (None, None) => {
+                    return Err(bad(
+                        "has no data (JSON) and no parameters.binary_data_size (binary)".into(),
+                    ))
+                }
+            };
             Ok((input.name, tensor))
         })
-        .collect()
+        .collect::<Result<Named, ServeError>>()?;
+    cursor.finish().map_err(ServeError::BadBody)?;
+    Ok(named)
 }
 
 #[cfg(test)]

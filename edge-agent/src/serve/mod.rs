@@ -19,6 +19,7 @@
 //! - `error`: request errors and their HTTP answers
 
 mod batch;
+pub mod binary;
 mod error;
 mod host;
 mod http;

@@ -39,7 +39,7 @@ pub fn supported_datatypes() -> String {
 }
 
 /// `POST /v2/models/{name}/infer`, borrowing from the body. Unknown fields
-/// (`parameters`) are ignored.
+/// and parameters are ignored.
 #[derive(Debug, Deserialize)]
 pub struct InferRequest<'a> {
     #[serde(default)]
@@ -48,6 +48,17 @@ pub struct InferRequest<'a> {
     pub inputs: Vec<RequestInput<'a>>,
     #[serde(default)]
     pub outputs: Option<Vec<RequestOutput>>,
+    #[serde(default)]
+    pub parameters: RequestParameters,
+}
+
+/// The binary extension's request-wide switch.
+#[derive(Debug, Default, Deserialize)]
+pub struct RequestParameters {
+    /// Every output not listed in `outputs` (or all, when none is) comes
+    /// back as binary data.
+    #[serde(default)]
+    pub binary_data_output: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -55,14 +66,33 @@ pub struct RequestInput<'a> {
     pub name: String,
     pub shape: Vec<i64>,
     pub datatype: String,
-    /// Valid JSON (the parser checked it), not yet read as numbers.
-    #[serde(borrow)]
-    pub data: &'a RawValue,
+    /// Valid JSON (the parser checked it), not yet read as numbers; absent
+    /// for a tensor sent as binary data.
+    #[serde(borrow, default)]
+    pub data: Option<&'a RawValue>,
+    #[serde(default)]
+    pub parameters: InputParameters,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct InputParameters {
+    /// Set when the tensor's bytes are in the binary part of the body.
+    #[serde(default)]
+    pub binary_data_size: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct RequestOutput {
     pub name: String,
+    #[serde(default)]
+    pub parameters: OutputParameters,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct OutputParameters {
+    /// Return this output as binary data.
+    #[serde(default)]
+    pub binary_data: Option<bool>,
 }
 
 /// Checks a request shape and returns it as dimensions, with their product.
@@ -243,7 +273,16 @@ pub struct ResponseOutput<'a> {
     pub name: &'a str,
     pub shape: &'a [usize],
     pub datatype: &'static str,
-    pub data: TensorData<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<TensorData<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<BinaryParameters>,
+}
+
+/// Where a binary output's bytes are: its share of the body after the header.
+#[derive(Debug, Serialize)]
+pub struct BinaryParameters {
+    pub binary_data_size: usize,
 }
 
 impl<'a> ResponseOutput<'a> {
@@ -252,7 +291,19 @@ impl<'a> ResponseOutput<'a> {
             name,
             shape: tensor.shape(),
             datatype: datatype_name(tensor.dtype()),
-            data: TensorData(tensor),
+            data: Some(TensorData(tensor)),
+            parameters: None,
+        }
+    }
+
+    /// The output as binary data of `size` bytes, sent after the header.
+    pub fn binary(name: &'a str, tensor: &'a Tensor, size: usize) -> Self {
+        ResponseOutput {
+            data: None,
+            parameters: Some(BinaryParameters {
+                binary_data_size: size,
+            }),
+            ..ResponseOutput::new(name, tensor)
         }
     }
 }
@@ -357,7 +408,7 @@ mod tests {
             "]".repeat(depth)
         );
         let input: RequestInput<'_> = serde_json::from_str(&deep).unwrap();
-        assert_eq!(f32s(input.data.get(), &[1]).unwrap().len(), 1);
+        assert_eq!(f32s(input.data.unwrap().get(), &[1]).unwrap().len(), 1);
     }
 
     #[test]

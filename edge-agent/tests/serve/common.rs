@@ -17,7 +17,7 @@ use ndarray::{ArrayD, IxDyn};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-fn deps() -> PathBuf {
+pub fn deps() -> PathBuf {
     edgeloop_models::deps::dir().expect("HOME or EDGELOOP_DEPS is set")
 }
 

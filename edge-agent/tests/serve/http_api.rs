@@ -314,3 +314,138 @@ async fn bad_requests_get_their_status_and_a_protocol_error() {
 fn body(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap()
 }
+
+/// The binary tensor data extension, byte for byte: a JSON header of
+/// `Inference-Header-Content-Length` bytes, then the tensors' bytes; JSON
+/// and binary tensors mixed; sizes that disagree are a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_tensors_in_and_out() {
+    let server = start(config()).await;
+    let path = mnist_model("mlp");
+    server.host.activate(spec("mlp", "1", &path)).await.unwrap();
+    let data = noise(2 * 784, 7);
+    let json_answer = server
+        .post(
+            "/v2/models/mlp/infer",
+            &json!({"inputs": [{"name": "input", "shape": [2, 784], "datatype": "FP32", "data": data}]}),
+        )
+        .await;
+    assert_eq!(json_answer.status, 200, "{}", json_answer.text);
+    let want = output_data(&json_answer.body, 0);
+
+    let raw: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let header = serde_json::to_vec(&json!({
+        "inputs": [{"name": "input", "shape": [2, 784], "datatype": "FP32",
+                    "parameters": {"binary_data_size": raw.len()}}],
+        "outputs": [{"name": "logits", "parameters": {"binary_data": true}}],
+    }))
+    .unwrap();
+    let send = |header: Vec<u8>, raw: Vec<u8>, len: usize| {
+        let mut body = header;
+        body.extend_from_slice(&raw);
+        server
+            .client
+            .post(format!("{}/v2/models/mlp/infer", server.base))
+            .header("Inference-Header-Content-Length", len.to_string())
+            .body(body)
+            .send()
+    };
+    let r = send(header.clone(), raw.clone(), header.len())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let json_len: usize = r.headers()["inference-header-content-length"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let body = r.bytes().await.unwrap();
+    let head: Value = serde_json::from_slice(&body[..json_len]).unwrap();
+    let out = &head["outputs"][0];
+    assert_eq!(out["parameters"]["binary_data_size"], 2 * 10 * 4, "{head}");
+    assert!(out.get("data").is_none(), "{head}");
+    let got: Vec<f32> = body[json_len..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(got, want, "binary in, binary out: the same numbers as JSON");
+
+    // One byte short, and one byte too many: refused, naming the input.
+    let r = send(header.clone(), raw[1..].to_vec(), header.len())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("input") && text.contains("binary data left"),
+        "{text}"
+    );
+    let mut long = raw.clone();
+    long.push(0);
+    let r = send(header.clone(), long, header.len()).await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("not claimed"));
+    let r = send(header.clone(), raw.clone(), header.len() + raw.len() + 1)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+/// NVIDIA's tritonclient, the OIP client most users have, with its
+/// defaults (binary tensors) and with JSON: both answer what ONNX Runtime
+/// answers. The client comes from PyPI (scripts/python-clients.sh).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tritonclient_binary_and_json_match_onnxruntime() {
+    let python = deps().join("pyclients/bin/python");
+    assert!(
+        python.is_file(),
+        "{} not found: run scripts/python-clients.sh",
+        python.display()
+    );
+    let server = start(config()).await;
+    let path = mnist_model("mlp");
+    server.host.activate(spec("mlp", "1", &path)).await.unwrap();
+    let data = noise(3 * 784, 11);
+    let request =
+        json!({"inputs": [{"name": "input", "shape": [3, 784], "datatype": "FP32", "data": data}]});
+    let want = output_data(&python_reference(&path, &request), 0);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input.json");
+    std::fs::write(&input, json!({"shape": [3, 784], "data": data}).to_string()).unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tritonclient_infer.py");
+    let host_port = server.base.trim_start_matches("http://").to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python)
+            .arg(fixture)
+            .args([&host_port, "mlp", "input", "logits"])
+            .arg(&input)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "tritonclient: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (label, binary) in [("binary", true), ("json", false), ("default", true)] {
+        let a = &answers[label];
+        assert_eq!(a["sent_binary"], binary, "{label}: {a}");
+        let got: Vec<f32> = a["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(got.len(), want.len(), "{label}");
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst <= 1e-5, "{label}: max abs difference {worst}");
+    }
+}
