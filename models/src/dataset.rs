@@ -133,15 +133,21 @@ impl Dataset {
                     return Err(bad());
                 }
                 // Axis 0 is the sample axis; the rest must match fixed dims.
+                // Exporters write `dim_value: -1` or `0` for "unknown" (ONNX
+                // has no such value), so only a positive size is fixed.
                 for (d, &n) in dims.iter().zip(shape).skip(1) {
                     if let Dim::Fixed(f) = d {
-                        if *f != n as i64 {
+                        if *f > 0 && *f != n as i64 {
                             return Err(bad());
                         }
                     }
                 }
                 if let Some(Dim::Fixed(b)) = dims.first() {
-                    fixed_batch = Some(*b as usize);
+                    if let Ok(b) = usize::try_from(*b) {
+                        if b > 0 {
+                            fixed_batch = Some(b);
+                        }
+                    }
                 }
             }
             arrays.push((input.name.clone(), t.clone()));
@@ -165,6 +171,14 @@ impl Dataset {
         }
         if samples == 0 {
             return Err(DatasetError::Empty { file });
+        }
+        if let Some(b) = fixed_batch.filter(|&b| b > samples) {
+            return Err(DatasetError::SampleCount {
+                file,
+                detail: format!(
+                    "the model takes batches of exactly {b} samples, the file has {samples}"
+                ),
+            });
         }
         let labels = match npz.get(LABEL_KEY) {
             Some(Tensor::I64(l)) if l.ndim() == 1 && l.len() == samples => Some(l.iter().copied().collect()),

@@ -314,6 +314,46 @@ fn a_mismatched_calibration_set_is_named() {
     assert_eq!((ok.samples, ok.labels.unwrap().len()), (4, 4));
 }
 
+/// Exporters (PaddlePaddle, some tf2onnx) write `dim_value: -1` or `0` for
+/// an unknown size. Read as a fixed batch of -1 it left the dataset with no
+/// batches, and the gate indexed the first one: a panic from a user's file.
+#[test]
+fn dim_value_minus_one_or_zero_is_a_dynamic_size() {
+    for unknown in [-1i64, 0] {
+        let inputs = vec![edgeloop_models::onnx::ValueSummary {
+            name: "input".into(),
+            dtype: "float32".into(),
+            shape: Some(vec![
+                edgeloop_models::onnx::Dim::Fixed(unknown),
+                edgeloop_models::onnx::Dim::Fixed(3),
+                edgeloop_models::onnx::Dim::Fixed(unknown),
+                edgeloop_models::onnx::Dim::Symbolic("w".into()),
+            ]),
+        }];
+        let mut npz = Npz::new();
+        npz.insert("input", f32_tensor(&[5, 3, 4, 4], noise(5 * 48, 2)));
+        let d = Dataset::from_npz(&npz, "calib.npz", &inputs, false).unwrap();
+        assert_eq!((d.samples, d.batches.len()), (5, 1), "dim_value {unknown}");
+    }
+    // A real fixed batch larger than the file is an error naming both.
+    let inputs = vec![edgeloop_models::onnx::ValueSummary {
+        name: "input".into(),
+        dtype: "float32".into(),
+        shape: Some(vec![
+            edgeloop_models::onnx::Dim::Fixed(8),
+            edgeloop_models::onnx::Dim::Fixed(3),
+        ]),
+    }];
+    let mut npz = Npz::new();
+    npz.insert("input", f32_tensor(&[5, 3], noise(15, 2)));
+    let err = Dataset::from_npz(&npz, "calib.npz", &inputs, false).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("batches of exactly 8 samples, the file has 5"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_model_with_external_data_is_inspected_and_quantized() {
     let rt = runtime();

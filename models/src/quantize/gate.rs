@@ -200,7 +200,11 @@ pub fn median_latency_ms(
     runs: usize,
 ) -> Result<f64, QuantizeError> {
     let mut session = runtime.session(&onnx::encode(model), &single_thread())?;
-    let sample: Vec<(String, Tensor)> = data.batches[0]
+    let first = data
+        .batches
+        .first()
+        .ok_or_else(|| QuantizeError::Data("the dataset has no batches to time".into()))?;
+    let sample: Vec<(String, Tensor)> = first
         .iter()
         .map(|(n, t)| (n.clone(), crate::dataset::first_row(t)))
         .collect();
