@@ -486,6 +486,26 @@ async fn health_readiness_and_openapi_need_no_token() {
         );
     }
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+    // Every path parameter is a `{name}` of its path, and every `{name}` is
+    // a declared path parameter: a query parameter declared "in: path" (as
+    // `selector` of GET /api/v1/devices once was) fails OpenAPI validators.
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let in_template: std::collections::BTreeSet<&str> = path
+            .split('{')
+            .skip(1)
+            .filter_map(|p| p.split('}').next())
+            .collect();
+        for (method, op) in item.as_object().unwrap() {
+            let declared: std::collections::BTreeSet<&str> = op["parameters"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["in"] == "path")
+                .filter_map(|p| p["name"].as_str())
+                .collect();
+            assert_eq!(declared, in_template, "{method} {path}: path parameters");
+        }
+    }
     cp.stop().await;
 }
 

@@ -19,6 +19,7 @@ use crate::Core;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct DriftQuery {
     /// Default: the newest version.
     pub version: Option<String>,

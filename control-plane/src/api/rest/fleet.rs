@@ -70,6 +70,7 @@ fn list_selected(
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct DeviceQuery {
     /// A label selector, e.g. `site=berlin,edgeloop.io/provider=CUDAExecutionProvider`
     /// (`=`, `!=`, `in (..)`, `notin (..)`, `key`, `!key`; reported capabilities

@@ -169,6 +169,7 @@ pub async fn retrain(
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct PipelineQuery {
     /// Only this model's pipelines.
     pub model: Option<String>,
