@@ -166,6 +166,13 @@ pub struct VariantView {
     pub created_at: OffsetDateTime,
 }
 
+impl VariantView {
+    /// The method its gate chose, when the evidence names one.
+    pub fn quantization_method(&self) -> Option<&str> {
+        self.quantization.as_ref()?.get("method")?.as_str()
+    }
+}
+
 /// `POST /api/v1/models/{name}/versions/{version}/variants`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

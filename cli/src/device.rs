@@ -80,10 +80,13 @@ pub fn table(all: &[MemberView]) -> String {
     t.render()
 }
 
-/// `CUDAExecutionProvider` → `CUDA`: the suffix is the same on every one.
 fn providers(c: &Capabilities) -> String {
-    let names: Vec<&str> = c
-        .execution_providers
+    provider_names(&c.execution_providers)
+}
+
+/// `CUDAExecutionProvider` → `CUDA`: the suffix is the same on every one.
+pub fn provider_names(providers: &[String]) -> String {
+    let names: Vec<&str> = providers
         .iter()
         .map(|p| p.strip_suffix("ExecutionProvider").unwrap_or(p))
         .collect();

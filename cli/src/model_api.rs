@@ -139,21 +139,11 @@ pub fn variants_table(versions: &[ModelVersionView]) -> String {
     let mut t = Table::new(&["VERSION", "VARIANT", "FOR", "SIZE", "QUANTIZED", "ARTIFACT"]);
     for v in versions {
         for variant in &v.variants {
-            let providers: Vec<&str> = variant
-                .providers
-                .iter()
-                .map(|p| p.strip_suffix("ExecutionProvider").unwrap_or(p))
-                .collect();
-            let method = variant
-                .quantization
-                .as_ref()
-                .and_then(|q| q.get("method"))
-                .and_then(Value::as_str)
-                .unwrap_or("-");
+            let method = variant.quantization_method().unwrap_or("-");
             t.row(vec![
                 text(&v.version),
                 text(&variant.name),
-                providers.join(","),
+                super::device::provider_names(&variant.providers),
                 size(variant.artifact_size),
                 method.to_string(),
                 short(Some(&variant.artifact_digest)),

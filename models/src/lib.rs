@@ -7,6 +7,7 @@ pub mod dataset;
 pub mod deps;
 pub mod digest;
 pub mod fs;
+pub mod gpu_libs;
 pub mod manifest;
 pub mod names;
 pub mod npz;

@@ -378,6 +378,21 @@ pub fn load_env_file(var: &str, default: &str, script: &str) {
     }
 }
 
+/// The Ray and Slurm settings `scripts/ray-up.sh` and `scripts/slurm-up.sh`
+/// wrote (`EDGELOOP_RAY_ENV`, `EDGELOOP_SLURM_ENV` override where).
+pub fn load_engine_envs() {
+    load_env_file(
+        "EDGELOOP_RAY_ENV",
+        "/tmp/edgeloop-ray/env",
+        "scripts/ray-up.sh",
+    );
+    load_env_file(
+        "EDGELOOP_SLURM_ENV",
+        "/tmp/edgeloop-slurm/env",
+        "scripts/slurm-up.sh",
+    );
+}
+
 /// Every regular file under `dir`, recursively.
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = vec![];

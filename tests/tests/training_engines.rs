@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use edgeloop_tests::{
-    checkpoint_at_least, eventually, kill_trainer_of, load_env_file, ControlPlane,
+    checkpoint_at_least, eventually, kill_trainer_of, load_engine_envs, ControlPlane,
 };
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -32,16 +32,7 @@ fn spec(name: &str, engine: &str) -> Value {
 
 #[tokio::test]
 async fn ray_and_slurm_run_the_contract_trainer_to_completion() {
-    load_env_file(
-        "EDGELOOP_RAY_ENV",
-        "/tmp/edgeloop-ray/env",
-        "scripts/ray-up.sh",
-    );
-    load_env_file(
-        "EDGELOOP_SLURM_ENV",
-        "/tmp/edgeloop-slurm/env",
-        "scripts/slurm-up.sh",
-    );
+    load_engine_envs();
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let config = cp.member_config(

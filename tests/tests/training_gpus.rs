@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use edgeloop_tests::{eventually, load_env_file, ControlPlane};
+use edgeloop_tests::{eventually, load_engine_envs, ControlPlane};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -38,16 +38,7 @@ fn gpu_job(name: &str, engine: &str, gpus: u32) -> Value {
 
 #[tokio::test]
 async fn slurm_and_ray_schedule_gpus_from_their_pools() {
-    load_env_file(
-        "EDGELOOP_RAY_ENV",
-        "/tmp/edgeloop-ray/env",
-        "scripts/ray-up.sh",
-    );
-    load_env_file(
-        "EDGELOOP_SLURM_ENV",
-        "/tmp/edgeloop-slurm/env",
-        "scripts/slurm-up.sh",
-    );
+    load_engine_envs();
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let config = cp.member_config(

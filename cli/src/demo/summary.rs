@@ -88,12 +88,7 @@ impl VersionSummary {
             .variants
             .iter()
             .map(|variant| {
-                let method = variant
-                    .quantization
-                    .as_ref()
-                    .and_then(|q| q.get("method"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("-");
+                let method = variant.quantization_method().unwrap_or("-");
                 (variant.name.clone(), method.to_string())
             })
             .collect();

@@ -169,14 +169,13 @@ pub async fn create_version(
             format!("unknown format {format:?}; expected one of {FORMATS:?}"),
         ));
     }
-    let artifact_size = artifacts.head(req.artifact_digest).await?.ok_or_else(|| {
-        Error::bad_field(
-            "artifact_digest",
-            format!("artifact {} has not been uploaded", req.artifact_digest),
-        )
-    })?;
+    let artifact_size = uploaded_size(artifacts, req.artifact_digest).await?;
     let probe_inputs_digest = match req.manifest_digest {
-        Some(m) => check_manifest(artifacts, m, req.artifact_digest, artifact_size).await?,
+        Some(m) => {
+            check_manifest(artifacts, m, req.artifact_digest, artifact_size)
+                .await?
+                .0
+        }
         None => None,
     };
     let metrics = req.metrics.unwrap_or_default();
@@ -260,20 +259,14 @@ pub async fn add_variant(
             ),
         ));
     }
-    let artifact_size = artifacts.head(req.artifact_digest).await?.ok_or_else(|| {
-        Error::bad_field(
-            "artifact_digest",
-            format!("artifact {} has not been uploaded", req.artifact_digest),
-        )
-    })?;
-    let probe_inputs_digest = check_manifest(
+    let artifact_size = uploaded_size(artifacts, req.artifact_digest).await?;
+    let (probe_inputs_digest, signed) = check_manifest(
         artifacts,
         req.manifest_digest,
         req.artifact_digest,
         artifact_size,
     )
     .await?;
-    let signed = read_manifest(artifacts, req.manifest_digest, "manifest_digest").await?;
     let variant_manifest = &signed.manifest;
     // Same identity and interface as the version's own: a client must not
     // be able to tell which variant answered, except by speed.
@@ -353,14 +346,14 @@ pub async fn add_variant(
 /// version's artifact, so that a device is never sent a version whose
 /// manifest disagrees with it (the device refuses those, but only after a
 /// download). Returns the health probe's sample inputs, if the manifest names
-/// any. The signature is not checked here: which keys a device trusts is the
-/// device's configuration.
+/// any, and the manifest itself. The signature is not checked here: which
+/// keys a device trusts is the device's configuration.
 async fn check_manifest(
     artifacts: &dyn ArtifactStore,
     manifest: Digest,
     artifact_digest: Digest,
     artifact_size: u64,
-) -> Result<Option<Digest>> {
+) -> Result<(Option<Digest>, SignedManifest)> {
     let bad = |message: String| Error::bad_field("manifest_digest", message);
     let signed = read_manifest(artifacts, manifest, "manifest_digest").await?;
     let described = &signed.manifest.artifact;
@@ -376,16 +369,31 @@ async fn check_manifest(
             described.size
         )));
     }
-    let Some(probe) = &signed.manifest.health_probe else {
-        return Ok(None);
+    let Some(probe) = signed
+        .manifest
+        .health_probe
+        .as_ref()
+        .map(|p| p.sample_inputs)
+    else {
+        return Ok((None, signed));
     };
-    if artifacts.head(probe.sample_inputs).await?.is_none() {
+    if artifacts.head(probe).await?.is_none() {
         return Err(bad(format!(
-            "the manifest's health_probe.sample_inputs artifact {} has not been uploaded",
-            probe.sample_inputs
+            "the manifest's health_probe.sample_inputs artifact {probe} has not been uploaded"
         )));
     }
-    Ok(Some(probe.sample_inputs))
+    Ok((Some(probe), signed))
+}
+
+/// The size of an uploaded artifact; a 400 naming `artifact_digest` if it
+/// was never uploaded.
+async fn uploaded_size(artifacts: &dyn ArtifactStore, digest: Digest) -> Result<u64> {
+    artifacts.head(digest).await?.ok_or_else(|| {
+        Error::bad_field(
+            "artifact_digest",
+            format!("artifact {digest} has not been uploaded"),
+        )
+    })
 }
 
 /// Reads a signed manifest from the artifact store; errors name `field`.

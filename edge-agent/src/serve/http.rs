@@ -274,10 +274,12 @@ fn respond(
     binary_out: &BinaryOutputs,
 ) -> Response {
     let mut blob = Vec::new();
+    let mut any_binary = false;
     let described = outputs
         .iter()
         .map(|(name, tensor)| {
             if binary_out.wants(name) {
+                any_binary = true;
                 let bytes = binary::to_bytes(tensor);
                 let out = ResponseOutput::binary(name, tensor, bytes.len());
                 blob.extend_from_slice(&bytes);
@@ -297,7 +299,7 @@ fn respond(
         Ok(bytes) => bytes,
         Err(e) => return ServeError::Inference(format!("writing the response: {e}")).response(),
     };
-    if blob.is_empty() && !binary_out.named.values().any(|&b| b) {
+    if !any_binary {
         return json_bytes(header);
     }
     let header_len = header.len();
