@@ -30,7 +30,8 @@ flatbuffers==25.12.19
 ml_dtypes==0.6.0
 packaging==26.4
 protobuf==7.36.2
-typing_extensions==4.16.0"
+typing_extensions==4.16.0
+pillow==13.0.0"
 
 marker="$venv/.edgeloop-requirements.txt"
 

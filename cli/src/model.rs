@@ -51,6 +51,15 @@ pub enum ModelCommand {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TaskArg {
+    Auto,
+    Classification,
+    Detection,
+    Regression,
+    Stateful,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Method {
     /// Try every candidate in order and let the gate choose.
     Auto,
@@ -67,17 +76,41 @@ pub struct QuantizeArgs {
     /// `.npz` with one array per model input.
     #[arg(long)]
     pub calibration: PathBuf,
-    /// `.npz` with one array per model input and an int64 `label` array.
+    /// `.npz` with one array per model input, and for classification
+    /// against labels an int64 `label` array (without one, the gate
+    /// measures agreement with float).
     #[arg(long)]
     pub eval: PathBuf,
+    /// What the model does, which decides the gate's metric (auto: stateful
+    /// when an output is named after an input, classification with labels
+    /// or a [batch, classes] score output, else regression).
+    #[arg(long, value_enum, default_value_t = TaskArg::Auto)]
+    pub task: TaskArg,
+    /// Stateful models: INPUT=OUTPUT, the output fed back into the input at
+    /// the next call (repeatable; default: inferred from the names).
+    #[arg(long = "state", value_name = "INPUT=OUTPUT")]
+    pub state: Vec<String>,
+    /// Detection: boxes below this class score are dropped before NMS.
+    #[arg(long, default_value_t = 0.25)]
+    pub score_threshold: f32,
+    /// Refuse candidates slower than this many ms per call on this machine
+    /// (by default latency is measured and recorded, never gated: this
+    /// machine is not the device).
+    #[arg(long)]
+    pub latency_budget_ms: Option<f64>,
+    /// Refuse candidates slower than float on this machine (10 % tolerance).
+    #[arg(long, conflicts_with = "latency_budget_ms")]
+    pub not_slower_than_float: bool,
     /// Where to write the chosen model; the manifest goes beside it as OUT.manifest.json.
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long, value_enum, default_value_t = Method::Auto)]
     pub method: Method,
-    /// Largest acceptable top-1 accuracy drop, in points.
-    #[arg(long, default_value_t = 1.0)]
-    pub budget: f64,
+    /// Largest acceptable loss against float in the metric's own unit:
+    /// points of top-1 or box F1 (default 1 and 2), or relative L2 for
+    /// regression and stateful models (default 0.05).
+    #[arg(long)]
+    pub budget: Option<f64>,
     /// Percentile for the percentile calibration method.
     #[arg(long, default_value_t = 99.99)]
     pub percentile: f64,

@@ -8,12 +8,16 @@ use edgeloop_models::dataset::Dataset;
 use edgeloop_models::fs::write_atomic;
 use edgeloop_models::manifest::{Lineage, PublicKey, SignedManifest};
 use edgeloop_models::onnx;
-use edgeloop_models::quantize::gate::{CalibrationMethodName, Candidate, GateOptions, GateOutcome};
+use edgeloop_models::quantize::detect::DetectionSpec;
+use edgeloop_models::quantize::gate::{
+    CalibrationMethodName, Candidate, GateOptions, GateOutcome, LatencyGate,
+};
+use edgeloop_models::quantize::task::{state_pairs, StatePair, Task};
 use edgeloop_models::runtime::OrtRuntime;
 
 use edgeloop_models::package::{load_or_create_key, package, public_key_path, Identity, Packaged};
 
-use super::model::{Method, QuantizeArgs};
+use super::model::{Method, QuantizeArgs, TaskArg};
 
 /// `~/.edgeloop/keys/manifest-signing.key` unless overridden.
 fn default_signing_key() -> PathBuf {
@@ -42,6 +46,43 @@ fn candidates(method: Method) -> Vec<Candidate> {
     }
 }
 
+/// The task `--task` and `--state` name, `None` for the gate to infer.
+fn task(args: &QuantizeArgs, summary: &onnx::Inspection) -> anyhow::Result<Option<Task>> {
+    let named = |io: &[onnx::ValueSummary], n: &str| io.iter().any(|v| v.name == n);
+    let mut state = vec![];
+    for pair in &args.state {
+        let (input, output) = pair
+            .split_once('=')
+            .with_context(|| format!("--state {pair:?}: expected INPUT=OUTPUT"))?;
+        anyhow::ensure!(named(&summary.inputs, input), "--state {pair:?}: the model has no input {input:?}");
+        anyhow::ensure!(named(&summary.outputs, output), "--state {pair:?}: the model has no output {output:?}");
+        state.push(StatePair { input: input.into(), output: output.into() });
+    }
+    anyhow::ensure!(
+        state.is_empty() || matches!(args.task, TaskArg::Auto | TaskArg::Stateful),
+        "--state applies to --task stateful"
+    );
+    Ok(match args.task {
+        TaskArg::Auto if state.is_empty() => None,
+        TaskArg::Auto | TaskArg::Stateful => {
+            if state.is_empty() {
+                state = state_pairs(summary);
+            }
+            anyhow::ensure!(
+                !state.is_empty(),
+                "--task stateful: no output is named after an input; name the state with --state INPUT=OUTPUT"
+            );
+            Some(Task::Stateful { state })
+        }
+        TaskArg::Classification => Some(Task::Classification),
+        TaskArg::Detection => Some(Task::Detection(DetectionSpec {
+            score_threshold: args.score_threshold,
+            ..DetectionSpec::default()
+        })),
+        TaskArg::Regression => Some(Task::Regression),
+    })
+}
+
 pub fn manifest_path(out: &Path) -> PathBuf {
     let mut name = out.as_os_str().to_owned();
     name.push(".manifest.json");
@@ -49,9 +90,15 @@ pub fn manifest_path(out: &Path) -> PathBuf {
 }
 
 pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(b) = args.budget {
+        anyhow::ensure!(b >= 0.0 && b.is_finite(), "--budget must be a finite number >= 0");
+    }
+    if let Some(ms) = args.latency_budget_ms {
+        anyhow::ensure!(ms > 0.0 && ms.is_finite(), "--latency-budget-ms must be a finite number > 0");
+    }
     anyhow::ensure!(
-        args.budget >= 0.0 && args.budget.is_finite(),
-        "--budget must be a finite number >= 0"
+        (0.0..=1.0).contains(&args.score_threshold),
+        "--score-threshold must be between 0 and 1"
     );
     let mut model =
         onnx::read(&args.model).with_context(|| format!("reading {}", args.model.display()))?;
@@ -63,14 +110,21 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
     onnx::validate(&model, Some(dir))
         .with_context(|| format!("{} is not a valid model", args.model.display()))?;
     onnx::internalize_external_data(&mut model, dir)?;
-    let inputs = onnx::inspect(&model).inputs;
-    let calibration = Dataset::read(&args.calibration, &inputs, false)?;
-    let eval = Dataset::read(&args.eval, &inputs, true)?;
+    let summary = onnx::inspect(&model);
+    let calibration = Dataset::read(&args.calibration, &summary.inputs, false)?;
+    let eval = Dataset::read(&args.eval, &summary.inputs, false)?;
+    let task = task(&args, &summary)?;
     let runtime = OrtRuntime::load(args.ort_library.as_deref())?;
     let opts = GateOptions {
-        budget_points: args.budget,
+        task,
+        budget: args.budget,
         percentile: args.percentile,
         candidates: candidates(args.method),
+        latency: match (args.latency_budget_ms, args.not_slower_than_float) {
+            (Some(max_ms), _) => LatencyGate::Budget { max_ms },
+            (None, true) => LatencyGate::NotSlowerThanFloat { tolerance: 0.10 },
+            (None, false) => LatencyGate::Report,
+        },
         ..GateOptions::default()
     };
     let name = match &args.name {
@@ -134,20 +188,20 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
 
 pub fn render_table(o: &GateOutcome) -> String {
     use std::fmt::Write;
+    let metric = o.metric.name;
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<26} {:>9} {:>8} {:>9} {:>7} {:>11} {:>11}  verdict",
-        "candidate", "top-1 %", "drop", "agree %", "size", "latency ms", "quantize ms"
+        "{:<26} {:>12} {:>9} {:>7} {:>11} {:>11}  verdict",
+        metric.name(), "value", "loss", "size", "latency ms", "quantize ms"
     );
     for m in std::iter::once(&o.float).chain(&o.candidates) {
         let _ = writeln!(
             s,
-            "{:<26} {:>9.2} {:>8.2} {:>9.2} {:>7.3} {:>11.3} {:>11.1}  {}{}",
+            "{:<26} {:>12.4} {:>9.4} {:>7.3} {:>11.3} {:>11.1}  {}{}",
             m.name,
-            m.accuracy,
-            o.float.accuracy - m.accuracy,
-            m.agreement,
+            m.metric,
+            m.loss,
             m.size_bytes as f64 / o.float.size_bytes.max(1) as f64,
             m.latency_ms,
             m.quantize_ms,
@@ -157,8 +211,12 @@ pub fn render_table(o: &GateOutcome) -> String {
     }
     let _ = writeln!(
         s,
-        "size is relative to float ({} bytes); budget {:.2} points",
-        o.float.size_bytes, o.budget_points
+        "task {}; size is relative to float ({} bytes); budget {} {}; latency timed on {}",
+        o.task.name(),
+        o.float.size_bytes,
+        o.metric.budget,
+        o.metric.unit,
+        o.latency.timed_on
     );
     let _ = writeln!(s, "{}", o.reason);
     s

@@ -1,6 +1,13 @@
 //! Calibration and evaluation sets: `.npz` files with one array per model
 //! input (keyed by the input's name) and, for evaluation, an int64 `label`
 //! array. Checked against the model's declared inputs, each problem named.
+//!
+//! Two layouts. **Batched**: each array has the input's rank and axis 0 is
+//! the sample axis, cut into batches. **Per call**: each array has one axis
+//! more than its input, and entry `i` along that axis is the whole tensor of
+//! call `i`. The second is for inputs a batch cannot be cut from: a scalar
+//! (silero's `sr`), a batch axis that is not axis 0 (its `state`
+//! `[2, batch, 128]`), a sequence whose calls run in order.
 
 use std::path::Path;
 
@@ -43,6 +50,15 @@ pub enum DatasetError {
     Label { file: String, reason: String },
     #[error("{file}: holds no samples")]
     Empty { file: String },
+    #[error("{file}: {detail}: every array must be batched (the input's rank) or per call (one axis more)")]
+    MixedLayout { file: String, detail: String },
+}
+
+/// How a file's arrays map onto model calls (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    Batched,
+    PerCall,
 }
 
 /// Samples for a model, split into batches along axis 0.
@@ -53,6 +69,7 @@ pub struct Dataset {
     /// Labels in sample order, when the file had them.
     pub labels: Option<Vec<i64>>,
     pub samples: usize,
+    pub layout: Layout,
 }
 
 fn shape_text(shape: &Option<Vec<Dim>>) -> String {
@@ -104,6 +121,7 @@ impl Dataset {
         let file = file.to_string();
         let available = || npz.names().collect::<Vec<_>>().join(", ");
         let mut arrays = vec![];
+        let mut layouts: Vec<(String, Layout)> = vec![];
         let mut fixed_batch = None;
         for input in inputs {
             let t = npz
@@ -121,6 +139,7 @@ impl Dataset {
                     expected: input.dtype.clone(),
                 });
             }
+            let mut this_layout = Layout::Batched;
             if let Some(dims) = &input.shape {
                 let shape = t.shape();
                 let bad = || DatasetError::Shape {
@@ -129,7 +148,17 @@ impl Dataset {
                     found: shape.to_vec(),
                     expected: shape_text(&input.shape),
                 };
-                if shape.len() != dims.len() || shape.is_empty() {
+                if shape.len() == dims.len() + 1 {
+                    // Per call: every dim of the input is checked, axis 0 too.
+                    for (d, &n) in dims.iter().zip(&shape[1..]) {
+                        if let Dim::Fixed(f) = d {
+                            if *f > 0 && *f != n as i64 {
+                                return Err(bad());
+                            }
+                        }
+                    }
+                    this_layout = Layout::PerCall;
+                } else if shape.len() != dims.len() || shape.is_empty() {
                     return Err(bad());
                 }
                 // Axis 0 is the sample axis; the rest must match fixed dims.
@@ -142,16 +171,33 @@ impl Dataset {
                         }
                     }
                 }
-                if let Some(Dim::Fixed(b)) = dims.first() {
-                    if let Ok(b) = usize::try_from(*b) {
-                        if b > 0 {
-                            fixed_batch = Some(b);
+                if this_layout == Layout::Batched {
+                    if let Some(Dim::Fixed(b)) = dims.first() {
+                        if let Ok(b) = usize::try_from(*b) {
+                            if b > 0 {
+                                fixed_batch = Some(b);
+                            }
                         }
                     }
                 }
             }
+            match layouts.first() {
+                Some((first, l)) if *l != this_layout => {
+                    return Err(DatasetError::MixedLayout {
+                        file,
+                        detail: format!(
+                            "{first:?} is {}, {:?} is {}",
+                            layout_text(*l),
+                            input.name,
+                            layout_text(this_layout)
+                        ),
+                    })
+                }
+                _ => layouts.push((input.name.clone(), this_layout)),
+            }
             arrays.push((input.name.clone(), t.clone()));
         }
+        let layout = layouts.first().map_or(Layout::Batched, |(_, l)| *l);
         let samples = arrays
             .first()
             .map(|(_, t)| t.shape().first().copied().unwrap_or(0))
@@ -202,6 +248,22 @@ impl Dataset {
             }
             None => None,
         };
+        if layout == Layout::PerCall {
+            let batches = (0..samples)
+                .map(|i| {
+                    arrays
+                        .iter()
+                        .map(|(n, t)| (n.clone(), call_at(t, i)))
+                        .collect()
+                })
+                .collect();
+            return Ok(Dataset {
+                batches,
+                labels,
+                samples,
+                layout,
+            });
+        }
         let batch = fixed_batch.unwrap_or(64).max(1);
         let mut batches = vec![];
         let mut start = 0;
@@ -222,7 +284,42 @@ impl Dataset {
             batches,
             labels,
             samples,
+            layout,
         })
+    }
+
+    /// One model call's inputs for timing: the first sample of the first
+    /// batch (batched), or the first call (per call).
+    pub fn timing_sample(&self) -> Option<Vec<(String, Tensor)>> {
+        let first = self.batches.first()?;
+        Some(match self.layout {
+            Layout::PerCall => first.clone(),
+            Layout::Batched => first
+                .iter()
+                .map(|(n, t)| (n.clone(), first_row(t)))
+                .collect(),
+        })
+    }
+}
+
+fn layout_text(l: Layout) -> &'static str {
+    match l {
+        Layout::Batched => "batched",
+        Layout::PerCall => "per call",
+    }
+}
+
+/// Entry `i` along axis 0, that axis removed: call `i`'s whole tensor.
+pub fn call_at(t: &Tensor, i: usize) -> Tensor {
+    match t {
+        Tensor::F32(a) => Tensor::F32(a.index_axis(Axis(0), i).to_owned()),
+        Tensor::F64(a) => Tensor::F64(a.index_axis(Axis(0), i).to_owned()),
+        Tensor::F16(a) => Tensor::F16(a.index_axis(Axis(0), i).to_owned()),
+        Tensor::I8(a) => Tensor::I8(a.index_axis(Axis(0), i).to_owned()),
+        Tensor::U8(a) => Tensor::U8(a.index_axis(Axis(0), i).to_owned()),
+        Tensor::I32(a) => Tensor::I32(a.index_axis(Axis(0), i).to_owned()),
+        Tensor::I64(a) => Tensor::I64(a.index_axis(Axis(0), i).to_owned()),
+        Tensor::Bool(a) => Tensor::Bool(a.index_axis(Axis(0), i).to_owned()),
     }
 }
 

@@ -347,6 +347,7 @@ mod tests {
         let values: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 / 7.0).collect();
         let t = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[100, 10]), values).unwrap());
         let data = Dataset {
+            layout: edgeloop_models::dataset::Layout::Batched,
             batches: vec![vec![("x".to_string(), t.clone())]],
             labels: None,
             samples: 100,

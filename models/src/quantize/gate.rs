@@ -1,22 +1,31 @@
 //! The accuracy gate: quantize every candidate, measure it against the float
-//! model on a labelled evaluation set in this process, and keep the smallest
-//! model that loses at most `budget` accuracy points and is not slower than
-//! float. If none qualifies, keep float and say why.
+//! model on an evaluation set in this process with the task's metric, and
+//! keep the smallest candidate within the budget. If none qualifies, keep
+//! float and say why.
+//!
+//! The decision is deterministic: the metric (top-1 against labels, or
+//! agreement with float's top-1, boxes or numbers, see `task`) and the size
+//! decide. Latency is measured here, on the quantizing host's CPU, and
+//! gates only when asked ([`LatencyGate`]): this machine is not the device
+//! that will serve the model, and on small models its timings changed the
+//! choice from run to run.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use serde::Serialize;
 
 use super::calibrate::{calibrate, CalibrationMethod, Observed};
+pub use super::evaluate::median_latency_ms;
+use super::evaluate::{collect, Outputs};
+use super::task::{score, top1, MetricKind, Task};
 use super::{
     calibration_targets, convert_fp16, quantize_dynamic, quantize_static, DynamicOptions,
     Fp16Options, QuantizeError, Report, StaticOptions,
 };
 use crate::dataset::Dataset;
 use crate::onnx::{self, ir};
-use crate::runtime::{OrtRuntime, SessionOptions};
-use crate::tensor::Tensor;
+use crate::runtime::OrtRuntime;
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -86,33 +95,43 @@ impl Candidate {
     }
 }
 
+/// Whether, and against what, latency measured here gates a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "policy", rename_all = "snake_case")]
+pub enum LatencyGate {
+    /// Measured and recorded, never a reason to refuse (the default: the
+    /// quantizing host is not the device).
+    Report,
+    /// Refused when slower than float by more than `tolerance` (a fraction).
+    NotSlowerThanFloat { tolerance: f64 },
+    /// Refused when slower than a stated budget, in milliseconds per call.
+    Budget { max_ms: f64 },
+}
+
 #[derive(Debug, Clone)]
 pub struct GateOptions {
-    /// Largest acceptable top-1 accuracy drop, in percentage points.
-    pub budget_points: f64,
+    /// What the model does; `None` infers it ([`Task::infer`]).
+    pub task: Option<Task>,
+    /// Largest acceptable loss against float, in the metric's own unit
+    /// ([`MetricKind::unit`]); `None` takes the metric's default.
+    pub budget: Option<f64>,
     pub candidates: Vec<Candidate>,
     pub percentile: f64,
-    /// Timed single-sample runs per model (after warm-up).
+    /// Timed single-call runs per model (after warm-up).
     pub latency_runs: usize,
-    /// "Not slower" allows this fraction of measurement noise.
-    pub latency_tolerance: f64,
-    /// Whether "not slower than float" is a gate. Off for an artifact that
-    /// will run on another provider (an fp16 variant for CUDA/TensorRT):
-    /// its speed on this machine's CPU says nothing about its speed there.
-    /// Latency is still measured and reported.
-    pub gate_latency: bool,
+    pub latency: LatencyGate,
     pub static_options: StaticOptions,
 }
 
 impl Default for GateOptions {
     fn default() -> Self {
         Self {
-            budget_points: 1.0,
+            task: None,
+            budget: None,
             candidates: Candidate::default_order(),
             percentile: 99.99,
             latency_runs: 50,
-            latency_tolerance: 0.10,
-            gate_latency: true,
+            latency: LatencyGate::Report,
             static_options: StaticOptions::default(),
         }
     }
@@ -121,12 +140,14 @@ impl Default for GateOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct Measurement {
     pub name: String,
-    /// Top-1 accuracy, percent.
-    pub accuracy: f64,
-    /// Share of samples whose prediction equals the float model's, percent.
-    pub agreement: f64,
+    /// The task metric's value ([`GateOutcome::metric`]).
+    pub metric: f64,
+    /// How much worse than float, in the metric's unit (0 for float).
+    pub loss: f64,
+    /// Numbers behind the metric (agreement, boxes matched, cosine...).
+    pub details: BTreeMap<String, f64>,
     pub size_bytes: u64,
-    /// Median single-sample latency.
+    /// Median single-call latency on the quantizing host.
     pub latency_ms: f64,
     pub quantize_ms: f64,
     pub accepted: bool,
@@ -134,16 +155,47 @@ pub struct Measurement {
     pub report: Report,
 }
 
+/// The metric the gate decided by, recorded in the signed evidence.
+#[derive(Debug, Clone, Serialize)]
+pub struct MetricRecord {
+    pub name: MetricKind,
+    pub unit: &'static str,
+    pub higher_is_better: bool,
+    pub budget: f64,
+    /// Float's value: the baseline every loss is taken against.
+    pub float_value: f64,
+}
+
+/// Where latency was measured and whether it gated.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyRecord {
+    #[serde(flatten)]
+    pub gate: LatencyGate,
+    pub timed_on: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct GateOutcome {
+    pub task: Task,
+    pub metric: MetricRecord,
+    pub latency: LatencyRecord,
     pub float: Measurement,
     pub candidates: Vec<Measurement>,
     /// Name of the shipped model ("float" when nothing qualified).
     pub chosen: String,
     pub reason: String,
-    pub budget_points: f64,
     #[serde(skip)]
     pub chosen_model: ir::ModelProto,
+}
+
+impl GateOutcome {
+    /// The chosen candidate's (or float's) measurement.
+    pub fn chosen_measurement(&self) -> &Measurement {
+        self.candidates
+            .iter()
+            .find(|m| m.name == self.chosen)
+            .unwrap_or(&self.float)
+    }
 }
 
 /// Predictions (argmax over the last axis of the first output) per sample.
@@ -152,82 +204,27 @@ pub fn predictions(
     model: &ir::ModelProto,
     data: &Dataset,
 ) -> Result<Vec<i64>, QuantizeError> {
-    let mut session = runtime.session(&onnx::encode(model), &single_thread())?;
-    let mut out = Vec::with_capacity(data.samples);
-    for batch in &data.batches {
-        let inputs: Vec<(&str, &Tensor)> = batch.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        let outputs = session.run(&inputs)?;
-        let (name, first) = outputs
-            .first()
-            .ok_or_else(|| QuantizeError::Data("model has no outputs".into()))?;
-        let Tensor::F32(logits) = first else {
-            return Err(QuantizeError::Data(format!(
-                "output {name:?} is {}, expected float32 scores",
-                first.dtype()
-            )));
-        };
-        let classes = *logits.shape().last().unwrap_or(&1);
-        let flat: Vec<f32> = logits.iter().copied().collect();
-        for row in flat.chunks(classes.max(1)) {
-            let best = row
-                .iter()
-                .enumerate()
-                .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
-                    if v > b.1 {
-                        (i, v)
-                    } else {
-                        b
-                    }
-                });
-            out.push(best.0 as i64);
+    let outputs = collect(runtime, model, data, &Task::Classification)?;
+    if let Some(row) = outputs.samples.first().and_then(|s| s.first()) {
+        if row.values.is_empty() {
+            return Err(QuantizeError::Data("the first output is empty".into()));
         }
     }
-    Ok(out)
+    Ok(top1(&outputs))
 }
 
-fn single_thread() -> SessionOptions {
-    // One thread: steadier timings on a shared machine, and the edge case.
-    SessionOptions {
-        intra_op_threads: 1,
-        ..SessionOptions::default()
-    }
+/// The machine the latencies were taken on, in words.
+fn this_host() -> String {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "the quantizing host ({} {}, {cpus} CPUs), ONNX Runtime CPU provider, one thread",
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
 }
 
-pub fn median_latency_ms(
-    runtime: &OrtRuntime,
-    model: &ir::ModelProto,
-    data: &Dataset,
-    runs: usize,
-) -> Result<f64, QuantizeError> {
-    let mut session = runtime.session(&onnx::encode(model), &single_thread())?;
-    let first = data
-        .batches
-        .first()
-        .ok_or_else(|| QuantizeError::Data("the dataset has no batches to time".into()))?;
-    let sample: Vec<(String, Tensor)> = first
-        .iter()
-        .map(|(n, t)| (n.clone(), crate::dataset::first_row(t)))
-        .collect();
-    let inputs: Vec<(&str, &Tensor)> = sample.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    for _ in 0..3 {
-        session.run(&inputs)?;
-    }
-    let mut times = Vec::with_capacity(runs);
-    for _ in 0..runs.max(1) {
-        let start = Instant::now();
-        session.run(&inputs)?;
-        times.push(start.elapsed().as_secs_f64() * 1000.0);
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
-}
-
-fn accuracy(pred: &[i64], labels: &[i64]) -> f64 {
-    let hits = pred.iter().zip(labels).filter(|(p, l)| p == l).count();
-    100.0 * hits as f64 / labels.len().max(1) as f64
-}
-
-/// Runs the gate. `calibration` feeds static quantization; `eval` must have labels.
+/// Runs the gate. `calibration` feeds static quantization; `eval` is what
+/// every candidate is measured on (its labels, if any, for classification).
 pub fn run_gate(
     runtime: &OrtRuntime,
     model: &ir::ModelProto,
@@ -235,23 +232,46 @@ pub fn run_gate(
     eval: &Dataset,
     opts: &GateOptions,
 ) -> Result<GateOutcome, QuantizeError> {
-    let labels = eval
-        .labels
-        .as_ref()
-        .ok_or_else(|| QuantizeError::Data("the evaluation set has no labels".into()))?;
-    let float_pred = predictions(runtime, model, eval)?;
-    let float_acc = accuracy(&float_pred, labels);
+    let labels = eval.labels.as_deref();
+    let task = match &opts.task {
+        Some(t) => t.clone(),
+        None => Task::infer(&onnx::inspect(model), labels.is_some()),
+    };
+    let kind = MetricKind::for_task(&task, labels.is_some());
+    let budget = opts.budget.unwrap_or_else(|| kind.default_budget());
+    if !(budget.is_finite() && budget >= 0.0) {
+        return Err(QuantizeError::Data(format!(
+            "the budget must be a finite number >= 0 ({}), got {budget}",
+            kind.unit()
+        )));
+    }
+    let reference = collect(runtime, model, eval, &task)?;
+    if reference.samples.is_empty() {
+        return Err(QuantizeError::Data("the evaluation set gave no samples".into()));
+    }
+    let float_score = score(kind, &task, &reference, &reference, labels)?;
     let float_latency = median_latency_ms(runtime, model, eval, opts.latency_runs)?;
     let float = Measurement {
         name: "float".into(),
-        accuracy: float_acc,
-        agreement: 100.0,
+        metric: float_score.value,
+        loss: 0.0,
+        details: float_score.details,
         size_bytes: onnx::encode(model).len() as u64,
         latency_ms: float_latency,
         quantize_ms: 0.0,
         accepted: true,
         verdict: "reference".into(),
         report: Report::default(),
+    };
+    let judge = Judge {
+        kind,
+        task: &task,
+        reference: &reference,
+        labels,
+        budget,
+        float_metric: float.metric,
+        float_latency,
+        latency: opts.latency,
     };
     let mut candidates = vec![];
     let mut models = vec![];
@@ -265,7 +285,7 @@ pub fn run_gate(
     for candidate in &opts.candidates {
         let start = Instant::now();
         let mut shared_ms = 0.0;
-        let (q, report) = match candidate {
+        let made = match candidate {
             Candidate::Static { method } => {
                 let method = match method {
                     CalibrationMethodName::Entropy => CalibrationMethod::Entropy,
@@ -294,59 +314,33 @@ pub fn run_gate(
                     .iter()
                     .map(|(k, o)| (k.clone(), o.range(method)))
                     .collect();
-                quantize_static(model, &ranges, &opts.static_options)?
+                quantize_static(model, &ranges, &opts.static_options)
             }
-            Candidate::Dynamic => quantize_dynamic(model, &DynamicOptions::default())?,
-            Candidate::Fp16 => convert_fp16(model, &Fp16Options::default())?,
+            Candidate::Dynamic => quantize_dynamic(model, &DynamicOptions::default()),
+            Candidate::Fp16 => convert_fp16(model, &Fp16Options::default()),
         };
         let quantize_ms = start.elapsed().as_secs_f64() * 1000.0 + shared_ms;
         let name = candidate.label();
-        // A candidate that ONNX Runtime cannot load or run is rejected, not fatal.
-        let measured = predictions(runtime, &q, eval)
-            .and_then(|p| Ok((p, median_latency_ms(runtime, &q, eval, opts.latency_runs)?)));
-        let m = match measured {
-            Ok((pred, latency)) => {
-                let acc = accuracy(&pred, labels);
-                let agree = accuracy(&pred, &float_pred);
-                let drop = float_acc - acc;
-                let slower =
-                    opts.gate_latency && latency > float_latency * (1.0 + opts.latency_tolerance);
-                let verdict = if drop > opts.budget_points {
-                    format!(
-                        "accuracy drop {drop:.2} points exceeds the budget of {:.2}",
-                        opts.budget_points
-                    )
-                } else if slower {
-                    format!("slower than float ({latency:.3} ms vs {float_latency:.3} ms)")
-                } else {
-                    format!("within budget (drop {drop:.2} points)")
-                };
-                Measurement {
-                    name,
-                    accuracy: acc,
-                    agreement: agree,
-                    size_bytes: onnx::encode(&q).len() as u64,
-                    latency_ms: latency,
-                    quantize_ms,
-                    accepted: drop <= opts.budget_points && !slower,
-                    verdict,
-                    report,
-                }
+        // A candidate the quantizer cannot make, or ONNX Runtime cannot load
+        // or run, is refused with its reason, never fatal.
+        let (q, report) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                candidates.push(refused(name, quantize_ms, format!("could not be quantized: {e}"), Report::default(), 0));
+                models.push(None);
+                continue;
             }
-            Err(e) => Measurement {
-                name,
-                accuracy: 0.0,
-                agreement: 0.0,
-                size_bytes: onnx::encode(&q).len() as u64,
-                latency_ms: 0.0,
-                quantize_ms,
-                accepted: false,
-                verdict: format!("could not be run: {e}"),
-                report,
-            },
+        };
+        let size = onnx::encode(&q).len() as u64;
+        let measured = collect(runtime, &q, eval, &task).and_then(|out| {
+            Ok((out, median_latency_ms(runtime, &q, eval, opts.latency_runs)?))
+        });
+        let m = match measured.and_then(|(out, latency)| Ok((judge.score(&out)?, latency))) {
+            Ok((scored, latency)) => judge.measure(name, scored, latency, size, quantize_ms, report),
+            Err(e) => refused(name, quantize_ms, format!("could not be run: {e}"), report, size),
         };
         candidates.push(m);
-        models.push(q);
+        models.push(Some(q));
     }
     let best = candidates
         .iter()
@@ -355,16 +349,20 @@ pub fn run_gate(
         .min_by(|a, b| {
             a.1.size_bytes
                 .cmp(&b.1.size_bytes)
-                .then(b.1.accuracy.total_cmp(&a.1.accuracy))
+                .then(a.1.loss.total_cmp(&b.1.loss))
         });
-    let (chosen, reason, chosen_model) = match best {
-        Some((i, m)) => (
+    let unit = kind.unit();
+    let (chosen, reason, chosen_model) = match best.and_then(|(i, m)| Some((m, models[i].clone()?))) {
+        Some((m, q)) => (
             m.name.clone(),
             format!(
-                "{} is the smallest candidate within the {:.2}-point budget and not slower than float ({} vs {} bytes)",
-                m.name, opts.budget_points, m.size_bytes, float.size_bytes
+                "{} is the smallest candidate within the budget of {budget} {unit} of {} ({} vs {} bytes)",
+                m.name,
+                kind.name(),
+                m.size_bytes,
+                float.size_bytes
             ),
-            models[i].clone(),
+            q,
         ),
         None => (
             "float".to_string(),
@@ -376,13 +374,104 @@ pub fn run_gate(
         ),
     };
     Ok(GateOutcome {
+        metric: MetricRecord {
+            name: kind,
+            unit,
+            higher_is_better: kind.higher_is_better(),
+            budget,
+            float_value: float.metric,
+        },
+        latency: LatencyRecord {
+            gate: opts.latency,
+            timed_on: this_host(),
+        },
+        task,
         float,
         candidates,
         chosen,
         reason,
-        budget_points: opts.budget_points,
         chosen_model,
     })
+}
+
+fn refused(name: String, quantize_ms: f64, verdict: String, report: Report, size: u64) -> Measurement {
+    Measurement {
+        name,
+        metric: 0.0,
+        loss: 0.0,
+        details: BTreeMap::new(),
+        size_bytes: size,
+        latency_ms: 0.0,
+        quantize_ms,
+        accepted: false,
+        verdict,
+        report,
+    }
+}
+
+/// What every candidate is judged against.
+struct Judge<'a> {
+    kind: MetricKind,
+    task: &'a Task,
+    reference: &'a Outputs,
+    labels: Option<&'a [i64]>,
+    budget: f64,
+    float_metric: f64,
+    float_latency: f64,
+    latency: LatencyGate,
+}
+
+impl Judge<'_> {
+    fn score(&self, out: &Outputs) -> Result<super::task::Score, QuantizeError> {
+        score(self.kind, self.task, self.reference, out, self.labels)
+    }
+
+    fn measure(
+        &self,
+        name: String,
+        scored: super::task::Score,
+        latency: f64,
+        size: u64,
+        quantize_ms: f64,
+        report: Report,
+    ) -> Measurement {
+        let loss = self.kind.loss(self.float_metric, scored.value);
+        let unit = self.kind.unit();
+        let too_slow = match self.latency {
+            LatencyGate::Report => None,
+            LatencyGate::NotSlowerThanFloat { tolerance } => (latency
+                > self.float_latency * (1.0 + tolerance))
+                .then(|| format!("slower than float ({latency:.3} ms vs {:.3} ms)", self.float_latency)),
+            LatencyGate::Budget { max_ms } => (latency > max_ms)
+                .then(|| format!("slower than the latency budget ({latency:.3} ms vs {max_ms:.3} ms)")),
+        };
+        let (accepted, verdict) = if loss > self.budget {
+            (
+                false,
+                format!(
+                    "{} loss {loss:.4} exceeds the budget of {} {unit}",
+                    self.kind.name(),
+                    self.budget
+                ),
+            )
+        } else if let Some(why) = too_slow {
+            (false, why)
+        } else {
+            (true, format!("within budget ({} loss {loss:.4} {unit})", self.kind.name()))
+        };
+        Measurement {
+            name,
+            metric: scored.value,
+            loss,
+            details: scored.details,
+            size_bytes: size,
+            latency_ms: latency,
+            quantize_ms,
+            accepted,
+            verdict,
+            report,
+        }
+    }
 }
 
 #[cfg(test)]

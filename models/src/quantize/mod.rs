@@ -2,12 +2,15 @@
 //! the accuracy gate that picks which of them, if any, ships.
 
 pub mod calibrate;
+pub mod detect;
 mod dynamic;
+pub mod evaluate;
 mod fp16;
 pub mod gate;
 mod graph;
 pub mod params;
 mod qdq;
+pub mod task;
 
 use serde::Serialize;
 

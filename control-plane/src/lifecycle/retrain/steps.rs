@@ -14,6 +14,7 @@ use edgeloop_models::manifest::{DimSpec, Lineage as ManifestLineage, SignedManif
 use edgeloop_models::npz::Npz;
 use edgeloop_models::onnx;
 use edgeloop_models::quantize::gate::{predictions, Candidate, GateOptions};
+use edgeloop_models::quantize::task::Task;
 use edgeloop_models::runtime::OrtRuntime;
 use edgeloop_models::Digest;
 use time::OffsetDateTime;
@@ -539,8 +540,10 @@ async fn quantize(
             OrtRuntime::load(None).map_err(|e| StepError::fatal(format!("ONNX Runtime: {e}")))?;
         let key = package::load_or_create_key(&key_path)
             .map_err(|e| StepError::transient(format!("{e:#}")))?;
+        // The pipeline's sets are labelled: top-1 accuracy, in points.
         let opts = GateOptions {
-            budget_points: budget,
+            task: Some(Task::Classification),
+            budget: Some(budget),
             ..GateOptions::default()
         };
         let own = package::package(
@@ -555,16 +558,16 @@ async fn quantize(
         .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))?;
         let mut variants = Vec::new();
         for policy in policies {
-            // Its own gate, over its own candidates. Speed is not gated: it
-            // runs on other providers than this machine's CPU.
+            // Its own gate, over its own candidates. Speed is never gated
+            // here (GateOptions' default): it runs on other providers.
             let opts = GateOptions {
-                budget_points: budget,
+                task: Some(Task::Classification),
+                budget: Some(budget),
                 candidates: policy
                     .candidates
                     .iter()
                     .filter_map(|c| Candidate::from_label(c))
                     .collect(),
-                gate_latency: false,
                 ..GateOptions::default()
             };
             let packaged = package::package(
