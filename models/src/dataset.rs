@@ -160,14 +160,16 @@ impl Dataset {
                     this_layout = Layout::PerCall;
                 } else if shape.len() != dims.len() || shape.is_empty() {
                     return Err(bad());
-                }
-                // Axis 0 is the sample axis; the rest must match fixed dims.
-                // Exporters write `dim_value: -1` or `0` for "unknown" (ONNX
-                // has no such value), so only a positive size is fixed.
-                for (d, &n) in dims.iter().zip(shape).skip(1) {
-                    if let Dim::Fixed(f) = d {
-                        if *f > 0 && *f != n as i64 {
-                            return Err(bad());
+                } else {
+                    // Axis 0 is the sample axis; the rest must match fixed
+                    // dims. Exporters write `dim_value: -1` or `0` for
+                    // "unknown" (ONNX has no such value), so only a
+                    // positive size is fixed.
+                    for (d, &n) in dims.iter().zip(shape).skip(1) {
+                        if let Dim::Fixed(f) = d {
+                            if *f > 0 && *f != n as i64 {
+                                return Err(bad());
+                            }
                         }
                     }
                 }

@@ -106,6 +106,9 @@ pub fn package(
     })
 }
 
+/// Longest dim name the manifest keeps (its schema allows 256 bytes).
+const MAX_DIM_NAME: usize = 64;
+
 fn spec(v: &ValueSummary) -> TensorSpec {
     TensorSpec {
         name: v.name.clone(),
@@ -116,6 +119,11 @@ fn spec(v: &ValueSummary) -> TensorSpec {
             .flatten()
             .map(|d| match d {
                 Dim::Fixed(n) => DimSpec::Fixed(*n),
+                // PyTorch's exporter names a derived dim by its formula
+                // (`(floor(floor(height/2 - 1/2)/2) + 1)*...`, 400 bytes on
+                // NudeNet): a name, not a size anyone checks, so a long one
+                // is signed as unknown rather than refused.
+                Dim::Symbolic(s) if s.len() > MAX_DIM_NAME => DimSpec::Symbolic("?".into()),
                 Dim::Symbolic(s) => DimSpec::Symbolic(s.clone()),
                 Dim::Unknown => DimSpec::Symbolic("?".into()),
             })

@@ -82,6 +82,29 @@ pub const KEEP_FP32: &[&str] = &[
     "RandomNormalLike",
 ];
 
+/// Ops whose outputs are never float, whatever their inputs: a shape, a
+/// count, an index or a truth value. YOLOv8's exported head takes the
+/// `Shape` of float tensors into `Concat` and on to `Expand`'s shape input;
+/// read as float, that chain became float16 and the model invalid.
+const NON_FLOAT_OUTPUTS: &[&str] = &[
+    "Shape",
+    "Size",
+    "NonZero",
+    "ArgMax",
+    "ArgMin",
+    "Equal",
+    "Greater",
+    "GreaterOrEqual",
+    "Less",
+    "LessOrEqual",
+    "Not",
+    "And",
+    "Or",
+    "Xor",
+    "IsNaN",
+    "IsInf",
+];
+
 /// Ops with more than one float output.
 const ALL_OUTPUTS_FLOAT: &[&str] = &["Split"];
 
@@ -116,6 +139,25 @@ fn is_tensor_float(v: &ir::ValueInfoProto) -> bool {
         v.type_.as_ref().and_then(|t| t.value.as_ref()),
         Some(ir::type_proto::Value::TensorType(t)) if t.elem_type() == 1
     )
+}
+
+/// Whether a node that makes a tensor from attributes makes a float32 one
+/// (ONNX's default for ConstantOfShape's `value` and the Random ops' `dtype`).
+fn float_by_attribute(n: &ir::NodeProto) -> bool {
+    match n.op_type() {
+        "ConstantOfShape" => n
+            .attribute
+            .iter()
+            .find(|a| a.name() == "value")
+            .and_then(|a| a.t.as_ref())
+            .is_none_or(|t| t.data_type() == 1),
+        "EyeLike" => n.attribute.iter().any(|a| a.name() == "dtype" && a.i == Some(1)),
+        _ => n
+            .attribute
+            .iter()
+            .find(|a| a.name() == "dtype")
+            .is_none_or(|a| a.i == Some(1)),
+    }
 }
 
 fn set_elem_type(v: &mut ir::ValueInfoProto, code: i32) {
@@ -269,9 +311,21 @@ pub fn convert_fp16(
                         }
                     }
                     half.insert(n.output[0].clone());
+                } else if to == Some(1) {
+                    single.insert(n.output[0].clone());
                 }
                 vec![]
             }
+            // Float by attribute, from non-float inputs (ConstantOfShape
+            // takes an int64 shape): tracked as float32, so half readers
+            // get a Cast.
+            "ConstantOfShape" | "RandomNormal" | "RandomUniform" | "EyeLike"
+                if float_by_attribute(&n) =>
+            {
+                single.insert(n.output[0].clone());
+                vec![]
+            }
+            op if NON_FLOAT_OUTPUTS.contains(&op) => vec![],
             op if any_float_input && ALL_OUTPUTS_FLOAT.contains(&op) => n.output.clone(),
             _ if any_float_input => n.output.iter().take(1).cloned().collect(),
             _ => vec![],

@@ -20,7 +20,7 @@ pub use super::evaluate::median_latency_ms;
 use super::evaluate::{collect, Outputs};
 use super::task::{score, top1, MetricKind, Task};
 use super::{
-    calibration_targets, convert_fp16, quantize_dynamic, quantize_static, DynamicOptions,
+    calibration_targets, convert_fp16, hoist_constants, quantize_dynamic, quantize_static, DynamicOptions,
     Fp16Options, QuantizeError, Report, StaticOptions,
 };
 use crate::dataset::Dataset;
@@ -273,6 +273,12 @@ pub fn run_gate(
         float_latency,
         latency: opts.latency,
     };
+    // Candidates are made from the model with its Constant-node weights as
+    // initializers (exact), so they quantize like any other weights.
+    let (hoisted, hoist_report) = hoist_constants(model);
+    let main_nodes = model.graph.as_ref().map_or(0, |g| g.node.len());
+    let nested_nodes = onnx::inspect(model).node_count.saturating_sub(main_nodes);
+    let source = &hoisted;
     let mut candidates = vec![];
     let mut models = vec![];
     // One calibration pass serves every static candidate: the methods differ
@@ -296,13 +302,13 @@ pub fn run_gate(
                 };
                 if observed.is_none() {
                     let pass = Instant::now();
-                    let targets = calibration_targets(model, &opts.static_options);
+                    let targets = calibration_targets(source, &opts.static_options);
                     let collect = if needs_histograms {
                         CalibrationMethod::Entropy
                     } else {
                         CalibrationMethod::MinMax
                     };
-                    let seen = calibrate(runtime, model, &targets, &calibration.batches, collect)?;
+                    let seen = calibrate(runtime, source, &targets, &calibration.batches, collect)?;
                     observed = Some((seen, pass.elapsed().as_secs_f64() * 1000.0));
                 } else if let Some((_, ms)) = &observed {
                     // Charge the shared pass to every static candidate, so
@@ -314,16 +320,16 @@ pub fn run_gate(
                     .iter()
                     .map(|(k, o)| (k.clone(), o.range(method)))
                     .collect();
-                quantize_static(model, &ranges, &opts.static_options)
+                quantize_static(source, &ranges, &opts.static_options)
             }
-            Candidate::Dynamic => quantize_dynamic(model, &DynamicOptions::default()),
-            Candidate::Fp16 => convert_fp16(model, &Fp16Options::default()),
+            Candidate::Dynamic => quantize_dynamic(source, &DynamicOptions::default()),
+            Candidate::Fp16 => convert_fp16(source, &Fp16Options::default()),
         };
         let quantize_ms = start.elapsed().as_secs_f64() * 1000.0 + shared_ms;
         let name = candidate.label();
         // A candidate the quantizer cannot make, or ONNX Runtime cannot load
         // or run, is refused with its reason, never fatal.
-        let (q, report) = match made {
+        let (q, mut report) = match made {
             Ok(made) => made,
             Err(e) => {
                 candidates.push(refused(name, quantize_ms, format!("could not be quantized: {e}"), Report::default(), 0));
@@ -331,7 +337,23 @@ pub fn run_gate(
                 continue;
             }
         };
+        report.notes.extend(hoist_report.notes.iter().cloned());
         let size = onnx::encode(&q).len() as u64;
+        if report.quantized_nodes.is_empty() {
+            // Float re-encoded is not a candidate, however it measures.
+            let mut why = format!(
+                "quantized nothing ({} nodes left in float)",
+                report.left_in_float.len()
+            );
+            if nested_nodes > 0 {
+                why.push_str(&format!(
+                    "; {nested_nodes} nodes are inside If/Loop/Scan bodies, which the quantizers do not enter"
+                ));
+            }
+            candidates.push(refused(name, quantize_ms, why, report, size));
+            models.push(None);
+            continue;
+        }
         let measured = collect(runtime, &q, eval, &task).and_then(|out| {
             Ok((out, median_latency_ms(runtime, &q, eval, opts.latency_runs)?))
         });

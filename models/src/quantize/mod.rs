@@ -2,6 +2,7 @@
 //! the accuracy gate that picks which of them, if any, ships.
 
 pub mod calibrate;
+mod constants;
 pub mod detect;
 mod dynamic;
 pub mod evaluate;
@@ -15,6 +16,7 @@ pub mod task;
 use serde::Serialize;
 
 pub use calibrate::{calibrate, CalibrationMethod};
+pub use constants::hoist_constants;
 pub use dynamic::{quantize_dynamic, DynamicOptions};
 pub use fp16::{convert_fp16, Fp16Options, KEEP_FP32};
 pub use qdq::{calibration_targets, quantize_static, StaticOptions};
