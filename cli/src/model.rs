@@ -98,6 +98,15 @@ pub struct QuantizeArgs {
     /// machine is not the device).
     #[arg(long)]
     pub latency_budget_ms: Option<f64>,
+    /// Ship no health probe. By default the first sample of the evaluation
+    /// set becomes the probe (OUT.probe.npz, its digest in the manifest): a
+    /// device runs it before taking traffic, and a model with dynamic sizes
+    /// cannot warm up without one.
+    #[arg(long)]
+    pub no_probe: bool,
+    /// The slowest probe answer a device accepts, in milliseconds.
+    #[arg(long, default_value_t = 1000.0)]
+    pub probe_max_latency_ms: f64,
     /// Refuse candidates slower than float on this machine (10 % tolerance).
     #[arg(long, conflicts_with = "latency_budget_ms")]
     pub not_slower_than_float: bool,

@@ -15,7 +15,9 @@ use edgeloop_models::quantize::gate::{
 use edgeloop_models::quantize::task::{state_pairs, StatePair, Task};
 use edgeloop_models::runtime::OrtRuntime;
 
-use edgeloop_models::package::{load_or_create_key, package, public_key_path, Identity, Packaged};
+use edgeloop_models::package::{
+    load_or_create_key, package, public_key_path, Identity, Packaged, ProbeInputs,
+};
 
 use super::model::{Method, QuantizeArgs, TaskArg};
 
@@ -83,6 +85,13 @@ fn task(args: &QuantizeArgs, summary: &onnx::Inspection) -> anyhow::Result<Optio
     })
 }
 
+/// The health probe's inputs beside the model: OUT.probe.npz.
+pub fn probe_path(out: &Path) -> PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(".probe.npz");
+    PathBuf::from(name)
+}
+
 pub fn manifest_path(out: &Path) -> PathBuf {
     let mut name = out.as_os_str().to_owned();
     name.push(".manifest.json");
@@ -96,6 +105,10 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
     if let Some(ms) = args.latency_budget_ms {
         anyhow::ensure!(ms > 0.0 && ms.is_finite(), "--latency-budget-ms must be a finite number > 0");
     }
+    anyhow::ensure!(
+        args.probe_max_latency_ms > 0.0 && args.probe_max_latency_ms.is_finite(),
+        "--probe-max-latency-ms must be a finite number > 0"
+    );
     anyhow::ensure!(
         (0.0..=1.0).contains(&args.score_threshold),
         "--score-threshold must be between 0 and 1"
@@ -141,6 +154,11 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
     };
     let key_path = args.signing_key.clone().unwrap_or_else(default_signing_key);
     let key = load_or_create_key(&key_path)?;
+    let probe = if args.no_probe {
+        None
+    } else {
+        Some(ProbeInputs::first_call(&eval, args.probe_max_latency_ms)?)
+    };
     let Packaged {
         artifact: bytes,
         manifest: signed,
@@ -161,10 +179,16 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
                 parent_version: args.parent_version.clone(),
             },
         },
+        probe.as_ref(),
         &key,
     )?;
     write_atomic(&args.out, &bytes, 0o644)
         .with_context(|| format!("writing {}", args.out.display()))?;
+    let probe_out = probe_path(&args.out);
+    if let Some(p) = &probe {
+        write_atomic(&probe_out, &p.npz, 0o644)
+            .with_context(|| format!("writing {}", probe_out.display()))?;
+    }
     let manifest_out = manifest_path(&args.out);
     write_atomic(&manifest_out, signed.to_json_pretty()?.as_bytes(), 0o644)
         .with_context(|| format!("writing {}", manifest_out.display()))?;
@@ -173,6 +197,9 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
         let mut v = serde_json::to_value(&outcome)?;
         v["out"] = serde_json::Value::String(args.out.display().to_string());
         v["manifest"] = serde_json::Value::String(manifest_out.display().to_string());
+        if probe.is_some() {
+            v["probe_inputs"] = serde_json::Value::String(probe_out.display().to_string());
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", render_table(&outcome));
@@ -182,6 +209,9 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
             outcome.chosen,
             manifest_out.display()
         );
+        if probe.is_some() {
+            println!("health probe inputs: {}", probe_out.display());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

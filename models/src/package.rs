@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::dataset::{reference_stats, Dataset};
 use crate::manifest::{
-    ArtifactRef, DimSpec, IoSignature, Lineage, Manifest, ManifestError, ManifestKey,
+    ArtifactRef, DimSpec, HealthProbe, IoSignature, Lineage, Manifest, ManifestError, ManifestKey,
     QuantizationRecord, SignedManifest, TensorSpec, SCHEMA_VERSION,
 };
 use crate::onnx::{self, ir, Dim, ValueSummary};
@@ -24,6 +24,8 @@ pub enum PackageError {
     Gate(#[from] QuantizeError),
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+    #[error("health probe inputs: {0}")]
+    Probe(String),
     #[error("formatting the manifest's creation time: {0}")]
     Time(#[from] time::error::Format),
     #[error("{what} {}: {source}", path.display())]
@@ -49,6 +51,35 @@ fn key_error<E: std::error::Error + Send + Sync + 'static>(
 /// Bins of the manifest's per-input reference histograms.
 pub const REFERENCE_BINS: usize = 32;
 
+/// The health probe a device runs before it takes traffic: real inputs
+/// (`.npz`, one array per model input, the tensor of one call) and the
+/// slowest answer it accepts. A model with dynamic sizes needs one: without
+/// it the device can only warm up on zeros with every symbolic dim at 1,
+/// which a detector with dynamic H×W or a VAD with a padded window cannot run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeInputs {
+    pub npz: Vec<u8>,
+    pub max_latency_ms: f64,
+}
+
+impl ProbeInputs {
+    /// The first call of `data` (its first sample, batch 1), allowing the
+    /// device `max_latency_ms`.
+    pub fn first_call(data: &Dataset, max_latency_ms: f64) -> Result<ProbeInputs, PackageError> {
+        let sample = data
+            .timing_sample()
+            .ok_or_else(|| PackageError::Probe("the evaluation set has no samples".into()))?;
+        let mut npz = crate::npz::Npz::new();
+        for (name, t) in sample {
+            npz.insert(name, t);
+        }
+        Ok(ProbeInputs {
+            npz: npz.to_bytes().map_err(|e| PackageError::Probe(e.to_string()))?,
+            max_latency_ms,
+        })
+    }
+}
+
 pub struct Packaged {
     /// The chosen model's ONNX bytes.
     pub artifact: Vec<u8>,
@@ -64,7 +95,9 @@ pub struct Identity {
     pub lineage: Lineage,
 }
 
-/// Runs the gate on `model` and signs the chosen candidate's manifest.
+/// Runs the gate on `model` and signs the chosen candidate's manifest (with
+/// `probe` as its health probe, when given; the caller stores its bytes).
+#[allow(clippy::too_many_arguments)]
 pub fn package(
     runtime: &OrtRuntime,
     model: &ir::ModelProto,
@@ -72,11 +105,19 @@ pub fn package(
     eval: &Dataset,
     opts: &GateOptions,
     identity: Identity,
+    probe: Option<&ProbeInputs>,
     key: &ManifestKey,
 ) -> Result<Packaged, PackageError> {
     let outcome = run_gate(runtime, model, calibration, eval, opts)?;
     let artifact = onnx::encode(&outcome.chosen_model);
-    let chosen_predictions = predictions(runtime, &outcome.chosen_model, eval)?;
+    // The prediction histogram drift compares against is a class
+    // distribution: only a classifier has one.
+    let chosen_predictions = match outcome.task {
+        crate::quantize::task::Task::Classification => {
+            predictions(runtime, &outcome.chosen_model, eval)?
+        }
+        _ => vec![],
+    };
     let summary = onnx::inspect(&outcome.chosen_model);
     let manifest = Manifest {
         schema: SCHEMA_VERSION,
@@ -94,7 +135,10 @@ pub fn package(
         quantization: Some(QuantizationRecord::new(outcome.chosen.clone(), &outcome)?),
         reference_stats: Some(reference_stats(eval, &chosen_predictions, REFERENCE_BINS)),
         lineage: identity.lineage,
-        health_probe: None,
+        health_probe: probe.map(|p| HealthProbe {
+            sample_inputs: Digest::of(&p.npz),
+            max_latency_ms: p.max_latency_ms,
+        }),
         created_at: time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)?,
     };

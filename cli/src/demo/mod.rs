@@ -409,6 +409,7 @@ async fn first_version(
                     parent_version: None,
                 },
             },
+            None,
             &key,
         )?)
     })

@@ -553,6 +553,7 @@ async fn quantize(
             &eval,
             &opts,
             identity.clone(),
+            None,
             &key,
         )
         .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))?;
@@ -577,6 +578,7 @@ async fn quantize(
                 &eval,
                 &opts,
                 identity.clone(),
+                None,
                 &key,
             )
             .map_err(|e| {
