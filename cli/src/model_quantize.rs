@@ -56,9 +56,18 @@ fn task(args: &QuantizeArgs, summary: &onnx::Inspection) -> anyhow::Result<Optio
         let (input, output) = pair
             .split_once('=')
             .with_context(|| format!("--state {pair:?}: expected INPUT=OUTPUT"))?;
-        anyhow::ensure!(named(&summary.inputs, input), "--state {pair:?}: the model has no input {input:?}");
-        anyhow::ensure!(named(&summary.outputs, output), "--state {pair:?}: the model has no output {output:?}");
-        state.push(StatePair { input: input.into(), output: output.into() });
+        anyhow::ensure!(
+            named(&summary.inputs, input),
+            "--state {pair:?}: the model has no input {input:?}"
+        );
+        anyhow::ensure!(
+            named(&summary.outputs, output),
+            "--state {pair:?}: the model has no output {output:?}"
+        );
+        state.push(StatePair {
+            input: input.into(),
+            output: output.into(),
+        });
     }
     anyhow::ensure!(
         state.is_empty() || matches!(args.task, TaskArg::Auto | TaskArg::Stateful),
@@ -100,10 +109,16 @@ pub fn manifest_path(out: &Path) -> PathBuf {
 
 pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
     if let Some(b) = args.budget {
-        anyhow::ensure!(b >= 0.0 && b.is_finite(), "--budget must be a finite number >= 0");
+        anyhow::ensure!(
+            b >= 0.0 && b.is_finite(),
+            "--budget must be a finite number >= 0"
+        );
     }
     if let Some(ms) = args.latency_budget_ms {
-        anyhow::ensure!(ms > 0.0 && ms.is_finite(), "--latency-budget-ms must be a finite number > 0");
+        anyhow::ensure!(
+            ms > 0.0 && ms.is_finite(),
+            "--latency-budget-ms must be a finite number > 0"
+        );
     }
     anyhow::ensure!(
         args.probe_max_latency_ms > 0.0 && args.probe_max_latency_ms.is_finite(),
@@ -223,7 +238,12 @@ pub fn render_table(o: &GateOutcome) -> String {
     let _ = writeln!(
         s,
         "{:<26} {:>12} {:>9} {:>7} {:>11} {:>11}  verdict",
-        metric.name(), "value", "loss", "size", "latency ms", "quantize ms"
+        metric.name(),
+        "value",
+        "loss",
+        "size",
+        "latency ms",
+        "quantize ms"
     );
     for m in std::iter::once(&o.float).chain(&o.candidates) {
         let _ = writeln!(

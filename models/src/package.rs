@@ -74,7 +74,9 @@ impl ProbeInputs {
             npz.insert(name, t);
         }
         Ok(ProbeInputs {
-            npz: npz.to_bytes().map_err(|e| PackageError::Probe(e.to_string()))?,
+            npz: npz
+                .to_bytes()
+                .map_err(|e| PackageError::Probe(e.to_string()))?,
             max_latency_ms,
         })
     }

@@ -54,8 +54,7 @@ fn static_candidates() -> Vec<Candidate> {
 /// is recorded, not gated, by default), so timings cannot change it.
 fn check_choice_is_consistent(o: &GateOutcome, opts: &GateOptions) {
     let qualifies = |m: &edgeloop_models::quantize::gate::Measurement| {
-        o.float.metric - m.metric <= opts.budget.unwrap_or(1.0)
-            && m.size_bytes < o.float.size_bytes
+        o.float.metric - m.metric <= opts.budget.unwrap_or(1.0) && m.size_bytes < o.float.size_bytes
     };
     // The smallest qualifying size wins; among equal sizes (the three static
     // calibrations produce the same layout) the more accurate one does.
@@ -63,10 +62,7 @@ fn check_choice_is_consistent(o: &GateOutcome, opts: &GateOptions) {
     let smallest = qualified.iter().map(|m| m.size_bytes).min();
     let best = smallest.map(|size| {
         let same_size: Vec<_> = qualified.iter().filter(|m| m.size_bytes == size).collect();
-        let top = same_size
-            .iter()
-            .map(|m| m.metric)
-            .fold(f64::MIN, f64::max);
+        let top = same_size.iter().map(|m| m.metric).fold(f64::MIN, f64::max);
         same_size
             .iter()
             .filter(|m| m.metric == top)
@@ -99,7 +95,12 @@ fn print(o: &GateOutcome) {
     for m in std::iter::once(&o.float).chain(&o.candidates) {
         println!(
             "{:<24} acc {:6.2}  agree {:6.2}  size {:>8}  latency {:.4} ms  {}",
-            m.name, m.metric, agreement(m), m.size_bytes, m.latency_ms, m.verdict
+            m.name,
+            m.metric,
+            agreement(m),
+            m.size_bytes,
+            m.latency_ms,
+            m.verdict
         );
     }
     println!("chosen: {} ({})", o.chosen, o.reason);
@@ -219,7 +220,8 @@ fn a_gate_that_cannot_be_met_keeps_float_and_says_why() {
     );
     assert!(!c.accepted);
     assert!(
-        c.verdict.contains("exceeds the budget of 0 percentage points"),
+        c.verdict
+            .contains("exceeds the budget of 0 percentage points"),
         "{}",
         c.verdict
     );
@@ -252,7 +254,12 @@ fn the_choice_is_the_same_every_run_and_the_metric_is_recorded() {
     assert_eq!(a.metric.name, MetricKind::Top1Accuracy);
     assert_eq!(a.chosen, b.chosen);
     for (x, y) in a.candidates.iter().zip(&b.candidates) {
-        assert_eq!((x.metric, x.size_bytes, x.accepted), (y.metric, y.size_bytes, y.accepted), "{}", x.name);
+        assert_eq!(
+            (x.metric, x.size_bytes, x.accepted),
+            (y.metric, y.size_bytes, y.accepted),
+            "{}",
+            x.name
+        );
     }
     // Every int8 candidate stays within a point at a third of the size, so
     // the smallest of them ships, however fast this machine ran it.
@@ -260,7 +267,10 @@ fn the_choice_is_the_same_every_run_and_the_metric_is_recorded() {
     let evidence = serde_json::to_value(&a).unwrap();
     assert_eq!(evidence["metric"]["name"], "top1_accuracy");
     assert_eq!(evidence["latency"]["policy"], "report");
-    assert!(evidence["latency"]["timed_on"].as_str().unwrap().contains("quantizing host"));
+    assert!(evidence["latency"]["timed_on"]
+        .as_str()
+        .unwrap()
+        .contains("quantizing host"));
 
     // Without labels the same model is judged by agreement with float.
     let mut unlabelled = eval.clone();
@@ -284,6 +294,10 @@ fn a_stated_latency_budget_refuses_what_is_slower_here() {
     let o = run_gate(&rt, &m, &calib, &eval, &opts).unwrap();
     let c = &o.candidates[0];
     assert!(!c.accepted);
-    assert!(c.verdict.starts_with("slower than the latency budget"), "{}", c.verdict);
+    assert!(
+        c.verdict.starts_with("slower than the latency budget"),
+        "{}",
+        c.verdict
+    );
     assert_eq!(o.chosen, "float");
 }

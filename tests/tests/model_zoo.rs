@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use edgeloop_control_plane::fleet::telemetry::AssignmentState;
 use edgeloop_edge_agent::AgentConfig;
 use edgeloop_models::dataset::{Dataset, Layout};
 use edgeloop_models::manifest::ManifestKey;
@@ -43,7 +44,9 @@ fn zoo() -> PathBuf {
 }
 
 fn python() -> PathBuf {
-    edgeloop_models::deps::dir().unwrap().join("pyenv/bin/python")
+    edgeloop_models::deps::dir()
+        .unwrap()
+        .join("pyenv/bin/python")
 }
 
 struct Zoo {
@@ -54,7 +57,10 @@ struct Zoo {
     check: fn(&GateOutcome),
 }
 
-fn candidate<'a>(o: &'a GateOutcome, name: &str) -> &'a edgeloop_models::quantize::gate::Measurement {
+fn candidate<'a>(
+    o: &'a GateOutcome,
+    name: &str,
+) -> &'a edgeloop_models::quantize::gate::Measurement {
     o.candidates.iter().find(|c| c.name == name).unwrap()
 }
 
@@ -66,7 +72,11 @@ fn models() -> Vec<Zoo> {
             served: 6,
             check: |o| {
                 assert_eq!(o.task, Task::Classification);
-                assert_eq!(o.metric.name, MetricKind::Top1Agreement, "no labels: agreement");
+                assert_eq!(
+                    o.metric.name,
+                    MetricKind::Top1Agreement,
+                    "no labels: agreement"
+                );
                 assert!(o.chosen.starts_with("int8-static"), "{}", o.reason);
                 assert!(o.chosen_measurement().size_bytes * 3 < o.float.size_bytes);
             },
@@ -77,13 +87,22 @@ fn models() -> Vec<Zoo> {
             served: 2,
             check: |o| {
                 assert_eq!(o.metric.name, MetricKind::BoxAgreementF1);
-                assert!(o.float.details["boxes_float"] > 0.0, "the photographs hold detections");
+                assert!(
+                    o.float.details["boxes_float"] > 0.0,
+                    "the photographs hold detections"
+                );
                 // fp16 runs (its YOLOv8 head keeps its int64 shape chain)
                 // and keeps every box; dynamic int8 has no MatMul to take.
                 let fp16 = candidate(o, "fp16");
                 assert!(fp16.accepted, "{}", fp16.verdict);
-                assert!(candidate(o, "int8-dynamic").verdict.starts_with("quantized nothing"));
-                assert!(o.chosen == "fp16" || o.chosen.starts_with("int8-static"), "{}", o.reason);
+                assert!(candidate(o, "int8-dynamic")
+                    .verdict
+                    .starts_with("quantized nothing"));
+                assert!(
+                    o.chosen == "fp16" || o.chosen.starts_with("int8-static"),
+                    "{}",
+                    o.reason
+                );
             },
         },
         Zoo {
@@ -91,11 +110,19 @@ fn models() -> Vec<Zoo> {
             task: None,
             served: 3,
             check: |o| {
-                assert!(matches!(&o.task, Task::Stateful { state } if state[0].input == "state" && state[0].output == "stateN"), "{:?}", o.task);
+                assert!(
+                    matches!(&o.task, Task::Stateful { state } if state[0].input == "state" && state[0].output == "stateN"),
+                    "{:?}",
+                    o.task
+                );
                 assert_eq!(o.metric.name, MetricKind::StepRelativeL2);
                 // Its fp16 conversion does not reach inside its If branches:
                 // refused with ONNX Runtime's reason, not a crash.
-                assert!(candidate(o, "fp16").verdict.starts_with("could not be run"), "{}", candidate(o, "fp16").verdict);
+                assert!(
+                    candidate(o, "fp16").verdict.starts_with("could not be run"),
+                    "{}",
+                    candidate(o, "fp16").verdict
+                );
             },
         },
         Zoo {
@@ -106,7 +133,12 @@ fn models() -> Vec<Zoo> {
                 assert!(matches!(o.task, Task::Stateful { .. }));
                 // All of its weights live inside If branches.
                 for c in &o.candidates {
-                    assert!(c.verdict.contains("inside If/Loop/Scan bodies"), "{}: {}", c.name, c.verdict);
+                    assert!(
+                        c.verdict.contains("inside If/Loop/Scan bodies"),
+                        "{}: {}",
+                        c.name,
+                        c.verdict
+                    );
                 }
                 assert_eq!(o.chosen, "float");
             },
@@ -183,19 +215,34 @@ fn python_reference(model: &Path, request: &Value) -> Value {
     let file = dir.path().join("request.json");
     std::fs::write(&file, serde_json::to_vec(request).unwrap()).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tools/oip_reference.py");
-    let out = Command::new(python()).arg(script).arg(model).arg(&file).output().unwrap();
-    assert!(out.status.success(), "oip_reference.py: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(python())
+        .arg(script)
+        .arg(model)
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "oip_reference.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn floats(v: &Value) -> Vec<f64> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
 }
 
 /// Every output of `got` (the agent) equals `want` (Python ORT), by name.
 fn assert_same_outputs(what: &str, got: &Value, want: &Value) {
     let want = want["outputs"].as_array().unwrap();
-    let got_outputs = got["outputs"].as_array().unwrap_or_else(|| panic!("{what}: {got}"));
+    let got_outputs = got["outputs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: {got}"));
     assert_eq!(got_outputs.len(), want.len(), "{what}: {got}");
     for w in want {
         let g = got_outputs.iter().find(|g| g["name"] == w["name"]).unwrap();
@@ -203,7 +250,11 @@ fn assert_same_outputs(what: &str, got: &Value, want: &Value) {
         assert_eq!(g["datatype"], w["datatype"], "{what} {}", w["name"]);
         let (g, w) = (floats(&g["data"]), floats(&w["data"]));
         assert_eq!(g.len(), w.len());
-        let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs() / (1e-4 + b.abs())).fold(0.0, f64::max);
+        let worst = g
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| (a - b).abs() / (1e-4 + b.abs()))
+            .fold(0.0, f64::max);
         assert!(worst < 1e-3, "{what}: worst relative difference {worst}");
     }
 }
@@ -237,8 +288,17 @@ fn quantize(runtime: &OrtRuntime, key: &ManifestKey, zoo: Zoo, out: &Path) -> Bu
         lineage: Default::default(),
     };
     let probe = ProbeInputs::first_call(&eval, 5000.0).unwrap();
-    let packaged = package(runtime, &model, &calibration, &eval, &opts, identity, Some(&probe), key)
-        .unwrap_or_else(|e| panic!("{}: {e}", zoo.name));
+    let packaged = package(
+        runtime,
+        &model,
+        &calibration,
+        &eval,
+        &opts,
+        identity,
+        Some(&probe),
+        key,
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", zoo.name));
     let o = &packaged.outcome;
     for m in std::iter::once(&o.float).chain(&o.candidates) {
         println!(
@@ -251,12 +311,28 @@ fn quantize(runtime: &OrtRuntime, key: &ManifestKey, zoo: Zoo, out: &Path) -> Bu
     assert!(o.chosen == "float" || o.chosen_measurement().accepted);
     (zoo.check)(o);
     // The metric is in the signed evidence.
-    let evidence = &packaged.manifest.manifest.quantization.as_ref().unwrap().evidence;
-    assert_eq!(evidence["metric"]["name"], o.metric.name.name(), "{evidence}");
+    let evidence = &packaged
+        .manifest
+        .manifest
+        .quantization
+        .as_ref()
+        .unwrap()
+        .evidence;
+    assert_eq!(
+        evidence["metric"]["name"],
+        o.metric.name.name(),
+        "{evidence}"
+    );
     assert_eq!(evidence["task"]["kind"], o.task.name());
     let artifact = out.join(format!("{}.onnx", zoo.name));
     std::fs::write(&artifact, &packaged.artifact).unwrap();
-    Built { zoo, packaged, artifact, eval, probe }
+    Built {
+        zoo,
+        packaged,
+        artifact,
+        eval,
+        probe,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,7 +352,9 @@ async fn real_models_quantize_deploy_and_serve_what_onnxruntime_answers() {
         assert_eq!(status, 201, "{body}");
         cp.upload(&b.probe.npz).await;
         let artifact = cp.upload(&b.packaged.artifact).await;
-        let manifest = cp.upload(b.packaged.manifest.to_json_pretty().unwrap().as_bytes()).await;
+        let manifest = cp
+            .upload(b.packaged.manifest.to_json_pretty().unwrap().as_bytes())
+            .await;
         let (status, body) = cp
             .api()
             .post(
@@ -289,9 +367,14 @@ async fn real_models_quantize_deploy_and_serve_what_onnxruntime_answers() {
     }
 
     let device_dir = dir.path().join("device");
-    let token = cp.labelled_token("device", "edge-1", json!({"zoo": "yes"})).await;
+    let token = cp
+        .labelled_token("device", "edge-1", json!({"zoo": "yes"}))
+        .await;
     let stop = CancellationToken::new();
-    let mut config = AgentConfig::new(cp.member_config(&device_dir, Some(token)), vec![key.public()]);
+    let mut config = AgentConfig::new(
+        cp.member_config(&device_dir, Some(token)),
+        vec![key.public()],
+    );
     config.telemetry.interval = Duration::from_secs(1);
     let agent = tokio::spawn(edgeloop_edge_agent::run(config, stop.clone()));
     eventually(WAIT, "edge-1 enrolled", || async {
@@ -319,7 +402,20 @@ async fn real_models_quantize_deploy_and_serve_what_onnxruntime_answers() {
     for b in &built {
         let name = b.zoo.name;
         eventually(WAIT, &format!("{name} ready"), || async {
-            let r = http.get(format!("{url}/v2/models/{name}/ready")).send().await.ok()?;
+            let status = cp
+                .core
+                .store
+                .assignment_status
+                .get(&format!("edge-1/{name}"))
+                .unwrap();
+            if let Some(s) = status.filter(|s| s.state == AssignmentState::Failed) {
+                panic!("{name} failed on the device: {}", s.reason);
+            }
+            let r = http
+                .get(format!("{url}/v2/models/{name}/ready"))
+                .send()
+                .await
+                .ok()?;
             r.status().is_success().then_some(())
         })
         .await;
@@ -350,7 +446,10 @@ async fn real_models_quantize_deploy_and_serve_what_onnxruntime_answers() {
                 .await
                 .unwrap();
             assert_same_outputs(&format!("{what} (binary)"), &got_binary, &want);
-            assert_eq!(got_binary["outputs"], got["outputs"], "{what}: binary and JSON agree exactly");
+            assert_eq!(
+                got_binary["outputs"], got["outputs"],
+                "{what}: binary and JSON agree exactly"
+            );
         }
     }
     stop.cancel();

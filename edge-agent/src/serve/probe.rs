@@ -76,21 +76,38 @@ fn compare(kind: &str, specs: &[TensorSpec], actual: &[IoInfo]) -> Result<(), St
     Ok(())
 }
 
-/// What a probe output must look like: per output (in model order), its
-/// dimensions, `None` where any size is fine except for the batch dimension.
+/// What a probe output must look like: its name, its dimensions (`None`
+/// where any size is fine), and whether its dynamic axis 0 is the batch.
+pub type ExpectedOutput = (String, Vec<Option<i64>>, bool);
+
+/// What each probe output must look like (in model order). Axis 0 of an
+/// output is the batch when it is dynamic and, where the manifest names
+/// dims, named like the first input's axis 0: silero-vad's `stateN` is
+/// `[AddstateN_dim_0, batch, 128]`, its batch on axis 1 and 2 on axis 0.
 pub fn expected_outputs(
     signature: Option<&IoSignature>,
     outputs: &[IoInfo],
-) -> Vec<(String, Vec<Option<i64>>)> {
+) -> Vec<ExpectedOutput> {
     match signature {
-        Some(sig) => sig
-            .outputs
-            .iter()
-            .map(|s| (s.name.clone(), spec_dims(s)))
-            .collect(),
+        Some(sig) => {
+            let batch_name = sig.inputs.first().and_then(|i| match i.shape.first() {
+                Some(DimSpec::Symbolic(n)) if n != "?" => Some(n.as_str()),
+                _ => None,
+            });
+            sig.outputs
+                .iter()
+                .map(|s| {
+                    let batch_first = match (s.shape.first(), batch_name) {
+                        (Some(DimSpec::Symbolic(n)), Some(b)) => n == b || n == "?",
+                        _ => true,
+                    };
+                    (s.name.clone(), spec_dims(s), batch_first)
+                })
+                .collect()
+        }
         None => outputs
             .iter()
-            .map(|o| (o.name.clone(), o.shape.clone()))
+            .map(|o| (o.name.clone(), o.shape.clone(), true))
             .collect(),
     }
 }
@@ -100,13 +117,13 @@ pub fn expected_outputs(
 /// `batch` (the probe's batch, when the model's first input dimension is
 /// dynamic), no NaN or infinity, and the run no slower than `max_latency`.
 pub fn check_probe(
-    expected: &[(String, Vec<Option<i64>>)],
+    expected: &[ExpectedOutput],
     outputs: &[(String, Tensor)],
     batch: Option<usize>,
     latency: Duration,
     max_latency: Duration,
 ) -> Result<(), String> {
-    for (name, dims) in expected {
+    for (name, dims, batch_first) in expected {
         let Some((_, tensor)) = outputs.iter().find(|(n, _)| n == name) else {
             return Err(format!("output `{name}` is missing"));
         };
@@ -118,11 +135,13 @@ pub fn check_probe(
                 .enumerate()
                 .all(|(axis, (want, &got))| match want {
                     Some(n) => u64::try_from(*n).ok() == u64::try_from(got).ok(),
-                    None if axis == 0 => batch.is_none_or(|b| b == got),
+                    None if axis == 0 && *batch_first => batch.is_none_or(|b| b == got),
                     None => true,
                 });
         if !fits {
-            let batch = batch.map_or_else(String::new, |b| format!(" with batch {b}"));
+            let batch = batch
+                .filter(|_| *batch_first)
+                .map_or_else(String::new, |b| format!(" with batch {b}"));
             return Err(format!(
                 "output `{name}` has shape {shape:?}, expected {}{batch}",
                 show_dims(dims)
@@ -215,7 +234,7 @@ mod tests {
 
     #[test]
     fn probe_table() {
-        let expected = vec![("y".to_string(), vec![None, Some(2)])];
+        let expected = vec![("y".to_string(), vec![None, Some(2)], true)];
         let t = |shape: &[usize], v: f32| {
             vec![(
                 "y".to_string(),
@@ -239,5 +258,37 @@ mod tests {
             let err = check_probe(&expected, &outputs, batch, latency, ms(5)).unwrap_err();
             assert!(err.contains(want), "{err} lacks {want}");
         }
+        // An output whose axis 0 is not the batch takes any size there.
+        let state = vec![("y".to_string(), vec![None, Some(2)], false)];
+        assert_eq!(
+            check_probe(&state, &t(&[2, 2], 0.5), Some(1), ms(1), ms(5)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn only_outputs_named_like_the_batch_take_the_batch_on_axis_0() {
+        let sym = |n: &str| DimSpec::Symbolic(n.into());
+        let sig = IoSignature {
+            inputs: vec![spec(
+                "input",
+                "float32",
+                vec![sym("batch"), sym("sequence")],
+            )],
+            outputs: vec![
+                spec("output", "float32", vec![sym("batch"), DimSpec::Fixed(1)]),
+                spec(
+                    "stateN",
+                    "float32",
+                    vec![sym("AddstateN_dim_0"), sym("batch"), DimSpec::Fixed(128)],
+                ),
+                spec("legacy", "float32", vec![sym("?")]),
+            ],
+        };
+        let flags: Vec<bool> = expected_outputs(Some(&sig), &[])
+            .into_iter()
+            .map(|e| e.2)
+            .collect();
+        assert_eq!(flags, vec![true, false, true]);
     }
 }

@@ -64,7 +64,10 @@ mod tests {
     use ndarray::ArrayD;
 
     fn constant(name: &str, values: Vec<f32>) -> ir::NodeProto {
-        let t = from_tensor(name, &Tensor::F32(ArrayD::from_shape_vec(vec![values.len()], values).unwrap()));
+        let t = from_tensor(
+            name,
+            &Tensor::F32(ArrayD::from_shape_vec(vec![values.len()], values).unwrap()),
+        );
         let mut a = ir::AttributeProto::new();
         a.set_name("value".into());
         a.set_type(ir::attribute_proto::AttributeType::TENSOR);

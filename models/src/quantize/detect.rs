@@ -79,15 +79,16 @@ pub fn decode(
     let at = |r: usize, a: usize| values[r * anchors + a];
     let mut boxes = vec![];
     for a in 0..anchors {
-        let (class, score) = (4..rows)
-            .map(|r| (r - 4, at(r, a)))
-            .fold((0, f32::NEG_INFINITY), |best, (c, s)| {
-                if s > best.1 {
-                    (c, s)
-                } else {
-                    best
-                }
-            });
+        let (class, score) =
+            (4..rows)
+                .map(|r| (r - 4, at(r, a)))
+                .fold((0, f32::NEG_INFINITY), |best, (c, s)| {
+                    if s > best.1 {
+                        (c, s)
+                    } else {
+                        best
+                    }
+                });
         // NaN scores fail this comparison and are dropped.
         if !(score >= spec.score_threshold) {
             continue;
@@ -196,10 +197,10 @@ mod tests {
     #[test]
     fn decode_thresholds_and_suppresses_per_class() {
         let (v, s) = raw(&[
-            [10.0, 10.0, 4.0, 4.0, 0.9, 0.0],  // kept
-            [10.5, 10.0, 4.0, 4.0, 0.8, 0.0],  // same class, overlaps: suppressed
-            [10.5, 10.0, 4.0, 4.0, 0.0, 0.7],  // other class: kept
-            [50.0, 50.0, 4.0, 4.0, 0.1, 0.2],  // below threshold
+            [10.0, 10.0, 4.0, 4.0, 0.9, 0.0],      // kept
+            [10.5, 10.0, 4.0, 4.0, 0.8, 0.0],      // same class, overlaps: suppressed
+            [10.5, 10.0, 4.0, 4.0, 0.0, 0.7],      // other class: kept
+            [50.0, 50.0, 4.0, 4.0, 0.1, 0.2],      // below threshold
             [80.0, 80.0, 2.0, 2.0, f32::NAN, 0.0], // NaN score: dropped
         ]);
         let d = decode(&v, &s, &DetectionSpec::default()).unwrap();
@@ -212,7 +213,10 @@ mod tests {
     #[test]
     fn decode_refuses_a_shape_that_is_not_a_detector_output() {
         for shape in [vec![4, 3], vec![6], vec![6, 4, 1], vec![6, 3]] {
-            assert!(decode(&[0.0; 12], &shape, &DetectionSpec::default()).is_err(), "{shape:?}");
+            assert!(
+                decode(&[0.0; 12], &shape, &DetectionSpec::default()).is_err(),
+                "{shape:?}"
+            );
         }
     }
 

@@ -97,7 +97,9 @@ pub fn collect(
                 .filter(|n| !state.iter().any(|p| p.output == *n))
                 .collect();
             if out.names.is_empty() {
-                return Err(QuantizeError::Data("the model has no outputs besides its state".into()));
+                return Err(QuantizeError::Data(
+                    "the model has no outputs besides its state".into(),
+                ));
             }
         }
         let mut kept = vec![];
@@ -124,7 +126,9 @@ pub fn collect(
                     .collect(),
             ),
             Layout::Batched => {
-                let rows = batch.first().map_or(0, |(_, t)| t.shape().first().copied().unwrap_or(0));
+                let rows = batch
+                    .first()
+                    .map_or(0, |(_, t)| t.shape().first().copied().unwrap_or(0));
                 let mut per_row: Vec<Vec<Row>> = vec![vec![]; rows];
                 for (name, t) in out.names.iter().zip(&kept) {
                     if t.shape().first() != Some(&rows) {

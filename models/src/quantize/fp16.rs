@@ -151,7 +151,10 @@ fn float_by_attribute(n: &ir::NodeProto) -> bool {
             .find(|a| a.name() == "value")
             .and_then(|a| a.t.as_ref())
             .is_none_or(|t| t.data_type() == 1),
-        "EyeLike" => n.attribute.iter().any(|a| a.name() == "dtype" && a.i == Some(1)),
+        "EyeLike" => n
+            .attribute
+            .iter()
+            .any(|a| a.name() == "dtype" && a.i == Some(1)),
         _ => n
             .attribute
             .iter()

@@ -20,8 +20,8 @@ pub use super::evaluate::median_latency_ms;
 use super::evaluate::{collect, Outputs};
 use super::task::{score, top1, MetricKind, Task};
 use super::{
-    calibration_targets, convert_fp16, hoist_constants, quantize_dynamic, quantize_static, DynamicOptions,
-    Fp16Options, QuantizeError, Report, StaticOptions,
+    calibration_targets, convert_fp16, hoist_constants, quantize_dynamic, quantize_static,
+    DynamicOptions, Fp16Options, QuantizeError, Report, StaticOptions,
 };
 use crate::dataset::Dataset;
 use crate::onnx::{self, ir};
@@ -247,7 +247,9 @@ pub fn run_gate(
     }
     let reference = collect(runtime, model, eval, &task)?;
     if reference.samples.is_empty() {
-        return Err(QuantizeError::Data("the evaluation set gave no samples".into()));
+        return Err(QuantizeError::Data(
+            "the evaluation set gave no samples".into(),
+        ));
     }
     let float_score = score(kind, &task, &reference, &reference, labels)?;
     let float_latency = median_latency_ms(runtime, model, eval, opts.latency_runs)?;
@@ -332,7 +334,13 @@ pub fn run_gate(
         let (q, mut report) = match made {
             Ok(made) => made,
             Err(e) => {
-                candidates.push(refused(name, quantize_ms, format!("could not be quantized: {e}"), Report::default(), 0));
+                candidates.push(refused(
+                    name,
+                    quantize_ms,
+                    format!("could not be quantized: {e}"),
+                    Report::default(),
+                    0,
+                ));
                 models.push(None);
                 continue;
             }
@@ -355,11 +363,22 @@ pub fn run_gate(
             continue;
         }
         let measured = collect(runtime, &q, eval, &task).and_then(|out| {
-            Ok((out, median_latency_ms(runtime, &q, eval, opts.latency_runs)?))
+            Ok((
+                out,
+                median_latency_ms(runtime, &q, eval, opts.latency_runs)?,
+            ))
         });
         let m = match measured.and_then(|(out, latency)| Ok((judge.score(&out)?, latency))) {
-            Ok((scored, latency)) => judge.measure(name, scored, latency, size, quantize_ms, report),
-            Err(e) => refused(name, quantize_ms, format!("could not be run: {e}"), report, size),
+            Ok((scored, latency)) => {
+                judge.measure(name, scored, latency, size, quantize_ms, report)
+            }
+            Err(e) => refused(
+                name,
+                quantize_ms,
+                format!("could not be run: {e}"),
+                report,
+                size,
+            ),
         };
         candidates.push(m);
         models.push(Some(q));
@@ -416,7 +435,13 @@ pub fn run_gate(
     })
 }
 
-fn refused(name: String, quantize_ms: f64, verdict: String, report: Report, size: u64) -> Measurement {
+fn refused(
+    name: String,
+    quantize_ms: f64,
+    verdict: String,
+    report: Report,
+    size: u64,
+) -> Measurement {
     Measurement {
         name,
         metric: 0.0,
@@ -461,11 +486,17 @@ impl Judge<'_> {
         let unit = self.kind.unit();
         let too_slow = match self.latency {
             LatencyGate::Report => None,
-            LatencyGate::NotSlowerThanFloat { tolerance } => (latency
-                > self.float_latency * (1.0 + tolerance))
-                .then(|| format!("slower than float ({latency:.3} ms vs {:.3} ms)", self.float_latency)),
-            LatencyGate::Budget { max_ms } => (latency > max_ms)
-                .then(|| format!("slower than the latency budget ({latency:.3} ms vs {max_ms:.3} ms)")),
+            LatencyGate::NotSlowerThanFloat { tolerance } => {
+                (latency > self.float_latency * (1.0 + tolerance)).then(|| {
+                    format!(
+                        "slower than float ({latency:.3} ms vs {:.3} ms)",
+                        self.float_latency
+                    )
+                })
+            }
+            LatencyGate::Budget { max_ms } => (latency > max_ms).then(|| {
+                format!("slower than the latency budget ({latency:.3} ms vs {max_ms:.3} ms)")
+            }),
         };
         let (accepted, verdict) = if loss > self.budget {
             (
@@ -479,7 +510,10 @@ impl Judge<'_> {
         } else if let Some(why) = too_slow {
             (false, why)
         } else {
-            (true, format!("within budget ({} loss {loss:.4} {unit})", self.kind.name()))
+            (
+                true,
+                format!("within budget ({} loss {loss:.4} {unit})", self.kind.name()),
+            )
         };
         Measurement {
             name,

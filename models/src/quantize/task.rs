@@ -55,8 +55,7 @@ impl Task {
             return Task::Classification;
         }
         let scores = summary.outputs.first().is_some_and(|o| {
-            o.dtype == "float32"
-                && matches!(o.shape.as_deref(), Some([_, Dim::Fixed(c)]) if *c > 1)
+            o.dtype == "float32" && matches!(o.shape.as_deref(), Some([_, Dim::Fixed(c)]) if *c > 1)
         });
         if scores {
             Task::Classification
@@ -184,7 +183,13 @@ pub fn top1(outputs: &Outputs) -> Vec<i64> {
             values
                 .iter()
                 .enumerate()
-                .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+                .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
+                    if v > b.1 {
+                        (i, v)
+                    } else {
+                        b
+                    }
+                })
                 .0 as i64
         })
         .collect()
@@ -213,7 +218,9 @@ pub fn score(
         )));
     }
     if let Some(bad) = candidate.first_non_finite() {
-        return Err(QuantizeError::Data(format!("output {bad:?} holds NaN or infinity")));
+        return Err(QuantizeError::Data(format!(
+            "output {bad:?} holds NaN or infinity"
+        )));
     }
     let mut details = BTreeMap::new();
     let value = match kind {
@@ -232,14 +239,23 @@ pub fn score(
         }
         MetricKind::BoxAgreementF1 => {
             let Task::Detection(spec) = task else {
-                return Err(QuantizeError::Data("box agreement needs a detection task".into()));
+                return Err(QuantizeError::Data(
+                    "box agreement needs a detection task".into(),
+                ));
             };
             let total = box_agreement(reference, candidate, spec)?;
             details.insert("boxes_float".into(), total.reference as f64);
             details.insert("boxes_candidate".into(), total.candidate as f64);
             details.insert("boxes_matched".into(), total.matched as f64);
             let m = total.matched.max(1) as f64;
-            details.insert("mean_matched_iou".into(), if total.matched > 0 { total.iou / m } else { 0.0 });
+            details.insert(
+                "mean_matched_iou".into(),
+                if total.matched > 0 {
+                    total.iou / m
+                } else {
+                    0.0
+                },
+            );
             details.insert("mean_score_difference".into(), total.score_diff / m);
             total.f1_percent()
         }
@@ -338,7 +354,11 @@ mod tests {
         let table = [
             (MetricKind::Top1Agreement, Task::Classification, 100.0),
             (MetricKind::RelativeL2, Task::Regression, 0.0),
-            (MetricKind::StepRelativeL2, Task::Stateful { state: vec![] }, 0.0),
+            (
+                MetricKind::StepRelativeL2,
+                Task::Stateful { state: vec![] },
+                0.0,
+            ),
         ];
         for (kind, task, want) in table {
             let s = score(kind, &task, &f, &f, None).unwrap();
@@ -352,13 +372,34 @@ mod tests {
         let f = outputs(&[&[0.1, 0.9], &[0.8, 0.2], &[0.3, 0.7], &[0.6, 0.4]]);
         let c = outputs(&[&[0.1, 0.9], &[0.4, 0.6], &[0.3, 0.7], &[0.6, 0.4]]);
         let labels = [1, 0, 0, 0];
-        let acc = score(MetricKind::Top1Accuracy, &Task::Classification, &f, &c, Some(&labels)).unwrap();
+        let acc = score(
+            MetricKind::Top1Accuracy,
+            &Task::Classification,
+            &f,
+            &c,
+            Some(&labels),
+        )
+        .unwrap();
         assert_eq!(acc.value, 50.0);
         assert_eq!(acc.details["top1_agreement"], 75.0);
-        let agree = score(MetricKind::Top1Agreement, &Task::Classification, &f, &c, None).unwrap();
+        let agree = score(
+            MetricKind::Top1Agreement,
+            &Task::Classification,
+            &f,
+            &c,
+            None,
+        )
+        .unwrap();
         assert_eq!(agree.value, 75.0);
         assert_eq!(MetricKind::Top1Agreement.loss(100.0, agree.value), 25.0);
-        assert!(score(MetricKind::Top1Accuracy, &Task::Classification, &f, &c, None).is_err());
+        assert!(score(
+            MetricKind::Top1Accuracy,
+            &Task::Classification,
+            &f,
+            &c,
+            None
+        )
+        .is_err());
     }
 
     #[test]
