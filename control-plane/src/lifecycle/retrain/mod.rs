@@ -124,7 +124,7 @@ impl RetrainingPolicy for RetrainingConfig {
         let serde_json::Value::Object(mut fields) = self.rollout.clone() else {
             return Err(Error::bad_field("rollout", "must be an object"));
         };
-        for k in ["model", "version"] {
+        for k in ["model", "version", "alias"] {
             if fields.contains_key(k) {
                 return Err(Error::bad_field(
                     format!("rollout.{k}"),

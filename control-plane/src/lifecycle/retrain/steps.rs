@@ -26,6 +26,7 @@ use crate::fleet::deployments;
 use crate::fleet::rollout::RolloutState;
 use crate::lifecycle::jobs::{self, CreateJob, JobState};
 use crate::lifecycle::pipeline::{Output, Pipeline, QuantizedVariant, Step};
+use crate::registry::aliases;
 use crate::registry::artifacts::UploadLimits;
 use crate::registry::checkpoints;
 use crate::registry::models::{
@@ -101,7 +102,7 @@ pub async fn poll(
         Step::Export => export(core, p).await.map(Some),
         Step::Quantize => quantize(core, p, &config).await.map(Some),
         Step::Register => register(core, p, now).await.map(Some),
-        Step::Compare => compare(core, p).await.map(Some),
+        Step::Compare => compare(core, p, &config).await.map(Some),
         Step::Deploy => deploy(core, p, &config, attempt, now).await,
         Step::ResetReference => reset_reference(core, p, now).await.map(Some),
     }
@@ -750,11 +751,35 @@ fn accuracy_on(runtime: &OrtRuntime, model_bytes: &[u8], snapshot: &Npz) -> Resu
     Ok(hits as f64 / labels.len().max(1) as f64)
 }
 
-async fn compare(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
+/// The version the new one must beat: the one the policy's `compare_with`
+/// alias points at now, else the serving version.
+fn baseline(
+    core: &Core,
+    model: &str,
+    config: &RetrainingConfig,
+) -> Result<Option<ModelVersionRecord>, StepError> {
+    let Some(alias) = &config.compare_with else {
+        return Ok(serving_version(core, model)?);
+    };
+    let version = aliases::resolve(&core.store, model, alias)?.ok_or_else(|| {
+        StepError::fatal(format!(
+            "the policy compares with alias {alias:?}, which model {model:?} does not have"
+        ))
+    })?;
+    Ok(Some(models::get_version(&core.store, model, &version)?))
+}
+
+async fn compare(
+    core: &Core,
+    p: &Pipeline,
+    config: &RetrainingConfig,
+) -> Result<Output, StepError> {
     let version = version_of(p)?;
     let data = snapshot_of(p)?;
     let new = models::get_version(&core.store, &p.model, version)?;
-    let serving = serving_version(core, &p.model)?.filter(|v| v.version != new.version);
+    let serving = baseline(core, &p.model, config)?.filter(|v| v.version != new.version);
+    let serving_version = serving.as_ref().map(|v| v.version.clone());
+    let serving_alias = serving.as_ref().and(config.compare_with.clone());
     let new_bytes = read_artifact(core, new.artifact_digest).await?;
     let serving_bytes = match &serving {
         Some(v) => Some(read_artifact(core, v.artifact_digest).await?),
@@ -774,7 +799,12 @@ async fn compare(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
         Ok((new, serving))
     })
     .await?;
-    Ok(Output::Comparison { new, serving })
+    Ok(Output::Comparison {
+        new,
+        serving,
+        serving_version,
+        serving_alias,
+    })
 }
 
 fn find_deployment(
