@@ -42,7 +42,7 @@ fn history_view(r: AliasRecord) -> AliasHistoryView {
 /// Points an alias at a version of the model: creates it (201) or moves it
 /// (200; also when it already pointed there, which records nothing). Every
 /// move is kept in its history.
-#[utoipa::path(put, path = "/api/v1/models/{name}/aliases/{alias}", tag = "registry",
+#[utoipa::path(put, operation_id = "set_alias", path = "/api/v1/models/{name}/aliases/{alias}", tag = "registry",
     params(("name" = String, Path, description = "the model"),
         ("alias" = String, Path, description = "lowercase letters, digits and '-', starting with a letter; not 'v' and a digit; never a version's name",
             pattern = "^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")),
@@ -71,7 +71,7 @@ pub async fn set(
 }
 
 /// The model's aliases that point at a version, by name.
-#[utoipa::path(get, path = "/api/v1/models/{name}/aliases", tag = "registry",
+#[utoipa::path(get, path = "/api/v1/models/{name}/aliases", operation_id = "list_aliases", tag = "registry",
     params(("name" = String, Path, description = "the model")),
     responses((status = 200, body = Vec<AliasView>), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody, description = "no such model")),
@@ -88,7 +88,7 @@ pub async fn list(
 }
 
 /// The version an alias points at.
-#[utoipa::path(get, path = "/api/v1/models/{name}/aliases/{alias}", tag = "registry",
+#[utoipa::path(get, path = "/api/v1/models/{name}/aliases/{alias}", operation_id = "show_alias", tag = "registry",
     params(("name" = String, Path, description = "the model"),
         ("alias" = String, Path, pattern = "^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")),
     responses((status = 200, body = AliasView), (status = 400, body = ErrorBody, description = "bad alias name"),
@@ -109,7 +109,7 @@ pub async fn show(
 
 /// Deletes an alias. Its history is kept (`.../history`), ending with the
 /// deletion.
-#[utoipa::path(delete, path = "/api/v1/models/{name}/aliases/{alias}", tag = "registry",
+#[utoipa::path(delete, operation_id = "delete_alias", path = "/api/v1/models/{name}/aliases/{alias}", tag = "registry",
     params(("name" = String, Path, description = "the model"),
         ("alias" = String, Path, pattern = "^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")),
     responses((status = 204, description = "deleted"), (status = 400, body = ErrorBody, description = "bad alias name"),
@@ -128,7 +128,7 @@ pub async fn delete(
 
 /// Every move of an alias, oldest first (who, when, from, to, why), and
 /// where it points now; a deleted alias still has its history.
-#[utoipa::path(get, path = "/api/v1/models/{name}/aliases/{alias}/history", tag = "registry",
+#[utoipa::path(get, path = "/api/v1/models/{name}/aliases/{alias}/history", operation_id = "alias_history", tag = "registry",
     params(("name" = String, Path, description = "the model"),
         ("alias" = String, Path, pattern = "^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")),
     responses((status = 200, body = AliasHistoryView), (status = 400, body = ErrorBody, description = "bad alias name"),
