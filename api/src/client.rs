@@ -169,6 +169,13 @@ impl Client {
         &self.base
     }
 
+    /// How long an artifact transfer may go without progress before it
+    /// fails (default: the request timeout, at least a minute).
+    pub fn with_stall(mut self, stall: Duration) -> Client {
+        self.stall = stall;
+        self
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -559,6 +566,46 @@ mod tests {
             assert_eq!(status(code).kind(), kind, "{code}");
             assert_eq!(status(code).status(), Some(code));
         }
+    }
+
+    /// A server that sends headers and a little of the body, then nothing.
+    async fn stalling_server() -> String {
+        use tokio::io::AsyncReadExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+                .await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(conn);
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_transfer_that_stops_moving_times_out_and_says_which() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let base = stalling_server().await;
+        let client = Client::new(&base, None, Duration::from_secs(5))
+            .unwrap()
+            .with_stall(Duration::from_millis(300));
+        let mut out = Vec::new();
+        let mut seen = 0;
+        let digest = Digest::of(b"whatever");
+        let e = client
+            .download_to(&digest, &mut out, Path::new("out"), |n, total| {
+                seen = n;
+                assert_eq!(total, Some(100));
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        assert!(e.to_string().contains("to make progress"), "{e}");
+        assert_eq!((seen, out.as_slice()), (10, &b"0123456789"[..]));
     }
 
     #[tokio::test]

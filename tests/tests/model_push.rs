@@ -3,7 +3,8 @@
 //! model with its signed manifest and probe inputs, push it again (already
 //! registered), push other bytes under the same version (a conflict naming
 //! it), point `production` at it, roll it out by the alias, move the alias
-//! (two history entries), and pull by the alias, byte for byte.
+//! (two history entries), and pull by the alias, byte for byte; a damaged
+//! download leaves no file behind.
 
 #![allow(clippy::unwrap_used)]
 
@@ -418,6 +419,33 @@ async fn push_alias_deploy_and_pull_a_model_through_the_cli() {
         "{}",
         repush.stdout
     );
+
+    // A download that does not hash to its digest (the stored bytes were
+    // damaged) fails, and leaves nothing under the final name, nor a temp
+    // file.
+    let hex = cnn_digest.to_hex();
+    let stored = cp
+        .data_dir
+        .join("artifacts")
+        .join("sha256")
+        .join(&hex[..2])
+        .join(&hex);
+    let mut damaged = std::fs::read(&stored).unwrap();
+    damaged[100] ^= 0xff;
+    std::fs::write(&stored, &damaged).unwrap();
+    let broken_dir = work.join("broken");
+    let broken = run(vec![
+        "model".into(),
+        "pull".into(),
+        "digits".into(),
+        "2.0.0".into(),
+        "-o".into(),
+        path(&broken_dir).into(),
+    ])
+    .await;
+    assert_eq!(broken.code, 70, "{}", broken.stderr);
+    assert!(broken.stderr.contains("hash to"), "{}", broken.stderr);
+    assert_eq!(std::fs::read_dir(&broken_dir).unwrap().count(), 0);
 
     // A name that is neither a version nor an alias is not found (66).
     let missing = run(vec![
