@@ -356,7 +356,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path()).await;
         let staging = alias("staging");
-        let cases: Vec<(&str, &str, SetAlias, fn(&Error) -> bool)> = vec![
+        type Expected = fn(&Error) -> bool;
+        let cases: Vec<(&str, &str, SetAlias, Expected)> = vec![
             ("no such model", "nope", to("1"), |e| {
                 matches!(e, Error::NotFound { kind: "model", .. })
             }),
