@@ -119,3 +119,29 @@ pub fn history_table(h: &AliasHistoryView) -> String {
     };
     format!("{now}{}", t.render())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_history_reads_as_moves_and_says_where_it_points() {
+        let h: AliasHistoryView = serde_json::from_value(serde_json::json!({
+            "model": "digits", "alias": "production",
+            "history": [
+                {"at": "2026-12-01T09:00:00Z", "by": "admin", "to": "1.0.0"},
+                {"at": "2026-12-02T09:00:00Z", "by": "admin", "from": "1.0.0", "to": "2.0.0",
+                 "reason": "better"},
+                {"at": "2026-12-03T09:00:00Z", "by": "admin", "from": "2.0.0"},
+            ]
+        }))
+        .unwrap();
+        let t = history_table(&h);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "digits production (deleted)", "{t}");
+        assert_eq!(lines.len(), 5, "{t}");
+        assert!(lines[2].contains("-      1.0.0"), "{t}");
+        assert!(lines[3].contains("1.0.0  2.0.0  better"), "{t}");
+        assert!(lines[4].ends_with("2.0.0  -      -"), "{t}");
+    }
+}

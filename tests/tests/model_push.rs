@@ -132,6 +132,27 @@ async fn push_alias_deploy_and_pull_a_model_through_the_cli() {
         }
     };
 
+    // Without the probe inputs the manifest names, and the server has
+    // none: refused (65) before anything is sent.
+    let no_probe = run(vec![
+        "model".into(),
+        "push".into(),
+        path(&mlp).into(),
+        "--manifest".into(),
+        path(&manifest_path).into(),
+        "--name".into(),
+        "digits".into(),
+        "--version".into(),
+        "1.0.0".into(),
+    ])
+    .await;
+    assert_eq!(no_probe.code, 65, "{}", no_probe.stderr);
+    assert!(
+        no_probe.stderr.contains("--probe-inputs"),
+        "{}",
+        no_probe.stderr
+    );
+
     // The first push creates the model, uploads all three files and
     // registers the version with its lineage.
     let first = run(push_v1(&[])).await.ok();
