@@ -4,11 +4,16 @@
 //! here, naming the path and field), never silently reads as missing.
 
 use std::future::Future;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use edgeloop_models::digest::Sha256Writer;
 use edgeloop_models::Digest;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::io::{AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::time::Instant;
 
 use crate::error::ErrorBody;
 
@@ -30,8 +35,10 @@ pub enum ErrorKind {
     Server,
     /// A request that could not be built (a bad server URL).
     Usage,
-    /// A wait that ran out of time.
+    /// A wait that ran out of time, or a transfer that stalled.
     Timeout,
+    /// A local file could not be read or written.
+    Io,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +60,9 @@ pub enum ApiError {
     Usage(String),
     #[error("timed out after {after:?} waiting for {what}")]
     Timeout { what: String, after: Duration },
+    /// A local file being sent or received failed.
+    #[error("{path}: {detail}")]
+    Io { path: String, detail: String },
 }
 
 impl ApiError {
@@ -69,6 +79,7 @@ impl ApiError {
             ApiError::Decode { .. } => ErrorKind::Server,
             ApiError::Usage(_) => ErrorKind::Usage,
             ApiError::Timeout { .. } => ErrorKind::Timeout,
+            ApiError::Io { .. } => ErrorKind::Io,
         }
     }
 
@@ -87,8 +98,49 @@ pub type Result<T, E = ApiError> = std::result::Result<T, E>;
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
+    /// For artifact transfers: no overall deadline (a large model takes as
+    /// long as it takes); `stall` bounds the time without progress instead.
+    transfer: reqwest::Client,
+    stall: Duration,
     base: String,
     token: Option<String>,
+}
+
+/// The size of a transfer's chunks read from disk.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// The shortest stall a transfer is allowed: the server fsyncs a large
+/// artifact after its last byte, before it answers.
+const MIN_STALL: Duration = Duration::from_secs(60);
+
+/// When a transfer last moved, for its stall watchdog.
+#[derive(Clone)]
+struct Activity(Arc<Mutex<Instant>>);
+
+impl Activity {
+    fn new() -> Activity {
+        Activity(Arc::new(Mutex::new(Instant::now())))
+    }
+
+    fn touch(&self) {
+        if let Ok(mut t) = self.0.lock() {
+            *t = Instant::now();
+        }
+    }
+
+    fn last(&self) -> Instant {
+        self.0
+            .lock()
+            .map(|t| *t)
+            .unwrap_or_else(|p| *p.into_inner())
+    }
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> ApiError {
+    ApiError::Io {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    }
 }
 
 impl Client {
@@ -100,8 +152,14 @@ impl Client {
             .timeout(timeout)
             .build()
             .map_err(|e| ApiError::Usage(format!("HTTP client: {e}")))?;
+        let transfer = reqwest::Client::builder()
+            .connect_timeout(timeout)
+            .build()
+            .map_err(|e| ApiError::Usage(format!("HTTP client: {e}")))?;
         Ok(Client {
             http,
+            transfer,
+            stall: timeout.max(MIN_STALL),
             base: base.trim_end_matches('/').to_string(),
             token,
         })
@@ -109,6 +167,13 @@ impl Client {
 
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// How long an artifact transfer may go without progress before it
+    /// fails (default: the request timeout, at least a minute).
+    pub fn with_stall(mut self, stall: Duration) -> Client {
+        self.stall = stall;
+        self
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -176,6 +241,16 @@ impl Client {
         self.call(reqwest::Method::PUT, path, req).await
     }
 
+    /// A DELETE; an empty answer (204) decodes as `()`.
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.call(
+            reqwest::Method::DELETE,
+            path,
+            self.request(reqwest::Method::DELETE, path),
+        )
+        .await
+    }
+
     /// Uploads an artifact under its own digest (the server checks it).
     pub async fn upload(&self, bytes: Vec<u8>) -> Result<Digest> {
         let digest = Digest::of(&bytes);
@@ -201,6 +276,161 @@ impl Client {
             });
         }
         Ok(bytes.to_vec())
+    }
+
+    /// The size of an artifact the server holds (`HEAD`), or `None` if it
+    /// holds none with that digest: what a push need not send again.
+    pub async fn artifact_size(&self, digest: &Digest) -> Result<Option<u64>> {
+        let path = format!("/api/v1/artifacts/{digest}");
+        let resp = self
+            .request(reqwest::Method::HEAD, &path)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        match resp.status() {
+            reqwest::StatusCode::NOT_FOUND => Ok(None),
+            s if s.is_success() => resp
+                .headers()
+                .get(reqwest::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .map(Some)
+                .ok_or_else(|| ApiError::Decode {
+                    method: "HEAD".into(),
+                    path,
+                    what: "artifact size (Content-Length)",
+                    detail: "no Content-Length".into(),
+                }),
+            s => Err(ApiError::Status {
+                status: s.as_u16(),
+                message: format!("{s} from HEAD {path}"),
+            }),
+        }
+    }
+
+    /// Uploads the file at `path`, streamed from disk (never whole in
+    /// memory), under `digest`, which the server checks; `size` is its
+    /// length. `progress` is told the bytes sent so far. True if the server
+    /// stored it now, false if it had it already. A transfer that makes no
+    /// progress for a while fails with [`ApiError::Timeout`].
+    pub async fn upload_file(
+        &self,
+        path: &Path,
+        digest: &Digest,
+        size: u64,
+        progress: impl Fn(u64) + Send + Sync + 'static,
+    ) -> Result<bool> {
+        let file = tokio::fs::File::open(path)
+            .await
+            .map_err(|e| io_error(path, e))?;
+        let activity = Activity::new();
+        let state = (file, 0u64, progress, activity.clone(), path.to_path_buf());
+        let chunks = futures::stream::try_unfold(
+            state,
+            |(mut file, sent, progress, seen, shown)| async move {
+                let mut buf = vec![0u8; CHUNK_BYTES];
+                let n = file.read(&mut buf).await.map_err(|e| io_error(&shown, e))?;
+                seen.touch();
+                if n == 0 {
+                    return Ok::<_, ApiError>(None);
+                }
+                buf.truncate(n);
+                let sent = sent + n as u64;
+                progress(sent);
+                Ok(Some((buf, (file, sent, progress, seen, shown))))
+            },
+        );
+        let url_path = format!("/api/v1/artifacts/{digest}");
+        let mut req = self
+            .transfer
+            .put(self.url(&url_path))
+            .header(reqwest::header::CONTENT_LENGTH, size)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(reqwest::Body::wrap_stream(chunks));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = self
+            .until_stalled(
+                &format!("PUT {url_path}"),
+                &activity,
+                self.send(&url_path, req),
+            )
+            .await?;
+        Ok(resp.status() == reqwest::StatusCode::CREATED)
+    }
+
+    /// Streams the artifact `digest` into `out`, hashing it on the way, and
+    /// fails (`ApiError::Decode`) if the bytes are not the digest's: the
+    /// caller must then discard what was written. `progress` is told the
+    /// bytes received so far and the whole size, when the server said it.
+    /// Returns the size.
+    pub async fn download_to<W: AsyncWrite + Unpin>(
+        &self,
+        digest: &Digest,
+        out: &mut W,
+        out_path: &Path,
+        mut progress: impl FnMut(u64, Option<u64>),
+    ) -> Result<u64> {
+        let path = format!("/api/v1/artifacts/{digest}");
+        let activity = Activity::new();
+        let fetch = async {
+            let req = self.transfer.get(self.url(&path));
+            let req = match &self.token {
+                Some(t) => req.bearer_auth(t),
+                None => req,
+            };
+            let mut resp = self.send(&path, req).await?;
+            let total = resp.content_length();
+            let mut hash = Sha256Writer::new();
+            while let Some(chunk) = resp.chunk().await.map_err(|e| self.unreachable(e))? {
+                activity.touch();
+                hash.update(&chunk);
+                out.write_all(&chunk)
+                    .await
+                    .map_err(|e| io_error(out_path, e))?;
+                progress(hash.len(), total);
+            }
+            out.flush().await.map_err(|e| io_error(out_path, e))?;
+            let size = hash.len();
+            let got = hash.finish();
+            if got != *digest {
+                return Err(ApiError::Decode {
+                    method: "GET".into(),
+                    path: path.clone(),
+                    what: "artifact with that digest",
+                    detail: format!("the bytes hash to {got}"),
+                });
+            }
+            Ok(size)
+        };
+        self.until_stalled(&format!("GET {path}"), &activity, fetch)
+            .await
+    }
+
+    /// Runs a transfer, failing it once `activity` has not moved for the
+    /// stall limit.
+    async fn until_stalled<T>(
+        &self,
+        what: &str,
+        activity: &Activity,
+        transfer: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let mut transfer = std::pin::pin!(transfer);
+        loop {
+            let deadline = activity.last() + self.stall;
+            tokio::select! {
+                done = &mut transfer => return done,
+                _ = tokio::time::sleep_until(deadline) => {
+                    if activity.last() + self.stall <= Instant::now() {
+                        return Err(ApiError::Timeout {
+                            what: format!("{what} to make progress"),
+                            after: self.stall,
+                        });
+                    }
+                }
+            }
+        }
     }
 
     /// Polls `path` every `every` until `done` says the record ended, and
@@ -336,6 +566,46 @@ mod tests {
             assert_eq!(status(code).kind(), kind, "{code}");
             assert_eq!(status(code).status(), Some(code));
         }
+    }
+
+    /// A server that sends headers and a little of the body, then nothing.
+    async fn stalling_server() -> String {
+        use tokio::io::AsyncReadExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+                .await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(conn);
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_transfer_that_stops_moving_times_out_and_says_which() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let base = stalling_server().await;
+        let client = Client::new(&base, None, Duration::from_secs(5))
+            .unwrap()
+            .with_stall(Duration::from_millis(300));
+        let mut out = Vec::new();
+        let mut seen = 0;
+        let digest = Digest::of(b"whatever");
+        let e = client
+            .download_to(&digest, &mut out, Path::new("out"), |n, total| {
+                seen = n;
+                assert_eq!(total, Some(100));
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        assert!(e.to_string().contains("to make progress"), "{e}");
+        assert_eq!((seen, out.as_slice()), (10, &b"0123456789"[..]));
     }
 
     #[tokio::test]

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+use crate::aliases::AliasName;
 use crate::UnixSeconds;
 
 /// Where each wave ends, cumulatively.
@@ -327,6 +328,10 @@ pub struct DeploymentView {
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub deployment: Deployment,
     pub requirements: Requirements,
+    /// The alias the request named, if it named one; `deployment.target_version`
+    /// is the version it pointed at when the deployment was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<AliasName>,
     pub activation_timeout_seconds: u32,
     /// The assignment-set generation at which each moved device got its
     /// assignment.
@@ -347,14 +352,21 @@ pub struct DeploymentView {
     pub events: Vec<EventEntry>,
 }
 
-/// `POST /api/v1/deployments`: only `model`, `version` and `selector` are
-/// required; the server's defaults fill the rest.
+/// `POST /api/v1/deployments`: only `model`, `version` (or `alias`) and
+/// `selector` are required; the server's defaults fill the rest.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateDeployment {
     pub model: String,
-    pub version: String,
+    /// The version to roll out. Give this or `alias`, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// An alias of the model (`production`), resolved to its version when
+    /// the deployment is created: moving the alias later does not change
+    /// what this deployment rolls out. Give this or `version`, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<AliasName>,
     /// The device group, as a label selector (`GET /api/v1/devices?selector=`).
     pub selector: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -457,7 +469,7 @@ mod tests {
     fn a_request_writes_only_what_was_given() {
         let req = CreateDeployment {
             model: "m".into(),
-            version: "1".into(),
+            version: Some("1".into()),
             selector: "a=b".into(),
             ..Default::default()
         };
@@ -465,5 +477,18 @@ mod tests {
             serde_json::to_value(&req).unwrap(),
             serde_json::json!({"model": "m", "version": "1", "selector": "a=b"})
         );
+        let by_alias: CreateDeployment = serde_json::from_value(
+            serde_json::json!({"model": "m", "alias": "production", "selector": "a=b"}),
+        )
+        .unwrap();
+        assert_eq!(
+            by_alias.alias.as_ref().map(AliasName::as_str),
+            Some("production")
+        );
+        assert_eq!(by_alias.version, None);
+        let bad = serde_json::from_value::<CreateDeployment>(
+            serde_json::json!({"model": "m", "alias": "Prod", "selector": "a=b"}),
+        );
+        assert!(bad.unwrap_err().to_string().contains("not a valid alias"));
     }
 }

@@ -3,6 +3,7 @@
 //! engine-neutral training job spec, and the one typed client that the
 //! CLI, the demo and the integration tests use.
 
+pub mod aliases;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod cost;

@@ -3,6 +3,7 @@
 use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 
+use crate::aliases::AliasName;
 use crate::UnixSeconds;
 
 /// A retraining pipeline's steps, in the order they run.
@@ -86,6 +87,12 @@ pub struct RetrainingConfig {
     /// it must be strictly better).
     #[serde(default)]
     pub min_gain_points: f64,
+    /// The alias of the version the new one must beat (e.g. `production`),
+    /// resolved when the compare step runs; the comparison records the
+    /// version it resolved to. Default: the serving version (the target of
+    /// the newest succeeded rollout, else the newest version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compare_with: Option<AliasName>,
     /// The staged rollout: a deployment request without `model` and
     /// `version` (selector, strategy, gates, ...).
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
@@ -305,6 +312,12 @@ pub enum Output {
     Comparison {
         new: f64,
         serving: f64,
+        /// The version compared against (absent when none served yet).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        serving_version: Option<String>,
+        /// The alias it was named by (the policy's `compare_with`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        serving_alias: Option<AliasName>,
     },
     Deployment {
         id: String,

@@ -72,6 +72,20 @@ pub struct Lineage {
     pub quantization: Option<serde_json::Value>,
 }
 
+impl CreateModelVersion {
+    /// A request for `artifact_digest` with nothing else given.
+    pub fn new(artifact_digest: Digest) -> CreateModelVersion {
+        CreateModelVersion {
+            version: None,
+            artifact_digest,
+            format: None,
+            manifest_digest: None,
+            metrics: None,
+            lineage: None,
+        }
+    }
+}
+
 impl Lineage {
     /// The quantization method when the evidence names one as a string.
     pub fn quantization_method(&self) -> Option<&str> {
@@ -203,6 +217,51 @@ pub fn variant_for<'a>(
         .find(|v| v.providers.iter().any(|p| providers.contains(p)))
 }
 
+/// The registry's version rule, for every caller that names a version
+/// (the server on every request, the CLI before it sends one).
+pub const VERSION_RULE: &str = "use 1-64 of A-Z a-z 0-9 . _ + -, starting with a letter or digit";
+
+/// The version rule as a pattern, for the OpenAPI document.
+pub const VERSION_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$";
+
+/// Model versions: 1..=64 of `[A-Za-z0-9._+-]`, starting with an
+/// alphanumeric: they appear in URLs and file names.
+pub fn is_valid_version(value: &str) -> bool {
+    (1..=64).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'+' | b'-'))
+        && value.as_bytes()[0].is_ascii_alphanumeric()
+}
+
+/// `POST /api/v1/models/{name}/versions`: registers a version whose
+/// artifact (and manifest, and the manifest's probe inputs) is uploaded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateModelVersion {
+    /// Defaults to the next integer ("1", "2", ...). May not be the name of
+    /// one of the model's aliases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+    )]
+    pub version: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub artifact_digest: Digest,
+    /// Defaults to "onnx".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub manifest_digest: Option<Digest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<BTreeMap<String, f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
+}
+
 /// `POST /api/v1/models`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -220,6 +279,16 @@ pub struct CreateModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions() {
+        for good in ["1", "1.2.3", "v2-rc.1+build5", "A_b", &"1".repeat(64)] {
+            assert!(is_valid_version(good), "{good}");
+        }
+        for bad in ["", ".1", "-1", "1/2", "a b", "ü", &"1".repeat(65)] {
+            assert!(!is_valid_version(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn lineage_reads_the_old_names_and_writes_the_manifest_names() {

@@ -52,6 +52,9 @@ pub enum CliError {
     Server(String),
     #[error("{0}")]
     Usage(String),
+    /// A local file could not be read or written.
+    #[error("{0}")]
+    Io(String),
 }
 
 impl CliError {
@@ -62,6 +65,7 @@ impl CliError {
             CliError::NotFound(_) => 66,       // EX_NOINPUT
             CliError::Connection { .. } => 69, // EX_UNAVAILABLE
             CliError::Server(_) => 70,         // EX_SOFTWARE
+            CliError::Io(_) => 74,             // EX_IOERR
             CliError::Conflict(_) => 75,       // EX_TEMPFAIL
             CliError::Auth(_) => 77,           // EX_NOPERM
         })
@@ -82,6 +86,7 @@ impl From<ApiError> for CliError {
             },
             ApiError::Usage(_) => CliError::Usage(message),
             ApiError::Decode { .. } | ApiError::Timeout { .. } => CliError::Server(message),
+            ApiError::Io { .. } => CliError::Io(message),
         }
     }
 }
@@ -293,6 +298,7 @@ mod tests {
                 69,
             ),
             (CliError::Server("s".into()), 70),
+            (CliError::Io("f".into()), 74),
             (CliError::Conflict("c".into()), 75),
             (CliError::Auth("a".into()), 77),
         ];

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+use edgeloop_api::aliases::AliasName;
 use edgeloop_api::deployments::{
     CreateDeployment, DeploymentState, DeploymentView, Event, GatesRequest, RolloutState,
     StrategyRequest, Waves, DEFAULT_WAVES,
@@ -26,11 +27,16 @@ pub enum DeploymentCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["version", "alias"])))]
 pub struct CreateArgs {
     #[arg(long)]
     pub model: String,
     #[arg(long)]
-    pub version: String,
+    pub version: Option<String>,
+    /// An alias of the model (e.g. `production`) instead of a version:
+    /// resolved to its version when the deployment is created.
+    #[arg(long)]
+    pub alias: Option<AliasName>,
     /// The device group, e.g. `site=berlin,edgeloop.io/arch=aarch64`.
     #[arg(long)]
     pub selector: String,
@@ -97,6 +103,7 @@ impl CreateArgs {
         CreateDeployment {
             model: self.model.clone(),
             version: self.version.clone(),
+            alias: self.alias.clone(),
             selector: self.selector.clone(),
             strategy,
             gates: (!gates.is_empty()).then_some(gates),
@@ -190,12 +197,21 @@ pub fn progress(d: &DeploymentView) -> String {
     }
 }
 
+/// `digits 2.0.0`, or `digits 2.0.0 (production)` when an alias named it.
+fn target(d: &DeploymentView) -> String {
+    let dep = &d.deployment;
+    match &d.alias {
+        Some(a) => format!("{} {} ({a})", dep.model, dep.target_version),
+        None => format!("{} {}", dep.model, dep.target_version),
+    }
+}
+
 /// One deployment: what, where, how far, and its event log.
 fn render(d: &DeploymentView) -> String {
     let dep = &d.deployment;
     let mut pairs = vec![
         ("id", d.id.clone()),
-        ("model", format!("{} {}", dep.model, dep.target_version)),
+        ("model", target(d)),
         ("group", dep.group.clone()),
         ("state", progress(d)),
     ];
@@ -235,7 +251,7 @@ pub fn table(all: &[DeploymentView]) -> String {
         let dep = &d.deployment;
         t.row(vec![
             d.id.clone(),
-            format!("{} {}", dep.model, dep.target_version),
+            target(d),
             dep.group.clone(),
             d.state.as_str().to_string(),
             when(&d.created_at),
@@ -313,6 +329,25 @@ mod tests {
             body(&a)["strategy"]["waves"],
             json!({"percent": [10, 50, 100]})
         );
+        let a = create_args(&["--model", "m", "--alias", "production", "--selector", "a=b"]);
+        assert_eq!(
+            body(&a),
+            json!({"model": "m", "alias": "production", "selector": "a=b"})
+        );
+    }
+
+    #[test]
+    fn a_version_or_an_alias_is_required_but_not_both() {
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["edgeloop", "deployment", "create", "--model", "m"];
+            argv.extend(args);
+            argv.extend(["--selector", "a=b"]);
+            Cli::try_parse_from(argv)
+        };
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["--version", "1", "--alias", "production"]).is_err());
+        let bad = parse(&["--alias", "Production"]).unwrap_err().to_string();
+        assert!(bad.contains("not a valid alias"), "{bad}");
     }
 
     fn view(state: RolloutState) -> DeploymentView {
@@ -364,7 +399,9 @@ mod tests {
         );
         let mut done = view(RolloutState::Succeeded);
         done.variants.insert("dev-1".into(), "fp16-gpu".into());
+        done.alias = Some(AliasName::new("production").unwrap());
         let shown = render(&done);
+        assert!(shown.contains("digits 2.0.0 (production)"), "{shown}");
         assert!(shown.contains("skipped:  dev-2: no disk"), "{shown}");
         assert!(shown.contains("variant:  dev-1: fp16-gpu"), "{shown}");
     }

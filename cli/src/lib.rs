@@ -15,11 +15,15 @@ mod device;
 mod drift;
 mod job;
 mod model;
+mod model_alias;
 mod model_api;
+mod model_pull;
+mod model_push;
 mod model_quantize;
 pub mod pipeline;
 mod retraining;
 pub mod table;
+mod transfer;
 pub mod trigger;
 
 use std::io::Write;
@@ -41,7 +45,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Models: ONNX files locally (inspect, quantize, verify) and the
-    /// registry (list, show, versions).
+    /// registry (list, show, versions, push, pull, alias).
     #[command(subcommand)]
     Model(model::ModelCommand),
     /// Staged rollouts of a model version to a device group.

@@ -1,6 +1,7 @@
 //! `edgeloop model inspect | quantize | verify` (local files, no server)
-//! and `edgeloop model list | show | versions` (the registry, through the
-//! console API: `model_api.rs`).
+//! and, through the console API, `edgeloop model list | show | versions`
+//! (`model_api.rs`), `push` (`model_push.rs`), `pull` (`model_pull.rs`)
+//! and `alias set | list | delete | history` (`model_alias.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -45,6 +46,20 @@ pub enum ModelCommand {
     /// A registered model's versions with their lineage (console API).
     Versions {
         name: String,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Register a version from local files: check them, upload what the
+    /// server lacks, register; idempotent by digest (console API).
+    Push(Box<super::model_push::PushArgs>),
+    /// Fetch a version's files (by version or alias), each checked against
+    /// its digest (console API).
+    Pull(Box<super::model_pull::PullArgs>),
+    /// A model's aliases (`production`, `staging`) and their history
+    /// (console API).
+    Alias {
+        #[command(subcommand)]
+        cmd: super::model_alias::AliasCommand,
         #[command(flatten)]
         server: ServerArgs,
     },
@@ -156,6 +171,9 @@ pub fn run(cmd: ModelCommand, out: &mut dyn std::io::Write) -> anyhow::Result<Ex
         ModelCommand::List { server } => model_api::list(&server, out),
         ModelCommand::Show { name, server } => model_api::show(&name, &server, out),
         ModelCommand::Versions { name, server } => model_api::versions(&name, &server, out),
+        ModelCommand::Push(args) => super::model_push::push(&args, out),
+        ModelCommand::Pull(args) => super::model_pull::pull(&args, out),
+        ModelCommand::Alias { cmd, server } => super::model_alias::run(cmd, &server, out),
         ModelCommand::Inspect { model, json } => inspect(&model, json),
         ModelCommand::Quantize(args) => super::model_quantize::quantize(*args),
         ModelCommand::Verify {

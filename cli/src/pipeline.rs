@@ -227,11 +227,23 @@ pub fn output(o: &Output) -> String {
             line
         }
         Output::Version { version } => format!("version {}", text(version)),
-        Output::Comparison { new, serving } => format!(
-            "accuracy {} % new vs {} % serving",
-            percent(*new),
-            percent(*serving)
-        ),
+        Output::Comparison {
+            new,
+            serving,
+            serving_version,
+            serving_alias,
+        } => {
+            let against = match (serving_version, serving_alias) {
+                (Some(v), Some(a)) => format!(" ({a} = version {v})"),
+                (Some(v), None) => format!(" (version {v})"),
+                (None, _) => String::new(),
+            };
+            format!(
+                "accuracy {} % new vs {} % serving{against}",
+                percent(*new),
+                percent(*serving)
+            )
+        }
         Output::Deployment { id } => format!("deployment {}", text(id)),
         Output::Reference => "drift reference reset".into(),
     }

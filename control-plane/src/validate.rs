@@ -22,21 +22,26 @@ pub fn name(field: &str, value: &str) -> Result<(), Error> {
     }
 }
 
-/// Model versions: 1..=64 of [A-Za-z0-9._+-], starting with an alphanumeric.
+/// Model versions: 1..=64 of [A-Za-z0-9._+-], starting with an alphanumeric
+/// (the rule is the console API's, `edgeloop_api::registry::is_valid_version`,
+/// so the CLI checks it before sending).
 pub fn version(field: &str, value: &str) -> Result<(), Error> {
-    let ok = (1..=64).contains(&value.len())
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'+' | b'-'))
-        && value.as_bytes()[0].is_ascii_alphanumeric();
-    if ok {
+    if edgeloop_api::registry::is_valid_version(value) {
         Ok(())
     } else {
         Err(Error::bad_field(
             field,
-            format!("{value:?} is not a valid version: use 1-64 of A-Z a-z 0-9 . _ + -, starting with a letter or digit"),
+            format!(
+                "{value:?} is not a valid version: {}",
+                edgeloop_api::registry::VERSION_RULE
+            ),
         ))
     }
+}
+
+/// An alias name (`edgeloop_api::aliases::AliasName`'s rules), naming `field`.
+pub fn alias(field: &str, value: &str) -> Result<edgeloop_api::aliases::AliasName, Error> {
+    edgeloop_api::aliases::AliasName::new(value).map_err(|e| Error::bad_field(field, e.to_string()))
 }
 
 /// Labels follow Kubernetes' shape: keys of up to 63 characters from

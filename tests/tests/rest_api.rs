@@ -442,6 +442,224 @@ async fn registry_records_versions_with_lineage() {
     cp.stop().await;
 }
 
+/// Aliases: created (201), moved (200), each move in the history with who,
+/// when, from and to; refused with the field named (400), for a missing
+/// model or version (404), or when an alias and a version would share a
+/// name (409); deployments name them; all of it durable across a restart.
+#[tokio::test]
+async fn aliases_point_move_keep_their_history_and_survive_a_restart() {
+    use edgeloop_client_core::Role;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cp");
+    let cp = ControlPlane::start(&data).await;
+    let api = cp.api();
+    let digest = cp.upload(b"digits model").await;
+    assert_eq!(
+        api.post("/api/v1/models", json!({"name": "digits"}))
+            .await
+            .0,
+        201
+    );
+    for v in ["1", "2", "canary"] {
+        let (s, body) = api
+            .post(
+                "/api/v1/models/digits/versions",
+                json!({"version": v, "artifact_digest": digest.to_string()}),
+            )
+            .await;
+        assert_eq!(s, 201, "{body}");
+    }
+    let alias = "/api/v1/models/digits/aliases/production";
+
+    let (s, created) = api.put(alias, json!({"version": "1"})).await;
+    assert_eq!(s, 201, "{created}");
+    assert_eq!(created["alias"], "production");
+    assert_eq!(created["version"], "1");
+    assert_eq!(created["updated_by"], "admin");
+    // Pointing it where it points: 200, and nothing recorded.
+    let (s, same) = api.put(alias, json!({"version": "1"})).await;
+    assert_eq!(s, 200, "{same}");
+    let (s, moved) = api
+        .put(alias, json!({"version": "2", "reason": "promoted"}))
+        .await;
+    assert_eq!(s, 200, "{moved}");
+    assert_eq!(moved["version"], "2");
+    let (s, shown) = api.get(alias).await;
+    assert_eq!((s.as_u16(), &shown), (200, &moved));
+    let (_, list) = api.get("/api/v1/models/digits/aliases").await;
+    assert_eq!(list, json!([moved]));
+    let (s, history) = api.get(&format!("{alias}/history")).await;
+    assert_eq!(s, 200, "{history}");
+    let moves = history["history"].as_array().unwrap();
+    assert_eq!(moves.len(), 2, "{history}");
+    assert_eq!(moves[0]["from"], Value::Null);
+    assert_eq!(moves[0]["to"], "1");
+    assert_eq!(
+        (&moves[1]["from"], &moves[1]["to"]),
+        (&json!("1"), &json!("2"))
+    );
+    assert_eq!(moves[1]["reason"], "promoted");
+    assert_eq!(moves[1]["by"], "admin");
+    let at = time::OffsetDateTime::parse(
+        moves[1]["at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    assert!(at >= time::OffsetDateTime::now_utc() - time::Duration::minutes(5));
+
+    // Refusals, each naming what is wrong; none changes the alias.
+    let staging = "/api/v1/models/digits/aliases/staging";
+    let refusals: Vec<(&str, String, Value, u16, Option<&str>)> = vec![
+        (
+            "uppercase alias",
+            "/api/v1/models/digits/aliases/Staging".into(),
+            json!({"version": "1"}),
+            400,
+            Some("alias"),
+        ),
+        (
+            "alias like a version",
+            "/api/v1/models/digits/aliases/v2".into(),
+            json!({"version": "1"}),
+            400,
+            Some("alias"),
+        ),
+        (
+            "numeric alias",
+            "/api/v1/models/digits/aliases/2".into(),
+            json!({"version": "1"}),
+            400,
+            Some("alias"),
+        ),
+        (
+            "bad version",
+            staging.into(),
+            json!({"version": "../1"}),
+            400,
+            Some("version"),
+        ),
+        (
+            "unknown field",
+            staging.into(),
+            json!({"version": "1", "to": "2"}),
+            400,
+            None,
+        ),
+        (
+            "no version",
+            staging.into(),
+            json!({}),
+            400,
+            Some("version"),
+        ),
+        (
+            "missing version",
+            staging.into(),
+            json!({"version": "9"}),
+            404,
+            None,
+        ),
+        (
+            "missing model",
+            "/api/v1/models/nope/aliases/staging".into(),
+            json!({"version": "1"}),
+            404,
+            None,
+        ),
+        (
+            "a version's name",
+            "/api/v1/models/digits/aliases/canary".into(),
+            json!({"version": "1"}),
+            409,
+            None,
+        ),
+    ];
+    for (name, path, body, status, field) in refusals {
+        let (s, got) = api.put(&path, body).await;
+        assert_eq!(s.as_u16(), status, "{name}: {got}");
+        if let Some(f) = field {
+            assert_eq!(got["error"]["field"], f, "{name}: {got}");
+        }
+    }
+    let (s, body) = api
+        .post(
+            "/api/v1/models/digits/versions",
+            json!({"version": "production", "artifact_digest": digest.to_string()}),
+        )
+        .await;
+    assert_eq!(s, 409, "a version may not take an alias's name: {body}");
+    assert_eq!(api.get(staging).await.0, 404);
+    assert_eq!(
+        api.get("/api/v1/models/digits/aliases").await.1,
+        json!([moved])
+    );
+    let anon = Api::new(&cp.http_base, None);
+    assert_eq!(anon.put(alias, json!({"version": "1"})).await.0, 401);
+
+    // Deployments by alias: resolved when created, both recorded.
+    let token = cp
+        .labelled_token("device", "edge-1", json!({"site": "lab"}))
+        .await;
+    cp.enroll(Role::Device, &token, &dir.path().join("edge-1"))
+        .await;
+    let deploy = |body: Value| api.post("/api/v1/deployments", body);
+    let (s, d) =
+        deploy(json!({"model": "digits", "alias": "production", "selector": "site=lab"})).await;
+    assert_eq!(s, 201, "{d}");
+    assert_eq!(d["alias"], "production");
+    assert_eq!(d["deployment"]["target_version"], "2");
+    for (name, body, field) in [
+        (
+            "both",
+            json!({"model": "digits", "version": "1", "alias": "production", "selector": "site=lab"}),
+            "alias",
+        ),
+        (
+            "neither",
+            json!({"model": "digits", "selector": "site=lab"}),
+            "version",
+        ),
+        (
+            "unknown alias",
+            json!({"model": "digits", "alias": "staging", "selector": "site=lab"}),
+            "alias",
+        ),
+        (
+            "invalid alias",
+            json!({"model": "digits", "alias": "Prod", "selector": "site=lab"}),
+            "alias",
+        ),
+    ] {
+        let (s, got) = deploy(body).await;
+        assert_eq!(s, 400, "{name}: {got}");
+        assert_eq!(got["error"]["field"], field, "{name}: {got}");
+    }
+
+    // Deleted: 204, gone from the list, history kept with the deletion.
+    let (s, _) = api.send(api.request(Method::DELETE, alias)).await;
+    assert_eq!(s, 204);
+    assert_eq!(api.send(api.request(Method::DELETE, alias)).await.0, 404);
+    assert_eq!(api.get(alias).await.0, 404);
+    assert_eq!(api.get("/api/v1/models/digits/aliases").await.1, json!([]));
+
+    // Durable: the history and the deletion survive a restart.
+    let cp = cp.restart(settings(&data)).await;
+    let api = cp.api();
+    let (s, history) = api.get(&format!("{alias}/history")).await;
+    assert_eq!(s, 200, "{history}");
+    let moves = history["history"].as_array().unwrap();
+    assert_eq!(moves.len(), 3, "{history}");
+    assert_eq!(
+        (&moves[2]["from"], &moves[2]["to"]),
+        (&json!("2"), &Value::Null)
+    );
+    assert_eq!(history.get("version"), None, "{history}");
+    assert_eq!(api.get(staging).await.0, 404);
+    let (s, again) = api.put(alias, json!({"version": "1"})).await;
+    assert_eq!(s, 201, "set again after deletion: {again}");
+    cp.stop().await;
+}
+
 #[tokio::test]
 async fn health_readiness_and_openapi_need_no_token() {
     let dir = tempfile::tempdir().unwrap();
@@ -466,6 +684,9 @@ async fn health_readiness_and_openapi_need_no_token() {
         "/api/v1/clusters",
         "/api/v1/artifacts/{digest}",
         "/api/v1/models/{name}/versions/{version}",
+        "/api/v1/models/{name}/aliases",
+        "/api/v1/models/{name}/aliases/{alias}",
+        "/api/v1/models/{name}/aliases/{alias}/history",
         "/healthz",
     ] {
         assert!(
@@ -479,6 +700,9 @@ async fn health_readiness_and_openapi_need_no_token() {
         "ModelVersionView",
         "Lineage",
         "ErrorBody",
+        "AliasView",
+        "AliasHistoryView",
+        "SetAlias",
     ] {
         assert!(
             doc["components"]["schemas"][schema].is_object(),
@@ -486,6 +710,48 @@ async fn health_readiness_and_openapi_need_no_token() {
         );
     }
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+    // The alias routes state their rule and every status they answer.
+    let alias_route = &doc["paths"]["/api/v1/models/{name}/aliases/{alias}"];
+    let alias_param = alias_route["put"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "alias")
+        .unwrap();
+    assert_eq!(
+        alias_param["schema"]["pattern"],
+        edgeloop_api::aliases::ALIAS_PATTERN
+    );
+    for (method, codes) in [
+        ("put", &["200", "201", "400", "401", "404", "409"][..]),
+        ("get", &["200", "400", "401", "404"][..]),
+        ("delete", &["204", "400", "401", "404"][..]),
+    ] {
+        let responses = alias_route[method]["responses"].as_object().unwrap();
+        let got: Vec<&str> = responses.keys().map(String::as_str).collect();
+        assert_eq!(
+            got, codes,
+            "{method} /api/v1/models/{{name}}/aliases/{{alias}}"
+        );
+    }
+    assert_eq!(
+        doc["components"]["schemas"]["SetAlias"]["properties"]["version"]["pattern"],
+        edgeloop_api::registry::VERSION_PATTERN
+    );
+    assert_eq!(
+        doc["components"]["schemas"]["AliasName"]["pattern"],
+        edgeloop_api::aliases::ALIAS_PATTERN
+    );
+    for (schema, field) in [
+        ("CreateDeployment", "alias"),
+        ("RetrainingConfig", "compare_with"),
+    ] {
+        let property = doc["components"]["schemas"][schema]["properties"][field].to_string();
+        assert!(
+            property.contains("#/components/schemas/AliasName"),
+            "{schema}.{field}: {property}"
+        );
+    }
     // Every path parameter is a `{name}` of its path, and every `{name}` is
     // a declared path parameter: a query parameter declared "in: path" (as
     // `selector` of GET /api/v1/devices once was) fails OpenAPI validators.

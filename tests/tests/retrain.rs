@@ -311,6 +311,14 @@ async fn bad_policies_and_requests_get_a_4xx_naming_the_field() {
             "nope",
         ),
         (
+            json!({"job": good_job, "rollout": {"selector": "a=b"}, "compare_with": "Production"}),
+            "compare_with",
+        ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b", "alias": "production"}}),
+            "rollout.alias",
+        ),
+        (
             json!({"job": good_job, "rollout": {"selector": "a=b"},
                    "variants": [{"name": "gpu", "candidates": ["int4"],
                                  "providers": ["CUDAExecutionProvider"]}]}),

@@ -14,6 +14,7 @@ use super::rollout::{
 };
 use super::selector::{self, Selector};
 use crate::error::{Error, Result};
+use crate::registry::aliases::{self, AliasName};
 use crate::registry::artifacts::ArtifactStore;
 use crate::registry::models;
 use crate::store::Store;
@@ -74,6 +75,10 @@ pub struct DeploymentRecord {
     pub seq: u64,
     pub deployment: Deployment,
     pub requirements: Requirements,
+    /// The alias the request named, if any; `deployment.target_version` is
+    /// the version it pointed at when this deployment was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<AliasName>,
     pub activation_timeout_seconds: u32,
     /// The assignment-set generation at which each moved device got its
     /// assignment: a status report from before it is about something else.
@@ -102,6 +107,7 @@ impl DeploymentRecord {
             seq: self.seq,
             deployment: self.deployment,
             requirements: self.requirements,
+            alias: self.alias,
             activation_timeout_seconds: self.activation_timeout_seconds,
             assigned_generation: self.assigned_generation,
             variants: self.assigned_variant,
@@ -184,10 +190,29 @@ pub async fn create(
     validate::name("model", &req.model)?;
     models::get_model(store, &req.model)
         .map_err(|_| Error::bad_field("model", format!("model {:?} does not exist", req.model)))?;
-    let version = models::get_version(store, &req.model, &req.version).map_err(|_| {
+    let target = match (&req.version, &req.alias) {
+        (Some(_), Some(_)) => {
+            return Err(Error::bad_field("alias", "give version or alias, not both"))
+        }
+        (None, None) => {
+            return Err(Error::bad_field(
+                "version",
+                "required: give the version to roll out, or an alias",
+            ))
+        }
+        (Some(v), None) => v.clone(),
+        // Resolved now: moving the alias later does not move this rollout.
+        (None, Some(a)) => aliases::resolve(store, &req.model, a)?.ok_or_else(|| {
+            Error::bad_field(
+                "alias",
+                format!("model {:?} has no alias {:?}", req.model, a.as_str()),
+            )
+        })?,
+    };
+    let version = models::get_version(store, &req.model, &target).map_err(|_| {
         Error::bad_field(
             "version",
-            format!("model {:?} has no version {:?}", req.model, req.version),
+            format!("model {:?} has no version {target:?}", req.model),
         )
     })?;
     let selector = parse_selector("selector", &req.selector)?;
@@ -235,7 +260,7 @@ pub async fn create(
         id: id.clone(),
         group: req.selector.trim().to_string(),
         model: req.model.clone(),
-        target_version: req.version.clone(),
+        target_version: target.clone(),
         seed: req.seed.unwrap_or_else(|| id.clone()),
         strategy,
         gates: gates(req.gates),
@@ -270,6 +295,7 @@ pub async fn create(
                 .map(|v| v.artifact_size)
                 .fold(version.artifact_size, u64::max),
         },
+        alias: req.alias,
         activation_timeout_seconds,
         assigned_generation: BTreeMap::new(),
         assigned_variant: BTreeMap::new(),

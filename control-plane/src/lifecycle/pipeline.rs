@@ -5,6 +5,7 @@
 //! the action of its current step (each step's executor is idempotent per
 //! `(pipeline, step, attempt)`). The executors come with the pipeline task.
 
+use edgeloop_api::aliases::AliasName;
 pub use edgeloop_api::pipelines::QuantizedVariant;
 use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
@@ -77,10 +78,15 @@ pub enum Output {
     Version {
         version: String,
     },
-    /// Accuracy on the recent labelled eval set, new and serving.
+    /// Accuracy on the recent labelled eval set, new and serving, and the
+    /// version compared against (by the alias that named it, if one did).
     Comparison {
         new: f64,
         serving: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        serving_version: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        serving_alias: Option<AliasName>,
     },
     Deployment {
         id: String,
@@ -250,7 +256,7 @@ pub fn advance(p: &Pipeline, event: Event, now: UnixSeconds) -> (Pipeline, Vec<A
         Event::Tick => None,
         Event::Failed { reason, retryable } => Some((reason, retryable)),
         Event::Succeeded(output) => {
-            if let (Step::Compare, Output::Comparison { new, serving }) = (step, &output) {
+            if let (Step::Compare, Output::Comparison { new, serving, .. }) = (step, &output) {
                 let gain = (new - serving) * 100.0;
                 if gain <= p.min_gain_points {
                     let reason = format!(
@@ -334,6 +340,8 @@ mod tests {
             Step::Compare => Output::Comparison {
                 new: 0.93,
                 serving: 0.90,
+                serving_version: Some("1".into()),
+                serving_alias: None,
             },
             Step::Deploy => Output::Deployment { id: "d-1".into() },
             Step::ResetReference => Output::Reference,
@@ -478,6 +486,8 @@ mod tests {
             Event::Succeeded(Output::Comparison {
                 new: 0.912,
                 serving: 0.910,
+                serving_version: Some("1".into()),
+                serving_alias: None,
             }),
             2,
         );
@@ -498,6 +508,8 @@ mod tests {
             Event::Succeeded(Output::Comparison {
                 new: 0.93,
                 serving: 0.91,
+                serving_version: None,
+                serving_alias: None,
             }),
             2,
         );

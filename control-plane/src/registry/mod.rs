@@ -1,6 +1,7 @@
 //! The registry wing: content-addressed artifacts, models and versions with
-//! lineage, and training checkpoints.
+//! lineage, their aliases, and training checkpoints.
 
+pub mod aliases;
 pub mod artifact_cache;
 pub mod artifacts;
 pub mod checkpoints;

@@ -9,9 +9,9 @@ use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use tokio::io::AsyncReadExt;
-use utoipa::ToSchema;
 
 use crate::error::{Error, Result};
+use crate::registry::aliases;
 use crate::registry::artifacts::ArtifactStore;
 use crate::store::Store;
 use crate::validate;
@@ -31,7 +31,9 @@ pub struct ModelRecord {
 
 /// The version's lineage is the console API's type (the records store it
 /// as the API shows it).
-pub use edgeloop_api::registry::{CreateModel, CreateVariant, Lineage, VariantView};
+pub use edgeloop_api::registry::{
+    CreateModel, CreateModelVersion, CreateVariant, Lineage, VariantView,
+};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelVersionRecord {
@@ -61,26 +63,6 @@ pub struct ModelVersionRecord {
     /// Stored as the API shows them, like the lineage.
     #[serde(default)]
     pub variants: Vec<VariantView>,
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateModelVersion {
-    /// Defaults to the next integer ("1", "2", ...).
-    #[serde(default)]
-    pub version: Option<String>,
-    #[schema(value_type = String)]
-    pub artifact_digest: Digest,
-    /// Defaults to "onnx".
-    #[serde(default)]
-    pub format: Option<String>,
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub manifest_digest: Option<Digest>,
-    #[serde(default)]
-    pub metrics: Option<BTreeMap<String, f64>>,
-    #[serde(default)]
-    pub lineage: Option<Lineage>,
 }
 
 const FORMATS: &[&str] = &["onnx", "torchscript", "safetensors", "checkpoint"];
@@ -161,6 +143,11 @@ pub async fn create_version(
     get_model(store, model)?;
     if let Some(v) = &req.version {
         validate::version("version", v)?;
+        if aliases::points_somewhere(store, model, v)? {
+            return Err(Error::Conflict(format!(
+                "model {model:?} has an alias {v:?}; a version may not have an alias's name"
+            )));
+        }
     }
     let format = req.format.unwrap_or_else(|| "onnx".to_string());
     if !FORMATS.contains(&format.as_str()) {

@@ -15,6 +15,7 @@ use crate::fleet::deployments::{DeploymentRecord, EventEntry};
 use crate::fleet::members::{BootstrapTokenRecord, Member, MemberKind};
 use crate::fleet::telemetry::{AssignmentStatusRecord, TelemetryRecord};
 use crate::lifecycle::jobs::JobRecord;
+use crate::registry::aliases::AliasRecord;
 use crate::registry::checkpoints::CheckpointRecord;
 use crate::registry::models::{ModelRecord, ModelVersionRecord};
 
@@ -72,6 +73,8 @@ pub struct Store {
     pub tokens: Tree<BootstrapTokenRecord>,
     pub models: Tree<ModelRecord>,
     pub model_versions: Tree<ModelVersionRecord>,
+    /// Each model's aliases with their history, by `<model>/<alias>`.
+    pub model_aliases: Tree<AliasRecord>,
     pub assignments: Tree<AssignmentSetRecord>,
     pub assignment_status: Tree<AssignmentStatusRecord>,
     pub telemetry: Tree<TelemetryRecord>,
@@ -134,6 +137,7 @@ impl Store {
             tokens: Tree::open(&db, "bootstrap_tokens")?,
             models: Tree::open(&db, "models")?,
             model_versions: Tree::open(&db, "model_versions")?,
+            model_aliases: Tree::open(&db, "model_aliases")?,
             assignments: Tree::open(&db, "assignments")?,
             assignment_status: Tree::open(&db, "assignment_status")?,
             telemetry: Tree::open(&db, "telemetry")?,

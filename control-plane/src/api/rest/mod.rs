@@ -1,6 +1,7 @@
 //! The console REST API under `/api/v1`, with bearer-token auth, plus
 //! `/healthz`, `/readyz` and the generated OpenAPI document.
 
+mod aliases;
 mod artifacts;
 mod cost;
 mod deployments;
@@ -73,6 +74,15 @@ pub fn router(core: Arc<Core>) -> Router {
             "/api/v1/models/{name}/versions/{version}/variants",
             post(models::add_variant),
         )
+        .route("/api/v1/models/{name}/aliases", get(aliases::list))
+        .route(
+            "/api/v1/models/{name}/aliases/{alias}",
+            put(aliases::set).get(aliases::show).delete(aliases::delete),
+        )
+        .route(
+            "/api/v1/models/{name}/aliases/{alias}/history",
+            get(aliases::history),
+        )
         .route(
             "/api/v1/models/{name}/sketches",
             get(telemetry::model_sketches),
@@ -126,7 +136,20 @@ pub async fn serve(
         .await
 }
 
-async fn require_admin(State(core): State<Arc<Core>>, req: Request, next: Next) -> Response {
+/// Who is calling, as authenticated: what records of changes (an alias's
+/// history) name. The console API has one principal today, the admin token.
+#[derive(Debug, Clone)]
+pub struct Principal(&'static str);
+
+impl Principal {
+    pub const ADMIN: Principal = Principal("admin");
+
+    pub fn name(&self) -> &str {
+        self.0
+    }
+}
+
+async fn require_admin(State(core): State<Arc<Core>>, mut req: Request, next: Next) -> Response {
     let presented = req
         .headers()
         .get(AUTHORIZATION)
@@ -141,7 +164,10 @@ async fn require_admin(State(core): State<Arc<Core>>, req: Request, next: Next) 
         Some(token) if !core.is_admin_token(token) => {
             Error::Unauthenticated("invalid bearer token".into()).into_response()
         }
-        Some(_) => next.run(req).await,
+        Some(_) => {
+            req.extensions_mut().insert(Principal::ADMIN);
+            next.run(req).await
+        }
     }
 }
 

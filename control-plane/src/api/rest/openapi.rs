@@ -5,8 +5,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    artifacts, cost, deployments, drift, fleet, jobs, metrics, models, pipelines, telemetry,
-    triggers,
+    aliases, artifacts, cost, deployments, drift, fleet, jobs, metrics, models, pipelines,
+    telemetry, triggers,
 };
 
 #[derive(OpenApi)]
@@ -37,6 +37,11 @@ use super::{
         models::list_versions,
         models::get_version,
         models::add_variant,
+        aliases::set,
+        aliases::list,
+        aliases::show,
+        aliases::delete,
+        aliases::history,
         telemetry::model_sketches,
         telemetry::model_samples,
         drift::model_drift,

@@ -63,7 +63,17 @@ fn output_view(o: Output) -> api::Output {
             variants,
         },
         Output::Version { version } => api::Output::Version { version },
-        Output::Comparison { new, serving } => api::Output::Comparison { new, serving },
+        Output::Comparison {
+            new,
+            serving,
+            serving_version,
+            serving_alias,
+        } => api::Output::Comparison {
+            new,
+            serving,
+            serving_version,
+            serving_alias,
+        },
         Output::Deployment { id } => api::Output::Deployment { id },
         Output::Reference => api::Output::Reference,
     }

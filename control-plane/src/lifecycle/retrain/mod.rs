@@ -124,7 +124,7 @@ impl RetrainingPolicy for RetrainingConfig {
         let serde_json::Value::Object(mut fields) = self.rollout.clone() else {
             return Err(Error::bad_field("rollout", "must be an object"));
         };
-        for k in ["model", "version"] {
+        for k in ["model", "version", "alias"] {
             if fields.contains_key(k) {
                 return Err(Error::bad_field(
                     format!("rollout.{k}"),
@@ -356,7 +356,24 @@ mod tests {
                 "rollout",
             ),
             (serde_json::json!({"cluster": "Not A Name"}), "cluster"),
+            (
+                serde_json::json!({"rollout": {"selector": "a=b", "alias": "production"}}),
+                "rollout.alias",
+            ),
         ];
+        let named: RetrainingConfig =
+            serde_json::from_value(policy(serde_json::json!({"compare_with": "production"})))
+                .unwrap();
+        named.validate().unwrap();
+        assert_eq!(
+            named.compare_with.as_ref().map(|a| a.as_str()),
+            Some("production")
+        );
+        let e = serde_json::from_value::<RetrainingConfig>(policy(
+            serde_json::json!({"compare_with": "v2"}),
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("looks like a version"), "{e}");
         for (patch, want) in cases {
             let c: RetrainingConfig = serde_json::from_value(policy(patch.clone())).unwrap();
             match c.validate() {

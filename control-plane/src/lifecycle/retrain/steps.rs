@@ -27,11 +27,13 @@ use crate::fleet::deployments;
 use crate::fleet::rollout::RolloutState;
 use crate::lifecycle::jobs::{self, CreateJob, JobState};
 use crate::lifecycle::pipeline::{Output, Pipeline, QuantizedVariant, Step};
+use crate::registry::aliases::{self, AliasName};
 use crate::registry::artifacts::UploadLimits;
 use crate::registry::checkpoints;
 use crate::registry::models::{
     self, CreateModelVersion, CreateVariant, Lineage, ModelVersionRecord,
 };
+use crate::store::Store;
 use crate::Core;
 use edgeloop_models::package::{self, Identity};
 
@@ -102,7 +104,7 @@ pub async fn poll(
         Step::Export => export(core, p).await.map(Some),
         Step::Quantize => quantize(core, p, &config).await.map(Some),
         Step::Register => register(core, p, now).await.map(Some),
-        Step::Compare => compare(core, p).await.map(Some),
+        Step::Compare => compare(core, p, &config).await.map(Some),
         Step::Deploy => deploy(core, p, &config, attempt, now).await,
         Step::ResetReference => reset_reference(core, p, now).await.map(Some),
     }
@@ -234,17 +236,21 @@ async fn blocking<T: Send + 'static>(
 /// The version the devices run now: the target of the model's newest
 /// succeeded rollout, else its newest version.
 pub fn serving_version(core: &Core, model: &str) -> Result<Option<ModelVersionRecord>, Error> {
-    let rolled = deployments::list(&core.store)?
+    serving_in(&core.store, model)
+}
+
+fn serving_in(store: &Store, model: &str) -> Result<Option<ModelVersionRecord>, Error> {
+    let rolled = deployments::list(store)?
         .into_iter()
         .find(|d| d.deployment.model == model && d.deployment.state == RolloutState::Succeeded);
     if let Some(d) = rolled {
         return Ok(Some(models::get_version(
-            &core.store,
+            store,
             model,
             &d.deployment.target_version,
         )?));
     }
-    let mut all = models::list_versions(&core.store, model)?;
+    let mut all = models::list_versions(store, model)?;
     all.sort_by_key(|v| v.created_at);
     Ok(all.pop())
 }
@@ -755,11 +761,37 @@ fn accuracy_on(runtime: &OrtRuntime, model_bytes: &[u8], snapshot: &Npz) -> Resu
     Ok(hits as f64 / labels.len().max(1) as f64)
 }
 
-async fn compare(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
+/// The version the new one must beat: the one the policy's `compare_with`
+/// alias points at now, else the serving version.
+fn baseline(
+    store: &Store,
+    model: &str,
+    compare_with: Option<&AliasName>,
+) -> Result<Option<ModelVersionRecord>, StepError> {
+    let Some(alias) = compare_with else {
+        return Ok(serving_in(store, model)?);
+    };
+    let version = aliases::resolve(store, model, alias)?.ok_or_else(|| {
+        StepError::fatal(format!(
+            "the policy compares with alias {:?}, which model {model:?} does not have",
+            alias.as_str()
+        ))
+    })?;
+    Ok(Some(models::get_version(store, model, &version)?))
+}
+
+async fn compare(
+    core: &Core,
+    p: &Pipeline,
+    config: &RetrainingConfig,
+) -> Result<Output, StepError> {
     let version = version_of(p)?;
     let data = snapshot_of(p)?;
     let new = models::get_version(&core.store, &p.model, version)?;
-    let serving = serving_version(core, &p.model)?.filter(|v| v.version != new.version);
+    let serving = baseline(&core.store, &p.model, config.compare_with.as_ref())?
+        .filter(|v| v.version != new.version);
+    let serving_version = serving.as_ref().map(|v| v.version.clone());
+    let serving_alias = serving.as_ref().and(config.compare_with.clone());
     let new_bytes = read_artifact(core, new.artifact_digest).await?;
     let serving_bytes = match &serving {
         Some(v) => Some(read_artifact(core, v.artifact_digest).await?),
@@ -779,7 +811,12 @@ async fn compare(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
         Ok((new, serving))
     })
     .await?;
-    Ok(Output::Comparison { new, serving })
+    Ok(Output::Comparison {
+        new,
+        serving,
+        serving_version,
+        serving_alias,
+    })
 }
 
 fn find_deployment(
@@ -852,4 +889,78 @@ async fn reset_reference(
     )
     .await?;
     Ok(Output::Reference)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::aliases::SetAlias;
+    use crate::registry::models::{version_key, CreateModel};
+
+    #[tokio::test]
+    async fn the_baseline_is_the_alias_when_the_policy_names_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let t = |s| OffsetDateTime::from_unix_timestamp(1_800_000_000 + s).unwrap();
+        models::create_model(
+            &store,
+            CreateModel {
+                name: "digits".into(),
+                ..Default::default()
+            },
+            t(0),
+        )
+        .await
+        .unwrap();
+        for (i, v) in ["1", "2"].into_iter().enumerate() {
+            let record = ModelVersionRecord {
+                model: "digits".into(),
+                version: v.into(),
+                artifact_digest: Digest::of(v.as_bytes()),
+                artifact_size: 1,
+                format: "onnx".into(),
+                manifest_digest: None,
+                probe_inputs_digest: None,
+                metrics: Default::default(),
+                lineage: Default::default(),
+                created_at: t(i as i64),
+                variants: Vec::new(),
+            };
+            store
+                .model_versions
+                .insert(&version_key("digits", v), &record)
+                .unwrap();
+        }
+        let version = |b: Option<ModelVersionRecord>| b.map(|v| v.version);
+        // No alias named: the serving version (nothing rolled out: the newest).
+        assert_eq!(
+            version(baseline(&store, "digits", None).unwrap()),
+            Some("2".into())
+        );
+        let production = AliasName::new("production").unwrap();
+        let missing = baseline(&store, "digits", Some(&production)).unwrap_err();
+        assert!(!missing.retryable);
+        assert!(
+            missing.reason.contains("\"production\""),
+            "{}",
+            missing.reason
+        );
+        crate::registry::aliases::set(
+            &store,
+            "digits",
+            &production,
+            SetAlias {
+                version: "1".into(),
+                reason: None,
+            },
+            "admin",
+            t(5),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            version(baseline(&store, "digits", Some(&production)).unwrap()),
+            Some("1".into())
+        );
+    }
 }
