@@ -89,8 +89,8 @@ pub fn decode(
                         best
                     }
                 });
-        // NaN scores fail this comparison and are dropped.
-        if !(score >= spec.score_threshold) {
+        // NaN scores are dropped with those below the threshold.
+        if score.is_nan() || score < spec.score_threshold {
             continue;
         }
         let (cx, cy, w, h) = (at(0, a), at(1, a), at(2, a), at(3, a));
