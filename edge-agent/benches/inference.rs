@@ -59,6 +59,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 fn config(max_batch_size: usize) -> ServeConfig {
     ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
+        grpc_listen: "127.0.0.1:0".parse().unwrap(),
         ort_library: None,
         providers: vec![Provider::Cpu],
         cuda_mem_limit_bytes: None,

@@ -77,6 +77,28 @@ impl ModelHost {
         })
     }
 
+    /// What every front end (REST, gRPC) does once a request is routed to
+    /// `target` and its body decoded: run it, answer with `respond`, then
+    /// count and observe it whatever the outcome (so the latency includes
+    /// writing the answer). A decoding error takes the same way, so a bad
+    /// request is counted like any other.
+    pub(super) async fn run_routed<T>(
+        &self,
+        target: &Arc<Version>,
+        id: &str,
+        decoded: Result<(Named, Option<Vec<String>>), ServeError>,
+        started: Instant,
+        respond: impl FnOnce(&Result<Named, ServeError>) -> T,
+    ) -> T {
+        let (inputs, result) = match decoded {
+            Ok((inputs, outputs)) => execute(target, inputs, outputs).await,
+            Err(e) => (Vec::new(), Err(e)),
+        };
+        let answer = respond(&result);
+        self.record(target, id, &inputs, &result, started);
+        answer
+    }
+
     /// Counts the finished request and tells the observer (also for errors).
     pub(super) fn record(
         &self,
@@ -103,7 +125,7 @@ impl ModelHost {
 
 /// Checks, queues and awaits one request on `version`. Gives the inputs back
 /// (for the observer) with the outputs or the error.
-pub(super) async fn execute(
+async fn execute(
     version: &Arc<Version>,
     inputs: Named,
     outputs: Option<Vec<String>>,

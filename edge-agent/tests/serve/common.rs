@@ -62,6 +62,7 @@ pub fn python() -> PathBuf {
 pub fn config() -> ServeConfig {
     ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
+        grpc_listen: "127.0.0.1:0".parse().unwrap(),
         ort_library: Some(library_path()),
         providers: vec![Provider::Cpu],
         cuda_mem_limit_bytes: None,
