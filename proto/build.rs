@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/edgeloop/common/v1/common.proto",
         "proto/edgeloop/agent/v1/agent.proto",
         "proto/edgeloop/bridge/v1/bridge.proto",
+        "proto/inference/grpc_service.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
@@ -14,6 +15,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Tensor bytes as `Bytes`: decoding slices them out of the
+        // received buffer instead of copying each into a Vec.
+        .bytes(".inference.ModelInferRequest.raw_input_contents")
+        .bytes(".inference.ModelInferResponse.raw_output_contents")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -18,7 +18,7 @@ size=$(stat -c %s "$work/edge-agent")
 "$work/edge-agent" run --data-dir "$work/data" --control-plane https://127.0.0.1:9 \
   --bootstrap-token "elb1.$(printf '0%.0s' $(seq 16)).$(printf '0%.0s' $(seq 64)).$(printf '0%.0s' $(seq 64))" \
   --allow-unsigned true \
-  --inference-listen 127.0.0.1:0 >"$work/log" 2>&1 &
+  --inference-listen 127.0.0.1:0 --grpc-inference-listen 127.0.0.1:0 >"$work/log" 2>&1 &
 pid=$!
 sleep 3
 kill -0 "$pid" 2>/dev/null || { echo "the agent exited:" >&2; cat "$work/log" >&2; exit 1; }

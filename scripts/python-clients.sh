@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates the Python virtual environment of the standard clients the suite
 # tests our protocols with: NVIDIA's `tritonclient` (the Open Inference
-# Protocol v2 client most users have; binary tensors by default).
+# Protocol v2 client most users have), over HTTP (binary tensors by
+# default) and gRPC (grpcio and protobuf, raw tensor contents).
 #
 #   scripts/python-clients.sh
 #
@@ -16,7 +17,7 @@ set -euo pipefail
 deps="${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}"
 venv="$deps/pyclients"
 python="${PYTHON:-python3}"
-requirements="tritonclient[http]==2.73.0
+requirements="tritonclient[http,grpc]==2.73.0
 aiohappyeyeballs==2.7.1
 aiohttp==3.14.5
 aiosignal==1.4.0
@@ -27,11 +28,14 @@ frozenlist==1.8.0
 gevent==26.9.0
 geventhttpclient==2.6.1
 greenlet==3.3.2
+grpcio==1.85.3
 idna==3.20
 ml_dtypes==0.5.4
 multidict==7.2.1
 numpy==2.4.6
+packaging==26.4
 propcache==0.5.4
+protobuf==6.33.6
 python-rapidjson==1.25
 typing_extensions==4.16.0
 urllib3==2.8.0
@@ -56,6 +60,6 @@ trap 'rm -f "$req_file"' EXIT
 printf '%s\n' "$requirements" >"$req_file"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   --only-binary=:all: -r "$req_file" >&2
-"$venv/bin/python" -c 'import tritonclient.http, numpy' >&2
+"$venv/bin/python" -c 'import tritonclient.http, tritonclient.grpc, numpy' >&2
 printf '%s' "$requirements" >"$marker"
 echo "$venv/bin/python"

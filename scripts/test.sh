@@ -70,7 +70,7 @@ python="$(scripts/python-env.sh | tail -n 1)"
 echo "==> quick start smoke run"
 smoke="$(mktemp -d)"
 trap 'rm -rf "$smoke" "$log"; stop_engines' EXIT
-EDGELOOP_HOME="$smoke" EDGELOOP_GRPC_LISTEN=127.0.0.1:17443 EDGELOOP_HTTP_LISTEN=127.0.0.1:17080 EDGELOOP_INFERENCE_LISTEN=127.0.0.1:17000 \
+EDGELOOP_HOME="$smoke" EDGELOOP_GRPC_LISTEN=127.0.0.1:17443 EDGELOOP_HTTP_LISTEN=127.0.0.1:17080 EDGELOOP_INFERENCE_LISTEN=127.0.0.1:17000 EDGELOOP_GRPC_INFERENCE_LISTEN=127.0.0.1:17001 \
   scripts/quickstart.sh --check
 
 # One closing line for the whole suite (cargo prints one per test binary).

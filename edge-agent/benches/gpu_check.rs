@@ -76,6 +76,7 @@ fn ep(p: Provider, cache: Option<PathBuf>) -> ExecutionProvider {
 fn config(library: &Path, provider: Provider, cache: &Path) -> ServeConfig {
     ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
+        grpc_listen: "127.0.0.1:0".parse().unwrap(),
         ort_library: Some(library.to_path_buf()),
         providers: vec![provider, Provider::Cpu],
         cuda_mem_limit_bytes: Some(ARENA_LIMIT),

@@ -18,15 +18,23 @@
 //! (c) the same request with the binary tensor data extension, in (a)'s
 //!     interleaved blocks (goal: added p50 <= 50 µs) and at saturation
 //!     against JSON (goal >= 2×).
+//! (d) the same request over the gRPC service (`ModelInfer` with
+//!     `raw_input_contents`, outputs as `raw_output_contents`), in (a)'s
+//!     interleaved blocks (goal: added p50 <= 50 µs) and at saturation
+//!     against JSON (goal >= 2×).
 //!
-//! The client is a minimal keep-alive HTTP/1.1 client on raw TCP with
+//! The HTTP client is a minimal keep-alive HTTP/1.1 client on raw TCP with
 //! pre-encoded bodies, so what is measured is the server, not a client
-//! library.
+//! library. gRPC is measured twice: with tonic's generated client (HTTP/2,
+//! protobuf encoding per call: a real client's costs included), and, for
+//! latency, with its counterpart of the HTTP client, a minimal HTTP/2
+//! client (the `h2` crate) sending one pre-encoded message.
 //!
 //!     cargo bench -p edgeloop-edge-agent --bench inference
 //!
 //! `BENCH_SECONDS` (per throughput phase, default 3) and `BENCH_CLIENTS`
-//! (default 32) tune (b).
+//! (default 32) tune (b); `BENCH_MODELS` (default `mnist,wide`) picks the
+//! models.
 
 #![allow(clippy::unwrap_used)]
 
@@ -37,11 +45,14 @@ use std::time::{Duration, Instant};
 
 use edgeloop_edge_agent::config::{Provider, ServeConfig};
 use edgeloop_edge_agent::observe::NoopObserver;
-use edgeloop_edge_agent::serve::{serve, InferRequest, ModelHost};
+use edgeloop_edge_agent::serve::{serve, serve_grpc, InferRequest, ModelHost};
 use edgeloop_edge_agent::serving::{ModelServing, PrepareSpec};
 use edgeloop_models::onnx::{self, ir};
 use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::Tensor;
+use edgeloop_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use edgeloop_proto::inference::model_infer_request::InferInputTensor;
+use edgeloop_proto::inference::{ModelInferRequest, ServerLiveRequest};
 use ndarray::{ArrayD, IxDyn};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -59,6 +70,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 fn config(max_batch_size: usize) -> ServeConfig {
     ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
+        grpc_listen: "127.0.0.1:0".parse().unwrap(),
         ort_library: None,
         providers: vec![Provider::Cpu],
         cuda_mem_limit_bytes: None,
@@ -166,6 +178,7 @@ fn us(d: Duration) -> f64 {
 struct Served {
     host: Arc<ModelHost>,
     addr: std::net::SocketAddr,
+    grpc_addr: std::net::SocketAddr,
     shutdown: CancellationToken,
 }
 
@@ -182,13 +195,165 @@ async fn start(config: ServeConfig, model: &Path) -> Served {
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_addr = grpc_listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     tokio::spawn(serve(Arc::clone(&host), listener, shutdown.clone()));
+    tokio::spawn(serve_grpc(
+        Arc::clone(&host),
+        grpc_listener,
+        shutdown.clone(),
+    ));
     Served {
         host,
         addr,
+        grpc_addr,
         shutdown,
     }
+}
+
+/// A minimal gRPC client on raw HTTP/2 (the `h2` crate) with one
+/// pre-encoded `ModelInferRequest`, the counterpart of [`Conn`]: what it
+/// measures is the server, not a client library.
+struct H2Conn {
+    client: h2::client::SendRequest<prost::bytes::Bytes>,
+    /// The length-prefixed message: flag 0 (not compressed), length, bytes.
+    message: prost::bytes::Bytes,
+}
+
+impl H2Conn {
+    async fn open(addr: std::net::SocketAddr, request: &ModelInferRequest) -> H2Conn {
+        use prost::Message as _;
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (client, connection) = h2::client::handshake(stream).await.unwrap();
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let encoded = request.encode_to_vec();
+        let mut message = Vec::with_capacity(5 + encoded.len());
+        message.push(0);
+        message.extend_from_slice(&u32::try_from(encoded.len()).unwrap().to_be_bytes());
+        message.extend_from_slice(&encoded);
+        H2Conn {
+            client,
+            message: message.into(),
+        }
+    }
+
+    /// One ModelInfer call; returns the answer's size in bytes after
+    /// checking that its grpc-status is 0.
+    async fn infer(&mut self) -> usize {
+        let request = http::Request::post("http://bench/inference.GRPCInferenceService/ModelInfer")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let mut client = self.client.clone().ready().await.unwrap();
+        let (response, mut send) = client.send_request(request, false).unwrap();
+        send.send_data(self.message.clone(), true).unwrap();
+        let mut body = response.await.unwrap().into_body();
+        let mut n = 0;
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            n += chunk.len();
+            body.flow_control().release_capacity(chunk.len()).unwrap();
+        }
+        let trailers = body.trailers().await.unwrap().expect("trailers");
+        assert_eq!(trailers["grpc-status"], "0", "{trailers:?}");
+        n
+    }
+}
+
+/// A tonic client on a connection of its own (call inside a runtime).
+async fn grpc_client(
+    addr: std::net::SocketAddr,
+) -> GrpcInferenceServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .unwrap();
+    GrpcInferenceServiceClient::new(channel)
+}
+
+/// The request as tritonclient.grpc sends it: the input's bytes in
+/// `raw_input_contents`, every output (which comes back raw).
+fn grpc_request(row: &[f32]) -> ModelInferRequest {
+    ModelInferRequest {
+        model_name: "mlp".into(),
+        inputs: vec![InferInputTensor {
+            name: "input".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, row.len() as i64],
+            parameters: Default::default(),
+            contents: None,
+        }],
+        raw_input_contents: vec![row.iter().flat_map(|v| v.to_le_bytes()).collect()],
+        ..Default::default()
+    }
+}
+
+/// Which gRPC client [`saturate_grpc`] runs.
+#[derive(Clone, Copy, PartialEq)]
+enum GrpcClient {
+    Tonic,
+    RawH2,
+}
+
+/// [`saturate`] over gRPC: closed-loop clients, each on its own connection
+/// like the HTTP ones.
+fn saturate_grpc(
+    served: &Served,
+    request: &ModelInferRequest,
+    kind: GrpcClient,
+    clients: usize,
+    seconds: f64,
+) -> f64 {
+    let client_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
+    let addr = served.grpc_addr;
+    client_rt.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let (done, answered, request) =
+                (Arc::clone(&done), Arc::clone(&answered), request.clone());
+            tasks.push(tokio::spawn(async move {
+                match kind {
+                    GrpcClient::Tonic => {
+                        let mut client = grpc_client(addr).await;
+                        while !done.load(Ordering::Relaxed) {
+                            client.model_infer(request.clone()).await.unwrap();
+                            answered.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    GrpcClient::RawH2 => {
+                        let mut conn = H2Conn::open(addr, &request).await;
+                        while !done.load(Ordering::Relaxed) {
+                            assert!(conn.infer().await > 0);
+                            answered.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let start_count = answered.load(Ordering::Relaxed);
+        let started = Instant::now();
+        tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+        let n = answered.load(Ordering::Relaxed) - start_count;
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        done.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        rate
+    })
 }
 
 /// Closed-loop clients for `seconds`; returns answered requests per second.
@@ -322,6 +487,7 @@ fn bench_model(runtime: &OrtRuntime, label: &str, model: &Path, options: &Option
     .unwrap();
     let request = http_request("/v2/models/mlp/infer", &body);
     let binary_request = binary_http_request("/v2/models/mlp/infer", &row);
+    let grpc_req = grpc_request(&row);
     let tensor = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[1, 784]), row.clone()).unwrap());
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -346,8 +512,13 @@ fn bench_model(runtime: &OrtRuntime, label: &str, model: &Path, options: &Option
         .build()
         .unwrap();
     let mut conn = client_rt.block_on(Conn::open(served.addr));
+    let mut grpc = client_rt.block_on(grpc_client(served.grpc_addr));
+    let mut h2conn = client_rt.block_on(H2Conn::open(served.grpc_addr, &grpc_req));
     let (mut raw, mut http, mut inproc) = (Vec::new(), Vec::new(), Vec::new());
-    let mut binary = Vec::new();
+    let (mut binary, mut over_grpc, mut over_h2) = (Vec::new(), Vec::new(), Vec::new());
+    // The transports' floor: a call that runs no model.
+    let (mut http_live, mut grpc_live) = (Vec::new(), Vec::new());
+    let live_request = b"GET /v2/health/live HTTP/1.1\r\nHost: bench\r\n\r\n";
     let (blocks, per_block) = (30, 100);
     for block in 0..blocks + 2 {
         let warm = block < 2;
@@ -376,6 +547,38 @@ fn bench_model(runtime: &OrtRuntime, label: &str, model: &Path, options: &Option
                     binary.push(d);
                 }
             }
+            for _ in 0..per_block {
+                // Built before the clock starts, as the HTTP bodies are.
+                let request = grpc_req.clone();
+                let t = Instant::now();
+                grpc.model_infer(request).await.unwrap();
+                let d = t.elapsed();
+                if !warm {
+                    over_grpc.push(d);
+                }
+            }
+            for _ in 0..per_block {
+                let t = Instant::now();
+                assert!(h2conn.infer().await > 0);
+                let d = t.elapsed();
+                if !warm {
+                    over_h2.push(d);
+                }
+            }
+            for _ in 0..per_block {
+                let t = Instant::now();
+                assert_eq!(conn.send(live_request).await, 200);
+                let d = t.elapsed();
+                if !warm {
+                    http_live.push(d);
+                }
+                let t = Instant::now();
+                grpc.server_live(ServerLiveRequest {}).await.unwrap();
+                let d = t.elapsed();
+                if !warm {
+                    grpc_live.push(d);
+                }
+            }
         });
         server_rt.block_on(async {
             for _ in 0..per_block {
@@ -393,9 +596,19 @@ fn bench_model(runtime: &OrtRuntime, label: &str, model: &Path, options: &Option
             }
         });
     }
-    for v in [&mut raw, &mut http, &mut inproc, &mut binary] {
+    for v in [
+        &mut raw,
+        &mut http,
+        &mut inproc,
+        &mut binary,
+        &mut over_grpc,
+        &mut over_h2,
+        &mut http_live,
+        &mut grpc_live,
+    ] {
         v.sort();
     }
+    let (grpc50, grpc99) = (percentile(&over_grpc, 0.5), percentile(&over_grpc, 0.99));
     let (bin50, bin99) = (percentile(&binary, 0.5), percentile(&binary, 0.99));
     let (raw50, raw99) = (percentile(&raw, 0.5), percentile(&raw, 0.99));
     let (http50, http99) = (percentile(&http, 0.5), percentile(&http, 0.99));
@@ -437,7 +650,33 @@ fn bench_model(runtime: &OrtRuntime, label: &str, model: &Path, options: &Option
         us(bin99),
         if bin_added <= 50.0 { "met" } else { "NOT met" }
     );
+    let grpc_added = us(grpc50) - us(raw50);
+    println!(
+        "    gRPC infer (tonic, raw)    p50 {:8.1} µs   p99 {:8.1} µs   added p50 {grpc_added:8.1} µs (goal <= 50 µs: {})",
+        us(grpc50),
+        us(grpc99),
+        if grpc_added <= 50.0 { "met" } else { "NOT met" }
+    );
+    let (h2_50, h2_99) = (percentile(&over_h2, 0.5), percentile(&over_h2, 0.99));
+    let h2_added = us(h2_50) - us(raw50);
+    println!(
+        "    gRPC infer (raw h2 client) p50 {:8.1} µs   p99 {:8.1} µs   added p50 {h2_added:8.1} µs (goal <= 50 µs: {})",
+        us(h2_50),
+        us(h2_99),
+        if h2_added <= 50.0 { "met" } else { "NOT met" }
+    );
+    println!(
+        "    gRPC / JSON HTTP           p50 {:8.2}×       p99 {:8.2}×",
+        us(grpc50) / us(http50),
+        us(grpc99) / us(http99)
+    );
+    println!(
+        "    floor, no model: HTTP GET /v2/health/live p50 {:6.1} µs, gRPC ServerLive p50 {:6.1} µs",
+        us(percentile(&http_live, 0.5)),
+        us(percentile(&grpc_live, 0.5))
+    );
     drop(conn);
+    drop(grpc);
     served.shutdown.cancel();
     drop(served);
 
@@ -446,16 +685,45 @@ fn bench_model(runtime: &OrtRuntime, label: &str, model: &Path, options: &Option
     let on = server_rt.block_on(start(config(16), model));
     let off = server_rt.block_on(start(config(1), model));
     let (mut rate_on, mut rate_off) = (0.0f64, 0.0f64);
-    let mut rate_binary = 0.0f64;
+    let (mut rate_binary, mut rate_grpc, mut rate_h2) = (0.0f64, 0.0f64, 0.0f64);
     for _ in 0..2 {
         rate_off = rate_off.max(saturate(&off, &request, clients, seconds));
         rate_on = rate_on.max(saturate(&on, &request, clients, seconds));
         rate_binary = rate_binary.max(saturate(&on, &binary_request, clients, seconds));
+        rate_grpc = rate_grpc.max(saturate_grpc(
+            &on,
+            &grpc_req,
+            GrpcClient::Tonic,
+            clients,
+            seconds,
+        ));
+        rate_h2 = rate_h2.max(saturate_grpc(
+            &on,
+            &grpc_req,
+            GrpcClient::RawH2,
+            clients,
+            seconds,
+        ));
     }
     println!(
         "(c) binary tensors at saturation (batching on): {rate_binary:.0} req/s against JSON's {rate_on:.0}: {:.2}× (goal >= 2×: {})",
         rate_binary / rate_on,
         if rate_binary >= 2.0 * rate_on { "met" } else { "NOT met" }
+    );
+    println!(
+        "(d) gRPC (tonic client) at saturation (batching on): {rate_grpc:.0} req/s against JSON's {rate_on:.0}: {:.2}× (goal >= 2×: {}); against binary HTTP's {rate_binary:.0}: {:.2}×",
+        rate_grpc / rate_on,
+        if rate_grpc >= 2.0 * rate_on { "met" } else { "NOT met" },
+        rate_grpc / rate_binary,
+    );
+    println!(
+        "    with the raw h2 client: {rate_h2:.0} req/s: {:.2}× JSON's (goal >= 2×: {})",
+        rate_h2 / rate_on,
+        if rate_h2 >= 2.0 * rate_on {
+            "met"
+        } else {
+            "NOT met"
+        },
     );
     let batches = on.host.metrics_text();
     let get = |suffix: &str| {
@@ -511,16 +779,13 @@ fn main() {
         "serving bench: {} cores, {WORKERS} workers per model, CPU provider, client in-process on raw TCP",
         options.cores
     );
-    bench_model(
-        &runtime,
-        "mnist-mlp (784-128-10-ish, real model)",
-        &mnist,
-        &options,
-    );
-    bench_model(
-        &runtime,
-        "wide-mlp (784-1024-1024-10, synthetic)",
-        &wide,
-        &options,
-    );
+    let models = std::env::var("BENCH_MODELS").unwrap_or_else(|_| "mnist,wide".into());
+    for (key, label, path) in [
+        ("mnist", "mnist-mlp (784-128-10-ish, real model)", &mnist),
+        ("wide", "wide-mlp (784-1024-1024-10, synthetic)", &wide),
+    ] {
+        if models.split(',').any(|m| m.trim() == key) {
+            bench_model(&runtime, label, path, &options);
+        }
+    }
 }

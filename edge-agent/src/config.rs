@@ -26,6 +26,10 @@ pub struct AgentSettings {
     /// Where the Open Inference Protocol v2 REST API listens.
     #[arg(long, env = "EDGELOOP_INFERENCE_LISTEN")]
     pub inference_listen: Option<SocketAddr>,
+    /// Where the Open Inference Protocol v2 gRPC service
+    /// (`inference.GRPCInferenceService`) listens.
+    #[arg(long, env = "EDGELOOP_GRPC_INFERENCE_LISTEN")]
+    pub grpc_inference_listen: Option<SocketAddr>,
     /// The ONNX Runtime library (else `ORT_DYLIB_PATH`, else the default
     /// location `scripts/fetch-onnxruntime.sh` fills).
     #[arg(long, env = "EDGELOOP_ORT_LIBRARY")]
@@ -49,10 +53,11 @@ pub struct AgentSettings {
     /// Longest a request waits for others to batch with, in microseconds.
     #[arg(long, env = "EDGELOOP_MAX_QUEUE_DELAY_US")]
     pub max_queue_delay_us: Option<u64>,
-    /// Requests queued per model before new ones get 503 + Retry-After.
+    /// Requests queued per model before new ones get 503 + Retry-After
+    /// (gRPC: RESOURCE_EXHAUSTED).
     #[arg(long, env = "EDGELOOP_QUEUE_CAPACITY")]
     pub queue_capacity: Option<usize>,
-    /// Largest inference request body, in bytes.
+    /// Largest inference request body (HTTP) or message (gRPC), in bytes.
     #[arg(long, env = "EDGELOOP_MAX_REQUEST_BYTES")]
     pub max_request_bytes: Option<usize>,
     /// Model downloads running at once.
@@ -81,6 +86,7 @@ impl AgentSettings {
             control_plane: self.control_plane.or(lower.control_plane),
             bootstrap_token: self.bootstrap_token.or(lower.bootstrap_token),
             inference_listen: self.inference_listen.or(lower.inference_listen),
+            grpc_inference_listen: self.grpc_inference_listen.or(lower.grpc_inference_listen),
             ort_library: self.ort_library.or(lower.ort_library),
             providers: self.providers.or(lower.providers),
             cuda_mem_limit_mb: self.cuda_mem_limit_mb.or(lower.cuda_mem_limit_mb),
@@ -111,7 +117,10 @@ pub enum Provider {
 /// How inference is served.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
+    /// The REST API.
     pub listen: SocketAddr,
+    /// The gRPC service.
+    pub grpc_listen: SocketAddr,
     pub ort_library: Option<PathBuf>,
     pub providers: Vec<Provider>,
     pub cuda_mem_limit_bytes: Option<usize>,
@@ -149,6 +158,8 @@ pub struct AgentConfig {
 }
 
 pub const DEFAULT_INFERENCE_LISTEN: &str = "127.0.0.1:8000";
+/// Triton's gRPC port beside its HTTP one, so clients' defaults find it.
+pub const DEFAULT_GRPC_INFERENCE_LISTEN: &str = "127.0.0.1:8001";
 
 fn parse_provider(s: &str) -> anyhow::Result<Provider> {
     match s.trim().to_ascii_lowercase().as_str() {
@@ -176,13 +187,15 @@ fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
 
 impl AgentConfig {
     /// The defaults around a member identity (what tests and embedders
-    /// start from): inference on an ephemeral loopback port, CPU only.
+    /// start from): inference (REST and gRPC) on ephemeral loopback ports,
+    /// CPU only.
     pub fn new(member: MemberConfig, trusted_keys: Vec<PublicKey>) -> AgentConfig {
         let mut c = AgentConfig::from_settings(AgentSettings {
             data_dir: Some(member.data_dir.clone()),
             control_plane: Some(member.control_plane.clone()),
             allow_unsigned: Some(true),
             inference_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            grpc_inference_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             ..Default::default()
         })
         .expect("the defaults are valid");
@@ -231,6 +244,11 @@ impl AgentConfig {
                 listen: s
                     .inference_listen
                     .unwrap_or_else(|| DEFAULT_INFERENCE_LISTEN.parse().expect("valid default")),
+                grpc_listen: s.grpc_inference_listen.unwrap_or_else(|| {
+                    DEFAULT_GRPC_INFERENCE_LISTEN
+                        .parse()
+                        .expect("valid default")
+                }),
                 ort_library: s.ort_library,
                 providers,
                 cuda_mem_limit_bytes: s
@@ -315,6 +333,10 @@ mod tests {
         let c = AgentConfig::from_settings(base()).unwrap();
         assert_eq!(c.serve.providers, vec![Provider::Cpu]);
         assert_eq!(c.serve.listen.to_string(), DEFAULT_INFERENCE_LISTEN);
+        assert_eq!(
+            c.serve.grpc_listen.to_string(),
+            DEFAULT_GRPC_INFERENCE_LISTEN
+        );
 
         let gpu = AgentConfig::from_settings(AgentSettings {
             providers: Some(vec!["TensorRT".into(), "cuda".into()]),
@@ -360,6 +382,44 @@ mod tests {
             let err = format!("{:#}", AgentConfig::from_settings(s).unwrap_err());
             assert!(err.contains(field), "{field}: {err}");
         }
+    }
+
+    /// The gRPC address like every setting: flag > env > file (kebab-case
+    /// key), resolved into `ServeConfig::grpc_listen`.
+    #[test]
+    fn grpc_listen_from_flag_env_and_file() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            settings: AgentSettings,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::write(&file, "grpc-inference-listen = \"0.0.0.0:9001\"\n").unwrap();
+        let from_file: AgentSettings =
+            edgeloop_client_core::member::settings_file(Some(&file)).unwrap();
+        let resolve = |args: &[&str]| {
+            let flags = Cli::try_parse_from(args).unwrap().settings;
+            let s = AgentSettings {
+                ..flags.or(from_file.clone())
+            };
+            AgentConfig::from_settings(s.or(base()))
+                .unwrap()
+                .serve
+                .grpc_listen
+                .to_string()
+        };
+        // The only test that touches this variable.
+        std::env::remove_var("EDGELOOP_GRPC_INFERENCE_LISTEN");
+        assert_eq!(resolve(&["x"]), "0.0.0.0:9001");
+        std::env::set_var("EDGELOOP_GRPC_INFERENCE_LISTEN", "127.0.0.1:9002");
+        assert_eq!(resolve(&["x"]), "127.0.0.1:9002");
+        assert_eq!(
+            resolve(&["x", "--grpc-inference-listen", "127.0.0.1:9003"]),
+            "127.0.0.1:9003"
+        );
+        std::env::remove_var("EDGELOOP_GRPC_INFERENCE_LISTEN");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The Edgeloop edge agent: enrolls with the control plane (mTLS identity
 //! kept in the device's data dir, key mode 0600) and heartbeats with
 //! reconnect backoff; syncs its assigned models into A/B slots; serves them
-//! over the Open Inference Protocol v2; records drift sketches and
+//! over the Open Inference Protocol v2 (REST and gRPC); records drift sketches and
 //! buffers telemetry while offline.
 
 pub mod config;
@@ -24,6 +24,10 @@ pub use config::{AgentConfig, AgentSettings};
 /// The file, in the data dir, that holds the inference API's bound address
 /// (`127.0.0.1:8000`), so scripts and tests can find a port chosen by the OS.
 pub const INFERENCE_ADDR_FILE: &str = "inference.addr";
+
+/// The file, in the data dir, that holds the gRPC inference service's bound
+/// address, for the same reason.
+pub const GRPC_INFERENCE_ADDR_FILE: &str = "grpc-inference.addr";
 
 /// What this device reports at enrollment and in heartbeats: the host, and
 /// the execution providers its ONNX Runtime library ships (a GPU build has
@@ -73,7 +77,8 @@ pub fn capabilities(config: &AgentConfig) -> Capabilities {
     caps
 }
 
-/// Runs the agent until `shutdown`: the inference API, model sync, the
+/// Runs the agent until `shutdown`: the inference API (REST and gRPC, each on
+/// its own listener, one request path), model sync, the
 /// telemetry uploader and the heartbeat side by side. Serving stops first
 /// on the way out, so the last requests still land in the final telemetry
 /// window, which the uploader then persists.
@@ -89,20 +94,28 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
     .context("opening the telemetry buffer")?;
     let host = serve::ModelHost::new(config.serve.clone(), telemetry.clone());
 
-    let listener = tokio::net::TcpListener::bind(config.serve.listen)
-        .await
-        .with_context(|| format!("binding the inference API on {}", config.serve.listen))?;
-    let addr = listener.local_addr()?;
-    edgeloop_models::fs::write_atomic(
-        &data_dir.join(INFERENCE_ADDR_FILE),
-        addr.to_string().as_bytes(),
-        0o644,
+    let listener = bind(
+        &data_dir,
+        config.serve.listen,
+        INFERENCE_ADDR_FILE,
+        "inference API",
     )
-    .context("writing the inference address file")?;
-    tracing::info!(%addr, "inference API (Open Inference Protocol v2) listening");
+    .await?;
+    let grpc_listener = bind(
+        &data_dir,
+        config.serve.grpc_listen,
+        GRPC_INFERENCE_ADDR_FILE,
+        "gRPC inference service",
+    )
+    .await?;
     let serve_stop = CancellationToken::new();
     let app = serve::router(host.clone()).merge(telemetry::feedback_router(telemetry.clone()));
     let api = tokio::spawn(serve::serve_app(app, listener, serve_stop.clone()));
+    let grpc = tokio::spawn(serve::serve_grpc(
+        host.clone(),
+        grpc_listener,
+        serve_stop.clone(),
+    ));
     let telemetry_stop = CancellationToken::new();
     let uploader = tokio::spawn(telemetry::run(
         telemetry.clone(),
@@ -127,11 +140,31 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
     shutdown.cancel();
     serve_stop.cancel();
     let served = api.await.context("inference API task")?;
+    let served_grpc = grpc.await.context("gRPC inference service task")?;
     telemetry_stop.cancel();
     let uploaded = uploader.await.context("telemetry task")?;
     result?;
     served.context("inference API")?;
+    served_grpc.context("gRPC inference service")?;
     uploaded.context("telemetry")?;
     tracing::info!("edge agent stopped");
     Ok(())
+}
+
+/// Binds `addr` and writes the bound address (the OS picks the port for
+/// `:0`) to `file` in the data dir.
+async fn bind(
+    data_dir: &std::path::Path,
+    addr: std::net::SocketAddr,
+    file: &str,
+    what: &str,
+) -> anyhow::Result<tokio::net::TcpListener> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the {what} on {addr}"))?;
+    let bound = listener.local_addr()?;
+    edgeloop_models::fs::write_atomic(&data_dir.join(file), bound.to_string().as_bytes(), 0o644)
+        .with_context(|| format!("writing the {what}'s address file"))?;
+    tracing::info!(addr = %bound, "{what} (Open Inference Protocol v2) listening");
+    Ok(listener)
 }

@@ -1,4 +1,4 @@
-//! Edgeloop's versioned gRPC packages. Generated code only, plus a few
+//! Edgeloop's versioned gRPC packages, and the Open Inference Protocol's. Generated code only, plus a few
 //! conversions; nothing here does I/O.
 
 #![allow(clippy::all, clippy::unwrap_used, missing_docs, rust_2018_idioms)]
@@ -19,6 +19,13 @@ pub mod bridge {
     pub mod v1 {
         tonic::include_proto!("edgeloop.bridge.v1");
     }
+}
+
+/// The Open Inference Protocol v2 gRPC service (`inference.GRPCInferenceService`,
+/// as KServe and Triton define it): upstream's package name, so standard
+/// clients (tritonclient.grpc) call it unchanged.
+pub mod inference {
+    tonic::include_proto!("inference");
 }
 
 pub use prost_types::Timestamp;

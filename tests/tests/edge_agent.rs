@@ -105,6 +105,39 @@ async fn inference_url(dir: &Path) -> String {
     format!("http://{}", addr.trim())
 }
 
+/// One ModelInfer over the agent's gRPC service, found through its address
+/// file, with `rows` as raw_input_contents.
+async fn grpc_infer(
+    dir: &Path,
+    rows: &ndarray::ArrayD<f32>,
+    id: &str,
+) -> edgeloop_proto::inference::ModelInferResponse {
+    use edgeloop_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use edgeloop_proto::inference::model_infer_request::InferInputTensor;
+    use edgeloop_proto::inference::ModelInferRequest;
+    let addr = eventually(WAIT, "the gRPC inference address file", || async {
+        std::fs::read_to_string(dir.join(edgeloop_edge_agent::GRPC_INFERENCE_ADDR_FILE)).ok()
+    })
+    .await;
+    let mut client = GrpcInferenceServiceClient::connect(format!("http://{}", addr.trim()))
+        .await
+        .unwrap();
+    let request = ModelInferRequest {
+        model_name: "digits".into(),
+        id: id.into(),
+        inputs: vec![InferInputTensor {
+            name: "input".into(),
+            datatype: "FP32".into(),
+            shape: rows.shape().iter().map(|&d| d as i64).collect(),
+            parameters: Default::default(),
+            contents: None,
+        }],
+        raw_input_contents: vec![rows.iter().flat_map(|v| v.to_le_bytes()).collect()],
+        ..Default::default()
+    };
+    client.model_infer(request).await.unwrap().into_inner()
+}
+
 fn infer_body(rows: &ndarray::ArrayD<f32>, id: &str) -> Value {
     json!({
         "id": id,
@@ -188,6 +221,20 @@ async fn an_assigned_model_is_synced_served_swapped_under_load_and_served_from_d
         assert!((g - f64::from(*w)).abs() < 1e-5, "{g} vs {w}");
     }
 
+    // The gRPC service, on the port in its address file, answers the same
+    // request with the same numbers (one request path, one session).
+    let over_grpc = grpc_infer(&device_dir, &rows, "grpc-first").await;
+    assert_eq!(over_grpc.model_version, "1.0.0");
+    assert_eq!(over_grpc.id, "grpc-first");
+    assert_eq!(over_grpc.outputs[0].shape, vec![8, 10]);
+    let grpc_logits: Vec<f32> = over_grpc.raw_output_contents[0]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    // REST writes each f32 in the shortest text that reads back as it.
+    let rest_logits: Vec<f32> = got_logits.iter().map(|&v| v as f32).collect();
+    assert_eq!(grpc_logits, rest_logits, "gRPC = REST");
+
     // Version 2 swaps in through the control plane while clients hammer
     // the agent: not one request fails.
     let failures = Arc::new(AtomicUsize::new(0));
@@ -244,14 +291,19 @@ async fn an_assigned_model_is_synced_served_swapped_under_load_and_served_from_d
     // Labels for an earlier request give a rolling accuracy.
     let fb: Value = http
         .post(format!("{url}/v2/models/digits/feedback"))
-        .json(&json!({"labels": [{"id": "first/0", "label": 3}, {"id": "nope", "label": 1}]}))
+        .json(&json!({"labels": [
+            {"id": "first/0", "label": 3},
+            {"id": "grpc-first/0", "label": 3},
+            {"id": "nope", "label": 1},
+        ]}))
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    assert_eq!(fb["matched"], 1, "{fb}");
+    // The gRPC request reached telemetry like the REST one.
+    assert_eq!(fb["matched"], 2, "{fb}");
     assert_eq!(fb["unknown_ids"], json!(["nope"]), "{fb}");
 
     // Metrics name the version and the provider in use.

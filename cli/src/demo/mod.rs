@@ -240,6 +240,9 @@ async fn start(
             )
             .await?;
         let port = free_port()?;
+        // Each agent's gRPC service needs a port of its own too: the
+        // default (8001) can serve only one agent per machine.
+        let grpc_port = free_port()?;
         procs.spawn(
             &name,
             &bin("edge-agent")?,
@@ -253,6 +256,8 @@ async fn start(
                 t.token,
                 "--inference-listen".into(),
                 format!("127.0.0.1:{port}"),
+                "--grpc-inference-listen".into(),
+                format!("127.0.0.1:{grpc_port}"),
                 "--trusted-keys".into(),
                 trusted_key.to_string(),
                 "--telemetry-interval-secs".into(),

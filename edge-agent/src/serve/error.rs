@@ -1,5 +1,7 @@
-//! Why a request failed, and [`ServeError::response`]: the one place that
-//! turns that into an HTTP status and the protocol's `{"error": "..."}` body.
+//! Why a request failed, and the one place that turns that into an answer:
+//! [`ServeError::response`] (an HTTP status and the protocol's
+//! `{"error": "..."}` body) and [`ServeError::to_status`] (a gRPC status
+//! with the same message).
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -62,6 +64,49 @@ impl ServeError {
         }
         response
     }
+
+    /// The gRPC code for [`ServeError::status`]'s HTTP status, as KServe
+    /// and Triton map them.
+    pub fn grpc_code(&self) -> tonic::Code {
+        match self {
+            ServeError::BadBody(_) | ServeError::BadInput { .. } | ServeError::BadOutput { .. } => {
+                tonic::Code::InvalidArgument
+            }
+            ServeError::UnknownModel(_)
+            | ServeError::UnknownVersion { .. }
+            | ServeError::NoRoute(_) => tonic::Code::NotFound,
+            ServeError::MethodNotAllowed { .. } => tonic::Code::Unimplemented,
+            // What tonic itself answers for a message over
+            // `max_decoding_message_size`, before any of our code runs: one
+            // code for "too large", whichever layer noticed.
+            ServeError::TooLarge { .. } => tonic::Code::OutOfRange,
+            ServeError::QueueFull { .. } => tonic::Code::ResourceExhausted,
+            ServeError::Inference(_) => tonic::Code::Internal,
+        }
+    }
+
+    /// The gRPC status: [`ServeError::grpc_code`] and the same message as
+    /// the HTTP answer. A full queue also carries `grpc-retry-pushback-ms`,
+    /// gRPC's `Retry-After`, which clients with a retry policy honour.
+    pub fn to_status(&self) -> tonic::Status {
+        let mut status = tonic::Status::new(self.grpc_code(), self.to_string());
+        if matches!(self, ServeError::QueueFull { .. }) {
+            status.metadata_mut().insert(
+                RETRY_PUSHBACK,
+                tonic::metadata::MetadataValue::from(RETRY_AFTER_SECS * 1000),
+            );
+        }
+        status
+    }
+}
+
+/// The gRPC trailer that tells a client how long to wait before retrying.
+pub const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
+
+impl From<ServeError> for tonic::Status {
+    fn from(e: ServeError) -> tonic::Status {
+        e.to_status()
+    }
 }
 
 impl IntoResponse for ServeError {
@@ -89,5 +134,63 @@ mod tests {
         let bad = ServeError::BadBody("x".into()).response();
         assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
         assert!(bad.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    /// Every error has a gRPC code in the class of its HTTP status, and
+    /// the same message.
+    #[test]
+    fn grpc_codes_follow_http_statuses() {
+        let input = || ServeError::BadInput {
+            name: "x".into(),
+            reason: "r".into(),
+        };
+        let cases = [
+            (
+                ServeError::BadBody("b".into()),
+                tonic::Code::InvalidArgument,
+            ),
+            (input(), tonic::Code::InvalidArgument),
+            (
+                ServeError::BadOutput {
+                    name: "y".into(),
+                    reason: "r".into(),
+                },
+                tonic::Code::InvalidArgument,
+            ),
+            (ServeError::UnknownModel("m".into()), tonic::Code::NotFound),
+            (
+                ServeError::UnknownVersion {
+                    model: "m".into(),
+                    version: "2".into(),
+                },
+                tonic::Code::NotFound,
+            ),
+            (ServeError::TooLarge { limit: 9 }, tonic::Code::OutOfRange),
+            (
+                ServeError::QueueFull {
+                    model: "m".into(),
+                    capacity: 4,
+                },
+                tonic::Code::ResourceExhausted,
+            ),
+            (ServeError::Inference("i".into()), tonic::Code::Internal),
+        ];
+        for (e, code) in cases {
+            let status = e.to_status();
+            assert_eq!(status.code(), code, "{e}");
+            assert_eq!(status.message(), e.to_string());
+            let retry = status.metadata().get(RETRY_PUSHBACK);
+            assert_eq!(
+                retry.is_some(),
+                matches!(e, ServeError::QueueFull { .. }),
+                "{e}"
+            );
+        }
+        let full = ServeError::QueueFull {
+            model: "m".into(),
+            capacity: 4,
+        }
+        .to_status();
+        assert_eq!(full.metadata().get(RETRY_PUSHBACK).unwrap(), "1000");
     }
 }

@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 use super::binary;
 use super::error::ServeError;
 use super::host::ModelHost;
-use super::infer::{decode_inputs, execute, new_request_id};
-use super::protocol::{InferRequest, InferResponse, ResponseOutput};
+use super::infer::{decode_inputs, new_request_id};
+use super::protocol::{InferRequest, InferResponse, ResponseOutput, SERVER_NAME, SERVER_VERSION};
 
 type Host = State<Arc<ModelHost>>;
 
@@ -88,8 +88,8 @@ pub async fn serve_app(
 
 async fn server_metadata() -> Response {
     Json(json!({
-        "name": "edgeloop-edge-agent",
-        "version": env!("CARGO_PKG_VERSION"),
+        "name": SERVER_NAME,
+        "version": SERVER_VERSION,
         "extensions": [],
     }))
     .into_response()
@@ -239,16 +239,11 @@ async fn run(
         Err(e) => (new_request_id(), Err(e), BinaryOutputs::default()),
     };
     drop(body);
-    let (inputs, result) = match decoded {
-        Ok((inputs, outputs)) => execute(&target, inputs, outputs).await,
-        Err(e) => (Vec::new(), Err(e)),
-    };
-    let response = match &result {
+    host.run_routed(&target, &id, decoded, started, |result| match result {
         Ok(outputs) => respond(&target.model, &target.version, &id, outputs, &binary_out),
         Err(e) => e.response(),
-    };
-    host.record(&target, &id, &inputs, &result, started);
-    response
+    })
+    .await
 }
 
 /// Which outputs go back as binary data: those the request asked for so,

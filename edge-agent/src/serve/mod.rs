@@ -5,6 +5,8 @@
 //! on a bounded per-version queue, batched with others along dim 0 when the
 //! model allows, run by one of the version's session workers. [`router`]
 //! is the REST API and `/metrics`; [`serve`] runs it on a listener.
+//! [`grpc_service`] is the same protocol over gRPC, and [`serve_grpc`] runs
+//! it on a listener of its own; both front ends share one request path.
 //!
 //! - `host`: the A/B swap and what serves now
 //! - `loader`: sessions, signature check, warm-up
@@ -15,12 +17,18 @@
 //! - `infer`: one request from arrival to answer
 //! - `protocol`: the OIP v2 JSON bodies
 //! - `http`: the axum routes
+//! - `grpc`: the gRPC service (`inference.GRPCInferenceService`)
+//! - `grpc_tensor`: gRPC tensors (raw bytes and typed contents) to and from [`Tensor`]s (pure)
 //! - `metrics`: Prometheus counters and histograms
-//! - `error`: request errors and their HTTP answers
+//! - `error`: request errors and their HTTP and gRPC answers
+//!
+//! [`Tensor`]: edgeloop_models::Tensor
 
 mod batch;
 pub mod binary;
 mod error;
+mod grpc;
+mod grpc_tensor;
 mod host;
 mod http;
 mod infer;
@@ -31,7 +39,8 @@ mod pool;
 mod probe;
 pub mod protocol;
 
-pub use error::{ServeError, RETRY_AFTER_SECS};
+pub use error::{ServeError, RETRY_AFTER_SECS, RETRY_PUSHBACK};
+pub use grpc::{grpc_service, serve_grpc, GrpcService};
 pub use host::ModelHost;
 pub use http::{router, serve, serve_app};
 pub use infer::{new_request_id, InferRequest, InferResponse};

@@ -14,6 +14,11 @@ use serde::ser::{SerializeSeq, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+/// The server metadata's `name` and `version` (REST `GET /v2`, gRPC
+/// `ServerMetadata`).
+pub const SERVER_NAME: &str = "edgeloop-edge-agent";
+pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// The protocol's name for an element type.
 pub fn datatype_name(dtype: DType) -> &'static str {
     match dtype {

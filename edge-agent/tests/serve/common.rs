@@ -1,5 +1,6 @@
 //! What the serving tests share: the real ONNX Runtime and models, small
-//! ONNX graphs built here, and a host served over real HTTP on loopback.
+//! ONNX graphs built here, and a host served over real HTTP and gRPC on
+//! loopback.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -7,12 +8,13 @@ use std::time::Duration;
 
 use edgeloop_edge_agent::config::{Provider, ServeConfig};
 use edgeloop_edge_agent::observe::{NoopObserver, Observation, Observer};
-use edgeloop_edge_agent::serve::{serve, ModelHost};
+use edgeloop_edge_agent::serve::{serve, serve_grpc, ModelHost};
 use edgeloop_edge_agent::serving::{PrepareSpec, ProbeSpec};
 use edgeloop_models::manifest::Manifest;
 use edgeloop_models::onnx::{self, ir};
 use edgeloop_models::runtime::{LIBRARY_FILE_NAME, ORT_VERSION};
 use edgeloop_models::Tensor;
+use edgeloop_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use ndarray::{ArrayD, IxDyn};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -62,6 +64,7 @@ pub fn python() -> PathBuf {
 pub fn config() -> ServeConfig {
     ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
+        grpc_listen: "127.0.0.1:0".parse().unwrap(),
         ort_library: Some(library_path()),
         providers: vec![Provider::Cpu],
         cuda_mem_limit_bytes: None,
@@ -92,11 +95,14 @@ pub fn probe(inputs: Vec<(String, Tensor)>, max_latency: Duration) -> Option<Pro
     })
 }
 
-/// A host with its API on an ephemeral loopback port.
+/// A host with its REST API and its gRPC service, each on an ephemeral
+/// loopback port.
 pub struct Server {
     pub host: Arc<ModelHost>,
     pub base: String,
     pub client: reqwest::Client,
+    /// The gRPC service's bound address.
+    pub grpc_addr: std::net::SocketAddr,
     shutdown: CancellationToken,
 }
 
@@ -115,11 +121,19 @@ pub async fn start_observed(config: ServeConfig, observer: Arc<dyn Observer>) ->
     let host = ModelHost::new(config, observer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
+    let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_addr = grpc_listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     tokio::spawn(serve(Arc::clone(&host), listener, shutdown.clone()));
+    tokio::spawn(serve_grpc(
+        Arc::clone(&host),
+        grpc_listener,
+        shutdown.clone(),
+    ));
     Server {
         host,
         base,
+        grpc_addr,
         client: reqwest::Client::builder()
             .no_proxy()
             .timeout(Duration::from_secs(60))
@@ -136,6 +150,19 @@ pub struct Reply {
 }
 
 impl Server {
+    /// A tonic client of the gRPC service, on a connection of its own.
+    pub async fn grpc(&self) -> GrpcInferenceServiceClient<tonic::transport::Channel> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc_addr))
+            .unwrap()
+            .timeout(Duration::from_secs(60))
+            .connect()
+            .await
+            .unwrap();
+        // Answers may be larger than tonic's 4 MB default; the server's
+        // limit is on requests.
+        GrpcInferenceServiceClient::new(channel).max_decoding_message_size(usize::MAX)
+    }
+
     pub async fn get(&self, path: &str) -> Reply {
         let r = self
             .client
@@ -169,6 +196,35 @@ async fn reply(r: reqwest::Response) -> Reply {
     let text = r.text().await.unwrap();
     let body = serde_json::from_str(&text).unwrap_or(Value::Null);
     Reply { status, body, text }
+}
+
+/// Python ONNX Runtime's answer to an infer request (tools/oip_reference.py).
+pub fn python_reference(model: &Path, request: &Value) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("request.json");
+    std::fs::write(&file, serde_json::to_vec(request).unwrap()).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tools/oip_reference.py");
+    let out = std::process::Command::new(python())
+        .arg(script)
+        .arg(model)
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "oip_reference.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The largest absolute difference between two answers of equal length.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "answers of different lengths");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max)
 }
 
 /// Deterministic pseudo-random floats in [0, 1).

@@ -9,26 +9,6 @@ use serde_json::{json, Value};
 
 use crate::common::*;
 
-/// Python ONNX Runtime's answer to the same request (tools/oip_reference.py).
-fn python_reference(model: &std::path::Path, request: &Value) -> Value {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("request.json");
-    std::fs::write(&file, serde_json::to_vec(request).unwrap()).unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tools/oip_reference.py");
-    let out = Command::new(python())
-        .arg(script)
-        .arg(model)
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "oip_reference.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn infer_matches_python_onnxruntime() {
     let server = start(config()).await;
