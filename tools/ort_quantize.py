@@ -1,7 +1,10 @@
 """ONNX Runtime's own Python quantizer, as the side-by-side baseline for
 Edgeloop's quantizer (models/benches/quantize_vs_ort.rs runs this).
 
-usage: ort_quantize.py static|dynamic MODEL OUT [CALIBRATION.npz]
+usage: ort_quantize.py static|dynamic MODEL OUT [CALIBRATION.npz [per-call]]
+
+With `per-call`, entry i along axis 0 of every array is one whole call's
+input (Edgeloop's per-call layout, models/src/dataset.rs), not a row.
 
 Prints one JSON line: {"quantize_ms": ...}. The time covers quantization
 only (imports and interpreter start-up are excluded), so it compares with
@@ -23,13 +26,17 @@ from onnxruntime.quantization import (
 
 
 class NpzReader(CalibrationDataReader):
-    def __init__(self, path, batch=64):
+    def __init__(self, path, batch=64, per_call=False):
         data = np.load(path)
         self.names = [k for k in data.files if k != "label"]
         n = len(data[self.names[0]])
-        self.batches = [
-            {k: data[k][i : i + batch] for k in self.names} for i in range(0, n, batch)
-        ]
+        if per_call:
+            # np.asarray: a scalar input (silero's `sr`) stays a 0-d array.
+            self.batches = [{k: np.asarray(data[k][i]) for k in self.names} for i in range(n)]
+        else:
+            self.batches = [
+                {k: data[k][i : i + batch] for k in self.names} for i in range(0, n, batch)
+            ]
         self.i = 0
 
     def get_next(self):
@@ -49,7 +56,7 @@ def main():
         quantize_static(
             model,
             out,
-            NpzReader(sys.argv[4]),
+            NpzReader(sys.argv[4], per_call=sys.argv[5:6] == ["per-call"]),
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             activation_type=QuantType.QUInt8,

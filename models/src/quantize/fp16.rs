@@ -189,11 +189,20 @@ pub fn convert_fp16(
     // Float tensors, by the precision they now have.
     let mut half: HashSet<String> = HashSet::new();
     let mut single: HashSet<String> = HashSet::new();
+    // An initializer that is also a graph input (required before IR 4, as
+    // opset 7 and 8 exporters write) is a default a caller may override
+    // with a float32 feed: it stays float32, behind a Cast like any input.
+    let graph_inputs: HashSet<String> = editor
+        .graph
+        .input
+        .iter()
+        .map(|i| i.name().to_string())
+        .collect();
     let float_inits: HashSet<String> = editor
         .graph
         .initializer
         .iter()
-        .filter(|t| t.data_type() == 1)
+        .filter(|t| t.data_type() == 1 && !graph_inputs.contains(t.name()))
         .map(|t| t.name().to_string())
         .collect();
     single.extend(float_inits.iter().cloned());

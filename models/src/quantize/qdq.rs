@@ -351,12 +351,29 @@ pub fn quantize_static(
                         "_quantized",
                         &Tensor::I32(ArrayD::from_shape_vec(IxDyn(&[channels]), bq).expect("1-D")),
                     );
-                    let bs_name = editor.add_initializer(&b_name, "_scale", &vector_f32(b_scales));
-                    let bz_name = editor.add_initializer(
-                        &b_name,
-                        "_zero_point",
-                        &Tensor::I32(ArrayD::zeros(IxDyn(&[channels]))),
-                    );
+                    // One weight scale (per tensor, as before opset 13): a
+                    // scalar bias scale too, since DequantizeLinear had no
+                    // `axis` before opset 13.
+                    let per_axis = scales.len() > 1;
+                    let (bs_name, bz_name) = if per_axis {
+                        (
+                            editor.add_initializer(&b_name, "_scale", &vector_f32(b_scales)),
+                            editor.add_initializer(
+                                &b_name,
+                                "_zero_point",
+                                &Tensor::I32(ArrayD::zeros(IxDyn(&[channels]))),
+                            ),
+                        )
+                    } else {
+                        (
+                            editor.add_initializer(&b_name, "_scale", &scalar_f32(b_scales[0])),
+                            editor.add_initializer(
+                                &b_name,
+                                "_zero_point",
+                                &Tensor::I32(ArrayD::zeros(IxDyn(&[]))),
+                            ),
+                        )
+                    };
                     let bdq = editor.fresh(&b_name, "_dequantized");
                     let mut dq = node(
                         "DequantizeLinear",
@@ -364,7 +381,9 @@ pub fn quantize_static(
                         &[&bq_name, &bs_name, &bz_name],
                         &[&bdq],
                     );
-                    dq.attribute.push(int_attr("axis", 0));
+                    if per_axis {
+                        dq.attribute.push(int_attr("axis", 0));
+                    }
                     new_nodes.push(dq);
                     editor.graph.node[i].input[2] = bdq;
                     editor.drop_if_unused(&b_name);
