@@ -108,6 +108,16 @@ pub enum FeedbackError {
 
 type Nested<V> = HashMap<String, HashMap<String, V>>;
 
+/// What a version's manifest says telemetry should compare against.
+struct VersionRefs {
+    features: Arc<[FeatureRef]>,
+    /// Read class predictions from its outputs: the manifest's gate task is
+    /// classification (or predates tasks). A detector's or a VAD's first
+    /// float output is not a class score, and drift and online accuracy
+    /// must not pretend it is.
+    classifier: bool,
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -120,7 +130,7 @@ struct FeedbackState {
 pub struct Telemetry {
     options: TelemetryOptions,
     /// Reference features per (model, version), set when a version activates.
-    references: RwLock<Nested<Arc<[FeatureRef]>>>,
+    references: RwLock<Nested<Arc<VersionRefs>>>,
     /// Models that have served here, for the feedback API's 404.
     known: RwLock<HashSet<String>>,
     /// The open window, per (model, version). The map lock is taken for
@@ -193,14 +203,19 @@ impl Telemetry {
             .insert(model.to_string());
     }
 
-    fn refs(&self, model: &str, version: &str) -> Arc<[FeatureRef]> {
+    fn refs(&self, model: &str, version: &str) -> Arc<VersionRefs> {
         self.references
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(model)
             .and_then(|v| v.get(version))
             .cloned()
-            .unwrap_or_else(|| Arc::from([]))
+            .unwrap_or_else(|| {
+                Arc::new(VersionRefs {
+                    features: Arc::from([]),
+                    classifier: true,
+                })
+            })
     }
 
     /// The open window's cell for a version, created on first use.
@@ -408,7 +423,13 @@ impl Observer for Telemetry {
             .unwrap_or_else(PoisonError::into_inner)
             .entry(model.to_string())
             .or_default()
-            .insert(version.to_string(), feature_refs(manifest));
+            .insert(
+                version.to_string(),
+                Arc::new(VersionRefs {
+                    features: feature_refs(manifest),
+                    classifier: manifest.is_none_or(Manifest::is_classifier),
+                }),
+            );
     }
 
     fn observe(&self, o: &Observation<'_>) {
@@ -417,6 +438,7 @@ impl Observer for Telemetry {
         // The per-request work happens here, outside every lock.
         let (features, rows): (Vec<_>, Vec<Option<Prediction>>) = if o.ok {
             let rows = classifier_output(o.outputs)
+                .filter(|_| refs.classifier)
                 .and_then(predictions)
                 .unwrap_or_else(|| {
                     // No classifier output: still one entry per input row,
@@ -427,7 +449,7 @@ impl Observer for Telemetry {
                         .and_then(|(_, t)| t.shape().first().copied());
                     vec![None; n.unwrap_or(1).max(1)]
                 });
-            (feature_delta(&refs, o.inputs), rows)
+            (feature_delta(&refs.features, o.inputs), rows)
         } else {
             (vec![], vec![])
         };
@@ -448,7 +470,7 @@ impl Observer for Telemetry {
             })
         };
         loop {
-            let cell = self.cell(o.model, o.version, &refs);
+            let cell = self.cell(o.model, o.version, &refs.features);
             let mut w = lock(&cell);
             if w.closed {
                 // Closed between the lookup and the lock: use the new window.

@@ -161,6 +161,40 @@ fn observations_become_sketches_on_the_reference_edges() {
 }
 
 #[test]
+fn a_model_the_gate_measured_as_stateful_reports_no_classes() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = open(dir.path(), options());
+    let mut m = manifest(vec![0.0, 1.0, 2.0]);
+    m.quantization = Some(
+        edgeloop_models::manifest::QuantizationRecord::new(
+            "fp16",
+            &json!({"task": {"kind": "stateful", "state": []}}),
+        )
+        .unwrap(),
+    );
+    assert!(!m.is_classifier());
+    t.model_activated("m", "1.0.0", Some(&m));
+    // A VAD's [1, 1] probability reads like a one-class score; it is not one.
+    observe(
+        &t,
+        "m",
+        "r",
+        f32s(&[1, 3], vec![0.5; 3]),
+        f32s(&[1, 1], vec![0.9]),
+        true,
+    );
+    assert_eq!(t.close_window().unwrap(), Some(1));
+    let s = &t.buffer.reports()[0].sketches[0];
+    assert_eq!(s.requests, 1);
+    assert!(s.classes.is_empty(), "{:?}", s.classes);
+    assert_eq!(
+        s.features[0].counts,
+        vec![3, 0],
+        "input drift still sketched"
+    );
+}
+
+#[test]
 fn without_a_manifest_there_are_no_feature_histograms() {
     let dir = tempfile::tempdir().unwrap();
     let t = open(dir.path(), options());

@@ -162,6 +162,27 @@ pub struct HealthProbe {
     pub max_latency_ms: f64,
 }
 
+impl Manifest {
+    /// The task the gate measured the model as (`quantization.evidence.task.kind`:
+    /// `classification`, `detection`, `regression`, `stateful`); `None` for a
+    /// manifest without one, which predates task-aware gating and was
+    /// measured as a classifier.
+    pub fn gate_task(&self) -> Option<&str> {
+        self.quantization
+            .as_ref()?
+            .evidence
+            .get("task")?
+            .get("kind")?
+            .as_str()
+    }
+
+    /// Whether devices read class predictions (drift's prediction
+    /// distribution, online accuracy) from this model's outputs.
+    pub fn is_classifier(&self) -> bool {
+        self.gate_task().is_none_or(|t| t == "classification")
+    }
+}
+
 impl QuantizationRecord {
     /// Converts the quantizer's evidence to JSON, refusing NaN and infinities
     /// with the path of the first one (`quantization.evidence.candidates[2].mse`).
