@@ -90,8 +90,22 @@ fn quantize_writes_a_signed_manifest_that_verifies_and_catches_tampering() {
         manifest["manifest"]["artifact"]["size"],
         std::fs::metadata(&out).unwrap().len()
     );
+    let evidence = &manifest["manifest"]["quantization"]["evidence"];
     assert!(
-        manifest["manifest"]["quantization"]["evidence"]["candidates"][0]["accuracy"].is_number()
+        evidence["candidates"][0]["metric"].is_number(),
+        "{evidence}"
+    );
+    assert_eq!(evidence["task"]["kind"], "classification");
+    assert_eq!(evidence["metric"]["name"], "top1_accuracy", "labels given");
+    // The first evaluation sample ships as the health probe.
+    let probe = std::fs::read(format!("{}.probe.npz", out.display())).unwrap();
+    assert_eq!(
+        manifest["manifest"]["health_probe"]["sample_inputs"],
+        edgeloop_models::Digest::of(&probe).to_string()
+    );
+    assert_eq!(
+        report["probe_inputs"],
+        format!("{}.probe.npz", out.display())
     );
     assert!(manifest["manifest"]["reference_stats"]["inputs"][0]["counts"].is_array());
     // The key was created private, its public half beside it.
@@ -199,4 +213,69 @@ fn a_calibration_set_that_does_not_fit_the_model_is_named() {
         !home.path().join("x.onnx").exists(),
         "nothing written on a refused input"
     );
+}
+
+/// A stateful model from the zoo (scripts/fetch-zoo.sh) with its state
+/// named on the command line, and the errors a wrong `--state` gets.
+#[test]
+fn quantize_a_stateful_model_named_by_flags() {
+    let zoo = edgeloop_models::deps::dir().unwrap().join("zoo");
+    assert!(zoo.join(".fetched").exists(), "run scripts/fetch-zoo.sh");
+    let home = tempfile::tempdir().unwrap();
+    let s = |p: &Path| p.display().to_string();
+    let model = zoo.join("silero-op15.onnx");
+    let data = zoo.join("data/silero-op15");
+    let out = home.path().join("vad.onnx");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "model".to_string(),
+            "quantize".into(),
+            s(&model),
+            "--calibration".into(),
+            s(&data.join("calibration.npz")),
+            "--eval".into(),
+            s(&data.join("eval.npz")),
+            "--out".into(),
+            s(&out),
+            "--method".into(),
+            "static-minmax".into(),
+            "--json".into(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        edgeloop(&args, home.path())
+    };
+    let q = run(&[
+        "--task",
+        "stateful",
+        "--state",
+        "state=stateN",
+        "--budget",
+        "0.5",
+    ]);
+    assert!(q.status.success(), "{}", text(&q));
+    let report: serde_json::Value = serde_json::from_slice(&q.stdout).unwrap();
+    assert_eq!(report["task"]["state"][0]["output"], "stateN");
+    assert_eq!(report["metric"]["name"], "step_relative_l2");
+    assert_eq!(report["metric"]["budget"], 0.5);
+    let c = &report["candidates"][0];
+    assert!(
+        c["loss"].as_f64().unwrap() > 0.0 && c["accepted"] == true,
+        "{c}"
+    );
+
+    for (extra, want) in [
+        (vec!["--state", "state"], "expected INPUT=OUTPUT"),
+        (vec!["--state", "nope=stateN"], "no input \"nope\""),
+        (vec!["--state", "state=nope"], "no output \"nope\""),
+        (
+            vec!["--task", "regression", "--state", "state=stateN"],
+            "--state applies to --task stateful",
+        ),
+        (vec!["--budget=-1"], "--budget must be"),
+    ] {
+        let o = run(&extra);
+        assert!(!o.status.success(), "{extra:?}");
+        assert!(text(&o).contains(want), "{extra:?}: {}", text(&o));
+    }
 }
