@@ -92,8 +92,10 @@ pub struct QuantizeArgs {
     #[arg(long)]
     pub calibration: PathBuf,
     /// `.npz` with one array per model input, and for classification
-    /// against labels an int64 `label` array (without one, the gate
-    /// measures agreement with float).
+    /// against labels an int64 `label` array, for detection against labels
+    /// a float32 `boxes` array `[samples, max_boxes, 5]` (x1, y1, x2, y2,
+    /// class; a negative class pads). Without them the gate measures
+    /// agreement with float.
     #[arg(long)]
     pub eval: PathBuf,
     /// What the model does, which decides the gate's metric (auto: stateful

@@ -17,7 +17,7 @@ use edgeloop_models::onnx;
 use edgeloop_models::quantize::detect::DetectionSpec;
 use edgeloop_models::quantize::evaluate::{collect, median_latency_ms};
 use edgeloop_models::quantize::gate::{run_gate, GateOptions, GateOutcome};
-use edgeloop_models::quantize::task::{score, Task};
+use edgeloop_models::quantize::task::{score, Task, Truth};
 use edgeloop_models::runtime::OrtRuntime;
 
 fn deps() -> PathBuf {
@@ -68,8 +68,7 @@ fn ort_static(
     let reference = collect(rt, &model, eval, task).map_err(|e| e.to_string())?;
     let got = collect(rt, &q, eval, task).map_err(|e| e.to_string())?;
     let kind = outcome.metric.name;
-    let s =
-        score(kind, task, &reference, &got, eval.labels.as_deref()).map_err(|e| e.to_string())?;
+    let s = score(kind, task, &reference, &got, Truth::of(eval)).map_err(|e| e.to_string())?;
     let latency = median_latency_ms(rt, &q, eval, 50).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&out);
     Ok((

@@ -20,6 +20,18 @@ use crate::tensor::Tensor;
 /// The key of the label array in an evaluation set.
 pub const LABEL_KEY: &str = "label";
 
+/// The key of the labelled boxes of a detector's evaluation set: float32
+/// `[samples, max_boxes, 5]`, each row `x1, y1, x2, y2, class` in the
+/// model's input pixels; rows with a negative class are padding.
+pub const BOXES_KEY: &str = "boxes";
+
+/// One labelled box.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LabelBox {
+    pub bbox: [f32; 4],
+    pub class: usize,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
     #[error(transparent)]
@@ -68,6 +80,8 @@ pub struct Dataset {
     pub batches: Vec<Vec<(String, Tensor)>>,
     /// Labels in sample order, when the file had them.
     pub labels: Option<Vec<i64>>,
+    /// Labelled boxes per sample, when the file had them ([`BOXES_KEY`]).
+    pub boxes: Option<Vec<Vec<LabelBox>>>,
     pub samples: usize,
     pub layout: Layout,
 }
@@ -228,6 +242,7 @@ impl Dataset {
                 ),
             });
         }
+        let boxes = read_boxes(npz, &file, samples)?;
         let labels = match npz.get(LABEL_KEY) {
             Some(Tensor::I64(l)) if l.ndim() == 1 && l.len() == samples => Some(l.iter().copied().collect()),
             Some(Tensor::I64(l)) => {
@@ -262,6 +277,7 @@ impl Dataset {
             return Ok(Dataset {
                 batches,
                 labels,
+                boxes,
                 samples,
                 layout,
             });
@@ -285,6 +301,7 @@ impl Dataset {
         Ok(Dataset {
             batches,
             labels,
+            boxes,
             samples,
             layout,
         })
@@ -302,6 +319,58 @@ impl Dataset {
                 .collect(),
         })
     }
+}
+
+/// The labelled boxes, checked: shape, finite coordinates, x2 ≥ x1, y2 ≥ y1.
+fn read_boxes(
+    npz: &Npz,
+    file: &str,
+    samples: usize,
+) -> Result<Option<Vec<Vec<LabelBox>>>, DatasetError> {
+    let bad = |reason: String| DatasetError::Label {
+        file: file.to_string(),
+        reason,
+    };
+    let Some(t) = npz.get(BOXES_KEY) else {
+        return Ok(None);
+    };
+    let Tensor::F32(a) = t else {
+        return Err(bad(format!(
+            "{BOXES_KEY:?} must be float32, is {}",
+            t.dtype()
+        )));
+    };
+    let shape = a.shape();
+    if shape.len() != 3 || shape[0] != samples || shape[2] != 5 {
+        return Err(bad(format!(
+            "{BOXES_KEY:?} must have shape [{samples}, max_boxes, 5], has {shape:?}"
+        )));
+    }
+    let mut out = Vec::with_capacity(samples);
+    for (i, image) in a.outer_iter().enumerate() {
+        let mut boxes = vec![];
+        for (j, row) in image.outer_iter().enumerate() {
+            let v: Vec<f32> = row.iter().copied().collect();
+            if v[4] < 0.0 {
+                continue;
+            }
+            let sane = v.iter().all(|x| x.is_finite())
+                && v[2] >= v[0]
+                && v[3] >= v[1]
+                && v[4].fract() == 0.0;
+            if !sane {
+                return Err(bad(format!(
+                    "{BOXES_KEY:?}[{i}][{j}] = {v:?} is not x1, y1, x2, y2 (x2 >= x1, y2 >= y1), class (a whole number)"
+                )));
+            }
+            boxes.push(LabelBox {
+                bbox: [v[0], v[1], v[2], v[3]],
+                class: v[4] as usize,
+            });
+        }
+        out.push(boxes);
+    }
+    Ok(Some(out))
 }
 
 fn layout_text(l: Layout) -> &'static str {

@@ -465,3 +465,113 @@ fn dynamic_int8_runs_lstm_on_onnx_runtime_contrib_kernel() {
         assert!(err < 0.02, "{case}: max |float - int8| = {err}");
     }
 }
+
+/// Per-call sets (one axis more than the input: scalars, state tensors,
+/// sequences) and labelled boxes, with each bad file named.
+#[test]
+fn per_call_layouts_and_labelled_boxes_are_read_and_checked() {
+    use edgeloop_models::dataset::Layout;
+    use edgeloop_models::onnx::{Dim, ValueSummary};
+    let input = |name: &str, dims: Vec<Dim>| ValueSummary {
+        name: name.into(),
+        dtype: if name == "sr" {
+            "int64".into()
+        } else {
+            "float32".into()
+        },
+        shape: Some(dims),
+    };
+    let inputs = vec![
+        input("x", vec![Dim::Symbolic("batch".into()), Dim::Fixed(4)]),
+        input(
+            "state",
+            vec![Dim::Fixed(2), Dim::Symbolic("batch".into()), Dim::Fixed(3)],
+        ),
+        input("sr", vec![]),
+    ];
+    let mut npz = Npz::new();
+    npz.insert("x", f32_tensor(&[5, 1, 4], noise(20, 1)));
+    npz.insert("state", f32_tensor(&[5, 2, 1, 3], noise(30, 2)));
+    npz.insert("sr", Tensor::I64(ArrayD::from_elem(IxDyn(&[5]), 16000)));
+    let d = Dataset::from_npz(&npz, "steps.npz", &inputs, false).unwrap();
+    assert_eq!(
+        (d.layout, d.samples, d.batches.len()),
+        (Layout::PerCall, 5, 5)
+    );
+    assert_eq!(d.batches[3][1].1.shape(), &[2, 1, 3]);
+    assert_eq!(d.batches[3][2].1.shape(), &[] as &[usize]);
+    // One array batched, another per call: refused, both named.
+    let mut mixed = npz.clone();
+    mixed.insert("x", f32_tensor(&[5, 4], noise(20, 1)));
+    let err = Dataset::from_npz(&mixed, "steps.npz", &inputs, false).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("\"x\" is batched, \"state\" is per call"),
+        "{err}"
+    );
+    // A fixed dim checked inside each call.
+    let mut wrong = npz.clone();
+    wrong.insert("state", f32_tensor(&[5, 3, 1, 3], noise(45, 2)));
+    assert!(Dataset::from_npz(&wrong, "steps.npz", &inputs, false).is_err());
+
+    let image = vec![input(
+        "images",
+        vec![Dim::Symbolic("batch".into()), Dim::Fixed(3)],
+    )];
+    let with_boxes = |boxes: Tensor| {
+        let mut n = Npz::new();
+        n.insert("images", f32_tensor(&[2, 3], noise(6, 3)));
+        n.insert("boxes", boxes);
+        Dataset::from_npz(&n, "eval.npz", &image, false)
+    };
+    let good = with_boxes(f32_tensor(
+        &[2, 2, 5],
+        vec![
+            0.0, 0.0, 10.0, 10.0, 1.0, -1.0, -1.0, -1.0, -1.0, -1.0, 5.0, 5.0, 6.0, 7.0, 0.0, 0.0,
+            0.0, 0.0, 0.0, -1.0,
+        ],
+    ))
+    .unwrap();
+    let boxes = good.boxes.unwrap();
+    assert_eq!(
+        (boxes[0].len(), boxes[1].len()),
+        (1, 1),
+        "padding rows dropped"
+    );
+    assert_eq!(boxes[0][0].class, 1);
+    for (bad, want) in [
+        (
+            f32_tensor(&[3, 1, 5], vec![0.0; 15]),
+            "must have shape [2, max_boxes, 5]",
+        ),
+        (f32_tensor(&[2, 1, 4], vec![0.0; 8]), "must have shape"),
+        (
+            f32_tensor(
+                &[2, 1, 5],
+                vec![5.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0],
+            ),
+            "x2 >= x1",
+        ),
+        (
+            f32_tensor(
+                &[2, 1, 5],
+                vec![0.0, 0.0, 1.0, 1.0, 0.5, 0.0, 0.0, 1.0, 1.0, 0.0],
+            ),
+            "whole number",
+        ),
+        (
+            f32_tensor(
+                &[2, 1, 5],
+                vec![0.0, 0.0, f32::NAN, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0],
+            ),
+            "is not x1",
+        ),
+        (
+            Tensor::I64(ArrayD::zeros(IxDyn(&[2, 1, 5]))),
+            "must be float32",
+        ),
+    ] {
+        let err = with_boxes(bad).unwrap_err().to_string();
+        assert!(err.contains(want), "{err} lacks {want}");
+    }
+}

@@ -348,6 +348,7 @@ mod tests {
         let t = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[100, 10]), values).unwrap());
         let data = Dataset {
             layout: edgeloop_models::dataset::Layout::Batched,
+            boxes: None,
             batches: vec![vec![("x".to_string(), t.clone())]],
             labels: None,
             samples: 100,

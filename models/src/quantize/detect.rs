@@ -178,9 +178,120 @@ pub fn agreement(reference: &[Detection], candidate: &[Detection], match_iou: f3
     out
 }
 
+/// mAP at IoU `iou_threshold`, in percent, of `detections` (per image)
+/// against `truth` (per image): per class, detections of all images by
+/// descending score, each matched to the best-IoU unmatched labelled box of
+/// its class and image, precision made monotone and integrated over every
+/// recall step (all-point interpolation, as PASCAL VOC 2010+); the mean over
+/// the classes that have labelled boxes. 100 when no image has any.
+pub fn map_percent(
+    detections: &[Vec<Detection>],
+    truth: &[Vec<crate::dataset::LabelBox>],
+    iou_threshold: f32,
+) -> f64 {
+    let mut classes: Vec<usize> = truth.iter().flatten().map(|b| b.class).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    if classes.is_empty() {
+        return 100.0;
+    }
+    let mut sum = 0.0;
+    for &class in &classes {
+        let labelled: usize = truth
+            .iter()
+            .map(|t| t.iter().filter(|b| b.class == class).count())
+            .sum();
+        let mut ranked: Vec<(usize, &Detection)> = detections
+            .iter()
+            .enumerate()
+            .flat_map(|(i, d)| d.iter().filter(|d| d.class == class).map(move |d| (i, d)))
+            .collect();
+        // Stable: ties keep image order, so the result is deterministic.
+        ranked.sort_by(|a, b| b.1.score.total_cmp(&a.1.score));
+        let mut used: Vec<Vec<bool>> = truth.iter().map(|t| vec![false; t.len()]).collect();
+        let (mut tp, mut fp) = (0usize, 0usize);
+        let mut curve = vec![];
+        for (image, d) in ranked {
+            let best = truth
+                .get(image)
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .filter(|(j, b)| b.class == class && !used[image][*j])
+                .map(|(j, b)| (j, iou(&d.bbox, &b.bbox)))
+                .filter(|(_, v)| *v >= iou_threshold)
+                .fold(None, |best: Option<(usize, f32)>, (j, v)| match best {
+                    Some((_, bv)) if bv >= v => best,
+                    _ => Some((j, v)),
+                });
+            match best {
+                Some((j, _)) => {
+                    used[image][j] = true;
+                    tp += 1;
+                }
+                None => fp += 1,
+            }
+            curve.push((tp as f64 / labelled as f64, tp as f64 / (tp + fp) as f64));
+        }
+        // Monotone precision from the right, then the area over recall steps.
+        let mut ap = 0.0;
+        let mut best_precision: f64 = 0.0;
+        let mut next_recall = curve.last().map_or(0.0, |c| c.0);
+        for &(recall, precision) in curve.iter().rev() {
+            ap += (next_recall - recall).max(0.0) * best_precision;
+            best_precision = best_precision.max(precision);
+            next_recall = recall;
+        }
+        ap += next_recall * best_precision;
+        sum += ap;
+    }
+    100.0 * sum / classes.len() as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataset::LabelBox;
+
+    #[test]
+    fn map_is_100_for_the_labels_and_falls_with_misses_and_false_alarms() {
+        let gt = |x: f32, class| LabelBox {
+            bbox: [x, 0.0, x + 10.0, 10.0],
+            class,
+        };
+        let det = |x: f32, class, score| Detection {
+            bbox: [x, 0.0, x + 10.0, 10.0],
+            score,
+            class,
+        };
+        let truth = vec![vec![gt(0.0, 0), gt(50.0, 1)], vec![gt(0.0, 0)]];
+        let perfect = vec![
+            vec![det(0.0, 0, 0.9), det(50.0, 1, 0.8)],
+            vec![det(1.0, 0, 0.7)],
+        ];
+        assert!((map_percent(&perfect, &truth, 0.5) - 100.0).abs() < 1e-9);
+        // Class 1 missed: its AP is 0, class 0's is 1.
+        let missed = vec![vec![det(0.0, 0, 0.9)], vec![det(0.0, 0, 0.7)]];
+        assert!((map_percent(&missed, &truth, 0.5) - 50.0).abs() < 1e-9);
+        // A confident false alarm ranked first in class 0: precision 1/2 at
+        // recall 1/2, then 2/3 at recall 1: AP = 0.5·2/3 + 0.5·2/3.
+        let alarm = vec![
+            vec![det(200.0, 0, 0.99), det(0.0, 0, 0.9), det(50.0, 1, 0.8)],
+            vec![det(0.0, 0, 0.7)],
+        ];
+        let want = 100.0 * (2.0 / 3.0 + 1.0) / 2.0;
+        assert!(
+            (map_percent(&alarm, &truth, 0.5) - want).abs() < 1e-9,
+            "{}",
+            map_percent(&alarm, &truth, 0.5)
+        );
+        // A wrong-class box matches nothing; no labels at all is perfect.
+        assert_eq!(
+            map_percent(&[vec![det(0.0, 1, 0.9)]], &[vec![gt(0.0, 0)]], 0.5),
+            0.0
+        );
+        assert_eq!(map_percent(&[vec![]], &[vec![]], 0.5), 100.0);
+    }
 
     /// `[4 + 2 classes, anchors]` from per-anchor (cx, cy, w, h, s0, s1).
     fn raw(anchors: &[[f32; 6]]) -> (Vec<f32>, Vec<usize>) {

@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::calibrate::{calibrate, CalibrationMethod, Observed};
 pub use super::evaluate::median_latency_ms;
 use super::evaluate::{collect, Outputs};
-use super::task::{score, top1, MetricKind, Task};
+use super::task::{score, top1, MetricKind, Task, Truth};
 use super::{
     calibration_targets, convert_fp16, hoist_constants, quantize_dynamic, quantize_static,
     DynamicOptions, Fp16Options, QuantizeError, Report, StaticOptions,
@@ -232,12 +232,12 @@ pub fn run_gate(
     eval: &Dataset,
     opts: &GateOptions,
 ) -> Result<GateOutcome, QuantizeError> {
-    let labels = eval.labels.as_deref();
+    let truth = Truth::of(eval);
     let task = match &opts.task {
         Some(t) => t.clone(),
-        None => Task::infer(&onnx::inspect(model), labels.is_some()),
+        None => Task::infer(&onnx::inspect(model), truth.classes.is_some()),
     };
-    let kind = MetricKind::for_task(&task, labels.is_some());
+    let kind = MetricKind::for_task(&task, &truth);
     let budget = opts.budget.unwrap_or_else(|| kind.default_budget());
     if !(budget.is_finite() && budget >= 0.0) {
         return Err(QuantizeError::Data(format!(
@@ -251,7 +251,7 @@ pub fn run_gate(
             "the evaluation set gave no samples".into(),
         ));
     }
-    let float_score = score(kind, &task, &reference, &reference, labels)?;
+    let float_score = score(kind, &task, &reference, &reference, truth)?;
     let float_latency = median_latency_ms(runtime, model, eval, opts.latency_runs)?;
     let float = Measurement {
         name: "float".into(),
@@ -269,7 +269,7 @@ pub fn run_gate(
         kind,
         task: &task,
         reference: &reference,
-        labels,
+        truth,
         budget,
         float_metric: float.metric,
         float_latency,
@@ -461,7 +461,7 @@ struct Judge<'a> {
     kind: MetricKind,
     task: &'a Task,
     reference: &'a Outputs,
-    labels: Option<&'a [i64]>,
+    truth: Truth<'a>,
     budget: f64,
     float_metric: f64,
     float_latency: f64,
@@ -470,7 +470,7 @@ struct Judge<'a> {
 
 impl Judge<'_> {
     fn score(&self, out: &Outputs) -> Result<super::task::Score, QuantizeError> {
-        score(self.kind, self.task, self.reference, out, self.labels)
+        score(self.kind, self.task, self.reference, out, self.truth)
     }
 
     fn measure(

@@ -9,7 +9,25 @@ use serde::{Deserialize, Serialize};
 use super::detect::{self, Agreement, DetectionSpec};
 use super::evaluate::Outputs;
 use super::QuantizeError;
+use crate::dataset::{Dataset, LabelBox};
 use crate::onnx::{Dim, Inspection};
+
+/// What the evaluation set says is right, when it says anything: class
+/// labels, labelled boxes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Truth<'a> {
+    pub classes: Option<&'a [i64]>,
+    pub boxes: Option<&'a [Vec<LabelBox>]>,
+}
+
+impl<'a> Truth<'a> {
+    pub fn of(data: &'a Dataset) -> Truth<'a> {
+        Truth {
+            classes: data.labels.as_deref(),
+            boxes: data.boxes.as_deref(),
+        }
+    }
+}
 
 /// A recurrent state: the output fed back into the input at the next call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,6 +119,8 @@ pub enum MetricKind {
     Top1Agreement,
     /// F1, in percent, of the candidate's boxes matched to float's.
     BoxAgreementF1,
+    /// mAP at IoU 0.5, in percent, against labelled boxes.
+    BoxMap50,
     /// ‖candidate − float‖₂ / ‖float‖₂ over the whole set.
     RelativeL2,
     /// The same over a sequence run with its state carried.
@@ -108,10 +128,11 @@ pub enum MetricKind {
 }
 
 impl MetricKind {
-    pub fn for_task(task: &Task, has_labels: bool) -> MetricKind {
+    pub fn for_task(task: &Task, truth: &Truth<'_>) -> MetricKind {
         match task {
-            Task::Classification if has_labels => MetricKind::Top1Accuracy,
+            Task::Classification if truth.classes.is_some() => MetricKind::Top1Accuracy,
             Task::Classification => MetricKind::Top1Agreement,
+            Task::Detection(_) if truth.boxes.is_some() => MetricKind::BoxMap50,
             Task::Detection(_) => MetricKind::BoxAgreementF1,
             Task::Regression => MetricKind::RelativeL2,
             Task::Stateful { .. } => MetricKind::StepRelativeL2,
@@ -123,6 +144,7 @@ impl MetricKind {
             MetricKind::Top1Accuracy => "top1_accuracy",
             MetricKind::Top1Agreement => "top1_agreement",
             MetricKind::BoxAgreementF1 => "box_agreement_f1",
+            MetricKind::BoxMap50 => "box_map50",
             MetricKind::RelativeL2 => "relative_l2",
             MetricKind::StepRelativeL2 => "step_relative_l2",
         }
@@ -131,9 +153,10 @@ impl MetricKind {
     /// The unit of the metric, which is also the unit of the budget.
     pub fn unit(self) -> &'static str {
         match self {
-            MetricKind::Top1Accuracy | MetricKind::Top1Agreement | MetricKind::BoxAgreementF1 => {
-                "percentage points"
-            }
+            MetricKind::Top1Accuracy
+            | MetricKind::Top1Agreement
+            | MetricKind::BoxAgreementF1
+            | MetricKind::BoxMap50 => "percentage points",
             MetricKind::RelativeL2 | MetricKind::StepRelativeL2 => "fraction of float's L2 norm",
         }
     }
@@ -141,7 +164,10 @@ impl MetricKind {
     pub fn higher_is_better(self) -> bool {
         matches!(
             self,
-            MetricKind::Top1Accuracy | MetricKind::Top1Agreement | MetricKind::BoxAgreementF1
+            MetricKind::Top1Accuracy
+                | MetricKind::Top1Agreement
+                | MetricKind::BoxAgreementF1
+                | MetricKind::BoxMap50
         )
     }
 
@@ -151,7 +177,7 @@ impl MetricKind {
     pub fn default_budget(self) -> f64 {
         match self {
             MetricKind::Top1Accuracy | MetricKind::Top1Agreement => 1.0,
-            MetricKind::BoxAgreementF1 => 2.0,
+            MetricKind::BoxAgreementF1 | MetricKind::BoxMap50 => 2.0,
             MetricKind::RelativeL2 | MetricKind::StepRelativeL2 => 0.05,
         }
     }
@@ -208,8 +234,9 @@ pub fn score(
     task: &Task,
     reference: &Outputs,
     candidate: &Outputs,
-    labels: Option<&[i64]>,
+    truth: Truth<'_>,
 ) -> Result<Score, QuantizeError> {
+    let labels = truth.classes;
     if reference.samples.len() != candidate.samples.len() {
         return Err(QuantizeError::Data(format!(
             "{} samples against float's {}",
@@ -236,6 +263,25 @@ pub fn score(
                 }
                 _ => agreement,
             }
+        }
+        MetricKind::BoxMap50 => {
+            let (Task::Detection(spec), Some(boxes)) = (task, truth.boxes) else {
+                return Err(QuantizeError::Data(
+                    "mAP needs a detection task and labelled boxes".into(),
+                ));
+            };
+            let decoded = candidate
+                .samples
+                .iter()
+                .map(|s| s.first().map_or(Ok(vec![]), |r| boxes_of(r, spec)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let agreement = box_agreement(reference, candidate, spec)?;
+            details.insert("box_agreement_f1".into(), agreement.f1_percent());
+            details.insert(
+                "boxes_labelled".into(),
+                boxes.iter().map(Vec::len).sum::<usize>() as f64,
+            );
+            detect::map_percent(&decoded, boxes, 0.5)
         }
         MetricKind::BoxAgreementF1 => {
             let Task::Detection(spec) = task else {
@@ -269,26 +315,34 @@ pub fn score(
     Ok(Score { value, details })
 }
 
+/// One sample's first output as boxes: a batched row is `[4 + classes,
+/// anchors]`; a per-call one has the batch axis of 1 in front.
+fn boxes_of(
+    o: &super::evaluate::Row,
+    spec: &DetectionSpec,
+) -> Result<Vec<detect::Detection>, QuantizeError> {
+    let shape: Vec<usize> = match o.shape.as_slice() {
+        [1, rest @ ..] if rest.len() == 2 => rest.to_vec(),
+        s => s.to_vec(),
+    };
+    detect::decode(&o.values, &shape, spec).map_err(|e| QuantizeError::Data(e.to_string()))
+}
+
 fn box_agreement(
     reference: &Outputs,
     candidate: &Outputs,
     spec: &DetectionSpec,
 ) -> Result<Agreement, QuantizeError> {
-    let boxes = |o: &super::evaluate::Row| {
-        // A batched row is [4 + classes, anchors]; a per-call one has the
-        // batch axis of 1 in front.
-        let shape: Vec<usize> = match o.shape.as_slice() {
-            [1, rest @ ..] if rest.len() == 2 => rest.to_vec(),
-            s => s.to_vec(),
-        };
-        detect::decode(&o.values, &shape, spec).map_err(|e| QuantizeError::Data(e.to_string()))
-    };
     let mut total = Agreement::default();
     for (r, c) in reference.samples.iter().zip(&candidate.samples) {
         let (Some(r), Some(c)) = (r.first(), c.first()) else {
             return Err(QuantizeError::Data("the detector has no outputs".into()));
         };
-        total.add(&detect::agreement(&boxes(r)?, &boxes(c)?, spec.match_iou));
+        total.add(&detect::agreement(
+            &boxes_of(r, spec)?,
+            &boxes_of(c, spec)?,
+            spec.match_iou,
+        ));
     }
     Ok(total)
 }
@@ -361,7 +415,7 @@ mod tests {
             ),
         ];
         for (kind, task, want) in table {
-            let s = score(kind, &task, &f, &f, None).unwrap();
+            let s = score(kind, &task, &f, &f, Truth::default()).unwrap();
             assert_eq!(s.value, want, "{kind:?}");
             assert_eq!(kind.loss(s.value, s.value), 0.0);
         }
@@ -377,7 +431,10 @@ mod tests {
             &Task::Classification,
             &f,
             &c,
-            Some(&labels),
+            Truth {
+                classes: Some(&labels),
+                boxes: None,
+            },
         )
         .unwrap();
         assert_eq!(acc.value, 50.0);
@@ -387,7 +444,7 @@ mod tests {
             &Task::Classification,
             &f,
             &c,
-            None,
+            Truth::default(),
         )
         .unwrap();
         assert_eq!(agree.value, 75.0);
@@ -397,7 +454,7 @@ mod tests {
             &Task::Classification,
             &f,
             &c,
-            None
+            Truth::default()
         )
         .is_err());
     }
@@ -406,14 +463,28 @@ mod tests {
     fn relative_l2_is_over_the_whole_set_and_cosine_per_sample() {
         let f = outputs(&[&[3.0, 4.0], &[0.0, 0.0]]);
         let c = outputs(&[&[3.0, 4.5], &[0.0, 0.0]]);
-        let s = score(MetricKind::RelativeL2, &Task::Regression, &f, &c, None).unwrap();
+        let s = score(
+            MetricKind::RelativeL2,
+            &Task::Regression,
+            &f,
+            &c,
+            Truth::default(),
+        )
+        .unwrap();
         assert!((s.value - 0.1).abs() < 1e-9, "{s:?}");
         assert!((s.details["max_abs_difference"] - 0.5).abs() < 1e-9);
         assert!(s.details["mean_cosine"] > 0.99);
         // A near-zero reference sample does not blow the metric up.
         let tiny = outputs(&[&[3.0, 4.0], &[1e-6, 0.0]]);
         let off = outputs(&[&[3.0, 4.0], &[2e-6, 0.0]]);
-        let s = score(MetricKind::RelativeL2, &Task::Regression, &tiny, &off, None).unwrap();
+        let s = score(
+            MetricKind::RelativeL2,
+            &Task::Regression,
+            &tiny,
+            &off,
+            Truth::default(),
+        )
+        .unwrap();
         assert!(s.value < 1e-6, "{s:?}");
         assert_eq!(MetricKind::RelativeL2.loss(0.0, 0.1), 0.1);
     }
@@ -422,8 +493,77 @@ mod tests {
     fn non_finite_outputs_are_an_error_not_a_score() {
         let f = outputs(&[&[1.0, 2.0]]);
         let c = outputs(&[&[1.0, f32::NAN]]);
-        assert!(score(MetricKind::RelativeL2, &Task::Regression, &f, &c, None).is_err());
+        assert!(score(
+            MetricKind::RelativeL2,
+            &Task::Regression,
+            &f,
+            &c,
+            Truth::default()
+        )
+        .is_err());
         let short = outputs(&[]);
-        assert!(score(MetricKind::RelativeL2, &Task::Regression, &f, &short, None).is_err());
+        assert!(score(
+            MetricKind::RelativeL2,
+            &Task::Regression,
+            &f,
+            &short,
+            Truth::default()
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn detection_against_labelled_boxes_is_map_at_half_iou() {
+        // One image, 2 classes, 2 anchors: (cx, cy, w, h, s0, s1) per anchor.
+        let raw = |anchors: &[[f32; 6]]| {
+            let n = anchors.len();
+            let mut v = vec![0.0; 6 * n];
+            for (a, row) in anchors.iter().enumerate() {
+                for (r, x) in row.iter().enumerate() {
+                    v[r * n + a] = *x;
+                }
+            }
+            Outputs {
+                names: vec!["output0".into()],
+                samples: vec![vec![Row {
+                    shape: vec![6, n],
+                    values: v,
+                }]],
+            }
+        };
+        let float = raw(&[
+            [5.0, 5.0, 10.0, 10.0, 0.9, 0.0],
+            [55.0, 5.0, 10.0, 10.0, 0.0, 0.8],
+        ]);
+        let lost_one = raw(&[
+            [5.0, 5.0, 10.0, 10.0, 0.9, 0.0],
+            [55.0, 5.0, 10.0, 10.0, 0.0, 0.1],
+        ]);
+        let labelled = vec![vec![
+            LabelBox {
+                bbox: [0.0, 0.0, 10.0, 10.0],
+                class: 0,
+            },
+            LabelBox {
+                bbox: [50.0, 0.0, 60.0, 10.0],
+                class: 1,
+            },
+        ]];
+        let truth = Truth {
+            classes: None,
+            boxes: Some(&labelled),
+        };
+        let task = Task::Detection(DetectionSpec::default());
+        assert_eq!(MetricKind::for_task(&task, &truth), MetricKind::BoxMap50);
+        assert_eq!(
+            MetricKind::for_task(&task, &Truth::default()),
+            MetricKind::BoxAgreementF1
+        );
+        let f = score(MetricKind::BoxMap50, &task, &float, &float, truth).unwrap();
+        assert!((f.value - 100.0).abs() < 1e-9, "{f:?}");
+        let c = score(MetricKind::BoxMap50, &task, &float, &lost_one, truth).unwrap();
+        assert!((c.value - 50.0).abs() < 1e-9, "{c:?}");
+        assert!((c.details["box_agreement_f1"] - 100.0 * 2.0 / 3.0).abs() < 1e-9);
+        assert_eq!(MetricKind::BoxMap50.loss(f.value, c.value), 50.0);
     }
 }
