@@ -38,12 +38,13 @@ use super::transfer::{bar, hash_file, unreadable};
 pub struct PushArgs {
     /// The ONNX model (one file: tensors stored outside it are refused).
     pub model: PathBuf,
-    /// The signed manifest describing the model (`edgeloop model quantize`
-    /// writes one beside its output).
+    /// The signed manifest describing the model (default: MODEL.manifest.json
+    /// when it exists, as `edgeloop model quantize` writes it).
     #[arg(long)]
     pub manifest: Option<PathBuf>,
-    /// The health probe's inputs (`.npz`) that the manifest names.
-    #[arg(long, requires = "manifest")]
+    /// The health probe's inputs (`.npz`) that the manifest names (default:
+    /// MODEL.probe.npz when it exists and the manifest names a probe).
+    #[arg(long)]
     pub probe_inputs: Option<PathBuf>,
     /// The registered model (created if it does not exist yet).
     #[arg(long)]
@@ -148,7 +149,22 @@ fn check(args: &PushArgs) -> Result<Checked, CliError> {
     let mut manifest_lineage = Lineage::default();
     let mut manifest_digest = None;
     let mut probe_on_server = None;
-    if let Some(path) = &args.manifest {
+    // What `edgeloop model quantize --out MODEL` writes beside MODEL.
+    let beside = |suffix: &str| {
+        let mut name = args.model.as_os_str().to_owned();
+        name.push(suffix);
+        Some(PathBuf::from(name)).filter(|p| p.is_file())
+    };
+    let manifest = args.manifest.clone().or_else(|| beside(".manifest.json"));
+    if manifest.is_none() {
+        if let Some(p) = &args.probe_inputs {
+            return Err(invalid(
+                p,
+                "probe inputs need a manifest that names them (--manifest)",
+            ));
+        }
+    }
+    if let Some(path) = &manifest {
         let (signed, m_digest, m_size) = read_manifest(path)?;
         let m = &signed.manifest;
         m.validate().map_err(|e| invalid(path, e))?;
@@ -179,7 +195,11 @@ fn check(args: &PushArgs) -> Result<Checked, CliError> {
             ));
         }
         let named = m.health_probe.as_ref().map(|p| p.sample_inputs);
-        match (&args.probe_inputs, named) {
+        let probe = args
+            .probe_inputs
+            .clone()
+            .or_else(|| named.and_then(|_| beside(".probe.npz")));
+        match (&probe, named) {
             (Some(p), None) => {
                 return Err(invalid(
                     p,

@@ -480,3 +480,75 @@ async fn push_alias_deploy_and_pull_a_model_through_the_cli() {
     assert!(!work.join("digits-staging").exists());
     cp.stop().await;
 }
+
+/// The two-command path: `edgeloop model quantize --out M` then `edgeloop
+/// model push M`, which finds the manifest and probe quantize wrote beside
+/// M, uploads all three and registers the version with its probe.
+#[tokio::test]
+async fn quantize_then_push_finds_the_manifest_and_probe_beside_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let cp = ControlPlane::start(&work.join("cp")).await;
+    let mnist = edgeloop_models::deps::dir().unwrap().join("mnist-models");
+    let out = work.join("digits.onnx");
+    let home = work.join("home");
+    let quantize = Command::new(edgeloop_bin())
+        .args([
+            "model",
+            "quantize",
+            path(&mnist.join("mlp.onnx")),
+            "--calibration",
+            path(&mnist.join("calib_mlp.npz")),
+            "--eval",
+            path(&mnist.join("eval_mlp.npz")),
+            "--out",
+            path(&out),
+            "--name",
+            "digits",
+            "--version",
+            "1.0.0",
+        ])
+        .env("EDGELOOP_HOME", &home)
+        .env_remove("EDGELOOP_MANIFEST_SIGNING_KEY")
+        .output()
+        .unwrap();
+    assert!(
+        quantize.status.success(),
+        "{}",
+        String::from_utf8_lossy(&quantize.stderr)
+    );
+    let pushed = edgeloop(
+        &cp,
+        work,
+        &[
+            "model",
+            "push",
+            path(&out),
+            "--name",
+            "digits",
+            "--version",
+            "1.0.0",
+            "--json",
+        ],
+    )
+    .await
+    .ok();
+    let report = pushed.json();
+    let probe = Digest::of(&std::fs::read(work.join("digits.onnx.probe.npz")).unwrap());
+    assert_eq!(
+        report["version"]["probe_inputs_digest"],
+        probe.to_string(),
+        "{report}"
+    );
+    let roles: Vec<&str> = report["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles.len(), 3, "{roles:?}");
+    assert!(
+        roles.contains(&"manifest") && roles.contains(&"probe_inputs"),
+        "{roles:?}"
+    );
+}
