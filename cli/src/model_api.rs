@@ -25,6 +25,7 @@ pub fn list(server: &ServerArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode
 struct ModelShow {
     model: ModelView,
     versions: Vec<ModelVersionView>,
+    aliases: Vec<edgeloop_api::aliases::AliasView>,
 }
 
 pub fn show(name: &str, server: &ServerArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
@@ -35,7 +36,14 @@ pub fn show(name: &str, server: &ServerArgs, out: &mut dyn Write) -> anyhow::Res
         let versions: Vec<ModelVersionView> = client
             .get(&format!("/api/v1/models/{name}/versions"))
             .await?;
-        let both = ModelShow { model, versions };
+        let aliases = client
+            .get(&format!("/api/v1/models/{name}/aliases"))
+            .await?;
+        let both = ModelShow {
+            model,
+            versions,
+            aliases,
+        };
         Reply::typed(&both, server.json, render_model)
     })
 }
@@ -88,6 +96,19 @@ fn render_model(both: &ModelShow) -> String {
     ]);
     out.push('\n');
     out.push_str(&versions_table(&both.versions));
+    if !both.aliases.is_empty() {
+        let mut t = Table::new(&["ALIAS", "VERSION", "MOVED", "BY"]);
+        for a in &both.aliases {
+            t.row(vec![
+                a.alias.to_string(),
+                a.version.clone(),
+                when(&a.updated_at),
+                a.updated_by.clone(),
+            ]);
+        }
+        out.push('\n');
+        out.push_str(&t.render());
+    }
     out
 }
 

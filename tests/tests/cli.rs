@@ -169,6 +169,18 @@ async fn models_jobs_and_devices_through_the_cli() {
     let shown: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(shown["model"]["name"], "digits");
     assert_eq!(shown["versions"].as_array().unwrap().len(), 2);
+    assert_eq!(shown["aliases"], json!([]));
+    // `show` lists the aliases too.
+    let (status, body) = api
+        .put(
+            "/api/v1/models/digits/aliases/production",
+            json!({"version": "2.0.0"}),
+        )
+        .await;
+    assert!(status.is_success(), "{body}");
+    let (_, out) = run(&["model", "show", "digits"]).await;
+    let r = row(&out, "production");
+    assert!(r.contains("2.0.0") && r.contains("admin"), "{out}");
 
     // Jobs: one a bridge runs to the end while `show --wait` follows it,
     // one cancelled from the CLI while queued.
