@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
@@ -87,10 +88,33 @@ impl<T: DeserializeOwned + Default> FromRequest<Arc<Core>> for OptionalJson<T> {
 
     async fn from_request(req: Request, core: &Arc<Core>) -> Result<Self, Self::Rejection> {
         let bytes = body_bytes(req, core.config.max_json_bytes).await?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
+        // An empty body and a JSON `null` both mean "nothing given": the
+        // document declares the body optional and nullable.
+        let trimmed = bytes.trim_ascii();
+        if trimmed.is_empty() || trimmed == b"null" {
             return Ok(OptionalJson(T::default()));
         }
         Ok(OptionalJson(parse_body(&bytes)?))
+    }
+}
+
+/// Path parameters. axum's own rejection (a segment that is not valid
+/// percent-encoded UTF-8, say) is a plain-text 400; this one is our
+/// `{"error": ...}` body like every other 400.
+pub struct ValidPath<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ValidPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ValidPath(value)),
+            Err(e) => Err(Error::bad_field("path", e.body_text())),
+        }
     }
 }
 

@@ -5,11 +5,12 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::Json;
 use serde::Deserialize;
 
 use crate::drift::records::{SampleKind, SampleRecord, SketchRecord};
+use super::json::ValidPath;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::{self, MemberKind};
 use crate::fleet::telemetry::TelemetryRecord;
@@ -34,6 +35,7 @@ pub struct ReportQuery {
     /// Only this kind of sample (`hard_example`, `feedback`); samples only.
     pub kind: Option<SampleKind>,
     /// At most this many records (default 100, at most 1000).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
@@ -68,7 +70,7 @@ fn keep(q: &ReportQuery, device: &str, sequence: u64) -> bool {
     security(("bearer" = [])))]
 pub async fn device_telemetry(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
     q: Result<Query<ReportQuery>, QueryRejection>,
 ) -> Result<Json<Vec<TelemetryRecord>>, Error> {
     let q = query(q)?;
@@ -92,7 +94,7 @@ pub async fn device_telemetry(
     security(("bearer" = [])))]
 pub async fn model_sketches(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
     q: Result<Query<ReportQuery>, QueryRejection>,
 ) -> Result<Json<Vec<SketchRecord>>, Error> {
     let q = query(q)?;
@@ -116,7 +118,7 @@ pub async fn model_sketches(
     security(("bearer" = [])))]
 pub async fn model_samples(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
     q: Result<Query<ReportQuery>, QueryRejection>,
 ) -> Result<Json<Vec<SampleRecord>>, Error> {
     let q = query(q)?;
