@@ -31,6 +31,8 @@ pub struct ReportQuery {
     /// Only this device.
     pub device: Option<String>,
     /// Only reports with a higher sequence.
+    // u64, not int64: its maximum is 2^64 - 1.
+    #[param(format = "uint64", minimum = 0)]
     pub after_sequence: Option<u64>,
     /// Only this kind of sample (`hard_example`, `feedback`); samples only.
     pub kind: Option<SampleKind>,
