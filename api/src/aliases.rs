@@ -134,7 +134,12 @@ pub struct SetAlias {
     /// An existing version of the model (not another alias).
     #[cfg_attr(
         feature = "openapi",
-        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$", min_length = 1, max_length = 64, example = "1.2.0")
+        schema(
+            pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$",
+            min_length = 1,
+            max_length = 64,
+            example = "1.2.0"
+        )
     )]
     pub version: String,
     /// Why it moved, for the history (at most 512 bytes).

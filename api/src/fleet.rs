@@ -199,7 +199,14 @@ pub struct CreateToken {
     pub kind: MemberKind,
     /// The id the member will get; generated when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", min_length = 1, max_length = 63))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
     pub name: Option<String>,
     /// Labels the member starts with.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -38,7 +38,14 @@ pub struct ModelView {
 pub struct Lineage {
     /// The version this one was derived from (same model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$", min_length = 1, max_length = 64))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$",
+            min_length = 1,
+            max_length = 64
+        )
+    )]
     pub parent_version: Option<String>,
     /// What caused it: "manual", "drift", "schedule", ...
     /// At most 128 bytes.
@@ -196,7 +203,14 @@ impl VariantView {
 #[serde(deny_unknown_fields)]
 pub struct CreateVariant {
     /// A DNS label, unique within the version, e.g. `fp16-cuda`.
-    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", min_length = 1, max_length = 63))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
     pub name: String,
     #[cfg_attr(feature = "openapi", schema(value_type = String, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
     pub artifact_digest: Digest,
@@ -253,7 +267,11 @@ pub struct CreateModelVersion {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(
         feature = "openapi",
-        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$", min_length = 1, max_length = 64)
+        schema(
+            pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$",
+            min_length = 1,
+            max_length = 64
+        )
     )]
     pub version: Option<String>,
     #[cfg_attr(feature = "openapi", schema(value_type = String, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
@@ -276,7 +294,14 @@ pub struct CreateModelVersion {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateModel {
-    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", min_length = 1, max_length = 63))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(max_length = 4096))]

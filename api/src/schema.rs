@@ -13,7 +13,10 @@ pub fn labels() -> Object {
 
 /// [`labels`], where the field may be absent or `null`.
 pub fn optional_labels() -> Object {
-    labels_of(utoipa::openapi::schema::SchemaType::from_iter([Type::Object, Type::Null]))
+    labels_of(utoipa::openapi::schema::SchemaType::from_iter([
+        Type::Object,
+        Type::Null,
+    ]))
 }
 
 fn labels_of(ty: impl Into<utoipa::openapi::schema::SchemaType>) -> Object {

@@ -126,15 +126,18 @@ async fn openapi_document_is_valid_and_schemathesis_finds_nothing() {
     // No route is excluded: the REST API has no long-poll or streaming
     // route (those are gRPC), a created job only waits in the queue (no
     // bridge is enrolled), and uploads are bounded by the artifact limit.
-    // Bounded: 25 examples per operation and 150 s of generation; a fixed
+    // No stateful phase: its links are inferred from names, and it takes
+    // POST /models as creating GET /models/{name}/retraining, which exists
+    // only once configured (a false "created resource not found").
+    // Bounded: 25 examples per operation and 120 s of generation; a fixed
     // seed so a failure reproduces (EDGELOOP_SCHEMATHESIS_SEED overrides).
     let seed = std::env::var("EDGELOOP_SCHEMATHESIS_SEED").unwrap_or_else(|_| "1".into());
     let started = Instant::now();
     let child = tokio::process::Command::new(&schemathesis)
         .current_dir(&work)
         .args(["--no-color", "run", &url, "--checks", "all", "-H", &auth])
-        .args(["--max-examples", "25", "--max-time", "150", "--seed", &seed])
-        .args(["--phases", "examples,coverage,fuzzing,stateful"])
+        .args(["--max-examples", "25", "--max-time", "120", "--seed", &seed])
+        .args(["--phases", "examples,coverage,fuzzing"])
         .args(["--workers", "2", "--generation-database", "none"])
         .args(["--request-timeout", "10"])
         .kill_on_drop(true)
@@ -148,9 +151,9 @@ async fn openapi_document_is_valid_and_schemathesis_finds_nothing() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    eprintln!(
-        "schemathesis ({:.0?}):\n{report}",
-        started.elapsed()
+    eprintln!("schemathesis ({:.0?}):\n{report}", started.elapsed());
+    assert!(
+        out.status.success(),
+        "schemathesis found problems:\n{report}"
     );
-    assert!(out.status.success(), "schemathesis found problems:\n{report}");
 }

@@ -26,7 +26,11 @@ pub const MAX_DAYS: i64 = 90;
 #[into_params(parameter_in = Query)]
 pub struct CostQuery {
     /// Only this version's traffic (default: every version's).
-    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$", min_length = 1, max_length = 64)]
+    #[param(
+        pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$",
+        min_length = 1,
+        max_length = 64
+    )]
     pub version: Option<String>,
     /// Days of telemetry to measure, back from now (default 30, 1 to 90).
     #[param(minimum = 1, maximum = 90)]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 

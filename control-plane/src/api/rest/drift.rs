@@ -11,8 +11,8 @@ use axum::Json;
 use edgeloop_api::drift::DriftView;
 use serde::Deserialize;
 
-use crate::drift::analysis::{self, DriftConfig};
 use super::json::ValidPath;
+use crate::drift::analysis::{self, DriftConfig};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::MemberKind;
 use crate::registry::models;

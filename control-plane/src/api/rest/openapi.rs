@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 use axum::Json;
 use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{
-    ContentBuilder, ObjectBuilder, Ref, RefOr, ResponseBuilder, Schema, Type,
-};
+use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, RefOr, ResponseBuilder, Schema, Type};
 use utoipa::{Modify, OpenApi};
 
 use super::{
@@ -204,7 +202,12 @@ impl Modify for CommonResponses {
 
 fn item_operations(item: &utoipa::openapi::PathItem) -> impl Iterator<Item = &Operation> {
     [
-        &item.get, &item.put, &item.post, &item.delete, &item.head, &item.patch,
+        &item.get,
+        &item.put,
+        &item.post,
+        &item.delete,
+        &item.head,
+        &item.patch,
     ]
     .into_iter()
     .flatten()

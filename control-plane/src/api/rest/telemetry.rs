@@ -9,8 +9,8 @@ use axum::extract::{Query, State};
 use axum::Json;
 use serde::Deserialize;
 
-use crate::drift::records::{SampleKind, SampleRecord, SketchRecord};
 use super::json::ValidPath;
+use crate::drift::records::{SampleKind, SampleRecord, SketchRecord};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::{self, MemberKind};
 use crate::fleet::telemetry::TelemetryRecord;
@@ -31,8 +31,12 @@ pub struct ReportQuery {
     /// Only this device.
     pub device: Option<String>,
     /// Only reports with a higher sequence.
-    // u64, not int64: its maximum is 2^64 - 1.
-    #[param(format = "uint64", minimum = 0)]
+    // u64, not int64: below 2^64 (exactly representable, unlike 2^64 - 1).
+    #[param(
+        format = "uint64",
+        minimum = 0,
+        exclusive_maximum = 18446744073709551616.0
+    )]
     pub after_sequence: Option<u64>,
     /// Only this kind of sample (`hard_example`, `feedback`); samples only.
     pub kind: Option<SampleKind>,
