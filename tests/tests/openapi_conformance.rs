@@ -106,7 +106,7 @@ async fn openapi_document_is_valid_and_schemathesis_finds_nothing() {
     let schemathesis = venv_bin("schemathesis");
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
-    let url = cp.url("/api/v1/openapi.json");
+    let url = format!("{}/api/v1/openapi.json", cp.http_base);
 
     let doc = reqwest::get(&url).await.unwrap().bytes().await.unwrap();
     let doc_path = dir.path().join("openapi.json");
