@@ -31,13 +31,11 @@ pub struct ReportQuery {
     /// Only this device.
     pub device: Option<String>,
     /// Only reports with a higher sequence.
-    // u64, not int64: below 2^64 (exactly representable, unlike 2^64 - 1).
-    #[param(
-        format = "uint64",
-        minimum = 0,
-        exclusive_maximum = 18446744073709551616.0
-    )]
-    pub after_sequence: Option<u64>,
+    // int64 with minimum 0, not u64: OpenAPI has no unsigned 64-bit
+    // format, and tools bound a u64's `maximum` (2^64 - 1) through a float.
+    // A device's sequence never reaches 2^63.
+    #[param(minimum = 0)]
+    pub after_sequence: Option<i64>,
     /// Only this kind of sample (`hard_example`, `feedback`); samples only.
     pub kind: Option<SampleKind>,
     /// At most this many records (default 100, at most 1000).
@@ -47,6 +45,9 @@ pub struct ReportQuery {
 
 fn query(q: Result<Query<ReportQuery>, QueryRejection>) -> Result<ReportQuery, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
+    if q.after_sequence.is_some_and(|a| a < 0) {
+        return Err(Error::bad_field("after_sequence", "must be at least 0"));
+    }
     if q.limit.is_some_and(|l| l == 0 || l > MAX_LIMIT) {
         return Err(Error::bad_field(
             "limit",
@@ -65,7 +66,8 @@ fn prefix(model: &str, q: &ReportQuery) -> String {
 
 fn keep(q: &ReportQuery, device: &str, sequence: u64) -> bool {
     q.device.as_deref().is_none_or(|d| d == device)
-        && q.after_sequence.is_none_or(|after| sequence > after)
+        && q.after_sequence
+            .is_none_or(|after| u64::try_from(after).is_ok_and(|after| sequence > after))
 }
 
 /// A device's telemetry reports (summaries; sketches and samples are read
