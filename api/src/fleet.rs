@@ -199,12 +199,22 @@ pub struct CreateToken {
     pub kind: MemberKind,
     /// The id the member will get; generated when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
     pub name: Option<String>,
     /// Labels the member starts with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_labels))]
     pub labels: Option<BTreeMap<String, String>>,
     /// Lifetime in seconds (60 to 2 592 000); defaults to 24 hours.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 60, maximum = 2592000))]
     pub ttl_seconds: Option<u64>,
 }
 
@@ -229,5 +239,6 @@ pub struct CreatedToken {
 #[serde(deny_unknown_fields)]
 pub struct LabelsRequest {
     /// The complete new label set (replaces the old one).
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::labels))]
     pub labels: BTreeMap<String, String>,
 }

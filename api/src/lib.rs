@@ -14,6 +14,8 @@ pub mod fleet;
 pub mod jobs;
 pub mod pipelines;
 pub mod registry;
+#[cfg(feature = "openapi")]
+pub mod schema;
 pub mod spec;
 pub mod triggers;
 

@@ -38,9 +38,19 @@ pub struct ModelView {
 pub struct Lineage {
     /// The version this one was derived from (same model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$",
+            min_length = 1,
+            max_length = 64
+        )
+    )]
     pub parent_version: Option<String>,
     /// What caused it: "manual", "drift", "schedule", ...
+    /// At most 128 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 128))]
     pub trigger: Option<String>,
     /// Digest of the dataset (snapshot) it was trained on.
     #[serde(
@@ -48,7 +58,7 @@ pub struct Lineage {
         alias = "dataset_snapshot",
         skip_serializing_if = "Option::is_none"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
     pub dataset: Option<Digest>,
     /// The training job that produced it.
     #[serde(
@@ -63,7 +73,7 @@ pub struct Lineage {
         alias = "checkpoint_digest",
         skip_serializing_if = "Option::is_none"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
     pub checkpoint: Option<Digest>,
     /// The quantization evidence (every candidate's numbers), free-form:
     /// usually `{"method": .., "evidence": ..}`.
@@ -193,15 +203,27 @@ impl VariantView {
 #[serde(deny_unknown_fields)]
 pub struct CreateVariant {
     /// A DNS label, unique within the version, e.g. `fp16-cuda`.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
     pub name: String,
-    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
     pub artifact_digest: Digest,
     /// A signed manifest describing the artifact, for the same model and
     /// version and with the same inputs and outputs as the version's own.
-    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
     pub manifest_digest: Digest,
     /// Execution providers it is for, in the device's terms
     /// (`CUDAExecutionProvider`, `TensorrtExecutionProvider`, ...).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(schema_with = crate::schema::execution_providers)
+    )]
     pub providers: Vec<String>,
 }
 
@@ -245,16 +267,21 @@ pub struct CreateModelVersion {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(
         feature = "openapi",
-        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+        schema(
+            pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$",
+            min_length = 1,
+            max_length = 64
+        )
     )]
     pub version: Option<String>,
-    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
     pub artifact_digest: Digest,
     /// Defaults to "onnx".
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<ArtifactFormat>))]
     pub format: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
     pub manifest_digest: Option<Digest>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<BTreeMap<String, f64>>,
@@ -267,12 +294,23 @@ pub struct CreateModelVersion {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateModel {
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
     pub description: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 128))]
     pub task: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_labels))]
     pub labels: Option<BTreeMap<String, String>>,
 }
 
@@ -307,4 +345,17 @@ mod tests {
         let typo = serde_json::from_value::<Lineage>(serde_json::json!({"jobs": "j"}));
         assert!(typo.unwrap_err().to_string().contains("jobs"));
     }
+}
+
+/// The artifact formats the registry knows, for the OpenAPI document
+/// (`FORMATS` in `control-plane/src/registry/models.rs` checks them).
+#[cfg(feature = "openapi")]
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum ArtifactFormat {
+    Onnx,
+    Torchscript,
+    Safetensors,
+    Checkpoint,
 }

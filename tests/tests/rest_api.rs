@@ -723,7 +723,10 @@ async fn health_readiness_and_openapi_need_no_token() {
         edgeloop_api::aliases::ALIAS_PATTERN
     );
     for (method, codes) in [
-        ("put", &["200", "201", "400", "401", "404", "409"][..]),
+        (
+            "put",
+            &["200", "201", "400", "401", "404", "409", "413"][..],
+        ),
         ("get", &["200", "400", "401", "404"][..]),
         ("delete", &["204", "400", "401", "404"][..]),
     ] {

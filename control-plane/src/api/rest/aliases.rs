@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 
-use super::json::ValidJson;
+use super::json::{ValidJson, ValidPath};
 use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::registry::aliases::{self, AliasRecord, SetAlias, SetOutcome};
@@ -57,7 +57,7 @@ fn history_view(r: AliasRecord) -> AliasHistoryView {
 pub async fn set(
     State(core): State<Arc<Core>>,
     Extension(by): Extension<Principal>,
-    Path((name, alias)): Path<(String, String)>,
+    ValidPath((name, alias)): ValidPath<(String, String)>,
     ValidJson(req): ValidJson<SetAlias>,
 ) -> Result<(StatusCode, Json<AliasView>), Error> {
     let alias = validate::alias("alias", &alias)?;
@@ -78,7 +78,7 @@ pub async fn set(
     security(("bearer" = [])))]
 pub async fn list(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
 ) -> Result<Json<Vec<AliasView>>, Error> {
     let all = aliases::list(&core.store, &name)?
         .into_iter()
@@ -97,7 +97,7 @@ pub async fn list(
     security(("bearer" = [])))]
 pub async fn show(
     State(core): State<Arc<Core>>,
-    Path((name, alias)): Path<(String, String)>,
+    ValidPath((name, alias)): ValidPath<(String, String)>,
 ) -> Result<Json<AliasView>, Error> {
     let alias = validate::alias("alias", &alias)?;
     Ok(Json(view(aliases::get_current(
@@ -119,7 +119,7 @@ pub async fn show(
 pub async fn delete(
     State(core): State<Arc<Core>>,
     Extension(by): Extension<Principal>,
-    Path((name, alias)): Path<(String, String)>,
+    ValidPath((name, alias)): ValidPath<(String, String)>,
 ) -> Result<StatusCode, Error> {
     let alias = validate::alias("alias", &alias)?;
     aliases::delete(&core.store, &name, &alias, by.name(), core.now()).await?;
@@ -137,7 +137,7 @@ pub async fn delete(
     security(("bearer" = [])))]
 pub async fn history(
     State(core): State<Arc<Core>>,
-    Path((name, alias)): Path<(String, String)>,
+    ValidPath((name, alias)): ValidPath<(String, String)>,
 ) -> Result<Json<AliasHistoryView>, Error> {
     let alias = validate::alias("alias", &alias)?;
     Ok(Json(history_view(aliases::get(

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,6 +12,7 @@ use futures::TryStreamExt;
 use serde::Serialize;
 use tokio_util::io::ReaderStream;
 
+use super::json::ValidPath;
 use crate::error::{Error, ErrorBody};
 use crate::registry::artifacts::{ArtifactError, UploadLimits};
 use crate::Core;
@@ -37,7 +38,7 @@ fn parse_digest(raw: &str) -> Result<Digest, Error> {
     security(("bearer" = [])))]
 pub async fn upload(
     State(core): State<Arc<Core>>,
-    Path(digest): Path<String>,
+    ValidPath(digest): ValidPath<String>,
     req: Request,
 ) -> Result<(StatusCode, Json<ArtifactInfo>), Error> {
     let digest = parse_digest(&digest)?;
@@ -94,7 +95,7 @@ fn range_start(headers: &HeaderMap) -> Option<u64> {
     security(("bearer" = [])))]
 pub async fn download(
     State(core): State<Arc<Core>>,
-    Path(digest): Path<String>,
+    ValidPath(digest): ValidPath<String>,
     headers: HeaderMap,
 ) -> Result<Response, Error> {
     let digest = parse_digest(&digest)?;
@@ -145,7 +146,7 @@ pub async fn download(
     security(("bearer" = [])))]
 pub async fn head(
     State(core): State<Arc<Core>>,
-    Path(digest): Path<String>,
+    ValidPath(digest): ValidPath<String>,
 ) -> Result<Response, Error> {
     let digest = parse_digest(&digest)?;
     match core.artifacts.head(digest).await? {

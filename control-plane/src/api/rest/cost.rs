@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::Json;
 use serde::Deserialize;
 
+use super::json::ValidPath;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::cost::{self, Observation};
 use crate::registry::models;
@@ -25,8 +26,14 @@ pub const MAX_DAYS: i64 = 90;
 #[into_params(parameter_in = Query)]
 pub struct CostQuery {
     /// Only this version's traffic (default: every version's).
+    #[param(
+        pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$",
+        min_length = 1,
+        max_length = 64
+    )]
     pub version: Option<String>,
     /// Days of telemetry to measure, back from now (default 30, 1 to 90).
+    #[param(minimum = 1, maximum = 90)]
     pub days: Option<i64>,
 }
 
@@ -39,7 +46,7 @@ pub struct CostQuery {
     security(("bearer" = [])))]
 pub async fn model_cost(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
     q: Result<Query<CostQuery>, QueryRejection>,
 ) -> Result<Json<CostView>, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 
-use super::json::ValidJson;
+use super::json::{ValidJson, ValidPath};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::deployments::{self, CreateDeployment, DeploymentRecord, DeploymentView};
 use crate::Core;
@@ -50,7 +50,7 @@ pub async fn list(State(core): State<Arc<Core>>) -> Result<Json<Vec<DeploymentVi
     responses((status = 200, body = DeploymentView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn show(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
 ) -> Result<Json<DeploymentView>, Error> {
     Ok(Json(view(
         &core,
@@ -66,7 +66,7 @@ pub async fn show(
     security(("bearer" = [])))]
 pub async fn cancel(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
 ) -> Result<Json<DeploymentView>, Error> {
     let record = deployments::cancel(&core.store, &id, core.now()).await?;
     Ok(Json(view(&core, record, true)?))

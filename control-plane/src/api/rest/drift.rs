@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::Json;
 use edgeloop_api::drift::DriftView;
 use serde::Deserialize;
 
+use super::json::ValidPath;
 use crate::drift::analysis::{self, DriftConfig};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::MemberKind;
@@ -25,13 +26,21 @@ pub struct DriftQuery {
     pub version: Option<String>,
     /// A device label to group by, e.g. `site`.
     pub group_by: Option<String>,
+    #[param(minimum = 1, maximum = 2592000)]
     pub window_seconds: Option<i64>,
+    /// Not above `psi_act` (the query's or the model's).
+    #[param(exclusive_minimum = 0)]
     pub psi_watch: Option<f64>,
+    #[param(exclusive_minimum = 0)]
     pub psi_act: Option<f64>,
+    #[param(exclusive_minimum = 0)]
     pub js_act: Option<f64>,
+    #[param(exclusive_minimum = 0)]
     pub ks_alpha: Option<f64>,
     pub min_requests: Option<u64>,
+    #[param(minimum = 1)]
     pub set_after: Option<u32>,
+    #[param(minimum = 1)]
     pub clear_after: Option<u32>,
 }
 
@@ -58,7 +67,7 @@ fn config(q: &DriftQuery, d: DriftConfig) -> Result<DriftConfig, Error> {
     security(("bearer" = [])))]
 pub async fn model_drift(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
     q: Result<Query<DriftQuery>, QueryRejection>,
 ) -> Result<Json<DriftView>, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;

@@ -3,13 +3,13 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 use time::Duration;
 
-use super::json::{OptionalJson, ValidJson};
+use super::json::{OptionalJson, ValidJson, ValidPath};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::{self, CreateToken, CreatedToken, MemberKind, MemberView, TokenView};
 use crate::fleet::selector::{self, Selector};
@@ -91,7 +91,9 @@ fn show(core: &Core, kind: MemberKind, id: &str) -> Result<Json<MemberView>, Err
 #[serde(deny_unknown_fields)]
 pub struct RevokeRequest {
     /// Why, for the audit trail.
+    /// At most 1024 bytes.
     #[serde(default)]
+    #[schema(max_length = 1024)]
     pub reason: Option<String>,
 }
 
@@ -143,7 +145,7 @@ pub async fn list_devices(
     responses((status = 200, body = MemberView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get_device(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
 ) -> Result<Json<MemberView>, Error> {
     show(&core, MemberKind::Device, &id)
 }
@@ -154,7 +156,7 @@ pub async fn get_device(
     responses((status = 200, body = MemberView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn revoke_device(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
     OptionalJson(req): OptionalJson<RevokeRequest>,
 ) -> Result<Json<MemberView>, Error> {
     revoke(&core, MemberKind::Device, &id, req).await
@@ -165,7 +167,7 @@ pub async fn revoke_device(
     responses((status = 200, body = MemberView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn set_device_labels(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
     ValidJson(req): ValidJson<LabelsRequest>,
 ) -> Result<Json<MemberView>, Error> {
     set_labels(&core, MemberKind::Device, &id, req).await
@@ -182,7 +184,7 @@ pub async fn list_clusters(State(core): State<Arc<Core>>) -> Result<Json<Vec<Mem
     responses((status = 200, body = MemberView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get_cluster(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
 ) -> Result<Json<MemberView>, Error> {
     show(&core, MemberKind::Cluster, &id)
 }
@@ -192,7 +194,7 @@ pub async fn get_cluster(
     responses((status = 200, body = MemberView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn revoke_cluster(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
     OptionalJson(req): OptionalJson<RevokeRequest>,
 ) -> Result<Json<MemberView>, Error> {
     revoke(&core, MemberKind::Cluster, &id, req).await
@@ -203,7 +205,7 @@ pub async fn revoke_cluster(
     responses((status = 200, body = MemberView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn set_cluster_labels(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
     ValidJson(req): ValidJson<LabelsRequest>,
 ) -> Result<Json<MemberView>, Error> {
     set_labels(&core, MemberKind::Cluster, &id, req).await

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 
-use super::json::ValidJson;
+use super::json::{ValidJson, ValidPath};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::FleetEvent;
 use crate::lifecycle::jobs::{self, CreateJob, JobRecord};
@@ -96,7 +96,7 @@ pub async fn list(State(core): State<Arc<Core>>) -> Result<Json<Vec<Job>>, Error
     responses((status = 200, body = JobView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn show(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
 ) -> Result<Json<JobView>, Error> {
     Ok(Json(view(&core, jobs::get(&core.store, &id)?)?))
 }
@@ -106,7 +106,7 @@ pub async fn show(
     responses((status = 200, body = JobView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn cancel(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
 ) -> Result<Json<JobView>, Error> {
     let job = jobs::cancel(&core.store, &id, core.now()).await?;
     core.events.publish(FleetEvent::JobChanged {

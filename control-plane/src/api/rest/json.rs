@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
@@ -14,8 +15,13 @@ use crate::Core;
 
 /// Parses a JSON body into `T`, naming the field at fault on error.
 pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    let result: Result<T, _> = serde_path_to_error::deserialize(de);
+    let syntax = |e: serde_json::Error| Error::BadRequest {
+        field: None,
+        message: format!("malformed JSON: {e}"),
+    };
+    let mut json: serde_json::Value = serde_json::from_slice(bytes).map_err(syntax)?;
+    integral_numbers(&mut json);
+    let result: Result<T, _> = serde_path_to_error::deserialize(json);
     let value = result.map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -40,6 +46,30 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
         Error::BadRequest { field, message }
     })?;
     Ok(value)
+}
+
+/// JSON has one number type, and the document's `integer` (JSON Schema's)
+/// includes `2.0`; serde's integer fields refuse it. So a number with no
+/// fraction that fits an integer becomes that integer before the body is
+/// read. An `f64` field reads the integer as the same value.
+fn integral_numbers(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|f| n.is_f64() && f.fract() == 0.0) {
+                // Exactly representable range only: beyond 2^53 an f64 is
+                // not one integer, so it stays a float (and is refused).
+                const EXACT: f64 = 9_007_199_254_740_992.0;
+                if (-EXACT..=EXACT).contains(&f) {
+                    // In range, so the cast is exact.
+                    *n = serde_json::Number::from(f as i64);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_numbers),
+        Value::Object(map) => map.values_mut().for_each(integral_numbers),
+        _ => {}
+    }
 }
 
 /// A JSON body, validated as described in the module docs.
@@ -87,10 +117,33 @@ impl<T: DeserializeOwned + Default> FromRequest<Arc<Core>> for OptionalJson<T> {
 
     async fn from_request(req: Request, core: &Arc<Core>) -> Result<Self, Self::Rejection> {
         let bytes = body_bytes(req, core.config.max_json_bytes).await?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
+        // An empty body and a JSON `null` both mean "nothing given": the
+        // document declares the body optional and nullable.
+        let trimmed = bytes.trim_ascii();
+        if trimmed.is_empty() || trimmed == b"null" {
             return Ok(OptionalJson(T::default()));
         }
         Ok(OptionalJson(parse_body(&bytes)?))
+    }
+}
+
+/// Path parameters. axum's own rejection (a segment that is not valid
+/// percent-encoded UTF-8, say) is a plain-text 400; this one is our
+/// `{"error": ...}` body like every other 400.
+pub struct ValidPath<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ValidPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ValidPath(value)),
+            Err(e) => Err(Error::bad_field("path", e.body_text())),
+        }
     }
 }
 

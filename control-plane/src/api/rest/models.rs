@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 
-use super::json::ValidJson;
+use super::json::{ValidJson, ValidPath};
 use crate::error::{Error, ErrorBody};
 use crate::registry::models::{
     self, CreateModel, CreateModelVersion, CreateVariant, ModelRecord, ModelVersionRecord,
@@ -72,7 +72,7 @@ pub async fn list_models(State(core): State<Arc<Core>>) -> Result<Json<Vec<Model
     responses((status = 200, body = ModelView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get_model(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
 ) -> Result<Json<ModelView>, Error> {
     Ok(Json(models::get_model(&core.store, &name)?.into()))
 }
@@ -84,7 +84,7 @@ pub async fn get_model(
     security(("bearer" = [])))]
 pub async fn create_version(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
     ValidJson(req): ValidJson<CreateModelVersion>,
 ) -> Result<(StatusCode, Json<ModelVersionView>), Error> {
     let version =
@@ -97,7 +97,7 @@ pub async fn create_version(
     responses((status = 200, body = Vec<ModelVersionView>), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn list_versions(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
 ) -> Result<Json<Vec<ModelVersionView>>, Error> {
     Ok(Json(
         models::list_versions(&core.store, &name)?
@@ -112,7 +112,7 @@ pub async fn list_versions(
     responses((status = 200, body = ModelVersionView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get_version(
     State(core): State<Arc<Core>>,
-    Path((name, version)): Path<(String, String)>,
+    ValidPath((name, version)): ValidPath<(String, String)>,
 ) -> Result<Json<ModelVersionView>, Error> {
     Ok(Json(
         models::get_version(&core.store, &name, &version)?.into(),
@@ -128,7 +128,7 @@ pub async fn get_version(
     security(("bearer" = [])))]
 pub async fn add_variant(
     State(core): State<Arc<Core>>,
-    Path((name, version)): Path<(String, String)>,
+    ValidPath((name, version)): ValidPath<(String, String)>,
     ValidJson(req): ValidJson<CreateVariant>,
 ) -> Result<(StatusCode, Json<ModelVersionView>), Error> {
     let v = models::add_variant(

@@ -1,7 +1,11 @@
 //! The OpenAPI document, generated from the handlers' annotations.
 
+use std::collections::BTreeMap;
+
 use axum::Json;
+use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, RefOr, ResponseBuilder, Schema, Type};
 use utoipa::{Modify, OpenApi};
 
 use super::{
@@ -63,7 +67,7 @@ use super::{
         triggers::put,
         triggers::get,
     ),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &CommonResponses),
     tags((name = "fleet"), (name = "registry"), (name = "loop"), (name = "health"))
 )]
 pub struct ApiDoc;
@@ -78,6 +82,150 @@ impl Modify for BearerAuth {
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
     }
+}
+
+/// The rules every route shares, written once here rather than in each
+/// handler's annotation, where one would be forgotten:
+/// - operation ids are unique (handlers in different modules share names
+///   such as `list`; OpenAPI requires unique ids);
+/// - path parameters with a validated name get the rule the handler checks
+///   (`name` is always a model, `version` a model version, `alias` an
+///   alias, `digest` a sha256);
+/// - the admin bearer layer answers 401 on every secured route; a route
+///   with a JSON body answers 400 (malformed or invalid: `ValidJson`) and
+///   413 (over `max_json_bytes`); a route with parameters answers 400 (our
+///   `ValidPath` and query rejections).
+struct CommonResponses;
+
+const NAME_PATTERN: &str = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$";
+use edgeloop_api::aliases::ALIAS_PATTERN;
+/// `Digest`'s rule: lowercase hex, optionally `sha256:`-prefixed (OCI style).
+pub const DIGEST_PATTERN: &str = "^(sha256:)?[0-9a-f]{64}$";
+
+fn path_rule(name: &str) -> Option<Schema> {
+    let (pattern, min, max, description) = match name {
+        "name" => (NAME_PATTERN, 1, 63, edgeloop_models::names::NAME_RULE),
+        "version" => (
+            edgeloop_api::registry::VERSION_PATTERN,
+            1,
+            64,
+            edgeloop_api::registry::VERSION_RULE,
+        ),
+        "alias" => (ALIAS_PATTERN, 1, 63, edgeloop_api::aliases::ALIAS_RULE),
+        "digest" => (DIGEST_PATTERN, 64, 71, "sha256, 64 lowercase hex"),
+        _ => return None,
+    };
+    Some(
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(pattern))
+            .min_length(Some(min))
+            .max_length(Some(max))
+            .description(Some(description))
+            .into(),
+    )
+}
+
+fn error_response(description: &str) -> RefOr<utoipa::openapi::Response> {
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .into()
+}
+
+fn add_response(op: &mut Operation, status: &str, description: &str) {
+    op.responses
+        .responses
+        .entry(status.to_string())
+        .or_insert_with(|| error_response(description));
+}
+
+impl Modify for CommonResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        for item in openapi.paths.paths.values() {
+            for op in item_operations(item) {
+                if let Some(id) = &op.operation_id {
+                    *seen.entry(id.clone()).or_default() += 1;
+                }
+            }
+        }
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let slug: String = path
+                .trim_start_matches("/api/v1/")
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            for (method, op) in item_operations_mut(item) {
+                if op
+                    .operation_id
+                    .as_ref()
+                    .is_some_and(|id| seen.get(id).copied().unwrap_or(0) > 1)
+                {
+                    op.operation_id = Some(format!("{method}_{}", slug.trim_matches('_')));
+                }
+                let mut has_params = false;
+                for param in op.parameters.iter_mut().flatten() {
+                    has_params = true;
+                    if matches!(param.parameter_in, ParameterIn::Path) {
+                        if let Some(rule) = path_rule(&param.name) {
+                            param.schema = Some(rule.into());
+                        }
+                    }
+                }
+                let json_body = op
+                    .request_body
+                    .as_ref()
+                    .is_some_and(|b| b.content.contains_key("application/json"));
+                if op.security.is_some() {
+                    add_response(op, "401", "missing or invalid admin bearer token");
+                }
+                if json_body || has_params {
+                    add_response(
+                        op,
+                        "400",
+                        "a malformed or invalid request; `field` names what is wrong",
+                    );
+                }
+                if json_body {
+                    add_response(op, "413", "the body is over the JSON size limit");
+                }
+            }
+        }
+    }
+}
+
+fn item_operations(item: &utoipa::openapi::PathItem) -> impl Iterator<Item = &Operation> {
+    [
+        &item.get,
+        &item.put,
+        &item.post,
+        &item.delete,
+        &item.head,
+        &item.patch,
+    ]
+    .into_iter()
+    .flatten()
+}
+
+fn item_operations_mut(
+    item: &mut utoipa::openapi::PathItem,
+) -> impl Iterator<Item = (&'static str, &mut Operation)> {
+    [
+        ("get", &mut item.get),
+        ("put", &mut item.put),
+        ("post", &mut item.post),
+        ("delete", &mut item.delete),
+        ("head", &mut item.head),
+        ("patch", &mut item.patch),
+    ]
+    .into_iter()
+    .filter_map(|(m, op)| op.as_mut().map(|op| (m, op)))
 }
 
 /// `GET /api/v1/openapi.json`

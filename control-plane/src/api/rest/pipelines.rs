@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use edgeloop_api::pipelines::{self as api, PipelineView, RetrainRequest};
 use serde::Deserialize;
 
-use super::json::{OptionalJson, ValidJson};
+use super::json::{OptionalJson, ValidJson, ValidPath};
 use crate::error::{Error, ErrorBody};
 use crate::lifecycle::pipeline::{Output, Pipeline, PipelineState, StepRecord};
 use crate::lifecycle::retrain::{self, RetrainingConfig, Started};
@@ -134,7 +134,7 @@ pub fn view(pipeline: Pipeline, coalesced: bool) -> PipelineView {
     security(("bearer" = [])))]
 pub async fn put_config(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
     ValidJson(config): ValidJson<RetrainingConfig>,
 ) -> Result<Json<RetrainingConfig>, Error> {
     retrain::put_config(&core.store, &name, config.clone()).await?;
@@ -147,7 +147,7 @@ pub async fn put_config(
     security(("bearer" = [])))]
 pub async fn get_config(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
 ) -> Result<Json<RetrainingConfig>, Error> {
     Ok(Json(retrain::get_config(&core.store, &name)?))
 }
@@ -161,7 +161,7 @@ pub async fn get_config(
     security(("bearer" = [])))]
 pub async fn retrain(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
     OptionalJson(req): OptionalJson<RetrainRequest>,
 ) -> Result<(StatusCode, Json<PipelineView>), Error> {
     crate::registry::models::get_model(&core.store, &name)?;
@@ -207,7 +207,7 @@ pub async fn list(
     security(("bearer" = [])))]
 pub async fn show(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
 ) -> Result<Json<PipelineView>, Error> {
     Ok(Json(view(retrain::get(&core.store, &id)?, false)))
 }
@@ -219,7 +219,7 @@ pub async fn show(
     security(("bearer" = [])))]
 pub async fn cancel(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
 ) -> Result<Json<PipelineView>, Error> {
     Ok(Json(view(
         retrain::cancel(&core.store, &id, core.now()).await?,

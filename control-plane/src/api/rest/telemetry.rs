@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::Json;
 use serde::Deserialize;
 
+use super::json::ValidPath;
 use crate::drift::records::{SampleKind, SampleRecord, SketchRecord};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::{self, MemberKind};
@@ -30,15 +31,23 @@ pub struct ReportQuery {
     /// Only this device.
     pub device: Option<String>,
     /// Only reports with a higher sequence.
-    pub after_sequence: Option<u64>,
+    // int64 with minimum 0, not u64: OpenAPI has no unsigned 64-bit
+    // format, and tools bound a u64's `maximum` (2^64 - 1) through a float.
+    // A device's sequence never reaches 2^63.
+    #[param(minimum = 0)]
+    pub after_sequence: Option<i64>,
     /// Only this kind of sample (`hard_example`, `feedback`); samples only.
     pub kind: Option<SampleKind>,
     /// At most this many records (default 100, at most 1000).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
 fn query(q: Result<Query<ReportQuery>, QueryRejection>) -> Result<ReportQuery, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
+    if q.after_sequence.is_some_and(|a| a < 0) {
+        return Err(Error::bad_field("after_sequence", "must be at least 0"));
+    }
     if q.limit.is_some_and(|l| l == 0 || l > MAX_LIMIT) {
         return Err(Error::bad_field(
             "limit",
@@ -57,7 +66,8 @@ fn prefix(model: &str, q: &ReportQuery) -> String {
 
 fn keep(q: &ReportQuery, device: &str, sequence: u64) -> bool {
     q.device.as_deref().is_none_or(|d| d == device)
-        && q.after_sequence.is_none_or(|after| sequence > after)
+        && q.after_sequence
+            .is_none_or(|after| u64::try_from(after).is_ok_and(|after| sequence > after))
 }
 
 /// A device's telemetry reports (summaries; sketches and samples are read
@@ -68,7 +78,7 @@ fn keep(q: &ReportQuery, device: &str, sequence: u64) -> bool {
     security(("bearer" = [])))]
 pub async fn device_telemetry(
     State(core): State<Arc<Core>>,
-    Path(id): Path<String>,
+    ValidPath(id): ValidPath<String>,
     q: Result<Query<ReportQuery>, QueryRejection>,
 ) -> Result<Json<Vec<TelemetryRecord>>, Error> {
     let q = query(q)?;
@@ -92,7 +102,7 @@ pub async fn device_telemetry(
     security(("bearer" = [])))]
 pub async fn model_sketches(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
     q: Result<Query<ReportQuery>, QueryRejection>,
 ) -> Result<Json<Vec<SketchRecord>>, Error> {
     let q = query(q)?;
@@ -116,7 +126,7 @@ pub async fn model_sketches(
     security(("bearer" = [])))]
 pub async fn model_samples(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
     q: Result<Query<ReportQuery>, QueryRejection>,
 ) -> Result<Json<Vec<SampleRecord>>, Error> {
     let q = query(q)?;

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use edgeloop_api::triggers::{Evaluation, ModelState, TriggerState, TriggersView};
 
-use super::json::ValidJson;
+use super::json::{ValidJson, ValidPath};
 use crate::error::{Error, ErrorBody};
 use crate::lifecycle::triggers::config::{TriggerPolicy, TriggersConfig};
 use crate::lifecycle::triggers::runner::{self, TriggerStateRecord};
@@ -65,7 +65,7 @@ fn view(core: &Core, name: String, config: TriggersConfig) -> Result<TriggersVie
     security(("bearer" = [])))]
 pub async fn put(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
     ValidJson(config): ValidJson<TriggersConfig>,
 ) -> Result<Json<TriggersView>, Error> {
     models::get_model(&core.store, &name)?;
@@ -81,7 +81,7 @@ pub async fn put(
     security(("bearer" = [])))]
 pub async fn get(
     State(core): State<Arc<Core>>,
-    Path(name): Path<String>,
+    ValidPath(name): ValidPath<String>,
 ) -> Result<Json<TriggersView>, Error> {
     models::get_model(&core.store, &name)?;
     let config = core
