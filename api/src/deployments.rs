@@ -358,9 +358,25 @@ pub struct DeploymentView {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateDeployment {
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
     pub model: String,
     /// The version to roll out. Give this or `alias`, not both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$",
+            min_length = 1,
+            max_length = 64
+        )
+    )]
     pub version: Option<String>,
     /// An alias of the model (`production`), resolved to its version when
     /// the deployment is created: moving the alias later does not change
@@ -376,18 +392,25 @@ pub struct CreateDeployment {
     /// Fraction of a wave's devices that may be offline when it passes
     /// (default 0.1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, exclusive_maximum = 1.0))]
     pub offline_tolerance: Option<f64>,
     /// Seconds the waves may take in all (default: waves × wave timeout).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub deadline_seconds: Option<i64>,
     /// Picks the wave order (default: the deployment id). Reuse a seed to
     /// have a retry move the same devices first.
+    /// At most 128 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 128))]
     pub seed: Option<String>,
+    /// At most 128 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 128))]
     pub required_provider: Option<String>,
     /// How long a device may take to download and activate (default 600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub activation_timeout_seconds: Option<u32>,
 }
 
@@ -399,11 +422,17 @@ pub struct StrategyRequest {
     /// 100) or `{"count": [1, 5, 20]}` (cumulative; the last wave takes the rest).
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub waves: Waves,
+    /// Default 300.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
     pub min_soak_seconds: Option<i64>,
+    /// Default 1800; must be greater than `min_soak_seconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub wave_timeout_seconds: Option<i64>,
+    /// Default 600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub rollback_timeout_seconds: Option<i64>,
 }
 
@@ -411,13 +440,18 @@ pub struct StrategyRequest {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GatesRequest {
+    /// Default 0.05.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 1.0))]
     pub max_error_rate: Option<f64>,
+    /// Default 1.5.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0))]
     pub max_p99_latency_ratio: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_activation_failures: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 1.0))]
     pub min_online_accuracy: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_requests: Option<u64>,
