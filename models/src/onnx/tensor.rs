@@ -92,6 +92,13 @@ pub(crate) fn external_ref(t: &ir::TensorProto) -> Result<Option<ExternalRef>, T
     }))
 }
 
+/// The bytes a tensor's values take (element count × element size), when
+/// its dims and element type are known.
+pub(crate) fn declared_bytes(t: &ir::TensorProto) -> Option<u64> {
+    let dtype = DType::from_onnx_code(t.data_type())?;
+    element_count(&t.dims)?.checked_mul(dtype.size_bytes() as u64)
+}
+
 fn dims_of(t: &ir::TensorProto) -> Result<Vec<usize>, TensorError> {
     let bad = || TensorError::BadDims {
         tensor: t.name().to_string(),
