@@ -22,7 +22,9 @@ use edgeloop_models::quantize::task::Task;
 use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::Tensor;
 
-use super::common::{config, f32_tensor, infer_body, library_path, noise, output_data, spec, start};
+use super::common::{
+    config, f32_tensor, infer_body, library_path, noise, output_data, spec, start,
+};
 
 const IN: usize = 1024;
 /// 1024 × 525 000 float32 = 2.15 GB: just over 2 GiB on its own.
@@ -169,12 +171,18 @@ async fn a_model_over_2_gib_is_gated_signed_and_served_from_files() {
     // Read, inspect and validate without touching the weights.
     let mut model = onnx::read(&path).unwrap();
     let summary = onnx::inspect(&model);
-    let external: Vec<_> = summary.external_data.iter().map(|e| e.tensor.as_str()).collect();
+    let external: Vec<_> = summary
+        .external_data
+        .iter()
+        .map(|e| e.tensor.as_str())
+        .collect();
     assert_eq!(external, ["w1", "w2"]);
     assert_eq!(summary.parameter_count, (IN * HIDDEN + HIDDEN * OUT) as u64);
     onnx::validate(&model, Some(dir.path())).unwrap();
     let on_disk = std::fs::metadata(&path).unwrap().len()
-        + std::fs::metadata(dir.path().join("model.onnx.data")).unwrap().len();
+        + std::fs::metadata(dir.path().join("model.onnx.data"))
+            .unwrap()
+            .len();
     assert_eq!(onnx::serialized_size(&model), on_disk);
     assert!(on_disk > onnx::MAX_MODEL_BYTES as u64);
 
@@ -190,7 +198,10 @@ async fn a_model_over_2_gib_is_gated_signed_and_served_from_files() {
     };
     lap("float run from its file");
 
-    assert_eq!(onnx::internalize_external_data(&mut model, dir.path()).unwrap(), 2);
+    assert_eq!(
+        onnx::internalize_external_data(&mut model, dir.path()).unwrap(),
+        2
+    );
     // In memory now: the same bytes, counted without encoding.
     let inline = onnx::serialized_size(&model);
     assert!(inline > onnx::MAX_MODEL_BYTES as u64, "{inline}");
@@ -215,7 +226,7 @@ async fn a_model_over_2_gib_is_gated_signed_and_served_from_files() {
     let key = ManifestKey::generate();
     let identity = Identity {
         name: "big".into(),
-        version: "1".into(),
+        version: "1.0.0".into(),
         lineage: Default::default(),
     };
     let packaged = package(
@@ -263,7 +274,11 @@ async fn a_model_over_2_gib_is_gated_signed_and_served_from_files() {
         f32s(&s.run(&[("x", x)]).unwrap()[0].1)
     };
     let rel = relative_l2(&float_y, &chosen_y);
-    assert!(rel <= budget, "{} vs float: relative L2 {rel}", outcome.chosen);
+    assert!(
+        rel <= budget,
+        "{} vs float: relative L2 {rel}",
+        outcome.chosen
+    );
     lap("chosen run from its file");
     drop(packaged);
 

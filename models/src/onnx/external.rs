@@ -72,7 +72,10 @@ pub fn save_with_external_data(
             if external_ref(t)?.is_some() {
                 return Err(SaveError::AlreadyExternal(t.name().to_string()));
             }
-            if t.raw_data.as_ref().is_none_or(|r| r.len() < EXTERNAL_THRESHOLD) {
+            if t.raw_data
+                .as_ref()
+                .is_none_or(|r| r.len() < EXTERNAL_THRESHOLD)
+            {
                 continue;
             }
             let raw = t.raw_data.take().unwrap_or_default();
@@ -115,7 +118,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut m = ir::ModelProto::new();
         let g = m.graph.mut_or_insert_default();
-        let big = Tensor::F32(ArrayD::from_shape_fn(IxDyn(&[40, 30]), |i| i[0] as f32 - i[1] as f32));
+        let big = Tensor::F32(ArrayD::from_shape_fn(IxDyn(&[40, 30]), |i| {
+            i[0] as f32 - i[1] as f32
+        }));
         let small = Tensor::F32(ArrayD::from_elem(IxDyn(&[3]), 1.5));
         g.initializer.push(from_tensor("w", &big));
         g.initializer.push(from_tensor("b", &small));
@@ -125,7 +130,10 @@ mod tests {
         let mut back = crate::onnx::read(&path).unwrap();
         let g = back.graph.as_ref().unwrap();
         assert!(external_ref(&g.initializer[0]).unwrap().is_some());
-        assert!(external_ref(&g.initializer[1]).unwrap().is_none(), "small stays inline");
+        assert!(
+            external_ref(&g.initializer[1]).unwrap().is_none(),
+            "small stays inline"
+        );
         assert_eq!(to_tensor(&g.initializer[0], Some(dir.path())).unwrap(), big);
         // On-disk size: the graph file plus the declared external bytes.
         let on_disk = std::fs::metadata(&path).unwrap().len() + 40 * 30 * 4;

@@ -15,8 +15,8 @@ mod generated {
 
 use std::path::Path;
 
-pub use generated::onnx_ir as ir;
 pub use external::{save_with_external_data, SaveError, EXTERNAL_THRESHOLD};
+pub use generated::onnx_ir as ir;
 pub use inspect::{inspect, Dim, Inspection, ValueSummary};
 pub use tensor::{from_tensor, internalize_external_data, to_tensor, TensorError};
 pub use validate::{validate, ValidationError};
