@@ -4,9 +4,15 @@
 //! candidate, and serve that from its file on an agent. Float is run from
 //! files throughout, never encoded: `onnx::encode` refuses it.
 //!
-//! Heavy (≈2.2 GB of weights written and read back, ≈10 GB of memory at
-//! its peak): see docs/quantization.md, "Models over 2 GiB", for its
-//! numbers.
+//! Heavy, so the suite skips it; `scripts/test-big-model.sh` runs it with
+//! `edgeloop-models` at opt-level 3. Measured there (2 cores): 130 s in all
+//! (18 s writing 2.17 GB of weights, 1 s internalizing, 103 s for the gate
+//! and signing: int8 static minmax 26 s, dynamic 13 s, fp16 15 s to make,
+//! the rest running float from files), peak RSS 11.2 GiB, ≈2.2 GB of disk
+//! for the model plus ≈2.2 GB transient for the gate's copy. int8-dynamic
+//! (544 MB, loss 0.009 of float's L2 norm) is chosen. Unoptimized, the
+//! quantizers' per-weight loops took over 3 minutes before the gate was
+//! half done.
 
 use std::io::Write;
 use std::path::Path;
@@ -249,7 +255,7 @@ async fn a_model_over_2_gib_is_gated_signed_and_served_from_files() {
             c.name, c.size_bytes, c.loss, c.quantize_ms, c.verdict
         );
     }
-    assert_eq!(outcome.float.size_bytes, on_disk);
+    assert_eq!(outcome.float.size_bytes, inline);
     let dynamic = outcome
         .candidates
         .iter()
