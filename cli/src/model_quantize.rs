@@ -137,6 +137,9 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or(Path::new("."));
     onnx::validate(&model, Some(dir))
         .with_context(|| format!("{} is not a valid model", args.model.display()))?;
+    // The quantizers work on weights in memory. A model over 2 GiB stays
+    // that big once internalized: the gate runs it from a copy written with
+    // external data, and only a candidate that fits in one file can ship.
     onnx::internalize_external_data(&mut model, dir)?;
     let summary = onnx::inspect(&model);
     let calibration = Dataset::read(&args.calibration, &summary.inputs, false)?;

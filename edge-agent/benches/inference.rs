@@ -465,7 +465,7 @@ fn wide_mlp() -> Vec<u8> {
         }
     }
     onnx::validate(&m, None).unwrap();
-    onnx::encode(&m)
+    onnx::encode(&m).expect("the benchmark model is small")
 }
 
 struct Options {

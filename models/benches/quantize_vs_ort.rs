@@ -49,7 +49,7 @@ fn measure(
         model,
         variant: variant.to_string(),
         accuracy: accuracy(rt, m, eval),
-        size: onnx::encode(m).len() as u64,
+        size: onnx::serialized_size(m),
         quantize_ms,
         latency_ms: median_latency_ms(rt, m, eval, 200).expect("latency"),
     }

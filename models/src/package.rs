@@ -24,6 +24,13 @@ pub enum PackageError {
     Gate(#[from] QuantizeError),
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+    /// The chosen model (float, when nothing qualified) does not fit in one
+    /// ONNX file: the registry and the devices take one file per version.
+    #[error("the chosen model ({chosen}) cannot be shipped as one ONNX file: {source}")]
+    TooLarge {
+        chosen: String,
+        source: onnx::EncodeError,
+    },
     #[error("health probe inputs: {0}")]
     Probe(String),
     #[error("formatting the manifest's creation time: {0}")]
@@ -111,7 +118,11 @@ pub fn package(
     key: &ManifestKey,
 ) -> Result<Packaged, PackageError> {
     let outcome = run_gate(runtime, model, calibration, eval, opts)?;
-    let artifact = onnx::encode(&outcome.chosen_model);
+    let artifact =
+        onnx::encode(&outcome.chosen_model).map_err(|source| PackageError::TooLarge {
+            chosen: outcome.chosen.clone(),
+            source,
+        })?;
     // The prediction histogram drift compares against is a class
     // distribution: only a classifier has one.
     let chosen_predictions = match outcome.task {

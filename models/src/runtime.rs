@@ -315,7 +315,9 @@ impl OrtRuntime {
         &self.inner.library_path
     }
 
-    /// Creates a session for an ONNX model held in memory.
+    /// Creates a session for an ONNX model held in memory (at most 2 GiB:
+    /// protobuf's limit; a bigger model is loaded with
+    /// [`OrtRuntime::session_from_file`]).
     ///
     /// GPU providers that this ONNX Runtime build lacks, that fail to register, or
     /// that make session creation fail are dropped with a `warn` log, and the session
@@ -325,8 +327,29 @@ impl OrtRuntime {
         model_bytes: &[u8],
         options: &SessionOptions,
     ) -> Result<ModelSession, RuntimeError> {
+        self.commit(options, |builder| builder.commit_from_memory(model_bytes))
+    }
+
+    /// Creates a session for the ONNX model at `path`. ONNX Runtime reads
+    /// (or maps) the file itself, and resolves external data relative to
+    /// the file's directory: this is how a model over 2 GiB loads, and it
+    /// spares the caller a copy of the model in memory. GPU fallback as in
+    /// [`OrtRuntime::session`].
+    pub fn session_from_file(
+        &self,
+        path: &Path,
+        options: &SessionOptions,
+    ) -> Result<ModelSession, RuntimeError> {
+        self.commit(options, |builder| builder.commit_from_file(path))
+    }
+
+    fn commit(
+        &self,
+        options: &SessionOptions,
+        commit: impl Fn(&mut SessionBuilder) -> ort::Result<Session>,
+    ) -> Result<ModelSession, RuntimeError> {
         let (mut builder, accelerator) = self.builder(options, true)?;
-        let (session, accelerator) = match builder.commit_from_memory(model_bytes) {
+        let (session, accelerator) = match commit(&mut builder) {
             Ok(session) => (session, accelerator),
             Err(error) => match accelerator {
                 // The GPU may be what failed (no device, out of memory, missing
@@ -339,9 +362,8 @@ impl OrtRuntime {
                         "session creation failed with a GPU provider; retrying on the CPU"
                     );
                     let (mut builder, _) = self.builder(options, false)?;
-                    let session = builder
-                        .commit_from_memory(model_bytes)
-                        .map_err(|e| RuntimeError::Session(e.to_string()))?;
+                    let session =
+                        commit(&mut builder).map_err(|e| RuntimeError::Session(e.to_string()))?;
                     (session, None)
                 }
                 None => return Err(RuntimeError::Session(error.to_string())),

@@ -233,8 +233,8 @@ fn a_gate_that_cannot_be_met_keeps_float_and_says_why() {
         o.reason
     );
     assert_eq!(
-        onnx::encode(&o.chosen_model),
-        onnx::encode(&m),
+        onnx::encode(&o.chosen_model).unwrap(),
+        onnx::encode(&m).unwrap(),
         "the float model ships unchanged"
     );
 }

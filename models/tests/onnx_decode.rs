@@ -23,7 +23,7 @@ fn seed_model() -> Vec<u8> {
         &edgeloop_models::Tensor::F32(ndarray::ArrayD::zeros(vec![4, 4])),
     );
     g.initializer.push(w);
-    onnx::encode(&m)
+    onnx::encode(&m).unwrap()
 }
 
 fn exercise(bytes: &[u8]) {
@@ -36,12 +36,12 @@ fn exercise(bytes: &[u8]) {
             }
         }
         // Whatever decoded re-encodes and decodes to the same message.
-        let encoded = onnx::encode(&m);
+        let encoded = onnx::encode(&m).unwrap();
         let again = onnx::decode(&encoded).expect("re-encoded model decodes");
         // Lengths, not bytes: unknown fields of different numbers may be
         // written in another order (rust-protobuf keeps them in a hash map).
         assert_eq!(
-            onnx::encode(&again).len(),
+            onnx::encode(&again).unwrap().len(),
             encoded.len(),
             "re-encoding is stable"
         );

@@ -218,7 +218,7 @@ mod tests {
         for workload in [Workload::MnistCnn, Workload::RainfallMlp] {
             let model = Model::init(workload, 4).unwrap();
             let m = to_onnx(&model).unwrap();
-            let bytes = onnx::encode(&m);
+            let bytes = onnx::encode(&m).unwrap();
             let back = onnx::decode(&bytes).unwrap();
             assert_eq!(back, m);
             let summary = onnx::inspect(&back);
@@ -238,7 +238,7 @@ mod tests {
                 .unwrap();
             assert_eq!(a.iter().copied().collect::<Vec<_>>(), want);
             // Same weights, same bytes: export is deterministic.
-            assert_eq!(onnx::encode(&to_onnx(&model).unwrap()), bytes);
+            assert_eq!(onnx::encode(&to_onnx(&model).unwrap()).unwrap(), bytes);
         }
     }
 

@@ -364,7 +364,7 @@ fn export_files(
     data: &Data,
     eval: Eval,
 ) -> anyhow::Result<Vec<(&'static str, Vec<u8>)>> {
-    let onnx = edgeloop_models::onnx::encode(&export::to_onnx(model)?);
+    let onnx = edgeloop_models::onnx::encode(&export::to_onnx(model)?)?;
     let eval_npz = export::to_npz(&data.eval, true)?.to_bytes()?;
     let calib = data.train.head(CALIB_SAMPLES);
     let calib_npz = export::to_npz(&calib, false)?.to_bytes()?;

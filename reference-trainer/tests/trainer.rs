@@ -480,7 +480,7 @@ fn check_export(hyper: serde_json::Value, min_accuracy: f64, tol: f32) {
 
     let runtime = OrtRuntime::load(None).expect("ONNX Runtime: run scripts/fetch-onnxruntime.sh");
     let mut session = runtime
-        .session(&onnx::encode(&model), &SessionOptions::default())
+        .session(&onnx::encode(&model).unwrap(), &SessionOptions::default())
         .unwrap();
     let ort = f32s(&session.run(&[("input", x)]).unwrap()[0].1);
 

@@ -89,7 +89,7 @@ fn missing_classes_mlp(good: &[u8], missing: &[i64]) -> Vec<u8> {
         node("Reshape", &["offset", "column"], "offset_column"),
         node("Add", &["raw_logits", "offset_column"], "logits"),
     ]);
-    onnx::encode(&model)
+    onnx::encode(&model).unwrap()
 }
 
 /// The good model's predicted class for each row.

@@ -48,7 +48,7 @@ fn re_exported(model: &[u8]) -> Vec<u8> {
     // Larger than the version's own, as an fp16 artifact beside an int8
     // one is: the deployment's disk check must count the larger.
     m.set_doc_string("a variant ".repeat(100));
-    onnx::encode(&m)
+    onnx::encode(&m).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

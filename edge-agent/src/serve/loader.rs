@@ -168,18 +168,28 @@ impl Loader {
     pub fn load(&self, spec: &PrepareSpec) -> Result<Version, ActivationError> {
         let load_error = |e: String| ActivationError::Load(e);
         let runtime = self.runtime()?;
-        let bytes = std::fs::read(&spec.path)
+        // ONNX Runtime reads the artifact itself: no copy of the model in
+        // this process's memory, and a model with external data finds it
+        // beside the file. A missing or unreadable file is still said in
+        // our words, not ONNX Runtime's.
+        std::fs::File::open(&spec.path)
             .map_err(|e| load_error(format!("reading {}: {e}", spec.path.display())))?;
-        // Only TensorRT needs the digest; hashing is cheap next to a load.
+        // Only TensorRT needs the digest: streamed, so hashing costs no
+        // memory whatever the model's size.
         let trt_cache = if self.config.providers.contains(&Provider::TensorRt) {
-            self.trt_cache(&runtime, &Digest::of(&bytes))
+            let (digest, _) = crate::sync::verify::hash_file(&spec.path)
+                .map_err(|e| load_error(format!("reading {}: {e}", spec.path.display())))?;
+            self.trt_cache(&runtime, &digest)
         } else {
             None
         };
         let options = self.session_options(trt_cache);
-        let first = runtime
-            .session(&bytes, &options)
-            .map_err(|e| load_error(e.to_string()))?;
+        let session = || {
+            runtime
+                .session_from_file(&spec.path, &options)
+                .map_err(|e| load_error(e.to_string()))
+        };
+        let first = session()?;
         if let Some(manifest) = &spec.manifest {
             check_signature(&manifest.signature, first.inputs(), first.outputs())
                 .map_err(ActivationError::Signature)?;
@@ -190,13 +200,8 @@ impl Loader {
         let provider = first.provider().to_string();
         let mut sessions = vec![first];
         for _ in 1..self.config.workers_per_model.max(1) {
-            sessions.push(
-                runtime
-                    .session(&bytes, &options)
-                    .map_err(|e| load_error(e.to_string()))?,
-            );
+            sessions.push(session()?);
         }
-        drop(bytes);
 
         let dynamic_rows = |io: &[IoInfo]| io.iter().all(|i| matches!(i.shape.first(), Some(None)));
         let batchable =

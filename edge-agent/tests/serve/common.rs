@@ -307,7 +307,7 @@ fn model(
     g.initializer = initializers;
     g.node = nodes;
     onnx::validate(&m, None).unwrap();
-    onnx::encode(&m)
+    onnx::encode(&m).unwrap()
 }
 
 /// `y = x + c`, x and y `[N, 4]`: each version answers differently, so a
@@ -343,7 +343,7 @@ pub fn sized_model() -> Vec<u8> {
     g.initializer = vec![w];
     g.node = vec![node("MatMul", &["x", "w"], "y")];
     onnx::validate(&m, None).unwrap();
-    onnx::encode(&m)
+    onnx::encode(&m).unwrap()
 }
 
 /// `y = x + NaN`: loads and runs, and fails any health probe.

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod activation;
+mod big_model;
 mod common;
 mod fuzz;
 mod grpc_api;

@@ -3,6 +3,7 @@
 //! with checked arithmetic and compared with the bytes actually present
 //! before anything is allocated from them.
 
+mod external;
 mod inspect;
 mod tensor;
 mod validate;
@@ -14,6 +15,7 @@ mod generated {
 
 use std::path::Path;
 
+pub use external::{save_with_external_data, SaveError, EXTERNAL_THRESHOLD};
 pub use generated::onnx_ir as ir;
 pub use inspect::{inspect, Dim, Inspection, ValueSummary};
 pub use tensor::{from_tensor, internalize_external_data, to_tensor, TensorError};
@@ -54,10 +56,50 @@ pub fn read(path: &Path) -> Result<ir::ModelProto, DecodeError> {
     decode(&bytes)
 }
 
-pub fn encode(model: &ir::ModelProto) -> Vec<u8> {
-    // Serialising an in-memory message only fails for messages over 2 GiB,
-    // which decode refused and the builders in this crate never make.
-    model.write_to_bytes().unwrap_or_default()
+/// Why a model could not be encoded into one protobuf.
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    #[error("model is {0} bytes, over the 2 GiB protobuf limit (it needs external data)")]
+    TooLarge(u64),
+    #[error("encoding the ModelProto: {0}")]
+    Protobuf(String),
+}
+
+/// Encodes a `ModelProto` into one protobuf. A model over 2 GiB (weights
+/// read in from external data, say) is an error, never empty or truncated
+/// bytes: such a model is written with [`save_with_external_data`] and
+/// loaded from its file.
+pub fn encode(model: &ir::ModelProto) -> Result<Vec<u8>, EncodeError> {
+    // compute_size is a u64 sum, exact even past 4 GiB; checked before any
+    // allocation so a big model costs nothing to refuse.
+    let size = model.compute_size();
+    if size > MAX_MODEL_BYTES as u64 {
+        return Err(EncodeError::TooLarge(size));
+    }
+    model
+        .write_to_bytes()
+        .map_err(|e| EncodeError::Protobuf(e.to_string()))
+}
+
+/// The bytes `model` takes on disk: its protobuf (whatever is held inline)
+/// plus the declared length of every external-data initializer. Computed
+/// without encoding, so it is right for models over 2 GiB too. An external
+/// tensor without a length counts its element bytes.
+pub fn serialized_size(model: &ir::ModelProto) -> u64 {
+    let external: u64 = model
+        .graph
+        .as_ref()
+        .map(|g| {
+            g.initializer
+                .iter()
+                .filter_map(|t| {
+                    let ext = tensor::external_ref(t).ok()??;
+                    ext.length.or_else(|| tensor::declared_bytes(t))
+                })
+                .sum()
+        })
+        .unwrap_or(0);
+    model.compute_size().saturating_add(external)
 }
 
 /// The opset version of the default (`ai.onnx`) domain, if declared.
@@ -103,10 +145,11 @@ mod tests {
             .special_fields
             .mut_unknown_fields()
             .add_length_delimited(777, b"future".to_vec());
-        let bytes = encode(&m);
+        let bytes = encode(&m).unwrap();
         let back = decode(&bytes).unwrap();
         assert_eq!(back, m);
-        assert_eq!(encode(&back), bytes, "byte-identical re-encode");
+        assert_eq!(encode(&back).unwrap(), bytes, "byte-identical re-encode");
+        assert_eq!(serialized_size(&m), bytes.len() as u64);
         assert_eq!(back.metadata_props[0].value(), "edgeloop");
         assert_eq!(
             back.special_fields.unknown_fields().get(999),

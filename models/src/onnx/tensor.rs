@@ -92,6 +92,13 @@ pub(crate) fn external_ref(t: &ir::TensorProto) -> Result<Option<ExternalRef>, T
     }))
 }
 
+/// The bytes a tensor's values take (element count × element size), when
+/// its dims and element type are known.
+pub(crate) fn declared_bytes(t: &ir::TensorProto) -> Option<u64> {
+    let dtype = DType::from_onnx_code(t.data_type())?;
+    element_count(&t.dims)?.checked_mul(dtype.size_bytes() as u64)
+}
+
 fn dims_of(t: &ir::TensorProto) -> Result<Vec<usize>, TensorError> {
     let bad = || TensorError::BadDims {
         tensor: t.name().to_string(),
@@ -294,8 +301,11 @@ pub fn from_tensor(name: &str, t: &Tensor) -> ir::TensorProto {
 }
 
 /// Reads every external-data initializer into the model itself, so the model
-/// can be transformed and loaded from memory. Paths are checked as in
-/// [`to_tensor`]; the model must then fit in protobuf's 2 GiB.
+/// can be transformed in memory. Paths, lengths and element types are
+/// checked as in [`to_tensor`]. The bytes are moved in as they are (raw
+/// little-endian, ONNX's layout for both): no per-element conversion, which
+/// for a 2 GB weight is most of the cost. A model over 2 GiB stays over it:
+/// run it from a file ([`super::save_with_external_data`]).
 pub fn internalize_external_data(
     model: &mut ir::ModelProto,
     model_dir: &Path,
@@ -308,10 +318,20 @@ pub fn internalize_external_data(
         if external_ref(t)?.is_none() {
             continue;
         }
-        let value = to_tensor(t, Some(model_dir))?;
-        let mut inline = from_tensor(t.name(), &value);
-        inline.doc_string = t.doc_string.clone();
-        *t = inline;
+        let dtype = DType::from_onnx_code(t.data_type()).ok_or(TensorError::UnsupportedType {
+            tensor: t.name().to_string(),
+            code: t.data_type(),
+        })?;
+        dims_of(t)?;
+        let declared = element_count(&t.dims)
+            .unwrap_or(0)
+            .saturating_mul(dtype.size_bytes() as u64);
+        // raw_bytes checks the declared length against the file before it
+        // allocates, and reads exactly that many bytes.
+        let raw = raw_bytes(t, Some(model_dir), declared)?.unwrap_or_default();
+        t.external_data.clear();
+        t.data_location = None;
+        t.set_raw_data(raw);
         count += 1;
     }
     Ok(count)

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::onnx::{self, ir};
+use crate::onnx::ir;
 use crate::runtime::{ModelSession, OrtRuntime, SessionOptions};
 use crate::tensor::Tensor;
 
@@ -189,7 +189,8 @@ pub fn calibrate(
         optimization: crate::runtime::GraphOptimization::Disabled,
         ..SessionOptions::default()
     };
-    let mut session = runtime.session(&onnx::encode(&exposed), &options)?;
+    // A float model over 2 GiB runs from a copy with external data.
+    let mut session = super::evaluate::session_for(runtime, &exposed, &options)?;
     let mut observed: HashMap<String, Observed> = targets
         .iter()
         .map(|t| {

@@ -97,7 +97,7 @@ mod tests {
         assert_eq!(g.initializer.len(), 1);
         assert_eq!(g.initializer[0].name(), "w");
         assert_eq!(report.quantized_nodes, vec!["w".to_string()]);
-        assert!(!onnx::encode(&h).is_empty());
+        assert!(!onnx::encode(&h).unwrap().is_empty());
 
         let mut old = m.clone();
         old.set_ir_version(3);

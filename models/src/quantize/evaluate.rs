@@ -9,7 +9,7 @@ use super::task::{StatePair, Task};
 use super::QuantizeError;
 use crate::dataset::{Dataset, Layout};
 use crate::onnx::{self, ir};
-use crate::runtime::{OrtRuntime, SessionOptions};
+use crate::runtime::{ModelSession, OrtRuntime, SessionOptions};
 use crate::tensor::Tensor;
 
 /// One output of one sample: a row of a batch (batch axis removed), or a
@@ -50,6 +50,27 @@ pub(crate) fn single_thread() -> SessionOptions {
     }
 }
 
+/// A session for `model`: from its bytes in memory, or, for a model over
+/// protobuf's 2 GiB (weights read in from external data), from a copy
+/// written with external data into a temporary directory. ONNX Runtime has
+/// read (or mapped) the copy once the session exists, so the directory goes
+/// right away; its disk space is back when the session is dropped.
+pub(crate) fn session_for(
+    runtime: &OrtRuntime,
+    model: &ir::ModelProto,
+    options: &SessionOptions,
+) -> Result<ModelSession, QuantizeError> {
+    match onnx::encode(model) {
+        Ok(bytes) => Ok(runtime.session(&bytes, options)?),
+        Err(onnx::EncodeError::TooLarge(_)) => {
+            let dir = tempfile::tempdir().map_err(QuantizeError::TempDir)?;
+            let path = onnx::save_with_external_data(model, dir.path(), "model.onnx")?;
+            Ok(runtime.session_from_file(&path, options)?)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn values(t: &Tensor) -> Vec<f32> {
     match t {
         Tensor::F32(a) => a.iter().copied().collect(),
@@ -70,7 +91,7 @@ pub fn collect(
     data: &Dataset,
     task: &Task,
 ) -> Result<Outputs, QuantizeError> {
-    let mut session = runtime.session(&onnx::encode(model), &single_thread())?;
+    let mut session = session_for(runtime, model, &single_thread())?;
     let state: &[StatePair] = match task {
         Task::Stateful { state } => {
             if data.layout != Layout::PerCall {
@@ -161,7 +182,7 @@ pub fn median_latency_ms(
     data: &Dataset,
     runs: usize,
 ) -> Result<f64, QuantizeError> {
-    let mut session = runtime.session(&onnx::encode(model), &single_thread())?;
+    let mut session = session_for(runtime, model, &single_thread())?;
     let sample = data
         .timing_sample()
         .ok_or_else(|| QuantizeError::Data("the dataset has no batches to time".into()))?;

@@ -258,7 +258,9 @@ pub fn run_gate(
         metric: float_score.value,
         loss: 0.0,
         details: float_score.details,
-        size_bytes: onnx::encode(model).len() as u64,
+        // The bytes on disk, exact without encoding (which a model over
+        // 2 GiB cannot be).
+        size_bytes: onnx::serialized_size(model),
         latency_ms: float_latency,
         quantize_ms: 0.0,
         accepted: true,
@@ -346,7 +348,14 @@ pub fn run_gate(
             }
         };
         report.notes.extend(hoist_report.notes.iter().cloned());
-        let size = onnx::encode(&q).len() as u64;
+        let size = onnx::serialized_size(&q);
+        if size > onnx::MAX_MODEL_BYTES as u64 {
+            // A shipped artifact is one ONNX file: it must fit in protobuf.
+            let why = format!("is {size} bytes, over the 2 GiB protobuf limit of one ONNX file");
+            candidates.push(refused(name, quantize_ms, why, report, size));
+            models.push(None);
+            continue;
+        }
         if report.quantized_nodes.is_empty() {
             // Float re-encoded is not a candidate, however it measures.
             let mut why = format!(

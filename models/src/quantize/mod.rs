@@ -51,4 +51,11 @@ pub enum QuantizeError {
     Tensor(#[from] crate::onnx::TensorError),
     #[error(transparent)]
     Runtime(#[from] crate::runtime::RuntimeError),
+    #[error(transparent)]
+    Encode(#[from] crate::onnx::EncodeError),
+    /// Writing a model over 2 GiB with external data, to run it from a file.
+    #[error(transparent)]
+    Save(#[from] crate::onnx::SaveError),
+    #[error("temporary directory for a model over 2 GiB: {0}")]
+    TempDir(std::io::Error),
 }
