@@ -67,6 +67,9 @@ echo "==> tests"
 log="$(mktemp)"
 cargo test --workspace 2>&1 | tee "$log"
 
+echo "==> a model over 2 GiB with external data (alone: 2.2 GB on disk, 11 GiB of memory, about 2 minutes)"
+scripts/test-big-model.sh 2>&1 | tee -a "$log"
+
 echo "==> PyTorch reference trainer (workloads/pytorch; its DDP run is skipped where torch is not importable)"
 python="$(scripts/python-env.sh | tail -n 1)"
 "$python" workloads/pytorch/test_contract.py 2>&1 | tee -a "$log"
