@@ -93,6 +93,12 @@ fn the_loop_notices_the_shift_retrains_once_and_v2_recovers() {
         .find(|v| v["version"] == "2.0.0")
         .unwrap_or_else(|| panic!("no v2: {s:#}"));
     assert!(v2["lineage"]["quantization"]["chosen"].is_string(), "{v2}");
+    // The gate's accuracy on the snapshot became the version's eval
+    // accuracy, which the accuracy-drop trigger compares online accuracy to.
+    let acc = v2["metrics"]["eval_accuracy"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{v2}"));
+    assert!((0.5..=1.0).contains(&acc), "{v2}");
     assert_eq!(v2["lineage"]["parent_version"], "1.0.0");
     assert!(v2["lineage"]["dataset"].is_string(), "{v2}");
     assert!(v2["lineage"]["job"].is_string(), "{v2}");

@@ -734,14 +734,21 @@ async fn add_variants(
     Ok(())
 }
 
-/// The chosen candidate's accuracy (percent) in the quantization evidence.
+/// The chosen candidate's top-1 accuracy (percent) in the quantization
+/// evidence: its `metric` when the gate measured top-1 against labels (as
+/// the pipeline's gate does), or the `accuracy` that evidence written
+/// before task-aware gating carries. `None` for any other metric.
 fn chosen_accuracy(evidence: &serde_json::Value) -> Option<f64> {
     let e = &evidence["evidence"];
     let chosen = e["chosen"].as_str()?;
-    std::iter::once(&e["float"])
+    let m = std::iter::once(&e["float"])
         .chain(e["candidates"].as_array().into_iter().flatten())
-        .find(|m| m["name"].as_str() == Some(chosen))
-        .and_then(|m| m["accuracy"].as_f64())
+        .find(|m| m["name"].as_str() == Some(chosen))?;
+    match e["metric"]["name"].as_str() {
+        Some("top1_accuracy") => m["metric"].as_f64(),
+        Some(_) => None,
+        None => m["accuracy"].as_f64(),
+    }
 }
 
 /// Top-1 accuracy (0..1) of an ONNX artifact on the snapshot's eval part.
@@ -895,6 +902,31 @@ async fn reset_reference(
 mod tests {
     use super::*;
     use crate::registry::aliases::SetAlias;
+
+    #[test]
+    fn the_chosen_accuracy_is_read_from_either_evidence_layout() {
+        use serde_json::json;
+        let today = json!({"evidence": {
+            "chosen": "int8-dynamic",
+            "metric": {"name": "top1_accuracy"},
+            "float": {"name": "float", "metric": 97.5},
+            "candidates": [{"name": "int8-dynamic", "metric": 97.25}],
+        }});
+        assert_eq!(chosen_accuracy(&today), Some(97.25));
+        let before_tasks = json!({"evidence": {
+            "chosen": "float",
+            "float": {"name": "float", "accuracy": 96.0},
+            "candidates": [],
+        }});
+        assert_eq!(chosen_accuracy(&before_tasks), Some(96.0));
+        // Agreement with float is not an accuracy.
+        let unlabelled = json!({"evidence": {
+            "chosen": "float",
+            "metric": {"name": "top1_agreement"},
+            "float": {"name": "float", "metric": 100.0},
+        }});
+        assert_eq!(chosen_accuracy(&unlabelled), None);
+    }
     use crate::registry::models::{version_key, CreateModel};
 
     #[tokio::test]
