@@ -76,6 +76,21 @@ async fn edgeloop(cp: &ControlPlane, cwd: &Path, args: &[&str]) -> Run {
     }
 }
 
+/// `model push MODEL --name digits --version V` and `extra`.
+fn push_args(model: &str, version: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "model",
+        "push",
+        model,
+        "--name",
+        "digits",
+        "--version",
+        version,
+    ];
+    args.extend_from_slice(extra);
+    args.into_iter().map(String::from).collect()
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -104,23 +119,20 @@ async fn push_alias_deploy_and_pull_a_model_through_the_cli() {
     let manifest_digest = Digest::of(&std::fs::read(&manifest_path).unwrap());
 
     let push_v1 = |extra: &'static [&'static str]| {
-        let mut args = vec![
-            "model".to_string(),
-            "push".into(),
-            path(&mlp).into(),
-            "--manifest".into(),
-            path(&manifest_path).into(),
-            "--probe-inputs".into(),
-            path(&probe_path).into(),
-            "--name".into(),
-            "digits".into(),
-            "--version".into(),
-            "1.0.0".into(),
-            "--trigger".into(),
-            "manual".into(),
-            "--job".into(),
-            "mnist-0001".into(),
-        ];
+        let mut args = push_args(
+            path(&mlp),
+            "1.0.0",
+            &[
+                "--manifest",
+                path(&manifest_path),
+                "--probe-inputs",
+                path(&probe_path),
+                "--trigger",
+                "manual",
+                "--job",
+                "mnist-0001",
+            ],
+        );
         args.extend(extra.iter().map(|s| s.to_string()));
         args
     };
@@ -134,17 +146,11 @@ async fn push_alias_deploy_and_pull_a_model_through_the_cli() {
 
     // Without the probe inputs the manifest names, and the server has
     // none: refused (65) before anything is sent.
-    let no_probe = run(vec![
-        "model".into(),
-        "push".into(),
-        path(&mlp).into(),
-        "--manifest".into(),
-        path(&manifest_path).into(),
-        "--name".into(),
-        "digits".into(),
-        "--version".into(),
-        "1.0.0".into(),
-    ])
+    let no_probe = run(push_args(
+        path(&mlp),
+        "1.0.0",
+        &["--manifest", path(&manifest_path)],
+    ))
     .await;
     assert_eq!(no_probe.code, 65, "{}", no_probe.stderr);
     assert!(
@@ -200,16 +206,7 @@ async fn push_alias_deploy_and_pull_a_model_through_the_cli() {
 
     // Other bytes under the same version: a conflict naming it (exit 75),
     // refused before anything is uploaded.
-    let clash = run(vec![
-        "model".into(),
-        "push".into(),
-        path(&cnn).into(),
-        "--name".into(),
-        "digits".into(),
-        "--version".into(),
-        "1.0.0".into(),
-    ])
-    .await;
+    let clash = run(push_args(path(&cnn), "1.0.0", &[])).await;
     assert_eq!(clash.code, 75, "{}", clash.stderr);
     assert!(
         clash.stderr.contains("409") && clash.stderr.contains("\"1.0.0\""),
@@ -230,17 +227,11 @@ async fn push_alias_deploy_and_pull_a_model_through_the_cli() {
     assert_eq!(unchanged, v1);
 
     // A manifest that describes another file is refused locally (65).
-    let wrong = run(vec![
-        "model".into(),
-        "push".into(),
-        path(&cnn).into(),
-        "--manifest".into(),
-        path(&manifest_path).into(),
-        "--name".into(),
-        "digits".into(),
-        "--version".into(),
-        "9.0.0".into(),
-    ])
+    let wrong = run(push_args(
+        path(&cnn),
+        "9.0.0",
+        &["--manifest", path(&manifest_path)],
+    ))
     .await;
     assert_eq!(wrong.code, 65, "{}", wrong.stderr);
     assert!(
@@ -250,17 +241,11 @@ async fn push_alias_deploy_and_pull_a_model_through_the_cli() {
     );
 
     // A second version, then `production` on the first.
-    run(vec![
-        "model".into(),
-        "push".into(),
-        path(&cnn).into(),
-        "--name".into(),
-        "digits".into(),
-        "--version".into(),
-        "2.0.0".into(),
-        "--parent-version".into(),
-        "1.0.0".into(),
-    ])
+    run(push_args(
+        path(&cnn),
+        "2.0.0",
+        &["--parent-version", "1.0.0"],
+    ))
     .await
     .ok();
     let set = run(vec![
@@ -420,19 +405,16 @@ async fn push_alias_deploy_and_pull_a_model_through_the_cli() {
         ["model.onnx", "model.onnx.manifest.json", "probe_inputs.npz"]
     );
     // What was pulled pushes again as the same version.
-    let repush = run(vec![
-        "model".into(),
-        "push".into(),
-        path(&v1_dir.join("model.onnx")).into(),
-        "--manifest".into(),
-        path(&v1_dir.join("model.onnx.manifest.json")).into(),
-        "--probe-inputs".into(),
-        path(&v1_dir.join("probe_inputs.npz")).into(),
-        "--name".into(),
-        "digits".into(),
-        "--version".into(),
-        "1.0.0".into(),
-    ])
+    let repush = run(push_args(
+        path(&v1_dir.join("model.onnx")),
+        "1.0.0",
+        &[
+            "--manifest",
+            path(&v1_dir.join("model.onnx.manifest.json")),
+            "--probe-inputs",
+            path(&v1_dir.join("probe_inputs.npz")),
+        ],
+    ))
     .await
     .ok();
     assert!(

@@ -233,9 +233,10 @@ pub fn run_gate(
     opts: &GateOptions,
 ) -> Result<GateOutcome, QuantizeError> {
     let truth = Truth::of(eval);
+    let summary = onnx::inspect(model);
     let task = match &opts.task {
         Some(t) => t.clone(),
-        None => Task::infer(&onnx::inspect(model), truth.classes.is_some()),
+        None => Task::infer(&summary, truth.classes.is_some()),
     };
     let kind = MetricKind::for_task(&task, &truth);
     let budget = opts.budget.unwrap_or_else(|| kind.default_budget());
@@ -281,7 +282,7 @@ pub fn run_gate(
     // initializers (exact), so they quantize like any other weights.
     let (hoisted, hoist_report) = hoist_constants(model);
     let main_nodes = model.graph.as_ref().map_or(0, |g| g.node.len());
-    let nested_nodes = onnx::inspect(model).node_count.saturating_sub(main_nodes);
+    let nested_nodes = summary.node_count.saturating_sub(main_nodes);
     let source = &hoisted;
     let mut candidates = vec![];
     let mut models = vec![];
