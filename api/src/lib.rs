@@ -4,6 +4,7 @@
 //! CLI, the demo and the integration tests use.
 
 pub mod aliases;
+pub mod benchmarks;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod cost;

@@ -17,6 +17,7 @@ mod job;
 mod model;
 mod model_alias;
 mod model_api;
+mod model_benchmark;
 mod model_pull;
 mod model_push;
 mod model_quantize;

@@ -127,6 +127,31 @@ pub struct QuantizeArgs {
     /// Refuse candidates slower than float on this machine (10 % tolerance).
     #[arg(long, conflicts_with = "latency_budget_ms")]
     pub not_slower_than_float: bool,
+    /// Time float and every candidate within the accuracy budget on this
+    /// enrolled device (through the control plane, over the device's own
+    /// channel), and judge latency there instead of on this machine:
+    /// `--latency-budget-ms`, else not slower than float by over 10 %.
+    #[arg(long, conflicts_with = "benchmark_selector")]
+    pub benchmark_on: Option<String>,
+    /// Like `--benchmark-on`, on the representative of a hardware class: the
+    /// online device matching this selector seen most recently.
+    #[arg(long)]
+    pub benchmark_selector: Option<String>,
+    /// Timed calls per model on the device.
+    #[arg(long, default_value_t = 50)]
+    pub benchmark_runs: u32,
+    /// How long the device has to report, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub benchmark_timeout_s: u32,
+    /// The control plane's console API (for `--benchmark-on`).
+    #[arg(long, env = "EDGELOOP_SERVER", default_value = "http://127.0.0.1:7080")]
+    pub server: String,
+    /// The admin token (or `EDGELOOP_TOKEN`, or `--token-file`).
+    #[arg(long, env = "EDGELOOP_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// A file holding the admin token.
+    #[arg(long, env = "EDGELOOP_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// Where to write the chosen model; the manifest goes beside it as OUT.manifest.json.
     #[arg(long)]
     pub out: PathBuf,

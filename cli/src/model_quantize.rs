@@ -16,8 +16,12 @@ use edgeloop_models::quantize::task::{state_pairs, StatePair, Task};
 use edgeloop_models::runtime::OrtRuntime;
 
 use edgeloop_models::package::{
-    load_or_create_key, package, public_key_path, Identity, Packaged, ProbeInputs,
+    load_or_create_key, public_key_path, sign_outcome, Identity, Packaged, ProbeInputs,
 };
+use edgeloop_models::quantize::gate::{judge_latency_on, run_gate};
+
+use super::api::{client, ServerArgs};
+use super::model_benchmark::{models_to_time, time_on_device, timed_on, timings, Target};
 
 use super::model::{Method, QuantizeArgs, TaskArg};
 
@@ -146,15 +150,34 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
     let eval = Dataset::read(&args.eval, &summary.inputs, false)?;
     let task = task(&args, &summary)?;
     let runtime = OrtRuntime::load(args.ort_library.as_deref())?;
+    let target = match (&args.benchmark_on, &args.benchmark_selector) {
+        (Some(d), _) => Some(Target::Device(d.clone())),
+        (None, Some(s)) => Some(Target::Selector(s.clone())),
+        (None, None) => None,
+    };
+    anyhow::ensure!(
+        (1..=edgeloop_api::benchmarks::MAX_RUNS).contains(&args.benchmark_runs),
+        "--benchmark-runs must be 1 to {}",
+        edgeloop_api::benchmarks::MAX_RUNS
+    );
+    let rule = match (args.latency_budget_ms, args.not_slower_than_float) {
+        (Some(max_ms), _) => LatencyGate::Budget { max_ms },
+        (None, true) => LatencyGate::NotSlowerThanFloat { tolerance: 0.10 },
+        // Timed on the device, latency counts unless the user says how.
+        (None, false) if target.is_some() => LatencyGate::NotSlowerThanFloat { tolerance: 0.10 },
+        (None, false) => LatencyGate::Report,
+    };
     let opts = GateOptions {
         task,
         budget: args.budget,
         percentile: args.percentile,
         candidates: candidates(args.method),
-        latency: match (args.latency_budget_ms, args.not_slower_than_float) {
-            (Some(max_ms), _) => LatencyGate::Budget { max_ms },
-            (None, true) => LatencyGate::NotSlowerThanFloat { tolerance: 0.10 },
-            (None, false) => LatencyGate::Report,
+        // With a device to time on, this machine's timings are recorded
+        // and the device's decide.
+        latency: if target.is_some() {
+            LatencyGate::Report
+        } else {
+            rule
         },
         ..GateOptions::default()
     };
@@ -177,16 +200,47 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
     } else {
         Some(ProbeInputs::first_call(&eval, args.probe_max_latency_ms)?)
     };
+    let mut outcome = run_gate(&runtime, &model, &calibration, &eval, &opts)?;
+    if let Some(target) = &target {
+        let server = ServerArgs {
+            server: args.server.clone(),
+            token: args.token.clone(),
+            token_file: args.token_file.clone(),
+            json: args.json,
+        };
+        // One call's inputs: the probe's, made even when none ships.
+        let inputs = match &probe {
+            Some(p) => p.npz.clone(),
+            None => ProbeInputs::first_call(&eval, args.probe_max_latency_ms)?.npz,
+        };
+        let models = models_to_time(&outcome, &model)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let view = runtime
+            .block_on(async {
+                let client = client(&server)?;
+                time_on_device(
+                    &client,
+                    target,
+                    models,
+                    inputs,
+                    args.benchmark_runs,
+                    args.benchmark_timeout_s,
+                )
+                .await
+            })
+            .map_err(|e| anyhow::anyhow!("timing on the device: {e}"))?;
+        judge_latency_on(&mut outcome, &model, &timings(&view), rule, timed_on(&view))?;
+    }
     let Packaged {
         artifact: bytes,
         manifest: signed,
         outcome,
-    } = package(
+    } = sign_outcome(
         &runtime,
-        &model,
-        &calibration,
+        outcome,
         &eval,
-        &opts,
         Identity {
             name,
             version: args.version.clone(),

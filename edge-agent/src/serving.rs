@@ -42,6 +42,16 @@ pub enum ActivationError {
     Probe(String),
 }
 
+/// A model timed as this device serves it ([`ModelServing::benchmark`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timed {
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub runs: u32,
+    /// The execution provider the session ran on.
+    pub provider: String,
+}
+
 /// A version that serves now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Serving {
@@ -60,4 +70,25 @@ pub trait ModelServing: Send + Sync + 'static {
     fn serving(&self, model: &str) -> Option<Serving>;
     /// Stops serving `model` (it was unassigned).
     fn unload(&self, model: &str);
+    /// Times the model at `path` as it would serve here, one call at a
+    /// time on `inputs`, without serving it. The default cannot.
+    async fn benchmark(
+        &self,
+        _path: PathBuf,
+        _inputs: Vec<(String, Tensor)>,
+        _runs: u32,
+    ) -> Result<Timed, ActivationError> {
+        Err(ActivationError::Load(
+            "this serving backend cannot run benchmarks".into(),
+        ))
+    }
+    /// This machine in words, for a benchmark's evidence.
+    fn describe_host(&self) -> String {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        format!(
+            "{} {}, {cpus} CPUs",
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        )
+    }
 }

@@ -118,6 +118,20 @@ pub fn package(
     key: &ManifestKey,
 ) -> Result<Packaged, PackageError> {
     let outcome = run_gate(runtime, model, calibration, eval, opts)?;
+    sign_outcome(runtime, outcome, eval, identity, probe, key)
+}
+
+/// Signs the manifest of a gate's outcome (its chosen model): what
+/// [`package`] does after the gate, for a caller that judged the outcome
+/// further first (latency timed on a device: `judge_latency_on`).
+pub fn sign_outcome(
+    runtime: &OrtRuntime,
+    outcome: GateOutcome,
+    eval: &Dataset,
+    identity: Identity,
+    probe: Option<&ProbeInputs>,
+    key: &ManifestKey,
+) -> Result<Packaged, PackageError> {
     let artifact =
         onnx::encode(&outcome.chosen_model).map_err(|source| PackageError::TooLarge {
             chosen: outcome.chosen.clone(),

@@ -2,6 +2,7 @@
 //! assignments pushed to devices, and what they report back.
 
 pub mod assignments;
+pub mod benchmarks;
 pub mod cost;
 pub mod deployments;
 pub mod members;
@@ -32,6 +33,10 @@ pub enum FleetEvent {
     JobChanged {
         job: String,
     },
+    /// A benchmark was queued for a device.
+    BenchmarkQueued {
+        device: String,
+    },
 }
 
 /// What a long-lived stream of one member waits for. A per-member
@@ -43,6 +48,8 @@ pub enum FleetEvent {
 pub struct MemberSignal {
     /// Bumped whenever the member's assignments change.
     pub assignments: u64,
+    /// Bumped whenever a benchmark is queued for the member.
+    pub benchmarks: u64,
     pub revoked: bool,
 }
 
@@ -70,6 +77,10 @@ impl Events {
         match &event {
             FleetEvent::AssignmentsChanged { device } => {
                 self.signal(MemberKind::Device, device, |s| s.assignments += 1);
+                return;
+            }
+            FleetEvent::BenchmarkQueued { device } => {
+                self.signal(MemberKind::Device, device, |s| s.benchmarks += 1);
                 return;
             }
             FleetEvent::Revoked { kind, id } => self.signal(*kind, id, |s| s.revoked = true),
@@ -131,6 +142,7 @@ mod tests {
             *a.borrow_and_update(),
             MemberSignal {
                 assignments: 1,
+                benchmarks: 0,
                 revoked: true
             }
         );

@@ -98,6 +98,8 @@ pub struct Store {
     pub triggers: Tree<crate::lifecycle::triggers::config::TriggersConfig>,
     /// What the trigger task last saw and decided, by model.
     pub trigger_state: Tree<crate::lifecycle::triggers::runner::TriggerStateRecord>,
+    /// Device benchmarks, by id (`b-<seq>`, so key order is creation order).
+    pub benchmarks: Tree<crate::fleet::benchmarks::BenchmarkRecord>,
     /// What each model's drift is measured against, by model.
     pub drift_reference: Tree<crate::lifecycle::retrain::ReferenceRecord>,
 }
@@ -153,6 +155,7 @@ impl Store {
             drift_reference: Tree::open(&db, "drift_reference")?,
             triggers: Tree::open(&db, "triggers")?,
             trigger_state: Tree::open(&db, "trigger_state")?,
+            benchmarks: Tree::open(&db, "benchmarks")?,
             db,
             flusher: Arc::default(),
         })

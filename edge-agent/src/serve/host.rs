@@ -23,7 +23,9 @@ use super::probe::{check_probe, expected_outputs};
 use super::protocol::{datatype_name, MetadataTensor, ModelMetadata};
 use crate::config::ServeConfig;
 use crate::observe::Observer;
-use crate::serving::{ActivationError, ModelServing, PrepareSpec, ProbeSpec, Serving};
+use crate::serving::{ActivationError, ModelServing, PrepareSpec, ProbeSpec, Serving, Timed};
+use edgeloop_models::tensor::Tensor;
+use std::path::PathBuf;
 
 struct Entry {
     current: Arc<Version>,
@@ -248,6 +250,39 @@ impl ModelServing for ModelHost {
             version: e.current.version.clone(),
             provider: e.current.provider.clone(),
         })
+    }
+
+    async fn benchmark(
+        &self,
+        path: PathBuf,
+        inputs: Vec<(String, Tensor)>,
+        runs: u32,
+    ) -> Result<Timed, ActivationError> {
+        let loader = self.loader.clone();
+        tokio::task::spawn_blocking(move || loader.time(&path, &inputs, runs))
+            .await
+            .map_err(|e| ActivationError::Load(format!("the benchmark task failed: {e}")))?
+    }
+
+    fn describe_host(&self) -> String {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let gpu = edgeloop_client_core::gpu::LocalGpus::detect()
+            .gpus
+            .first()
+            .map(|g| format!(", GPU {}", g.name))
+            .unwrap_or_default();
+        let providers: Vec<String> = self
+            .config()
+            .providers
+            .iter()
+            .map(|p| format!("{p:?}"))
+            .collect();
+        format!(
+            "device: {} {}, {cpus} CPUs{gpu}; serving providers {}",
+            std::env::consts::OS,
+            std::env::consts::ARCH,
+            providers.join(",")
+        )
     }
 
     fn unload(&self, model: &str) {

@@ -18,7 +18,8 @@ use super::policy::BatchPolicy;
 use super::pool::{Named, Pool, PoolOptions};
 use super::probe::check_signature;
 use crate::config::{Provider, ServeConfig};
-use crate::serving::{ActivationError, PrepareSpec};
+use crate::serving::{ActivationError, PrepareSpec, Timed};
+use std::time::Instant;
 
 /// A loaded version: its interface, and the pool that runs it.
 pub struct Version {
@@ -251,6 +252,57 @@ impl Loader {
         })
     }
 }
+
+impl Loader {
+    /// Times the model at `path` as this device would serve it (the serving
+    /// providers, threads and TensorRT cache) on `inputs`, one call at a
+    /// time: a few warm-up calls, then `runs` timed ones. Nothing is
+    /// swapped in or counted in the serving metrics. Blocking.
+    pub fn time(
+        &self,
+        path: &std::path::Path,
+        inputs: &[(String, Tensor)],
+        runs: u32,
+    ) -> Result<Timed, ActivationError> {
+        let load_error = |e: String| ActivationError::Load(e);
+        let runtime = self.runtime()?;
+        let trt_cache = if self.config.providers.contains(&Provider::TensorRt) {
+            let (digest, _) = crate::sync::verify::hash_file(path)
+                .map_err(|e| load_error(format!("reading {}: {e}", path.display())))?;
+            self.trt_cache(&runtime, &digest)
+        } else {
+            None
+        };
+        let mut session = runtime
+            .session_from_file(path, &self.session_options(trt_cache))
+            .map_err(|e| load_error(e.to_string()))?;
+        let named: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut call = || -> Result<f64, ActivationError> {
+            let start = Instant::now();
+            session
+                .run(&named)
+                .map_err(|e| ActivationError::Probe(format!("running: {e}")))?;
+            Ok(start.elapsed().as_secs_f64() * 1000.0)
+        };
+        // The first calls allocate and (on a GPU) build kernels: not what a
+        // serving device pays per request.
+        for _ in 0..WARM_UP_CALLS {
+            call()?;
+        }
+        let mut times = (0..runs.max(1)).map(|_| call()).collect::<Result<Vec<_>, _>>()?;
+        times.sort_by(f64::total_cmp);
+        let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+        Ok(Timed {
+            p50_ms: at(0.5),
+            p90_ms: at(0.9),
+            runs: times.len() as u32,
+            provider: session.provider().to_string(),
+        })
+    }
+}
+
+/// Untimed calls before a benchmark's timed ones.
+const WARM_UP_CALLS: usize = 3;
 
 /// Every input and output must be a tensor of a [`DType`], or no request
 /// could ever be served.

@@ -1,4 +1,4 @@
-//! The three agent RPCs sync uses, behind a trait so the download and watch
+//! The agent RPCs sync uses, behind a trait so the download and watch
 //! logic is exercised in unit tests without a network.
 
 use std::pin::Pin;
@@ -24,6 +24,14 @@ pub trait ControlPlaneClient: Send + Sync + 'static {
         max_chunk_bytes: u32,
     ) -> Result<StatusStream<pb::ArtifactChunk>, Status>;
     async fn report(&self, report: pb::AssignmentStatusReport) -> Result<(), Status>;
+    /// Benchmarks queued for this device (see `benchmark`). A client that
+    /// has none answers `Unimplemented`, which ends the benchmark loop.
+    async fn watch_benchmarks(&self) -> Result<StatusStream<pb::BenchmarkTask>, Status> {
+        Err(Status::unimplemented("benchmarks"))
+    }
+    async fn report_benchmark(&self, _report: pb::BenchmarkReport) -> Result<(), Status> {
+        Err(Status::unimplemented("benchmarks"))
+    }
 }
 
 /// Statuses that mean "no", as opposed to "not now": retrying cannot help.
@@ -97,6 +105,26 @@ impl ControlPlaneClient for GrpcClient {
         self.client
             .clone()
             .report_assignment_status(request)
+            .await
+            .map(|_| ())
+    }
+
+    async fn watch_benchmarks(&self) -> Result<StatusStream<pb::BenchmarkTask>, Status> {
+        let stream = self
+            .client
+            .clone()
+            .watch_benchmarks(pb::WatchBenchmarksRequest {})
+            .await?
+            .into_inner();
+        Ok(stream.boxed())
+    }
+
+    async fn report_benchmark(&self, report: pb::BenchmarkReport) -> Result<(), Status> {
+        let mut request = tonic::Request::new(report);
+        request.set_timeout(std::time::Duration::from_secs(10));
+        self.client
+            .clone()
+            .report_benchmark(request)
             .await
             .map(|_| ())
     }

@@ -9,10 +9,13 @@
 //!   [`verify`] (signature, digests, probe inputs) and [`slots`] (A/B slots
 //!   written crash-safely), reporting through [`report`].
 //! - [`boot`] serves from disk before the network is up.
+//! - [`benchmark`] times models the control plane asks about, in scratch
+//!   space beside the slots, never touching what serves.
 //!
 //! Activation itself is [`crate::serving::ModelServing`]'s job.
 
 pub mod assignment;
+pub mod benchmark;
 pub mod boot;
 pub mod client;
 pub mod download;
@@ -187,6 +190,24 @@ impl Syncer {
             self.options.backoff,
             stop_reporting.clone(),
         ));
+        let stop_benchmarks = shutdown.child_token();
+        let scratch = self.models_dir.with_file_name("benchmarks");
+        // Whatever a killed benchmark left is only scratch.
+        let _ = std::fs::remove_dir_all(&scratch);
+        let benchmarks = tokio::spawn(
+            benchmark::Benchmarker {
+                client: client.clone(),
+                serving: self.serving.clone(),
+                downloader: download::Downloader::new(
+                    client.clone(),
+                    self.options.download,
+                    self.events.clone(),
+                ),
+                dir: scratch,
+                backoff: self.options.backoff,
+            }
+            .run(stop_benchmarks.clone()),
+        );
         let mut reconciler = reconcile::Reconciler::new(ctx, store, applied);
         let watched = watch::watch(
             client.as_ref(),
@@ -196,6 +217,8 @@ impl Syncer {
         )
         .await;
         reconciler.stop_all().await;
+        stop_benchmarks.cancel();
+        let _ = benchmarks.await;
         stop_reporting.cancel();
         let _ = reporting.await;
         watched

@@ -150,6 +150,8 @@ pub struct Measurement {
     /// Median single-call latency on the quantizing host.
     pub latency_ms: f64,
     pub quantize_ms: f64,
+    /// Within the metric's budget (whatever its latency says).
+    pub within_budget: bool,
     pub accepted: bool,
     pub verdict: String,
     pub report: Report,
@@ -186,6 +188,11 @@ pub struct GateOutcome {
     pub reason: String,
     #[serde(skip)]
     pub chosen_model: ir::ModelProto,
+    /// Each candidate's model, in `candidates`' order (`None` when it
+    /// could not be made or run), so the choice can be made again with
+    /// latencies measured elsewhere ([`judge_latency_on`]).
+    #[serde(skip)]
+    pub candidate_models: Vec<Option<ir::ModelProto>>,
 }
 
 impl GateOutcome {
@@ -264,6 +271,7 @@ pub fn run_gate(
         size_bytes: onnx::serialized_size(model),
         latency_ms: float_latency,
         quantize_ms: 0.0,
+        within_budget: true,
         accepted: true,
         verdict: "reference".into(),
         report: Report::default(),
@@ -393,37 +401,8 @@ pub fn run_gate(
         candidates.push(m);
         models.push(Some(q));
     }
-    let best = candidates
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| m.accepted && m.size_bytes < float.size_bytes)
-        .min_by(|a, b| {
-            a.1.size_bytes
-                .cmp(&b.1.size_bytes)
-                .then(a.1.loss.total_cmp(&b.1.loss))
-        });
     let unit = kind.unit();
-    let (chosen, reason, chosen_model) = match best.and_then(|(i, m)| Some((m, models[i].clone()?))) {
-        Some((m, q)) => (
-            m.name.clone(),
-            format!(
-                "{} is the smallest candidate within the budget of {budget} {unit} of {} ({} vs {} bytes)",
-                m.name,
-                kind.name(),
-                m.size_bytes,
-                float.size_bytes
-            ),
-            q,
-        ),
-        None => (
-            "float".to_string(),
-            format!(
-                "no candidate qualified, keeping float: {}",
-                candidates.iter().map(|c| format!("{}: {}", c.name, c.verdict)).collect::<Vec<_>>().join("; ")
-            ),
-            model.clone(),
-        ),
-    };
+    let (chosen, reason, chosen_model) = choose(&float, &candidates, &models, model, kind, budget);
     Ok(GateOutcome {
         metric: MetricRecord {
             name: kind,
@@ -442,7 +421,158 @@ pub fn run_gate(
         chosen,
         reason,
         chosen_model,
+        candidate_models: models,
     })
+}
+
+/// The deterministic choice: the smallest accepted candidate smaller than
+/// float (ties to the smaller loss), else float with every verdict.
+fn choose(
+    float: &Measurement,
+    candidates: &[Measurement],
+    models: &[Option<ir::ModelProto>],
+    float_model: &ir::ModelProto,
+    kind: MetricKind,
+    budget: f64,
+) -> (String, String, ir::ModelProto) {
+    let best = candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.accepted && m.size_bytes < float.size_bytes)
+        .min_by(|a, b| {
+            a.1.size_bytes
+                .cmp(&b.1.size_bytes)
+                .then(a.1.loss.total_cmp(&b.1.loss))
+        });
+    let unit = kind.unit();
+    match best.and_then(|(i, m)| Some((m, models.get(i)?.clone()?))) {
+        Some((m, q)) => (
+            m.name.clone(),
+            format!(
+                "{} is the smallest candidate within the budget of {budget} {unit} of {} ({} vs {} bytes)",
+                m.name,
+                kind.name(),
+                m.size_bytes,
+                float.size_bytes
+            ),
+            q,
+        ),
+        None => (
+            "float".to_string(),
+            format!(
+                "no candidate qualified, keeping float: {}",
+                candidates.iter().map(|c| format!("{}: {}", c.name, c.verdict)).collect::<Vec<_>>().join("; ")
+            ),
+            float_model.clone(),
+        ),
+    }
+}
+
+/// Why a latency refuses a candidate under `rule`, if it does.
+fn too_slow(rule: LatencyGate, latency: f64, float_latency: f64, where_: &str) -> Option<String> {
+    match rule {
+        LatencyGate::Report => None,
+        LatencyGate::NotSlowerThanFloat { tolerance } => {
+            (latency > float_latency * (1.0 + tolerance)).then(|| {
+                format!("slower than float{where_} ({latency:.3} ms vs {float_latency:.3} ms)")
+            })
+        }
+        LatencyGate::Budget { max_ms } => (latency > max_ms).then(|| {
+            format!("slower than the latency budget{where_} ({latency:.3} ms vs {max_ms:.3} ms)")
+        }),
+    }
+}
+
+/// Judges latency again with timings taken elsewhere, on the device
+/// that will serve (a benchmark over the agent's channel), and makes the
+/// choice again. Pure. `timings` holds each timed model's median latency by
+/// name, or why the device could not run it; float must have one. A
+/// candidate within the accuracy budget without a timing is refused, with
+/// the device's reason. The accuracy verdicts stand; `timed_on` says where
+/// the timings were taken, in the evidence.
+pub fn judge_latency_on(
+    outcome: &mut GateOutcome,
+    float_model: &ir::ModelProto,
+    timings: &BTreeMap<String, Result<f64, String>>,
+    rule: LatencyGate,
+    timed_on: String,
+) -> Result<(), QuantizeError> {
+    let float_latency = match timings.get("float") {
+        Some(Ok(l)) if l.is_finite() && *l >= 0.0 => *l,
+        Some(Ok(l)) => {
+            return Err(QuantizeError::Data(format!(
+                "float's latency on {timed_on} is not a finite number >= 0: {l}"
+            )))
+        }
+        Some(Err(why)) => {
+            return Err(QuantizeError::Data(format!(
+                "float could not be timed on {timed_on}: {why}"
+            )))
+        }
+        None => {
+            return Err(QuantizeError::Data(format!(
+                "the benchmark on {timed_on} gave no timing for float"
+            )))
+        }
+    };
+    outcome.float.latency_ms = float_latency;
+    let kind = outcome.metric.name;
+    let budget = outcome.metric.budget;
+    for m in outcome.candidates.iter_mut().filter(|m| m.within_budget) {
+        match timings.get(&m.name) {
+            Some(Ok(latency)) if latency.is_finite() && *latency >= 0.0 => {
+                m.latency_ms = *latency;
+                let slow = too_slow(rule, *latency, float_latency, " on the device");
+                (m.accepted, m.verdict) = verdict(kind, m.loss, budget, slow);
+            }
+            Some(Ok(latency)) => {
+                m.accepted = false;
+                m.verdict = format!("within budget, but its device latency is not a number >= 0 ({latency})");
+            }
+            Some(Err(why)) => {
+                m.accepted = false;
+                m.verdict = format!("within budget, but could not run on the device: {why}");
+            }
+            None => {
+                m.accepted = false;
+                m.verdict = "within budget, but not timed on the device".into();
+            }
+        }
+    }
+    let (chosen, reason, chosen_model) = choose(
+        &outcome.float,
+        &outcome.candidates,
+        &outcome.candidate_models,
+        float_model,
+        kind,
+        budget,
+    );
+    outcome.chosen = chosen;
+    outcome.reason = format!("{reason}; latency judged on {timed_on}");
+    outcome.chosen_model = chosen_model;
+    outcome.latency = LatencyRecord {
+        gate: rule,
+        timed_on,
+    };
+    Ok(())
+}
+
+/// A candidate's verdict from its loss and, if it is too slow, why.
+fn verdict(kind: MetricKind, loss: f64, budget: f64, too_slow: Option<String>) -> (bool, String) {
+    let unit = kind.unit();
+    if loss > budget {
+        (
+            false,
+            format!("{} loss {loss:.4} exceeds the budget of {budget} {unit}", kind.name()),
+        )
+    } else if let Some(why) = too_slow {
+        (false, why)
+    } else {
+        (
+            true,
+            format!("within budget ({} loss {loss:.4} {unit})", kind.name()),
+        )
+    }
 }
 
 fn refused(
@@ -460,6 +590,7 @@ fn refused(
         size_bytes: size,
         latency_ms: 0.0,
         quantize_ms,
+        within_budget: false,
         accepted: false,
         verdict,
         report,
@@ -493,38 +624,8 @@ impl Judge<'_> {
         report: Report,
     ) -> Measurement {
         let loss = self.kind.loss(self.float_metric, scored.value);
-        let unit = self.kind.unit();
-        let too_slow = match self.latency {
-            LatencyGate::Report => None,
-            LatencyGate::NotSlowerThanFloat { tolerance } => {
-                (latency > self.float_latency * (1.0 + tolerance)).then(|| {
-                    format!(
-                        "slower than float ({latency:.3} ms vs {:.3} ms)",
-                        self.float_latency
-                    )
-                })
-            }
-            LatencyGate::Budget { max_ms } => (latency > max_ms).then(|| {
-                format!("slower than the latency budget ({latency:.3} ms vs {max_ms:.3} ms)")
-            }),
-        };
-        let (accepted, verdict) = if loss > self.budget {
-            (
-                false,
-                format!(
-                    "{} loss {loss:.4} exceeds the budget of {} {unit}",
-                    self.kind.name(),
-                    self.budget
-                ),
-            )
-        } else if let Some(why) = too_slow {
-            (false, why)
-        } else {
-            (
-                true,
-                format!("within budget ({} loss {loss:.4} {unit})", self.kind.name()),
-            )
-        };
+        let slow = too_slow(self.latency, latency, self.float_latency, "");
+        let (accepted, verdict) = verdict(self.kind, loss, self.budget, slow);
         Measurement {
             name,
             metric: scored.value,
@@ -533,6 +634,7 @@ impl Judge<'_> {
             size_bytes: size,
             latency_ms: latency,
             quantize_ms,
+            within_budget: loss <= self.budget,
             accepted,
             verdict,
             report,

@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use super::auth::caller;
 use crate::error::Error;
 use crate::fleet::members::{self, CapabilitiesRecord, MemberKind};
-use crate::fleet::{assignments, telemetry};
+use crate::fleet::{assignments, benchmarks, telemetry};
 use crate::registry::artifacts::ArtifactError;
 use crate::Core;
 
@@ -166,7 +166,17 @@ impl AgentService for AgentApi {
             .parse()
             .map_err(|e| Error::bad_field("digest", format!("{e}")))?;
         let set = assignments::current(&self.core.store, &device)?;
-        if !set.references(digest) {
+        // A device reads what it is assigned, and what its unfinished
+        // benchmarks time: nothing else in the store.
+        let benchmarked = || -> Result<bool, Error> {
+            Ok(benchmarks::unfinished_for(&self.core.store, &device, self.core.now())?
+                .iter()
+                .any(|b| {
+                    b.inputs_digest == digest
+                        || b.models.iter().any(|m| m.artifact_digest == digest)
+                }))
+        };
+        if !set.references(digest) && !benchmarked()? {
             return Err(Error::PermissionDenied(format!(
                 "artifact {digest} is not assigned to device/{device}"
             ))
@@ -215,6 +225,73 @@ impl AgentService for AgentApi {
         telemetry::record_status(&self.core.store, &device, req.into_inner(), self.core.now())?;
         self.core.store.flush().await.map_err(Error::from)?;
         Ok(Response::new(pb::AssignmentStatusAck {}))
+    }
+
+    type WatchBenchmarksStream = BoxStream<pb::BenchmarkTask>;
+
+    async fn watch_benchmarks(
+        &self,
+        req: Request<pb::WatchBenchmarksRequest>,
+    ) -> Result<Response<Self::WatchBenchmarksStream>, Status> {
+        let device = caller(&self.core, &req, MemberKind::Device)?.id;
+        let core = self.core.clone();
+        // Subscribe before reading, so no benchmark queued between the two
+        // is missed.
+        let mut signal = benchmarks::subscribe(&core.events, &device);
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            // Sent on this stream; a new stream sends every unfinished one
+            // again (the agent runs an id once).
+            let mut sent = std::collections::HashSet::<String>::new();
+            loop {
+                if signal.borrow_and_update().revoked {
+                    let _ = tx
+                        .send(Err(Error::PermissionDenied(format!(
+                            "device/{device} has been revoked"
+                        ))
+                        .into()))
+                        .await;
+                    return;
+                }
+                match benchmarks::unfinished_for(&core.store, &device, core.now()) {
+                    Ok(todo) => {
+                        for b in todo {
+                            if sent.contains(&b.id) {
+                                continue;
+                            }
+                            if tx.send(Ok(b.to_task())).await.is_err() {
+                                return;
+                            }
+                            if let Err(e) = benchmarks::delivered(&core.store, &b.id, core.now()) {
+                                tracing::warn!(benchmark = %b.id, error = %e, "recording a delivered benchmark");
+                            }
+                            sent.insert(b.id);
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                }
+                tokio::select! {
+                    _ = core.shutdown.cancelled() => return,
+                    _ = tx.closed() => return,
+                    changed = signal.changed() => if changed.is_err() {
+                        return;
+                    },
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn report_benchmark(
+        &self,
+        req: Request<pb::BenchmarkReport>,
+    ) -> Result<Response<pb::BenchmarkAck>, Status> {
+        let device = caller(&self.core, &req, MemberKind::Device)?.id;
+        benchmarks::report(&self.core.store, &device, &req.into_inner(), self.core.now()).await?;
+        Ok(Response::new(pb::BenchmarkAck {}))
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod aliases;
 mod artifacts;
+mod benchmarks;
 mod cost;
 mod deployments;
 mod drift;
@@ -99,6 +100,11 @@ pub fn router(core: Arc<Core>) -> Router {
         )
         .route("/api/v1/deployments/{id}", get(deployments::show))
         .route("/api/v1/deployments/{id}/cancel", post(deployments::cancel))
+        .route(
+            "/api/v1/benchmarks",
+            post(benchmarks::create).get(benchmarks::list),
+        )
+        .route("/api/v1/benchmarks/{id}", get(benchmarks::show))
         .route("/api/v1/jobs", post(jobs::create).get(jobs::list))
         .route("/api/v1/jobs/{id}", get(jobs::show))
         .route("/api/v1/jobs/{id}/cancel", post(jobs::cancel))

@@ -9,7 +9,7 @@ use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, RefOr, ResponseBuilder
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    aliases, artifacts, cost, deployments, drift, fleet, jobs, metrics, models, pipelines,
+    aliases, artifacts, benchmarks, cost, deployments, drift, fleet, jobs, metrics, models, pipelines,
     telemetry, triggers,
 };
 
@@ -54,6 +54,9 @@ use super::{
         deployments::list,
         deployments::show,
         deployments::cancel,
+        benchmarks::create,
+        benchmarks::list,
+        benchmarks::show,
         jobs::create,
         jobs::list,
         jobs::show,

@@ -1,0 +1,143 @@
+//! `edgeloop model quantize --benchmark-on DEVICE` (or
+//! `--benchmark-selector SEL`): the gate's latency judged on the device
+//! that will serve, not on this machine. Float and every candidate within
+//! the accuracy budget are uploaded (content-addressed: a file the server
+//! holds is not sent again) with one call's inputs (the health probe's),
+//! the control plane queues a benchmark for the device, the device times
+//! each model over its own channel as it would serve it, and the gate
+//! chooses again with those timings (`judge_latency_on`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use edgeloop_api::benchmarks::{BenchmarkModel, BenchmarkState, BenchmarkView, CreateBenchmark};
+use edgeloop_api::client::poll_until;
+use edgeloop_models::onnx::{self, ir};
+use edgeloop_models::quantize::gate::GateOutcome;
+
+use super::api::{CliError, Client};
+
+/// Which device times the models.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Device(String),
+    Selector(String),
+}
+
+/// Every model the device should time: float, and each candidate within
+/// the accuracy budget that can ship as one file, with its ONNX bytes.
+pub fn models_to_time(
+    outcome: &GateOutcome,
+    float: &ir::ModelProto,
+) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let float_bytes = onnx::encode(float)
+        .map_err(|e| anyhow::anyhow!("float cannot be sent to the device as one file: {e}"))?;
+    let mut out = vec![("float".to_string(), float_bytes)];
+    for (m, model) in outcome.candidates.iter().zip(&outcome.candidate_models) {
+        if let (true, Some(model)) = (m.within_budget, model) {
+            // A candidate over 2 GiB was refused by the gate already.
+            if let Ok(bytes) = onnx::encode(model) {
+                out.push((m.name.clone(), bytes));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Uploads the models and inputs, queues the benchmark and waits for it.
+/// A benchmark that fails is an error naming why (fail closed: no choice
+/// is made on timings that do not exist).
+pub async fn time_on_device(
+    client: &Client,
+    target: &Target,
+    models: Vec<(String, Vec<u8>)>,
+    inputs_npz: Vec<u8>,
+    runs: u32,
+    timeout_s: u32,
+) -> Result<BenchmarkView, CliError> {
+    let mut entries = Vec::with_capacity(models.len());
+    for (name, bytes) in models {
+        let artifact_digest = client.upload(bytes).await?;
+        entries.push(BenchmarkModel {
+            name,
+            artifact_digest,
+        });
+    }
+    let inputs_digest = client.upload(inputs_npz).await?;
+    let (device, selector) = match target {
+        Target::Device(d) => (Some(d.clone()), None),
+        Target::Selector(s) => (None, Some(s.clone())),
+    };
+    let created: BenchmarkView = client
+        .post(
+            "/api/v1/benchmarks",
+            &CreateBenchmark {
+                device,
+                selector,
+                models: entries,
+                inputs_digest,
+                runs: Some(runs),
+                timeout_seconds: Some(timeout_s),
+            },
+        )
+        .await?;
+    eprintln!(
+        "benchmark {} queued on device {}; waiting for it to report",
+        created.id, created.device
+    );
+    let path = format!("/api/v1/benchmarks/{}", created.id);
+    // The server fails it at its deadline; a little longer here, so the
+    // failure's reason is what this command reports.
+    let wait = Duration::from_secs(u64::from(timeout_s) + 30);
+    let done: BenchmarkView = poll_until(
+        &format!("benchmark {}", created.id),
+        Duration::from_millis(300),
+        Some(wait),
+        || async {
+            let v: BenchmarkView = client.get(&path).await?;
+            Ok::<_, CliError>(v.state.is_finished().then_some(v))
+        },
+    )
+    .await?;
+    if done.state == BenchmarkState::Failed {
+        return Err(CliError::Server(format!(
+            "benchmark {} on device {} failed: {}",
+            done.id,
+            done.device,
+            done.reason.as_deref().unwrap_or("no reason given")
+        )));
+    }
+    Ok(done)
+}
+
+/// The benchmark's timings as the gate takes them: each model's median,
+/// or the device's reason it could not run.
+pub fn timings(view: &BenchmarkView) -> BTreeMap<String, Result<f64, String>> {
+    view.results
+        .iter()
+        .map(|t| {
+            let timing = match (t.latency_p50_ms, &t.error) {
+                (Some(ms), None) => Ok(ms),
+                (_, Some(e)) => Err(e.clone()),
+                (None, None) => Err("no latency reported".into()),
+            };
+            (t.name.clone(), timing)
+        })
+        .collect()
+}
+
+/// Where the timings were taken, for the evidence.
+pub fn timed_on(view: &BenchmarkView) -> String {
+    let provider = view
+        .results
+        .iter()
+        .find_map(|t| t.execution_provider.clone())
+        .unwrap_or_else(|| "unknown provider".into());
+    format!(
+        "device {} ({}; {provider}), benchmark {}, {} runs per model",
+        view.device,
+        view.timed_on.as_deref().unwrap_or("machine not reported"),
+        view.id,
+        view.runs
+    )
+}
