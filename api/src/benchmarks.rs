@@ -28,7 +28,12 @@ pub struct BenchmarkModel {
     /// Unique within the benchmark: `float`, `int8-static-entropy`, ...
     #[cfg_attr(
         feature = "openapi",
-        schema(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", min_length = 1, max_length = 63, example = "fp16")
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63,
+            example = "fp16"
+        )
     )]
     pub name: String,
     /// sha256 of an uploaded ONNX artifact (`PUT /api/v1/artifacts/{digest}`).
@@ -47,11 +52,22 @@ pub struct CreateBenchmark {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(
         feature = "openapi",
-        schema(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", min_length = 1, max_length = 63)
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
     )]
     pub device: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 1024, example = "edgeloop.io/provider=CUDAExecutionProvider"))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 1024,
+            example = "edgeloop.io/provider=CUDAExecutionProvider"
+        )
+    )]
     pub selector: Option<String>,
     #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 16))]
     pub models: Vec<BenchmarkModel>,
@@ -129,9 +145,17 @@ pub struct BenchmarkView {
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
     /// When the device received it.
-    #[serde(default, with = "time::serde::rfc3339::option", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub started_at: Option<OffsetDateTime>,
-    #[serde(default, with = "time::serde::rfc3339::option", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub finished_at: Option<OffsetDateTime>,
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]

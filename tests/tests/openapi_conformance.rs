@@ -83,6 +83,13 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404",
 include-name = "POST /api/v1/deployments"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409"]
 
+# A benchmark names stored things (an enrolled device, uploaded artifacts,
+# a selector some online device matches), and exactly one of device and
+# selector: a cross-field rule.
+[[operations]]
+include-name = "POST /api/v1/benchmarks"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409"]
+
 # KNOWN GAP (issue #13): the nested job spec, retraining and trigger
 # configs do not state all their rules in the schema yet (required
 # `spec.name`, windows and ranges); schema-valid bodies can still get a 400

@@ -289,7 +289,9 @@ impl Loader {
         for _ in 0..WARM_UP_CALLS {
             call()?;
         }
-        let mut times = (0..runs.max(1)).map(|_| call()).collect::<Result<Vec<_>, _>>()?;
+        let mut times = (0..runs.max(1))
+            .map(|_| call())
+            .collect::<Result<Vec<_>, _>>()?;
         times.sort_by(f64::total_cmp);
         let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
         Ok(Timed {

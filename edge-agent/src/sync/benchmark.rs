@@ -208,7 +208,9 @@ impl Benchmarker {
         loop {
             match self.client.report_benchmark(report.clone()).await {
                 Ok(()) => return,
-                Err(status) if is_refusal(status.code()) || status.code() == Code::AlreadyExists => {
+                Err(status)
+                    if is_refusal(status.code()) || status.code() == Code::AlreadyExists =>
+                {
                     tracing::warn!(benchmark = %report.id, %status, "benchmark report refused");
                     return;
                 }

@@ -169,12 +169,14 @@ impl AgentService for AgentApi {
         // A device reads what it is assigned, and what its unfinished
         // benchmarks time: nothing else in the store.
         let benchmarked = || -> Result<bool, Error> {
-            Ok(benchmarks::unfinished_for(&self.core.store, &device, self.core.now())?
-                .iter()
-                .any(|b| {
-                    b.inputs_digest == digest
-                        || b.models.iter().any(|m| m.artifact_digest == digest)
-                }))
+            Ok(
+                benchmarks::unfinished_for(&self.core.store, &device, self.core.now())?
+                    .iter()
+                    .any(|b| {
+                        b.inputs_digest == digest
+                            || b.models.iter().any(|m| m.artifact_digest == digest)
+                    }),
+            )
         };
         if !set.references(digest) && !benchmarked()? {
             return Err(Error::PermissionDenied(format!(
@@ -290,7 +292,13 @@ impl AgentService for AgentApi {
         req: Request<pb::BenchmarkReport>,
     ) -> Result<Response<pb::BenchmarkAck>, Status> {
         let device = caller(&self.core, &req, MemberKind::Device)?.id;
-        benchmarks::report(&self.core.store, &device, &req.into_inner(), self.core.now()).await?;
+        benchmarks::report(
+            &self.core.store,
+            &device,
+            &req.into_inner(),
+            self.core.now(),
+        )
+        .await?;
         Ok(Response::new(pb::BenchmarkAck {}))
     }
 }

@@ -9,8 +9,8 @@ use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, RefOr, ResponseBuilder
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    aliases, artifacts, benchmarks, cost, deployments, drift, fleet, jobs, metrics, models, pipelines,
-    telemetry, triggers,
+    aliases, artifacts, benchmarks, cost, deployments, drift, fleet, jobs, metrics, models,
+    pipelines, telemetry, triggers,
 };
 
 #[derive(OpenApi)]
