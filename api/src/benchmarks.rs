@@ -136,6 +136,10 @@ pub struct BenchmarkView {
     /// The hardware class the device was chosen from, when one was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// What asked for it when not the console API: a retraining
+    /// pipeline's Quantize step (`p-7/quantize/1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
     pub state: BenchmarkState,
     pub models: Vec<BenchmarkModel>,
     #[cfg_attr(feature = "openapi", schema(value_type = String))]
@@ -169,11 +173,35 @@ pub struct BenchmarkView {
 }
 
 impl BenchmarkView {
-    /// The median latency of each model that ran, by name.
-    pub fn latencies(&self) -> std::collections::BTreeMap<String, f64> {
+    /// Each model's median latency by name, or the device's reason it could
+    /// not run it: what the gate's `judge_latency_on` takes.
+    pub fn timings(&self) -> std::collections::BTreeMap<String, Result<f64, String>> {
         self.results
             .iter()
-            .filter_map(|t| Some((t.name.clone(), t.latency_p50_ms?)))
+            .map(|t| {
+                let timing = match (t.latency_p50_ms, &t.error) {
+                    (Some(ms), None) => Ok(ms),
+                    (_, Some(e)) => Err(e.clone()),
+                    (None, None) => Err("no latency reported".into()),
+                };
+                (t.name.clone(), timing)
+            })
             .collect()
+    }
+
+    /// Where the timings were taken, in words, for the evidence.
+    pub fn timed_on(&self) -> String {
+        let provider = self
+            .results
+            .iter()
+            .find_map(|t| t.execution_provider.clone())
+            .unwrap_or_else(|| "unknown provider".into());
+        format!(
+            "device {} ({}; {provider}), benchmark {}, {} runs per model",
+            self.device,
+            self.timed_on.as_deref().unwrap_or("machine not reported"),
+            self.id,
+            self.runs
+        )
     }
 }

@@ -108,6 +108,38 @@ pub struct RetrainingConfig {
     /// beside the int8 artifact the CPUs get.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub variants: Vec<VariantPolicy>,
+    /// Judge the version's latency on a device of the fleet before it is
+    /// registered: float and each candidate within the accuracy budget are
+    /// timed on the representative of a hardware class. Without it the
+    /// gate never judges latency (the control plane is not the device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencyPolicy>,
+}
+
+/// How the Quantize step judges latency on a device (a benchmark over the
+/// device's agent channel, `/api/v1/benchmarks`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LatencyPolicy {
+    /// The hardware class, as a device selector (usually the rollout's):
+    /// its online device seen most recently times every model.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 1024))]
+    pub benchmark_selector: String,
+    /// Refuse candidates slower than this on the device, in ms per call.
+    /// Default: refuse those slower than float there by over 10 %.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0, maximum = 3600000.0))]
+    pub max_latency_ms: Option<f64>,
+    /// Timed calls per model (default 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 10000))]
+    pub runs: Option<u32>,
+    /// Seconds the device has to report (default 600); a failed benchmark
+    /// fails the step's attempt, retryably.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 5, maximum = 86400))]
+    pub timeout_seconds: Option<u32>,
 }
 
 /// A variant the Quantize step built: its gate's choice and signed manifest.

@@ -7,13 +7,12 @@
 //! each model over its own channel as it would serve it, and the gate
 //! chooses again with those timings (`judge_latency_on`).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use edgeloop_api::benchmarks::{BenchmarkModel, BenchmarkState, BenchmarkView, CreateBenchmark};
 use edgeloop_api::client::poll_until;
 use edgeloop_models::onnx::{self, ir};
-use edgeloop_models::quantize::gate::GateOutcome;
+use edgeloop_models::quantize::gate::{to_time_on_device, GateOutcome};
 
 use super::api::{CliError, Client};
 
@@ -24,24 +23,20 @@ pub enum Target {
     Selector(String),
 }
 
-/// Every model the device should time: float, and each candidate within
-/// the accuracy budget that can ship as one file, with its ONNX bytes.
+/// Every model the device should time, with its ONNX bytes
+/// ([`to_time_on_device`]).
 pub fn models_to_time(
     outcome: &GateOutcome,
     float: &ir::ModelProto,
 ) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
-    let float_bytes = onnx::encode(float)
-        .map_err(|e| anyhow::anyhow!("float cannot be sent to the device as one file: {e}"))?;
-    let mut out = vec![("float".to_string(), float_bytes)];
-    for (m, model) in outcome.candidates.iter().zip(&outcome.candidate_models) {
-        if let (true, Some(model)) = (m.within_budget, model) {
-            // A candidate over 2 GiB was refused by the gate already.
-            if let Ok(bytes) = onnx::encode(model) {
-                out.push((m.name.clone(), bytes));
-            }
-        }
-    }
-    Ok(out)
+    to_time_on_device(outcome, float)
+        .into_iter()
+        .map(|(name, model)| {
+            let bytes = onnx::encode(model)
+                .map_err(|e| anyhow::anyhow!("{name} cannot be sent to the device as one file: {e}"))?;
+            Ok((name, bytes))
+        })
+        .collect()
 }
 
 /// Uploads the models and inputs, queues the benchmark and waits for it.
@@ -108,36 +103,4 @@ pub async fn time_on_device(
         )));
     }
     Ok(done)
-}
-
-/// The benchmark's timings as the gate takes them: each model's median,
-/// or the device's reason it could not run.
-pub fn timings(view: &BenchmarkView) -> BTreeMap<String, Result<f64, String>> {
-    view.results
-        .iter()
-        .map(|t| {
-            let timing = match (t.latency_p50_ms, &t.error) {
-                (Some(ms), None) => Ok(ms),
-                (_, Some(e)) => Err(e.clone()),
-                (None, None) => Err("no latency reported".into()),
-            };
-            (t.name.clone(), timing)
-        })
-        .collect()
-}
-
-/// Where the timings were taken, for the evidence.
-pub fn timed_on(view: &BenchmarkView) -> String {
-    let provider = view
-        .results
-        .iter()
-        .find_map(|t| t.execution_provider.clone())
-        .unwrap_or_else(|| "unknown provider".into());
-    format!(
-        "device {} ({}; {provider}), benchmark {}, {} runs per model",
-        view.device,
-        view.timed_on.as_deref().unwrap_or("machine not reported"),
-        view.id,
-        view.runs
-    )
 }

@@ -21,7 +21,7 @@ use edgeloop_models::package::{
 use edgeloop_models::quantize::gate::{judge_latency_on, run_gate};
 
 use super::api::{client, ServerArgs};
-use super::model_benchmark::{models_to_time, time_on_device, timed_on, timings, Target};
+use super::model_benchmark::{models_to_time, time_on_device, Target};
 
 use super::model::{Method, QuantizeArgs, TaskArg};
 
@@ -231,7 +231,7 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
                 .await
             })
             .map_err(|e| anyhow::anyhow!("timing on the device: {e}"))?;
-        judge_latency_on(&mut outcome, &model, &timings(&view), rule, timed_on(&view))?;
+        judge_latency_on(&mut outcome, &model, &view.timings(), rule, view.timed_on())?;
     }
     let Packaged {
         artifact: bytes,

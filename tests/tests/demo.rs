@@ -102,6 +102,12 @@ fn the_loop_notices_the_shift_retrains_once_and_v2_recovers() {
     assert_eq!(v2["lineage"]["parent_version"], "1.0.0");
     assert!(v2["lineage"]["dataset"].is_string(), "{v2}");
     assert!(v2["lineage"]["job"].is_string(), "{v2}");
+    // Its latency was judged on one of the rollout's devices, which timed
+    // float and the candidates over its agent channel.
+    let timed_on = v2["lineage"]["quantization"]["latency"]["timed_on"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v2}"));
+    assert!(timed_on.starts_with("device edge-"), "{timed_on}");
     // The policy's fp16 variant for GPU devices went through its own gate.
     assert!(v2["variants"]["fp16-gpu"].is_string(), "{v2}");
     let v2_row = s["v2_serving_row"]

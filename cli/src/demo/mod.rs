@@ -481,7 +481,10 @@ async fn close_the_loop(console: &Console, steps: u64) -> anyhow::Result<()> {
                 // devices, through its own gate (the demo's devices are
                 // CPUs: they get the version's own artifact).
                 "variants": [{"name": "fp16-gpu", "candidates": ["fp16"],
-                              "providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"]}]
+                              "providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"]}],
+                // Latency is judged where v2 will serve: a benchmark of
+                // float and each candidate on one of the rollout's devices.
+                "latency": {"benchmark_selector": SELECTOR, "runs": 30, "timeout_seconds": 120}
             }),
         )
         .await?;

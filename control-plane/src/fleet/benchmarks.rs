@@ -45,6 +45,10 @@ pub struct BenchmarkRecord {
     pub device: String,
     #[serde(default)]
     pub selector: Option<String>,
+    /// What asked for it, when not the console API: a pipeline's step
+    /// (`p-7/quantize/1`), so the step finds its benchmark again.
+    #[serde(default)]
+    pub origin: Option<String>,
     pub state: BenchmarkState,
     pub models: Vec<ModelEntry>,
     pub inputs_digest: Digest,
@@ -75,6 +79,7 @@ impl BenchmarkRecord {
             id: self.id,
             device: self.device,
             selector: self.selector,
+            origin: self.origin,
             state: self.state,
             models: self
                 .models
@@ -313,29 +318,41 @@ pub fn check_request(req: &CreateBenchmark) -> Result<()> {
             ));
         }
     }
-    if let Some(runs) = req.runs {
-        if !(1..=MAX_RUNS).contains(&runs) {
-            return Err(Error::bad_field(
-                "runs",
-                format!("must be 1 to {MAX_RUNS}, got {runs}"),
-            ));
-        }
-    }
-    if let Some(t) = req.timeout_seconds {
-        if !(MIN_TIMEOUT_SECONDS..=MAX_TIMEOUT_SECONDS).contains(&t) {
-            return Err(Error::bad_field(
-                "timeout_seconds",
-                format!("must be {MIN_TIMEOUT_SECONDS} to {MAX_TIMEOUT_SECONDS}, got {t}"),
-            ));
-        }
-    }
+    check_runs("runs", req.runs)?;
+    check_timeout("timeout_seconds", req.timeout_seconds)?;
     Ok(())
+}
+
+/// Timed calls per model, when given: 1 to [`MAX_RUNS`].
+pub fn check_runs(field: &str, runs: Option<u32>) -> Result<()> {
+    match runs {
+        Some(r) if !(1..=MAX_RUNS).contains(&r) => Err(Error::bad_field(
+            field,
+            format!("must be 1 to {MAX_RUNS}, got {r}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The device's deadline, when given, in bounds.
+pub fn check_timeout(field: &str, seconds: Option<u32>) -> Result<()> {
+    match seconds {
+        Some(t) if !(MIN_TIMEOUT_SECONDS..=MAX_TIMEOUT_SECONDS).contains(&t) => Err(Error::bad_field(
+            field,
+            format!("must be {MIN_TIMEOUT_SECONDS} to {MAX_TIMEOUT_SECONDS}, got {t}"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Queues a benchmark: checks the request, that every artifact is
 /// uploaded, and finds the device; then stores it, flushes and wakes the
 /// device's stream.
-pub async fn create(core: &Core, req: CreateBenchmark) -> Result<BenchmarkRecord> {
+pub async fn create(
+    core: &Core,
+    req: CreateBenchmark,
+    origin: Option<String>,
+) -> Result<BenchmarkRecord> {
     check_request(&req)?;
     let now = core.now();
     let device = match (&req.device, &req.selector) {
@@ -389,6 +406,7 @@ pub async fn create(core: &Core, req: CreateBenchmark) -> Result<BenchmarkRecord
         id: format!("b-{:012}", core.store.next_id()?),
         device,
         selector: req.selector.map(|s| s.trim().to_string()),
+        origin,
         state: BenchmarkState::Pending,
         models,
         inputs_digest: req.inputs_digest,
@@ -438,6 +456,24 @@ pub fn list(store: &Store, now: OffsetDateTime, limit: usize) -> Result<Vec<Benc
     all.reverse();
     all.truncate(limit);
     all.into_iter().map(|r| settle(store, r, now)).collect()
+}
+
+/// The benchmark `origin` asked for, as it stands at `now`.
+pub fn find_by_origin(
+    store: &Store,
+    origin: &str,
+    now: OffsetDateTime,
+) -> Result<Option<BenchmarkRecord>> {
+    match store
+        .benchmarks
+        .values()?
+        .into_iter()
+        .rev()
+        .find(|r| r.origin.as_deref() == Some(origin))
+    {
+        Some(r) => settle(store, r, now).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// The device's unfinished, unexpired benchmarks, oldest first.
@@ -514,6 +550,7 @@ mod tests {
             id: "b-1".into(),
             device: "edge-1".into(),
             selector: None,
+            origin: None,
             state,
             models: ["float", "fp16"]
                 .map(|n| ModelEntry {

@@ -559,6 +559,22 @@ pub fn judge_latency_on(
     Ok(())
 }
 
+/// What a device should time for [`judge_latency_on`]: float, and each
+/// candidate within the accuracy budget (by name). The others' verdicts
+/// cannot change, so timing them would only cost the device.
+pub fn to_time_on_device<'a>(
+    outcome: &'a GateOutcome,
+    float: &'a ir::ModelProto,
+) -> Vec<(String, &'a ir::ModelProto)> {
+    let mut out = vec![("float".to_string(), float)];
+    for (m, model) in outcome.candidates.iter().zip(&outcome.candidate_models) {
+        if let (true, Some(model)) = (m.within_budget, model) {
+            out.push((m.name.clone(), model));
+        }
+    }
+    out
+}
+
 /// A candidate's verdict from its loss and, if it is too slow, why.
 fn verdict(kind: MetricKind, loss: f64, budget: f64, too_slow: Option<String>) -> (bool, String) {
     let unit = kind.unit();

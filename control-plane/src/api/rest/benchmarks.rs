@@ -32,7 +32,7 @@ pub async fn create(
     State(core): State<Arc<Core>>,
     ValidJson(req): ValidJson<CreateBenchmark>,
 ) -> Result<(StatusCode, Json<BenchmarkView>), Error> {
-    let record = benchmarks::create(&core, req).await?;
+    let record = benchmarks::create(&core, req, None).await?;
     Ok((StatusCode::CREATED, Json(record.view())))
 }
 

@@ -108,6 +108,17 @@ impl RetrainingPolicy for RetrainingConfig {
             }
             validate::execution_providers(&at("providers"), &v.providers)?;
         }
+        if let Some(l) = &self.latency {
+            crate::fleet::deployments::parse_selector("latency.benchmark_selector", &l.benchmark_selector)?;
+            if let Some(ms) = l.max_latency_ms {
+                if !(ms.is_finite() && ms > 0.0 && ms <= 3_600_000.0) {
+                    return Err(Error::bad_field("latency.max_latency_ms", "must be above 0 and at most 3600000 ms"));
+                }
+            }
+            // The same bounds as a benchmark request's.
+            crate::fleet::benchmarks::check_runs("latency.runs", l.runs)?;
+            crate::fleet::benchmarks::check_timeout("latency.timeout_seconds", l.timeout_seconds)?;
+        }
         if !(1..=20).contains(&self.max_attempts) {
             return Err(Error::bad_field("max_attempts", "must be 1 to 20"));
         }

@@ -100,7 +100,7 @@ pub async fn poll(
         Step::BuildDataset => build_dataset(core, p, &config).await.map(Some),
         Step::Train => train(core, p, &config, attempt, now).await,
         Step::Export => export(core, p).await.map(Some),
-        Step::Quantize => quantize::quantize(core, p, &config).await.map(Some),
+        Step::Quantize => quantize::quantize(core, p, &config, attempt, now).await,
         Step::Register => register(core, p, now).await.map(Some),
         Step::Compare => compare(core, p, &config).await.map(Some),
         Step::Deploy => deploy(core, p, &config, attempt, now).await,

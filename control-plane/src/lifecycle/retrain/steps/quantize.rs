@@ -1,8 +1,25 @@
 //! The Quantize step: the package gate on the export over the snapshot
 //! (calibration rows from its training part, evaluation on its eval part),
 //! the version's own artifact and each variant policy's, signed.
+//!
+//! With a latency policy the step takes several polls: the first runs the
+//! gate and queues a benchmark of float and each candidate within budget
+//! on the hardware class's representative device (found again by its
+//! origin, `<pipeline>/quantize/<attempt>`); the last, once the device has
+//! reported, runs the gate again, checks that it made the very models the
+//! device timed (quantization is deterministic; the digests must match),
+//! judges latency with the device's timings and signs. Running the gate
+//! twice costs a second pass over the evaluation set, and keeps nothing
+//! between polls but the benchmark record, so a restart resumes cleanly.
+
+use edgeloop_api::benchmarks::{BenchmarkModel, BenchmarkState, BenchmarkView, CreateBenchmark};
+use edgeloop_api::pipelines::LatencyPolicy;
+use edgeloop_models::quantize::gate::{
+    judge_latency_on, run_gate, to_time_on_device, GateOutcome, LatencyGate,
+};
 
 use super::*;
+use crate::fleet::benchmarks;
 
 /// Calibration rows for static quantization: the newest training rows are
 /// the closest to what the devices see now.
@@ -20,18 +37,21 @@ fn with_rows(npz: Npz, keep_last: usize) -> Npz {
     out
 }
 
-pub(super) async fn quantize(
-    core: &Core,
-    p: &Pipeline,
-    config: &RetrainingConfig,
-) -> Result<Output, StepError> {
+/// What the gate runs on, read from the pipeline's earlier outputs.
+struct Inputs {
+    model_bytes: Vec<u8>,
+    snapshot: Vec<u8>,
+    identity: Identity,
+}
+
+async fn inputs(core: &Core, p: &Pipeline) -> Result<Inputs, StepError> {
     let Output::Onnx {
         digest: onnx_digest,
     } = output(p, Step::Export)?
     else {
         return Err(StepError::fatal("the export step's output is not a model"));
     };
-    let data = snapshot_of(p)?;
+    let data_digest = snapshot_of(p)?;
     let Output::Job {
         id: job,
         checkpoint,
@@ -40,60 +60,199 @@ pub(super) async fn quantize(
         return Err(StepError::fatal("the training step's output is not a job"));
     };
     let model_bytes = read_artifact(core, *onnx_digest).await?;
-    let data_digest = data;
     let snapshot = read_artifact(core, data_digest).await?;
     let version = next_version(core, &p.model)?;
     let parent = serving_version(core, &p.model)?.map(|v| v.version);
-    let identity = Identity {
-        name: p.model.clone(),
-        version: version.clone(),
-        lineage: ManifestLineage {
-            job: Some(job.clone()),
-            checkpoint: Some(*checkpoint),
-            dataset: Some(data_digest),
-            parent_version: parent,
+    Ok(Inputs {
+        model_bytes,
+        snapshot,
+        identity: Identity {
+            name: p.model.clone(),
+            version,
+            lineage: ManifestLineage {
+                job: Some(job.clone()),
+                checkpoint: Some(*checkpoint),
+                dataset: Some(data_digest),
+                parent_version: parent,
+            },
         },
+    })
+}
+
+/// The decoded model and its calibration and evaluation sets. Blocking.
+fn prepare(inputs: &Inputs) -> Result<(onnx::ir::ModelProto, Dataset, Dataset), StepError> {
+    let model = onnx::decode(&inputs.model_bytes).map_err(|e| StepError::fatal(e.to_string()))?;
+    let io = onnx::inspect(&model).inputs;
+    let first = io
+        .first()
+        .ok_or_else(|| StepError::fatal("the model has no inputs"))?
+        .name
+        .clone();
+    let snapshot =
+        Npz::from_bytes(&inputs.snapshot).map_err(|e| StepError::fatal(e.to_string()))?;
+    let part = |eval: bool| -> Result<Dataset, StepError> {
+        let npz = dataset::part_for_model(&snapshot, &first, eval).map_err(StepError::fatal)?;
+        let npz = if eval {
+            npz
+        } else {
+            with_rows(npz, CALIBRATION_ROWS)
+        };
+        Dataset::from_npz(&npz, "the dataset snapshot", &io, eval)
+            .map_err(|e| StepError::fatal(e.to_string()))
     };
+    Ok((model, part(false)?, part(true)?))
+}
+
+fn runtime() -> Result<OrtRuntime, StepError> {
+    OrtRuntime::load(None).map_err(|e| StepError::fatal(format!("ONNX Runtime: {e}")))
+}
+
+/// The pipeline's sets are labelled: top-1 accuracy, in points.
+fn gate_options(config: &RetrainingConfig) -> GateOptions {
+    GateOptions {
+        task: Some(Task::Classification),
+        budget: Some(config.quantization_budget_points),
+        ..GateOptions::default()
+    }
+}
+
+pub(super) async fn quantize(
+    core: &Core,
+    p: &Pipeline,
+    config: &RetrainingConfig,
+    attempt: u32,
+    now: OffsetDateTime,
+) -> Poll {
+    let Some(latency) = &config.latency else {
+        return finish(core, p, config, inputs(core, p).await?, None)
+            .await
+            .map(Some);
+    };
+    let origin = format!("{}/quantize/{attempt}", p.id);
+    // The artifacts are read only when the gate runs, not on every poll
+    // while the device works.
+    match benchmarks::find_by_origin(&core.store, &origin, now)? {
+        None => {
+            start_benchmark(core, config, latency, inputs(core, p).await?, origin).await?;
+            Ok(None)
+        }
+        Some(b) if !b.state.is_finished() => Ok(None),
+        Some(b) if b.state == BenchmarkState::Failed => Err(StepError::transient(format!(
+            "benchmark {} on device {} failed: {}",
+            b.id,
+            b.device,
+            b.reason.as_deref().unwrap_or("no reason given")
+        ))),
+        Some(b) => finish(
+            core,
+            p,
+            config,
+            inputs(core, p).await?,
+            Some((b.view(), latency)),
+        )
+        .await
+        .map(Some),
+    }
+}
+
+/// Runs the gate and queues the benchmark of what it made: float and each
+/// candidate within budget, with one call's inputs (the first eval sample).
+async fn start_benchmark(
+    core: &Core,
+    config: &RetrainingConfig,
+    latency: &LatencyPolicy,
+    inputs: Inputs,
+    origin: String,
+) -> Result<(), StepError> {
+    let opts = gate_options(config);
+    let (models, probe) = blocking(move || {
+        let (model, calibration, eval) = prepare(&inputs)?;
+        let outcome = run_gate(&runtime()?, &model, &calibration, &eval, &opts)
+            .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))?;
+        let models = encode_to_time(&outcome, &model)?;
+        let probe = package::ProbeInputs::first_call(&eval, 1000.0)
+            .map_err(|e| StepError::fatal(e.to_string()))?;
+        Ok((models, probe.npz))
+    })
+    .await?;
+    let mut entries = Vec::with_capacity(models.len());
+    for (name, bytes) in models {
+        entries.push(BenchmarkModel {
+            name,
+            artifact_digest: put_artifact(core, bytes).await?,
+        });
+    }
+    let request = CreateBenchmark {
+        device: None,
+        selector: Some(latency.benchmark_selector.clone()),
+        models: entries,
+        inputs_digest: put_artifact(core, probe).await?,
+        runs: latency.runs,
+        timeout_seconds: latency.timeout_seconds,
+    };
+    let queued = benchmarks::create(core, request, Some(origin))
+        .await
+        .map_err(|e| match e {
+            // No online device of the class now: one may be back by the
+            // next attempt.
+            Error::Conflict(m) => StepError::transient(m),
+            other => other.into(),
+        })?;
+    tracing::info!(benchmark = %queued.id, device = %queued.device, models = queued.models.len(), "quantization: timing candidates on a device");
+    Ok(())
+}
+
+/// Float and each candidate within budget, encoded. Blocking.
+fn encode_to_time(
+    outcome: &GateOutcome,
+    float: &onnx::ir::ModelProto,
+) -> Result<Vec<(String, Vec<u8>)>, StepError> {
+    to_time_on_device(outcome, float)
+        .into_iter()
+        .map(|(name, m)| {
+            let bytes = onnx::encode(m).map_err(|e| StepError::fatal(format!("{name}: {e}")))?;
+            Ok((name, bytes))
+        })
+        .collect()
+}
+
+/// The gate (judged on the device when `timed` holds its benchmark), the
+/// signed version and its variants.
+async fn finish(
+    core: &Core,
+    p: &Pipeline,
+    config: &RetrainingConfig,
+    inputs: Inputs,
+    timed: Option<(BenchmarkView, &LatencyPolicy)>,
+) -> Result<Output, StepError> {
     let key_path = signing_key_path(core);
+    let opts = gate_options(config);
     let budget = config.quantization_budget_points;
     let policies = config.variants.clone();
-    let (packaged, variants) = blocking(move || {
-        let model = onnx::decode(&model_bytes).map_err(|e| StepError::fatal(e.to_string()))?;
-        let inputs = onnx::inspect(&model).inputs;
-        let first = inputs
-            .first()
-            .ok_or_else(|| StepError::fatal("the model has no inputs"))?
-            .name
-            .clone();
-        let snapshot = Npz::from_bytes(&snapshot).map_err(|e| StepError::fatal(e.to_string()))?;
-        let part = |eval: bool| -> Result<Dataset, StepError> {
-            let npz = dataset::part_for_model(&snapshot, &first, eval).map_err(StepError::fatal)?;
-            let npz = if eval {
-                npz
-            } else {
-                with_rows(npz, CALIBRATION_ROWS)
-            };
-            Dataset::from_npz(&npz, "the dataset snapshot", &inputs, eval)
-                .map_err(|e| StepError::fatal(e.to_string()))
+    let timed = timed.map(|(view, policy)| {
+        let rule = match policy.max_latency_ms {
+            Some(max_ms) => LatencyGate::Budget { max_ms },
+            None => LatencyGate::NotSlowerThanFloat { tolerance: 0.10 },
         };
-        let (calibration, eval) = (part(false)?, part(true)?);
-        let runtime =
-            OrtRuntime::load(None).map_err(|e| StepError::fatal(format!("ONNX Runtime: {e}")))?;
+        (view, rule)
+    });
+    let (packaged, variants) = blocking(move || {
+        let (model, calibration, eval) = prepare(&inputs)?;
+        let runtime = runtime()?;
         let key = package::load_or_create_key(&key_path)
             .map_err(|e| StepError::transient(format!("{e:#}")))?;
-        // The pipeline's sets are labelled: top-1 accuracy, in points.
-        let opts = GateOptions {
-            task: Some(Task::Classification),
-            budget: Some(budget),
-            ..GateOptions::default()
-        };
-        let own = package::package(
+        let mut outcome = run_gate(&runtime, &model, &calibration, &eval, &opts)
+            .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))?;
+        if let Some((view, rule)) = &timed {
+            check_timed_models(&outcome, &model, view)?;
+            judge_latency_on(&mut outcome, &model, &view.timings(), *rule, view.timed_on())
+                .map_err(|e| StepError::transient(format!("latency on the device: {e}")))?;
+        }
+        let own = package::sign_outcome(
             &runtime,
-            &model,
-            &calibration,
+            outcome,
             &eval,
-            &opts,
-            identity.clone(),
+            inputs.identity.clone(),
             None,
             &key,
         )
@@ -118,7 +277,7 @@ pub(super) async fn quantize(
                 &calibration,
                 &eval,
                 &opts,
-                identity.clone(),
+                inputs.identity.clone(),
                 None,
                 &key,
             )
@@ -156,7 +315,36 @@ pub(super) async fn quantize(
         digest: artifact,
         method: packaged.outcome.chosen,
         manifest,
-        version,
+        version: packaged.manifest.manifest.version.clone(),
         variants: built,
     })
+}
+
+/// The gate made again exactly the models the device timed: the same
+/// names and digests. A difference (another ONNX Runtime since, say) means
+/// the timings are of other models; the attempt fails, retryably, and the
+/// next one benchmarks afresh.
+fn check_timed_models(
+    outcome: &GateOutcome,
+    float: &onnx::ir::ModelProto,
+    view: &BenchmarkView,
+) -> Result<(), StepError> {
+    let made: BTreeMap<String, Digest> = encode_to_time(outcome, float)?
+        .into_iter()
+        .map(|(name, bytes)| (name, Digest::of(&bytes)))
+        .collect();
+    let timed: BTreeMap<String, Digest> = view
+        .models
+        .iter()
+        .map(|m| (m.name.clone(), m.artifact_digest))
+        .collect();
+    if made != timed {
+        return Err(StepError::transient(format!(
+            "the gate made other models than benchmark {} timed ({:?} vs {:?})",
+            view.id,
+            made.keys().collect::<Vec<_>>(),
+            timed.keys().collect::<Vec<_>>()
+        )));
+    }
+    Ok(())
 }
