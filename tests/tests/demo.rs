@@ -104,7 +104,7 @@ fn the_loop_notices_the_shift_retrains_once_and_v2_recovers() {
     assert!(v2["lineage"]["job"].is_string(), "{v2}");
     // Its latency was judged on one of the rollout's devices, which timed
     // float and the candidates over its agent channel.
-    let timed_on = v2["lineage"]["quantization"]["latency"]["timed_on"]
+    let timed_on = v2["lineage"]["quantization"]["latency_timed_on"]
         .as_str()
         .unwrap_or_else(|| panic!("{v2}"));
     assert!(timed_on.starts_with("device edge-"), "{timed_on}");

@@ -329,6 +329,26 @@ async fn bad_policies_and_requests_get_a_4xx_naming_the_field() {
                    "variants": [{"name": "gpu", "candidates": ["fp16"], "providers": ["cuda"]}]}),
             "variants[0].providers[0]",
         ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b"},
+                   "latency": {"benchmark_selector": "a in ("}}),
+            "latency.benchmark_selector",
+        ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b"},
+                   "latency": {"benchmark_selector": "a=b", "max_latency_ms": 0}}),
+            "latency.max_latency_ms",
+        ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b"},
+                   "latency": {"benchmark_selector": "a=b", "runs": 0}}),
+            "latency.runs",
+        ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b"},
+                   "latency": {"benchmark_selector": "a=b", "timeout_seconds": 1}}),
+            "latency.timeout_seconds",
+        ),
     ];
     for (body, field) in cases {
         let (status, err) = cp.api().put(&url, body.clone()).await;

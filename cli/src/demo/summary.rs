@@ -77,12 +77,18 @@ impl VersionSummary {
         // The evidence is long; the summary keeps its verdict. The
         // evidence is free-form JSON in the registry (the gate's outcome).
         if let Some(q) = &mut lineage.quantization {
-            let chosen = q
-                .get("evidence")
+            let evidence = q.get("evidence");
+            let chosen = evidence
                 .and_then(|e| e.get("chosen"))
                 .cloned()
                 .unwrap_or(Value::Null);
-            *q = serde_json::json!({ "chosen": chosen });
+            // Where its latency was judged: on a device, for a version the
+            // retraining policy benchmarked.
+            let timed_on = evidence
+                .and_then(|e| e.pointer("/latency/timed_on"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            *q = serde_json::json!({ "chosen": chosen, "latency_timed_on": timed_on });
         }
         let variants = v
             .variants
