@@ -129,7 +129,10 @@ pub struct LatencyPolicy {
     /// Refuse candidates slower than this on the device, in ms per call.
     /// Default: refuse those slower than float there by over 10 %.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0, maximum = 3600000.0))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(exclusive_minimum = 0.0, maximum = 3600000.0)
+    )]
     pub max_latency_ms: Option<f64>,
     /// Timed calls per model (default 50).
     #[serde(default, skip_serializing_if = "Option::is_none")]

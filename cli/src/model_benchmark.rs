@@ -32,8 +32,9 @@ pub fn models_to_time(
     to_time_on_device(outcome, float)
         .into_iter()
         .map(|(name, model)| {
-            let bytes = onnx::encode(model)
-                .map_err(|e| anyhow::anyhow!("{name} cannot be sent to the device as one file: {e}"))?;
+            let bytes = onnx::encode(model).map_err(|e| {
+                anyhow::anyhow!("{name} cannot be sent to the device as one file: {e}")
+            })?;
             Ok((name, bytes))
         })
         .collect()

@@ -33,9 +33,14 @@ pub struct PullArgs {
     /// that name wins, though the registry never lets the two share one.
     pub version: String,
     /// Where to put the files (created if missing; default
-    /// `./<name>-<version>`).
+    /// `./<name>-<version>`, or `./<name>-<version>-<variant>`).
     #[arg(short = 'o', long = "out")]
     pub out: Option<PathBuf>,
+    /// One of the version's variants (`fp16-gpu`) instead of its own
+    /// artifact: that variant's artifact, signed manifest and probe inputs,
+    /// under the same file names.
+    #[arg(long)]
+    pub variant: Option<String>,
     #[command(flatten)]
     pub server: ServerArgs,
 }
@@ -59,6 +64,9 @@ pub struct PullReport {
     /// The alias that named the version, when one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alias: Option<AliasName>,
+    /// The variant pulled instead of the version's own artifact.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
     pub dir: PathBuf,
     pub files: Vec<PulledFile>,
 }
@@ -67,17 +75,55 @@ pub fn pull(args: &PullArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     block_on(out, async {
         let client = client(&args.server)?;
         let (version, alias) = resolve(&client, &args.name, &args.version).await?;
-        let dir = args
-            .out
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(format!("{}-{}", version.model, version.version)));
+        // Which artifact: the version's own, or a named variant's (found
+        // before anything is written).
+        let (artifact_digest, manifest_digest, probe_digest) = match &args.variant {
+            None => (
+                version.artifact_digest,
+                version.manifest_digest,
+                version.probe_inputs_digest,
+            ),
+            Some(name) => {
+                let v = version
+                    .variants
+                    .iter()
+                    .find(|v| &v.name == name)
+                    .ok_or_else(|| {
+                        let known: Vec<&str> =
+                            version.variants.iter().map(|v| v.name.as_str()).collect();
+                        CliError::NotFound(format!(
+                            "version {} of {:?} has no variant {name:?} (it has: {})",
+                            version.version,
+                            version.model,
+                            if known.is_empty() {
+                                "none".to_string()
+                            } else {
+                                known.join(", ")
+                            }
+                        ))
+                    })?;
+                (
+                    v.artifact_digest,
+                    Some(v.manifest_digest),
+                    v.probe_inputs_digest.or(version.probe_inputs_digest),
+                )
+            }
+        };
+        let dir = args.out.clone().unwrap_or_else(|| {
+            let mut name = format!("{}-{}", version.model, version.version);
+            if let Some(v) = &args.variant {
+                name.push('-');
+                name.push_str(v);
+            }
+            PathBuf::from(name)
+        });
         std::fs::create_dir_all(&dir).map_err(|e| unreadable(&dir, e))?;
         let artifact = format!("model.{}", version.format);
-        let mut wanted = vec![("artifact", version.artifact_digest, artifact.clone())];
-        if let Some(m) = version.manifest_digest {
+        let mut wanted = vec![("artifact", artifact_digest, artifact.clone())];
+        if let Some(m) = manifest_digest {
             wanted.push(("manifest", m, format!("{artifact}.manifest.json")));
         }
-        if let Some(p) = version.probe_inputs_digest {
+        if let Some(p) = probe_digest {
             wanted.push(("probe_inputs", p, "probe_inputs.npz".to_string()));
         }
         let mut files = Vec::new();
@@ -88,6 +134,7 @@ pub fn pull(args: &PullArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             model: version.model,
             version: version.version,
             alias,
+            variant: args.variant.clone(),
             dir,
             files,
         };
@@ -217,10 +264,13 @@ async fn download(
 }
 
 fn render(r: &PullReport) -> String {
-    let named = match &r.alias {
+    let mut named = match &r.alias {
         Some(a) => format!(" ({a})"),
         None => String::new(),
     };
+    if let Some(v) = &r.variant {
+        named.push_str(&format!(", variant {v}"));
+    }
     let head = format!(
         "pulled {} {}{named} into {}\n",
         r.model,

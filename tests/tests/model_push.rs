@@ -375,6 +375,82 @@ async fn push_alias_deploy_and_pull_a_model_through_the_cli() {
         std::fs::read(out.join("model.onnx")).unwrap(),
         std::fs::read(&cnn).unwrap()
     );
+    // A variant of 1.0.0 (another export of the same network, its own
+    // signed manifest), pulled instead of the version's own artifact.
+    let mut variant = edgeloop_models::onnx::decode(&mlp_bytes).unwrap();
+    variant.set_producer_name("edgeloop-tests variant".into());
+    let variant = edgeloop_models::onnx::encode(&variant).unwrap();
+    let variant_manifest = ManifestKey::generate()
+        .sign(manifests::mnist_manifest(
+            "digits",
+            "1.0.0",
+            &variant,
+            probe_digest,
+            1000.0,
+        ))
+        .unwrap()
+        .to_json_pretty()
+        .unwrap();
+    let (va, vm) = (
+        cp.upload(&variant).await,
+        cp.upload(variant_manifest.as_bytes()).await,
+    );
+    let (status, body) = api
+        .post(
+            "/api/v1/models/digits/versions/1.0.0/variants",
+            json!({"name": "fp16-gpu", "artifact_digest": va.to_string(),
+                   "manifest_digest": vm.to_string(), "providers": ["CUDAExecutionProvider"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let variant_dir = work.join("pulled-variant");
+    let pulled = run(vec![
+        "model".into(),
+        "pull".into(),
+        "digits".into(),
+        "1.0.0".into(),
+        "--variant".into(),
+        "fp16-gpu".into(),
+        "-o".into(),
+        path(&variant_dir).into(),
+    ])
+    .await
+    .ok();
+    assert!(
+        pulled
+            .stdout
+            .starts_with("pulled digits 1.0.0, variant fp16-gpu"),
+        "{}",
+        pulled.stdout
+    );
+    assert_eq!(
+        std::fs::read(variant_dir.join("model.onnx")).unwrap(),
+        variant
+    );
+    assert_eq!(
+        std::fs::read_to_string(variant_dir.join("model.onnx.manifest.json")).unwrap(),
+        variant_manifest
+    );
+    assert!(variant_dir.join("probe_inputs.npz").is_file());
+    let unknown = run(vec![
+        "model".into(),
+        "pull".into(),
+        "digits".into(),
+        "1.0.0".into(),
+        "--variant".into(),
+        "int4".into(),
+    ])
+    .await;
+    assert_eq!(unknown.code, 66, "{}", unknown.stderr);
+    assert!(
+        unknown
+            .stderr
+            .contains("no variant \"int4\" (it has: fp16-gpu)"),
+        "{}",
+        unknown.stderr
+    );
+    assert!(!work.join("digits-1.0.0-int4").exists());
+
     // Pull the first version by its number: all three files, as pushed,
     // into the default directory; nothing but them is left there.
     run(vec![

@@ -337,10 +337,12 @@ pub fn check_runs(field: &str, runs: Option<u32>) -> Result<()> {
 /// The device's deadline, when given, in bounds.
 pub fn check_timeout(field: &str, seconds: Option<u32>) -> Result<()> {
     match seconds {
-        Some(t) if !(MIN_TIMEOUT_SECONDS..=MAX_TIMEOUT_SECONDS).contains(&t) => Err(Error::bad_field(
-            field,
-            format!("must be {MIN_TIMEOUT_SECONDS} to {MAX_TIMEOUT_SECONDS}, got {t}"),
-        )),
+        Some(t) if !(MIN_TIMEOUT_SECONDS..=MAX_TIMEOUT_SECONDS).contains(&t) => {
+            Err(Error::bad_field(
+                field,
+                format!("must be {MIN_TIMEOUT_SECONDS} to {MAX_TIMEOUT_SECONDS}, got {t}"),
+            ))
+        }
         _ => Ok(()),
     }
 }

@@ -109,10 +109,16 @@ impl RetrainingPolicy for RetrainingConfig {
             validate::execution_providers(&at("providers"), &v.providers)?;
         }
         if let Some(l) = &self.latency {
-            crate::fleet::deployments::parse_selector("latency.benchmark_selector", &l.benchmark_selector)?;
+            crate::fleet::deployments::parse_selector(
+                "latency.benchmark_selector",
+                &l.benchmark_selector,
+            )?;
             if let Some(ms) = l.max_latency_ms {
                 if !(ms.is_finite() && ms > 0.0 && ms <= 3_600_000.0) {
-                    return Err(Error::bad_field("latency.max_latency_ms", "must be above 0 and at most 3600000 ms"));
+                    return Err(Error::bad_field(
+                        "latency.max_latency_ms",
+                        "must be above 0 and at most 3600000 ms",
+                    ));
                 }
             }
             // The same bounds as a benchmark request's.

@@ -245,8 +245,14 @@ async fn finish(
             .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))?;
         if let Some((view, rule)) = &timed {
             check_timed_models(&outcome, &model, view)?;
-            judge_latency_on(&mut outcome, &model, &view.timings(), *rule, view.timed_on())
-                .map_err(|e| StepError::transient(format!("latency on the device: {e}")))?;
+            judge_latency_on(
+                &mut outcome,
+                &model,
+                &view.timings(),
+                *rule,
+                view.timed_on(),
+            )
+            .map_err(|e| StepError::transient(format!("latency on the device: {e}")))?;
         }
         let own = package::sign_outcome(
             &runtime,
