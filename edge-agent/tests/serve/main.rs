@@ -5,6 +5,7 @@
 
 mod activation;
 mod big_model;
+mod big_model_gen;
 mod common;
 mod fuzz;
 mod grpc_api;
