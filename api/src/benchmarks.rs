@@ -39,6 +39,13 @@ pub struct BenchmarkModel {
     /// sha256 of an uploaded ONNX artifact (`PUT /api/v1/artifacts/{digest}`).
     #[cfg_attr(feature = "openapi", schema(value_type = String, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
     pub artifact_digest: Digest,
+    /// sha256 of an uploaded signed manifest describing the artifact. A
+    /// device runs only models signed by a key it trusts (unless it allows
+    /// unsigned ones), benchmarks too: without one it reports the model as
+    /// refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
+    pub manifest_digest: Option<Digest>,
 }
 
 /// `POST /api/v1/benchmarks`. The device is named (`device`), or chosen

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use edgeloop_api::benchmarks::{BenchmarkModel, BenchmarkState, BenchmarkView, CreateBenchmark};
 use edgeloop_api::client::poll_until;
+use edgeloop_models::manifest::ManifestKey;
 use edgeloop_models::onnx::{self, ir};
+use edgeloop_models::package::{sign_for_benchmark, Identity};
 use edgeloop_models::quantize::gate::{to_time_on_device, GateOutcome};
 
 use super::api::{CliError, Client};
@@ -23,19 +25,36 @@ pub enum Target {
     Selector(String),
 }
 
-/// Every model the device should time, with its ONNX bytes
-/// ([`to_time_on_device`]).
+/// A model to time: its name, ONNX bytes and signed manifest (JSON).
+pub struct ToTime {
+    pub name: String,
+    pub bytes: Vec<u8>,
+    pub manifest: Vec<u8>,
+}
+
+/// Every model the device should time ([`to_time_on_device`]), encoded,
+/// each with a manifest signed by `key`: a device runs only signed models,
+/// benchmarks too.
 pub fn models_to_time(
     outcome: &GateOutcome,
     float: &ir::ModelProto,
-) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    identity: &Identity,
+    key: &ManifestKey,
+) -> anyhow::Result<Vec<ToTime>> {
     to_time_on_device(outcome, float)
         .into_iter()
         .map(|(name, model)| {
             let bytes = onnx::encode(model).map_err(|e| {
                 anyhow::anyhow!("{name} cannot be sent to the device as one file: {e}")
             })?;
-            Ok((name, bytes))
+            let manifest = sign_for_benchmark(&bytes, model, identity.clone(), &name, key)?
+                .to_json_pretty()?
+                .into_bytes();
+            Ok(ToTime {
+                name,
+                bytes,
+                manifest,
+            })
         })
         .collect()
 }
@@ -46,17 +65,19 @@ pub fn models_to_time(
 pub async fn time_on_device(
     client: &Client,
     target: &Target,
-    models: Vec<(String, Vec<u8>)>,
+    models: Vec<ToTime>,
     inputs_npz: Vec<u8>,
     runs: u32,
     timeout_s: u32,
 ) -> Result<BenchmarkView, CliError> {
     let mut entries = Vec::with_capacity(models.len());
-    for (name, bytes) in models {
-        let artifact_digest = client.upload(bytes).await?;
+    for m in models {
+        let artifact_digest = client.upload(m.bytes).await?;
+        let manifest_digest = Some(client.upload(m.manifest).await?);
         entries.push(BenchmarkModel {
-            name,
+            name: m.name,
             artifact_digest,
+            manifest_digest,
         });
     }
     let inputs_digest = client.upload(inputs_npz).await?;

@@ -200,6 +200,16 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
     } else {
         Some(ProbeInputs::first_call(&eval, args.probe_max_latency_ms)?)
     };
+    let identity = Identity {
+        name,
+        version: args.version.clone(),
+        lineage: Lineage {
+            job: args.job.clone(),
+            checkpoint: args.checkpoint,
+            dataset: args.dataset,
+            parent_version: args.parent_version.clone(),
+        },
+    };
     let mut outcome = run_gate(&runtime, &model, &calibration, &eval, &opts)?;
     if let Some(target) = &target {
         let server = ServerArgs {
@@ -213,7 +223,7 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
             Some(p) => p.npz.clone(),
             None => ProbeInputs::first_call(&eval, args.probe_max_latency_ms)?.npz,
         };
-        let models = models_to_time(&outcome, &model)?;
+        let models = models_to_time(&outcome, &model, &identity, &key)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -237,23 +247,7 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
         artifact: bytes,
         manifest: signed,
         outcome,
-    } = sign_outcome(
-        &runtime,
-        outcome,
-        &eval,
-        Identity {
-            name,
-            version: args.version.clone(),
-            lineage: Lineage {
-                job: args.job.clone(),
-                checkpoint: args.checkpoint,
-                dataset: args.dataset,
-                parent_version: args.parent_version.clone(),
-            },
-        },
-        probe.as_ref(),
-        &key,
-    )?;
+    } = sign_outcome(&runtime, outcome, &eval, identity, probe.as_ref(), &key)?;
     write_atomic(&args.out, &bytes, 0o644)
         .with_context(|| format!("writing {}", args.out.display()))?;
     let probe_out = probe_path(&args.out);

@@ -145,13 +145,36 @@ pub fn sign_outcome(
         }
         _ => vec![],
     };
-    let summary = onnx::inspect(&outcome.chosen_model);
-    let manifest = Manifest {
+    let mut manifest = describe(&artifact, &outcome.chosen_model, identity)?;
+    manifest.quantization = Some(QuantizationRecord::new(outcome.chosen.clone(), &outcome)?);
+    manifest.reference_stats = Some(reference_stats(eval, &chosen_predictions, REFERENCE_BINS));
+    manifest.health_probe = probe.map(|p| HealthProbe {
+        sample_inputs: Digest::of(&p.npz),
+        max_latency_ms: p.max_latency_ms,
+    });
+    let manifest = key.sign(manifest)?;
+    Ok(Packaged {
+        artifact,
+        manifest,
+        outcome,
+    })
+}
+
+/// A manifest describing `artifact` (the bytes of `model`): its digest and
+/// size, its inputs and outputs, `identity`; no evidence, statistics or
+/// probe yet.
+fn describe(
+    artifact: &[u8],
+    model: &ir::ModelProto,
+    identity: Identity,
+) -> Result<Manifest, PackageError> {
+    let summary = onnx::inspect(model);
+    Ok(Manifest {
         schema: SCHEMA_VERSION,
         name: identity.name,
         version: identity.version,
         artifact: ArtifactRef {
-            sha256: Digest::of(&artifact),
+            sha256: Digest::of(artifact),
             size: artifact.len() as u64,
             format: "onnx".into(),
         },
@@ -159,22 +182,33 @@ pub fn sign_outcome(
             inputs: summary.inputs.iter().map(spec).collect(),
             outputs: summary.outputs.iter().map(spec).collect(),
         },
-        quantization: Some(QuantizationRecord::new(outcome.chosen.clone(), &outcome)?),
-        reference_stats: Some(reference_stats(eval, &chosen_predictions, REFERENCE_BINS)),
+        quantization: None,
+        reference_stats: None,
         lineage: identity.lineage,
-        health_probe: probe.map(|p| HealthProbe {
-            sample_inputs: Digest::of(&p.npz),
-            max_latency_ms: p.max_latency_ms,
-        }),
+        health_probe: None,
         created_at: time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)?,
-    };
-    let manifest = key.sign(manifest)?;
-    Ok(Packaged {
-        artifact,
-        manifest,
-        outcome,
     })
+}
+
+/// A signed manifest for a model a device is only to time (a gate's
+/// candidate in a device benchmark), so that a device that runs only
+/// signed models can time it: it names the candidate (`method`) and says
+/// nothing of accuracy, which the gate records in the chosen model's
+/// manifest alone.
+pub fn sign_for_benchmark(
+    artifact: &[u8],
+    model: &ir::ModelProto,
+    identity: Identity,
+    method: &str,
+    key: &ManifestKey,
+) -> Result<SignedManifest, PackageError> {
+    let mut manifest = describe(artifact, model, identity)?;
+    manifest.quantization = Some(QuantizationRecord::new(
+        method,
+        &serde_json::json!({"purpose": "device benchmark"}),
+    )?);
+    Ok(key.sign(manifest)?)
 }
 
 /// Longest dim name the manifest keeps (its schema allows 256 bytes).

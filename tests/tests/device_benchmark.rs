@@ -56,7 +56,15 @@ async fn the_gate_judges_latency_on_the_device_that_timed_each_candidate() {
         .labelled_token("device", "edge-bench", json!({"class": "jetson-like"}))
         .await;
     let agent_dir = work.join("edge-bench");
-    let config = AgentConfig::new(cp.member_config(&agent_dir, Some(token)), vec![]);
+    // The key `model quantize` signs with, which the device trusts: it
+    // runs only signed models, benchmarks too.
+    let home = work.join("home");
+    let key_path = home.join("keys").join("manifest-signing.key");
+    let key = edgeloop_models::package::load_or_create_key(&key_path).unwrap();
+    let config = AgentConfig::new(
+        cp.member_config(&agent_dir, Some(token)),
+        vec![key.public()],
+    );
     let agent = tokio::spawn(edgeloop_edge_agent::run(config, stop.clone()));
     eventually(WAIT, "the device online", || async {
         let (_, d) = cp.api().get("/api/v1/devices/edge-bench").await;
@@ -86,7 +94,6 @@ async fn the_gate_judges_latency_on_the_device_that_timed_each_candidate() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let home = work.join("home");
     let quantized = tokio::task::spawn_blocking(move || {
         Command::new(edgeloop_bin())
             .args(&args)
@@ -104,7 +111,8 @@ async fn the_gate_judges_latency_on_the_device_that_timed_each_candidate() {
     assert!(quantized.status.success(), "{stderr}");
     let outcome: Value = serde_json::from_slice(&quantized.stdout).unwrap();
 
-    // The benchmark the command queued, on the class's one device.
+    // The benchmark the command queued, on the class's one device, its
+    // models signed.
     let (status, all) = cp.api().get("/api/v1/benchmarks").await;
     assert_eq!(status, 200, "{all}");
     let all = all.as_array().unwrap();
@@ -135,6 +143,9 @@ async fn the_gate_judges_latency_on_the_device_that_timed_each_candidate() {
         "some candidate is within budget: {outcome}"
     );
     assert_eq!(timed, expected, "{bench}");
+    for m in bench["models"].as_array().unwrap() {
+        assert!(m["manifest_digest"].is_string(), "{m}");
+    }
     for r in results {
         assert_eq!(r["execution_provider"], "CPUExecutionProvider", "{r}");
         assert_eq!(r["runs"], 20, "{r}");
@@ -184,6 +195,59 @@ async fn the_gate_judges_latency_on_the_device_that_timed_each_candidate() {
         manifest["manifest"]["quantization"]["evidence"]["latency"]["timed_on"], timed_on,
         "{manifest}"
     );
+    // A model without a manifest, or signed by a key the device does not
+    // trust, is refused by the device: reported as that model's error.
+    let model = std::fs::read(mnist.join("mlp.onnx")).unwrap();
+    let artifact = cp.upload(&model).await;
+    let stranger = edgeloop_models::manifest::ManifestKey::generate()
+        .sign(edgeloop_tests::manifests::mnist_manifest(
+            "digits",
+            "1.0.0",
+            &model,
+            Digest::of(b"unused"),
+            1000.0,
+        ))
+        .unwrap();
+    let foreign = cp
+        .upload(stranger.to_json_pretty().unwrap().as_bytes())
+        .await;
+    let mut one_call = Npz::new();
+    one_call.insert("input", Tensor::F32(digits(1)));
+    let inputs = cp.upload(&one_call.to_bytes().unwrap()).await;
+    let (status, made) = cp
+        .api()
+        .post(
+            "/api/v1/benchmarks",
+            json!({"device": "edge-bench", "inputs_digest": inputs.to_string(), "runs": 3,
+                   "models": [{"name": "unsigned", "artifact_digest": artifact.to_string()},
+                              {"name": "foreign", "artifact_digest": artifact.to_string(),
+                               "manifest_digest": foreign.to_string()}]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{made}");
+    let refused_id = made["id"].as_str().unwrap().to_string();
+    let refused = eventually(WAIT, "the unsigned benchmark ends", || async {
+        let (_, b) = cp
+            .api()
+            .get(&format!("/api/v1/benchmarks/{refused_id}"))
+            .await;
+        (b["state"] == "succeeded" || b["state"] == "failed").then_some(b)
+    })
+    .await;
+    assert_eq!(refused["state"], "succeeded", "{refused}");
+    let error = |i: usize| {
+        refused["results"][i]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(error(0).starts_with("unsigned"), "{refused}");
+    assert!(error(1).starts_with("bad signature"), "{refused}");
+    assert!(
+        refused["results"][0]["latency_p50_ms"].is_null(),
+        "{refused}"
+    );
+
     // The device's scratch space is empty again.
     let scratch = agent_dir.join("benchmarks");
     assert!(

@@ -13,6 +13,7 @@ use edgeloop_api::benchmarks::{
     BenchmarkModel, BenchmarkState, BenchmarkView, CreateBenchmark, ModelTiming, DEFAULT_RUNS,
     DEFAULT_TIMEOUT_SECONDS, MAX_MODELS, MAX_RUNS, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS,
 };
+use edgeloop_models::manifest::MAX_SIGNED_MANIFEST_BYTES;
 use edgeloop_models::names::{is_valid_name, NAME_RULE};
 use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1 as pb;
@@ -37,6 +38,20 @@ pub struct ModelEntry {
     pub name: String,
     pub artifact_digest: Digest,
     pub artifact_size: u64,
+    #[serde(default)]
+    pub manifest_digest: Option<Digest>,
+}
+
+impl BenchmarkRecord {
+    /// Whether the device may fetch `digest` for this benchmark: its inputs,
+    /// a model or a model's manifest.
+    pub fn references(&self, digest: Digest) -> bool {
+        self.inputs_digest == digest
+            || self
+                .models
+                .iter()
+                .any(|m| m.artifact_digest == digest || m.manifest_digest == Some(digest))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,6 +102,7 @@ impl BenchmarkRecord {
                 .map(|m| BenchmarkModel {
                     name: m.name,
                     artifact_digest: m.artifact_digest,
+                    manifest_digest: m.manifest_digest,
                 })
                 .collect(),
             inputs_digest: self.inputs_digest,
@@ -111,6 +127,7 @@ impl BenchmarkRecord {
                     name: m.name.clone(),
                     artifact_digest: m.artifact_digest.to_hex(),
                     artifact_size: m.artifact_size,
+                    manifest_digest: m.manifest_digest.map(|d| d.to_hex()).unwrap_or_default(),
                 })
                 .collect(),
             inputs_digest: self.inputs_digest.to_hex(),
@@ -391,10 +408,20 @@ pub async fn create(
     let mut models = Vec::with_capacity(req.models.len());
     for (i, m) in req.models.into_iter().enumerate() {
         let size = size_of(format!("models[{i}].artifact_digest"), m.artifact_digest).await?;
+        if let Some(manifest) = m.manifest_digest {
+            let manifest_size = size_of(format!("models[{i}].manifest_digest"), manifest).await?;
+            if manifest_size > MAX_SIGNED_MANIFEST_BYTES as u64 {
+                return Err(Error::bad_field(
+                    format!("models[{i}].manifest_digest"),
+                    format!("{manifest_size} bytes is too large for a signed manifest"),
+                ));
+            }
+        }
         models.push(ModelEntry {
             name: m.name,
             artifact_digest: m.artifact_digest,
             artifact_size: size,
+            manifest_digest: m.manifest_digest,
         });
     }
     let inputs_size = size_of("inputs_digest".into(), req.inputs_digest).await?;
@@ -559,6 +586,7 @@ mod tests {
                     name: n.into(),
                     artifact_digest: d,
                     artifact_size: 10,
+                    manifest_digest: None,
                 })
                 .to_vec(),
             inputs_digest: d,
@@ -754,6 +782,7 @@ mod tests {
             models: vec![BenchmarkModel {
                 name: "float".into(),
                 artifact_digest: d,
+                manifest_digest: None,
             }],
             inputs_digest: d,
             runs: None,

@@ -21,9 +21,12 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
+use super::assignment::Content;
 use super::client::{is_refusal, ControlPlaneClient};
 use super::download::{Downloader, Want};
+use super::verify::Trust;
 use crate::serving::ModelServing;
+use edgeloop_models::manifest::MAX_SIGNED_MANIFEST_BYTES;
 
 /// Largest inputs file taken (the control plane's limit too).
 const MAX_INPUTS_BYTES: u64 = 64 << 20;
@@ -34,6 +37,8 @@ pub struct Benchmarker {
     pub client: Arc<dyn ControlPlaneClient>,
     pub serving: Arc<dyn ModelServing>,
     pub downloader: Downloader,
+    /// The keys models must be signed by, as for assignments.
+    pub trust: Trust,
     /// Scratch space, emptied after each benchmark.
     pub dir: PathBuf,
     pub backoff: Backoff,
@@ -171,6 +176,46 @@ impl Benchmarker {
         dir: &Path,
     ) -> Result<pb::ModelTiming, String> {
         let digest: Digest = model.artifact_digest.parse().map_err(|e| format!("{e}"))?;
+        // The same trust as for what serves: signed by a trusted key and
+        // describing exactly this artifact, checked before it is fetched.
+        let manifest = match model.manifest_digest.as_str() {
+            "" => None,
+            d => Some(
+                d.parse::<Digest>()
+                    .map_err(|e| format!("manifest digest: {e}"))?,
+            ),
+        };
+        let content = Content {
+            version: format!("benchmark model {}", model.name),
+            artifact: digest,
+            artifact_size: model.artifact_size,
+            manifest,
+            probe_inputs: None,
+        };
+        match manifest {
+            None => self
+                .trust
+                .admit_unsigned(&content)
+                .map_err(|e| e.to_string())?,
+            Some(m) => {
+                let want = Want {
+                    what: "benchmark manifest",
+                    digest: m,
+                    size: None,
+                    max_size: MAX_SIGNED_MANIFEST_BYTES as u64,
+                };
+                let path = self
+                    .downloader
+                    .fetch(dir, want)
+                    .await
+                    .map_err(|e| format!("fetching its manifest: {e}"))?;
+                let bytes = tokio::fs::read(&path).await.map_err(|e| e.to_string())?;
+                let _ = tokio::fs::remove_file(&path).await;
+                self.trust
+                    .check_manifest(&bytes, &content)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
         let want = Want {
             what: "benchmark model",
             digest,

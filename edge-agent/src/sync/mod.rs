@@ -203,6 +203,7 @@ impl Syncer {
                     self.options.download,
                     self.events.clone(),
                 ),
+                trust: self.trust(),
                 dir: scratch,
                 backoff: self.options.backoff,
             }

@@ -172,10 +172,7 @@ impl AgentService for AgentApi {
             Ok(
                 benchmarks::unfinished_for(&self.core.store, &device, self.core.now())?
                     .iter()
-                    .any(|b| {
-                        b.inputs_digest == digest
-                            || b.models.iter().any(|m| m.artifact_digest == digest)
-                    }),
+                    .any(|b| b.references(digest)),
             )
         };
         if !set.references(digest) && !benchmarked()? {

@@ -165,21 +165,35 @@ async fn start_benchmark(
     origin: String,
 ) -> Result<(), StepError> {
     let opts = gate_options(config);
+    let key_path = signing_key_path(core);
     let (models, probe) = blocking(move || {
         let (model, calibration, eval) = prepare(&inputs)?;
         let outcome = run_gate(&runtime()?, &model, &calibration, &eval, &opts)
             .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))?;
-        let models = encode_to_time(&outcome, &model)?;
+        // Signed, so a device that runs only signed models times them.
+        let key = package::load_or_create_key(&key_path)
+            .map_err(|e| StepError::transient(format!("{e:#}")))?;
+        let mut models = Vec::new();
+        for (name, bytes, m) in encode_to_time(&outcome, &model)? {
+            let manifest =
+                package::sign_for_benchmark(&bytes, m, inputs.identity.clone(), &name, &key)
+                    .and_then(|s| Ok(s.to_json_pretty()?))
+                    .map_err(|e| {
+                        StepError::fatal(format!("signing {name} for the benchmark: {e}"))
+                    })?;
+            models.push((name, bytes, manifest.into_bytes()));
+        }
         let probe = package::ProbeInputs::first_call(&eval, 1000.0)
             .map_err(|e| StepError::fatal(e.to_string()))?;
         Ok((models, probe.npz))
     })
     .await?;
     let mut entries = Vec::with_capacity(models.len());
-    for (name, bytes) in models {
+    for (name, bytes, manifest) in models {
         entries.push(BenchmarkModel {
             name,
             artifact_digest: put_artifact(core, bytes).await?,
+            manifest_digest: Some(put_artifact(core, manifest).await?),
         });
     }
     let request = CreateBenchmark {
@@ -203,15 +217,15 @@ async fn start_benchmark(
 }
 
 /// Float and each candidate within budget, encoded. Blocking.
-fn encode_to_time(
-    outcome: &GateOutcome,
-    float: &onnx::ir::ModelProto,
-) -> Result<Vec<(String, Vec<u8>)>, StepError> {
+fn encode_to_time<'a>(
+    outcome: &'a GateOutcome,
+    float: &'a onnx::ir::ModelProto,
+) -> Result<Vec<(String, Vec<u8>, &'a onnx::ir::ModelProto)>, StepError> {
     to_time_on_device(outcome, float)
         .into_iter()
         .map(|(name, m)| {
             let bytes = onnx::encode(m).map_err(|e| StepError::fatal(format!("{name}: {e}")))?;
-            Ok((name, bytes))
+            Ok((name, bytes, m))
         })
         .collect()
 }
@@ -337,7 +351,7 @@ fn check_timed_models(
 ) -> Result<(), StepError> {
     let made: BTreeMap<String, Digest> = encode_to_time(outcome, float)?
         .into_iter()
-        .map(|(name, bytes)| (name, Digest::of(&bytes)))
+        .map(|(name, bytes, _)| (name, Digest::of(&bytes)))
         .collect();
     let timed: BTreeMap<String, Digest> = view
         .models
