@@ -216,11 +216,14 @@ async fn start_benchmark(
     Ok(())
 }
 
+/// A model to time: its name, its bytes and the model itself.
+type Encoded<'a> = (String, Vec<u8>, &'a onnx::ir::ModelProto);
+
 /// Float and each candidate within budget, encoded. Blocking.
 fn encode_to_time<'a>(
     outcome: &'a GateOutcome,
     float: &'a onnx::ir::ModelProto,
-) -> Result<Vec<(String, Vec<u8>, &'a onnx::ir::ModelProto)>, StepError> {
+) -> Result<Vec<Encoded<'a>>, StepError> {
     to_time_on_device(outcome, float)
         .into_iter()
         .map(|(name, m)| {
