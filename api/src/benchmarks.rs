@@ -4,7 +4,7 @@
 //! serve them. The quantization gate judges latency with these timings
 //! (`edgeloop model quantize --benchmark-on`) instead of the quantizing
 //! host's, which is not the device. The store's record and the rules are in
-//! `control-plane/src/fleet/benchmarks.rs`.
+//! `control-plane/src/fleet/benchmarks/`.
 
 use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,5 @@
 //! Device benchmarks: queue one (`POST`), follow it (`GET .../{id}`), list
-//! them. The rules are in `fleet/benchmarks.rs`; the device side is the
+//! them. The rules are in `fleet/benchmarks/`; the device side is the
 //! agent's `WatchBenchmarks` / `ReportBenchmark`.
 
 use std::sync::Arc;
