@@ -452,3 +452,23 @@ pub fn kill_trainer_of(job: &str) -> usize {
     }
     killed
 }
+
+/// The workspace's `edgeloop` binary beside the running test (`target/<profile>/`),
+/// for the tests that run the CLI as a user does.
+///
+/// # Panics
+/// When it has not been built (`cargo build --bins`; `scripts/test.sh` does).
+pub fn edgeloop_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let bin = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("the test binary is in target/<profile>/deps")
+        .join("edgeloop");
+    assert!(
+        bin.exists(),
+        "{}: build the workspace's binaries first (cargo build --bins; scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}

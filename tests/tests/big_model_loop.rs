@@ -16,11 +16,11 @@
 #[path = "../../edge-agent/tests/serve/big_model_gen.rs"]
 mod big_model_gen;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use big_model_gen::{write_big_model, IN, OUT};
+use big_model_gen::{f32s, relative_l2, write_big_model, IN, OUT};
 use edgeloop_edge_agent::AgentConfig;
 use edgeloop_models::manifest::ManifestKey;
 use edgeloop_models::npz::Npz;
@@ -32,21 +32,6 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(300);
-
-fn edgeloop_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .unwrap()
-        .join("edgeloop");
-    assert!(
-        bin.exists(),
-        "{}: build the workspace's binaries first (cargo build --bins)",
-        bin.display()
-    );
-    bin
-}
 
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -66,29 +51,12 @@ fn x(rows: usize, seed: u64) -> Tensor {
     Tensor::F32(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[rows, IN]), values).unwrap())
 }
 
-fn f32s(t: &Tensor) -> Vec<f32> {
-    match t {
-        Tensor::F32(a) => a.iter().copied().collect(),
-        other => panic!("not float32: {other:?}"),
-    }
-}
-
-fn relative_l2(reference: &[f32], other: &[f32]) -> f64 {
-    let diff: f64 = reference
-        .iter()
-        .zip(other)
-        .map(|(a, b)| f64::from(a - b).powi(2))
-        .sum();
-    let norm: f64 = reference.iter().map(|a| f64::from(*a).powi(2)).sum();
-    (diff / norm).sqrt()
-}
-
 /// Runs `edgeloop` with `args` (the control plane's address and token in
 /// the environment), off the async threads.
 async fn edgeloop(cp: &ControlPlane, args: Vec<String>) -> std::process::Output {
     let (server, token) = (cp.http_base.clone(), cp.admin_token.clone());
     tokio::task::spawn_blocking(move || {
-        Command::new(edgeloop_bin())
+        Command::new(edgeloop_tests::edgeloop_bin())
             .args(&args)
             .env("EDGELOOP_SERVER", server)
             .env("EDGELOOP_TOKEN", token)

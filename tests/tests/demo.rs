@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
@@ -15,25 +14,10 @@ use serde_json::Value;
 /// measure the machine, not the loop.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn edgeloop() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .unwrap()
-        .join("edgeloop");
-    assert!(
-        bin.exists(),
-        "{}: build the workspace's binaries first (scripts/test.sh does)",
-        bin.display()
-    );
-    bin
-}
-
 fn demo(args: &[&str]) -> Value {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(edgeloop())
+    let out = Command::new(edgeloop_tests::edgeloop_bin())
         .arg("demo")
         .arg("--json")
         .arg("--workdir")

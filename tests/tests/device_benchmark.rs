@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -26,21 +26,6 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(120);
-
-fn edgeloop_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .unwrap()
-        .join("edgeloop");
-    assert!(
-        bin.exists(),
-        "{}: build the workspace's binaries first (cargo build --bins; scripts/test.sh does)",
-        bin.display()
-    );
-    bin
-}
 
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -95,7 +80,7 @@ async fn the_gate_judges_latency_on_the_device_that_timed_each_candidate() {
     .map(|s| s.to_string())
     .collect();
     let quantized = tokio::task::spawn_blocking(move || {
-        Command::new(edgeloop_bin())
+        Command::new(edgeloop_tests::edgeloop_bin())
             .args(&args)
             .env("EDGELOOP_HOME", &home)
             .env("EDGELOOP_SERVER", server)

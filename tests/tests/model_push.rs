@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use edgeloop_client_core::Role;
@@ -18,21 +18,6 @@ use edgeloop_models::tensor::Tensor;
 use edgeloop_models::Digest;
 use edgeloop_tests::{manifests, mnist, ControlPlane};
 use serde_json::{json, Value};
-
-fn edgeloop_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .unwrap()
-        .join("edgeloop");
-    assert!(
-        bin.exists(),
-        "{}: build the workspace's binaries first (cargo build --bins; scripts/test.sh does)",
-        bin.display()
-    );
-    bin
-}
 
 /// What a run of the binary left: its exit code, stdout and stderr.
 struct Run {
@@ -60,7 +45,7 @@ impl Run {
 /// `edgeloop <args>` against `cp` as its admin, from the blocking pool (the
 /// control plane runs on this test's runtime).
 async fn edgeloop(cp: &ControlPlane, cwd: &Path, args: &[&str]) -> Run {
-    let mut cmd = Command::new(edgeloop_bin());
+    let mut cmd = Command::new(edgeloop_tests::edgeloop_bin());
     cmd.args(args)
         .current_dir(cwd)
         .env("EDGELOOP_SERVER", &cp.http_base)
@@ -550,7 +535,7 @@ async fn quantize_then_push_finds_the_manifest_and_probe_beside_the_model() {
     let mnist = edgeloop_models::deps::dir().unwrap().join("mnist-models");
     let out = work.join("digits.onnx");
     let home = work.join("home");
-    let quantize = Command::new(edgeloop_bin())
+    let quantize = Command::new(edgeloop_tests::edgeloop_bin())
         .args([
             "model",
             "quantize",

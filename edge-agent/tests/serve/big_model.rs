@@ -25,9 +25,8 @@ use edgeloop_models::package::{package, Identity};
 use edgeloop_models::quantize::gate::{CalibrationMethodName, Candidate, GateOptions};
 use edgeloop_models::quantize::task::Task;
 use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
-use edgeloop_models::Tensor;
 
-use super::big_model_gen::{write_big_model, HIDDEN, IN, OUT};
+use super::big_model_gen::{f32s, relative_l2, write_big_model, HIDDEN, IN, OUT};
 use super::common::{
     config, f32_tensor, infer_body, library_path, noise, output_data, spec, start,
 };
@@ -41,23 +40,6 @@ fn dataset(rows: usize, seed: u64) -> Dataset {
         samples: rows,
         layout: Layout::Batched,
     }
-}
-
-fn f32s(t: &Tensor) -> Vec<f32> {
-    match t {
-        Tensor::F32(a) => a.iter().copied().collect(),
-        other => panic!("not float32: {other:?}"),
-    }
-}
-
-fn relative_l2(reference: &[f32], other: &[f32]) -> f64 {
-    let diff: f64 = reference
-        .iter()
-        .zip(other)
-        .map(|(a, b)| f64::from(a - b).powi(2))
-        .sum();
-    let norm: f64 = reference.iter().map(|a| f64::from(*a).powi(2)).sum();
-    (diff / norm).sqrt()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,7 @@ use std::io::Write;
 use std::path::Path;
 
 use edgeloop_models::onnx::{self, ir};
+use edgeloop_models::Tensor;
 
 pub const IN: usize = 1024;
 /// 1024 × 525 000 float32 = 2.15 GB: just over 2 GiB on its own.
@@ -114,4 +115,23 @@ pub fn write_big_model(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("model.onnx");
     std::fs::write(&path, onnx::encode(&m).unwrap()).unwrap();
     path
+}
+
+/// A float32 tensor's values.
+pub fn f32s(t: &Tensor) -> Vec<f32> {
+    match t {
+        Tensor::F32(a) => a.iter().copied().collect(),
+        other => panic!("not float32: {other:?}"),
+    }
+}
+
+/// ‖other − reference‖₂ / ‖reference‖₂.
+pub fn relative_l2(reference: &[f32], other: &[f32]) -> f64 {
+    let diff: f64 = reference
+        .iter()
+        .zip(other)
+        .map(|(a, b)| f64::from(a - b).powi(2))
+        .sum();
+    let norm: f64 = reference.iter().map(|a| f64::from(*a).powi(2)).sum();
+    (diff / norm).sqrt()
 }
