@@ -15,6 +15,7 @@ pub mod fleet;
 pub mod jobs;
 pub mod pipelines;
 pub mod registry;
+pub mod samples;
 #[cfg(feature = "openapi")]
 pub mod schema;
 pub mod spec;

@@ -97,6 +97,12 @@ pub struct RetrainingConfig {
     /// `version` (selector, strategy, gates, ...).
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub rollout: serde_json::Value,
+    /// How many times each labelled hard example (labelled through the
+    /// labelling queue) counts in training, 1 to 10 (default 1): they are
+    /// the rows the serving model was least sure of.
+    #[serde(default = "default_hard_example_weight")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 10))]
+    pub hard_example_weight: u32,
     /// Tries per step before the pipeline fails (default 3).
     #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
@@ -181,6 +187,9 @@ fn default_min_eval_samples() -> u64 {
 }
 fn default_budget() -> f64 {
     1.0
+}
+fn default_hard_example_weight() -> u32 {
+    1
 }
 fn default_max_attempts() -> u32 {
     3
@@ -318,6 +327,9 @@ pub enum Output {
         eval_rows: u64,
         #[serde(default)]
         edge_rows: u64,
+        /// Labelled hard examples among the edge rows.
+        #[serde(default)]
+        hard_examples: u64,
     },
     Job {
         id: String,

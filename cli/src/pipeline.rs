@@ -192,11 +192,13 @@ pub fn output(o: &Output) -> String {
             rows,
             eval_rows,
             edge_rows,
+            hard_examples,
         } => format!(
-            "{} rows, {} to evaluate, {} from devices; snapshot {}",
+            "{} rows, {} to evaluate, {} from devices ({} labelled hard examples); snapshot {}",
             text(rows),
             text(eval_rows),
             text(edge_rows),
+            text(hard_examples),
             short(digest)
         ),
         Output::Job { id, checkpoint } => {

@@ -4,9 +4,10 @@
 //! and when that counts as drift.
 //! The pure parts come first: `stats` (PSI, Jensen–Shannon distance, the
 //! two-sample KS test on binned counts) and `hysteresis` (set after N
-//! windows, clear after M).
+//! windows, clear after M). `labels`: the labelling queue over the samples.
 
 pub mod analysis;
 pub mod hysteresis;
+pub mod labels;
 pub mod records;
 pub mod stats;

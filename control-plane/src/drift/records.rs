@@ -86,12 +86,7 @@ pub struct ClassCountRecord {
     pub count: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SampleKind {
-    HardExample,
-    Feedback,
-}
+pub use edgeloop_api::samples::SampleKind;
 
 /// One predicted row with its inputs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -108,6 +103,12 @@ pub struct SampleRecord {
     pub predicted_class: Option<i64>,
     pub confidence: Option<f64>,
     pub label: Option<i64>,
+    /// Set when the label came through the labelling queue, not with the
+    /// device's feedback.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub labelled_at: Option<OffsetDateTime>,
+    #[serde(default)]
+    pub labelled_by: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -332,6 +333,8 @@ pub fn sample(at: &str, device: &str, sequence: u64, s: pb::Sample) -> Result<Sa
         predicted_class: s.predicted_class,
         confidence: s.confidence,
         label: s.label,
+        labelled_at: None,
+        labelled_by: None,
     })
 }
 

@@ -57,6 +57,9 @@ pub enum Output {
         eval_rows: u64,
         #[serde(default)]
         edge_rows: u64,
+        /// Labelled hard examples among the edge rows.
+        #[serde(default)]
+        hard_examples: u64,
     },
     Job {
         id: String,
@@ -321,6 +324,7 @@ mod tests {
                 rows: 100,
                 eval_rows: 30,
                 edge_rows: 50,
+                hard_examples: 5,
             },
             Step::Train => Output::Job {
                 id: "j".into(),

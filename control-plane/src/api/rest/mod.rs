@@ -95,6 +95,18 @@ pub fn router(core: Arc<Core>) -> Router {
             get(telemetry::model_samples),
         )
         .route(
+            "/api/v1/models/{name}/samples/labels",
+            post(telemetry::label_samples),
+        )
+        .route(
+            "/api/v1/models/{name}/samples/{id}",
+            get(telemetry::model_sample),
+        )
+        .route(
+            "/api/v1/models/{name}/samples/{id}/label",
+            post(telemetry::label_sample),
+        )
+        .route(
             "/api/v1/deployments",
             post(deployments::create).get(deployments::list),
         )

@@ -41,11 +41,13 @@ fn output_view(o: Output) -> api::Output {
             rows,
             eval_rows,
             edge_rows,
+            hard_examples,
         } => api::Output::Dataset {
             digest,
             rows,
             eval_rows,
             edge_rows,
+            hard_examples,
         },
         Output::Job { id, checkpoint } => api::Output::Job { id, checkpoint },
         Output::Onnx { digest } => api::Output::Onnx { digest },

@@ -9,13 +9,18 @@ use axum::extract::{Query, State};
 use axum::Json;
 use serde::Deserialize;
 
+use super::json::ValidJson;
 use super::json::ValidPath;
-use crate::drift::records::{SampleKind, SampleRecord, SketchRecord};
+use super::Principal;
+use crate::drift::labels;
+use crate::drift::records::{SampleKind, SketchRecord};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::{self, MemberKind};
 use crate::fleet::telemetry::TelemetryRecord;
 use crate::registry::models;
 use crate::Core;
+use axum::Extension;
+use edgeloop_api::samples::{LabelState, LabelsSet, SampleView, SetLabel, SetLabels};
 
 pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 1000;
@@ -38,6 +43,9 @@ pub struct ReportQuery {
     pub after_sequence: Option<i64>,
     /// Only this kind of sample (`hard_example`, `feedback`); samples only.
     pub kind: Option<SampleKind>,
+    /// Only labelled or only unlabelled samples (the labelling queue:
+    /// `kind=hard_example&state=unlabelled`); samples only.
+    pub state: Option<LabelState>,
     /// At most this many records (default 100, at most 1000).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
@@ -119,16 +127,17 @@ pub async fn model_sketches(
     Ok(Json(records))
 }
 
-/// Hard examples and labelled feedback of a model, with their inputs.
+/// Hard examples and labelled feedback of a model, with their inputs and
+/// provenance (device, version, confidence, time), in key order.
 #[utoipa::path(get, path = "/api/v1/models/{name}/samples", tag = "registry",
     params(("name" = String, Path), ReportQuery),
-    responses((status = 200, body = Vec<SampleRecord>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = Vec<SampleView>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn model_samples(
     State(core): State<Arc<Core>>,
     ValidPath(name): ValidPath<String>,
     q: Result<Query<ReportQuery>, QueryRejection>,
-) -> Result<Json<Vec<SampleRecord>>, Error> {
+) -> Result<Json<Vec<SampleView>>, Error> {
     let q = query(q)?;
     models::get_model(&core.store, &name)?;
     let records = core
@@ -136,9 +145,65 @@ pub async fn model_samples(
         .samples
         .scan_prefix(&prefix(&name, &q))?
         .into_iter()
-        .map(|(_, r)| r)
-        .filter(|r| keep(&q, &r.device, r.sequence) && q.kind.is_none_or(|k| k == r.kind))
+        .filter(|(_, r)| keep(&q, &r.device, r.sequence) && labels::wanted(r, q.kind, q.state))
         .take(q.limit.unwrap_or(DEFAULT_LIMIT))
+        .map(|(k, r)| labels::view(&k, r))
         .collect();
     Ok(Json(records))
+}
+
+/// One sample, by the id a listing gave.
+#[utoipa::path(get, path = "/api/v1/models/{name}/samples/{id}", tag = "registry",
+    params(("name" = String, Path), ("id" = String, Path, description = "`<version>:<device>:<sequence>:<index>`")),
+    responses((status = 200, body = SampleView), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody, description = "no such model or sample")),
+    security(("bearer" = [])))]
+pub async fn model_sample(
+    State(core): State<Arc<Core>>,
+    ValidPath((name, id)): ValidPath<(String, String)>,
+) -> Result<Json<SampleView>, Error> {
+    models::get_model(&core.store, &name)?;
+    Ok(Json(labels::get(&core.store, &name, &id)?))
+}
+
+/// Labels one sample (a relabel replaces the label); it goes into the next
+/// retraining snapshot.
+#[utoipa::path(post, path = "/api/v1/models/{name}/samples/{id}/label", tag = "registry",
+    params(("name" = String, Path), ("id" = String, Path, description = "`<version>:<device>:<sequence>:<index>`")),
+    request_body = SetLabel,
+    responses((status = 200, body = SampleView), (status = 400, body = ErrorBody, description = "the label is not a class index"),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody, description = "no such model or sample")),
+    security(("bearer" = [])))]
+pub async fn label_sample(
+    State(core): State<Arc<Core>>,
+    Extension(by): Extension<Principal>,
+    ValidPath((name, id)): ValidPath<(String, String)>,
+    ValidJson(req): ValidJson<SetLabel>,
+) -> Result<Json<SampleView>, Error> {
+    models::get_model(&core.store, &name)?;
+    let labelled = labels::label(&core.store, &name, &id, req.label, by.name(), core.now())?;
+    core.store.flush().await?;
+    Ok(Json(labelled))
+}
+
+/// Labels many samples at once, all or none (every id must name a sample
+/// of the model, every label be a class index).
+#[utoipa::path(post, path = "/api/v1/models/{name}/samples/labels", tag = "registry",
+    params(("name" = String, Path)),
+    request_body = SetLabels,
+    responses((status = 200, body = LabelsSet), (status = 400, body = ErrorBody, description = "a bad id or label, named in `field`"),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody, description = "no such model")),
+    security(("bearer" = [])))]
+pub async fn label_samples(
+    State(core): State<Arc<Core>>,
+    Extension(by): Extension<Principal>,
+    ValidPath(name): ValidPath<String>,
+    ValidJson(req): ValidJson<SetLabels>,
+) -> Result<Json<LabelsSet>, Error> {
+    models::get_model(&core.store, &name)?;
+    let labelled = labels::label_all(&core.store, &name, &req.labels, by.name(), core.now())?;
+    core.store.flush().await?;
+    Ok(Json(LabelsSet { labelled }))
 }

@@ -13,7 +13,7 @@ use edgeloop_models::npz::Npz;
 use edgeloop_models::Tensor;
 use ndarray::{ArrayD, IxDyn};
 
-use crate::drift::records::SampleRecord;
+use crate::drift::records::{SampleKind, SampleRecord};
 
 pub const INPUT: &str = "input";
 pub const LABEL: &str = "label";
@@ -27,6 +27,9 @@ pub struct EdgeRow {
     pub at: i128,
     pub x: Vec<f32>,
     pub label: i64,
+    /// A hard example (labelled through the labelling queue), not
+    /// feedback: the policy may weight it.
+    pub hard: bool,
 }
 
 /// Rows in `base` (`input`, `label`).
@@ -125,6 +128,7 @@ pub fn edge_rows(records: &[SampleRecord], width: Option<usize>) -> (Vec<EdgeRow
                 at: r.observed_at.map_or(0, |t| t.unix_timestamp_nanos()),
                 x,
                 label,
+                hard: r.kind == SampleKind::HardExample,
             }),
             None => skipped += 1,
         }
@@ -139,16 +143,22 @@ pub struct Snapshot {
     pub train_rows: usize,
     pub eval_rows: usize,
     pub edge_rows: usize,
+    /// Labelled hard examples among the edge rows (each counted once,
+    /// however weighted).
+    pub hard_examples: usize,
 }
 
-/// `base` (already windowed) and the older edge rows train; the newest
-/// `eval_fraction` of the edge rows evaluate.
+/// `base` (already windowed) and the older edge rows train, each labelled
+/// hard example `hard_weight` times; the newest `eval_fraction` of the
+/// edge rows evaluate, once each (weighting the measure would only
+/// distort it).
 pub fn build(
     base: Option<&Rows>,
     edge: &[EdgeRow],
     sample_shape: &[usize],
     eval_fraction: f64,
     min_eval: u64,
+    hard_weight: u32,
 ) -> Result<Snapshot, String> {
     let n_eval = ((edge.len() as f64) * eval_fraction).round() as usize;
     if (n_eval as u64) < min_eval {
@@ -173,8 +183,11 @@ pub fn build(
         y.extend_from_slice(&b.y);
     }
     for r in train_edge {
-        x.extend_from_slice(&r.x);
-        y.push(r.label);
+        let times = if r.hard { hard_weight.max(1) } else { 1 };
+        for _ in 0..times {
+            x.extend_from_slice(&r.x);
+            y.push(r.label);
+        }
     }
     if y.is_empty() {
         return Err("nothing to train on: no base dataset rows and no older edge samples".into());
@@ -203,6 +216,7 @@ pub fn build(
         train_rows,
         eval_rows,
         edge_rows: edge.len(),
+        hard_examples: edge.iter().filter(|r| r.hard).count(),
     })
 }
 
@@ -235,7 +249,7 @@ pub fn part_for_model(snapshot: &Npz, input_name: &str, eval: bool) -> Result<Np
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::drift::records::{SampleKind, SampleTensorRecord};
+    use crate::drift::records::SampleTensorRecord;
 
     fn sample(device: &str, req: &str, at: i64, x: &[f32], label: Option<i64>) -> SampleRecord {
         let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -256,6 +270,8 @@ mod tests {
             predicted_class: Some(0),
             confidence: Some(0.9),
             label,
+            labelled_at: None,
+            labelled_by: None,
         }
     }
 
@@ -275,12 +291,36 @@ mod tests {
         assert_eq!(xs, [1.0, 3.0, 2.0]);
     }
 
+    #[test]
+    fn labelled_hard_examples_train_as_often_as_the_policy_weights_them() {
+        let mut edge = rows(10, 0);
+        for r in edge.iter_mut().take(4) {
+            r.hard = true;
+        }
+        edge[9].hard = true; // evaluates: once, unweighted
+        for (weight, train_rows) in [(1, 7), (3, 15)] {
+            let s = build(None, &edge, &[2], 0.3, 3, weight).unwrap();
+            assert_eq!(
+                (s.train_rows, s.eval_rows, s.edge_rows, s.hard_examples),
+                (train_rows, 3, 10, 5),
+                "weight {weight}"
+            );
+        }
+        // The hard rows come in whole: x and label repeated together.
+        let s = build(None, &edge, &[2], 0.3, 3, 2).unwrap();
+        let Tensor::I64(y) = s.npz.get(LABEL).unwrap() else {
+            panic!()
+        };
+        assert_eq!(y.iter().copied().collect::<Vec<_>>()[..4], [0, 0, 1, 1]);
+    }
+
     fn rows(n: usize, at0: i128) -> Vec<EdgeRow> {
         (0..n)
             .map(|i| EdgeRow {
                 at: at0 + i as i128,
                 x: vec![i as f32, 0.0],
                 label: (i % 2) as i64,
+                hard: false,
             })
             .collect()
     }
@@ -292,7 +332,7 @@ mod tests {
             x: (0..20).map(|v| v as f32).collect(),
             y: vec![0; 10],
         };
-        let s = build(Some(&base.tail(4)), &rows(10, 0), &[2], 0.3, 3).unwrap();
+        let s = build(Some(&base.tail(4)), &rows(10, 0), &[2], 0.3, 3, 1).unwrap();
         assert_eq!((s.train_rows, s.eval_rows, s.edge_rows), (4 + 7, 3, 10));
         let Tensor::F32(ex) = s.npz.get(EVAL_INPUT).unwrap() else {
             panic!()
@@ -309,18 +349,18 @@ mod tests {
 
     #[test]
     fn too_few_labels_or_a_mismatched_base_are_refused_with_the_reason() {
-        let e = build(None, &rows(10, 0), &[2], 0.3, 5).unwrap_err();
+        let e = build(None, &rows(10, 0), &[2], 0.3, 5, 1).unwrap_err();
         assert!(e.contains("min_eval_samples"), "{e}");
         let base = Rows {
             sample_shape: vec![3],
             x: vec![0.0; 3],
             y: vec![0],
         };
-        let e = build(Some(&base), &rows(10, 0), &[2], 0.3, 1).unwrap_err();
+        let e = build(Some(&base), &rows(10, 0), &[2], 0.3, 1, 1).unwrap_err();
         assert!(e.contains("[3]"), "{e}");
-        let e = build(None, &rows(2, 0), &[2], 0.5, 1).unwrap();
+        let e = build(None, &rows(2, 0), &[2], 0.5, 1, 1).unwrap();
         assert_eq!((e.train_rows, e.eval_rows), (1, 1));
-        let e = build(None, &rows(1, 0), &[2], 0.9, 1).unwrap_err();
+        let e = build(None, &rows(1, 0), &[2], 0.9, 1, 1).unwrap_err();
         assert!(e.contains("nothing to train on"), "{e}");
     }
 }

@@ -125,6 +125,9 @@ impl RetrainingPolicy for RetrainingConfig {
             crate::fleet::benchmarks::check_runs("latency.runs", l.runs)?;
             crate::fleet::benchmarks::check_timeout("latency.timeout_seconds", l.timeout_seconds)?;
         }
+        if !(1..=10).contains(&self.hard_example_weight) {
+            return Err(Error::bad_field("hard_example_weight", "must be 1 to 10"));
+        }
         if !(1..=20).contains(&self.max_attempts) {
             return Err(Error::bad_field("max_attempts", "must be 1 to 20"));
         }

@@ -337,6 +337,8 @@ mod tests {
             predicted_class: Some(predicted),
             confidence: None,
             label: Some(label),
+            labelled_at: None,
+            labelled_by: None,
         }
     }
 

@@ -320,6 +320,7 @@ async fn build_dataset(
     let store = core.store.clone();
     let prefix = format!("{}/", p.model);
     let (eval_fraction, min_eval) = (config.eval_fraction, config.min_eval_samples);
+    let hard_weight = config.hard_example_weight;
     let edge_window = config.edge_window_rows.map_or(usize::MAX, |n| n as usize);
     let snapshot = blocking(move || {
         let records: Vec<_> = store
@@ -337,22 +338,36 @@ async fn build_dataset(
                 "labelled samples that do not fit the model's input were left out"
             );
         }
-        let snap = dataset::build(base.as_ref(), &edge, &shape, eval_fraction, min_eval)
-            .map_err(StepError::fatal)?;
+        let snap = dataset::build(
+            base.as_ref(),
+            &edge,
+            &shape,
+            eval_fraction,
+            min_eval,
+            hard_weight,
+        )
+        .map_err(StepError::fatal)?;
         let bytes = snap
             .npz
             .to_bytes()
             .map_err(|e| StepError::transient(format!("encoding the snapshot: {e}")))?;
-        Ok((snap.train_rows, snap.eval_rows, snap.edge_rows, bytes))
+        Ok((
+            snap.train_rows,
+            snap.eval_rows,
+            snap.edge_rows,
+            snap.hard_examples,
+            bytes,
+        ))
     })
     .await?;
-    let (rows, eval_rows, edge_rows, bytes) = snapshot;
+    let (rows, eval_rows, edge_rows, hard_examples, bytes) = snapshot;
     let d = put_artifact(core, bytes).await?;
     Ok(Output::Dataset {
         digest: d,
         rows: rows as u64,
         eval_rows: eval_rows as u64,
         edge_rows: edge_rows as u64,
+        hard_examples: hard_examples as u64,
     })
 }
 
