@@ -23,6 +23,7 @@ mod model_push;
 mod model_quantize;
 pub mod pipeline;
 mod retraining;
+mod sample;
 pub mod table;
 mod transfer;
 pub mod trigger;
@@ -107,6 +108,14 @@ pub enum Command {
         #[command(flatten)]
         server: api::ServerArgs,
     },
+    /// The labelling queue: the samples devices sent (hard examples,
+    /// feedback), their labels, and export/import for labelling tools.
+    Sample {
+        #[command(subcommand)]
+        cmd: sample::SampleCommand,
+        #[command(flatten)]
+        server: api::ServerArgs,
+    },
     /// Retraining pipelines: every step's status, timing and output.
     Pipeline {
         #[command(subcommand)]
@@ -135,6 +144,7 @@ pub fn run_with(cli: Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Retrain(args) => retraining::retrain(&args, out),
         Command::Trigger { cmd, server } => trigger::run(cmd, &server, out),
         Command::Pipeline { cmd, server } => pipeline::run(cmd, &server, out),
+        Command::Sample { cmd, server } => sample::run(cmd, &server, out),
     }
 }
 
