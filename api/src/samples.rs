@@ -119,6 +119,17 @@ pub struct LabelsSet {
     pub labelled: u64,
 }
 
+/// `GET /api/v1/models/{name}/samples/summary`: how many samples the
+/// model keeps, how many were dropped for the cap (the oldest first), and
+/// the cap. Samples stored before retention was counted are not in these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SampleSummary {
+    pub stored: u64,
+    pub dropped: u64,
+    pub max_per_model: u64,
+}
+
 /// A sample's id from its parts, and back.
 pub fn sample_id(version: &str, device: &str, sequence: u64, index: usize) -> String {
     format!("{version}:{device}:{sequence}:{index}")

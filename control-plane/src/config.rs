@@ -58,6 +58,10 @@ pub struct ServeSettings {
     /// 0 turns the cache off).
     #[arg(long, env = "EDGELOOP_ARTIFACT_CACHE_MIB")]
     pub artifact_cache_mib: Option<u64>,
+    /// Samples (hard examples, feedback) kept per model; past it the
+    /// oldest are dropped, and counted (default 100000).
+    #[arg(long, env = "EDGELOOP_MAX_SAMPLES_PER_MODEL")]
+    pub max_samples_per_model: Option<u64>,
     /// Artifact downloads (devices and bridges) sending at once; the rest
     /// wait their turn (default 64).
     #[arg(long, env = "EDGELOOP_MAX_CONCURRENT_DOWNLOADS")]
@@ -226,6 +230,7 @@ impl ServeSettings {
             job_lease_secs: self.job_lease_secs.or(lower.job_lease_secs),
             rollout_tick_ms: self.rollout_tick_ms.or(lower.rollout_tick_ms),
             artifact_cache_mib: self.artifact_cache_mib.or(lower.artifact_cache_mib),
+            max_samples_per_model: self.max_samples_per_model.or(lower.max_samples_per_model),
             max_concurrent_downloads: self
                 .max_concurrent_downloads
                 .or(lower.max_concurrent_downloads),
@@ -256,6 +261,8 @@ pub struct Config {
     pub rollout_tick: Duration,
     pub artifact_cache_bytes: u64,
     pub max_concurrent_downloads: usize,
+    /// Samples kept per model (retention).
+    pub max_samples_per_model: u64,
     /// Prices for the cost report.
     pub cost: Prices,
 }
@@ -295,6 +302,11 @@ impl Config {
         anyhow::ensure!(
             (10..=60_000).contains(&tick),
             "rollout-tick-ms must be 10..=60000"
+        );
+        let max_samples = s.max_samples_per_model.unwrap_or(100_000);
+        anyhow::ensure!(
+            (1..=100_000_000).contains(&max_samples),
+            "max-samples-per-model must be 1..=100000000"
         );
         let cache_mib = s.artifact_cache_mib.unwrap_or(256);
         anyhow::ensure!(
@@ -346,6 +358,7 @@ impl Config {
             job_lease: Duration::from_secs(lease.into()),
             rollout_tick: Duration::from_millis(tick),
             artifact_cache_bytes: cache_mib << 20,
+            max_samples_per_model: max_samples,
             max_concurrent_downloads: downloads,
             cost,
         })

@@ -303,3 +303,58 @@ async fn hard_examples_are_labelled_through_the_cli_and_reach_the_next_snapshot(
     assert!(job.to_string().contains(&digest.to_hex()), "{job}");
     cp.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_model_keeps_its_newest_samples_up_to_the_cap_and_counts_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(edgeloop_control_plane::ServeSettings {
+        max_samples_per_model: Some(5),
+        ..edgeloop_tests::settings(&dir.path().join("cp"))
+    })
+    .await;
+    let api = cp.api();
+    let (status, body) = api.post("/api/v1/models", json!({"name": MODEL})).await;
+    assert_eq!(status, 201, "{body}");
+    let token = cp.token("device", "edge-1").await;
+    let mut device = AgentServiceClient::new(
+        cp.connect(Role::Device, &token, &dir.path().join("edge-1"))
+            .await,
+    );
+    // Two reports of 4; the second's rows were observed first (a device
+    // that was offline sends old rows late): age, not arrival, decides.
+    for (sequence, first) in [(1u64, 10usize), (2, 0)] {
+        let samples = (first..first + 4)
+            .map(|i| sample(pb::SampleKind::HardExample, i, None))
+            .collect();
+        let report = pb::TelemetryReport {
+            sequence,
+            samples,
+            ..Default::default()
+        };
+        device.report_telemetry(report.clone()).await.unwrap();
+        // A replay stores and counts nothing twice.
+        device.report_telemetry(report).await.unwrap();
+    }
+    let (status, summary) = api
+        .get(&format!("/api/v1/models/{MODEL}/samples/summary"))
+        .await;
+    assert_eq!(status, 200, "{summary}");
+    assert_eq!(
+        summary,
+        json!({"stored": 5, "dropped": 3, "max_per_model": 5})
+    );
+    let (_, kept) = api.get(&format!("/api/v1/models/{MODEL}/samples")).await;
+    let mut requests: Vec<&str> = kept
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["request_id"].as_str().unwrap())
+        .collect();
+    requests.sort();
+    assert_eq!(
+        requests,
+        ["r10", "r11", "r12", "r13", "r3"],
+        "the newest five by observation"
+    );
+    cp.stop().await;
+}

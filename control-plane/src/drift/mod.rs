@@ -10,4 +10,5 @@ pub mod analysis;
 pub mod hysteresis;
 pub mod labels;
 pub mod records;
+pub mod retention;
 pub mod stats;

@@ -301,7 +301,7 @@ fn store_new(
     }
     for (i, s) in samples.iter().enumerate() {
         let k = record_key(&s.model_name, &s.model_version, device, seq, i);
-        store.samples.insert(&k, s)?;
+        crate::drift::retention::store_sample(store, &k, s)?;
     }
     // Last: this record is what marks the sequence as stored.
     store.telemetry.insert_new(key, &record)?;

@@ -82,6 +82,10 @@ pub struct Store {
     pub sketches: Tree<SketchRecord>,
     /// Hard examples and labelled feedback, keyed like sketches.
     pub samples: Tree<SampleRecord>,
+    /// The samples by when they were observed, per model (retention).
+    pub sample_index: Tree<String>,
+    /// Each model's stored and dropped sample counts (retention).
+    pub sample_counts: Tree<crate::drift::retention::SampleCounts>,
     pub checkpoints: Tree<CheckpointRecord>,
     pub jobs: Tree<JobRecord>,
     /// Rollouts, by id (`d-<seq>`, so key order is creation order).
@@ -145,6 +149,8 @@ impl Store {
             telemetry: Tree::open(&db, "telemetry")?,
             sketches: Tree::open(&db, "sketches")?,
             samples: Tree::open(&db, "samples")?,
+            sample_index: Tree::open(&db, "sample_index")?,
+            sample_counts: Tree::open(&db, "sample_counts")?,
             checkpoints: Tree::open(&db, "checkpoints")?,
             jobs: Tree::open(&db, "jobs")?,
             deployments: Tree::open(&db, "deployments")?,

@@ -148,6 +148,21 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         }
     }
 
+    /// The first `n` records with `prefix`, in key order.
+    pub fn first_with_prefix(
+        &self,
+        prefix: &str,
+        n: usize,
+    ) -> Result<Vec<(String, V)>, StoreError> {
+        let mut out = Vec::with_capacity(n.min(1024));
+        for item in self.tree.scan_prefix(prefix).take(n) {
+            let (k, raw) = item?;
+            let v = self.decode(&k, &raw)?;
+            out.push((String::from_utf8_lossy(&k).into_owned(), v));
+        }
+        Ok(out)
+    }
+
     /// Records with `prefix`, newest key first, while `keep` says so: the
     /// tail of an append-only, sequence-keyed log without reading all of it.
     pub fn scan_prefix_rev_while(

@@ -203,12 +203,25 @@ impl AgentService for AgentApi {
         req: Request<pb::TelemetryReport>,
     ) -> Result<Response<pb::TelemetryAck>, Status> {
         let device = caller(&self.core, &req, MemberKind::Device)?.id;
+        let models: std::collections::BTreeSet<String> = req
+            .get_ref()
+            .samples
+            .iter()
+            .map(|s| s.model_name.clone())
+            .collect();
         let acked = telemetry::record_telemetry(
             &self.core.store,
             &device,
             req.into_inner(),
             self.core.now(),
         )?;
+        for model in &models {
+            crate::drift::retention::enforce(
+                &self.core.store,
+                model,
+                self.core.config.max_samples_per_model,
+            )?;
+        }
         // The ack lets the agent drop its buffered copy, so persist first.
         self.core.store.flush().await.map_err(Error::from)?;
         Ok(Response::new(pb::TelemetryAck {

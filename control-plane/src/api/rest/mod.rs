@@ -99,6 +99,10 @@ pub fn router(core: Arc<Core>) -> Router {
             post(telemetry::label_samples),
         )
         .route(
+            "/api/v1/models/{name}/samples/summary",
+            get(telemetry::sample_summary),
+        )
+        .route(
             "/api/v1/models/{name}/samples/{id}",
             get(telemetry::model_sample),
         )

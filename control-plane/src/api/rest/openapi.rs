@@ -51,6 +51,7 @@ use super::{
         telemetry::model_sample,
         telemetry::label_sample,
         telemetry::label_samples,
+        telemetry::sample_summary,
         drift::model_drift,
         cost::model_cost,
         deployments::create,

@@ -20,7 +20,9 @@ use crate::fleet::telemetry::TelemetryRecord;
 use crate::registry::models;
 use crate::Core;
 use axum::Extension;
-use edgeloop_api::samples::{LabelState, LabelsSet, SampleView, SetLabel, SetLabels};
+use edgeloop_api::samples::{
+    LabelState, LabelsSet, SampleSummary, SampleView, SetLabel, SetLabels,
+};
 
 pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 1000;
@@ -206,4 +208,24 @@ pub async fn label_samples(
     let labelled = labels::label_all(&core.store, &name, &req.labels, by.name(), core.now())?;
     core.store.flush().await?;
     Ok(Json(LabelsSet { labelled }))
+}
+
+/// How many samples the model keeps and how many were dropped, oldest
+/// first, for the per-model cap (`max_samples_per_model`).
+#[utoipa::path(get, path = "/api/v1/models/{name}/samples/summary", tag = "registry",
+    params(("name" = String, Path)),
+    responses((status = 200, body = SampleSummary), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody, description = "no such model")),
+    security(("bearer" = [])))]
+pub async fn sample_summary(
+    State(core): State<Arc<Core>>,
+    ValidPath(name): ValidPath<String>,
+) -> Result<Json<SampleSummary>, Error> {
+    models::get_model(&core.store, &name)?;
+    let c = crate::drift::retention::counts(&core.store, &name)?;
+    Ok(Json(SampleSummary {
+        stored: c.stored,
+        dropped: c.dropped,
+        max_per_model: core.config.max_samples_per_model,
+    }))
 }
