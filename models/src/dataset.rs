@@ -399,56 +399,119 @@ pub fn first_row(t: &Tensor) -> Tensor {
     slice_rows(t, 0, 1)
 }
 
-/// Reference statistics for drift detection: a histogram of every float
-/// input over the whole set, and the share of each predicted class.
+/// Names of a tabular input's feature columns, by input: what
+/// [`reference_stats_with`] calls each column's histogram (`dew_point`
+/// rather than `input[3]`).
+pub type FeatureNames = std::collections::BTreeMap<String, Vec<String>>;
+
+/// [`reference_stats_with`], the columns named `<input>[<j>]`.
 pub fn reference_stats(
     data: &Dataset,
     predictions: &[i64],
     bins: usize,
 ) -> crate::manifest::ReferenceStats {
-    use crate::manifest::{ClassShare, InputHistogram, ReferenceStats};
+    reference_stats_with(data, predictions, bins, &FeatureNames::new())
+}
+
+/// `bins` equal bins over `values`' range (a constant gets one bin of width
+/// 1); `None` when no value is finite.
+fn histogram(values: impl Fn() -> Vec<f64>, bins: usize) -> Option<(Vec<f64>, Vec<u64>)> {
+    let all = values();
+    let (lo, hi) = all
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| {
+            (l.min(v), h.max(v))
+        });
+    if !lo.is_finite() {
+        return None;
+    }
+    let hi = if hi > lo { hi } else { lo + 1.0 };
+    let width = (hi - lo) / bins as f64;
+    let mut counts = vec![0u64; bins];
+    for v in all {
+        counts[(((v - lo) / width) as usize).min(bins - 1)] += 1;
+    }
+    let bin_edges = (0..=bins)
+        .map(|i| if i == bins { hi } else { lo + width * i as f64 })
+        .collect();
+    Some((bin_edges, counts))
+}
+
+/// Reference statistics for drift detection: a histogram of every float
+/// input over the whole set and, for a tabular input (`[rows, features]`,
+/// 2 to [`MAX_FEATURE_COLUMNS`](crate::manifest::MAX_FEATURE_COLUMNS)
+/// columns), one per feature column, named by `names` (else
+/// `<input>[<j>]`): pooled, a shift of one feature hides among the others.
+/// Also the share of each predicted class.
+pub fn reference_stats_with(
+    data: &Dataset,
+    predictions: &[i64],
+    bins: usize,
+    names: &FeatureNames,
+) -> crate::manifest::ReferenceStats {
+    use crate::manifest::{ClassShare, InputHistogram, ReferenceStats, MAX_FEATURE_COLUMNS};
     let bins = bins.max(1);
     let mut inputs = vec![];
-    let names: Vec<String> = data
+    let first: Vec<(String, Option<usize>)> = data
         .batches
         .first()
-        .map(|b| b.iter().map(|(n, _)| n.clone()).collect())
+        .map(|b| {
+            b.iter()
+                .map(|(n, t)| {
+                    let columns = match t {
+                        Tensor::F32(a) if a.ndim() == 2 && data.layout == Layout::Batched => {
+                            Some(a.shape()[1])
+                        }
+                        _ => None,
+                    };
+                    (n.clone(), columns)
+                })
+                .collect()
+        })
         .unwrap_or_default();
-    for name in names {
-        let values = || {
+    for (name, columns) in first {
+        let values = |column: Option<usize>| {
             data.batches
                 .iter()
                 .flat_map(|b| b.iter().filter(|(n, _)| *n == name))
-                .flat_map(|(_, t)| match t {
-                    Tensor::F32(a) => a
+                .flat_map(|(_, t)| match (t, column) {
+                    (Tensor::F32(a), None) => a.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+                    (Tensor::F32(a), Some(j)) if a.ndim() == 2 && j < a.shape()[1] => a
+                        .index_axis(Axis(1), j)
                         .iter()
                         .map(|&v| f64::from(v))
-                        .filter(|v| v.is_finite())
-                        .collect::<Vec<_>>(),
+                        .collect(),
                     _ => vec![],
                 })
+                .filter(|v| v.is_finite())
+                .collect::<Vec<_>>()
         };
-        let (lo, hi) = values().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| {
-            (l.min(v), h.max(v))
-        });
-        if !lo.is_finite() {
+        let Some((bin_edges, counts)) = histogram(|| values(None), bins) else {
             continue;
-        }
-        // A constant input still gets one bin of width 1.
-        let hi = if hi > lo { hi } else { lo + 1.0 };
-        let width = (hi - lo) / bins as f64;
-        let mut counts = vec![0u64; bins];
-        for v in values() {
-            counts[(((v - lo) / width) as usize).min(bins - 1)] += 1;
-        }
-        let bin_edges = (0..=bins)
-            .map(|i| if i == bins { hi } else { lo + width * i as f64 })
-            .collect();
+        };
         inputs.push(InputHistogram {
-            name,
+            name: name.clone(),
             bin_edges,
             counts,
+            input: None,
+            column: None,
         });
+        let Some(n) = columns.filter(|n| (2..=MAX_FEATURE_COLUMNS).contains(n)) else {
+            continue;
+        };
+        let named = names.get(&name).filter(|given| given.len() == n);
+        for j in 0..n {
+            let Some((bin_edges, counts)) = histogram(|| values(Some(j)), bins) else {
+                continue;
+            };
+            inputs.push(InputHistogram {
+                name: named.map_or_else(|| format!("{name}[{j}]"), |given| given[j].clone()),
+                bin_edges,
+                counts,
+                input: Some(name.clone()),
+                column: Some(j as u32),
+            });
+        }
     }
     let mut per_class: std::collections::BTreeMap<i64, u64> = std::collections::BTreeMap::new();
     for &p in predictions {
@@ -465,5 +528,60 @@ pub fn reference_stats(
             })
             .collect(),
         sample_count: data.samples as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{ArrayD, IxDyn};
+
+    fn tabular(rows: &[[f32; 3]]) -> Dataset {
+        let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+        let x = ArrayD::from_shape_vec(IxDyn(&[rows.len(), 3]), flat).unwrap();
+        Dataset {
+            batches: vec![vec![("x".to_string(), Tensor::F32(x))]],
+            labels: None,
+            boxes: None,
+            samples: rows.len(),
+            layout: Layout::Batched,
+        }
+    }
+
+    #[test]
+    fn a_tabular_input_gets_a_histogram_per_column_named_as_given() {
+        let data = tabular(&[[0.0, 10.0, 5.0], [1.0, 20.0, 5.0], [2.0, 30.0, 5.0]]);
+        let mut names = FeatureNames::new();
+        names.insert(
+            "x".into(),
+            vec!["temp".into(), "dew_point".into(), "wind".into()],
+        );
+        let stats = reference_stats_with(&data, &[], 2, &names);
+        let got: Vec<(&str, Option<&str>, Option<u32>)> = stats
+            .inputs
+            .iter()
+            .map(|h| (h.name.as_str(), h.input.as_deref(), h.column))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("x", None, None),
+                ("temp", Some("x"), Some(0)),
+                ("dew_point", Some("x"), Some(1)),
+                ("wind", Some("x"), Some(2)),
+            ]
+        );
+        let dew = &stats.inputs[2];
+        assert_eq!(
+            (dew.bin_edges.as_slice(), dew.counts.as_slice()),
+            ([10.0, 20.0, 30.0].as_slice(), [1, 2].as_slice())
+        );
+        // A constant column still gets one bin of width 1 per edge pair.
+        assert_eq!(stats.inputs[3].bin_edges[0], 5.0);
+        // Without names (or with the wrong count of them), `x[j]`.
+        names.insert("x".into(), vec!["only-one".into()]);
+        let unnamed = reference_stats_with(&data, &[], 2, &names);
+        assert_eq!(unnamed.inputs[1].name, "x[0]");
+        assert_eq!(unnamed.inputs.len(), 4);
     }
 }

@@ -79,6 +79,8 @@ fn sample() -> Manifest {
                 name: "input".into(),
                 bin_edges: vec![0.0, 0.1, 0.5, 1.0],
                 counts: vec![700, 20, 80],
+                input: None,
+                column: None,
             }],
             prediction_distribution: vec![
                 ClassShare {

@@ -24,6 +24,8 @@ pub fn manifest(model: &[u8]) -> Manifest {
                 name: "temp".into(),
                 bin_edges: EDGES.to_vec(),
                 counts: vec![300, 400, 300],
+                input: None,
+                column: None,
             }],
             prediction_distribution: vec![
                 ClassShare {

@@ -250,6 +250,8 @@ mod tests {
                 name: "temp".into(),
                 bin_edges: vec![0.0, 10.0, 20.0, 30.0],
                 counts: vec![300, 400, 300],
+                input: None,
+                column: None,
             }],
             prediction_distribution: vec![
                 ClassShare {

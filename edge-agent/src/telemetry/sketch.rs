@@ -104,6 +104,30 @@ impl FeatureSketch {
         true
     }
 
+    /// Adds column `column` of a floating-point `[rows, columns]` tensor
+    /// (one feature of a tabular input); returns whether it was used (a
+    /// tensor of another rank, type or width is not that feature).
+    pub fn add_column(&mut self, t: &Tensor, column: usize) -> bool {
+        use ndarray::Axis;
+        let fits = |shape: &[usize]| shape.len() == 2 && column < shape[1];
+        match t {
+            Tensor::F32(a) if fits(a.shape()) => a
+                .index_axis(Axis(1), column)
+                .iter()
+                .for_each(|&v| self.add(f64::from(v))),
+            Tensor::F64(a) if fits(a.shape()) => a
+                .index_axis(Axis(1), column)
+                .iter()
+                .for_each(|&v| self.add(v)),
+            Tensor::F16(a) if fits(a.shape()) => a
+                .index_axis(Axis(1), column)
+                .iter()
+                .for_each(|v| self.add(v.to_f64())),
+            _ => return false,
+        }
+        true
+    }
+
     /// Adds `other`'s counts (same edges).
     pub fn merge(&mut self, other: &FeatureSketch) {
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {

@@ -52,6 +52,8 @@ fn manifest(edges: Vec<f64>) -> Manifest {
                 name: "x".into(),
                 bin_edges: edges,
                 counts: vec![1; bins],
+                input: None,
+                column: None,
             }],
             prediction_distribution: vec![ClassShare {
                 class: 0,

@@ -16,11 +16,15 @@ use super::sketch::{
     CONFIDENCE_BINS,
 };
 
-/// A reference histogram's name and edges, from the version's manifest.
+/// A reference histogram's name and edges, from the version's manifest:
+/// of a whole input, or of one column of a tabular input.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeatureRef {
     pub name: Arc<str>,
     pub edges: Arc<[f64]>,
+    /// The input it reads (its own name for a whole input).
+    pub input: Arc<str>,
+    pub column: Option<usize>,
 }
 
 /// The features a version's manifest has reference histograms for (those
@@ -42,6 +46,8 @@ pub fn feature_refs(manifest: Option<&Manifest>) -> Arc<[FeatureRef]> {
         .map(|h| FeatureRef {
             name: h.name.as_str().into(),
             edges: h.bin_edges.as_slice().into(),
+            input: h.input.as_deref().unwrap_or(&h.name).into(),
+            column: h.column.map(|c| c as usize),
         })
         .collect()
 }
@@ -55,9 +61,13 @@ pub fn feature_delta(
     refs.iter()
         .enumerate()
         .filter_map(|(i, r)| {
-            let (_, tensor) = inputs.iter().find(|(n, _)| **n == *r.name)?;
+            let (_, tensor) = inputs.iter().find(|(n, _)| **n == *r.input)?;
             let mut s = FeatureSketch::new(r.name.clone(), r.edges.clone());
-            s.add_tensor(tensor).then_some((i, s))
+            let used = match r.column {
+                None => s.add_tensor(tensor),
+                Some(c) => s.add_column(tensor, c),
+            };
+            used.then_some((i, s))
         })
         .collect()
 }
@@ -240,10 +250,52 @@ mod tests {
     }
 
     #[test]
+    fn a_tabular_input_is_sketched_per_column_under_each_feature_name() {
+        let edges: Arc<[f64]> = vec![0.0, 10.0, 20.0].into();
+        let refs = [
+            FeatureRef {
+                name: "x".into(),
+                edges: edges.clone(),
+                input: "x".into(),
+                column: None,
+            },
+            FeatureRef {
+                name: "dew_point".into(),
+                edges: edges.clone(),
+                input: "x".into(),
+                column: Some(1),
+            },
+            FeatureRef {
+                name: "past_the_end".into(),
+                edges,
+                input: "x".into(),
+                column: Some(3),
+            },
+        ];
+        // Two rows of three features: column 1 is 15 in both.
+        let x = Tensor::F32(
+            ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, 15.0, 2.0, 3.0, 15.0, 4.0]).unwrap(),
+        );
+        let delta = feature_delta(&refs, &[("x".to_string(), x)]);
+        let by_name: BTreeMap<&str, Vec<u64>> = delta
+            .iter()
+            .map(|(_, s)| (&*s.name, s.counts.clone()))
+            .collect();
+        assert_eq!(by_name["x"], vec![4, 2], "every element, pooled");
+        assert_eq!(by_name["dew_point"], vec![0, 2], "column 1 alone");
+        assert!(
+            !by_name.contains_key("past_the_end"),
+            "a column the tensor lacks is skipped"
+        );
+    }
+
+    #[test]
     fn a_window_counts_classes_confidence_and_features() {
         let refs = [FeatureRef {
             name: "x".into(),
             edges: vec![0.0, 1.0, 2.0].into(),
+            input: "x".into(),
+            column: None,
         }];
         let mut w = ModelWindow::new(&refs, 4);
         let inputs = vec![(

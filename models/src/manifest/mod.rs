@@ -36,7 +36,7 @@ mod signing;
 pub use keys::{ManifestKey, PublicKey};
 pub use schema::{
     ArtifactRef, ClassShare, DimSpec, HealthProbe, InputHistogram, IoSignature, Lineage, Manifest,
-    QuantizationRecord, ReferenceStats, TensorSpec,
+    QuantizationRecord, ReferenceStats, TensorSpec, MAX_FEATURE_COLUMNS,
 };
 pub use signing::{ArtifactSource, SignedManifest};
 

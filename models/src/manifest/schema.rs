@@ -128,10 +128,20 @@ pub struct ReferenceStats {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InputHistogram {
+    /// The input's name, or for one feature column, the feature's.
     pub name: String,
     pub bin_edges: Vec<f64>,
     pub counts: Vec<u64>,
+    /// For one column of a tabular input (`[rows, features]`): the input
+    /// it is a column of, and which. Absent: every element of the input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column: Option<u32>,
 }
+
+/// The most feature columns of one input with their own histograms.
+pub const MAX_FEATURE_COLUMNS: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -350,6 +360,30 @@ impl ReferenceStats {
                     format!("{at}.name"),
                     format!("{:?} appears twice", h.name),
                 ));
+            }
+            match (&h.input, h.column) {
+                (None, None) => {}
+                (Some(input), Some(column)) => {
+                    check_text(&format!("{at}.input"), input, 1024)?;
+                    if column as usize >= MAX_FEATURE_COLUMNS {
+                        return Err(invalid(
+                            format!("{at}.column"),
+                            format!("at most {MAX_FEATURE_COLUMNS} columns, got column {column}"),
+                        ));
+                    }
+                }
+                (Some(_), None) => {
+                    return Err(invalid(
+                        format!("{at}.column"),
+                        "a feature of an input needs its column",
+                    ))
+                }
+                (None, Some(_)) => {
+                    return Err(invalid(
+                        format!("{at}.input"),
+                        "a column needs the input it is of",
+                    ))
+                }
             }
             let edges_field = format!("{at}.bin_edges");
             if h.bin_edges.len() < 2 {
