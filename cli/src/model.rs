@@ -127,6 +127,11 @@ pub struct QuantizeArgs {
     /// Refuse candidates slower than float on this machine (10 % tolerance).
     #[arg(long, conflicts_with = "latency_budget_ms")]
     pub not_slower_than_float: bool,
+    /// Names of a tabular input's feature columns for drift (per column:
+    /// `INPUT=temp,dew_point,...`, or just the names for the first input);
+    /// unnamed columns are `<input>[<j>]`.
+    #[arg(long = "feature-names", value_name = "[INPUT=]NAMES")]
+    pub feature_names: Vec<String>,
     /// Time float and every candidate within the accuracy budget on this
     /// enrolled device (through the control plane, over the device's own
     /// channel), and judge latency there instead of on this machine:

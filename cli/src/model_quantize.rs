@@ -98,6 +98,68 @@ fn task(args: &QuantizeArgs, summary: &onnx::Inspection) -> anyhow::Result<Optio
     })
 }
 
+/// `--feature-names [INPUT=]a,b,c`: names for a tabular input's columns,
+/// as many as it has (when its width is fixed), each once.
+fn feature_names(
+    given: &[String],
+    summary: &onnx::Inspection,
+) -> anyhow::Result<edgeloop_models::dataset::FeatureNames> {
+    let mut out = edgeloop_models::dataset::FeatureNames::new();
+    for arg in given {
+        let (input, list) = match arg.split_once('=') {
+            Some((i, l)) => (i.to_string(), l),
+            None => (
+                summary
+                    .inputs
+                    .first()
+                    .context("--feature-names: the model has no inputs")?
+                    .name
+                    .clone(),
+                arg.as_str(),
+            ),
+        };
+        let spec = summary
+            .inputs
+            .iter()
+            .find(|v| v.name == input)
+            .with_context(|| {
+                format!("--feature-names {arg:?}: the model has no input {input:?}")
+            })?;
+        let names: Vec<String> = list.split(',').map(|n| n.trim().to_string()).collect();
+        let mut seen = std::collections::BTreeSet::new();
+        for n in &names {
+            anyhow::ensure!(
+                !n.is_empty() && n.len() <= 128 && !n.chars().any(char::is_control),
+                "--feature-names {arg:?}: a name is 1 to 128 printable characters, got {n:?}"
+            );
+            anyhow::ensure!(
+                seen.insert(n),
+                "--feature-names {arg:?}: {n:?} is named twice"
+            );
+        }
+        let width = spec
+            .shape
+            .as_ref()
+            .filter(|s| s.len() == 2)
+            .and_then(|s| match s[1] {
+                onnx::Dim::Fixed(n) => Some(n),
+                _ => None,
+            });
+        if let Some(w) = width {
+            anyhow::ensure!(
+                names.len() as i64 == w,
+                "--feature-names {arg:?}: input {input:?} has {w} columns, {} names given",
+                names.len()
+            );
+        }
+        anyhow::ensure!(
+            out.insert(input.clone(), names).is_none(),
+            "--feature-names: input {input:?} is named twice"
+        );
+    }
+    Ok(out)
+}
+
 /// The health probe's inputs beside the model: OUT.probe.npz.
 pub fn probe_path(out: &Path) -> PathBuf {
     let mut name = out.as_os_str().to_owned();
@@ -200,7 +262,9 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
     } else {
         Some(ProbeInputs::first_call(&eval, args.probe_max_latency_ms)?)
     };
+    let feature_names = feature_names(&args.feature_names, &summary)?;
     let identity = Identity {
+        feature_names,
         name,
         version: args.version.clone(),
         lineage: Lineage {

@@ -404,6 +404,31 @@ pub fn first_row(t: &Tensor) -> Tensor {
 /// rather than `input[3]`).
 pub type FeatureNames = std::collections::BTreeMap<String, Vec<String>>;
 
+/// The feature names a manifest's reference statistics gave each
+/// tabular input's columns: what a new version of the model keeps calling
+/// them. An input whose columns are not all there, in order, is left out.
+pub fn feature_names_of(stats: &crate::manifest::ReferenceStats) -> FeatureNames {
+    let mut by_input: std::collections::BTreeMap<&str, Vec<(u32, &str)>> = Default::default();
+    for h in &stats.inputs {
+        if let (Some(input), Some(column)) = (&h.input, h.column) {
+            by_input.entry(input).or_default().push((column, &h.name));
+        }
+    }
+    by_input
+        .into_iter()
+        .filter_map(|(input, mut cols)| {
+            cols.sort_by_key(|c| c.0);
+            let whole = cols.iter().enumerate().all(|(i, c)| c.0 as usize == i);
+            whole.then(|| {
+                (
+                    input.to_string(),
+                    cols.iter().map(|c| c.1.to_string()).collect(),
+                )
+            })
+        })
+        .collect()
+}
+
 /// [`reference_stats_with`], the columns named `<input>[<j>]`.
 pub fn reference_stats(
     data: &Dataset,
@@ -583,5 +608,18 @@ mod tests {
         let unnamed = reference_stats_with(&data, &[], 2, &names);
         assert_eq!(unnamed.inputs[1].name, "x[0]");
         assert_eq!(unnamed.inputs.len(), 4);
+        // What a manifest named, a new version names the same.
+        let mut again = FeatureNames::new();
+        again.insert(
+            "x".into(),
+            vec!["temp".into(), "dew_point".into(), "wind".into()],
+        );
+        assert_eq!(feature_names_of(&stats), again);
+        let mut partial = stats.clone();
+        partial.inputs.remove(2);
+        assert!(
+            feature_names_of(&partial).is_empty(),
+            "a missing column names nothing"
+        );
     }
 }

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::dataset::{reference_stats, Dataset};
+use crate::dataset::{reference_stats_with, Dataset, FeatureNames};
 use crate::manifest::{
     ArtifactRef, DimSpec, HealthProbe, IoSignature, Lineage, Manifest, ManifestError, ManifestKey,
     QuantizationRecord, SignedManifest, TensorSpec, SCHEMA_VERSION,
@@ -102,6 +102,9 @@ pub struct Identity {
     pub name: String,
     pub version: String,
     pub lineage: Lineage,
+    /// What to call a tabular input's feature columns in the drift
+    /// reference (by input; unnamed columns are `<input>[<j>]`).
+    pub feature_names: FeatureNames,
 }
 
 /// Runs the gate on `model` and signs the chosen candidate's manifest (with
@@ -145,9 +148,15 @@ pub fn sign_outcome(
         }
         _ => vec![],
     };
+    let names = identity.feature_names.clone();
     let mut manifest = describe(&artifact, &outcome.chosen_model, identity)?;
     manifest.quantization = Some(QuantizationRecord::new(outcome.chosen.clone(), &outcome)?);
-    manifest.reference_stats = Some(reference_stats(eval, &chosen_predictions, REFERENCE_BINS));
+    manifest.reference_stats = Some(reference_stats_with(
+        eval,
+        &chosen_predictions,
+        REFERENCE_BINS,
+        &names,
+    ));
     manifest.health_probe = probe.map(|p| HealthProbe {
         sample_inputs: Digest::of(&p.npz),
         max_latency_ms: p.max_latency_ms,

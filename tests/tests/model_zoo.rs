@@ -284,6 +284,7 @@ fn quantize(runtime: &OrtRuntime, key: &ManifestKey, zoo: Zoo, out: &Path) -> Bu
     };
     let identity = Identity {
         name: zoo.name.into(),
+        feature_names: Default::default(),
         version: "1.0.0".into(),
         lineage: Default::default(),
     };

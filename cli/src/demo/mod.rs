@@ -406,6 +406,7 @@ async fn first_version(
             &GateOptions::default(),
             Identity {
                 name: MODEL.into(),
+                feature_names: Default::default(),
                 version: V1.into(),
                 lineage: ManifestLineage {
                     job: Some(job_for_lineage),

@@ -109,6 +109,7 @@ async fn a_model_over_2_gib_is_gated_signed_and_served_from_files() {
     let key = ManifestKey::generate();
     let identity = Identity {
         name: "big".into(),
+        feature_names: Default::default(),
         version: "1.0.0".into(),
         lineage: Default::default(),
     };

@@ -18,6 +18,8 @@ use edgeloop_models::quantize::gate::{
     judge_latency_on, run_gate, to_time_on_device, GateOutcome, LatencyGate,
 };
 
+use edgeloop_models::dataset::feature_names_of;
+
 use super::*;
 use crate::fleet::benchmarks;
 
@@ -62,12 +64,23 @@ async fn inputs(core: &Core, p: &Pipeline) -> Result<Inputs, StepError> {
     let model_bytes = read_artifact(core, *onnx_digest).await?;
     let snapshot = read_artifact(core, data_digest).await?;
     let version = next_version(core, &p.model)?;
-    let parent = serving_version(core, &p.model)?.map(|v| v.version);
+    let serving = serving_version(core, &p.model)?;
+    // The serving version's feature names, so drift keeps naming the same
+    // columns the same way across versions.
+    let feature_names = match &serving {
+        Some(v) => manifest_of(core, v)
+            .await?
+            .and_then(|m| m.manifest.reference_stats.as_ref().map(feature_names_of))
+            .unwrap_or_default(),
+        None => Default::default(),
+    };
+    let parent = serving.map(|v| v.version);
     Ok(Inputs {
         model_bytes,
         snapshot,
         identity: Identity {
             name: p.model.clone(),
+            feature_names,
             version,
             lineage: ManifestLineage {
                 job: Some(job.clone()),
