@@ -75,6 +75,9 @@ pub struct ModelState {
     /// largest PSI); `None` when not drifting.
     pub drifting_since: Option<UnixSeconds>,
     pub drift_severity: f64,
+    /// The features that moved most in the latest window, by PSI, largest
+    /// first (at most three): what the reason names.
+    pub drift_features: Vec<(String, f64)>,
     pub evaluated_accuracy: Option<f64>,
     pub online_accuracy: Option<f64>,
     pub labels_since_last: u64,
@@ -133,6 +136,14 @@ pub fn fires(trigger: &Trigger, state: &ModelState, now: UnixSeconds) -> Option<
                         state.drift_severity,
                         now - since
                     );
+                    if !state.drift_features.is_empty() {
+                        let named: Vec<String> = state
+                            .drift_features
+                            .iter()
+                            .map(|(name, psi)| format!("{name} PSI {psi:.2}"))
+                            .collect();
+                        why.push_str(&format!(" ({})", named.join(", ")));
+                    }
                     if let Some(drop) = drop {
                         why.push_str(&format!(
                             ", online accuracy {drop:.1} points under evaluation"
@@ -378,6 +389,32 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn a_drift_reason_names_the_features_that_moved() {
+        let state = ModelState {
+            drifting_since: Some(NOW - 60),
+            drift_severity: 8.3,
+            drift_features: vec![("dew_point".into(), 8.31), ("visibility".into(), 0.42)],
+            evaluated_accuracy: Some(0.8),
+            online_accuracy: Some(0.7),
+            ..Default::default()
+        };
+        let trigger = Trigger {
+            id: "drift-that-hurts".into(),
+            model: "m".into(),
+            kind: TriggerKind::Drift {
+                min_severity: 0.2,
+                min_duration_seconds: 0,
+                min_accuracy_drop_points: Some(5.0),
+            },
+        };
+        assert_eq!(
+            fires(&trigger, &state, NOW).unwrap(),
+            "drifting (severity 8.300 >= 0.2) for 60s (dew_point PSI 8.31, visibility PSI 0.42), \
+             online accuracy 10.0 points under evaluation"
+        );
     }
 
     #[test]

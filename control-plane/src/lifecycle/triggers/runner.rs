@@ -82,6 +82,34 @@ pub fn drifting_run(windows: &[WindowDrift]) -> Option<(i64, f64)> {
     Some((since, severity))
 }
 
+/// The features of a window at or over the watch level, largest PSI
+/// first, at most three. A tabular input's pooled histogram is left out
+/// when its columns have their own: the column says which feature moved.
+pub fn moved_features(
+    reference: &edgeloop_models::manifest::ReferenceStats,
+    features: &[edgeloop_api::drift::FeatureDrift],
+) -> Vec<(String, f64)> {
+    let pooled: BTreeSet<&str> = reference
+        .inputs
+        .iter()
+        .filter_map(|h| h.input.as_deref())
+        .collect();
+    let mut moved: Vec<(String, f64)> = features
+        .iter()
+        .filter(|f| !pooled.contains(f.name.as_str()))
+        .filter(|f| {
+            matches!(
+                f.level,
+                edgeloop_api::drift::DriftLevel::Watch | edgeloop_api::drift::DriftLevel::Act
+            )
+        })
+        .filter_map(|f| Some((f.name.clone(), f.psi?)))
+        .collect();
+    moved.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    moved.truncate(3);
+    moved
+}
+
 /// Labelled rows once per `(device, request)`, oldest first.
 fn labelled(records: Vec<SampleRecord>) -> Vec<SampleRecord> {
     let mut seen = BTreeSet::new();
@@ -183,6 +211,11 @@ async fn observe(
             if let Some((since, severity)) = series.first().and_then(|s| drifting_run(&s.windows)) {
                 state.drifting_since = Some(since);
                 state.drift_severity = severity;
+                state.drift_features = series
+                    .first()
+                    .and_then(|s| s.windows.last())
+                    .map(|w| moved_features(&reference, &w.features))
+                    .unwrap_or_default();
             }
         }
     }
@@ -340,6 +373,52 @@ mod tests {
             labelled_at: None,
             labelled_by: None,
         }
+    }
+
+    #[test]
+    fn the_features_named_are_the_columns_that_moved_most() {
+        use edgeloop_api::drift::{DriftLevel, FeatureDrift};
+        use edgeloop_models::manifest::{InputHistogram, ReferenceStats};
+        let h = |name: &str, input: Option<&str>, column: Option<u32>| InputHistogram {
+            name: name.into(),
+            bin_edges: vec![0.0, 1.0],
+            counts: vec![1],
+            input: input.map(str::to_string),
+            column,
+        };
+        let reference = ReferenceStats {
+            inputs: vec![
+                h("input", None, None),
+                h("dew_point", Some("input"), Some(0)),
+                h("visibility", Some("input"), Some(1)),
+                h("wind", Some("input"), Some(2)),
+                h("other", None, None),
+            ],
+            prediction_distribution: vec![],
+            sample_count: 1,
+        };
+        let f = |name: &str, psi: Option<f64>, level: DriftLevel| FeatureDrift {
+            name: name.into(),
+            psi,
+            ks_statistic: None,
+            ks_p_value: None,
+            level,
+        };
+        let features = [
+            f("input", Some(9.0), DriftLevel::Act),
+            f("dew_point", Some(8.3), DriftLevel::Act),
+            f("visibility", Some(0.15), DriftLevel::Watch),
+            f("wind", Some(0.01), DriftLevel::Stable),
+            f("other", None, DriftLevel::Unknown),
+        ];
+        assert_eq!(
+            moved_features(&reference, &features),
+            [
+                ("dew_point".to_string(), 8.3),
+                ("visibility".to_string(), 0.15)
+            ],
+            "the pooled input and the stable ones are not named"
+        );
     }
 
     #[test]
