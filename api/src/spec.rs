@@ -41,7 +41,7 @@ pub struct JobSpec {
     /// Relative paths are resolved against the job's directory on the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<PathBuf>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "mapping")]
     pub resources: Resources,
     #[serde(default)]
     pub launcher: LauncherSpec,
@@ -57,9 +57,9 @@ pub struct JobSpec {
     pub datasets: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub hyperparameters: BTreeMap<String, serde_json::Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "mapping")]
     pub checkpoint: CheckpointPolicy,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "mapping")]
     pub restarts: RestartPolicy,
     /// Framework requirements such as `torch>=2.0` or `cuda>=11.8`; the
     /// pre-flight check holds them against the cluster.
@@ -816,6 +816,27 @@ where
     deserializer.deserialize_seq(Entries)
 }
 
+/// Reads a struct from a mapping only: serde's derived structs also take a
+/// sequence of their fields' values (`resources: [2, 8]`), which no author
+/// means and the OpenAPI document does not allow.
+fn mapping<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Mapping<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Mapping<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a mapping of fields")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    deserializer.deserialize_map(Mapping(std::marker::PhantomData))
+}
+
 /// Splits a leading `[i]: ` element marker off a message.
 fn split_index_prefix(message: &str) -> Option<(&str, &str)> {
     let rest = message.strip_prefix('[')?;
@@ -1076,6 +1097,23 @@ mod tests {
         assert_eq!(at(r#""c": 2"#), "a.b[1].c");
         assert_eq!(at(r#"2}"#), "a.b[1]");
         assert_eq!(at(r#""d": 3"#), "d");
+    }
+
+    #[test]
+    fn a_section_is_a_mapping_never_a_sequence() {
+        for (section, value) in [
+            ("resources", "[]"),
+            ("resources", "[2, 8]"),
+            ("checkpoint", "[5]"),
+            ("restarts", "[]"),
+        ] {
+            let text = format!(r#"{{"name": "j", "command": ["x"], "{section}": {value}}}"#);
+            let err = JobSpec::from_json(text.as_bytes()).unwrap_err();
+            assert_eq!(err.field(), Some(section), "{text}: {err}");
+            assert!(err.to_string().contains("expected a mapping"), "{err}");
+        }
+        let text = r#"{"name": "j", "command": ["x"], "resources": {"nodes": 2}}"#;
+        assert_eq!(JobSpec::from_json(text.as_bytes()).unwrap().resources.nodes, 2);
     }
 
     #[test]

@@ -21,7 +21,9 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     };
     let mut json: serde_json::Value = serde_json::from_slice(bytes).map_err(syntax)?;
     integral_numbers(&mut json);
-    let result: Result<T, _> = serde_path_to_error::deserialize(json);
+    // Strictly: a struct is read from an object only, as the document says.
+    let result: Result<T, _> =
+        serde_path_to_error::deserialize(crate::strict_json::Strict(&json));
     let value = result.map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -200,6 +202,21 @@ mod tests {
             Err(Error::BadRequest { field, message }) => {
                 assert_eq!(field.as_deref(), Some("artifact_digest"));
                 assert!(message.contains("64 hex"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// serde's derive would take a struct's fields in order from an array;
+    /// the document says object, and so does the parser, at any depth.
+    #[test]
+    fn a_struct_is_an_object_never_an_array() {
+        assert_eq!(field_of(r#"["device"]"#), None);
+        let body = r#"{"artifact_digest":"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad","lineage":[]}"#;
+        match parse_body::<CreateModelVersion>(body.as_bytes()) {
+            Err(Error::BadRequest { field, message }) => {
+                assert_eq!(field.as_deref(), Some("lineage"));
+                assert!(message.contains("invalid type: sequence"), "{message}");
             }
             other => panic!("{other:?}"),
         }

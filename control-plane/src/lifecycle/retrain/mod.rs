@@ -134,7 +134,8 @@ impl RetrainingPolicy for RetrainingConfig {
         }
         fields.insert("model".into(), model.into());
         fields.insert("version".into(), version.into());
-        let req: CreateDeployment = serde_json::from_value(serde_json::Value::Object(fields))
+        let template = serde_json::Value::Object(fields);
+        let req: CreateDeployment = crate::strict_json::from_value(&template)
             .map_err(|e| Error::bad_field("rollout", e.to_string()))?;
         crate::fleet::deployments::parse_selector("rollout.selector", &req.selector)?;
         Ok(req)
