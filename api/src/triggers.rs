@@ -7,6 +7,33 @@ use serde::{Deserialize, Serialize};
 use crate::drift::DriftConfig;
 use crate::UnixSeconds;
 
+/// The trigger kinds, each with the fields it requires and those it may
+/// have; another kind's fields must be absent (or `null`).
+pub const TRIGGER_KINDS: [(&str, &[&str], &[&str]); 4] = [
+    (
+        "drift",
+        &[],
+        &[
+            "min_severity",
+            "min_duration_seconds",
+            "min_accuracy_drop_points",
+        ],
+    ),
+    ("accuracy_drop", &["points"], &[]),
+    ("new_labels", &["min"], &[]),
+    ("schedule", &["cron"], &["window"]),
+];
+
+/// A cron expression's five fields and their ranges (crontab(5); Sunday
+/// is 0 or 7).
+pub const CRON_FIELDS: [(&str, u32, u32); 5] = [
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day-of-month", 1, 31),
+    ("month", 1, 12),
+    ("day-of-week", 0, 7),
+];
+
 /// The request body of `PUT .../triggers` (and what is stored); the server
 /// checks it field by field.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
