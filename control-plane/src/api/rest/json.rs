@@ -119,10 +119,10 @@ impl<T: DeserializeOwned + Default> FromRequest<Arc<Core>> for OptionalJson<T> {
 
     async fn from_request(req: Request, core: &Arc<Core>) -> Result<Self, Self::Rejection> {
         let bytes = body_bytes(req, core.config.max_json_bytes).await?;
-        // An empty body and a JSON `null` both mean "nothing given": the
-        // document declares the body optional and nullable.
-        let trimmed = bytes.trim_ascii();
-        if trimmed.is_empty() || trimmed == b"null" {
+        // No body and a JSON `null` both mean "nothing given": the document
+        // declares the body optional and nullable. A body of only
+        // whitespace is neither, and not JSON either.
+        if bytes.is_empty() || bytes.trim_ascii() == b"null" {
             return Ok(OptionalJson(T::default()));
         }
         Ok(OptionalJson(parse_body(&bytes)?))
