@@ -22,8 +22,7 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     let mut json: serde_json::Value = serde_json::from_slice(bytes).map_err(syntax)?;
     integral_numbers(&mut json);
     // Strictly: a struct is read from an object only, as the document says.
-    let result: Result<T, _> =
-        serde_path_to_error::deserialize(crate::strict_json::Strict(&json));
+    let result: Result<T, _> = serde_path_to_error::deserialize(crate::strict_json::Strict(&json));
     let value = result.map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();

@@ -263,14 +263,18 @@ mod tests {
             for f in required.iter() {
                 let mut without = t.clone();
                 without.as_object_mut().unwrap().remove(*f);
-                assert!(config(serde_json::json!([without])).triggers_for("m").is_err());
+                assert!(config(serde_json::json!([without]))
+                    .triggers_for("m")
+                    .is_err());
             }
             for (other, r, o) in edgeloop_api::triggers::TRIGGER_KINDS {
                 for f in r.iter().chain(o).filter(|_| other != kind) {
                     let mut extra = t.clone();
                     extra[*f] = value(f);
                     match config(serde_json::json!([extra])).triggers_for("m") {
-                        Err(Error::BadRequest { field: Some(at), .. }) => {
+                        Err(Error::BadRequest {
+                            field: Some(at), ..
+                        }) => {
                             assert_eq!(at, format!("triggers[0].{f}"), "{kind}")
                         }
                         other => panic!("{kind} with {f}: {other:?}"),

@@ -43,8 +43,7 @@ fn parse_field(field: &'static str, text: &str, lo: u32, hi: u32) -> Result<u64,
     for part in text.split(',') {
         let (range, step) = match part.split_once('/') {
             Some((r, s)) => {
-                let step =
-                    number(s).ok_or_else(|| bad(format!("step {s:?} is not a number")))?;
+                let step = number(s).ok_or_else(|| bad(format!("step {s:?} is not a number")))?;
                 // A step past the field's largest value names only the start.
                 if !(1..=hi).contains(&step) {
                     return Err(bad(format!("a step must be 1 to {hi}")));
