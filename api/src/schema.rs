@@ -721,6 +721,28 @@ mod tests {
             .all(|c| !c.is_whitespace() && !c.is_control()));
     }
 
+    /// The attributes' literal bounds are the validator's constants.
+    #[test]
+    fn literal_bounds_are_the_constants() {
+        let maximum = |schema: RefOr<Schema>, field: &str| {
+            serde_json::to_value(schema).unwrap()["properties"][field]["maximum"].clone()
+        };
+        let resources = || <spec::Resources as PartialSchema>::schema();
+        let restarts = || <spec::RestartPolicy as PartialSchema>::schema();
+        assert_eq!(maximum(resources(), "nodes"), json!(spec::MAX_NODES));
+        assert_eq!(
+            maximum(resources(), "gpus_per_node"),
+            json!(spec::MAX_GPUS_PER_NODE)
+        );
+        assert_eq!(
+            maximum(restarts(), "max_restarts"),
+            json!(spec::MAX_RESTARTS)
+        );
+        for field in ["backoff_seconds", "backoff_max_seconds"] {
+            assert_eq!(maximum(restarts(), field), json!(spec::MAX_BACKOFF_SECONDS));
+        }
+    }
+
     #[test]
     fn numbers_in_a_range() {
         assert_eq!(number_in(0, 7), "0*([0-7])");

@@ -24,10 +24,9 @@ use serde::{Deserialize, Serialize};
 
 /// A training job, as submitted. Construct it with [`JobSpec::from_json`] or
 /// [`JobSpec::from_yaml`], which also validate it.
-///
-/// The OpenAPI document states [`JobSpec::validate`]'s rules on the fields
-/// (`crate::schema` for those the derive cannot say, and for the rules
-/// between fields: `crate::schema::JobSpecSchema`); keep the two together.
+// The OpenAPI document states `JobSpec::validate`'s rules on the fields
+// (`crate::schema` for those the derive cannot say, and for the rules
+// between fields `crate::schema::JobSpecSchema`): keep the two together.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -108,10 +107,10 @@ pub struct JobSpec {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct Resources {
-    /// 1 to [`MAX_NODES`] (default 1).
+    /// 1 to 1024 (default 1).
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1024))]
     pub nodes: u32,
-    /// At most [`MAX_GPUS_PER_NODE`] (default 0).
+    /// At most 16 (default 0).
     #[cfg_attr(feature = "openapi", schema(maximum = 16))]
     pub gpus_per_node: u32,
     /// CPUs per node (default 1).
@@ -315,13 +314,13 @@ impl Default for CheckpointPolicy {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct RestartPolicy {
-    /// At most [`MAX_RESTARTS`] (default 3).
+    /// At most 100 (default 3).
     #[cfg_attr(feature = "openapi", schema(maximum = 100))]
     pub max_restarts: u32,
     /// At most `backoff_max_seconds` (default 10).
     #[cfg_attr(feature = "openapi", schema(maximum = 86400))]
     pub backoff_seconds: u32,
-    /// At most a day, [`MAX_BACKOFF_SECONDS`] (default 600).
+    /// At most a day, 86400 (default 600).
     #[cfg_attr(feature = "openapi", schema(maximum = 86400))]
     pub backoff_max_seconds: u32,
 }
