@@ -384,6 +384,7 @@ pub struct CreateDeployment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<AliasName>,
     /// The device group, as a label selector (`GET /api/v1/devices?selector=`).
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::selector))]
     pub selector: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy: Option<StrategyRequest>,
@@ -410,7 +411,10 @@ pub struct CreateDeployment {
     pub required_provider: Option<String>,
     /// How long a device may take to download and activate (default 600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1, format = "uint32", maximum = 4_294_967_295_u32)
+    )]
     pub activation_timeout_seconds: Option<u32>,
 }
 
@@ -420,7 +424,7 @@ pub struct CreateDeployment {
 pub struct StrategyRequest {
     /// `{"percent": [1, 10, 50, 100]}` (cumulative, increasing, ending at
     /// 100) or `{"count": [1, 5, 20]}` (cumulative; the last wave takes the rest).
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::waves))]
     pub waves: Waves,
     /// Default 300.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -449,11 +453,19 @@ pub struct GatesRequest {
     #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0))]
     pub max_p99_latency_ratio: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(format = "uint32", maximum = 4_294_967_295_u32)
+    )]
     pub max_activation_failures: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 1.0))]
     pub min_online_accuracy: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(format = "uint64", maximum = 18_446_744_073_709_551_615_u64)
+    )]
     pub min_requests: Option<u64>,
 }
 

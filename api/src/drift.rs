@@ -12,17 +12,38 @@ use crate::UnixSeconds;
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DriftConfig {
+    /// 1 s to 30 days.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 2_592_000))]
     pub window_seconds: i64,
-    /// PSI at which a feature is worth watching (0.1) and acting on (0.2).
+    /// PSI at which a feature is worth watching (0.1) and acting on (0.2);
+    /// the watch threshold does not exceed the act threshold.
+    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0))]
     pub psi_watch: f64,
+    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0))]
     pub psi_act: f64,
     /// Jensen–Shannon distance of the predicted classes that counts as drift.
+    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0))]
     pub js_act: f64,
     /// KS p-value under which a feature's shift is significant.
+    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0))]
     pub ks_alpha: f64,
     /// Windows with fewer requests are reported but not judged.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(format = "uint64", maximum = 18_446_744_073_709_551_615_u64)
+    )]
     pub min_requests: u64,
+    /// Windows over a threshold in a row that set the drift state, and
+    /// under that clear it (at least 1).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1, format = "uint32", maximum = 4_294_967_295_u32)
+    )]
     pub set_after: u32,
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1, format = "uint32", maximum = 4_294_967_295_u32)
+    )]
     pub clear_after: u32,
 }
 

@@ -126,9 +126,17 @@ pub struct JobView {
 #[serde(deny_unknown_fields)]
 pub struct CreateJob {
     /// The job spec (see `edgeloop_api::spec::JobSpec`).
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::JobSpecSchema))]
     pub spec: Value,
     /// Run only on this cluster.
     #[serde(default)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
     pub cluster: Option<String>,
 }

@@ -56,36 +56,74 @@ impl Step {
 pub struct RetrainingConfig {
     /// The training job (trainer-bridge's job spec). The pipeline names the
     /// job and puts its dataset snapshot first in `datasets`.
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::JobSpecSchema))]
     pub job: serde_json::Value,
     /// Run the job only on this cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
     pub cluster: Option<String>,
     /// The original training set: an uploaded npz with `input` and `label`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
     pub base_dataset: Option<Digest>,
     /// Keep only the last this many rows of the base set (a recent window).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            minimum = 1,
+            format = "uint64",
+            maximum = 18_446_744_073_709_551_615_u64
+        )
+    )]
     pub base_window_rows: Option<u64>,
     /// Keep only the newest this many labelled edge samples: after a concept
     /// shift, older rows teach the old concept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            minimum = 1,
+            format = "uint64",
+            maximum = 18_446_744_073_709_551_615_u64
+        )
+    )]
     pub edge_window_rows: Option<u64>,
     /// The newest fraction of labelled edge samples held out to evaluate
     /// (quantization gate and promotion check), default 0.3.
     #[serde(default = "default_eval_fraction")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(exclusive_minimum = 0.0, exclusive_maximum = 1.0)
+    )]
     pub eval_fraction: f64,
     /// Fewer labelled edge samples than this fail the dataset step: the
     /// comparison with the serving version would mean nothing (default 20).
     #[serde(default = "default_min_eval_samples")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            minimum = 1,
+            format = "uint64",
+            maximum = 18_446_744_073_709_551_615_u64
+        )
+    )]
     pub min_eval_samples: u64,
     /// Largest accuracy drop the quantization gate accepts, in points.
     #[serde(default = "default_budget")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 100.0))]
     pub quantization_budget_points: f64,
     /// Points the new version must gain over the serving one (default 0:
     /// it must be strictly better).
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 100.0))]
     pub min_gain_points: f64,
     /// The alias of the version the new one must beat (e.g. `production`),
     /// resolved when the compare step runs; the comparison records the
@@ -94,8 +132,13 @@ pub struct RetrainingConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compare_with: Option<AliasName>,
     /// The staged rollout: a deployment request without `model` and
-    /// `version` (selector, strategy, gates, ...).
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    /// `version` (selector, strategy, gates, ...), checked when the policy
+    /// is set except for what needs the fleet (the selector matching
+    /// devices).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = crate::schema::RolloutTemplateSchema)
+    )]
     pub rollout: serde_json::Value,
     /// How many times each labelled hard example (labelled through the
     /// labelling queue) counts in training, 1 to 10 (default 1): they are
@@ -103,16 +146,20 @@ pub struct RetrainingConfig {
     #[serde(default = "default_hard_example_weight")]
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 10))]
     pub hard_example_weight: u32,
-    /// Tries per step before the pipeline fails (default 3).
+    /// Tries per step before the pipeline fails (default 3; 1 to 20).
     #[serde(default = "default_max_attempts")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 20))]
     pub max_attempts: u32,
-    /// A step running longer than this fails, retryably (default 6 h).
+    /// A step running longer than this fails, retryably (default 6 h; 60 s
+    /// to 7 days).
     #[serde(default = "default_step_timeout")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 60, maximum = 604_800))]
     pub step_timeout_seconds: i64,
     /// More artifacts of each new version, one per hardware class, each
     /// through its own gate: e.g. an `fp16` variant for CUDA and TensorRT
-    /// beside the int8 artifact the CPUs get.
+    /// beside the int8 artifact the CPUs get. At most 4, names unique.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(max_items = 4))]
     pub variants: Vec<VariantPolicy>,
     /// Judge the version's latency on a device of the fleet before it is
     /// registered: float and each candidate within the accuracy budget are
@@ -170,12 +217,25 @@ pub struct QuantizedVariant {
 #[serde(deny_unknown_fields)]
 pub struct VariantPolicy {
     /// A DNS label, unique in the policy, e.g. `fp16-gpu`.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
     pub name: String,
     /// The quantizations its gate may choose from, in the gate's labels
     /// (`fp16`, `int8-dynamic`, `int8-static-entropy`, ...); float ships if
     /// none is within the budget.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(schema_with = crate::schema::quantization_candidates)
+    )]
     pub candidates: Vec<String>,
     /// The execution providers it is for; a device with one of them gets it.
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::execution_providers))]
     pub providers: Vec<String>,
 }
 
@@ -203,8 +263,10 @@ fn default_step_timeout() -> i64 {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RetrainRequest {
-    /// Why, for the record (the trigger becomes `manual: <reason>`).
+    /// Why, for the record (the trigger becomes `manual: <reason>`, at most
+    /// 512 bytes: the reason at most 504).
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(max_length = 504))]
     pub reason: Option<String>,
 }
 

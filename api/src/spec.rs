@@ -24,42 +24,69 @@ use serde::{Deserialize, Serialize};
 
 /// A training job, as submitted. Construct it with [`JobSpec::from_json`] or
 /// [`JobSpec::from_yaml`], which also validate it.
+// The OpenAPI document states `JobSpec::validate`'s rules on the fields
+// (`crate::schema` for those the derive cannot say, and for the rules
+// between fields `crate::schema::JobSpecSchema`): keep the two together.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     /// DNS label: it becomes Slurm job names, Kubernetes object names, paths.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
     pub name: String,
-    /// Container image, for engines that run containers.
+    /// Container image, for engines that run containers: no spaces or
+    /// control characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::image_reference))]
     pub image: Option<String>,
-    /// Program and its first arguments; never run through a shell.
+    /// Program and its first arguments; never run through a shell. The
+    /// program is not empty, and no argument holds a NUL.
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::command))]
     pub command: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::process_args))]
     pub args: Vec<String>,
+    /// Names of letters, digits and `_` (not starting with a digit); not
+    /// `EDGELOOP_*` (the bridge sets those) nor `NCCL_*` (under `nccl`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::environment))]
     pub env: BTreeMap<String, String>,
     /// Relative paths are resolved against the job's directory on the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::working_dir))]
     pub working_dir: Option<PathBuf>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "mapping")]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::ResourcesSchema))]
     pub resources: Resources,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::LauncherSpecSchema))]
     pub launcher: LauncherSpec,
     /// Passed through to the training processes' environment. Only the NCCL
     /// variables that describe the network are accepted: the rest (e.g.
     /// NCCL_ALGO) change numerics or hang jobs, and belong in the image.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::nccl))]
     pub nccl: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<Precision>,
     /// Dataset URIs, handed to the job as given.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::datasets))]
     pub datasets: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::hyperparameters))]
     pub hyperparameters: BTreeMap<String, serde_json::Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "mapping")]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::CheckpointPolicySchema))]
     pub checkpoint: CheckpointPolicy,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "mapping")]
     pub restarts: RestartPolicy,
     /// Framework requirements such as `torch>=2.0` or `cuda>=11.8`; the
     /// pre-flight check holds them against the cluster.
@@ -68,6 +95,7 @@ pub struct JobSpec {
         skip_serializing_if = "Vec::is_empty",
         deserialize_with = "deserialize_requirements"
     )]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::requirements))]
     pub requirements: Vec<Requirement>,
     /// The engine the job must run on; any engine when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,16 +104,35 @@ pub struct JobSpec {
 
 /// What one attempt of the job needs, per node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct Resources {
+    /// 1 to 1024 (default 1).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1024))]
     pub nodes: u32,
+    /// At most 16 (default 0).
+    #[cfg_attr(feature = "openapi", schema(maximum = 16))]
     pub gpus_per_node: u32,
-    /// CPUs per node.
+    /// CPUs per node (default 1).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1, format = "uint32", maximum = 4_294_967_295_u32)
+    )]
     pub cpus: u32,
-    /// Memory per node, in MiB.
+    /// Memory per node, in MiB (default 4096).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            minimum = 1,
+            format = "uint64",
+            maximum = 18_446_744_073_709_551_615_u64
+        )
+    )]
     pub memory_mb: u64,
     /// e.g. "A100" or "H100-80GB"; matched against the cluster's GPU name.
+    /// Only with `gpus_per_node` of at least 1.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::gpu_type))]
     pub gpu_type: Option<String>,
 }
 
@@ -111,6 +158,7 @@ pub const DEFAULT_MASTER_PORT: u16 = 29500;
 /// How processes are started on each node. Internally tagged, e.g.
 /// `{type: torchrun, nproc_per_node: 8}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum LauncherSpec {
     /// One process per node, run as given. A struct variant, so that
@@ -119,14 +167,28 @@ pub enum LauncherSpec {
     None {},
     Torchrun {
         /// Processes per node; defaults to the GPUs per node (1 without GPUs).
+        /// At least 1, and no more than `resources.gpus_per_node` when the
+        /// job asks for GPUs.
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(minimum = 1, format = "uint32", maximum = 4_294_967_295_u32)
+        )]
         nproc_per_node: Option<u32>,
+        /// Unprivileged training processes cannot bind below 1024.
         #[serde(default = "default_master_port")]
+        #[cfg_attr(feature = "openapi", schema(minimum = 1024, maximum = 65535))]
         master_port: u16,
     },
     Horovod {
         /// Ranks per node; defaults to the GPUs per node (1 without GPUs).
+        /// At least 1, and no more than `resources.gpus_per_node` when the
+        /// job asks for GPUs.
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(minimum = 1, format = "uint32", maximum = 4_294_967_295_u32)
+        )]
         slots_per_node: Option<u32>,
     },
 }
@@ -156,6 +218,7 @@ impl LauncherSpec {
 
 /// A hint to the training code; the bridge does not enforce it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     Fp32,
@@ -176,6 +239,7 @@ impl Precision {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum EngineKind {
     Local,
@@ -202,13 +266,31 @@ impl EngineKind {
 /// say when (steps, minutes or both), since `{}` is more likely an unfinished
 /// edit than a wish for the default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            minimum = 1,
+            format = "uint64",
+            maximum = 18_446_744_073_709_551_615_u64
+        )
+    )]
     pub every_steps: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1, format = "uint32", maximum = 4_294_967_295_u32)
+    )]
     pub every_minutes: Option<u32>,
+    /// Keeping none would leave nothing to resume from (default 3).
     #[serde(default = "default_keep_last")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1, format = "uint32", maximum = 4_294_967_295_u32)
+    )]
     pub keep_last: u32,
 }
 
@@ -229,10 +311,17 @@ impl Default for CheckpointPolicy {
 /// Restarts after a failure, with exponential backoff from `backoff_seconds`
 /// capped at `backoff_max_seconds`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct RestartPolicy {
+    /// At most 100 (default 3).
+    #[cfg_attr(feature = "openapi", schema(maximum = 100))]
     pub max_restarts: u32,
+    /// At most `backoff_max_seconds` (default 10).
+    #[cfg_attr(feature = "openapi", schema(maximum = 86400))]
     pub backoff_seconds: u32,
+    /// At most a day, 86400 (default 600).
+    #[cfg_attr(feature = "openapi", schema(maximum = 86400))]
     pub backoff_max_seconds: u32,
 }
 
@@ -816,6 +905,27 @@ where
     deserializer.deserialize_seq(Entries)
 }
 
+/// Reads a struct from a mapping only: serde's derived structs also take a
+/// sequence of their fields' values (`resources: [2, 8]`), which no author
+/// means and the OpenAPI document does not allow.
+fn mapping<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Mapping<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Mapping<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a mapping of fields")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    deserializer.deserialize_map(Mapping(std::marker::PhantomData))
+}
+
 /// Splits a leading `[i]: ` element marker off a message.
 fn split_index_prefix(message: &str) -> Option<(&str, &str)> {
     let rest = message.strip_prefix('[')?;
@@ -1076,6 +1186,26 @@ mod tests {
         assert_eq!(at(r#""c": 2"#), "a.b[1].c");
         assert_eq!(at(r#"2}"#), "a.b[1]");
         assert_eq!(at(r#""d": 3"#), "d");
+    }
+
+    #[test]
+    fn a_section_is_a_mapping_never_a_sequence() {
+        for (section, value) in [
+            ("resources", "[]"),
+            ("resources", "[2, 8]"),
+            ("checkpoint", "[5]"),
+            ("restarts", "[]"),
+        ] {
+            let text = format!(r#"{{"name": "j", "command": ["x"], "{section}": {value}}}"#);
+            let err = JobSpec::from_json(text.as_bytes()).unwrap_err();
+            assert_eq!(err.field(), Some(section), "{text}: {err}");
+            assert!(err.to_string().contains("expected a mapping"), "{err}");
+        }
+        let text = r#"{"name": "j", "command": ["x"], "resources": {"nodes": 2}}"#;
+        assert_eq!(
+            JobSpec::from_json(text.as_bytes()).unwrap().resources.nodes,
+            2
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod lifecycle;
 pub mod registry;
 pub mod store;
+pub mod strict_json;
 pub mod validate;
 
 use std::net::SocketAddr;

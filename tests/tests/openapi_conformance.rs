@@ -25,9 +25,10 @@ fn venv_bin(tool: &str) -> PathBuf {
 
 /// Per-operation expectations schemathesis cannot learn from the document:
 /// on these operations schema-valid data may get the documented 400.
-/// Each is a rule JSON Schema cannot state (it compares two fields, or a
-/// value with stored state, or counts bytes where JSON Schema counts
-/// characters), or a known gap named as such.
+/// Each is a rule JSON Schema cannot state: it compares two fields, or
+/// items of a list, or a value with stored state, or counts bytes where
+/// JSON Schema counts characters. Everything else the server enforces is
+/// in the document.
 const SCHEMATHESIS_CONFIG: &str = r#"
 [[operations]]
 # psi_watch must not exceed psi_act, and either may come from the model's
@@ -90,23 +91,40 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404",
 include-name = "POST /api/v1/benchmarks"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409"]
 
-# KNOWN GAP (issue #13): the nested job spec, retraining and trigger
-# configs do not state all their rules in the schema yet (required
-# `spec.name`, windows and ranges); schema-valid bodies can still get a 400
-# here. Every other check still runs on these operations.
+# Bulk labels name stored samples (each id must be a sample of the model,
+# or none is labelled, naming labels[i].id).
+[[operations]]
+include-name = "POST /api/v1/models/{name}/samples/labels"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404"]
+
+# The job spec states its rules, but two compare fields: a launcher's
+# processes (or slots) per node are at most resources.gpus_per_node when
+# the job asks for GPUs, and restarts.backoff_seconds is at most
+# restarts.backoff_max_seconds.
 [[operations]]
 include-name = "POST /api/v1/jobs"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409"]
 
+# The job spec's two rules between fields (as above); variant names are
+# unique in the list; the rollout template's selector is a grammar (as for
+# GET /api/v1/devices), its waves increase (percentages ending at 100), its
+# wave timeout is above its soak, and its seed and required_provider are
+# limited in bytes of UTF-8; latency.benchmark_selector is the same
+# selector grammar.
 [[operations]]
 include-name = "PUT /api/v1/models/{name}/retraining"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409"]
 
+# Trigger ids are unique in the list; accuracy_min_samples is at most
+# accuracy_window and drift.psi_watch at most drift.psi_act; a schedule
+# window's start and end differ, and a cron range's start is not after
+# its end.
 [[operations]]
 include-name = "PUT /api/v1/models/{name}/triggers"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409"]
 
 [[operations]]
+# reason: bytes of UTF-8, as above (with `manual: `, at most 512).
 include-name = "POST /api/v1/models/{name}/retrain"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409"]
 "#;

@@ -179,6 +179,60 @@ pub fn parse_selector(field: &str, raw: &str) -> Result<Selector> {
     })
 }
 
+/// A deployment request's settings, checked and with the defaults applied.
+pub struct Checked {
+    pub selector: Selector,
+    pub strategy: Strategy,
+    pub gates: Gates,
+    pub offline_tolerance: f64,
+    pub deadline_seconds: i64,
+    pub activation_timeout_seconds: u32,
+}
+
+/// Every check of a deployment request that needs no stored state (the
+/// model, its version or alias, and the devices the selector matches are
+/// [`create`]'s): a retraining policy's rollout template is held to these
+/// when the policy is set, not only when its Deploy step runs.
+pub fn check_request(req: &CreateDeployment) -> Result<Checked> {
+    let selector = parse_selector("selector", &req.selector)?;
+    if let Some(p) = &req.required_provider {
+        validate::text("required_provider", p, 128)?;
+    }
+    if let Some(seed) = &req.seed {
+        validate::text("seed", seed, 128)?;
+    }
+    let activation_timeout_seconds = req
+        .activation_timeout_seconds
+        .unwrap_or(DEFAULT_ACTIVATION_TIMEOUT_SECONDS);
+    if activation_timeout_seconds == 0 {
+        return Err(Error::bad_field(
+            "activation_timeout_seconds",
+            "must be positive",
+        ));
+    }
+    let strategy = strategy(req.strategy.clone());
+    // Saturating: a huge wave timeout must be refused, not overflow.
+    let deadline_seconds = req.deadline_seconds.unwrap_or(
+        strategy
+            .wave_timeout_seconds
+            .saturating_mul(strategy.waves.len() as i64),
+    );
+    if deadline_seconds <= 0 {
+        return Err(Error::bad_field("deadline_seconds", "must be positive"));
+    }
+    let gates = gates(req.gates.clone());
+    let offline_tolerance = req.offline_tolerance.unwrap_or(DEFAULT_OFFLINE_TOLERANCE);
+    rollout::validate_settings(&strategy, &gates, offline_tolerance)?;
+    Ok(Checked {
+        selector,
+        strategy,
+        gates,
+        offline_tolerance,
+        deadline_seconds,
+        activation_timeout_seconds,
+    })
+}
+
 /// Validates and stores a deployment, and marks any unfinished deployment
 /// of the same model to the same group as superseded by it.
 pub async fn create(
@@ -215,29 +269,14 @@ pub async fn create(
             format!("model {:?} has no version {target:?}", req.model),
         )
     })?;
-    let selector = parse_selector("selector", &req.selector)?;
-    if let Some(p) = &req.required_provider {
-        validate::text("required_provider", p, 128)?;
-    }
-    if let Some(seed) = &req.seed {
-        validate::text("seed", seed, 128)?;
-    }
-    let activation_timeout_seconds = req
-        .activation_timeout_seconds
-        .unwrap_or(DEFAULT_ACTIVATION_TIMEOUT_SECONDS);
-    if activation_timeout_seconds == 0 {
-        return Err(Error::bad_field(
-            "activation_timeout_seconds",
-            "must be positive",
-        ));
-    }
-    let strategy = strategy(req.strategy);
-    let deadline_seconds = req
-        .deadline_seconds
-        .unwrap_or(strategy.wave_timeout_seconds * strategy.waves.len() as i64);
-    if deadline_seconds <= 0 {
-        return Err(Error::bad_field("deadline_seconds", "must be positive"));
-    }
+    let Checked {
+        selector,
+        strategy,
+        gates,
+        offline_tolerance,
+        deadline_seconds,
+        activation_timeout_seconds,
+    } = check_request(&req)?;
     let input_dtypes = match version.manifest_digest {
         Some(d) => {
             let signed = models::read_manifest(artifacts, d, "version").await?;
@@ -263,8 +302,8 @@ pub async fn create(
         target_version: target.clone(),
         seed: req.seed.unwrap_or_else(|| id.clone()),
         strategy,
-        gates: gates(req.gates),
-        offline_tolerance: req.offline_tolerance.unwrap_or(DEFAULT_OFFLINE_TOLERANCE),
+        gates,
+        offline_tolerance,
         deadline: now.unix_timestamp().saturating_add(deadline_seconds),
         state: RolloutState::Pending,
         moved: BTreeMap::new(),
@@ -273,7 +312,6 @@ pub async fn create(
         superseded_by: None,
         generation: 0,
     };
-    rollout::validate(&deployment)?;
     if group(store, &selector)?.is_empty() {
         return Err(Error::bad_field(
             "selector",

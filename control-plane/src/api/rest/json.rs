@@ -21,7 +21,8 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     };
     let mut json: serde_json::Value = serde_json::from_slice(bytes).map_err(syntax)?;
     integral_numbers(&mut json);
-    let result: Result<T, _> = serde_path_to_error::deserialize(json);
+    // Strictly: a struct is read from an object only, as the document says.
+    let result: Result<T, _> = serde_path_to_error::deserialize(crate::strict_json::Strict(&json));
     let value = result.map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -117,10 +118,10 @@ impl<T: DeserializeOwned + Default> FromRequest<Arc<Core>> for OptionalJson<T> {
 
     async fn from_request(req: Request, core: &Arc<Core>) -> Result<Self, Self::Rejection> {
         let bytes = body_bytes(req, core.config.max_json_bytes).await?;
-        // An empty body and a JSON `null` both mean "nothing given": the
-        // document declares the body optional and nullable.
-        let trimmed = bytes.trim_ascii();
-        if trimmed.is_empty() || trimmed == b"null" {
+        // No body and a JSON `null` both mean "nothing given": the document
+        // declares the body optional and nullable. A body of only
+        // whitespace is neither, and not JSON either.
+        if bytes.is_empty() || bytes.trim_ascii() == b"null" {
             return Ok(OptionalJson(T::default()));
         }
         Ok(OptionalJson(parse_body(&bytes)?))
@@ -200,6 +201,21 @@ mod tests {
             Err(Error::BadRequest { field, message }) => {
                 assert_eq!(field.as_deref(), Some("artifact_digest"));
                 assert!(message.contains("64 hex"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// serde's derive would take a struct's fields in order from an array;
+    /// the document says object, and so does the parser, at any depth.
+    #[test]
+    fn a_struct_is_an_object_never_an_array() {
+        assert_eq!(field_of(r#"["device"]"#), None);
+        let body = r#"{"artifact_digest":"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad","lineage":[]}"#;
+        match parse_body::<CreateModelVersion>(body.as_bytes()) {
+            Err(Error::BadRequest { field, message }) => {
+                assert_eq!(field.as_deref(), Some("lineage"));
+                assert!(message.contains("invalid type: sequence"), "{message}");
             }
             other => panic!("{other:?}"),
         }

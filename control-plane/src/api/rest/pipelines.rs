@@ -157,7 +157,8 @@ pub async fn get_config(
 /// A manual retrain. 201 with the new pipeline, or 200 with the running one
 /// (`coalesced: true`) that the request was folded into.
 #[utoipa::path(post, path = "/api/v1/models/{name}/retrain", tag = "loop",
-    params(("name" = String, Path)), request_body = RetrainRequest,
+    params(("name" = String, Path)),
+    request_body(content = Option<RetrainRequest>, description = "optional; an empty body is allowed"),
     responses((status = 201, body = PipelineView), (status = 200, body = PipelineView),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
     security(("bearer" = [])))]

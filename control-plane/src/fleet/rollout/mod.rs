@@ -50,11 +50,16 @@ pub use edgeloop_api::UnixSeconds;
 
 /// Checks a deployment's numbers; the error names the offending field.
 pub fn validate(d: &Deployment) -> Result<()> {
-    plan::validate_strategy(&d.strategy)?;
-    if !(0.0..1.0).contains(&d.offline_tolerance) {
+    validate_settings(&d.strategy, &d.gates, d.offline_tolerance)
+}
+
+/// [`validate`]'s checks, before there is a deployment: a request's
+/// strategy, gates and offline tolerance.
+pub fn validate_settings(strategy: &Strategy, g: &Gates, offline_tolerance: f64) -> Result<()> {
+    plan::validate_strategy(strategy)?;
+    if !(0.0..1.0).contains(&offline_tolerance) {
         return Err(Error::bad_field("offline_tolerance", "must be in [0, 1)"));
     }
-    let g = &d.gates;
     if !(0.0..=1.0).contains(&g.max_error_rate) {
         return Err(Error::bad_field(
             "gates.max_error_rate",

@@ -137,7 +137,21 @@ impl RetrainingPolicy for RetrainingConfig {
                 "must be 60 s to 7 days",
             ));
         }
-        self.deployment_request("m", "1").map(|_| ())
+        // The template is held to every check that needs no fleet now, so
+        // that a bad one is refused here rather than hours later, when the
+        // Deploy step runs it.
+        let template = self.deployment_request("m", "1")?;
+        crate::fleet::deployments::check_request(&template).map_err(|e| match e {
+            Error::BadRequest { field, message } => Error::BadRequest {
+                field: Some(match field {
+                    Some(f) => format!("rollout.{f}"),
+                    None => "rollout".into(),
+                }),
+                message,
+            },
+            other => other,
+        })?;
+        Ok(())
     }
 
     fn deployment_request(&self, model: &str, version: &str) -> Result<CreateDeployment> {
@@ -154,7 +168,8 @@ impl RetrainingPolicy for RetrainingConfig {
         }
         fields.insert("model".into(), model.into());
         fields.insert("version".into(), version.into());
-        let req: CreateDeployment = serde_json::from_value(serde_json::Value::Object(fields))
+        let template = serde_json::Value::Object(fields);
+        let req: CreateDeployment = crate::strict_json::from_value(&template)
             .map_err(|e| Error::bad_field("rollout", e.to_string()))?;
         crate::fleet::deployments::parse_selector("rollout.selector", &req.selector)?;
         Ok(req)
@@ -380,7 +395,24 @@ mod tests {
                 serde_json::json!({"rollout": {"selector": "a=b", "alias": "production"}}),
                 "rollout.alias",
             ),
+            // The template's own rules hold when the policy is set.
+            (
+                serde_json::json!({"rollout": {"selector": "a=b", "offline_tolerance": 2}}),
+                "rollout.offline_tolerance",
+            ),
+            (
+                serde_json::json!({"rollout": {"selector": "a=b", "strategy":
+                    {"waves": {"percent": [50, 100]}, "min_soak_seconds": 60, "wave_timeout_seconds": 60}}}),
+                "rollout.strategy.wave_timeout_seconds",
+            ),
         ];
+        // The default deadline (waves × wave timeout) saturates; no overflow.
+        let huge: RetrainingConfig = serde_json::from_value(policy(serde_json::json!({
+            "rollout": {"selector": "a=b", "strategy":
+                {"waves": {"count": [1, 2]}, "wave_timeout_seconds": i64::MAX}}
+        })))
+        .unwrap();
+        huge.validate().unwrap();
         let named: RetrainingConfig =
             serde_json::from_value(policy(serde_json::json!({"compare_with": "production"})))
                 .unwrap();

@@ -7,7 +7,13 @@ use crate::error::{Error, Result};
 /// The request body, stored as is: a console API type.
 pub use edgeloop_api::triggers::{TriggerSpec, TriggersConfig};
 
-const KINDS: [&str; 4] = ["drift", "accuracy_drop", "new_labels", "schedule"];
+/// The kinds' names, in the console API's order.
+fn kinds() -> Vec<&'static str> {
+    edgeloop_api::triggers::TRIGGER_KINDS
+        .iter()
+        .map(|(kind, _, _)| *kind)
+        .collect()
+}
 
 fn points_field(field: String, v: f64) -> Result<f64> {
     if !(v.is_finite() && (0.0..=100.0).contains(&v)) {
@@ -19,9 +25,15 @@ fn points_field(field: String, v: f64) -> Result<f64> {
 /// `HH:MM-HH:MM` as minutes since midnight.
 fn parse_window(field: &str, text: &str) -> Result<(u32, u32)> {
     let bad = || Error::bad_field(field, format!("{text:?} is not HH:MM-HH:MM"));
+    // Decimal digits only (`u32::from_str` would also take a sign).
+    let number = |s: &str| -> Option<u32> {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
     let minute = |s: &str| -> Option<u32> {
         let (h, m) = s.trim().split_once(':')?;
-        let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
+        let (h, m) = (number(h)?, number(m)?);
         (h < 24 && m < 60).then_some(h * 60 + m)
     };
     let (a, b) = text.split_once('-').ok_or_else(bad)?;
@@ -155,7 +167,7 @@ impl TriggerPolicy for TriggersConfig {
                 other => {
                     return Err(Error::bad_field(
                         at("kind"),
-                        format!("unknown kind {other:?}; expected one of {KINDS:?} (a manual retrain is POST /api/v1/models/{{name}}/retrain)"),
+                        format!("unknown kind {other:?}; expected one of {:?} (a manual retrain is POST /api/v1/models/{{name}}/retrain)", kinds()),
                     ))
                 }
             };
@@ -205,6 +217,10 @@ mod tests {
                 "triggers[0].window",
             ),
             (
+                serde_json::json!([{"id": "a", "kind": "schedule", "cron": "0 * * * *", "window": "+2:00-4:00"}]),
+                "triggers[0].window",
+            ),
+            (
                 serde_json::json!([{"id": "a", "kind": "drift", "points": 3}]),
                 "triggers[0].points",
             ),
@@ -222,6 +238,48 @@ mod tests {
             match e {
                 Error::BadRequest { field: Some(f), .. } => assert_eq!(f, field, "{triggers}"),
                 other => panic!("{triggers}: {other}"),
+            }
+        }
+    }
+
+    /// The console API's table of each kind's fields (which its OpenAPI
+    /// schema is built from) is the one these checks hold.
+    #[test]
+    fn each_kind_takes_the_fields_the_api_table_gives_it() {
+        let value = |field: &str| match field {
+            "cron" => serde_json::json!("0 2 * * *"),
+            "window" => serde_json::json!("01:00-02:00"),
+            "min" | "min_duration_seconds" => serde_json::json!(5),
+            _ => serde_json::json!(5.0),
+        };
+        for (kind, required, optional) in edgeloop_api::triggers::TRIGGER_KINDS {
+            let mut t = serde_json::json!({"id": "t", "kind": kind});
+            for f in required.iter().chain(optional) {
+                t[*f] = value(f);
+            }
+            config(serde_json::json!([t.clone()]))
+                .triggers_for("m")
+                .unwrap_or_else(|e| panic!("{t}: {e}"));
+            for f in required.iter() {
+                let mut without = t.clone();
+                without.as_object_mut().unwrap().remove(*f);
+                assert!(config(serde_json::json!([without]))
+                    .triggers_for("m")
+                    .is_err());
+            }
+            for (other, r, o) in edgeloop_api::triggers::TRIGGER_KINDS {
+                for f in r.iter().chain(o).filter(|_| other != kind) {
+                    let mut extra = t.clone();
+                    extra[*f] = value(f);
+                    match config(serde_json::json!([extra])).triggers_for("m") {
+                        Err(Error::BadRequest {
+                            field: Some(at), ..
+                        }) => {
+                            assert_eq!(at, format!("triggers[0].{f}"), "{kind}")
+                        }
+                        other => panic!("{kind} with {f}: {other:?}"),
+                    }
+                }
             }
         }
     }

@@ -24,13 +24,18 @@ pub struct CronError {
     pub message: String,
 }
 
-const FIELDS: [(&str, u32, u32); 5] = [
-    ("minute", 0, 59),
-    ("hour", 0, 23),
-    ("day-of-month", 1, 31),
-    ("month", 1, 12),
-    ("day-of-week", 0, 7),
-];
+/// The fields and their ranges: the console API's, whose OpenAPI document
+/// states them as a pattern.
+const FIELDS: [(&str, u32, u32); 5] = edgeloop_api::triggers::CRON_FIELDS;
+
+/// Decimal digits only: `u32::from_str` would also take a sign (`+5`),
+/// which crontab(5) does not.
+fn number(text: &str) -> Option<u32> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
 
 fn parse_field(field: &'static str, text: &str, lo: u32, hi: u32) -> Result<u64, CronError> {
     let bad = |message: String| CronError { field, message };
@@ -38,11 +43,10 @@ fn parse_field(field: &'static str, text: &str, lo: u32, hi: u32) -> Result<u64,
     for part in text.split(',') {
         let (range, step) = match part.split_once('/') {
             Some((r, s)) => {
-                let step: u32 = s
-                    .parse()
-                    .map_err(|_| bad(format!("step {s:?} is not a number")))?;
-                if step == 0 {
-                    return Err(bad("a step must be at least 1".into()));
+                let step = number(s).ok_or_else(|| bad(format!("step {s:?} is not a number")))?;
+                // A step past the field's largest value names only the start.
+                if !(1..=hi).contains(&step) {
+                    return Err(bad(format!("a step must be 1 to {hi}")));
                 }
                 (r, step)
             }
@@ -51,17 +55,12 @@ fn parse_field(field: &'static str, text: &str, lo: u32, hi: u32) -> Result<u64,
         let (start, end) = if range == "*" {
             (lo, hi)
         } else if let Some((a, b)) = range.split_once('-') {
-            let a: u32 = a
-                .parse()
-                .map_err(|_| bad(format!("{a:?} is not a number")))?;
-            let b: u32 = b
-                .parse()
-                .map_err(|_| bad(format!("{b:?} is not a number")))?;
+            let a = number(a).ok_or_else(|| bad(format!("{a:?} is not a number")))?;
+            let b = number(b).ok_or_else(|| bad(format!("{b:?} is not a number")))?;
             (a, b)
         } else {
-            let v: u32 = range
-                .parse()
-                .map_err(|_| bad(format!("{range:?} is not a number, range or *")))?;
+            let v = number(range)
+                .ok_or_else(|| bad(format!("{range:?} is not a number, range or *")))?;
             // `5/15` means 5, 20, 35, 50.
             (v, if part.contains('/') { hi } else { v })
         };
@@ -172,6 +171,9 @@ mod tests {
             ("* * * 13 *", "month"),
             ("* * * * 8", "day-of-week"),
             ("*/0 * * * *", "minute"),
+            ("*/60 * * * *", "minute"),
+            ("+5 * * * *", "minute"),
+            ("* */4294967295 * * *", "hour"),
             ("5-1 * * * *", "minute"),
             ("x * * * *", "minute"),
         ];
