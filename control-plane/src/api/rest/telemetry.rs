@@ -47,6 +47,7 @@ pub struct ReportQuery {
     pub kind: Option<SampleKind>,
     /// Only labelled or only unlabelled samples (the labelling queue:
     /// `kind=hard_example&state=unlabelled`); samples only.
+    #[param(inline)]
     pub state: Option<LabelState>,
     /// At most this many records (default 100, at most 1000).
     #[param(minimum = 1, maximum = 1000)]
