@@ -128,12 +128,24 @@ pub struct ModelState {
     /// largest PSI); `None` when not drifting.
     pub drifting_since: Option<UnixSeconds>,
     pub drift_severity: f64,
+    /// The features that moved most in the latest window (PSI, largest
+    /// first, at most three) while drifting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drift_features: Vec<FeatureMove>,
     pub evaluated_accuracy: Option<f64>,
     pub online_accuracy: Option<f64>,
     pub labels_since_last: u64,
     pub manual_requested: bool,
     /// The minute a schedule last fired, so it fires once per minute.
     pub schedule_fired_minute: Option<UnixSeconds>,
+}
+
+/// A feature and how far it moved (its PSI against the reference).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FeatureMove {
+    pub name: String,
+    pub psi: f64,
 }
 
 /// One evaluation of a model's triggers.

@@ -69,6 +69,26 @@ fn the_loop_notices_the_shift_retrains_once_and_v2_recovers() {
             .starts_with("drift-that-hurts"),
         "{p}"
     );
+    // Drift is told per feature, by the table's names: the retrain names
+    // the features that moved (the pooled input histogram is not one).
+    let names = [
+        "temperature",
+        "dew point",
+        "sea-level pressure",
+        "visibility",
+        "average wind speed",
+        "max sustained wind-speed",
+        "minimum temperature",
+        "maximum temperature",
+    ];
+    let moved = s["features_moved_at_retrain"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{s:#}"));
+    assert!(!moved.is_empty(), "the retrain names what moved: {s:#}");
+    for m in moved.iter().chain(s["features_moved_first"].as_array().unwrap()) {
+        assert!(names.contains(&m["name"].as_str().unwrap()), "{m}");
+        assert!(m["psi"].as_f64().unwrap() > 0.0, "{m}");
+    }
     // v2 was gated (its lineage carries the gate's choice) and rolled out.
     let v2 = s["versions"]
         .as_array()

@@ -12,6 +12,8 @@ pub const SHIFT_ROW: usize = 12_000;
 pub const FEATURES: usize = 8;
 
 pub struct Stream {
+    /// The features' names, from the table's header (`dew point`, ...).
+    pub names: Vec<String>,
     pub x: Vec<[f32; FEATURES]>,
     pub y: Vec<i64>,
 }
@@ -39,6 +41,12 @@ pub fn load(path: &Path) -> anyhow::Result<Stream> {
         path.display()
     );
     let mut s = Stream {
+        names: header
+            .split(',')
+            .skip(1)
+            .take(FEATURES)
+            .map(|n| n.trim().to_string())
+            .collect(),
         x: vec![],
         y: vec![],
     };

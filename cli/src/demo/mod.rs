@@ -360,6 +360,7 @@ async fn first_version(
     data: &Path,
     key_path: &Path,
     steps: u64,
+    feature_names: Vec<String>,
 ) -> anyhow::Result<V1> {
     let _: ModelView = console
         .post(
@@ -394,6 +395,13 @@ async fn first_version(
     let packaged = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let model = onnx::decode(&model_bytes)?;
         let inputs = onnx::inspect(&model).inputs;
+        // Drift is judged per feature, under the table's names; retrained
+        // versions keep them.
+        let names = inputs
+            .first()
+            .map(|i| (i.name.clone(), feature_names))
+            .into_iter()
+            .collect();
         let calib = Dataset::from_npz(&Npz::from_bytes(&calib)?, "calib.npz", &inputs, false)?;
         let eval = Dataset::from_npz(&Npz::from_bytes(&eval)?, "eval.npz", &inputs, true)?;
         let runtime = OrtRuntime::load(None)?;
@@ -406,7 +414,7 @@ async fn first_version(
             &GateOptions::default(),
             Identity {
                 name: MODEL.into(),
-                feature_names: Default::default(),
+                feature_names: names,
                 version: V1.into(),
                 lineage: ManifestLineage {
                     job: Some(job_for_lineage),
@@ -615,7 +623,14 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
     let key = package::load_or_create_key(&key_path)?;
     let mut procs = Procs::new();
     let (console, agents) = start(&mut procs, &work, &key.public().to_hex()).await?;
-    let v1 = first_version(&console, &data, &key_path, args.train_steps).await?;
+    let v1 = first_version(
+        &console,
+        &data,
+        &key_path,
+        args.train_steps,
+        stream.names.clone(),
+    )
+    .await?;
     close_the_loop(&console, args.train_steps).await?;
 
     let rows: Vec<usize> = (args.from_row..end).collect();
@@ -711,6 +726,8 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
         shift_row: shift,
         drift_flagged_row: watch.retrain_row,
         feature_drift_row: watch.drift_state_row,
+        features_moved_first: watch.first_moved.clone(),
+        features_moved_at_retrain: watch.retrain_moved.clone(),
         v2_serving_row: v2_row,
         retrains: ps.len(),
         pipelines: ps

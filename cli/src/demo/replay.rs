@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use serde_json::json;
 
 use edgeloop_api::pipelines::PipelineView;
-use edgeloop_api::triggers::TriggersView;
+use edgeloop_api::triggers::{FeatureMove, TriggersView};
 
 use super::console::Console;
 use super::data::Stream;
@@ -27,8 +27,13 @@ pub struct RowResult {
 pub struct Watch {
     /// The row being replayed when the drift state (hysteresis) was first set.
     pub drift_state_row: Option<usize>,
+    /// The features that moved most when the drift state was first set.
+    pub first_moved: Vec<FeatureMove>,
     /// The row being replayed when the first retrain started.
     pub retrain_row: Option<usize>,
+    /// The features that moved most when the first retrain started: the
+    /// drift that hurt.
+    pub retrain_moved: Vec<FeatureMove>,
     pub pipelines: BTreeSet<String>,
     /// The first row a version other than the first one answered.
     pub new_version_row: Option<usize>,
@@ -112,16 +117,22 @@ impl Replay<'_> {
     }
 
     async fn observe(&self, row: usize, watch: &mut Watch) -> anyhow::Result<()> {
-        if watch.drift_state_row.is_none() {
+        let moved = || async {
             let t: TriggersView = self
                 .console
                 .get(&format!("/api/v1/models/{}/triggers", self.model))
                 .await?;
-            if t.state
-                .last
-                .is_some_and(|e| e.state.drifting_since.is_some())
-            {
+            anyhow::Ok(
+                t.state
+                    .last
+                    .filter(|e| e.state.drifting_since.is_some())
+                    .map(|e| e.state.drift_features),
+            )
+        };
+        if watch.drift_state_row.is_none() {
+            if let Some(features) = moved().await? {
                 watch.drift_state_row = Some(row);
+                watch.first_moved = features;
             }
         }
         let pipelines: Vec<PipelineView> = self
@@ -131,6 +142,7 @@ impl Replay<'_> {
         for p in pipelines {
             if watch.pipelines.insert(p.id) && watch.retrain_row.is_none() {
                 watch.retrain_row = Some(row);
+                watch.retrain_moved = moved().await?.unwrap_or_default();
             }
         }
         Ok(())

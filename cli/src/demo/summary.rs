@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use edgeloop_api::pipelines::{PipelineStatus, Step};
 use edgeloop_api::registry::{Lineage, ModelVersionView};
+use edgeloop_api::triggers::FeatureMove;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -18,6 +19,10 @@ pub struct Summary {
     pub shift_row: usize,
     pub drift_flagged_row: Option<usize>,
     pub feature_drift_row: Option<usize>,
+    /// The features that moved most when drift was first seen, and when
+    /// the retrain started (the drift that hurt), PSI largest first.
+    pub features_moved_first: Vec<FeatureMove>,
+    pub features_moved_at_retrain: Vec<FeatureMove>,
     pub v2_serving_row: Option<usize>,
     pub retrains: usize,
     pub pipelines: Vec<PipelineSummary>,
@@ -136,7 +141,18 @@ impl Summary {
             "feature drift first seen (day)",
             row(self.feature_drift_row),
         );
+        let named = |f: &[FeatureMove]| {
+            if f.is_empty() {
+                return "-".to_string();
+            }
+            f.iter()
+                .map(|m| format!("{} (PSI {:.2})", m.name, m.psi))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        line("  moved first", named(&self.features_moved_first));
         line("retrain triggered (day)", row(self.drift_flagged_row));
+        line("  moved then", named(&self.features_moved_at_retrain));
         line("v2 serving from (day)", row(self.v2_serving_row));
         line("retrains", row(Some(self.retrains)));
         let b = &self.model_bytes;

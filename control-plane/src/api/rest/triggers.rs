@@ -22,6 +22,11 @@ fn model_state(s: SchedulerState) -> ModelState {
         cooldown_seconds: s.cooldown_seconds,
         drifting_since: s.drifting_since,
         drift_severity: s.drift_severity,
+        drift_features: s
+            .drift_features
+            .into_iter()
+            .map(|(name, psi)| edgeloop_api::triggers::FeatureMove { name, psi })
+            .collect(),
         evaluated_accuracy: s.evaluated_accuracy,
         online_accuracy: s.online_accuracy,
         labels_since_last: s.labels_since_last,

@@ -77,6 +77,7 @@ pub struct ModelState {
     pub drift_severity: f64,
     /// The features that moved most in the latest window, by PSI, largest
     /// first (at most three): what the reason names.
+    #[serde(default)]
     pub drift_features: Vec<(String, f64)>,
     pub evaluated_accuracy: Option<f64>,
     pub online_accuracy: Option<f64>,
