@@ -69,6 +69,10 @@ pub struct FeatureDrift {
     pub psi: Option<f64>,
     pub ks_statistic: Option<f64>,
     pub ks_p_value: Option<f64>,
+    /// Jensen–Shannon distance (base 2, in [0, 1]) of the window's
+    /// histogram from the reference's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub js_distance: Option<f64>,
     /// By PSI against the watch and act thresholds.
     pub level: DriftLevel,
 }

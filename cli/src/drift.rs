@@ -140,7 +140,7 @@ pub fn render(view: &DriftView) -> String {
         "DRIFTING WINDOWS",
         "STATE",
     ]);
-    let mut features = Table::new(&["GROUP", "FEATURE", "PSI", "KS", "P-VALUE", "LEVEL"]);
+    let mut features = Table::new(&["GROUP", "FEATURE", "PSI", "KS", "P-VALUE", "JS", "LEVEL"]);
     for s in &view.series {
         let windows = &s.windows;
         let Some(w) = windows.last() else { continue };
@@ -174,6 +174,7 @@ pub fn render(view: &DriftView) -> String {
                 fixed(f.psi, 3),
                 fixed(f.ks_statistic, 3),
                 p_value(f.ks_p_value),
+                fixed(f.js_distance, 3),
                 f.level.as_str().into(),
             ]);
         }

@@ -85,7 +85,10 @@ fn the_loop_notices_the_shift_retrains_once_and_v2_recovers() {
         .as_array()
         .unwrap_or_else(|| panic!("{s:#}"));
     assert!(!moved.is_empty(), "the retrain names what moved: {s:#}");
-    for m in moved.iter().chain(s["features_moved_first"].as_array().unwrap()) {
+    for m in moved
+        .iter()
+        .chain(s["features_moved_first"].as_array().unwrap())
+    {
         assert!(names.contains(&m["name"].as_str().unwrap()), "{m}");
         assert!(m["psi"].as_f64().unwrap() > 0.0, "{m}");
     }

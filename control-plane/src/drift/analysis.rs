@@ -171,6 +171,7 @@ fn judge(reference: &ReferenceStats, start: i64, sum: &Sum, config: &DriftConfig
             let as_f = |c: &[u64]| c.iter().map(|&v| v as f64).collect::<Vec<_>>();
             let psi = live.and_then(|l| stats::psi(&as_f(&r.counts), &as_f(l)).ok());
             let ks = live.and_then(|l| stats::ks_test(&r.counts, l).ok());
+            let js = live.and_then(|l| stats::js_distance(&as_f(&r.counts), &as_f(l)).ok());
             let level = match psi {
                 Some(p) if p >= config.psi_act => DriftLevel::Act,
                 Some(p) if p >= config.psi_watch => DriftLevel::Watch,
@@ -182,6 +183,7 @@ fn judge(reference: &ReferenceStats, start: i64, sum: &Sum, config: &DriftConfig
                 psi,
                 ks_statistic: ks.map(|k| k.statistic),
                 ks_p_value: ks.map(|k| k.p_value),
+                js_distance: js,
                 level,
             }
         })
@@ -339,6 +341,14 @@ mod tests {
             assert!(hot.features[0].psi.unwrap() > 0.2, "{hot:?}");
             assert_eq!(hot.features[0].level, DriftLevel::Act);
             assert!(hot.features[0].ks_p_value.unwrap() < 1e-6);
+            let (calm_js, hot_js) = (
+                first.features[0].js_distance.unwrap(),
+                hot.features[0].js_distance.unwrap(),
+            );
+            assert!(
+                calm_js < 0.05 && (0.1..=1.0).contains(&hot_js),
+                "{calm_js} {hot_js}"
+            );
             assert!(hot.prediction_js.unwrap() > 0.1);
             assert_eq!(hot.low_confidence_share, Some(0.0));
         }

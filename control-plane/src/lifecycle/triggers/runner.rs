@@ -402,6 +402,7 @@ mod tests {
             psi,
             ks_statistic: None,
             ks_p_value: None,
+            js_distance: None,
             level,
         };
         let features = [
