@@ -194,11 +194,15 @@ pub fn output(o: &Output) -> String {
             edge_rows,
             hard_examples,
         } => format!(
-            "{} rows, {} to evaluate, {} from devices ({} labelled hard examples); snapshot {}",
+            "{} rows, {} to evaluate, {} from devices{}; snapshot {}",
             text(rows),
             text(eval_rows),
             text(edge_rows),
-            text(hard_examples),
+            if *hard_examples > 0 {
+                format!(" ({hard_examples} labelled hard examples)")
+            } else {
+                String::new()
+            },
             short(digest)
         ),
         Output::Job { id, checkpoint } => {
