@@ -141,8 +141,9 @@ pub struct RetrainingConfig {
     )]
     pub rollout: serde_json::Value,
     /// How many times each labelled hard example (labelled through the
-    /// labelling queue) counts in training, 1 to 10 (default 1): they are
-    /// the rows the serving model was least sure of.
+    /// labelling queue, or by feedback on the device) counts in training,
+    /// 1 to 10 (default 1): they are the rows the serving model was least
+    /// sure of.
     #[serde(default = "default_hard_example_weight")]
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 10))]
     pub hard_example_weight: u32,

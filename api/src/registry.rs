@@ -80,6 +80,12 @@ pub struct Lineage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub quantization: Option<serde_json::Value>,
+    /// Labelled hard examples (through the labelling queue, or by feedback
+    /// on the device) in the snapshot
+    /// it was trained on; set by the retraining pipeline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
+    pub hard_examples: Option<u64>,
 }
 
 impl CreateModelVersion {

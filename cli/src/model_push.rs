@@ -246,6 +246,7 @@ fn check(args: &PushArgs) -> Result<Checked, CliError> {
         job: args.job.clone().or(manifest_lineage.job),
         checkpoint: args.checkpoint.or(manifest_lineage.checkpoint),
         quantization: None,
+        hard_examples: None,
     };
     let request = CreateModelVersion {
         version: Some(args.version.clone()),

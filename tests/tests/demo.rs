@@ -109,6 +109,9 @@ fn the_loop_notices_the_shift_retrains_once_and_v2_recovers() {
     assert_eq!(v2["lineage"]["parent_version"], "1.0.0");
     assert!(v2["lineage"]["dataset"].is_string(), "{v2}");
     assert!(v2["lineage"]["job"].is_string(), "{v2}");
+    // The lineage counts the labelled hard examples its snapshot held (the
+    // agents' low-confidence rows that then got a feedback label).
+    assert!(v2["lineage"]["hard_examples"].is_u64(), "{v2}");
     // Its latency was judged on one of the rollout's devices, which timed
     // float and the candidates over its agent channel.
     let timed_on = v2["lineage"]["quantization"]["latency_timed_on"]

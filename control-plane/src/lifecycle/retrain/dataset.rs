@@ -27,8 +27,9 @@ pub struct EdgeRow {
     pub at: i128,
     pub x: Vec<f32>,
     pub label: i64,
-    /// A hard example (labelled through the labelling queue), not
-    /// feedback: the policy may weight it.
+    /// A hard example (a row the device was unsure of, labelled through
+    /// the labelling queue or by feedback), not plain feedback: the policy
+    /// may weight it.
     pub hard: bool,
 }
 

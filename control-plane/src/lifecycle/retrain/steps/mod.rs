@@ -527,6 +527,10 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
         metrics.insert("eval_accuracy".to_string(), acc / 100.0);
     }
     let data = snapshot_of(p)?;
+    let hard_examples = match output(p, Step::BuildDataset)? {
+        Output::Dataset { hard_examples, .. } => Some(*hard_examples),
+        _ => None,
+    };
     let v = models::create_version(
         &core.store,
         core.artifacts.as_ref(),
@@ -546,6 +550,7 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
                 ),
                 dataset: Some(data),
                 quantization: evidence,
+                hard_examples,
                 ..Lineage::from_manifest(&m.lineage)
             }),
         },
