@@ -293,6 +293,51 @@ async fn hard_examples_are_labelled_through_the_cli_and_reach_the_next_snapshot(
         .filter(|r| r.iter().all(|v| *v >= 100.0))
         .count();
     assert_eq!(hard_rows, 2 * HARD, "each labelled hard example twice");
+    // A PyTorch user's trainer reads the same snapshot with the contract
+    // helper (workloads/pytorch/contract.py, standard library only).
+    let snap_path = work.join("snapshot.npz");
+    std::fs::write(&snap_path, snapshot.to_bytes().unwrap()).unwrap();
+    let python = edgeloop_models::deps::dir()
+        .unwrap()
+        .join("pyenv/bin/python");
+    let workloads = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workloads/pytorch");
+    let read = Command::new(&python)
+        .arg("-c")
+        .arg(
+            "import contract, json, sys; s = contract.read_snapshot(sys.argv[1]); \
+             print(json.dumps([s.input_shape, list(s.label), s.eval_input_shape, s.row(0)]))",
+        )
+        .arg(&snap_path)
+        .env("PYTHONPATH", &workloads)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (scripts/python-env.sh installs it)",
+                python.display()
+            )
+        });
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&read.stdout).unwrap();
+    let Some(Tensor::I64(y)) = snapshot.get("label") else {
+        panic!("no label in the snapshot")
+    };
+    assert_eq!(seen[0], json!([x.shape()[0], 8]), "{seen}");
+    assert_eq!(seen[1], json!(y.iter().collect::<Vec<_>>()), "{seen}");
+    assert_eq!(seen[2], json!([5, 8]), "{seen}");
+    assert_eq!(
+        seen[3],
+        json!(x
+            .outer_iter()
+            .next()
+            .unwrap()
+            .iter()
+            .map(|v| f64::from(*v))
+            .collect::<Vec<_>>())
+    );
     // The training job is given that snapshot.
     let job_id = format!("{id}-train-1");
     let job = eventually(Duration::from_secs(60), "the training job", || async {

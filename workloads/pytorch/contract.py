@@ -7,10 +7,17 @@ first, `manifest.json` last through a temporary name, fsync and rename),
 telling a committed checkpoint from a torn one exactly as the bridge does
 (trainer-bridge/src/checkpoint.rs `verify`), and posting progress reports.
 
+It also reads a retraining pipeline's dataset snapshot (`read_snapshot`,
+`snapshot_from`): an `.npz` of `input`, `label`, `eval_input`, `eval_label`
+(docs/checkpoint-contract.md, "The data side"), parsed with the standard
+library so a trainer in any framework can start from plain arrays.
+
 train_ddp.py imports this module; test_contract.py tests it with nothing
 but the standard library, so CI checks it without torch.
 """
 
+import array
+import ast
 import hashlib
 import json
 import math
@@ -18,6 +25,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
+import zipfile
 from dataclasses import dataclass, field
 
 MANIFEST = "manifest.json"
@@ -447,3 +455,113 @@ class Reporter:
                 print(f"progress report to {self.url} failed (reports are best effort, "
                       f"further failures are not logged): {e}", file=self.stderr, flush=True)
             return False
+
+
+# ---------------------------------------------------------------- dataset snapshot
+
+#: The arrays a pipeline's snapshot holds (control-plane/src/lifecycle/retrain/dataset.rs).
+SNAPSHOT_ARRAYS = {"input": "<f4", "label": "<i8", "eval_input": "<f4", "eval_label": "<i8"}
+#: Refuse an array header larger than this (NumPy's own limit for format 1.0 is 64 KiB).
+NPY_HEADER_MAX = 1 << 16
+
+
+@dataclass
+class Snapshot:
+    """A snapshot's four arrays: flat `array.array`s (float32 'f', int64 'q')
+    with their shapes, rows first."""
+    input: array.array
+    input_shape: tuple
+    label: array.array
+    eval_input: array.array
+    eval_input_shape: tuple
+    eval_label: array.array
+
+    def row(self, i, eval=False):
+        """Row `i` of the training (or eval) inputs, as a flat list."""
+        x, shape = (self.eval_input, self.eval_input_shape) if eval else (self.input, self.input_shape)
+        width = math.prod(shape[1:])
+        return x[i * width:(i + 1) * width].tolist()
+
+
+def _read_npy(name, raw, want_dtype):
+    """One `.npy` member: its shape and its values, checked before anything
+    is allocated (the header's shape must match the bytes present)."""
+    if raw[:6] != b"\x93NUMPY" or len(raw) < 10:
+        raise ContractError(f"{name}: not an .npy array")
+    major = raw[6]
+    if major == 1:
+        hlen, start = int.from_bytes(raw[8:10], "little"), 10
+    elif major in (2, 3):
+        hlen, start = int.from_bytes(raw[8:12], "little"), 12
+    else:
+        raise ContractError(f"{name}: .npy format {major} is not supported")
+    if hlen > NPY_HEADER_MAX or start + hlen > len(raw):
+        raise ContractError(f"{name}: the .npy header is truncated or too large")
+    try:
+        header = ast.literal_eval(raw[start:start + hlen].decode("latin1"))
+    except (ValueError, SyntaxError) as e:
+        raise ContractError(f"{name}: unreadable .npy header: {e}") from None
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise ContractError(f"{name}: the .npy header must have descr, fortran_order and shape")
+    descr, fortran, shape = header["descr"], header["fortran_order"], header["shape"]
+    if descr != want_dtype:
+        raise ContractError(f"{name}: dtype {descr!r}, expected {want_dtype!r}")
+    if fortran is not False:
+        raise ContractError(f"{name}: Fortran-ordered arrays are not supported")
+    if not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0 for d in shape) or not shape:
+        raise ContractError(f"{name}: bad shape {shape!r}")
+    data = raw[start + hlen:]
+    itemsize = 4 if want_dtype == "<f4" else 8
+    if len(data) != math.prod(shape) * itemsize:
+        raise ContractError(f"{name}: shape {shape} needs {math.prod(shape) * itemsize} bytes, the file has {len(data)}")
+    values = array.array("f" if itemsize == 4 else "q")
+    values.frombytes(data)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return shape, values
+
+
+def read_snapshot(path):
+    """A pipeline's dataset snapshot from its `.npz` file; a ContractError
+    names the array at fault (missing, wrong dtype, shapes that disagree)."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise ContractError(f"{path}: not a snapshot (.npz): {e}") from None
+    arrays = {}
+    with archive:
+        names = set(archive.namelist())
+        for key, dtype in SNAPSHOT_ARRAYS.items():
+            member = f"{key}.npy"
+            if member not in names:
+                raise ContractError(f"{path}: the snapshot has no `{key}` array")
+            arrays[key] = _read_npy(f"{path}:{key}", archive.read(member), dtype)
+    (xs, x), (ys, y), (exs, ex), (eys, ey) = (arrays[k] for k in SNAPSHOT_ARRAYS)
+    for inputs, labels, what in ((xs, ys, "input/label"), (exs, eys, "eval_input/eval_label")):
+        if len(labels) != 1 or len(inputs) < 2 or inputs[0] != labels[0]:
+            raise ContractError(f"{path}: {what} must be [rows, ...] and [rows], got {inputs} and {labels}")
+    if xs[1:] != exs[1:]:
+        raise ContractError(f"{path}: training rows are {xs[1:]}, eval rows {exs[1:]}")
+    return Snapshot(x, xs, y, ex, exs, ey)
+
+
+def snapshot_from(env=None):
+    """The snapshot a retraining pipeline gave this job: the first
+    `file://` dataset of EDGELOOP_DATASETS (the bridge fetched and verified
+    it), or None when the job was not started by a pipeline."""
+    env = os.environ if env is None else env
+    text = env.get("EDGELOOP_DATASETS", "").strip()
+    if not text:
+        return None
+    try:
+        datasets = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ContractError(f"EDGELOOP_DATASETS is not JSON: {e}") from None
+    if not isinstance(datasets, list) or not all(isinstance(d, str) for d in datasets):
+        raise ContractError("EDGELOOP_DATASETS must be a JSON array of strings")
+    if not datasets or not datasets[0].startswith("file://"):
+        return None
+    path = datasets[0][len("file://"):]
+    if not zipfile.is_zipfile(path):
+        return None
+    return read_snapshot(path)

@@ -266,6 +266,81 @@ class CheckpointTests(TempDirTest):
 # ---------------------------------------------------------------- progress
 
 
+def _npy(dtype, shape, values):
+    """An .npy member as NumPy writes format 1.0 (what the Rust side's npz
+    writer writes too)."""
+    import struct
+    header = repr({"descr": dtype, "fortran_order": False, "shape": tuple(shape)})
+    pad = 64 - (10 + len(header) + 1) % 64
+    header = (header + " " * pad + "\n").encode("latin1")
+    code = "f" if dtype == "<f4" else "q"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + struct.pack(f"<{len(values)}{code}", *values)
+
+
+def _snapshot(path, rows=3, eval_rows=2, width=2, drop=None, label_dtype="<i8"):
+    import zipfile
+    arrays = {
+        "input": ("<f4", (rows, width), [float(i) for i in range(rows * width)]),
+        "label": (label_dtype, (rows,), [i % 2 for i in range(rows)]),
+        "eval_input": ("<f4", (eval_rows, width), [100.0 + i for i in range(eval_rows * width)]),
+        "eval_label": ("<i8", (eval_rows,), [1] * eval_rows),
+    }
+    with zipfile.ZipFile(path, "w") as z:
+        for name, (dtype, shape, values) in arrays.items():
+            if name != drop:
+                z.writestr(f"{name}.npy", _npy(dtype, shape, values))
+
+
+class SnapshotTests(TempDirTest):
+    def test_a_snapshot_reads_as_its_arrays(self):
+        path = os.path.join(self.tmp, "snap.npz")
+        _snapshot(path)
+        s = contract.read_snapshot(path)
+        self.assertEqual(s.input_shape, (3, 2))
+        self.assertEqual(s.row(2), [4.0, 5.0])
+        self.assertEqual(list(s.label), [0, 1, 0])
+        self.assertEqual(s.row(1, eval=True), [102.0, 103.0])
+        self.assertEqual(list(s.eval_label), [1, 1])
+        env = {"EDGELOOP_DATASETS": json.dumps([f"file://{path}", "s3://more"])}
+        self.assertEqual(contract.snapshot_from(env).input_shape, (3, 2))
+        self.assertIsNone(contract.snapshot_from({}))
+        self.assertIsNone(contract.snapshot_from({"EDGELOOP_DATASETS": json.dumps([f"file://{self.tmp}"])}))
+
+    def test_numpy_written_snapshots_read_the_same(self):
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("numpy is not installed")
+        path = os.path.join(self.tmp, "np.npz")
+        x = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+        np.savez(path, input=x, label=np.array([0, 1, 2]), eval_input=x[:1], eval_label=np.array([2]))
+        s = contract.read_snapshot(path)
+        self.assertEqual(s.input_shape, (3, 2, 2))
+        self.assertEqual(s.row(1), [4.0, 5.0, 6.0, 7.0])
+        self.assertEqual(list(s.label), [0, 1, 2])
+
+    def test_bad_snapshots_name_the_array(self):
+        path = os.path.join(self.tmp, "bad.npz")
+        for kwargs, says in [
+            ({"drop": "eval_label"}, "no `eval_label`"),
+            ({"label_dtype": "<f4"}, "label: dtype"),
+        ]:
+            _snapshot(path, **kwargs)
+            with self.assertRaises(contract.ContractError) as e:
+                contract.read_snapshot(path)
+            self.assertIn(says, str(e.exception))
+        import zipfile
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("input.npy", _npy("<f4", (3, 2), [0.0] * 5))
+        with self.assertRaises(contract.ContractError) as e:
+            contract.read_snapshot(path)
+        self.assertIn("needs 24 bytes", str(e.exception))
+        with open(path, "wb") as f:
+            f.write(b"not a zip")
+        with self.assertRaises(contract.ContractError):
+            contract.read_snapshot(path)
+
+
 class ReportTests(unittest.TestCase):
     def test_report_json(self):
         line = contract.report_json(3, {"throughput": 10, "loss": 0.5, "bad": float("nan")})
