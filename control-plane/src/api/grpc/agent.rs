@@ -112,45 +112,22 @@ impl AgentService for AgentApi {
         req: Request<pb::WatchAssignmentsRequest>,
     ) -> Result<Response<Self::WatchAssignmentsStream>, Status> {
         let device = caller(&self.core, &req, MemberKind::Device)?.id;
-        let core = self.core.clone();
         // Subscribe before reading, so no change between the two is missed.
-        let mut signal = core.events.member(MemberKind::Device, &device);
-        let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(async move {
-            let mut sent = None::<u64>;
-            loop {
-                if signal.borrow_and_update().revoked {
-                    let _ = tx
-                        .send(Err(Error::PermissionDenied(format!(
-                            "device/{device} has been revoked"
-                        ))
-                        .into()))
-                        .await;
-                    return;
+        let signal = self.core.events.member(MemberKind::Device, &device);
+        let mut sent = None::<u64>;
+        Ok(Response::new(member_stream(
+            self.core.clone(),
+            device,
+            signal,
+            move |core, device| {
+                let set = assignments::current(&core.store, device)?;
+                if sent == Some(set.generation) {
+                    return Ok(vec![]);
                 }
-                match assignments::current(&core.store, &device) {
-                    Ok(set) if sent != Some(set.generation) => {
-                        sent = Some(set.generation);
-                        if tx.send(Ok(set.to_proto())).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        let _ = tx.send(Err(e.into())).await;
-                        return;
-                    }
-                }
-                tokio::select! {
-                    _ = core.shutdown.cancelled() => return,
-                    _ = tx.closed() => return,
-                    changed = signal.changed() => if changed.is_err() {
-                        return;
-                    },
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+                sent = Some(set.generation);
+                Ok(vec![set.to_proto()])
+            },
+        )))
     }
 
     type FetchArtifactStream = BoxStream<pb::ArtifactChunk>;
@@ -246,55 +223,30 @@ impl AgentService for AgentApi {
         req: Request<pb::WatchBenchmarksRequest>,
     ) -> Result<Response<Self::WatchBenchmarksStream>, Status> {
         let device = caller(&self.core, &req, MemberKind::Device)?.id;
-        let core = self.core.clone();
         // Subscribe before reading, so no benchmark queued between the two
         // is missed.
-        let mut signal = benchmarks::subscribe(&core.events, &device);
-        let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(async move {
-            // Sent on this stream; a new stream sends every unfinished one
-            // again (the agent runs an id once).
-            let mut sent = std::collections::HashSet::<String>::new();
-            loop {
-                if signal.borrow_and_update().revoked {
-                    let _ = tx
-                        .send(Err(Error::PermissionDenied(format!(
-                            "device/{device} has been revoked"
-                        ))
-                        .into()))
-                        .await;
-                    return;
-                }
-                match benchmarks::unfinished_for(&core.store, &device, core.now()) {
-                    Ok(todo) => {
-                        for b in todo {
-                            if sent.contains(&b.id) {
-                                continue;
-                            }
-                            if tx.send(Ok(b.to_task())).await.is_err() {
-                                return;
-                            }
-                            if let Err(e) = benchmarks::delivered(&core.store, &b.id, core.now()) {
-                                tracing::warn!(benchmark = %b.id, error = %e, "recording a delivered benchmark");
-                            }
-                            sent.insert(b.id);
-                        }
+        let signal = benchmarks::subscribe(&self.core.events, &device);
+        // Sent on this stream; a new stream sends every unfinished one
+        // again (the agent runs an id once).
+        let mut sent = std::collections::HashSet::<String>::new();
+        Ok(Response::new(member_stream(
+            self.core.clone(),
+            device,
+            signal,
+            move |core, device| {
+                let mut out = vec![];
+                for b in benchmarks::unfinished_for(&core.store, device, core.now())? {
+                    if !sent.insert(b.id.clone()) {
+                        continue;
                     }
-                    Err(e) => {
-                        let _ = tx.send(Err(e.into())).await;
-                        return;
+                    if let Err(e) = benchmarks::delivered(&core.store, &b.id, core.now()) {
+                        tracing::warn!(benchmark = %b.id, error = %e, "recording a delivered benchmark");
                     }
+                    out.push(b.to_task());
                 }
-                tokio::select! {
-                    _ = core.shutdown.cancelled() => return,
-                    _ = tx.closed() => return,
-                    changed = signal.changed() => if changed.is_err() {
-                        return;
-                    },
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+                Ok(out)
+            },
+        )))
     }
 
     async fn report_benchmark(
@@ -311,6 +263,54 @@ impl AgentService for AgentApi {
         .await?;
         Ok(Response::new(pb::BenchmarkAck {}))
     }
+}
+
+/// One device's long-lived stream: at the start and whenever its signal
+/// changes, `poll` says what to send (nothing, or items in order). It ends
+/// with PermissionDenied when the device is revoked, with the error when
+/// the store fails, and quietly at shutdown or when the device hangs up.
+/// The assignment and benchmark watches differ only in `poll`.
+fn member_stream<T: Send + 'static>(
+    core: Arc<Core>,
+    device: String,
+    mut signal: tokio::sync::watch::Receiver<crate::fleet::MemberSignal>,
+    mut poll: impl FnMut(&Core, &str) -> Result<Vec<T>, Error> + Send + 'static,
+) -> BoxStream<T> {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        loop {
+            if signal.borrow_and_update().revoked {
+                let _ = tx
+                    .send(Err(Error::PermissionDenied(format!(
+                        "device/{device} has been revoked"
+                    ))
+                    .into()))
+                    .await;
+                return;
+            }
+            match poll(&core, &device) {
+                Ok(items) => {
+                    for item in items {
+                        if tx.send(Ok(item)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.into())).await;
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = core.shutdown.cancelled() => return,
+                _ = tx.closed() => return,
+                changed = signal.changed() => if changed.is_err() {
+                    return;
+                },
+            }
+        }
+    });
+    Box::pin(ReceiverStream::new(rx))
 }
 
 /// One piece of an artifact read from an offset.
