@@ -453,6 +453,25 @@ pub fn kill_trainer_of(job: &str) -> usize {
     killed
 }
 
+/// The interpreter with PyTorch that `scripts/torch-env.sh` installs
+/// (`EDGELOOP_TORCH_PYTHON` overrides; scripts/test.sh sets it).
+///
+/// # Panics
+/// When there is none: the PyTorch tests need it, and skipping them would
+/// let the suite pass without the trainer ever running.
+pub fn torch_python() -> PathBuf {
+    let python = std::env::var_os("EDGELOOP_TORCH_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| edgeloop_models::deps::dir().map(|d| d.join("torch-venv/bin/python")))
+        .unwrap_or_default();
+    assert!(
+        python.is_file(),
+        "no Python with torch at {:?}: run scripts/torch-env.sh (scripts/test.sh does), or set EDGELOOP_TORCH_PYTHON",
+        python
+    );
+    python
+}
+
 /// The workspace's `edgeloop` binary beside the running test (`target/<profile>/`),
 /// for the tests that run the CLI as a user does.
 ///
