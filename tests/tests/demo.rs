@@ -15,13 +15,18 @@ use serde_json::Value;
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn demo(args: &[&str]) -> Value {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
+    demo_in(dir.path(), args)
+}
+
+/// The demo in `dir` (its processes' files stay there to be read).
+fn demo_in(dir: &std::path::Path, args: &[&str]) -> Value {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new(edgeloop_tests::edgeloop_bin())
         .arg("demo")
         .arg("--json")
         .arg("--workdir")
-        .arg(dir.path().join("demo"))
+        .arg(dir.join("demo"))
         .args(args)
         .output()
         .unwrap();
@@ -157,4 +162,60 @@ fn the_no_drift_control_raises_no_drift_and_no_retrain() {
     assert!(s["v2_serving_row"].is_null(), "{s:#}");
     assert_eq!(s["versions"].as_array().unwrap().len(), 1, "{s:#}");
     assert!(f(&s["baseline_accuracy"]) >= 0.75, "{s:#}");
+}
+
+/// The same loop with the PyTorch trainer (DDP over two processes) for v1
+/// and the retrain: the pipeline's policy names it, it trains on the
+/// snapshot, and its export passes the gate and rolls out.
+#[test]
+fn the_loop_closes_with_the_pytorch_trainer() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = edgeloop_tests::torch_python();
+    let s = demo_in(
+        dir.path(),
+        &[
+            "--trainer",
+            "pytorch",
+            "--torch-python",
+            python.to_str().unwrap(),
+            "--from-row",
+            "11500",
+            "--to-row",
+            "14500",
+            "--rows-per-second",
+            "60",
+        ],
+    );
+    assert_eq!(s["trainer"], "pytorch", "{s:#}");
+    assert_eq!(s["retrains"], 1, "exactly one retrain: {s:#}");
+    assert_eq!(s["pipelines"][0]["status"], "succeeded", "{s:#}");
+    let versions = s["versions"].as_array().unwrap();
+    let v2 = versions
+        .iter()
+        .find(|v| v["version"] == "2.0.0")
+        .unwrap_or_else(|| panic!("no v2: {s:#}"));
+    assert!(v2["lineage"]["quantization"]["chosen"].is_string(), "{v2}");
+    assert!(v2["lineage"]["dataset"].is_string(), "{v2}");
+    // Both jobs ran train_ddp.py as two DDP processes; the retrain read
+    // the pipeline's snapshot (rows of the 8 features, 2 classes).
+    for v in versions {
+        let job = v["lineage"]["job"].as_str().unwrap();
+        let log = std::fs::read_to_string(
+            dir.path()
+                .join("demo/trainer-bridge/jobs")
+                .join(job)
+                .join("attempt-1.log"),
+        )
+        .unwrap_or_else(|e| panic!("job {job}: {e}"));
+        assert!(log.contains("world size 2 (gloo on cpu)"), "{job}: {log}");
+        assert!(log.contains("eval rows of [8] (2 classes)"), "{job}: {log}");
+        assert!(log.contains("exported"), "{job}: {log}");
+    }
+    assert!(f(&s["baseline_accuracy"]) >= 0.75, "{s:#}");
+    assert!(s["v2_serving_row"].is_u64(), "v2 served: {s:#}");
+    let (recovered, v1_there) = (f(&s["recovered_accuracy"]), f(&s["v1_accuracy_on_v2_days"]));
+    assert!(
+        recovered >= v1_there + 0.03,
+        "v2 {recovered:.3} vs v1 {v1_there:.3} on the days v2 served: {s:#}"
+    );
 }

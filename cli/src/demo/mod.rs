@@ -12,6 +12,7 @@ mod data;
 mod procs;
 mod replay;
 mod summary;
+mod trainer;
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,7 @@ use edgeloop_api::registry::{ModelVersionView, ModelView};
 use procs::{free_port, Procs};
 use serde::de::IgnoredAny;
 use summary::{Latency, ModelBytes, PipelineSummary, Summary, VersionSummary};
+use trainer::{Trainer, TrainerKind};
 
 use edgeloop_models::package::{self, Identity};
 
@@ -74,6 +76,15 @@ pub struct DemoArgs {
     /// The rainfall table (default: where scripts/fetch-rainfall.sh puts it).
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// The trainer of v1 and of the retrains: the Rust reference trainer,
+    /// or the PyTorch one (DDP over 2 processes; needs torch, which
+    /// scripts/torch-env.sh installs).
+    #[arg(long, value_enum, default_value_t = TrainerKind::Reference)]
+    pub trainer: TrainerKind,
+    /// The Python with torch for `--trainer pytorch` (default:
+    /// `$EDGELOOP_TORCH_PYTHON`, else scripts/torch-env.sh's).
+    #[arg(long)]
+    pub torch_python: Option<PathBuf>,
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
@@ -129,23 +140,6 @@ fn workdir(args: &DemoArgs) -> PathBuf {
             })
             .join("demo")
     })
-}
-
-/// The training job both v1 and the retrains run: the reference trainer's
-/// MLP, checkpointing as the contract says.
-fn job_spec(name: &str, trainer: &Path, steps: u64, data: Option<&Path>) -> Value {
-    let mut spec = json!({
-        "name": name,
-        "command": [trainer.display().to_string()],
-        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
-        "hyperparameters": {"workload": "rainfall-mlp", "steps": steps, "batch_size": 64},
-        "checkpoint": {"every_steps": (steps / 3).max(1), "keep_last": 2},
-        "restarts": {"max_restarts": 1, "backoff_seconds": 1, "backoff_max_seconds": 2}
-    });
-    if let Some(d) = data {
-        spec["datasets"] = json!([format!("file://{}", d.display())]);
-    }
-    spec
 }
 
 fn rollout_template() -> Value {
@@ -357,7 +351,7 @@ struct V1 {
 /// key), registers it with its lineage, and rolls it out in waves.
 async fn first_version(
     console: &Console,
-    data: &Path,
+    trainer: &Trainer,
     key_path: &Path,
     steps: u64,
     feature_names: Vec<String>,
@@ -369,12 +363,13 @@ async fn first_version(
         )
         .await?;
     say(&format!(
-        "training v1 on days 0..10 000 ({steps} steps, checkpoints through the bridge)"
+        "training v1 on days 0..10 000 with the {} trainer ({steps} steps, checkpoints through the bridge)",
+        trainer.kind().name()
     ));
     let job: JobView = console
         .post(
             "/api/v1/jobs",
-            json!({"spec": job_spec("rainfall-v1", &bin("edgeloop-train")?, steps, Some(data))}),
+            json!({"spec": trainer.job_spec("rainfall-v1", steps, true)}),
         )
         .await?;
     let job_id = job.job.id;
@@ -475,12 +470,12 @@ async fn first_version(
 
 /// How the loop closes on its own: the retraining policy and the trigger.
 /// Why these numbers: docs/demo.md.
-async fn close_the_loop(console: &Console, steps: u64) -> anyhow::Result<()> {
+async fn close_the_loop(console: &Console, trainer: &Trainer, steps: u64) -> anyhow::Result<()> {
     let _: IgnoredAny = console
         .put(
             &format!("/api/v1/models/{MODEL}/retraining"),
             json!({
-                "job": job_spec("rainfall-retrain", &bin("edgeloop-train")?, steps, None),
+                "job": trainer.job_spec("rainfall-retrain", steps, false),
                 "edge_window_rows": 600,
                 "eval_fraction": 0.4,
                 "min_eval_samples": 50,
@@ -621,17 +616,25 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
         .join("keys")
         .join("manifest-signing.key");
     let key = package::load_or_create_key(&key_path)?;
+    let trainer = Trainer::prepare(
+        args.trainer,
+        bin("edgeloop-train")?,
+        &data,
+        args.torch_python.as_deref(),
+        &stream,
+        &work,
+    )?;
     let mut procs = Procs::new();
     let (console, agents) = start(&mut procs, &work, &key.public().to_hex()).await?;
     let v1 = first_version(
         &console,
-        &data,
+        &trainer,
         &key_path,
         args.train_steps,
         stream.names.clone(),
     )
     .await?;
-    close_the_loop(&console, args.train_steps).await?;
+    close_the_loop(&console, &trainer, args.train_steps).await?;
 
     let rows: Vec<usize> = (args.from_row..end).collect();
     say(&format!(
@@ -757,6 +760,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
         versions: versions_out,
         failures: failed.clone(),
         workdir: work.display().to_string(),
+        trainer: trainer.kind().name(),
     };
     Ok((summary, failed.is_empty()))
 }

@@ -35,6 +35,8 @@ pub struct Summary {
     pub versions: Vec<VersionSummary>,
     pub failures: Vec<String>,
     pub workdir: String,
+    /// The trainer of v1 and the retrains: `reference` or `pytorch`.
+    pub trainer: &'static str,
 }
 
 /// A pipeline as the summary keeps it: its outcome and why.
@@ -129,6 +131,7 @@ impl Summary {
             "days replayed",
             format!("{}..{}", self.from_row, self.to_row),
         );
+        line("trainer", self.trainer.to_string());
         line("v1 accuracy before the shift", pct(self.baseline_accuracy));
         line("v1 accuracy after the shift", pct(self.drift_v1_accuracy));
         line("v2 accuracy once serving", pct(self.recovered_accuracy));
