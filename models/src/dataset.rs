@@ -462,12 +462,21 @@ fn histogram(values: impl Fn() -> Vec<f64>, bins: usize) -> Option<(Vec<f64>, Ve
     Some((bin_edges, counts))
 }
 
+/// The most channels (axis 1 of an input of rank 3 or more, as NCHW images
+/// have) that get a histogram each; more, and the input keeps its pooled
+/// histogram only.
+pub const MAX_CHANNELS: usize = 16;
+
 /// Reference statistics for drift detection: a histogram of every float
 /// input over the whole set and, for a tabular input (`[rows, features]`,
 /// 2 to [`MAX_FEATURE_COLUMNS`](crate::manifest::MAX_FEATURE_COLUMNS)
 /// columns), one per feature column, named by `names` (else
 /// `<input>[<j>]`): pooled, a shift of one feature hides among the others.
-/// Also the share of each predicted class.
+/// An image or other input of rank 3 or more keeps a compact summary: its
+/// pooled histogram and, with 2 to [`MAX_CHANNELS`] channels (axis 1), one
+/// per channel (`<input>[<c>]`, column `c`), so a shift of one colour is
+/// told apart. Also the share of each predicted class.
+
 pub fn reference_stats_with(
     data: &Dataset,
     predictions: &[i64],
@@ -483,8 +492,19 @@ pub fn reference_stats_with(
         .map(|b| {
             b.iter()
                 .map(|(n, t)| {
+                    // Axis 1 is a tabular input's feature columns, or an
+                    // image's channels (NCHW): a histogram per column, or a
+                    // compact one per channel when there are a few. One
+                    // channel is the whole tensor: its pooled histogram.
                     let columns = match t {
                         Tensor::F32(a) if a.ndim() == 2 && data.layout == Layout::Batched => {
+                            Some(a.shape()[1])
+                        }
+                        Tensor::F32(a)
+                            if a.ndim() >= 3
+                                && data.layout == Layout::Batched
+                                && a.shape()[1] <= MAX_CHANNELS =>
+                        {
                             Some(a.shape()[1])
                         }
                         _ => None,
@@ -501,7 +521,7 @@ pub fn reference_stats_with(
                 .flat_map(|b| b.iter().filter(|(n, _)| *n == name))
                 .flat_map(|(_, t)| match (t, column) {
                     (Tensor::F32(a), None) => a.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
-                    (Tensor::F32(a), Some(j)) if a.ndim() == 2 && j < a.shape()[1] => a
+                    (Tensor::F32(a), Some(j)) if a.ndim() >= 2 && j < a.shape()[1] => a
                         .index_axis(Axis(1), j)
                         .iter()
                         .map(|&v| f64::from(v))
@@ -571,6 +591,57 @@ mod tests {
             samples: rows.len(),
             layout: Layout::Batched,
         }
+    }
+
+    #[test]
+    fn an_image_input_gets_a_histogram_per_channel_and_one_channel_only_its_pooled_one() {
+        let image = |channels: usize| {
+            // Channel c of sample i holds 10 * c + i everywhere (2 x 2 pixels).
+            let data: Vec<f32> = (0..3)
+                .flat_map(|i| (0..channels).flat_map(move |c| [(10 * c + i) as f32; 4]))
+                .collect();
+            let t = Tensor::F32(
+                ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[3, channels, 2, 2]), data)
+                    .unwrap(),
+            );
+            Dataset {
+                batches: vec![vec![("img".to_string(), t)]],
+                labels: None,
+                boxes: None,
+                samples: 3,
+                layout: Layout::Batched,
+            }
+        };
+        let stats = reference_stats(&image(3), &[], 2);
+        let got: Vec<(&str, Option<u32>)> = stats
+            .inputs
+            .iter()
+            .map(|h| (h.name.as_str(), h.column))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("img", None),
+                ("img[0]", Some(0)),
+                ("img[1]", Some(1)),
+                ("img[2]", Some(2))
+            ]
+        );
+        // Channel 1 alone: 10, 11, 12 (four pixels each).
+        let c1 = &stats.inputs[2];
+        assert_eq!(
+            (c1.bin_edges.as_slice(), c1.counts.as_slice()),
+            ([10.0, 11.0, 12.0].as_slice(), [4, 8].as_slice())
+        );
+        // One channel (MNIST's [N, 1, 28, 28]) is the whole tensor, and more
+        // than MAX_CHANNELS is no compact summary: the pooled one only.
+        assert_eq!(reference_stats(&image(1), &[], 2).inputs.len(), 1);
+        assert_eq!(
+            reference_stats(&image(MAX_CHANNELS + 1), &[], 2)
+                .inputs
+                .len(),
+            1
+        );
     }
 
     #[test]

@@ -104,12 +104,13 @@ impl FeatureSketch {
         true
     }
 
-    /// Adds column `column` of a floating-point `[rows, columns]` tensor
-    /// (one feature of a tabular input); returns whether it was used (a
-    /// tensor of another rank, type or width is not that feature).
+    /// Adds index `column` of axis 1 of a floating-point tensor: one
+    /// feature column of a tabular `[rows, columns]` input, or one channel
+    /// of an `[N, C, ...]` image; returns whether it was used (a tensor of
+    /// rank under 2, another type or too narrow is not that feature).
     pub fn add_column(&mut self, t: &Tensor, column: usize) -> bool {
         use ndarray::Axis;
-        let fits = |shape: &[usize]| shape.len() == 2 && column < shape[1];
+        let fits = |shape: &[usize]| shape.len() >= 2 && column < shape[1];
         match t {
             Tensor::F32(a) if fits(a.shape()) => a
                 .index_axis(Axis(1), column)
@@ -383,6 +384,39 @@ mod tests {
         assert!(sketch.add_tensor(&t));
         assert_eq!(sketch.counts, h.counts);
         assert_eq!((sketch.underflow, sketch.overflow), (0, 0));
+    }
+
+    /// Per column and per channel (axis 1), the sketch of the reference
+    /// data is the reference's own histogram, and a tensor without that
+    /// index is not used.
+    #[test]
+    fn column_and_channel_sketches_match_their_reference_histograms() {
+        use edgeloop_models::dataset::{reference_stats, Dataset};
+        for shape in [vec![50, 4], vec![50, 3, 2, 2]] {
+            let n: usize = shape.iter().product();
+            let values: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 / 7.0).collect();
+            let t = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&shape), values).unwrap());
+            let data = Dataset {
+                layout: edgeloop_models::dataset::Layout::Batched,
+                boxes: None,
+                batches: vec![vec![("x".to_string(), t.clone())]],
+                labels: None,
+                samples: 50,
+            };
+            let reference = reference_stats(&data, &[], 10);
+            assert_eq!(reference.inputs.len(), 1 + shape[1], "{shape:?}");
+            for h in &reference.inputs[1..] {
+                let column = h.column.unwrap() as usize;
+                let mut sketch =
+                    FeatureSketch::new(h.name.as_str().into(), h.bin_edges.clone().into());
+                assert!(sketch.add_column(&t, column), "{shape:?} {column}");
+                assert_eq!(sketch.counts, h.counts, "{shape:?} {}", h.name);
+                assert!(!sketch.add_column(&t, shape[1]), "no such index");
+            }
+        }
+        let flat = Tensor::F32(ArrayD::zeros(IxDyn(&[4])));
+        let mut s = FeatureSketch::new("x".into(), vec![0.0, 1.0].into());
+        assert!(!s.add_column(&flat, 0), "a rank-1 tensor has no axis 1");
     }
 
     #[test]
