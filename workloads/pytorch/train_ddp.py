@@ -51,7 +51,7 @@ stderr. The last checkpoint (step == steps) also holds model.onnx (input
 "input" [N, ...one row's shape], output "logits" [N, classes]; torch's
 exporter, which needs onnx and onnxscript, else a note on stderr), checked
 against torch in ONNX Runtime when it is importable (max |onnx - torch| of
-the logits at most EXPORT_TOLERANCE, else the job fails; the figure is the
+the logits at most contract.EXPORT_TOLERANCE, 1e-4, else the job fails; the figure is the
 manifest's metric onnx_max_abs_diff), eval.npz (the eval rows and their
 int64 labels) and calib.npz (256 training rows): what the pipeline's Export
 step and `edgeloop model quantize` take.
@@ -78,11 +78,6 @@ import contract  # noqa: E402
 
 PROG = "train_ddp.py"
 EXIT_CONFIG = 2
-#: The largest |onnx - torch| of any logit that an export may show (fp32 on
-#: the CPU; measured here: about 1e-6 for both models).
-EXPORT_TOLERANCE = 1e-4
-#: Training rows in calib.npz, as the reference trainer writes.
-CALIB_ROWS = 256
 
 try:
     import numpy as np
@@ -569,71 +564,15 @@ class Trainer:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     def export_into(self, d):
-        """Rank 0, in the last checkpoint's directory `d`: model.onnx (input
-        "input" [N, ...sample shape], output "logits" [N, classes]), checked
-        against torch; eval.npz (the eval rows, int64 `label`) and
-        calib.npz (CALIB_ROWS training rows), the inputs of `edgeloop model
-        quantize`. Returns (file names, max |onnx - torch|, None when ONNX
-        Runtime is not importable here).
-
-        Without an exporter (onnx and onnxscript), the checkpoint carries
-        no model.onnx and says why on stderr; a pipeline then stops at its
-        Export step with that reason. An export that disagrees with torch is
-        an error: a model that does not compute what was trained must not
-        reach the gate."""
+        """Rank 0, in the last checkpoint's directory `d`: the export and
+        the gate's inputs (contract.export_model). Returns (file names,
+        max |onnx - torch| or None)."""
         model = copy.deepcopy(self.model.module).to("cpu").float().eval()
-        example = torch.zeros((2,) + tuple(self.sample_shape))  # 2: a batch of 1 would be specialised
-        path = os.path.join(d, "model.onnx")
-        try:
-            import onnxscript  # noqa: F401 -- the default (dynamo) exporter needs it
-            dynamo = True
-        except ImportError:
-            dynamo = False
-        try:
-            kwargs = dict(input_names=["input"], output_names=["logits"], opset_version=18,
-                          dynamic_axes={"input": {0: "N"}, "logits": {0: "N"}})
-            if dynamo:
-                kwargs["external_data"] = False
-            # The exporter prints its progress on stdout, which carries the
-            # JSON reports only.
-            with warnings_quiet(), contextlib.redirect_stdout(sys.stderr):
-                torch.onnx.export(model, (example,), path, dynamo=dynamo, verbose=False, **kwargs)
-        except Exception as e:  # noqa: BLE001 -- reported; the checkpoint stays usable for resuming
-            with contextlib.suppress(OSError):
-                os.remove(path)
-            hint = "" if dynamo else " (torch's default exporter needs the onnxscript and onnx packages)"
-            note(f"ONNX export skipped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{hint}")
-            return [], None
-        x_eval = self.x_eval.cpu().numpy()
-        y_eval = self.y_eval.cpu().numpy()
-        diff = self.check_export(model, path, x_eval[:CALIB_ROWS] if len(x_eval) else example.numpy())
-        np.savez(os.path.join(d, "eval.npz"), input=x_eval, label=y_eval.astype(np.int64))
-        np.savez(os.path.join(d, "calib.npz"), input=self.x_train[:CALIB_ROWS].cpu().numpy())
-        note(f"exported {path} ({'dynamo' if dynamo else 'TorchScript'} exporter"
-             f"{'' if diff is None else f'; max |onnx - torch| {diff:.2e} on {min(len(x_eval), CALIB_ROWS)} eval rows'})")
-        return ["model.onnx", "eval.npz", "calib.npz"], diff
-
-    @staticmethod
-    def check_export(model, path, x):
-        """max |onnx - torch| of the logits on `x`, run by ONNX Runtime on the
-        CPU; raises when it exceeds EXPORT_TOLERANCE. None when ONNX Runtime is
-        not importable (the pipeline's gate still runs the model)."""
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            note("onnxruntime is not importable: the export is not checked against torch here")
-            return None
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        got = session.run(["logits"], {"input": x.astype(np.float32)})[0]
-        with torch.no_grad():
-            want = model(torch.from_numpy(x)).numpy()
-        diff = float(np.max(np.abs(got - want))) if got.size else 0.0
-        if got.shape != want.shape or not diff <= EXPORT_TOLERANCE:
-            raise RuntimeError(
-                f"the ONNX export disagrees with torch: shape {got.shape} vs {want.shape}, "
-                f"max |onnx - torch| {diff} > {EXPORT_TOLERANCE}"
-            )
-        return diff
+        return contract.export_model(
+            d, model, self.sample_shape,
+            eval_x=self.x_eval.cpu().numpy(), eval_y=self.y_eval.cpu().numpy(),
+            calib_x=self.x_train[:contract.CALIB_ROWS].cpu().numpy(), note=note,
+        )
 
     def run(self):
         try:
@@ -646,14 +585,6 @@ class Trainer:
             if getattr(self, "store_dir", None):
                 import shutil
                 shutil.rmtree(self.store_dir, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def warnings_quiet():
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 def main():
