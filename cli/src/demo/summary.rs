@@ -37,6 +37,53 @@ pub struct Summary {
     pub workdir: String,
     /// The trainer of v1 and the retrains: `reference` or `pytorch`.
     pub trainer: &'static str,
+    /// The run against issue #14's goals (docs/demo.md).
+    pub goals: Goals,
+}
+
+/// The figures the rainfall goals are stated in, each with its target;
+/// `None` where the run has no such figure (the control, or no v2).
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Goals {
+    /// Days from the documented shift to the retrain's trigger (goal: at
+    /// most 300).
+    pub retrain_days_after_shift: Option<i64>,
+    /// v2's accuracy once serving over v1's before the shift (goal: at
+    /// least 0.95).
+    pub v2_over_v1_before_shift: Option<f64>,
+    /// v2's accuracy minus v1's on the very days v2 served, in points
+    /// (goal: at least 10).
+    pub v2_gain_over_counterfactual_points: Option<f64>,
+    /// Which of the three goals this run met, in that order.
+    pub met: [Option<bool>; 3],
+}
+
+pub const GOAL_RETRAIN_DAYS: i64 = 300;
+pub const GOAL_V2_OVER_V1: f64 = 0.95;
+pub const GOAL_GAIN_POINTS: f64 = 10.0;
+
+impl Goals {
+    pub fn of(
+        shift_row: usize,
+        retrain_row: Option<usize>,
+        baseline: Option<f64>,
+        recovered: Option<f64>,
+        counterfactual: Option<f64>,
+    ) -> Goals {
+        let days = retrain_row.map(|r| r as i64 - shift_row as i64);
+        let ratio = recovered.zip(baseline).filter(|(_, b)| *b > 0.0).map(|(r, b)| r / b);
+        let gain = recovered.zip(counterfactual).map(|(r, c)| (r - c) * 100.0);
+        Goals {
+            retrain_days_after_shift: days,
+            v2_over_v1_before_shift: ratio,
+            v2_gain_over_counterfactual_points: gain,
+            met: [
+                days.map(|d| (0..=GOAL_RETRAIN_DAYS).contains(&d)),
+                ratio.map(|r| r >= GOAL_V2_OVER_V1),
+                gain.map(|g| g >= GOAL_GAIN_POINTS),
+            ],
+        }
+    }
 }
 
 /// A pipeline as the summary keeps it: its outcome and why.
@@ -158,6 +205,37 @@ impl Summary {
         line("  moved then", named(&self.features_moved_at_retrain));
         line("v2 serving from (day)", row(self.v2_serving_row));
         line("retrains", row(Some(self.retrains)));
+        let g = &self.goals;
+        let met = |m: Option<bool>| match m {
+            Some(true) => "met",
+            Some(false) => "not met",
+            None => "-",
+        };
+        line(
+            "goal: retrain within 300 days",
+            format!(
+                "{} ({})",
+                g.retrain_days_after_shift.map_or("-".into(), |d| d.to_string()),
+                met(g.met[0])
+            ),
+        );
+        line(
+            "goal: v2 at 95 % of v1 before",
+            format!(
+                "{} ({})",
+                g.v2_over_v1_before_shift.map_or("-".into(), |r| format!("{:.1} %", r * 100.0)),
+                met(g.met[1])
+            ),
+        );
+        line(
+            "goal: v2 +10 points on v1",
+            format!(
+                "{} ({})",
+                g.v2_gain_over_counterfactual_points
+                    .map_or("-".into(), |p| format!("{p:+.1} points")),
+                met(g.met[2])
+            ),
+        );
         let b = &self.model_bytes;
         line(
             "model bytes (fp32, int8, shipped)",
@@ -187,5 +265,25 @@ impl Summary {
             line("FAILED", f.clone());
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn goals_are_judged_against_their_targets() {
+        let g = Goals::of(12_000, Some(12_300), Some(0.8), Some(0.76), Some(0.66));
+        assert_eq!(g.retrain_days_after_shift, Some(300));
+        assert!((g.v2_over_v1_before_shift.unwrap() - 0.95).abs() < 1e-12);
+        assert!((g.v2_gain_over_counterfactual_points.unwrap() - 10.0).abs() < 1e-9);
+        assert_eq!(g.met[0], Some(true));
+        let late = Goals::of(12_000, Some(12_854), Some(0.815), Some(0.729), Some(0.631));
+        assert_eq!(late.met, [Some(false), Some(false), Some(false)]);
+        // The control retrains nothing: no figure, no verdict.
+        let none = Goals::of(12_000, None, Some(0.8), None, None);
+        assert_eq!(none.met, [None, None, None]);
+        assert_eq!(none.retrain_days_after_shift, None);
     }
 }
