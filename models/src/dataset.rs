@@ -476,7 +476,6 @@ pub const MAX_CHANNELS: usize = 16;
 /// pooled histogram and, with 2 to [`MAX_CHANNELS`] channels (axis 1), one
 /// per channel (`<input>[<c>]`, column `c`), so a shift of one colour is
 /// told apart. Also the share of each predicted class.
-
 pub fn reference_stats_with(
     data: &Dataset,
     predictions: &[i64],

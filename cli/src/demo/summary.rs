@@ -71,7 +71,10 @@ impl Goals {
         counterfactual: Option<f64>,
     ) -> Goals {
         let days = retrain_row.map(|r| r as i64 - shift_row as i64);
-        let ratio = recovered.zip(baseline).filter(|(_, b)| *b > 0.0).map(|(r, b)| r / b);
+        let ratio = recovered
+            .zip(baseline)
+            .filter(|(_, b)| *b > 0.0)
+            .map(|(r, b)| r / b);
         let gain = recovered.zip(counterfactual).map(|(r, c)| (r - c) * 100.0);
         Goals {
             retrain_days_after_shift: days,
@@ -215,7 +218,8 @@ impl Summary {
             "goal: retrain within 300 days",
             format!(
                 "{} ({})",
-                g.retrain_days_after_shift.map_or("-".into(), |d| d.to_string()),
+                g.retrain_days_after_shift
+                    .map_or("-".into(), |d| d.to_string()),
                 met(g.met[0])
             ),
         );
@@ -223,7 +227,8 @@ impl Summary {
             "goal: v2 at 95 % of v1 before",
             format!(
                 "{} ({})",
-                g.v2_over_v1_before_shift.map_or("-".into(), |r| format!("{:.1} %", r * 100.0)),
+                g.v2_over_v1_before_shift
+                    .map_or("-".into(), |r| format!("{:.1} %", r * 100.0)),
                 met(g.met[1])
             ),
         );
