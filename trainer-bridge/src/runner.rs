@@ -652,11 +652,9 @@ impl Runner {
             };
             let (state, step, metrics) = final_state;
             if let EngineState::Failed { exit_code, .. } = &state {
-                // One rank's death fails the attempt, but the others may
-                // still be waiting in a collective (gloo's timeout is 30
-                // minutes) and holding the rendezvous port. Stop them, so the
-                // whole group restarts together from the last checkpoint.
-                if let Err(e) = engine.cancel(&engine_id).await {
+                // The whole group restarts together from the last
+                // checkpoint: no rank of this attempt outlives it.
+                if let Err(e) = engine.stop_remains(&engine_id).await {
                     tracing::debug!(job = %id, error = %e, "stopping what is left of a failed attempt");
                 }
                 let newest = scanner.scan(&ckpt_dir).last().map(|c| c.step);

@@ -148,3 +148,63 @@ async fn cancel_kill_and_readoption() {
         other => panic!("{other:?}"),
     }
 }
+
+/// One rank fails while the other waits (as a surviving DDP rank waits in
+/// a collective): the attempt is failed, and stop_remains ends the waiting
+/// rank, which a failed attempt would otherwise leave running.
+#[tokio::test]
+async fn a_failed_rank_fails_the_attempt_and_stop_remains_ends_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = LocalEngine::new(&dir.path().join("state")).unwrap();
+    let l = launch(
+        dir.path(),
+        "half-dead",
+        "if [ \"$RANK\" = 1 ]; then exit 3; fi; echo $$ > waiting.pid; exec sleep 600",
+        1,
+        Launcher::Torchrun { nproc_per_node: 2 },
+    );
+    let id = engine.submit(&l).await.unwrap();
+    assert!(
+        matches!(
+            wait_terminal(&engine, &id).await,
+            EngineState::Failed {
+                exit_code: Some(3),
+                ..
+            }
+        ),
+        "rank 1's exit fails the attempt"
+    );
+    let pid_file = l.workdir.join("waiting.pid");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !pid_file.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rank 0 never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let alive = || nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+    assert!(alive(), "rank 0 still waits");
+    engine.stop_remains(&id).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // The wrapper reaps it (or records its exit); a zombie is gone too.
+    while alive()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rank 0 outlived stop_remains"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Still failed, not cancelled: the engine says what happened.
+    assert!(matches!(
+        engine.status(&id).await.unwrap(),
+        EngineState::Failed { .. }
+    ));
+}

@@ -356,6 +356,24 @@ impl Engine for LocalEngine {
         Ok(())
     }
 
+    /// Every process group of the attempt that is still alive gets
+    /// SIGTERM (as a cancel sends), without marking the attempt cancelled:
+    /// it failed.
+    async fn stop_remains(&self, id: &EngineJobId) -> Result<(), EngineError> {
+        let dir = self.dir(id)?;
+        let nodes =
+            read_i32(&dir.join("nodes")).ok_or_else(|| EngineError::NotFound(id.0.clone()))?;
+        for node in 0..nodes {
+            let done = read_i32(&dir.join(format!("exit-{node}"))).is_some();
+            if let Some(pgid) = read_i32(&dir.join(format!("pgid-{node}"))).filter(|p| *p > 0) {
+                if !done && alive(pgid) {
+                    let _ = killpg(Pid::from_raw(pgid), Signal::SIGTERM);
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn logs(&self, id: &EngineJobId) -> Result<String, EngineError> {
         let dir = self.dir(id)?;
         let log = std::fs::read_to_string(dir.join("log_path"))

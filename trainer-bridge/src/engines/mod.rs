@@ -109,6 +109,16 @@ pub trait Engine: Send + Sync {
     async fn submit(&self, launch: &Launch) -> Result<EngineJobId, EngineError>;
     async fn status(&self, id: &EngineJobId) -> Result<EngineState, EngineError>;
     async fn cancel(&self, id: &EngineJobId) -> Result<(), EngineError>;
+    /// Stops what is left of an attempt that [`Engine::status`] reported
+    /// failed: one rank's death fails the attempt, but the other ranks may
+    /// still wait in a collective (gloo's timeout is 30 minutes) holding
+    /// the rendezvous port. The default does nothing, for engines that end
+    /// the whole group themselves: Slurm (`srun --kill-on-bad-exit`), Ray
+    /// (the job's driver is gone) and Kubernetes (a failed Job's pods are
+    /// terminated, and the Job stays for inspection).
+    async fn stop_remains(&self, _id: &EngineJobId) -> Result<(), EngineError> {
+        Ok(())
+    }
     /// The job's output so far (may be truncated by the engine).
     async fn logs(&self, id: &EngineJobId) -> Result<String, EngineError>;
     /// The node pools this engine can place jobs on, with their GPU facts,
