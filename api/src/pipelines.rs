@@ -96,6 +96,17 @@ pub struct RetrainingConfig {
         )
     )]
     pub edge_window_rows: Option<u64>,
+    /// The dataset step waits until this many labelled edge samples
+    /// observed after the pipeline started exist (at most
+    /// `step_timeout_seconds`, then it fails retryably): a drift trigger
+    /// that fires early leaves only a handful of rows of the new concept to
+    /// learn from. At most `edge_window_rows`. Default: no wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1, maximum = 1_000_000, format = "uint64")
+    )]
+    pub min_fresh_edge_rows: Option<u64>,
     /// The newest fraction of labelled edge samples held out to evaluate
     /// (quantization gate and promotion check), default 0.3.
     #[serde(default = "default_eval_fraction")]

@@ -403,3 +403,103 @@ async fn each_model_keeps_its_newest_samples_up_to_the_cap_and_counts_the_rest()
     );
     cp.stop().await;
 }
+
+/// A policy's `min_fresh_edge_rows`: the dataset step waits for labelled
+/// rows observed after the pipeline started (an early drift trigger leaves
+/// few rows of the new concept), then builds the snapshot with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dataset_step_waits_for_rows_observed_since_the_pipeline_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let api = cp.api();
+    let (status, body) = api.post("/api/v1/models", json!({"name": MODEL})).await;
+    assert_eq!(status, 201, "{body}");
+    let token = cp.token("device", "edge-1").await;
+    let mut device = AgentServiceClient::new(
+        cp.connect(Role::Device, &token, &dir.path().join("edge-1"))
+            .await,
+    );
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    // Labelled rows observed `at` (Unix seconds).
+    let rows = |range: std::ops::Range<usize>, at: i64| -> Vec<pb::Sample> {
+        range
+            .map(|i| pb::Sample {
+                observed_at: Some(edgeloop_proto::Timestamp {
+                    seconds: at + i as i64,
+                    nanos: 0,
+                }),
+                ..sample(pb::SampleKind::Feedback, i, Some((i % 2) as i64))
+            })
+            .collect()
+    };
+    device
+        .report_telemetry(pb::TelemetryReport {
+            sequence: 1,
+            samples: rows(0..10, now - 3_600),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let base = cp.upload(&rows_npz(10)).await;
+    let (status, body) = api
+        .put(
+            &format!("/api/v1/models/{MODEL}/retraining"),
+            json!({"job": {"name": "retrain-rain", "command": ["true"],
+                           "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1}},
+                   "base_dataset": base.to_string(), "eval_fraction": 0.2,
+                   "min_eval_samples": 2, "edge_window_rows": 20, "min_fresh_edge_rows": 4,
+                   "rollout": {"selector": "site=lab"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, started) = api
+        .post(
+            &format!("/api/v1/models/{MODEL}/retrain"),
+            json!({"reason": "drift"}),
+        )
+        .await;
+    assert!(status.is_success(), "{started}");
+    let id = started["id"].as_str().unwrap().to_string();
+    // Ten labelled rows, none of them fresh: the step waits (the pipeline
+    // ticks every second; three ticks pass).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, p) = api.get(&format!("/api/v1/pipelines/{id}")).await;
+    assert_eq!(
+        (p["status"].as_str(), p["step"].as_str()),
+        (Some("running"), Some("build_dataset")),
+        "{p}"
+    );
+    assert!(p["history"][0]["output"].is_null(), "{p}");
+    // Three fresh rows are not enough either; the fourth is.
+    device
+        .report_telemetry(pb::TelemetryReport {
+            sequence: 2,
+            samples: rows(10..13, now + 1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, p) = api.get(&format!("/api/v1/pipelines/{id}")).await;
+    assert!(p["history"][0]["output"].is_null(), "{p}");
+    device
+        .report_telemetry(pb::TelemetryReport {
+            sequence: 3,
+            samples: rows(13..14, now + 1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let p = eventually(
+        Duration::from_secs(30),
+        "the dataset step's output",
+        || async {
+            let (_, p) = api.get(&format!("/api/v1/pipelines/{id}")).await;
+            (p["history"][0]["output"]["output"] == "dataset").then_some(p)
+        },
+    )
+    .await;
+    let out = &p["history"][0]["output"];
+    assert_eq!(out["edge_rows"], 14, "{out}");
+    cp.stop().await;
+}

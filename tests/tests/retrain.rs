@@ -307,6 +307,11 @@ async fn bad_policies_and_requests_get_a_4xx_naming_the_field() {
             "base_window_rows",
         ),
         (
+            json!({"job": good_job, "rollout": {"selector": "a=b"},
+                   "edge_window_rows": 20, "min_fresh_edge_rows": 30}),
+            "min_fresh_edge_rows",
+        ),
+        (
             json!({"job": good_job, "rollout": {"selector": "a=b"}, "nope": 1}),
             "nope",
         ),

@@ -138,6 +138,12 @@ pub fn edge_rows(records: &[SampleRecord], width: Option<usize>) -> (Vec<EdgeRow
     (rows, skipped)
 }
 
+/// Edge rows (sorted by time) observed after `since` (Unix nanoseconds):
+/// what a pipeline started at `since` can learn that it could not before.
+pub fn fresh_rows(edge: &[EdgeRow], since: i128) -> usize {
+    edge.len() - edge.partition_point(|r| r.at <= since)
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     pub npz: Npz,
@@ -274,6 +280,21 @@ mod tests {
             labelled_at: None,
             labelled_by: None,
         }
+    }
+
+    #[test]
+    fn fresh_rows_are_the_ones_observed_after_the_start() {
+        let at = |t: i128| EdgeRow {
+            at: t,
+            x: vec![0.0],
+            label: 0,
+            hard: false,
+        };
+        let rows: Vec<EdgeRow> = [10, 20, 20, 30].into_iter().map(at).collect();
+        for (since, want) in [(0, 4), (10, 3), (19, 3), (20, 1), (30, 0), (99, 0)] {
+            assert_eq!(fresh_rows(&rows, since), want, "since {since}");
+        }
+        assert_eq!(fresh_rows(&[], 0), 0);
     }
 
     #[test]

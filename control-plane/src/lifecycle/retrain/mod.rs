@@ -125,6 +125,20 @@ impl RetrainingPolicy for RetrainingConfig {
             crate::fleet::benchmarks::check_runs("latency.runs", l.runs)?;
             crate::fleet::benchmarks::check_timeout("latency.timeout_seconds", l.timeout_seconds)?;
         }
+        if let Some(n) = self.min_fresh_edge_rows {
+            if !(1..=1_000_000).contains(&n) {
+                return Err(Error::bad_field(
+                    "min_fresh_edge_rows",
+                    "must be 1 to 1000000",
+                ));
+            }
+            if self.edge_window_rows.is_some_and(|w| n > w) {
+                return Err(Error::bad_field(
+                    "min_fresh_edge_rows",
+                    "must be at most edge_window_rows: the window would leave the fresh rows out",
+                ));
+            }
+        }
         if !(1..=10).contains(&self.hard_example_weight) {
             return Err(Error::bad_field("hard_example_weight", "must be 1 to 10"));
         }

@@ -98,7 +98,7 @@ pub async fn poll(
         ))
     })?;
     match step {
-        Step::BuildDataset => snapshot::build_dataset(core, p, &config).await.map(Some),
+        Step::BuildDataset => snapshot::build_dataset(core, p, &config).await,
         Step::Train => train(core, p, &config, attempt, now).await,
         Step::Export => export(core, p).await.map(Some),
         Step::Quantize => quantize::quantize(core, p, &config, attempt, now).await,

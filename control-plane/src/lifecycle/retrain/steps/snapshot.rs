@@ -19,11 +19,13 @@ fn sample_shape(m: &SignedManifest) -> Option<Vec<usize>> {
         .collect()
 }
 
+/// The snapshot, or `Ok(None)` while the policy's `min_fresh_edge_rows`
+/// are not there yet (the step polls again next tick, within its timeout).
 pub(super) async fn build_dataset(
     core: &Core,
     p: &Pipeline,
     config: &RetrainingConfig,
-) -> Result<Output, StepError> {
+) -> Result<Option<Output>, StepError> {
     let base = match config.base_dataset {
         Some(d) => {
             let bytes = read_artifact(core, d).await?;
@@ -61,6 +63,12 @@ pub(super) async fn build_dataset(
     let (eval_fraction, min_eval) = (config.eval_fraction, config.min_eval_samples);
     let hard_weight = config.hard_example_weight;
     let edge_window = config.edge_window_rows.map_or(usize::MAX, |n| n as usize);
+    // Rows observed after the pipeline's first step started are fresh.
+    let started = p
+        .history
+        .first()
+        .map_or(0, |r| i128::from(r.started_at) * 1_000_000_000);
+    let min_fresh = config.min_fresh_edge_rows.map_or(0, |n| n as usize);
     let snapshot = blocking(move || {
         let records: Vec<_> = store
             .samples
@@ -70,6 +78,15 @@ pub(super) async fn build_dataset(
             .collect();
         let width = shape.iter().product();
         let (mut edge, skipped) = dataset::edge_rows(&records, Some(width));
+        let fresh = dataset::fresh_rows(&edge, started);
+        if fresh < min_fresh {
+            tracing::debug!(
+                fresh,
+                min_fresh,
+                "waiting for labelled rows observed since the pipeline started"
+            );
+            return Ok(None);
+        }
         edge.drain(..edge.len().saturating_sub(edge_window));
         if skipped > 0 {
             tracing::warn!(
@@ -90,22 +107,24 @@ pub(super) async fn build_dataset(
             .npz
             .to_bytes()
             .map_err(|e| StepError::transient(format!("encoding the snapshot: {e}")))?;
-        Ok((
+        Ok(Some((
             snap.train_rows,
             snap.eval_rows,
             snap.edge_rows,
             snap.hard_examples,
             bytes,
-        ))
+        )))
     })
     .await?;
-    let (rows, eval_rows, edge_rows, hard_examples, bytes) = snapshot;
+    let Some((rows, eval_rows, edge_rows, hard_examples, bytes)) = snapshot else {
+        return Ok(None);
+    };
     let d = put_artifact(core, bytes).await?;
-    Ok(Output::Dataset {
+    Ok(Some(Output::Dataset {
         digest: d,
         rows: rows as u64,
         eval_rows: eval_rows as u64,
         edge_rows: edge_rows as u64,
         hard_examples: hard_examples as u64,
-    })
+    }))
 }
