@@ -484,8 +484,8 @@ async fn close_the_loop(console: &Console, trainer: &Trainer, steps: u64) -> any
                 "edge_window_rows": 600,
                 // The trigger fires within days of the shift; the new
                 // concept is learnt from rows seen after it fired.
-                "min_fresh_edge_rows": 400,
-                "eval_fraction": 0.4,
+                "min_fresh_edge_rows": 500,
+                "eval_fraction": 0.3,
                 "min_eval_samples": 50,
                 "min_gain_points": 1.0,
                 "rollout": rollout_template(),
@@ -507,8 +507,8 @@ async fn close_the_loop(console: &Console, trainer: &Trainer, steps: u64) -> any
                 "cooldown_seconds": 3600,
                 "drift": {"window_seconds": 2, "psi_watch": 0.1, "psi_act": 0.2, "js_act": 0.1,
                           "ks_alpha": 0.01, "min_requests": 40, "set_after": 3, "clear_after": 3},
-                "accuracy_window": 300,
-                "accuracy_min_samples": 150,
+                "accuracy_window": 250,
+                "accuracy_min_samples": 125,
                 "triggers": [{"id": "drift-that-hurts", "kind": "drift", "min_severity": 0.2,
                               "min_duration_seconds": 8, "min_accuracy_drop_points": 10}]
             }),
