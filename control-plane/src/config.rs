@@ -20,9 +20,16 @@ pub struct ServeSettings {
     /// gRPC (mTLS) listen address for agents and bridges.
     #[arg(long, env = "EDGELOOP_GRPC_LISTEN")]
     pub grpc_listen: Option<SocketAddr>,
-    /// Console REST API listen address.
+    /// Console REST API listen address. It is plain HTTP: anything but a
+    /// loopback address needs --insecure-http.
     #[arg(long, env = "EDGELOOP_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
+    /// Serve the console API's plain HTTP on a non-loopback address anyway
+    /// (e.g. behind a TLS-terminating proxy on a private network): its
+    /// bearer tokens then cross that network in clear.
+    #[arg(long, env = "EDGELOOP_INSECURE_HTTP")]
+    #[serde(default)]
+    pub insecure_http: bool,
     /// Extra DNS names or IPs for the gRPC server certificate (repeatable;
     /// comma-separated in the env var). localhost and loopback are always in.
     #[arg(
@@ -219,6 +226,7 @@ impl ServeSettings {
             data_dir: self.data_dir.or(lower.data_dir),
             grpc_listen: self.grpc_listen.or(lower.grpc_listen),
             http_listen: self.http_listen.or(lower.http_listen),
+            insecure_http: self.insecure_http || lower.insecure_http,
             server_names: self.server_names.or(lower.server_names),
             heartbeat_interval_secs: self
                 .heartbeat_interval_secs
@@ -281,6 +289,7 @@ impl Config {
         let http_listen = s
             .http_listen
             .unwrap_or_else(|| DEFAULT_HTTP_LISTEN.parse().expect("valid default"));
+        check_http_bind(http_listen, s.insecure_http)?;
         let heartbeat = s.heartbeat_interval_secs.unwrap_or(10);
         anyhow::ensure!(
             (1..=3600).contains(&heartbeat),
@@ -370,9 +379,53 @@ impl Config {
     }
 }
 
+/// The console API is plain HTTP, and every call carries a bearer token:
+/// off loopback that token crosses the network in clear, so such a bind
+/// is refused unless the operator says so.
+fn check_http_bind(addr: SocketAddr, insecure_http: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        addr.ip().is_loopback() || insecure_http,
+        "--http-listen {addr} is not a loopback address: the console API is plain HTTP, so its \
+         bearer tokens would cross the network in clear. Bind 127.0.0.1 (behind a TLS-terminating \
+         proxy for remote use), or pass --insecure-http (EDGELOOP_INSECURE_HTTP=true, \
+         insecure-http = true in the file) to accept that"
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plain_http_bind_off_loopback_needs_insecure_http() {
+        let settings = |addr: &str, insecure: bool| ServeSettings {
+            data_dir: Some("/d".into()),
+            http_listen: Some(addr.parse().unwrap()),
+            insecure_http: insecure,
+            ..Default::default()
+        };
+        for addr in ["127.0.0.1:7080", "127.0.0.2:7080", "[::1]:7080"] {
+            assert!(
+                Config::from_settings(settings(addr, false)).is_ok(),
+                "{addr}"
+            );
+        }
+        for addr in ["0.0.0.0:7080", "[::]:7080", "10.0.0.5:7080"] {
+            let e = Config::from_settings(settings(addr, false)).unwrap_err();
+            assert!(e.to_string().contains("--insecure-http"), "{addr}: {e}");
+            assert!(
+                Config::from_settings(settings(addr, true)).is_ok(),
+                "{addr}"
+            );
+        }
+        // From the file too, and a flag cannot take it back (flags only add).
+        let file: ServeSettings = toml::from_str(
+            "data-dir = \"/d\"\nhttp-listen = \"0.0.0.0:7080\"\ninsecure-http = true\n",
+        )
+        .unwrap();
+        assert!(Config::from_settings(ServeSettings::default().or(file)).is_ok());
+    }
 
     #[test]
     fn precedence_flag_over_file_over_default() {
