@@ -224,6 +224,24 @@ impl Store {
 mod tests {
     use super::*;
 
+    /// Opens `path` again once the last handle's background threads have
+    /// let go of sled's file lock: they outlive the drop by a moment, and
+    /// an open in that moment fails with "could not acquire lock".
+    fn reopen(path: &Path) -> Result<Store, StoreError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match Store::open(path) {
+                Err(e)
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
     #[test]
     fn newer_schema_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -232,7 +250,7 @@ mod tests {
             let store = Store::open(&path).unwrap();
             store.force_schema_version(SCHEMA_VERSION + 1).unwrap();
         }
-        let err = Store::open(&path).err().unwrap();
+        let err = reopen(&path).err().unwrap();
         assert!(
             matches!(err, StoreError::SchemaTooNew { found, supported } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
             "{err:?}"
@@ -263,6 +281,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db");
         drop(Store::open(&path).unwrap());
-        Store::open(&path).unwrap();
+        reopen(&path).unwrap();
     }
 }
