@@ -430,6 +430,16 @@ pub async fn checkpoint_at_least(checkpoints: &Path, min_step: u64) -> u64 {
 /// this job's id, the way a node failure would end it. Returns how many.
 pub fn kill_trainer_of(job: &str) -> usize {
     let marker = format!("EDGELOOP_JOB_ID={job}");
+    kill_processes(|cmdline, environ| {
+        cmdline.windows(19).any(|w| w == b"contract_trainer.sh")
+            && environ.contains(&marker.as_bytes())
+    })
+}
+
+/// SIGKILLs every process for which `matches(cmdline, environment
+/// variables)` holds (both as `/proc` has them: NUL-separated, the
+/// variables as `KEY=value`); returns how many.
+pub fn kill_processes(matches: impl Fn(&[u8], &[&[u8]]) -> bool) -> usize {
     let mut killed = 0;
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
@@ -437,10 +447,8 @@ pub fn kill_trainer_of(job: &str) -> usize {
         };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        let is_trainer = cmdline.windows(19).any(|w| w == b"contract_trainer.sh");
-        let is_job = environ.split(|b| *b == 0).any(|kv| kv == marker.as_bytes());
-        if is_trainer
-            && is_job
+        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+        if matches(&cmdline, &vars)
             && nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,

@@ -76,6 +76,33 @@ async fn edgeloop(cp: &ControlPlane, args: &[&str]) -> std::process::Output {
     .unwrap()
 }
 
+/// Sets a retraining policy (a job that does nothing, 10 uploaded base
+/// rows, 20 % held out, and `extra`'s fields) and starts a retrain; the
+/// pipeline's id.
+async fn retrain_on_ten_base_rows(cp: &ControlPlane, extra: Value, reason: &str) -> String {
+    let api = cp.api();
+    let base = cp.upload(&rows_npz(10)).await;
+    let mut policy = json!({"job": {"name": "retrain-rain", "command": ["true"],
+                                    "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1}},
+                            "base_dataset": base.to_string(), "eval_fraction": 0.2,
+                            "rollout": {"selector": "site=lab"}});
+    for (k, v) in extra.as_object().unwrap() {
+        policy[k] = v.clone();
+    }
+    let (status, body) = api
+        .put(&format!("/api/v1/models/{MODEL}/retraining"), policy)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, started) = api
+        .post(
+            &format!("/api/v1/models/{MODEL}/retrain"),
+            json!({"reason": reason}),
+        )
+        .await;
+    assert!(status.is_success(), "{started}");
+    started["id"].as_str().unwrap().to_string()
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -247,26 +274,12 @@ async fn hard_examples_are_labelled_through_the_cli_and_reach_the_next_snapshot(
 
     // The next snapshot: 20 feedback and 3 hard rows from the device, the
     // hard ones counted twice in training as the policy weights them.
-    let base = cp.upload(&rows_npz(10)).await;
-    let (status, body) = api
-        .put(
-            &format!("/api/v1/models/{MODEL}/retraining"),
-            json!({"job": {"name": "retrain-rain", "command": ["true"],
-                           "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1}},
-                   "base_dataset": base.to_string(), "eval_fraction": 0.2,
-                   "min_eval_samples": 4, "hard_example_weight": 2,
-                   "rollout": {"selector": "site=lab"}}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let (status, started) = api
-        .post(
-            &format!("/api/v1/models/{MODEL}/retrain"),
-            json!({"reason": "labels"}),
-        )
-        .await;
-    assert!(status.is_success(), "{started}");
-    let id = started["id"].as_str().unwrap().to_string();
+    let id = retrain_on_ten_base_rows(
+        &cp,
+        json!({"min_eval_samples": 4, "hard_example_weight": 2}),
+        "labels",
+    )
+    .await;
     let p = eventually(
         Duration::from_secs(60),
         "the dataset step's output",
@@ -440,26 +453,12 @@ async fn the_dataset_step_waits_for_rows_observed_since_the_pipeline_started() {
         })
         .await
         .unwrap();
-    let base = cp.upload(&rows_npz(10)).await;
-    let (status, body) = api
-        .put(
-            &format!("/api/v1/models/{MODEL}/retraining"),
-            json!({"job": {"name": "retrain-rain", "command": ["true"],
-                           "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1}},
-                   "base_dataset": base.to_string(), "eval_fraction": 0.2,
-                   "min_eval_samples": 2, "edge_window_rows": 20, "min_fresh_edge_rows": 4,
-                   "rollout": {"selector": "site=lab"}}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let (status, started) = api
-        .post(
-            &format!("/api/v1/models/{MODEL}/retrain"),
-            json!({"reason": "drift"}),
-        )
-        .await;
-    assert!(status.is_success(), "{started}");
-    let id = started["id"].as_str().unwrap().to_string();
+    let id = retrain_on_ten_base_rows(
+        &cp,
+        json!({"min_eval_samples": 2, "edge_window_rows": 20, "min_fresh_edge_rows": 4}),
+        "drift",
+    )
+    .await;
     // Ten labelled rows, none of them fresh: the step waits (the pipeline
     // ticks every second; three ticks pass).
     tokio::time::sleep(Duration::from_secs(3)).await;

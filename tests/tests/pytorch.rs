@@ -17,7 +17,9 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use edgeloop_tests::{checkpoint_at_least, eventually, load_env_file, torch_python, ControlPlane};
+use edgeloop_tests::{
+    checkpoint_at_least, eventually, kill_processes, load_env_file, torch_python, ControlPlane,
+};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -78,31 +80,14 @@ fn reported_losses(log: &str) -> Vec<(u64, f64)> {
 /// killer); how many processes it killed.
 fn kill_rank(job: &str, rank: u32) -> usize {
     let (job_var, rank_var) = (format!("EDGELOOP_JOB_ID={job}"), format!("RANK={rank}"));
-    let mut killed = 0;
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+    kill_processes(|cmdline, vars| {
         // The interpreter itself, not the engine's `sh -c` wrapper around it.
         let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-        let is_trainer = argv0.windows(6).any(|w| w == b"python")
-            && cmdline.windows(12).any(|w| w == b"train_ddp.py");
-        if is_trainer
+        argv0.windows(6).any(|w| w == b"python")
+            && cmdline.windows(12).any(|w| w == b"train_ddp.py")
             && vars.contains(&job_var.as_bytes())
             && vars.contains(&rank_var.as_bytes())
-            && nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            )
-            .is_ok()
-        {
-            killed += 1;
-        }
-    }
-    killed
+    })
 }
 
 fn zip_member(zip: &[u8], name: &str) -> Option<Vec<u8>> {

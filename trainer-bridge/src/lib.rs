@@ -8,6 +8,7 @@ pub mod facts;
 pub mod launch;
 pub mod preflight;
 pub mod progress;
+pub mod restart;
 pub mod runner;
 /// The job spec lives in `edgeloop-api` (the console API submits it, the
 /// bridge runs it); re-exported so the bridge's own paths stay `spec::`.
