@@ -161,6 +161,10 @@ pub struct Gpu {
 pub struct MemberView {
     pub id: String,
     pub kind: MemberKind,
+    /// The project a device serves (its models' deployments reach it);
+    /// clusters are shared and say `default`.
+    #[serde(default = "crate::access::default_project")]
+    pub project: String,
     pub status: MemberStatus,
     pub labels: BTreeMap<String, String>,
     pub capabilities: Capabilities,
@@ -216,6 +220,18 @@ pub struct CreateToken {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 60, maximum = 2592000))]
     pub ttl_seconds: Option<u64>,
+    /// The project the enrolled device belongs to (`default` when absent).
+    /// Only deployments of that project's models reach it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
+    pub project: Option<String>,
 }
 
 /// The answer to `POST /api/v1/tokens`.

@@ -72,6 +72,8 @@ pub struct Job {
     /// The engine-neutral job spec (`edgeloop_api::spec::JobSpec`), as submitted.
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub spec: SubmittedSpec,
+    #[serde(default = "crate::access::default_project")]
+    pub project: String,
     /// Only this cluster may lease the job, when set.
     pub cluster: Option<String>,
     pub state: JobState,
@@ -139,4 +141,15 @@ pub struct CreateJob {
         )
     )]
     pub cluster: Option<String>,
+    /// The project the job belongs to (`default` when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
+    pub project: Option<String>,
 }

@@ -3,6 +3,7 @@
 //! engine-neutral training job spec, and the one typed client that the
 //! CLI, the demo and the integration tests use.
 
+pub mod access;
 pub mod aliases;
 pub mod benchmarks;
 #[cfg(feature = "client")]

@@ -14,6 +14,9 @@ use time::OffsetDateTime;
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelView {
     pub name: String,
+    /// The project the model, its versions, deployments and pipelines belong to.
+    #[serde(default = "crate::access::default_project")]
+    pub project: String,
     #[serde(default)]
     pub description: String,
     #[serde(default)]
@@ -318,6 +321,17 @@ pub struct CreateModel {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_labels))]
     pub labels: Option<BTreeMap<String, String>>,
+    /// The project it belongs to (`default` when absent); fixed once created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+            min_length = 1,
+            max_length = 63
+        )
+    )]
+    pub project: Option<String>,
 }
 
 #[cfg(test)]

@@ -79,6 +79,21 @@ pub fn execution_providers() -> Array {
         .build()
 }
 
+/// An API token's projects: 1 to 64 distinct names (the name rule).
+pub fn token_projects() -> Array {
+    ArrayBuilder::new()
+        .schema_type(nullable(Type::Array))
+        .items(
+            string("^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+                .min_length(Some(1))
+                .max_length(Some(63)),
+        )
+        .min_items(Some(1))
+        .max_items(Some(crate::access::MAX_TOKEN_PROJECTS))
+        .unique_items(true)
+        .build()
+}
+
 /// What the derive writes for `i64` fields.
 fn int64() -> SchemaFormat {
     SchemaFormat::KnownFormat(KnownFormat::Int64)

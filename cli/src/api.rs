@@ -24,10 +24,14 @@ pub struct ServerArgs {
         global = true
     )]
     pub server: String,
-    /// The admin token (or `EDGELOOP_TOKEN`, or `--token-file`).
-    #[arg(long, env = "EDGELOOP_TOKEN", hide_env_values = true, global = true)]
+    /// An API token. Visible to every user of the machine in `ps`: prefer
+    /// the `EDGELOOP_TOKEN` environment variable or `--token-file`.
+    #[arg(long, global = true)]
     pub token: Option<String>,
-    /// A file holding the admin token, e.g. `<data-dir>/admin.token`.
+    /// `EDGELOOP_TOKEN`, read apart from `--token` so that only the flag warns.
+    #[arg(skip = env_token())]
+    pub env_token: Option<String>,
+    /// A file holding the token, e.g. `<data-dir>/admin.token`.
     #[arg(long, env = "EDGELOOP_TOKEN_FILE", global = true)]
     pub token_file: Option<std::path::PathBuf>,
     /// Machine-readable output.
@@ -42,6 +46,9 @@ pub enum CliError {
     Connection { server: String, detail: String },
     #[error("not authorised: {0} (set EDGELOOP_TOKEN or --token-file)")]
     Auth(String),
+    /// A valid token whose role or projects do not cover the call.
+    #[error("refused: {0}")]
+    Forbidden(String),
     #[error("{0}")]
     Invalid(String),
     #[error("{0}")]
@@ -60,14 +67,14 @@ pub enum CliError {
 impl CliError {
     pub fn exit_code(&self) -> ExitCode {
         ExitCode::from(match self {
-            CliError::Usage(_) => 64,          // EX_USAGE
-            CliError::Invalid(_) => 65,        // EX_DATAERR
-            CliError::NotFound(_) => 66,       // EX_NOINPUT
-            CliError::Connection { .. } => 69, // EX_UNAVAILABLE
-            CliError::Server(_) => 70,         // EX_SOFTWARE
-            CliError::Io(_) => 74,             // EX_IOERR
-            CliError::Conflict(_) => 75,       // EX_TEMPFAIL
-            CliError::Auth(_) => 77,           // EX_NOPERM
+            CliError::Usage(_) => 64,                         // EX_USAGE
+            CliError::Invalid(_) => 65,                       // EX_DATAERR
+            CliError::NotFound(_) => 66,                      // EX_NOINPUT
+            CliError::Connection { .. } => 69,                // EX_UNAVAILABLE
+            CliError::Server(_) => 70,                        // EX_SOFTWARE
+            CliError::Io(_) => 74,                            // EX_IOERR
+            CliError::Conflict(_) => 75,                      // EX_TEMPFAIL
+            CliError::Auth(_) | CliError::Forbidden(_) => 77, // EX_NOPERM
         })
     }
 }
@@ -79,6 +86,7 @@ impl From<ApiError> for CliError {
             ApiError::Unreachable { server, detail } => CliError::Connection { server, detail },
             ApiError::Status { status, .. } => match e.kind() {
                 ErrorKind::Invalid => CliError::Invalid(message),
+                ErrorKind::Auth if status == 403 => CliError::Forbidden(message),
                 ErrorKind::Auth => CliError::Auth(message),
                 ErrorKind::NotFound => CliError::NotFound(message),
                 ErrorKind::Conflict => CliError::Conflict(message),
@@ -91,17 +99,51 @@ impl From<ApiError> for CliError {
     }
 }
 
-/// The console-API client for `args`: the server and the admin token
-/// (`--token`, else the file `--token-file` names).
+/// `EDGELOOP_TOKEN`, when set and not empty.
+pub fn env_token() -> Option<String> {
+    std::env::var("EDGELOOP_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+}
+
+pub const TOKEN_FLAG_WARNING: &str = "warning: --token is visible to every user of this machine \
+     (ps, /proc/<pid>/cmdline); set EDGELOOP_TOKEN or use --token-file";
+
+/// The token for `args`: `--token` (with a warning), else `EDGELOOP_TOKEN`,
+/// else the file `--token-file` names.
+pub fn resolve_token(
+    flag: Option<&str>,
+    env: Option<&str>,
+    file: Option<&Path>,
+) -> Result<String, CliError> {
+    if let Some(t) = flag {
+        eprintln!("{TOKEN_FLAG_WARNING}");
+        return Ok(t.trim().to_string());
+    }
+    if let Some(t) = env {
+        return Ok(t.trim().to_string());
+    }
+    match file {
+        Some(path) => {
+            let t = std::fs::read_to_string(path)
+                .map_err(|e| CliError::Usage(format!("reading {}: {e}", path.display())))?;
+            let t = t.trim();
+            if t.is_empty() {
+                return Err(CliError::Usage(format!("{} is empty", path.display())));
+            }
+            Ok(t.to_string())
+        }
+        None => Err(CliError::Auth("no token given".into())),
+    }
+}
+
+/// The console-API client for `args`: the server and the token.
 pub fn client(args: &ServerArgs) -> Result<Client, CliError> {
-    let token = match (&args.token, &args.token_file) {
-        (Some(t), _) => t.trim().to_string(),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .map_err(|e| CliError::Usage(format!("reading {}: {e}", path.display())))?
-            .trim()
-            .to_string(),
-        (None, None) => return Err(CliError::Auth("no admin token given".into())),
-    };
+    let token = resolve_token(
+        args.token.as_deref(),
+        args.env_token.as_deref(),
+        args.token_file.as_deref(),
+    )?;
     Ok(Client::new(
         &args.server,
         Some(token),

@@ -114,6 +114,7 @@ pub fn render(d: &MemberView) -> String {
     let mut pairs = vec![
         ("id", text(&d.id)),
         ("status", text(&d.status)),
+        ("project", text(&d.project)),
         ("labels", text(&d.labels)),
         ("hostname", text(&c.hostname)),
         ("arch", text(&c.arch)),

@@ -6,6 +6,7 @@
 //! Server commands return their output, so `run_with` can send it
 //! anywhere (tests read it).
 
+mod access;
 pub mod api;
 mod cluster;
 mod cost;
@@ -116,6 +117,17 @@ pub enum Command {
         #[command(flatten)]
         server: api::ServerArgs,
     },
+    /// API tokens for the console: create (with a role and projects),
+    /// list, revoke. Admin only.
+    ApiToken {
+        #[command(subcommand)]
+        cmd: access::ApiTokenCommand,
+        #[command(flatten)]
+        server: api::ServerArgs,
+    },
+    /// The audit log: every state-changing console call, newest first.
+    /// Admin only.
+    Audit(access::AuditArgs),
     /// Retraining pipelines: every step's status, timing and output.
     Pipeline {
         #[command(subcommand)]
@@ -145,6 +157,8 @@ pub fn run_with(cli: Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Trigger { cmd, server } => trigger::run(cmd, &server, out),
         Command::Pipeline { cmd, server } => pipeline::run(cmd, &server, out),
         Command::Sample { cmd, server } => sample::run(cmd, &server, out),
+        Command::ApiToken { cmd, server } => access::run_tokens(cmd, &server, out),
+        Command::Audit(args) => access::run_audit(&args, out),
     }
 }
 

@@ -151,10 +151,12 @@ pub struct QuantizeArgs {
     /// The control plane's console API (for `--benchmark-on`).
     #[arg(long, env = "EDGELOOP_SERVER", default_value = "http://127.0.0.1:7080")]
     pub server: String,
-    /// The admin token (or `EDGELOOP_TOKEN`, or `--token-file`).
-    #[arg(long, env = "EDGELOOP_TOKEN", hide_env_values = true)]
+    /// An API token; visible in `ps`, so prefer `EDGELOOP_TOKEN` or `--token-file`.
+    #[arg(long)]
     pub token: Option<String>,
-    /// A file holding the admin token.
+    #[arg(skip = super::api::env_token())]
+    pub env_token: Option<String>,
+    /// A file holding the token.
     #[arg(long, env = "EDGELOOP_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// Where to write the chosen model; the manifest goes beside it as OUT.manifest.json.

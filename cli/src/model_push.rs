@@ -49,6 +49,10 @@ pub struct PushArgs {
     /// The registered model (created if it does not exist yet).
     #[arg(long)]
     pub name: String,
+    /// The project a model created by this push belongs to (default
+    /// `default`); an existing model keeps its own.
+    #[arg(long)]
+    pub project: Option<String>,
     /// The version to register, e.g. `1.2.0`.
     #[arg(long)]
     pub version: String,
@@ -324,7 +328,7 @@ async fn send(
     mut checked: Checked,
 ) -> Result<PushReport, CliError> {
     let (name, version) = (&args.name, &args.version);
-    ensure_model(client, name).await?;
+    ensure_model(client, name, args.project.as_deref()).await?;
     let version_path = format!("/api/v1/models/{name}/versions/{version}");
     if let Some(existing) = get_optional::<ModelVersionView>(client, &version_path).await? {
         same_content(&existing, &checked.request)?;
@@ -373,7 +377,7 @@ async fn send(
 }
 
 /// Creates the model unless it exists.
-async fn ensure_model(client: &Client, name: &str) -> Result<(), CliError> {
+async fn ensure_model(client: &Client, name: &str, project: Option<&str>) -> Result<(), CliError> {
     let path = format!("/api/v1/models/{name}");
     if get_optional::<serde_json::Value>(client, &path)
         .await?
@@ -383,6 +387,7 @@ async fn ensure_model(client: &Client, name: &str) -> Result<(), CliError> {
     }
     let create = CreateModel {
         name: name.to_string(),
+        project: project.map(str::to_string),
         ..CreateModel::default()
     };
     match client

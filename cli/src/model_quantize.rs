@@ -279,6 +279,7 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
         let server = ServerArgs {
             server: args.server.clone(),
             token: args.token.clone(),
+            env_token: args.env_token.clone(),
             token_file: args.token_file.clone(),
             json: args.json,
         };

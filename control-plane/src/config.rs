@@ -73,6 +73,21 @@ pub struct ServeSettings {
     /// wait their turn (default 64).
     #[arg(long, env = "EDGELOOP_MAX_CONCURRENT_DOWNLOADS")]
     pub max_concurrent_downloads: Option<usize>,
+    /// Sketches each device may send per model per hour; past it they are
+    /// refused and counted (default 3600).
+    #[arg(long, env = "EDGELOOP_DEVICE_SKETCHES_PER_MODEL_PER_HOUR")]
+    pub device_sketches_per_model_per_hour: Option<u32>,
+    /// Samples (hard examples, feedback) each device may send per model
+    /// per hour (default 36000).
+    #[arg(long, env = "EDGELOOP_DEVICE_SAMPLES_PER_MODEL_PER_HOUR")]
+    pub device_samples_per_model_per_hour: Option<u32>,
+    /// Days the audit log keeps an entry (default 400).
+    #[arg(long, env = "EDGELOOP_AUDIT_RETENTION_DAYS")]
+    pub audit_retention_days: Option<u32>,
+    /// Entries the audit log keeps at most; past it the oldest go
+    /// (default 1000000).
+    #[arg(long, env = "EDGELOOP_AUDIT_MAX_ENTRIES")]
+    pub audit_max_entries: Option<u64>,
     /// Prices for the cost report; `[cost]` in the file.
     #[command(flatten)]
     #[serde(default)]
@@ -242,6 +257,14 @@ impl ServeSettings {
             max_concurrent_downloads: self
                 .max_concurrent_downloads
                 .or(lower.max_concurrent_downloads),
+            device_sketches_per_model_per_hour: self
+                .device_sketches_per_model_per_hour
+                .or(lower.device_sketches_per_model_per_hour),
+            device_samples_per_model_per_hour: self
+                .device_samples_per_model_per_hour
+                .or(lower.device_samples_per_model_per_hour),
+            audit_retention_days: self.audit_retention_days.or(lower.audit_retention_days),
+            audit_max_entries: self.audit_max_entries.or(lower.audit_max_entries),
             cost: self.cost.or(lower.cost),
         }
     }
@@ -271,6 +294,10 @@ pub struct Config {
     pub max_concurrent_downloads: usize,
     /// Samples kept per model (retention).
     pub max_samples_per_model: u64,
+    /// What each device may send per model per hour.
+    pub device_quota: crate::fleet::admission::Quota,
+    /// How long and how much of the audit log is kept.
+    pub audit_retention: crate::auth::audit::Retention,
     /// Prices for the cost report.
     pub cost: Prices,
 }
@@ -328,6 +355,32 @@ impl Config {
             "max-concurrent-downloads must be 1..=100000"
         );
         let cost = s.cost.prices()?;
+        let default_audit = crate::auth::audit::Retention::default();
+        let audit_days = s
+            .audit_retention_days
+            .map_or(default_audit.max_age.whole_days(), i64::from);
+        anyhow::ensure!(
+            (1..=36_500).contains(&audit_days),
+            "audit-retention-days must be 1..=36500"
+        );
+        let audit_max = s.audit_max_entries.unwrap_or(default_audit.max_entries);
+        anyhow::ensure!(
+            (1..=1_000_000_000).contains(&audit_max),
+            "audit-max-entries must be 1..=1000000000"
+        );
+        let dq = crate::fleet::admission::Quota::default();
+        let device_quota = crate::fleet::admission::Quota {
+            sketches_per_hour: s
+                .device_sketches_per_model_per_hour
+                .unwrap_or(dq.sketches_per_hour),
+            samples_per_hour: s
+                .device_samples_per_model_per_hour
+                .unwrap_or(dq.samples_per_hour),
+        };
+        anyhow::ensure!(
+            device_quota.sketches_per_hour >= 1 && device_quota.samples_per_hour >= 1,
+            "device-sketches-per-model-per-hour and device-samples-per-model-per-hour must be at least 1"
+        );
         let mut names = vec![
             "localhost".to_string(),
             "127.0.0.1".to_string(),
@@ -369,6 +422,11 @@ impl Config {
             artifact_cache_bytes: cache_mib << 20,
             max_samples_per_model: max_samples,
             max_concurrent_downloads: downloads,
+            device_quota,
+            audit_retention: crate::auth::audit::Retention {
+                max_age: time::Duration::days(audit_days),
+                max_entries: audit_max,
+            },
             cost,
         })
     }

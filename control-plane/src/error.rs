@@ -28,6 +28,9 @@ pub enum Error {
     Absent(String),
     #[error("{0}")]
     Conflict(String),
+    /// A method the route does not have. Over HTTP a 405 with `Allow`.
+    #[error("method not allowed (allowed: {})", allowed.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", "))]
+    MethodNotAllowed { allowed: Vec<axum::http::Method> },
     #[error("body exceeds the limit of {limit} bytes")]
     PayloadTooLarge { limit: u64 },
     #[error("{0}")]
@@ -80,6 +83,7 @@ impl Error {
             Error::PermissionDenied(_) => "permission_denied",
             Error::NotFound { .. } | Error::Absent(_) => "not_found",
             Error::Conflict(_) => "conflict",
+            Error::MethodNotAllowed { .. } => "method_not_allowed",
             Error::PayloadTooLarge { .. } => "payload_too_large",
             Error::Unavailable(_) => "unavailable",
             Error::RangeNotSatisfiable { .. } => "range_not_satisfiable",
@@ -95,6 +99,7 @@ impl Error {
             Error::PermissionDenied(_) => StatusCode::FORBIDDEN,
             Error::NotFound { .. } | Error::Absent(_) => StatusCode::NOT_FOUND,
             Error::Conflict(_) => StatusCode::CONFLICT,
+            Error::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Error::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
@@ -143,6 +148,18 @@ impl IntoResponse for Error {
                 }
                 return status.into_response();
             }
+            Error::MethodNotAllowed { allowed } => {
+                let list = allowed
+                    .iter()
+                    .map(|m| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let mut r = status.into_response();
+                if let Ok(v) = HeaderValue::from_str(&list) {
+                    r.headers_mut().insert(header::ALLOW, v);
+                }
+                return r;
+            }
             Error::RangeNotSatisfiable { size, .. } => {
                 let mut r = status.into_response();
                 if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
@@ -189,6 +206,7 @@ impl From<Error> for tonic::Status {
             e @ Error::NotFound { .. } => Status::not_found(e.to_string()),
             Error::Absent(m) => Status::not_found(m),
             Error::Conflict(m) => Status::already_exists(m),
+            e @ Error::MethodNotAllowed { .. } => Status::unimplemented(e.to_string()),
             e @ Error::PayloadTooLarge { .. } => Status::resource_exhausted(e.to_string()),
             Error::Unavailable(m) => Status::unavailable(m),
             e @ Error::RangeNotSatisfiable { .. } => Status::out_of_range(e.to_string()),

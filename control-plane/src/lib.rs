@@ -6,6 +6,7 @@
 //! the tests both go through [`run`] / [`Server`].
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod datadir;
 pub mod drift;
@@ -46,6 +47,10 @@ pub struct Core {
     pub pki: Pki,
     pub events: Events,
     admin_token_hash: Digest,
+    /// Refusals, for `/metrics`.
+    pub security: auth::SecurityCounters,
+    /// What each device has left of its per-model telemetry quota.
+    pub device_quotas: fleet::admission::Quotas,
     /// Cancelled at shutdown so long-lived streams end and the servers can drain.
     pub shutdown: CancellationToken,
 }
@@ -83,6 +88,14 @@ impl Server {
         let artifact_cache =
             registry::artifact_cache::ArtifactCache::new(config.artifact_cache_bytes);
         let downloads = Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_downloads));
+        let backfilled =
+            fleet::admission::backfill(&store).context("backfilling assignment history")?;
+        if backfilled > 0 {
+            tracing::info!(
+                pairs = backfilled,
+                "assignment history backfilled from current assignments"
+            );
+        }
         let pki = Pki::load_or_init(&dir.pki(), &config.server_names).context("loading PKI")?;
         let (admin_token_hash, new_admin_token) = dir.load_or_create_admin_token()?;
         let grpc = TcpListener::bind(config.grpc_listen)
@@ -101,6 +114,8 @@ impl Server {
                 pki,
                 events: Events::default(),
                 admin_token_hash,
+                security: Default::default(),
+                device_quotas: Default::default(),
                 shutdown: CancellationToken::new(),
             }),
             grpc,
@@ -165,6 +180,10 @@ impl Server {
             core.config.rollout_tick,
             core.shutdown.clone(),
         ));
+        let audit = tokio::spawn(auth::audit::run_retention(
+            core.clone(),
+            core.shutdown.clone(),
+        ));
         let mut grpc = std::pin::pin!(grpc);
         let mut http = std::pin::pin!(http);
         // A server that dies on its own is an error; otherwise wait for the signal.
@@ -196,6 +215,9 @@ impl Server {
         }
         // A pipeline step may be mid-way through minutes of quantization;
         // steps are idempotent, so one cut short simply runs again on start.
+        if let Err(e) = audit.await {
+            tracing::warn!(error = %e, "audit retention task ended abnormally");
+        }
         if let Err(e) = triggers.await {
             tracing::warn!(error = %e, "trigger task ended abnormally");
         }

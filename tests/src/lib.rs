@@ -225,6 +225,19 @@ impl ControlPlane {
         }
     }
 
+    /// Records that `device` was assigned `model` `version`, as a rollout
+    /// does before it writes the assignment: for tests that speak the
+    /// agent's gRPC API directly, so their reports are admitted.
+    pub fn assigned(&self, device: &str, model: &str, version: &str) {
+        edgeloop_control_plane::fleet::admission::remember(
+            &self.core.store,
+            device,
+            model,
+            version,
+        )
+        .unwrap();
+    }
+
     /// Enrolls directly through client-core, as an agent or bridge would.
     pub async fn enroll(&self, role: Role, token: &str, dir: &Path) -> Identity {
         let token: BootstrapToken = token.parse().unwrap();

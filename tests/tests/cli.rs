@@ -421,6 +421,7 @@ async fn drift_and_cost_from_agent_telemetry() {
             cp.connect(Role::Device, &token, &dir.path().join(&name))
                 .await,
         );
+        cp.assigned(&name, "rain", "1.0.0");
         for hour in 0..6i64 {
             let sketch = if shifts && hour >= 3 {
                 ([20, 80, 400], [100, 400])
@@ -751,6 +752,7 @@ async fn retraining_policies_and_pipelines_through_the_cli() {
     let token = cp
         .labelled_token("device", "edge-1", json!({"site": "lab"}))
         .await;
+    cp.assigned("edge-1", "rain", "1");
     AgentServiceClient::new(
         cp.connect(Role::Device, &token, &dir.path().join("edge-1"))
             .await,
@@ -1051,6 +1053,7 @@ async fn triggers_through_the_cli() {
     let server = ServerArgs {
         server: base.clone(),
         token: Some(admin.clone()),
+        env_token: None,
         token_file: None,
         json: false,
     };
@@ -1094,6 +1097,7 @@ async fn triggers_through_the_cli() {
         .labelled_token("device", "edge-1", json!({"site": "lab"}))
         .await;
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    cp.assigned("edge-1", "rain", "1");
     AgentServiceClient::new(
         cp.connect(Role::Device, &token, &dir.path().join("edge-1"))
             .await,

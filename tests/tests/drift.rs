@@ -53,6 +53,7 @@ async fn sketches_from_two_sites_show_drift_per_window_and_site() {
             cp.connect(Role::Device, &token, &dir.path().join(&name))
                 .await,
         );
+        cp.assigned(&name, "rain", "1.0.0");
         for hour in 0..6i64 {
             let hot = shifts && hour >= 3;
             let (temp, classes) = if hot {

@@ -123,6 +123,7 @@ async fn hard_examples_are_labelled_through_the_cli_and_reach_the_next_snapshot(
         .await;
     let mut device =
         AgentServiceClient::new(cp.connect(Role::Device, &token, &work.join("edge-1")).await);
+    cp.assigned("edge-1", MODEL, "1");
     let mut samples: Vec<pb::Sample> = (0..HARD)
         .map(|i| sample(pb::SampleKind::HardExample, i, None))
         .collect();
@@ -378,6 +379,7 @@ async fn each_model_keeps_its_newest_samples_up_to_the_cap_and_counts_the_rest()
         cp.connect(Role::Device, &token, &dir.path().join("edge-1"))
             .await,
     );
+    cp.assigned("edge-1", MODEL, "1");
     // Two reports of 4; the second's rows were observed first (a device
     // that was offline sends old rows late): age, not arrival, decides.
     for (sequence, first) in [(1u64, 10usize), (2, 0)] {
@@ -432,6 +434,7 @@ async fn the_dataset_step_waits_for_rows_observed_since_the_pipeline_started() {
         cp.connect(Role::Device, &token, &dir.path().join("edge-1"))
             .await,
     );
+    cp.assigned("edge-1", MODEL, "1");
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     // Labelled rows observed `at` (Unix seconds).
     let rows = |range: std::ops::Range<usize>, at: i64| -> Vec<pb::Sample> {

@@ -123,6 +123,18 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404",
 include-name = "PUT /api/v1/models/{name}/triggers"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409"]
 
+# An admin token is never scoped to projects: a rule between role and
+# projects.
+[[operations]]
+include-name = "POST /api/v1/api-tokens"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403"]
+
+# Only a device token names a project (clusters are shared): a rule
+# between kind and project.
+[[operations]]
+include-name = "POST /api/v1/tokens"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "409"]
+
 [[operations]]
 # reason: bytes of UTF-8, as above (with `manual: `, at most 512).
 include-name = "POST /api/v1/models/{name}/retrain"

@@ -725,10 +725,10 @@ async fn health_readiness_and_openapi_need_no_token() {
     for (method, codes) in [
         (
             "put",
-            &["200", "201", "400", "401", "404", "409", "413"][..],
+            &["200", "201", "400", "401", "403", "404", "409", "413"][..],
         ),
-        ("get", &["200", "400", "401", "404"][..]),
-        ("delete", &["204", "400", "401", "404"][..]),
+        ("get", &["200", "400", "401", "403", "404"][..]),
+        ("delete", &["204", "400", "401", "403", "404"][..]),
     ] {
         let responses = alias_route[method]["responses"].as_object().unwrap();
         let got: Vec<&str> = responses.keys().map(String::as_str).collect();

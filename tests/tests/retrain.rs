@@ -62,6 +62,7 @@ async fn setup(cp: &ControlPlane, dir: &Path, job: Value) {
         .await;
     let mut client =
         AgentServiceClient::new(cp.connect(Role::Device, &token, &dir.join("edge-1")).await);
+    cp.assigned("edge-1", MODEL, "1");
     let samples = (0..40)
         .map(|i| {
             let x: Vec<u8> = (0..8)

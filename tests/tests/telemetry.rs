@@ -40,6 +40,7 @@ async fn enrolled_then_stopped(
     cp.enroll(Role::Device, &token, &dir.join("agent")).await;
     let (status, body) = cp.api().post("/api/v1/models", json!({"name": "m"})).await;
     assert_eq!(status, 201, "{body}");
+    cp.assigned(DEVICE, "m", "1");
     let member = cp.member_config(&dir.join("agent"), None);
     let mut s = settings(&cp.data_dir);
     s.grpc_listen = Some(cp.grpc_addr);

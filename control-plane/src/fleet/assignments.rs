@@ -137,6 +137,9 @@ pub async fn replace(
     if !store.members(MemberKind::Device).contains(device)? {
         return Err(Error::not_found("device", device));
     }
+    for a in &assignments {
+        super::admission::remember(store, device, &a.model_name, &a.model_version)?;
+    }
     let set = store.assignments.update(device, |cur| {
         let generation = cur.map_or(0, |c| c.generation) + 1;
         Ok::<_, Error>(AssignmentSetRecord {
@@ -177,6 +180,9 @@ pub fn set_model(
 ) -> Result<SetOutcome> {
     if !store.members(MemberKind::Device).contains(device)? {
         return Ok(SetOutcome::UnknownDevice);
+    }
+    if let Some(e) = &entry {
+        super::admission::remember(store, device, &e.model_name, &e.model_version)?;
     }
     let mut outcome = SetOutcome::Unchanged;
     store.assignments.update(device, |cur| {

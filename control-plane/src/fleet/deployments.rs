@@ -155,13 +155,20 @@ fn gates(req: Option<GatesRequest>) -> Gates {
     }
 }
 
-/// The devices of a group: enrolled, not revoked, matching `selector`.
-pub fn group(store: &Store, selector: &Selector) -> Result<Vec<super::members::Member>> {
+/// The devices of a group: enrolled, not revoked, in a project `in_project`
+/// accepts, matching `selector`. A deployment's group is always within its
+/// model's project: a project's models never reach another's devices.
+pub fn group(
+    store: &Store,
+    in_project: impl Fn(&str) -> bool,
+    selector: &Selector,
+) -> Result<Vec<super::members::Member>> {
     Ok(store
         .members(MemberKind::Device)
         .values()?
         .into_iter()
         .filter(|m| m.revoked_at.is_none())
+        .filter(|m| in_project(&m.project))
         .filter(|m| selector.matches(&selector::facts(&m.labels, &m.capabilities)))
         .collect())
 }
@@ -242,8 +249,9 @@ pub async fn create(
     now: OffsetDateTime,
 ) -> Result<DeploymentRecord> {
     validate::name("model", &req.model)?;
-    models::get_model(store, &req.model)
-        .map_err(|_| Error::bad_field("model", format!("model {:?} does not exist", req.model)))?;
+    let project = models::get_model(store, &req.model)
+        .map_err(|_| Error::bad_field("model", format!("model {:?} does not exist", req.model)))?
+        .project;
     let target = match (&req.version, &req.alias) {
         (Some(_), Some(_)) => {
             return Err(Error::bad_field("alias", "give version or alias, not both"))
@@ -312,10 +320,13 @@ pub async fn create(
         superseded_by: None,
         generation: 0,
     };
-    if group(store, &selector)?.is_empty() {
+    if group(store, |p| p == project, &selector)?.is_empty() {
         return Err(Error::bad_field(
             "selector",
-            format!("{:?} matches no enrolled device", req.selector),
+            format!(
+                "{:?} matches no enrolled device of project {project:?}",
+                req.selector
+            ),
         ));
     }
     let record = DeploymentRecord {

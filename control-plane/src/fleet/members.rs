@@ -134,6 +134,8 @@ fn pool(p: edgeloop_proto::common::v1::NodePool) -> NodePool {
 pub struct Member {
     pub id: String,
     pub kind: MemberKind,
+    #[serde(default = "edgeloop_api::access::default_project")]
+    pub project: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
@@ -200,6 +202,7 @@ impl From<CapabilitiesRecord> for edgeloop_api::fleet::Capabilities {
 /// A member as the console API shows it.
 pub fn member_view(m: Member, now: OffsetDateTime, offline_after: Duration) -> MemberView {
     MemberView {
+        project: m.project.clone(),
         status: member_status(&m, now, offline_after),
         id: m.id,
         kind: m.kind,
@@ -221,6 +224,9 @@ pub struct BootstrapTokenRecord {
     pub member_id: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The project the member will belong to.
+    #[serde(default = "edgeloop_api::access::default_project")]
+    pub project: String,
     /// sha256 of the secret; the secret itself is never stored.
     pub secret_hash: Digest,
     #[serde(with = "time::serde::rfc3339")]
@@ -280,6 +286,19 @@ pub async fn create_token(
     };
     let labels = req.labels.unwrap_or_default();
     validate::labels("labels", &labels)?;
+    let project = match (req.project, req.kind) {
+        (Some(p), MemberKind::Device) => {
+            validate::name("project", &p)?;
+            p
+        }
+        (Some(_), MemberKind::Cluster) => {
+            return Err(Error::bad_field(
+                "project",
+                "clusters are shared by every project; only a device belongs to one",
+            ))
+        }
+        (None, _) => edgeloop_api::access::default_project(),
+    };
     let ttl = req.ttl_seconds.unwrap_or(DEFAULT_TOKEN_TTL);
     if !(MIN_TOKEN_TTL..=MAX_TOKEN_TTL).contains(&ttl) {
         return Err(Error::bad_field(
@@ -315,6 +334,7 @@ pub async fn create_token(
         kind: req.kind,
         member_id: member_id.clone(),
         labels,
+        project,
         secret_hash: token.secret_hash(),
         created_at: now,
         expires_at: now + Duration::seconds(ttl as i64),
@@ -409,6 +429,7 @@ pub async fn enroll(
     let member = Member {
         id: record.member_id.clone(),
         kind,
+        project: record.project.clone(),
         labels: record.labels.clone(),
         capabilities,
         cert_fingerprint: signed.fingerprint,
@@ -545,6 +566,7 @@ mod tests {
 
     fn member(last_seen: Option<i64>, revoked: bool) -> Member {
         Member {
+            project: "default".into(),
             id: "d".into(),
             kind: MemberKind::Device,
             labels: BTreeMap::new(),
@@ -582,6 +604,7 @@ mod tests {
     fn token_refusal_table() {
         let secret = Digest::of(b"s");
         let record = |kind, expires, used: Option<i64>| BootstrapTokenRecord {
+            project: "default".into(),
             id: "t".into(),
             kind,
             member_id: "m".into(),

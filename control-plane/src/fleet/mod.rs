@@ -1,6 +1,7 @@
 //! The fleet wing: enrolled devices and cluster bridges, their PKI, the
 //! assignments pushed to devices, and what they report back.
 
+pub mod admission;
 pub mod assignments;
 pub mod benchmarks;
 pub mod cost;

@@ -14,6 +14,7 @@ use edgeloop_proto::agent::v1 as pb;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+use super::admission;
 use crate::drift::records::{self as drift, record_key};
 use crate::error::{Error, Result};
 use crate::store::Store;
@@ -36,6 +37,13 @@ pub struct TelemetryRecord {
     pub window_start: Option<OffsetDateTime>,
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub window_end: Option<OffsetDateTime>,
+    /// Sketches, samples and model metrics refused because they name a
+    /// model version never assigned to this device.
+    #[serde(default)]
+    pub refused_foreign: u64,
+    /// Sketches and samples refused over the device's per-model quota.
+    #[serde(default)]
+    pub refused_over_quota: u64,
     /// Sketches and samples stored with this report (in their own trees).
     #[serde(default)]
     pub sketch_count: u64,
@@ -131,26 +139,94 @@ fn telemetry_key(device: &str, sequence: u64) -> String {
     format!("{device}/{sequence:020}")
 }
 
-/// Stores a report unless this sequence was stored before. Returns the
-/// highest stored sequence for the device (the ack).
+/// What a report's admission needs: the quota and the buckets it draws on.
+pub struct Admission<'a> {
+    pub quota: admission::Quota,
+    pub quotas: &'a admission::Quotas,
+}
+
+/// What [`record_telemetry`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// The highest stored sequence for the device (the ack).
+    pub acked: u64,
+    /// Items refused for naming a version never assigned to the device.
+    pub refused_foreign: u64,
+    /// Items refused over the device's per-model quota.
+    pub refused_over_quota: u64,
+}
+
+/// Stores a report unless this sequence was stored before, keeping only
+/// what the device may report about ([`admission`]). Also returns the
+/// models whose samples were stored (for sample retention).
 pub fn record_telemetry(
     store: &Store,
+    admit: &Admission<'_>,
     device: &str,
     report: pb::TelemetryReport,
     now: OffsetDateTime,
-) -> Result<u64> {
+) -> Result<(Recorded, Vec<String>)> {
     if report.sequence == 0 {
         return Err(Error::bad_field("sequence", "must start at 1"));
     }
     let key = telemetry_key(device, report.sequence);
     // A replayed sequence is a duplicate: keep the first copy.
-    if !store.telemetry.contains(&key)? {
-        store_new(store, device, &key, report, now)?;
-    }
-    Ok(store
+    let (mut recorded, models) = if store.telemetry.contains(&key)? {
+        (Recorded::default(), Vec::new())
+    } else {
+        store_new(store, admit, device, &key, report, now)?
+    };
+    recorded.acked = store
         .telemetry
         .last_with_prefix(&format!("{device}/"))?
-        .map_or(0, |(_, r)| r.sequence))
+        .map_or(0, |(_, r)| r.sequence);
+    Ok((recorded, models))
+}
+
+/// One report's admission: the assignment history it reads, the quota it
+/// draws on, and what it refused.
+struct Admitter<'a> {
+    assigned: admission::Assigned<'a>,
+    admit: &'a Admission<'a>,
+    device: &'a str,
+    now: OffsetDateTime,
+    recorded: Recorded,
+}
+
+impl Admitter<'_> {
+    /// Keeps the items whose (model, version) the device was assigned,
+    /// then up to its quota per model; counts the rest.
+    fn items<T>(
+        &mut self,
+        items: Vec<T>,
+        pair: impl Fn(&T) -> (&str, &str),
+        kind: admission::Kind,
+    ) -> Result<Vec<T>> {
+        let mut by_model: BTreeMap<String, Vec<T>> = BTreeMap::new();
+        for item in items {
+            let (model, version) = pair(&item);
+            if self.assigned.check(model, version)? {
+                by_model.entry(model.to_string()).or_default().push(item);
+            } else {
+                self.recorded.refused_foreign += 1;
+            }
+        }
+        let mut kept = Vec::new();
+        for (model, mut items) in by_model {
+            let n = self.admit.quotas.take(
+                self.admit.quota,
+                self.device,
+                &model,
+                kind,
+                items.len() as u64,
+                self.now,
+            );
+            self.recorded.refused_over_quota += items.len() as u64 - n;
+            items.truncate(n as usize);
+            kept.extend(items);
+        }
+        Ok(kept)
+    }
 }
 
 fn check_count(field: &str, len: usize, max: usize) -> Result<()> {
@@ -215,11 +291,12 @@ fn check_event(at: &str, e: &pb::Event) -> Result<()> {
 
 fn store_new(
     store: &Store,
+    admit: &Admission<'_>,
     device: &str,
     key: &str,
     report: pb::TelemetryReport,
     now: OffsetDateTime,
-) -> Result<()> {
+) -> Result<(Recorded, Vec<String>)> {
     let seq = report.sequence;
     check_count("models", report.models.len(), MAX_MODELS_PER_REPORT)?;
     check_count("events", report.events.len(), MAX_EVENTS_PER_REPORT)?;
@@ -252,13 +329,39 @@ fn store_new(
         .enumerate()
         .map(|(i, s)| drift::sample(&format!("samples[{i}]"), device, seq, s))
         .collect::<Result<Vec<_>>>()?;
+    // Checked, now admitted: only what the device was assigned, within quota.
+    let mut admitter = Admitter {
+        assigned: admission::Assigned::new(store, device),
+        admit,
+        device,
+        now,
+        recorded: Recorded::default(),
+    };
+    let sketches = admitter.items(
+        sketches,
+        |s| (s.model_name.as_str(), s.model_version.as_str()),
+        admission::Kind::Sketch,
+    )?;
+    let samples = admitter.items(
+        samples,
+        |s| (s.model_name.as_str(), s.model_version.as_str()),
+        admission::Kind::Sample,
+    )?;
+    let mut models = Vec::with_capacity(report.models.len());
+    for m in report.models {
+        if admitter.assigned.check(&m.model_name, &m.model_version)? {
+            models.push(m);
+        } else {
+            admitter.recorded.refused_foreign += 1;
+        }
+    }
+    let recorded = admitter.recorded;
     let record = TelemetryRecord {
         device: device.to_string(),
         sequence: seq,
         recorded_at: to_time(report.recorded_at),
         received_at: now,
-        models: report
-            .models
+        models: models
             .into_iter()
             .map(|m| ModelMetricsRecord {
                 model_name: m.model_name,
@@ -286,7 +389,16 @@ fn store_new(
         sample_count: samples.len() as u64,
         dropped_batches: report.dropped_batches,
         dropped_samples: report.dropped_samples,
+        refused_foreign: recorded.refused_foreign,
+        refused_over_quota: recorded.refused_over_quota,
     };
+    if recorded.refused_foreign > 0 {
+        tracing::warn!(
+            device,
+            refused = recorded.refused_foreign,
+            "device reported on model versions it was never assigned; refused"
+        );
+    }
     if record.dropped_batches > 0 || record.dropped_samples > 0 {
         tracing::warn!(
             device,
@@ -299,13 +411,17 @@ fn store_new(
         let k = record_key(&s.model_name, &s.model_version, device, seq, i);
         store.sketches.insert(&k, s)?;
     }
+    let mut sample_models: Vec<String> = Vec::new();
     for (i, s) in samples.iter().enumerate() {
         let k = record_key(&s.model_name, &s.model_version, device, seq, i);
         crate::drift::retention::store_sample(store, &k, s)?;
+        if !sample_models.contains(&s.model_name) {
+            sample_models.push(s.model_name.clone());
+        }
     }
     // Last: this record is what marks the sequence as stored.
     store.telemetry.insert_new(key, &record)?;
-    Ok(())
+    Ok((recorded, sample_models))
 }
 
 pub fn record_status(
@@ -325,6 +441,12 @@ pub fn record_status(
     };
     if report.model_name.is_empty() {
         return Err(Error::bad_field("model_name", "must be set"));
+    }
+    if !admission::Assigned::new(store, device).any_version(&report.model_name)? {
+        return Err(Error::PermissionDenied(format!(
+            "model {:?} was never assigned to this device",
+            report.model_name
+        )));
     }
     let mut record = AssignmentStatusRecord {
         device: device.to_string(),
@@ -406,6 +528,31 @@ mod tests {
         }
     }
 
+    /// Records a report as the gRPC handler does, for a device assigned
+    /// `m` versions 0 to 9, with the default quota; the ack.
+    fn ingest(
+        store: &Store,
+        device: &str,
+        report: pb::TelemetryReport,
+        now: OffsetDateTime,
+    ) -> Result<u64> {
+        assign_m(store, device);
+        let quotas = admission::Quotas::default();
+        let admit = Admission {
+            quota: admission::Quota::default(),
+            quotas: &quotas,
+        };
+        Ok(record_telemetry(store, &admit, device, report, now)?
+            .0
+            .acked)
+    }
+
+    fn assign_m(store: &Store, device: &str) {
+        for v in 0..10 {
+            admission::remember(store, device, "m", &v.to_string()).unwrap();
+        }
+    }
+
     fn status(
         generation: u64,
         version: &str,
@@ -429,6 +576,7 @@ mod tests {
         let store = Store::open(&dir.path().join("db")).unwrap();
         let now = OffsetDateTime::now_utc();
         let get = || store.assignment_status.get("d/m").unwrap().unwrap();
+        assign_m(&store, "d");
         record_status(&store, "d", status(1, "1", S::Active, "1"), now).unwrap();
         assert_eq!(get().running_version.as_deref(), Some("1"));
         // Version 2 fails its activation; 1 still serves.
@@ -451,21 +599,87 @@ mod tests {
         assert_eq!(get().running_version.as_deref(), Some("5"));
     }
 
+    /// A device with a valid certificate writes only into what it was
+    /// assigned: another model, or another version of its own, is refused
+    /// and counted; and each model's samples stop at the quota.
+    #[test]
+    fn a_device_reports_only_on_what_it_was_assigned_within_its_quota() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let now = OffsetDateTime::now_utc();
+        admission::remember(&store, "d", "m", "1").unwrap();
+        let quotas = admission::Quotas::default();
+        let admit = Admission {
+            quota: admission::Quota {
+                sketches_per_hour: 100,
+                samples_per_hour: 3,
+            },
+            quotas: &quotas,
+        };
+        let mut r = report(1);
+        let honest = (r.sketches[0].clone(), r.samples[0].clone());
+        for (model, version) in [("victim", "1"), ("m", "2")] {
+            let mut sketch = honest.0.clone();
+            (sketch.model_name, sketch.model_version) = (model.into(), version.into());
+            r.sketches.push(sketch);
+            let mut sample = honest.1.clone();
+            (sample.model_name, sample.model_version) = (model.into(), version.into());
+            r.samples.push(sample);
+            r.models.push(pb::ModelMetrics {
+                model_name: model.into(),
+                model_version: version.into(),
+                requests: 1,
+                ..Default::default()
+            });
+        }
+        for i in 0..4 {
+            let mut sample = honest.1.clone();
+            sample.request_id = format!("more-{i}");
+            r.samples.push(sample);
+        }
+        let (rec, models) = record_telemetry(&store, &admit, "d", r, now).unwrap();
+        assert_eq!(
+            rec,
+            Recorded {
+                acked: 1,
+                refused_foreign: 6,
+                refused_over_quota: 2,
+            }
+        );
+        assert_eq!(models, ["m"]);
+        assert_eq!(store.sketches.scan_prefix("").unwrap().len(), 1);
+        assert!(store.samples.scan_prefix("victim/").unwrap().is_empty());
+        assert!(store.samples.scan_prefix("m/2/").unwrap().is_empty());
+        assert_eq!(store.samples.scan_prefix("m/1/d/").unwrap().len(), 3);
+        let stored = store
+            .telemetry
+            .get("d/00000000000000000001")
+            .unwrap()
+            .unwrap();
+        assert!(stored.models.is_empty(), "{:?}", stored.models);
+        assert_eq!((stored.refused_foreign, stored.refused_over_quota), (6, 2));
+
+        let mut foreign = status(1, "1", pb::AssignmentState::Active, "1");
+        foreign.model_name = "victim".into();
+        assert!(matches!(
+            record_status(&store, "d", foreign, now),
+            Err(Error::PermissionDenied(_))
+        ));
+        assert!(store.assignment_status.get("d/victim").unwrap().is_none());
+    }
+
     #[test]
     fn a_replayed_report_is_stored_exactly_once() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("db")).unwrap();
         let now = OffsetDateTime::now_utc();
-        assert_eq!(record_telemetry(&store, "d", report(1), now).unwrap(), 1);
+        assert_eq!(ingest(&store, "d", report(1), now).unwrap(), 1);
         // The replay differs (a bug on the device): the first copy stays.
         let mut replay = report(1);
         replay.sketches[0].requests = 99;
-        assert_eq!(record_telemetry(&store, "d", replay, now).unwrap(), 1);
-        assert_eq!(record_telemetry(&store, "d", report(2), now).unwrap(), 2);
-        assert_eq!(
-            record_telemetry(&store, "other", report(1), now).unwrap(),
-            1
-        );
+        assert_eq!(ingest(&store, "d", replay, now).unwrap(), 1);
+        assert_eq!(ingest(&store, "d", report(2), now).unwrap(), 2);
+        assert_eq!(ingest(&store, "other", report(1), now).unwrap(), 1);
 
         let sketches = store.sketches.scan_prefix("m/1/d/").unwrap();
         assert_eq!(sketches.len(), 2);
@@ -488,21 +702,21 @@ mod tests {
         let store = Store::open(&dir.path().join("db")).unwrap();
         let mut bad = report(1);
         bad.samples[0].kind = 0;
-        let err = record_telemetry(&store, "d", bad, OffsetDateTime::now_utc()).unwrap_err();
+        let err = ingest(&store, "d", bad, OffsetDateTime::now_utc()).unwrap_err();
         assert!(
             matches!(&err, Error::BadRequest { field: Some(f), .. } if f == "samples[0].kind"),
             "{err}"
         );
         assert!(store.sketches.scan_prefix("").unwrap().is_empty());
         assert!(store.telemetry.scan_prefix("").unwrap().is_empty());
-        let err = record_telemetry(&store, "d", report(0), OffsetDateTime::now_utc()).unwrap_err();
+        let err = ingest(&store, "d", report(0), OffsetDateTime::now_utc()).unwrap_err();
         assert!(err.to_string().contains("start at 1"));
         let mut bad = report(1);
         bad.models.push(pb::ModelMetrics {
             latency_p99_ms: f64::INFINITY,
             ..Default::default()
         });
-        let err = record_telemetry(&store, "d", bad, OffsetDateTime::now_utc()).unwrap_err();
+        let err = ingest(&store, "d", bad, OffsetDateTime::now_utc()).unwrap_err();
         assert!(
             matches!(&err, Error::BadRequest { field: Some(f), .. } if f == "models[0].latency_p99_ms"),
             "{err}"

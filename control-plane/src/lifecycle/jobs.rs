@@ -30,6 +30,8 @@ pub struct JobRecord {
     pub id: String,
     /// The engine-neutral job spec (trainer-bridge's `JobSpec`), as submitted.
     pub spec: serde_json::Value,
+    #[serde(default = "edgeloop_api::access::default_project")]
+    pub project: String,
     /// Only this cluster may lease the job, when set.
     pub cluster: Option<String>,
     pub state: JobState,
@@ -55,12 +57,14 @@ impl JobRecord {
     pub fn queued(
         id: &str,
         spec: serde_json::Value,
+        project: String,
         cluster: Option<String>,
         now: OffsetDateTime,
     ) -> JobRecord {
         JobRecord {
             id: id.to_string(),
             spec,
+            project,
             cluster,
             state: JobState::Queued,
             leased_by: None,
@@ -239,7 +243,14 @@ pub async fn create_with_id(
     if let Some(c) = &req.cluster {
         crate::validate::name("cluster", c)?;
     }
-    let job = JobRecord::queued(id, req.spec, req.cluster, now);
+    let project = match req.project {
+        Some(p) => {
+            crate::validate::name("project", &p)?;
+            p
+        }
+        None => edgeloop_api::access::default_project(),
+    };
+    let job = JobRecord::queued(id, req.spec, project, req.cluster, now);
     if !store.jobs.insert_new(id, &job)? {
         return Ok((get(store, id)?, false));
     }
@@ -345,7 +356,13 @@ mod tests {
     }
 
     fn job(id: &str, created: i64) -> JobRecord {
-        JobRecord::queued(id, serde_json::json!({}), None, at(created))
+        JobRecord::queued(
+            id,
+            serde_json::json!({}),
+            "default".into(),
+            None,
+            at(created),
+        )
     }
 
     #[test]

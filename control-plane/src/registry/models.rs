@@ -19,6 +19,8 @@ use crate::validate;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelRecord {
     pub name: String,
+    #[serde(default = "edgeloop_api::access::default_project")]
+    pub project: String,
     #[serde(default)]
     pub description: String,
     #[serde(default)]
@@ -85,8 +87,16 @@ pub async fn create_model(
     }
     let labels = req.labels.unwrap_or_default();
     validate::labels("labels", &labels)?;
+    let project = match req.project {
+        Some(p) => {
+            validate::name("project", &p)?;
+            p
+        }
+        None => edgeloop_api::access::default_project(),
+    };
     let record = ModelRecord {
         name: req.name,
+        project,
         description,
         task: req.task,
         labels,
@@ -107,6 +117,11 @@ pub fn get_model(store: &Store, name: &str) -> Result<ModelRecord> {
         .models
         .get(name)?
         .ok_or_else(|| Error::not_found("model", name))
+}
+
+/// The project model `name` belongs to (404 when there is no such model).
+pub fn project_of(store: &Store, name: &str) -> Result<String> {
+    Ok(get_model(store, name)?.project)
 }
 
 pub fn list_versions(store: &Store, model: &str) -> Result<Vec<ModelVersionRecord>> {

@@ -106,6 +106,13 @@ pub struct Store {
     pub benchmarks: Tree<crate::fleet::benchmarks::BenchmarkRecord>,
     /// What each model's drift is measured against, by model.
     pub drift_reference: Tree<crate::lifecycle::retrain::ReferenceRecord>,
+    /// Every (model, version) each device was ever assigned, by
+    /// `<device>/<model>/<version>`: what its reports may name.
+    pub assigned_history: Tree<()>,
+    /// API tokens, by the sha256 of their secret.
+    pub api_tokens: Tree<crate::auth::tokens::ApiTokenRecord>,
+    /// The console audit log, by zero-padded sequence (append-only).
+    pub audit: Tree<edgeloop_api::access::AuditEntry>,
 }
 
 impl Store {
@@ -162,6 +169,9 @@ impl Store {
             triggers: Tree::open(&db, "triggers")?,
             trigger_state: Tree::open(&db, "trigger_state")?,
             benchmarks: Tree::open(&db, "benchmarks")?,
+            assigned_history: Tree::open(&db, "assigned_history")?,
+            api_tokens: Tree::open(&db, "api_tokens")?,
+            audit: Tree::open(&db, "audit")?,
             db,
             flusher: Arc::default(),
         })

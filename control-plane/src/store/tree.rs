@@ -182,6 +182,42 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         Ok(out)
     }
 
+    /// Up to `n` records with keys strictly below `before` (all keys when
+    /// `None`), newest key first: key-range pagination over a
+    /// sequence-keyed log, reading only the page.
+    pub fn page_rev_before(
+        &self,
+        before: Option<&str>,
+        n: usize,
+    ) -> Result<Vec<(String, V)>, StoreError> {
+        let iter = match before {
+            Some(b) => self.tree.range(..b.as_bytes()),
+            None => self.tree.range::<&[u8], _>(..),
+        };
+        let mut out = Vec::with_capacity(n.min(1024));
+        for item in iter.rev().take(n) {
+            let (k, raw) = item?;
+            let v = self.decode(&k, &raw)?;
+            out.push((String::from_utf8_lossy(&k).into_owned(), v));
+        }
+        Ok(out)
+    }
+
+    /// The first `n` records by key order.
+    pub fn first(&self, n: usize) -> Result<Vec<(String, V)>, StoreError> {
+        self.first_with_prefix("", n)
+    }
+
+    /// Records in the tree. sled counts by iterating, so this is O(n):
+    /// for occasional housekeeping, not per request.
+    pub fn len(&self) -> usize {
+        self.tree.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tree.is_empty()
+    }
+
     pub fn values(&self) -> Result<Vec<V>, StoreError> {
         Ok(self.scan_prefix("")?.into_iter().map(|(_, v)| v).collect())
     }

@@ -1,6 +1,7 @@
 //! `edgeloop.agent.v1.AgentService`.
 
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -180,18 +181,23 @@ impl AgentService for AgentApi {
         req: Request<pb::TelemetryReport>,
     ) -> Result<Response<pb::TelemetryAck>, Status> {
         let device = caller(&self.core, &req, MemberKind::Device)?.id;
-        let models: std::collections::BTreeSet<String> = req
-            .get_ref()
-            .samples
-            .iter()
-            .map(|s| s.model_name.clone())
-            .collect();
-        let acked = telemetry::record_telemetry(
+        let admit = telemetry::Admission {
+            quota: self.core.config.device_quota,
+            quotas: &self.core.device_quotas,
+        };
+        let (recorded, models) = telemetry::record_telemetry(
             &self.core.store,
+            &admit,
             &device,
             req.into_inner(),
             self.core.now(),
         )?;
+        let sec = &self.core.security;
+        sec.foreign_device_data
+            .fetch_add(recorded.refused_foreign, Ordering::Relaxed);
+        sec.device_over_quota
+            .fetch_add(recorded.refused_over_quota, Ordering::Relaxed);
+        let acked = recorded.acked;
         for model in &models {
             crate::drift::retention::enforce(
                 &self.core.store,
@@ -211,7 +217,15 @@ impl AgentService for AgentApi {
         req: Request<pb::AssignmentStatusReport>,
     ) -> Result<Response<pb::AssignmentStatusAck>, Status> {
         let device = caller(&self.core, &req, MemberKind::Device)?.id;
-        telemetry::record_status(&self.core.store, &device, req.into_inner(), self.core.now())?;
+        let recorded =
+            telemetry::record_status(&self.core.store, &device, req.into_inner(), self.core.now());
+        if let Err(Error::PermissionDenied(_)) = &recorded {
+            self.core
+                .security
+                .foreign_device_data
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        recorded?;
         self.core.store.flush().await.map_err(Error::from)?;
         Ok(Response::new(pb::AssignmentStatusAck {}))
     }

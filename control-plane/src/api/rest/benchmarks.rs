@@ -9,9 +9,11 @@ use axum::http::StatusCode;
 use axum::Json;
 
 use super::json::{ValidJson, ValidPath};
+use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::benchmarks;
 use crate::Core;
+use axum::Extension;
 pub use edgeloop_api::benchmarks::{BenchmarkView, CreateBenchmark};
 
 /// The newest benchmarks `GET /api/v1/benchmarks` lists.
@@ -30,9 +32,10 @@ const LIST_LIMIT: usize = 200;
     security(("bearer" = [])))]
 pub async fn create(
     State(core): State<Arc<Core>>,
+    Extension(who): Extension<Principal>,
     ValidJson(req): ValidJson<CreateBenchmark>,
 ) -> Result<(StatusCode, Json<BenchmarkView>), Error> {
-    let record = benchmarks::create(&core, req, None).await?;
+    let record = benchmarks::create(&core, req, None, who.projects.as_ref()).await?;
     Ok((StatusCode::CREATED, Json(record.view())))
 }
 
@@ -40,13 +43,17 @@ pub async fn create(
 #[utoipa::path(get, path = "/api/v1/benchmarks", tag = "fleet",
     responses((status = 200, body = Vec<BenchmarkView>), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn list(State(core): State<Arc<Core>>) -> Result<Json<Vec<BenchmarkView>>, Error> {
-    Ok(Json(
-        benchmarks::list(&core.store, core.now(), LIST_LIMIT)?
-            .into_iter()
-            .map(benchmarks::BenchmarkRecord::view)
-            .collect(),
-    ))
+pub async fn list(
+    State(core): State<Arc<Core>>,
+    Extension(who): Extension<Principal>,
+) -> Result<Json<Vec<BenchmarkView>>, Error> {
+    let mut out = Vec::new();
+    for b in benchmarks::list(&core.store, core.now(), LIST_LIMIT)? {
+        if super::scope::sees_device(&core, &who, &b.device)? {
+            out.push(b.view());
+        }
+    }
+    Ok(Json(out))
 }
 
 /// One benchmark: its state and, once succeeded, each model's timing.

@@ -8,9 +8,11 @@ use axum::http::StatusCode;
 use axum::Json;
 
 use super::json::{ValidJson, ValidPath};
+use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::deployments::{self, CreateDeployment, DeploymentRecord, DeploymentView};
 use crate::Core;
+use axum::Extension;
 
 fn view(core: &Core, record: DeploymentRecord, with_events: bool) -> Result<DeploymentView, Error> {
     let events = if with_events {
@@ -28,8 +30,16 @@ fn view(core: &Core, record: DeploymentRecord, with_events: bool) -> Result<Depl
     security(("bearer" = [])))]
 pub async fn create(
     State(core): State<Arc<Core>>,
+    Extension(who): Extension<Principal>,
     ValidJson(req): ValidJson<CreateDeployment>,
 ) -> Result<(StatusCode, Json<DeploymentView>), Error> {
+    if !super::scope::sees_model(&core, &who, &req.model)? {
+        // What a missing model answers (`deployments::create`).
+        return Err(Error::bad_field(
+            "model",
+            format!("model {:?} does not exist", req.model),
+        ));
+    }
     let record = deployments::create(&core.store, core.artifacts.as_ref(), req, core.now()).await?;
     Ok((StatusCode::CREATED, Json(view(&core, record, false)?)))
 }
@@ -37,8 +47,17 @@ pub async fn create(
 /// Every deployment, newest first (without event logs).
 #[utoipa::path(get, path = "/api/v1/deployments", tag = "fleet",
     responses((status = 200, body = Vec<DeploymentView>), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
-pub async fn list(State(core): State<Arc<Core>>) -> Result<Json<Vec<DeploymentView>>, Error> {
-    let all = deployments::list(&core.store)?
+pub async fn list(
+    State(core): State<Arc<Core>>,
+    Extension(who): Extension<Principal>,
+) -> Result<Json<Vec<DeploymentView>>, Error> {
+    let mut visible = Vec::new();
+    for r in deployments::list(&core.store)? {
+        if super::scope::sees_model(&core, &who, &r.deployment.model)? {
+            visible.push(r);
+        }
+    }
+    let all = visible
         .into_iter()
         .map(|r| view(&core, r, false))
         .collect::<Result<_, _>>()?;

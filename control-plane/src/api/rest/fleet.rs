@@ -10,10 +10,12 @@ use serde::Deserialize;
 use time::Duration;
 
 use super::json::{OptionalJson, ValidJson, ValidPath};
+use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::{self, CreateToken, CreatedToken, MemberKind, MemberView, TokenView};
 use crate::fleet::selector::{self, Selector};
 use crate::Core;
+use axum::Extension;
 
 /// Creates a one-time bootstrap token for a device or a cluster bridge.
 #[utoipa::path(post, path = "/api/v1/tokens", tag = "fleet", request_body = CreateToken,
@@ -134,11 +136,14 @@ async fn set_labels(
     responses((status = 200, body = Vec<MemberView>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn list_devices(
     State(core): State<Arc<Core>>,
+    Extension(who): Extension<Principal>,
     q: Result<Query<DeviceQuery>, QueryRejection>,
 ) -> Result<Json<Vec<MemberView>>, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
     let selector: Selector = q.selector.as_deref().unwrap_or("").parse()?;
-    list_selected(&core, MemberKind::Device, &selector)
+    let Json(mut all) = list_selected(&core, MemberKind::Device, &selector)?;
+    all.retain(|m| who.sees(&m.project));
+    Ok(Json(all))
 }
 
 #[utoipa::path(get, path = "/api/v1/devices/{id}", tag = "fleet", params(("id" = String, Path)),

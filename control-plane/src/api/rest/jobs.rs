@@ -7,11 +7,13 @@ use axum::http::StatusCode;
 use axum::Json;
 
 use super::json::{ValidJson, ValidPath};
+use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::FleetEvent;
 use crate::lifecycle::jobs::{self, CreateJob, JobRecord};
 use crate::registry::checkpoints::{self, CheckpointRecord};
 use crate::Core;
+use axum::Extension;
 
 pub use edgeloop_api::jobs::{CheckpointView, Job, JobView, SubmittedSpec};
 
@@ -40,6 +42,7 @@ pub fn job_view(j: JobRecord) -> Result<Job, Error> {
     Ok(Job {
         id: j.id,
         spec,
+        project: j.project,
         cluster: j.cluster,
         state: j.state,
         leased_by: j.leased_by,
@@ -73,8 +76,14 @@ fn view(core: &Core, job: JobRecord) -> Result<JobView, Error> {
     security(("bearer" = [])))]
 pub async fn create(
     State(core): State<Arc<Core>>,
+    Extension(who): Extension<Principal>,
     ValidJson(req): ValidJson<CreateJob>,
 ) -> Result<(StatusCode, Json<JobView>), Error> {
+    who.may_create_in(
+        req.project
+            .as_deref()
+            .unwrap_or(edgeloop_api::access::DEFAULT_PROJECT),
+    )?;
     let job = jobs::create(&core.store, req, core.now()).await?;
     core.events.publish(FleetEvent::JobChanged {
         job: job.id.clone(),
@@ -84,8 +93,12 @@ pub async fn create(
 
 #[utoipa::path(get, path = "/api/v1/jobs", tag = "loop",
     responses((status = 200, body = Vec<Job>)), security(("bearer" = [])))]
-pub async fn list(State(core): State<Arc<Core>>) -> Result<Json<Vec<Job>>, Error> {
+pub async fn list(
+    State(core): State<Arc<Core>>,
+    Extension(who): Extension<Principal>,
+) -> Result<Json<Vec<Job>>, Error> {
     let mut all = core.store.jobs.values()?;
+    all.retain(|j| who.sees(&j.project));
     all.sort_by_key(|j| j.created_at);
     Ok(Json(
         all.into_iter().map(job_view).collect::<Result<_, _>>()?,

@@ -1,5 +1,5 @@
 //! `GET /metrics`: Prometheus text. Counters only, no identities, so it is
-//! served without the admin token, like `/healthz`.
+//! served without a token, like `/healthz`.
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
@@ -41,6 +41,27 @@ pub async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
         "edgeloop_artifact_cache_evictions_total",
         "Artifacts dropped from the cache to stay within its budget.",
         c.evictions.load(Ordering::Relaxed),
+    );
+    let sec = &core.security;
+    counter(
+        "edgeloop_console_unauthenticated_total",
+        "Console calls refused for a missing, unknown, expired or revoked token.",
+        sec.unauthenticated.load(Ordering::Relaxed),
+    );
+    counter(
+        "edgeloop_console_forbidden_total",
+        "Console calls refused because the token's role lacks the permission.",
+        sec.forbidden.load(Ordering::Relaxed),
+    );
+    counter(
+        "edgeloop_device_foreign_data_refused_total",
+        "Telemetry items and status reports refused for a model version the device was never assigned.",
+        sec.foreign_device_data.load(Ordering::Relaxed),
+    );
+    counter(
+        "edgeloop_device_over_quota_refused_total",
+        "Sketches and samples refused over a device's per-model hourly quota.",
+        sec.device_over_quota.load(Ordering::Relaxed),
     );
     let _ = writeln!(
         out,

@@ -1,8 +1,11 @@
 //! The console REST API under `/api/v1`, with bearer-token auth, plus
-//! `/healthz`, `/readyz` and the generated OpenAPI document.
+//! `/healthz`, `/readyz` and the generated OpenAPI document. Every route
+//! goes through [`authorize`] (the route → permission table).
 
+mod access;
 mod aliases;
 mod artifacts;
+mod authorize;
 mod benchmarks;
 mod cost;
 mod deployments;
@@ -14,16 +17,15 @@ mod metrics;
 mod models;
 pub mod openapi;
 mod pipelines;
+pub mod scope;
 mod telemetry;
 mod triggers;
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::header::AUTHORIZATION;
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::middleware;
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -32,7 +34,10 @@ use crate::error::Error;
 use crate::Core;
 
 pub fn router(core: Arc<Core>) -> Router {
-    let protected = Router::new()
+    Router::new()
+        .route("/api/v1/api-tokens", post(access::create).get(access::list))
+        .route("/api/v1/api-tokens/{id}", delete(access::revoke))
+        .route("/api/v1/audit", get(access::list_audit))
         .route(
             "/api/v1/tokens",
             post(fleet::create_token).get(fleet::list_tokens),
@@ -136,13 +141,16 @@ pub fn router(core: Arc<Core>) -> Router {
         .route("/api/v1/pipelines", get(pipelines::list))
         .route("/api/v1/pipelines/{id}", get(pipelines::show))
         .route("/api/v1/pipelines/{id}/cancel", post(pipelines::cancel))
-        .route_layer(middleware::from_fn_with_state(core.clone(), require_admin));
-    Router::new()
-        .merge(protected)
         .route("/api/v1/openapi.json", get(openapi::document))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics::metrics))
         .route("/readyz", get(readyz))
+        // A route layer: it runs only on matched routes, where the matched
+        // path is known; the fallback's 404 needs no token.
+        .route_layer(middleware::from_fn_with_state(
+            core.clone(),
+            authorize::authorize,
+        ))
         .fallback(not_found)
         .with_state(core)
 }
@@ -158,40 +166,7 @@ pub async fn serve(
         .await
 }
 
-/// Who is calling, as authenticated: what records of changes (an alias's
-/// history) name. The console API has one principal today, the admin token.
-#[derive(Debug, Clone)]
-pub struct Principal(&'static str);
-
-impl Principal {
-    pub const ADMIN: Principal = Principal("admin");
-
-    pub fn name(&self) -> &str {
-        self.0
-    }
-}
-
-async fn require_admin(State(core): State<Arc<Core>>, mut req: Request, next: Next) -> Response {
-    let presented = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    match presented {
-        None => Error::Unauthenticated(
-            "missing bearer token (Authorization: Bearer <admin token>)".into(),
-        )
-        .into_response(),
-        Some(token) if !core.is_admin_token(token) => {
-            Error::Unauthenticated("invalid bearer token".into()).into_response()
-        }
-        Some(_) => {
-            req.extensions_mut().insert(Principal::ADMIN);
-            next.run(req).await
-        }
-    }
-}
+pub use crate::auth::Principal;
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct Health {

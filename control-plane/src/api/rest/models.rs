@@ -7,17 +7,20 @@ use axum::http::StatusCode;
 use axum::Json;
 
 use super::json::{ValidJson, ValidPath};
+use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::registry::models::{
     self, CreateModel, CreateModelVersion, CreateVariant, ModelRecord, ModelVersionRecord,
 };
 use crate::Core;
+use axum::Extension;
 pub use edgeloop_api::registry::{ModelVersionView, ModelView};
 
 impl From<ModelRecord> for ModelView {
     fn from(m: ModelRecord) -> Self {
         ModelView {
             name: m.name,
+            project: m.project,
             description: m.description,
             task: m.task,
             labels: m.labels,
@@ -49,20 +52,30 @@ impl From<ModelVersionRecord> for ModelVersionView {
     security(("bearer" = [])))]
 pub async fn create_model(
     State(core): State<Arc<Core>>,
+    Extension(who): Extension<Principal>,
     ValidJson(req): ValidJson<CreateModel>,
 ) -> Result<(StatusCode, Json<ModelView>), Error> {
+    who.may_create_in(
+        req.project
+            .as_deref()
+            .unwrap_or(edgeloop_api::access::DEFAULT_PROJECT),
+    )?;
     let model = models::create_model(&core.store, req, core.now()).await?;
     Ok((StatusCode::CREATED, Json(model.into())))
 }
 
 #[utoipa::path(get, path = "/api/v1/models", tag = "registry",
     responses((status = 200, body = Vec<ModelView>)), security(("bearer" = [])))]
-pub async fn list_models(State(core): State<Arc<Core>>) -> Result<Json<Vec<ModelView>>, Error> {
+pub async fn list_models(
+    State(core): State<Arc<Core>>,
+    Extension(who): Extension<Principal>,
+) -> Result<Json<Vec<ModelView>>, Error> {
     Ok(Json(
         core.store
             .models
             .values()?
             .into_iter()
+            .filter(|m| who.sees(&m.project))
             .map(ModelView::from)
             .collect(),
     ))

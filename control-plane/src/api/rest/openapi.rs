@@ -9,7 +9,7 @@ use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, RefOr, ResponseBuilder
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    aliases, artifacts, benchmarks, cost, deployments, drift, fleet, jobs, metrics, models,
+    access, aliases, artifacts, benchmarks, cost, deployments, drift, fleet, jobs, metrics, models,
     pipelines, telemetry, triggers,
 };
 
@@ -20,6 +20,10 @@ use super::{
         super::healthz,
         super::readyz,
         metrics::metrics,
+        access::create,
+        access::list,
+        access::revoke,
+        access::list_audit,
         fleet::create_token,
         fleet::list_tokens,
         fleet::list_devices,
@@ -75,7 +79,7 @@ use super::{
         triggers::get,
     ),
     modifiers(&BearerAuth, &CommonResponses),
-    tags((name = "fleet"), (name = "registry"), (name = "loop"), (name = "health"))
+    tags((name = "access"), (name = "fleet"), (name = "registry"), (name = "loop"), (name = "health"))
 )]
 pub struct ApiDoc;
 
@@ -98,7 +102,7 @@ impl Modify for BearerAuth {
 /// - path parameters with a validated name get the rule the handler checks
 ///   (`name` is always a model, `version` a model version, `alias` an
 ///   alias, `digest` a sha256);
-/// - the admin bearer layer answers 401 on every secured route; a route
+/// - the bearer layer answers 401 and 403 on every secured route; a route
 ///   with a JSON body answers 400 (malformed or invalid: `ValidJson`) and
 ///   413 (over `max_json_bytes`); a route with parameters answers 400 (our
 ///   `ValidPath` and query rejections).
@@ -190,7 +194,16 @@ impl Modify for CommonResponses {
                     .as_ref()
                     .is_some_and(|b| b.content.contains_key("application/json"));
                 if op.security.is_some() {
-                    add_response(op, "401", "missing or invalid admin bearer token");
+                    add_response(
+                        op,
+                        "401",
+                        "missing, unknown, expired or revoked bearer token",
+                    );
+                    add_response(
+                        op,
+                        "403",
+                        "the token's role lacks the route's permission (see docs/security.md)",
+                    );
                 }
                 if json_body || has_params {
                     add_response(

@@ -11,10 +11,12 @@ use edgeloop_api::pipelines::{self as api, PipelineView, RetrainRequest};
 use serde::Deserialize;
 
 use super::json::{OptionalJson, ValidJson, ValidPath};
+use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::lifecycle::pipeline::{Output, Pipeline, PipelineState, StepRecord};
 use crate::lifecycle::retrain::{self, RetrainingConfig, Started};
 use crate::Core;
+use axum::Extension;
 
 fn state_view(s: PipelineState) -> api::PipelineState {
     match s {
@@ -194,15 +196,17 @@ pub struct PipelineQuery {
     security(("bearer" = [])))]
 pub async fn list(
     State(core): State<Arc<Core>>,
+    Extension(who): Extension<Principal>,
     q: Result<Query<PipelineQuery>, QueryRejection>,
 ) -> Result<Json<Vec<PipelineView>>, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
-    Ok(Json(
-        retrain::list(&core.store, q.model.as_deref())?
-            .into_iter()
-            .map(|p| view(p, false))
-            .collect(),
-    ))
+    let mut out = Vec::new();
+    for p in retrain::list(&core.store, q.model.as_deref())? {
+        if super::scope::sees_model(&core, &who, &p.model)? {
+            out.push(view(p, false));
+        }
+    }
+    Ok(Json(out))
 }
 
 #[utoipa::path(get, path = "/api/v1/pipelines/{id}", tag = "loop", params(("id" = String, Path)),

@@ -371,12 +371,17 @@ pub async fn create(
     core: &Core,
     req: CreateBenchmark,
     origin: Option<String>,
+    projects: Option<&BTreeSet<String>>,
 ) -> Result<BenchmarkRecord> {
     check_request(&req)?;
     let now = core.now();
+    let in_projects = |p: &str| projects.is_none_or(|s| s.contains(p));
     let device = match (&req.device, &req.selector) {
         (Some(id), _) => {
             let m = super::members::get(&core.store, MemberKind::Device, id)?;
+            if !in_projects(&m.project) {
+                return Err(Error::not_found("device", id));
+            }
             if m.revoked_at.is_some() {
                 return Err(Error::Conflict(format!("device {id} is revoked")));
             }
@@ -384,7 +389,7 @@ pub async fn create(
         }
         (None, Some(raw)) => {
             let selector = deployments::parse_selector("selector", raw)?;
-            let group = deployments::group(&core.store, &selector)?;
+            let group = deployments::group(&core.store, in_projects, &selector)?;
             let window = Duration::try_from(core.config.offline_after()).unwrap_or(Duration::MAX);
             representative(&group, now, window)
                 .ok_or_else(|| {

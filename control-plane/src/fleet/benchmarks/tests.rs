@@ -62,6 +62,7 @@ fn an_unfinished_benchmark_fails_at_its_deadline_saying_how_far_it_got() {
 
 fn member(id: &str, seen: Option<i64>, revoked: bool) -> Member {
     Member {
+        project: "default".into(),
         id: id.into(),
         kind: MemberKind::Device,
         labels: Default::default(),

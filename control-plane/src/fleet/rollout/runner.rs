@@ -297,7 +297,16 @@ pub fn observe(
 ) -> Result<(FleetState, Telemetry)> {
     let d = &record.deployment;
     let members = match deployments::parse_selector("selector", &d.group) {
-        Ok(selector) => deployments::group(store, &selector)?,
+        Ok(selector) => {
+            // The model's project when the deployment was made; a model
+            // deleted since leaves the default one.
+            let project = store
+                .models
+                .get(&d.model)?
+                .map(|m| m.project)
+                .unwrap_or_else(edgeloop_api::access::default_project);
+            deployments::group(store, |p| p == project, &selector)?
+        }
         // Validated at creation; a selector this binary cannot parse any
         // more selects nothing, and the waves fail visibly by their deadline.
         Err(_) => Vec::new(),

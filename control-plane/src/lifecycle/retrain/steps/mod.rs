@@ -292,6 +292,7 @@ async fn train(
                 CreateJob {
                     spec,
                     cluster: config.cluster.clone(),
+                    project: Some(crate::registry::models::project_of(&core.store, &p.model)?),
                 },
                 now,
             )

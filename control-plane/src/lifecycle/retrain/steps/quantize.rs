@@ -179,6 +179,7 @@ async fn start_benchmark(
 ) -> Result<(), StepError> {
     let opts = gate_options(config);
     let key_path = signing_key_path(core);
+    let model_name = inputs.identity.name.clone();
     let (models, probe) = blocking(move || {
         let (model, calibration, eval) = prepare(&inputs)?;
         let outcome = run_gate(&runtime()?, &model, &calibration, &eval, &opts)
@@ -217,7 +218,13 @@ async fn start_benchmark(
         runs: latency.runs,
         timeout_seconds: latency.timeout_seconds,
     };
-    let queued = benchmarks::create(core, request, Some(origin))
+    // On the model's own project's devices only.
+    let project = [crate::registry::models::project_of(
+        &core.store,
+        &model_name,
+    )?]
+    .into();
+    let queued = benchmarks::create(core, request, Some(origin), Some(&project))
         .await
         .map_err(|e| match e {
             // No online device of the class now: one may be back by the

@@ -1,0 +1,231 @@
+//! What a device may report about: only model versions that are, or were,
+//! assigned to it, within a per-model quota. A device's certificate proves
+//! who it is, not what it runs, so a report naming another model (to
+//! poison its retrain snapshots, online accuracy, label counts or rollout
+//! gates) is refused item by item and counted; the rest of the report is
+//! kept, so an honest device's store-and-forward queue never jams.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use time::OffsetDateTime;
+
+use crate::error::Result;
+use crate::store::Store;
+
+/// `<device>/<model>/<version>`: the history of assignments, which only
+/// grows (a version rolled away from still gets its late reports).
+pub fn history_key(device: &str, model: &str, version: &str) -> String {
+    format!("{device}/{model}/{version}")
+}
+
+/// Records that `device` was assigned `model` `version`. Written before
+/// the assignment itself, so a stored assignment always has its history.
+pub fn remember(store: &Store, device: &str, model: &str, version: &str) -> Result<()> {
+    let key = history_key(device, model, version);
+    if !store.assigned_history.contains(&key)? {
+        store.assigned_history.insert(&key, &())?;
+    }
+    Ok(())
+}
+
+/// For a data dir from before the history existed: what devices are
+/// assigned now, and what they reported running, counts as assigned. Runs
+/// only while the history is empty. Returns the pairs written.
+pub fn backfill(store: &Store) -> Result<usize> {
+    if !store.assigned_history.is_empty() {
+        return Ok(0);
+    }
+    let mut n = 0;
+    for (device, set) in store.assignments.scan_prefix("")? {
+        for a in set.assignments {
+            remember(store, &device, &a.model_name, &a.model_version)?;
+            n += 1;
+        }
+    }
+    for (_, s) in store.assignment_status.scan_prefix("")? {
+        for v in std::iter::once(&s.model_version).chain(s.running_version.as_ref()) {
+            if !v.is_empty() {
+                remember(store, &s.device, &s.model_name, v)?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Whether `device` was ever assigned `model` `version`; memoised per
+/// report, since a report names few pairs many times.
+pub struct Assigned<'a> {
+    store: &'a Store,
+    device: &'a str,
+    seen: BTreeMap<(String, String), bool>,
+}
+
+impl<'a> Assigned<'a> {
+    pub fn new(store: &'a Store, device: &'a str) -> Self {
+        Assigned {
+            store,
+            device,
+            seen: BTreeMap::new(),
+        }
+    }
+
+    pub fn check(&mut self, model: &str, version: &str) -> Result<bool> {
+        let k = (model.to_string(), version.to_string());
+        if let Some(&v) = self.seen.get(&k) {
+            return Ok(v);
+        }
+        let v = self
+            .store
+            .assigned_history
+            .contains(&history_key(self.device, model, version))?;
+        self.seen.insert(k, v);
+        Ok(v)
+    }
+
+    /// Whether any version of `model` was ever assigned (for status
+    /// reports, which may name the version being replaced).
+    pub fn any_version(&self, model: &str) -> Result<bool> {
+        Ok(!self
+            .store
+            .assigned_history
+            .first_with_prefix(&format!("{}/{model}/", self.device), 1)?
+            .is_empty())
+    }
+}
+
+/// Per device and model, how many sketches and samples an hour it may send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub sketches_per_hour: u32,
+    pub samples_per_hour: u32,
+}
+
+impl Default for Quota {
+    /// An agent closes a sketch window every minute or so (60 an hour), and
+    /// sends at most a few hundred hard examples and feedback rows a
+    /// minute; these leave ten times that headroom.
+    fn default() -> Self {
+        Quota {
+            sketches_per_hour: 3_600,
+            samples_per_hour: 36_000,
+        }
+    }
+}
+
+/// A token bucket: `tokens` left at `at`. Refills at `per_hour` an hour,
+/// holding at most an hour's worth.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bucket {
+    pub tokens: f64,
+    pub at: OffsetDateTime,
+}
+
+/// How many of `wanted` the bucket admits at `now`, and the bucket after.
+/// Pure; a clock that went backwards refills nothing.
+pub fn admit(b: Option<Bucket>, per_hour: u32, wanted: u64, now: OffsetDateTime) -> (u64, Bucket) {
+    let cap = f64::from(per_hour);
+    let tokens = match b {
+        None => cap,
+        Some(b) => {
+            let elapsed = (now - b.at).as_seconds_f64().max(0.0);
+            (b.tokens + elapsed * cap / 3600.0).min(cap)
+        }
+    };
+    let admitted = (tokens.floor() as u64).min(wanted);
+    (
+        admitted,
+        Bucket {
+            tokens: tokens - admitted as f64,
+            at: now.max(b.map_or(now, |b| b.at)),
+        },
+    )
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Sketch,
+    Sample,
+}
+
+/// The buckets, in memory: a restart refills them, which costs at most an
+/// hour's quota once.
+#[derive(Debug, Default)]
+pub struct Quotas {
+    buckets: Mutex<HashMap<(String, String, Kind), Bucket>>,
+}
+
+impl Quotas {
+    /// Admits up to `wanted` items of `kind` for `device`'s `model`.
+    pub fn take(
+        &self,
+        quota: Quota,
+        device: &str,
+        model: &str,
+        kind: Kind,
+        wanted: u64,
+        now: OffsetDateTime,
+    ) -> u64 {
+        let per_hour = match kind {
+            Kind::Sketch => quota.sketches_per_hour,
+            Kind::Sample => quota.samples_per_hour,
+        };
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (device.to_string(), model.to_string(), kind);
+        let (admitted, after) = admit(buckets.get(&key).copied(), per_hour, wanted, now);
+        buckets.insert(key, after);
+        admitted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::macros::datetime;
+    use time::Duration;
+
+    #[test]
+    fn the_bucket_admits_an_hours_worth_then_its_refill() {
+        let t0 = datetime!(2026-01-01 0:00 UTC);
+        let s = |n: i64| t0 + Duration::seconds(n);
+        // (bucket before, wanted, now) -> admitted, tokens after
+        let full = None;
+        let empty = Some(Bucket {
+            tokens: 0.0,
+            at: t0,
+        });
+        let table: &[(Option<Bucket>, u64, OffsetDateTime, u64, f64)] = &[
+            (full, 10, t0, 10, 3590.0),
+            (full, 5000, t0, 3600, 0.0),
+            (empty, 5, s(1), 1, 0.0),
+            (empty, 5, s(10), 5, 5.0),
+            (empty, 99_999, s(7200), 3600, 0.0),
+            // A clock that went backwards refills nothing.
+            (empty, 5, t0 - Duration::hours(1), 0, 0.0),
+        ];
+        for (b, wanted, now, admitted, left) in table {
+            let (a, after) = admit(*b, 3600, *wanted, *now);
+            assert_eq!(
+                (a, after.tokens),
+                (*admitted, *left),
+                "{b:?} {wanted} {now}"
+            );
+        }
+    }
+
+    #[test]
+    fn quotas_are_per_device_model_and_kind() {
+        let q = Quotas::default();
+        let quota = Quota {
+            sketches_per_hour: 2,
+            samples_per_hour: 3,
+        };
+        let t = datetime!(2026-01-01 0:00 UTC);
+        assert_eq!(q.take(quota, "d1", "m", Kind::Sample, 5, t), 3);
+        assert_eq!(q.take(quota, "d1", "m", Kind::Sample, 5, t), 0);
+        assert_eq!(q.take(quota, "d1", "m", Kind::Sketch, 5, t), 2);
+        assert_eq!(q.take(quota, "d1", "other", Kind::Sample, 5, t), 3);
+        assert_eq!(q.take(quota, "d2", "m", Kind::Sample, 5, t), 3);
+    }
+}
