@@ -581,3 +581,136 @@ async fn an_interrupted_checkpoint_upload_resumes_where_it_stopped() {
     assert_eq!((latest.step, latest.digest), (7, digest));
     cp.stop().await;
 }
+
+/// A bridge holding a lease names an artifact it never had (another
+/// team's model) as its job's checkpoint, to fetch it back: refused. The
+/// offset RPC tells it nothing about that artifact, and partial uploads of
+/// one digest by two jobs are kept apart.
+#[tokio::test]
+async fn a_bridge_cannot_borrow_a_stored_artifact_as_its_checkpoint() {
+    use edgeloop_proto::bridge::v1::{
+        CheckpointUploadOffsetRequest, FetchCheckpointRequest, LeaseJobRequest,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let secret = blob(200_000, 42);
+    let digest = cp.upload(&secret).await;
+
+    let mut bridges = Vec::new();
+    let mut jobs = Vec::new();
+    for name in ["gpu-x", "gpu-y"] {
+        let (_, job) = cp
+            .api()
+            .post(
+                "/api/v1/jobs",
+                serde_json::json!({"spec": {"name": "borrow", "command": ["true"],
+                    "checkpoint": {"every_steps": 1}}, "cluster": name}),
+            )
+            .await;
+        let identity = cp
+            .enroll(
+                Role::Cluster,
+                &cp.token("cluster", name).await,
+                &dir.path().join(name),
+            )
+            .await;
+        let mut client = BridgeServiceClient::new(
+            mtls_endpoint(&cp.grpc_url, &identity)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        );
+        client
+            .lease_job(LeaseJobRequest {
+                wait_seconds: 1,
+                engines: vec![],
+                running_jobs: vec![],
+            })
+            .await
+            .unwrap();
+        jobs.push(job["id"].as_str().unwrap().to_string());
+        bridges.push(client);
+    }
+    let header = |job: &str, offset: u64| CheckpointHeader {
+        job_id: job.to_string(),
+        attempt: 1,
+        step: 1,
+        digest: digest.to_string(),
+        size: secret.len() as u64,
+        has_optimizer_state: false,
+        metadata: Default::default(),
+        offset,
+    };
+    let offset_of = |client: &mut BridgeServiceClient<tonic::transport::Channel>, job: &str| {
+        let req = CheckpointUploadOffsetRequest {
+            job_id: job.to_string(),
+            digest: digest.to_string(),
+        };
+        let mut client = client.clone();
+        async move {
+            let r = client
+                .get_checkpoint_upload_offset(req)
+                .await
+                .unwrap()
+                .into_inner();
+            (r.offset, r.complete)
+        }
+    };
+    let (a, job_a) = (&mut bridges[0].clone(), jobs[0].clone());
+    // The offset RPC does not say the artifact exists, or its size.
+    assert_eq!(offset_of(a, &job_a).await, (0, false));
+    // "Already complete" with no body: refused, nothing recorded.
+    let no_body = futures::stream::iter(vec![CheckpointUpload {
+        part: Some(Part::Header(header(&job_a, secret.len() as u64))),
+    }]);
+    let err = a.upload_checkpoint(no_body).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    // Other bytes under the artifact's digest: refused.
+    let err = a
+        .upload_checkpoint(upload(header(&job_a, 0), &blob(200_000, 7), 50_000))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert!(
+        edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, &job_a)
+            .unwrap()
+            .is_none()
+    );
+    let fetch = FetchCheckpointRequest {
+        job_id: job_a.clone(),
+        digest: digest.to_string(),
+        offset: 0,
+    };
+    let err = a.fetch_checkpoint(fetch.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err}");
+
+    // Partial uploads are per job: job A's half is not job B's.
+    let half = {
+        let mut m = vec![CheckpointUpload {
+            part: Some(Part::Header(header(&job_a, 0))),
+        }];
+        m.push(CheckpointUpload {
+            part: Some(Part::Chunk(Chunk {
+                offset: 0,
+                data: secret[..100_000].to_vec(),
+            })),
+        });
+        futures::stream::iter(m)
+    };
+    assert_eq!(
+        a.upload_checkpoint(half).await.unwrap_err().code(),
+        Code::Unavailable
+    );
+    assert_eq!(offset_of(a, &job_a).await, (100_000, false));
+    let (b, job_b) = (&mut bridges[1].clone(), jobs[1].clone());
+    assert_eq!(offset_of(b, &job_b).await, (0, false));
+
+    // Whoever sends the whole body has the bytes: that is its checkpoint.
+    b.upload_checkpoint(upload(header(&job_b, 0), &secret, 50_000))
+        .await
+        .unwrap();
+    assert_eq!(offset_of(b, &job_b).await, (secret.len() as u64, true));
+    assert_eq!(offset_of(a, &job_a).await, (100_000, false));
+    cp.stop().await;
+}

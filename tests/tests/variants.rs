@@ -270,6 +270,67 @@ async fn each_device_gets_the_variant_that_fits_its_providers() {
         );
     }
 
+    // The CPU device now claims a GPU: that changes what a future rollout
+    // may pick for it, never what it may fetch now. The GPU variant is not
+    // in its assignment set, so its bytes are refused.
+    use edgeloop_proto::agent::v1 as pb;
+    use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+    let identity = edgeloop_client_core::identity::IdentityStore::new(&dir.path().join("edge-cpu"))
+        .load()
+        .unwrap()
+        .expect("the CPU agent's identity");
+    let mut liar = AgentServiceClient::new(
+        edgeloop_client_core::tls::mtls_endpoint(&cp.grpc_url, &identity)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    liar.heartbeat(edgeloop_proto::common::v1::HeartbeatRequest {
+        sent_at: None,
+        capabilities: Some(edgeloop_proto::common::v1::Capabilities {
+            execution_providers: vec![
+                "TensorrtExecutionProvider".into(),
+                "CUDAExecutionProvider".into(),
+            ],
+            ..Default::default()
+        }),
+    })
+    .await
+    .unwrap();
+    let (_, shown) = cp.api().get("/api/v1/devices/edge-cpu").await;
+    assert_eq!(
+        shown["capabilities"]["execution_providers"][1], "CUDAExecutionProvider",
+        "the claim is recorded: {shown}"
+    );
+    let refused = match liar
+        .fetch_artifact(pb::FetchArtifactRequest {
+            digest: gpu_artifact.to_string(),
+            offset: 0,
+            max_chunk_bytes: 0,
+        })
+        .await
+    {
+        Err(status) => status,
+        Ok(stream) => stream.into_inner().message().await.unwrap_err(),
+    };
+    assert_eq!(
+        refused.code(),
+        tonic::Code::PermissionDenied,
+        "the GPU variant is not the CPU device's: {refused}"
+    );
+    // Its own assignment still downloads.
+    let mut own_bytes = liar
+        .fetch_artifact(pb::FetchArtifactRequest {
+            digest: artifact.to_string(),
+            offset: 0,
+            max_chunk_bytes: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(own_bytes.message().await.unwrap().is_some());
+
     stop.cancel();
     for a in agents {
         a.await.unwrap().unwrap();

@@ -67,17 +67,23 @@ pub trait ArtifactStore: Send + Sync + 'static {
         limits: UploadLimits,
     ) -> Result<PutOutcome, ArtifactError>;
 
-    /// Bytes already held of an interrupted resumable upload (0 if none).
-    async fn partial_len(&self, _digest: Digest) -> Result<u64, ArtifactError> {
+    /// Bytes already held of `owner`'s interrupted resumable upload of
+    /// `digest` (0 if none).
+    async fn partial_len(&self, _owner: &str, _digest: Digest) -> Result<u64, ArtifactError> {
         Ok(0)
     }
 
     /// Like [`ArtifactStore::put`], for a body of exactly `size` bytes that
     /// may arrive over several calls: what arrives is kept when the body
-    /// ends early or breaks, and the next call continues at `offset`.
-    /// Stores that cannot resume accept only offset 0.
+    /// ends early or breaks, and `owner`'s next call continues at `offset`.
+    /// Partial bytes are `owner`'s alone (a bridge's job): one uploader
+    /// never continues, or learns about, another's. The whole body is
+    /// always read and hashed, even when the digest is already stored, so
+    /// an upload proves its caller has the bytes. Stores that cannot resume
+    /// accept only offset 0.
     async fn put_resumable(
         &self,
+        _owner: &str,
         expected: Digest,
         body: ByteStream,
         size: u64,
@@ -137,8 +143,13 @@ impl LocalArtifactStore {
         Ok(store)
     }
 
-    fn partial_path(&self, digest: Digest) -> PathBuf {
-        self.root.join("partial").join(digest.to_hex())
+    /// `partial/<sha256(owner)>-<digest>`: a file name whatever the owner's
+    /// characters.
+    fn partial_path(&self, owner: &str, digest: Digest) -> PathBuf {
+        let owner = Digest::of(owner.as_bytes()).to_hex();
+        self.root
+            .join("partial")
+            .join(format!("{}-{}", &owner[..32], digest.to_hex()))
     }
 
     /// Moves a verified file into the store (or drops it if already there).
@@ -250,8 +261,8 @@ impl ArtifactStore for LocalArtifactStore {
         self.commit(&tmp, expected, size).await
     }
 
-    async fn partial_len(&self, digest: Digest) -> Result<u64, ArtifactError> {
-        match tokio::fs::metadata(self.partial_path(digest)).await {
+    async fn partial_len(&self, owner: &str, digest: Digest) -> Result<u64, ArtifactError> {
+        match tokio::fs::metadata(self.partial_path(owner, digest)).await {
             Ok(m) => Ok(m.len()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
             Err(e) => Err(e.into()),
@@ -260,6 +271,7 @@ impl ArtifactStore for LocalArtifactStore {
 
     async fn put_resumable(
         &self,
+        owner: &str,
         expected: Digest,
         mut body: ByteStream,
         size: u64,
@@ -269,16 +281,11 @@ impl ArtifactStore for LocalArtifactStore {
         if size > max_bytes {
             return Err(ArtifactError::TooLarge { limit: max_bytes });
         }
-        if let Some(stored) = self.head(expected).await? {
-            // Already whole: nothing more is needed.
-            return Ok(PutOutcome {
-                digest: expected,
-                size: stored,
-                created: false,
-            });
-        }
-        let partial = self.partial_path(expected);
-        let held = self.partial_len(expected).await?;
+        // No shortcut when `expected` is already stored: the body is read
+        // and hashed all the same (and `commit` then drops the copy), or a
+        // caller could name any stored digest as its own upload.
+        let partial = self.partial_path(owner, expected);
+        let held = self.partial_len(owner, expected).await?;
         // Continue exactly where the held bytes end, or start over at 0.
         if offset != 0 && offset != held {
             return Err(ArtifactError::Offset {

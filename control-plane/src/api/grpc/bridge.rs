@@ -53,6 +53,22 @@ fn not_leased(job: &str, cluster: &str) -> Error {
     Error::PermissionDenied(format!("job {job:?} is not leased by cluster/{cluster}"))
 }
 
+/// Whose partial upload a checkpoint's bytes are: one bridge's one job.
+fn upload_owner(cluster: &str, job: &str) -> String {
+    format!("{cluster}/{job}")
+}
+
+/// This job's checkpoint with `digest`, if it uploaded one.
+fn own_checkpoint(
+    core: &crate::Core,
+    job: &str,
+    digest: Digest,
+) -> Result<Option<CheckpointRecord>, Error> {
+    Ok(checkpoints::list(&core.store, job)?
+        .into_iter()
+        .find(|c| c.digest == digest))
+}
+
 fn validate_header(h: &pb::CheckpointHeader, max_bytes: u64) -> Result<Digest, Error> {
     if h.job_id.is_empty()
         || h.job_id.len() > 128
@@ -281,22 +297,19 @@ impl BridgeService for BridgeApi {
             .digest
             .parse()
             .map_err(|e| Error::bad_field("digest", format!("{e}")))?;
-        if let Some(size) = self
-            .core
-            .artifacts
-            .head(digest)
-            .await
-            .map_err(Error::from)?
-        {
+        // Scoped to this job's own uploads: whether some other artifact
+        // with this digest is stored, and its size, is not the caller's to
+        // learn (nor a shortcut past sending the bytes).
+        if let Some(own) = own_checkpoint(&self.core, &job.id, digest)? {
             return Ok(Response::new(pb::CheckpointUploadOffset {
-                offset: size,
+                offset: own.size,
                 complete: true,
             }));
         }
         let offset = self
             .core
             .artifacts
-            .partial_len(digest)
+            .partial_len(&upload_owner(&cluster, &job.id), digest)
             .await
             .map_err(Error::from)?;
         Ok(Response::new(pb::CheckpointUploadOffset {
@@ -403,18 +416,35 @@ impl BridgeService for BridgeApi {
                 )),
             }
         });
-        let outcome = self
-            .core
-            .artifacts
-            .put_resumable(digest, Box::pin(body), header.size, max, header.offset)
-            .await
-            .map_err(Error::from)?;
+        // The job uploaded these bytes before (its receipt was lost, say):
+        // recording them again needs no body. Anything else needs the
+        // whole body from this job's own partial upload.
+        let already_own = own_checkpoint(&self.core, &job.id, digest)?
+            .filter(|c| header.offset == c.size && c.size == header.size);
+        let size = match already_own {
+            Some(own) => own.size,
+            None => {
+                self.core
+                    .artifacts
+                    .put_resumable(
+                        &upload_owner(&cluster, &job.id),
+                        digest,
+                        Box::pin(body),
+                        header.size,
+                        max,
+                        header.offset,
+                    )
+                    .await
+                    .map_err(Error::from)?
+                    .size
+            }
+        };
         let record = CheckpointRecord {
             job_id: header.job_id.clone(),
             attempt: header.attempt,
             step: header.step,
             digest,
-            size: outcome.size,
+            size,
             has_optimizer_state: header.has_optimizer_state,
             metadata: header.metadata.into_iter().collect(),
             cluster,
@@ -428,7 +458,7 @@ impl BridgeService for BridgeApi {
         self.core.store.flush().await.map_err(Error::from)?;
         Ok(Response::new(pb::CheckpointReceipt {
             digest: digest.to_string(),
-            size: outcome.size,
+            size,
         }))
     }
 }
