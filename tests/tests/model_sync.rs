@@ -361,6 +361,10 @@ fn blob(len: usize, seed: u8) -> Vec<u8> {
 }
 
 fn manifest(version: &str, artifact: &[u8], probe: Option<Digest>) -> Manifest {
+    manifest_for("digits", version, artifact, probe)
+}
+
+fn manifest_for(name: &str, version: &str, artifact: &[u8], probe: Option<Digest>) -> Manifest {
     let spec = |name: &str, n: i64| TensorSpec {
         name: name.into(),
         dtype: "float32".into(),
@@ -368,7 +372,7 @@ fn manifest(version: &str, artifact: &[u8], probe: Option<Digest>) -> Manifest {
     };
     Manifest {
         schema: SCHEMA_VERSION,
-        name: "digits".into(),
+        name: name.into(),
         version: version.into(),
         artifact: ArtifactRef {
             sha256: Digest::of(artifact),
@@ -579,6 +583,16 @@ async fn registering_a_version_checks_its_manifest_and_probe_inputs() {
             ),
             "health_probe.sample_inputs",
         ),
+        (
+            "7.0.0",
+            sign(&env.key, manifest("1.0.0", &model, None)),
+            "signed for version \"1.0.0\" of \"digits\", not \"7.0.0\"",
+        ),
+        (
+            "8.0.0",
+            sign(&env.key, manifest_for("rainfall", "8.0.0", &model, None)),
+            "signed for model \"rainfall\", not \"digits\"",
+        ),
     ];
     for (version, m, message) in cases {
         let (status, body) = env.register(version, &model, Some(&m)).await;
@@ -598,7 +612,7 @@ async fn registering_a_version_checks_its_manifest_and_probe_inputs() {
         &env.key,
         manifest("1.0.0", &model, Some(probe_inputs_digest)),
     );
-    let v = env.version("1", &model, Some(&signed)).await;
+    let v = env.version("1.0.0", &model, Some(&signed)).await;
     assert_eq!(v.probe_inputs_digest, Some(probe_inputs_digest));
     let a = AssignmentRecord::for_version(&v, "dep-1", 30);
     assert_eq!(a.probe_inputs_digest, Some(probe_inputs_digest));
@@ -611,7 +625,7 @@ async fn registering_a_version_checks_its_manifest_and_probe_inputs() {
         probe_inputs_digest.to_string()
     );
     // Without a manifest, nothing to check.
-    let unsigned = env.version("2", &model, None).await;
+    let unsigned = env.version("2.0.0", &model, None).await;
     assert_eq!(
         (unsigned.manifest_digest, unsigned.probe_inputs_digest),
         (None, None)
@@ -626,17 +640,17 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
     let probe = probe_inputs();
     let probe_inputs_digest = env.upload(&probe).await;
     let s1 = sign(&env.key, manifest("1.0.0", &m1, Some(probe_inputs_digest)));
-    let v1 = env.version("1", &m1, Some(&s1)).await;
+    let v1 = env.version("1.0.0", &m1, Some(&s1)).await;
     let v2 = env
         .version(
-            "2",
+            "2.0.0",
             &m2,
             Some(&sign(&env.key, manifest("2.0.0", &m2, None))),
         )
         .await;
     let v3 = env
         .version(
-            "3",
+            "3.0.0",
             &m3,
             Some(&sign(&env.key, manifest("3.0.0", &m3, None))),
         )
@@ -649,7 +663,7 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
         .assign(vec![AssignmentRecord::for_version(&v1, "d1", 60)])
         .await;
     let st = env
-        .wait_status("digits", "1", AssignmentState::Active)
+        .wait_status("digits", "1.0.0", AssignmentState::Active)
         .await;
     assert_eq!((st.generation, st.execution_provider.as_str()), (g1, CPU));
     let acts = agent.serving.activations();
@@ -669,7 +683,7 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
     // Upgrade: into the other slot; the old version stays on disk.
     env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)])
         .await;
-    env.wait_status("digits", "2", AssignmentState::Active)
+    env.wait_status("digits", "2.0.0", AssignmentState::Active)
         .await;
     assert_eq!(agent.serving.activations()[1].spec.path, slot(SlotId::B));
     assert_eq!(std::fs::read(slot(SlotId::A)).unwrap(), m1);
@@ -683,27 +697,27 @@ async fn assign_download_activate_upgrade_roll_back_fail_and_unassign() {
     env.assign(vec![AssignmentRecord::for_version(&v1, "d1-again", 60)])
         .await;
     let st = env
-        .wait_status("digits", "1", AssignmentState::RolledBack)
+        .wait_status("digits", "1.0.0", AssignmentState::RolledBack)
         .await;
     assert_eq!(st.execution_provider, CPU);
-    assert_eq!(agent.serving.version("digits").as_deref(), Some("1"));
+    assert_eq!(agent.serving.version("digits").as_deref(), Some("1.0.0"));
     assert_eq!(agent.serving.activations()[2].spec.path, slot(SlotId::A));
     assert_eq!(fetched(&agent.drain(), Digest::of(&m1)), Vec::<u64>::new());
 
     // An activation that fails: rolled back, the serving version untouched.
-    agent.serving.fail_version("3");
+    agent.serving.fail_version("3.0.0");
     env.assign(vec![AssignmentRecord::for_version(&v3, "d3", 60)])
         .await;
     let st = env
-        .wait_status("digits", "3", AssignmentState::RolledBack)
+        .wait_status("digits", "3.0.0", AssignmentState::RolledBack)
         .await;
     assert!(
-        st.reason.contains("version 1 still serves"),
+        st.reason.contains("version 1.0.0 still serves"),
         "{}",
         st.reason
     );
     assert!(st.reason.contains("told to fail"), "{}", st.reason);
-    assert_eq!(agent.serving.version("digits").as_deref(), Some("1"));
+    assert_eq!(agent.serving.version("digits").as_deref(), Some("1.0.0"));
     let state = env.model_dir("digits").load().unwrap();
     assert_eq!(state.active, Some(SlotId::A));
     assert_eq!(std::fs::read(slot(SlotId::A)).unwrap(), m1);
@@ -731,14 +745,14 @@ async fn a_copy_damaged_on_disk_is_downloaded_again_instead_of_activated() {
     let (m1, m2) = (blob(100_000, 1), blob(100_000, 2));
     let v1 = env
         .version(
-            "1",
+            "1.0.0",
             &m1,
             Some(&sign(&env.key, manifest("1.0.0", &m1, None))),
         )
         .await;
     let v2 = env
         .version(
-            "2",
+            "2.0.0",
             &m2,
             Some(&sign(&env.key, manifest("2.0.0", &m2, None))),
         )
@@ -746,11 +760,11 @@ async fn a_copy_damaged_on_disk_is_downloaded_again_instead_of_activated() {
     let mut agent = env.agent(&env.cp.grpc_url, false, |_| {});
     env.assign(vec![AssignmentRecord::for_version(&v1, "d1", 60)])
         .await;
-    env.wait_status("digits", "1", AssignmentState::Active)
+    env.wait_status("digits", "1.0.0", AssignmentState::Active)
         .await;
     env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)])
         .await;
-    env.wait_status("digits", "2", AssignmentState::Active)
+    env.wait_status("digits", "2.0.0", AssignmentState::Active)
         .await;
     agent.drain();
     // The previous version's file rots in its slot.
@@ -761,7 +775,7 @@ async fn a_copy_damaged_on_disk_is_downloaded_again_instead_of_activated() {
 
     env.assign(vec![AssignmentRecord::for_version(&v1, "d1-again", 60)])
         .await;
-    env.wait_status("digits", "1", AssignmentState::Active)
+    env.wait_status("digits", "1.0.0", AssignmentState::Active)
         .await;
     assert_eq!(fetched(&agent.drain(), Digest::of(&m1)), vec![0]);
     let acts = agent.serving.activations();
@@ -778,7 +792,7 @@ async fn an_interrupted_download_resumes_from_its_offset_after_the_agent_is_kill
     let size = 4 << 20;
     let model = blob(size, 7);
     let signed = sign(&env.key, manifest("1.0.0", &model, None));
-    let v1 = env.version("1", &model, Some(&signed)).await;
+    let v1 = env.version("1.0.0", &model, Some(&signed)).await;
     let digest = v1.artifact_digest;
     // The network breaks after about half of the model has gone through.
     let proxy = Proxy::start(env.cp.grpc_addr, (size / 2) as u64).await;
@@ -824,7 +838,7 @@ async fn an_interrupted_download_resumes_from_its_offset_after_the_agent_is_kill
             |e| matches!(e, SyncEvent::Status { state, .. } if *state == ReportState::Active),
         )
         .await;
-    env.wait_status("digits", "1", AssignmentState::Active)
+    env.wait_status("digits", "1.0.0", AssignmentState::Active)
         .await;
     events.extend(agent.drain());
     assert_eq!(fetched(&events, digest), vec![offset], "{events:#?}");
@@ -849,7 +863,7 @@ async fn a_download_that_cannot_finish_fails_at_its_deadline_and_the_report_wait
     let env = Env::start().await;
     let size = 2 << 20;
     let model = blob(size, 9);
-    let v1 = env.version("1", &model, None).await;
+    let v1 = env.version("1.0.0", &model, None).await;
     let proxy = Proxy::start(env.cp.grpc_addr, (size / 4) as u64).await;
     let mut agent = env.agent(&proxy.url(), true, |_| {});
     env.assign(vec![AssignmentRecord::for_version(&v1, "d1", 2)])
@@ -872,7 +886,7 @@ async fn a_download_that_cannot_finish_fails_at_its_deadline_and_the_report_wait
         "digits 1 failed reported",
         || async {
             env.status("digits")
-                .filter(|s| s.model_version == "1" && s.state == AssignmentState::Failed)
+                .filter(|s| s.model_version == "1.0.0" && s.state == AssignmentState::Failed)
         },
     )
     .await;
@@ -889,24 +903,27 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
 
     // Signed by a key this device does not trust.
     let a = blob(50_000, 1);
-    let untrusted = sign(&stranger, manifest("1.0.0", &a, None));
+    let untrusted = sign(&stranger, manifest_for("untrusted", "1.0.0", &a, None));
     env.upload(&a).await;
     env.upload(&untrusted).await;
-    set.push(record("untrusted", "1", &a, Some(&untrusted)));
+    set.push(record("untrusted", "1.0.0", &a, Some(&untrusted)));
 
     // A trusted manifest that describes another artifact.
     let (b, b_described) = (blob(50_000, 2), blob(50_000, 3));
-    let m = sign(&env.key, manifest("1.0.0", &b_described, None));
+    let m = sign(
+        &env.key,
+        manifest_for("mismatch", "1.0.0", &b_described, None),
+    );
     env.upload(&b).await;
     env.upload(&m).await;
-    set.push(record("mismatch", "1", &b, Some(&m)));
+    set.push(record("mismatch", "1.0.0", &b, Some(&m)));
 
     // The partial download on disk was tampered with.
     let c = blob(400_000, 4);
-    let m = sign(&env.key, manifest("1.0.0", &c, None));
+    let m = sign(&env.key, manifest_for("tampered", "1.0.0", &c, None));
     env.upload(&c).await;
     env.upload(&m).await;
-    set.push(record("tampered", "1", &c, Some(&m)));
+    set.push(record("tampered", "1.0.0", &c, Some(&m)));
     let downloads = env.model_dir("tampered").downloads_dir();
     std::fs::create_dir_all(&downloads).unwrap();
     let mut half = c[..200_000].to_vec();
@@ -921,18 +938,31 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
     // No manifest, and this device requires one.
     let d = blob(10_000, 5);
     env.upload(&d).await;
-    set.push(record("unsigned", "1", &d, None));
+    set.push(record("unsigned", "1.0.0", &d, None));
 
     // Signed, but larger than the disk (the size is the assignment's).
     let e = blob(10_000, 6);
-    let mut huge = manifest("1.0.0", &e, None);
+    let mut huge = manifest_for("huge", "1.0.0", &e, None);
     huge.artifact.size = 1 << 60;
     let m = sign(&env.key, huge);
     env.upload(&e).await;
     env.upload(&m).await;
-    let mut r = record("huge", "1", &e, Some(&m));
+    let mut r = record("huge", "1.0.0", &e, Some(&m));
     r.artifact_size = 1 << 60;
     set.push(r);
+
+    // Trusted, describing this very artifact, but signed for another model
+    // (or version): a control plane cannot serve it under this name.
+    let f = blob(20_000, 7);
+    let m = sign(&env.key, manifest_for("digits", "1.0.0", &f, None));
+    env.upload(&f).await;
+    env.upload(&m).await;
+    set.push(record("renamed", "1.0.0", &f, Some(&m)));
+    let g = blob(20_000, 8);
+    let m = sign(&env.key, manifest_for("reversioned", "7.0.0", &g, None));
+    env.upload(&g).await;
+    env.upload(&m).await;
+    set.push(record("reversioned", "1.0.0", &g, Some(&m)));
 
     let mut agent = env.agent(&env.cp.grpc_url, false, |_| {});
     env.assign(set).await;
@@ -943,11 +973,21 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
             "the manifest does not match the assignment: it describes artifact",
         ),
         ("tampered", "bad digest: artifact"),
-        ("unsigned", "unsigned: version 1 has no signed manifest"),
+        ("unsigned", "unsigned: version 1.0.0 has no signed manifest"),
         ("huge", "no space: 1152921504606846976 bytes needed"),
+        (
+            "renamed",
+            "the manifest does not match the assignment: it is signed for digits 1.0.0, the assignment is renamed 1.0.0",
+        ),
+        (
+            "reversioned",
+            "the manifest does not match the assignment: it is signed for reversioned 7.0.0",
+        ),
     ];
     for (model, reason) in expect {
-        let st = env.wait_status(model, "1", AssignmentState::Failed).await;
+        let st = env
+            .wait_status(model, "1.0.0", AssignmentState::Failed)
+            .await;
         assert!(st.reason.starts_with(reason), "{model}: {}", st.reason);
     }
     assert!(agent.serving.activations().is_empty());
@@ -956,6 +996,8 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
     assert!(fetched(&events, Digest::of(&a)).is_empty());
     assert!(fetched(&events, Digest::of(&b)).is_empty());
     assert!(fetched(&events, Digest::of(&e)).is_empty());
+    assert!(fetched(&events, Digest::of(&f)).is_empty());
+    assert!(fetched(&events, Digest::of(&g)).is_empty());
     // The tampered one resumed where the partial file said.
     assert_eq!(fetched(&events, Digest::of(&c)), vec![200_000]);
     drop(agent);
@@ -970,7 +1012,7 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
                 if model == "tampered" && *state == ReportState::Active)
         })
         .await;
-    env.wait_status("untrusted", "1", AssignmentState::Failed)
+    env.wait_status("untrusted", "1.0.0", AssignmentState::Failed)
         .await;
     events.extend(agent.drain());
     assert_eq!(fetched(&events, Digest::of(&c)), vec![0]);
@@ -990,8 +1032,8 @@ async fn bad_signatures_digests_unsigned_and_too_large_versions_are_never_activa
 async fn a_stale_generation_never_overrides_a_newer_one() {
     let env = Env::start().await;
     let (m1, m2) = (blob(20_000, 1), blob(20_000, 2));
-    let v1 = env.version("1", &m1, None).await;
-    let v2 = env.version("2", &m2, None).await;
+    let v1 = env.version("1.0.0", &m1, None).await;
+    let v2 = env.version("2.0.0", &m2, None).await;
     // This device already applied generation 2 (say, from a control plane
     // replica ahead of this one).
     AppliedStore::new(&env.device_dir.join("models"))
@@ -1030,7 +1072,7 @@ async fn a_stale_generation_never_overrides_a_newer_one() {
     );
     env.assign(vec![AssignmentRecord::for_version(&v2, "d2", 60)])
         .await;
-    env.wait_status("digits", "2", AssignmentState::Active)
+    env.wait_status("digits", "2.0.0", AssignmentState::Active)
         .await;
     events.extend(agent.drain());
     assert!(events.contains(&SyncEvent::SetOffered {
@@ -1044,7 +1086,7 @@ async fn a_stale_generation_never_overrides_a_newer_one() {
         .iter()
         .map(|a| a.spec.version.clone())
         .collect();
-    assert_eq!(versions, vec!["2"]);
+    assert_eq!(versions, vec!["2.0.0"]);
     assert_eq!(
         AppliedStore::new(&env.device_dir.join("models"))
             .load()
@@ -1097,7 +1139,7 @@ fn disk() -> Disk {
         sign(&key, manifest("1.0.0", &m1, None)),
         sign(&key, manifest("2.0.0", &m2, None)),
     );
-    let (a1, a2) = (assignment(&m1, &s1, "1"), assignment(&m2, &s2, "2"));
+    let (a1, a2) = (assignment(&m1, &s1, "1.0.0"), assignment(&m2, &s2, "2.0.0"));
     let mut state = Default::default();
     dir.clear(&mut state, SlotId::A).unwrap();
     std::fs::write(dir.slot_dir(SlotId::A).join(MODEL_FILE), &m1).unwrap();
@@ -1178,7 +1220,7 @@ impl Disk {
     }
 
     fn digest_of(&self, version: &str) -> Digest {
-        if version == "1" {
+        if version == "1.0.0" {
             self.v1.1.artifact
         } else {
             self.v2.1.artifact
@@ -1197,7 +1239,7 @@ async fn a_crash_at_any_step_of_the_slot_flip_boots_a_valid_model() {
                 d.torn_temp_file();
             }
             let (serving, acts) = d.boot(RecordingServing::default()).await;
-            let want = if steps == 4 { "2" } else { "1" };
+            let want = if steps == 4 { "2.0.0" } else { "1.0.0" };
             assert_eq!(
                 serving.as_deref(),
                 Some(want),
@@ -1221,9 +1263,9 @@ async fn boot_falls_back_to_the_other_slot_when_the_active_one_is_broken() {
     d.install(4);
     std::fs::write(d.dir.slot_dir(SlotId::B).join(MODEL_FILE), &d.v2.0[..1000]).unwrap();
     let (serving, acts) = d.boot(RecordingServing::default()).await;
-    assert_eq!(serving.as_deref(), Some("1"));
+    assert_eq!(serving.as_deref(), Some("1.0.0"));
     assert_eq!(acts.len(), 1, "the damaged file is never activated");
-    assert_eq!(acts[0].file_digest, d.digest_of("1"));
+    assert_eq!(acts[0].file_digest, d.digest_of("1.0.0"));
     let state = d.dir.load().unwrap();
     assert_eq!(state.active, Some(SlotId::A));
     assert!(!state.b.unwrap().served);
@@ -1234,21 +1276,21 @@ async fn boot_falls_back_to_the_other_slot_when_the_active_one_is_broken() {
     std::fs::write(d.dir.slot_dir(SlotId::B).join(MODEL_FILE), &d.v2.0[..10]).unwrap();
     assert_eq!(
         d.boot(RecordingServing::default()).await.0.as_deref(),
-        Some("1")
+        Some("1.0.0")
     );
 
     // The new version's activation fails at boot: the old one serves.
     let d = disk();
     d.install(4);
     let failing = RecordingServing::default();
-    failing.fail_version("2");
+    failing.fail_version("2.0.0");
     let (serving, acts) = d.boot(failing).await;
-    assert_eq!(serving.as_deref(), Some("1"));
+    assert_eq!(serving.as_deref(), Some("1.0.0"));
     assert_eq!(
         acts.iter()
             .map(|a| (a.spec.version.as_str(), a.ok))
             .collect::<Vec<_>>(),
-        vec![("2", false), ("1", true)]
+        vec![("2.0.0", false), ("1.0.0", true)]
     );
 
     // The active slot's directory vanished entirely.
@@ -1257,7 +1299,7 @@ async fn boot_falls_back_to_the_other_slot_when_the_active_one_is_broken() {
     std::fs::remove_dir_all(d.dir.slot_dir(SlotId::B)).unwrap();
     assert_eq!(
         d.boot(RecordingServing::default()).await.0.as_deref(),
-        Some("1")
+        Some("1.0.0")
     );
 
     // The signing key is no longer trusted: nothing boots.

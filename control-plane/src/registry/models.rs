@@ -172,14 +172,17 @@ pub async fn create_version(
         ));
     }
     let artifact_size = uploaded_size(artifacts, req.artifact_digest).await?;
-    let probe_inputs_digest = match req.manifest_digest {
+    let (probe_inputs_digest, manifest_version) = match req.manifest_digest {
         Some(m) => {
-            check_manifest(artifacts, m, req.artifact_digest, artifact_size)
-                .await?
-                .0
+            let (probe, signed) =
+                check_manifest(artifacts, m, req.artifact_digest, artifact_size).await?;
+            let version = check_identity(&signed.manifest, model, req.version.as_deref())?;
+            (probe, Some(version))
         }
-        None => None,
+        None => (None, None),
     };
+    // A signed manifest names its version: that is the version registered.
+    let version_asked = req.version.or(manifest_version);
     let metrics = req.metrics.unwrap_or_default();
     if let Some((k, _)) = metrics.iter().find(|(_, v)| !v.is_finite()) {
         return Err(Error::bad_field(
@@ -199,14 +202,14 @@ pub async fn create_version(
     if let Some(t) = &lineage.trigger {
         validate::text("lineage.trigger", t, 128)?;
     }
-    let explicit = req.version.is_some();
+    let explicit = version_asked.is_some();
     let mut next = store
         .model_versions
         .scan_prefix(&format!("{model}/"))?
         .len()
         + 1;
     loop {
-        let version = req.version.clone().unwrap_or_else(|| next.to_string());
+        let version = version_asked.clone().unwrap_or_else(|| next.to_string());
         let record = ModelVersionRecord {
             model: model.to_string(),
             version: version.clone(),
@@ -342,6 +345,38 @@ pub async fn add_variant(
         })??;
     store.flush().await?;
     Ok(record)
+}
+
+/// A manifest signed for one model and version is registered only as
+/// that model and version: otherwise a manifest signed for `rainfall
+/// 1.0.0` could be served as `digits 7`. Returns the manifest's version.
+fn check_identity(
+    m: &edgeloop_models::manifest::Manifest,
+    model: &str,
+    version: Option<&str>,
+) -> Result<String> {
+    if m.name != model {
+        return Err(Error::bad_field(
+            "manifest_digest",
+            format!(
+                "the manifest is signed for model {:?}, not {model:?}",
+                m.name
+            ),
+        ));
+    }
+    if let Some(v) = version {
+        if m.version != v {
+            return Err(Error::bad_field(
+                "manifest_digest",
+                format!(
+                    "the manifest is signed for version {:?} of {model:?}, not {v:?}",
+                    m.version
+                ),
+            ));
+        }
+    }
+    validate::version("manifest_digest", &m.version)?;
+    Ok(m.version.clone())
 }
 
 /// Checks that `manifest` is an uploaded signed manifest describing this

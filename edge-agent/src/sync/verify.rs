@@ -66,6 +66,19 @@ impl Trust {
     }
 }
 
+/// The manifest is signed for the model and version it is assigned as: a
+/// manifest signed for `rainfall 1.0.0` never serves as `digits 7`, even
+/// when the control plane (or whoever holds it) says so.
+pub fn check_identity(manifest: &Manifest, model: &str, version: &str) -> Result<(), Failure> {
+    if manifest.name != model || manifest.version != version {
+        return Err(Failure::ManifestMismatch(format!(
+            "it is signed for {} {}, the assignment is {model} {version}",
+            manifest.name, manifest.version
+        )));
+    }
+    Ok(())
+}
+
 fn describe(d: Option<Digest>) -> String {
     d.map_or_else(|| "none".to_string(), |d| d.to_string())
 }
@@ -166,6 +179,7 @@ pub fn prepare(
                 });
             }
             let manifest = trust.check_manifest(&bytes, content)?;
+            check_identity(&manifest, model, &content.version)?;
             let probe_path = dir.join(PROBE_FILE);
             if let Some(d) = content.probe_inputs {
                 check_file(&probe_path, "probe inputs", d, None)?;
@@ -181,4 +195,38 @@ pub fn prepare(
         manifest,
         probe,
     })
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_serves_only_as_the_model_and_version_it_is_signed_for() {
+        let mut m: Manifest = serde_json::from_value(serde_json::json!({
+            "schema": 1, "name": "rainfall", "version": "1.0.0",
+            "artifact": {"sha256": "0".repeat(64), "size": 1, "format": "onnx"},
+            "signature": {"inputs": [], "outputs": []}, "lineage": {},
+            "created_at": "2026-01-01T00:00:00Z"
+        }))
+        .unwrap_or_else(|e| panic!("a minimal manifest: {e}"));
+        let table = [
+            ("rainfall", "1.0.0", true),
+            ("digits", "1.0.0", false),
+            ("rainfall", "7", false),
+            ("digits", "7", false),
+        ];
+        for (model, version, ok) in table {
+            assert_eq!(
+                check_identity(&m, model, version).is_ok(),
+                ok,
+                "{model} {version}"
+            );
+        }
+        m.version = "7".into();
+        assert!(matches!(
+            check_identity(&m, "rainfall", "1.0.0"),
+            Err(Failure::ManifestMismatch(msg)) if msg.contains("rainfall 7")
+        ));
+    }
 }

@@ -307,7 +307,8 @@ impl Worker {
                 let bytes = tokio::fs::read(&path)
                     .await
                     .map_err(|e| Failure::storage("manifest", e))?;
-                self.ctx.trust.check_manifest(&bytes, &a.content())?;
+                let manifest = self.ctx.trust.check_manifest(&bytes, &a.content())?;
+                super::verify::check_identity(&manifest, &a.model, &a.version)?;
                 Some(path)
             }
         };
