@@ -142,6 +142,9 @@ pub enum ApiTokenState {
 pub struct CreatedApiToken {
     /// The bearer secret. Only its sha256 is stored.
     pub token: String,
+    /// sha256 of the control plane's CA certificate: what a client of a
+    /// console served with `--http-tls` pins (`--ca-fingerprint`).
+    pub ca_fingerprint: String,
     #[serde(flatten)]
     pub view: ApiTokenView,
 }

@@ -143,16 +143,82 @@ fn io_error(path: &Path, e: std::io::Error) -> ApiError {
     }
 }
 
+/// Which certificate an `https://` console may present.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Trust {
+    /// reqwest's default roots.
+    #[default]
+    Default,
+    /// Only CAs in this PEM (the control plane's `pki/ca.crt`, say).
+    CaPem(Vec<u8>),
+    /// Only a chain that holds the CA with this sha256 (as a bootstrap
+    /// token pins it; `ca_fingerprint` of a created token).
+    CaFingerprint(Digest),
+}
+
+impl Trust {
+    fn tls_config(&self) -> Result<Option<rustls::ClientConfig>> {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ApiError::Usage(format!("TLS: {e}")))?;
+        let mut config = match self {
+            Trust::Default => return Ok(None),
+            Trust::CaPem(pem) => {
+                use rustls::pki_types::pem::PemObject as _;
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
+                    let cert = cert.map_err(|e| ApiError::Usage(format!("CA file: {e}")))?;
+                    roots
+                        .add(cert)
+                        .map_err(|e| ApiError::Usage(format!("CA file: {e}")))?;
+                }
+                if roots.is_empty() {
+                    return Err(ApiError::Usage("the CA file holds no certificate".into()));
+                }
+                builder.with_root_certificates(roots).with_no_client_auth()
+            }
+            Trust::CaFingerprint(pin) => builder
+                .dangerous()
+                .with_custom_certificate_verifier(std::sync::Arc::new(
+                    crate::tls::PinnedCaVerifier::new(*pin),
+                ))
+                .with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Some(config))
+    }
+}
+
 impl Client {
     /// `base` is the console API's root (`http://127.0.0.1:7080`); every
     /// request carries `token` as a bearer token when there is one.
     /// `timeout` bounds each request, not a wait.
     pub fn new(base: &str, token: Option<String>, timeout: Duration) -> Result<Client> {
-        let http = reqwest::Client::builder()
+        Self::with_trust(base, token, timeout, &Trust::Default)
+    }
+
+    /// [`Client::new`] for an `https://` console whose certificate `trust`
+    /// says how to check.
+    pub fn with_trust(
+        base: &str,
+        token: Option<String>,
+        timeout: Duration,
+        trust: &Trust,
+    ) -> Result<Client> {
+        let tls = trust.tls_config()?;
+        let builder = || {
+            let b = reqwest::Client::builder();
+            match &tls {
+                Some(config) => b.use_preconfigured_tls(config.clone()),
+                None => b,
+            }
+        };
+        let http = builder()
             .timeout(timeout)
             .build()
             .map_err(|e| ApiError::Usage(format!("HTTP client: {e}")))?;
-        let transfer = reqwest::Client::builder()
+        let transfer = builder()
             .connect_timeout(timeout)
             .build()
             .map_err(|e| ApiError::Usage(format!("HTTP client: {e}")))?;

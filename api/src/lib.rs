@@ -20,10 +20,12 @@ pub mod samples;
 #[cfg(feature = "openapi")]
 pub mod schema;
 pub mod spec;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod triggers;
 
 #[cfg(feature = "client")]
-pub use client::{ApiError, Client, ErrorKind};
+pub use client::{ApiError, Client, ErrorKind, Trust};
 
 /// Unix seconds: how the lifecycle's records and views write times.
 pub type UnixSeconds = i64;

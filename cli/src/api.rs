@@ -34,6 +34,19 @@ pub struct ServerArgs {
     /// A file holding the token, e.g. `<data-dir>/admin.token`.
     #[arg(long, env = "EDGELOOP_TOKEN_FILE", global = true)]
     pub token_file: Option<std::path::PathBuf>,
+    /// For an `https://` server: trust only the CAs in this PEM file (the
+    /// control plane's `<data-dir>/pki/ca.crt`).
+    #[arg(
+        long,
+        env = "EDGELOOP_CA_FILE",
+        global = true,
+        conflicts_with = "ca_fingerprint"
+    )]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// For an `https://` server: trust only the CA with this sha256 (a
+    /// created token's `ca_fingerprint`).
+    #[arg(long, env = "EDGELOOP_CA_FINGERPRINT", global = true)]
+    pub ca_fingerprint: Option<edgeloop_models::Digest>,
     /// Machine-readable output.
     #[arg(long, global = true)]
     pub json: bool,
@@ -144,10 +157,19 @@ pub fn client(args: &ServerArgs) -> Result<Client, CliError> {
         args.env_token.as_deref(),
         args.token_file.as_deref(),
     )?;
-    Ok(Client::new(
+    let trust = match (&args.ca_file, args.ca_fingerprint) {
+        (Some(path), _) => edgeloop_api::Trust::CaPem(
+            std::fs::read(path)
+                .map_err(|e| CliError::Usage(format!("reading {}: {e}", path.display())))?,
+        ),
+        (None, Some(pin)) => edgeloop_api::Trust::CaFingerprint(pin),
+        (None, None) => edgeloop_api::Trust::Default,
+    };
+    Ok(Client::with_trust(
         &args.server,
         Some(token),
         Duration::from_secs(30),
+        &trust,
     )?)
 }
 

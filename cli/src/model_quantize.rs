@@ -280,6 +280,8 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
             server: args.server.clone(),
             token: args.token.clone(),
             env_token: args.env_token.clone(),
+            ca_file: None,
+            ca_fingerprint: None,
             token_file: args.token_file.clone(),
             json: args.json,
         };

@@ -20,10 +20,22 @@ pub struct ServeSettings {
     /// gRPC (mTLS) listen address for agents and bridges.
     #[arg(long, env = "EDGELOOP_GRPC_LISTEN")]
     pub grpc_listen: Option<SocketAddr>,
-    /// Console REST API listen address. It is plain HTTP: anything but a
-    /// loopback address needs --insecure-http.
+    /// Console REST API listen address. Plain HTTP unless --http-tls:
+    /// then anything but a loopback address needs --insecure-http.
     #[arg(long, env = "EDGELOOP_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
+    /// Serve the console API over TLS (rustls), with the control plane's
+    /// server certificate (its CA's, for the --server-name names) unless
+    /// --http-tls-cert and --http-tls-key give another.
+    #[arg(long, env = "EDGELOOP_HTTP_TLS")]
+    #[serde(default)]
+    pub http_tls: bool,
+    /// PEM certificate chain (leaf first) for --http-tls.
+    #[arg(long, env = "EDGELOOP_HTTP_TLS_CERT", requires = "http_tls_key")]
+    pub http_tls_cert: Option<PathBuf>,
+    /// PEM private key for --http-tls-cert.
+    #[arg(long, env = "EDGELOOP_HTTP_TLS_KEY", requires = "http_tls_cert")]
+    pub http_tls_key: Option<PathBuf>,
     /// Serve the console API's plain HTTP on a non-loopback address anyway
     /// (e.g. behind a TLS-terminating proxy on a private network): its
     /// bearer tokens then cross that network in clear.
@@ -242,6 +254,9 @@ impl ServeSettings {
             grpc_listen: self.grpc_listen.or(lower.grpc_listen),
             http_listen: self.http_listen.or(lower.http_listen),
             insecure_http: self.insecure_http || lower.insecure_http,
+            http_tls: self.http_tls || lower.http_tls,
+            http_tls_cert: self.http_tls_cert.or(lower.http_tls_cert),
+            http_tls_key: self.http_tls_key.or(lower.http_tls_key),
             server_names: self.server_names.or(lower.server_names),
             heartbeat_interval_secs: self
                 .heartbeat_interval_secs
@@ -282,6 +297,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub grpc_listen: SocketAddr,
     pub http_listen: SocketAddr,
+    /// The console API over TLS, and with which certificate.
+    pub http_tls: HttpTls,
     pub server_names: Vec<String>,
     pub heartbeat_interval: Duration,
     pub max_artifact_bytes: u64,
@@ -302,6 +319,17 @@ pub struct Config {
     pub cost: Prices,
 }
 
+/// How the console API is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpTls {
+    /// Plain HTTP (loopback, or with --insecure-http).
+    Off,
+    /// TLS with the control plane's own server certificate.
+    ServerCertificate,
+    /// TLS with this PEM chain and key.
+    Files { cert: PathBuf, key: PathBuf },
+}
+
 pub const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:7443";
 pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7080";
 
@@ -316,7 +344,13 @@ impl Config {
         let http_listen = s
             .http_listen
             .unwrap_or_else(|| DEFAULT_HTTP_LISTEN.parse().expect("valid default"));
-        check_http_bind(http_listen, s.insecure_http)?;
+        let http_tls = match (s.http_tls, s.http_tls_cert, s.http_tls_key) {
+            (false, None, None) => HttpTls::Off,
+            (true, None, None) => HttpTls::ServerCertificate,
+            (_, Some(cert), Some(key)) => HttpTls::Files { cert, key },
+            _ => anyhow::bail!("http-tls-cert and http-tls-key go together"),
+        };
+        check_http_bind(http_listen, s.insecure_http || http_tls != HttpTls::Off)?;
         let heartbeat = s.heartbeat_interval_secs.unwrap_or(10);
         anyhow::ensure!(
             (1..=3600).contains(&heartbeat),
@@ -411,6 +445,7 @@ impl Config {
             data_dir,
             grpc_listen,
             http_listen,
+            http_tls,
             server_names: names,
             heartbeat_interval: Duration::from_secs(heartbeat.into()),
             max_artifact_bytes: s.max_artifact_bytes.unwrap_or(4 << 30),
@@ -437,16 +472,16 @@ impl Config {
     }
 }
 
-/// The console API is plain HTTP, and every call carries a bearer token:
-/// off loopback that token crosses the network in clear, so such a bind
-/// is refused unless the operator says so.
-fn check_http_bind(addr: SocketAddr, insecure_http: bool) -> anyhow::Result<()> {
+/// Every console call carries a bearer token: over plain HTTP off
+/// loopback it crosses the network in clear, so such a bind is refused
+/// unless it is TLS or the operator says so (`allowed`).
+fn check_http_bind(addr: SocketAddr, allowed: bool) -> anyhow::Result<()> {
     anyhow::ensure!(
-        addr.ip().is_loopback() || insecure_http,
+        addr.ip().is_loopback() || allowed,
         "--http-listen {addr} is not a loopback address: the console API is plain HTTP, so its \
-         bearer tokens would cross the network in clear. Bind 127.0.0.1 (behind a TLS-terminating \
-         proxy for remote use), or pass --insecure-http (EDGELOOP_INSECURE_HTTP=true, \
-         insecure-http = true in the file) to accept that"
+         bearer tokens would cross the network in clear. Serve it over TLS with --http-tls, bind \
+         127.0.0.1 (behind a TLS-terminating proxy for remote use), or pass --insecure-http \
+         (EDGELOOP_INSECURE_HTTP=true, insecure-http = true in the file) to accept that"
     );
     Ok(())
 }
@@ -475,6 +510,15 @@ mod tests {
             assert!(
                 Config::from_settings(settings(addr, true)).is_ok(),
                 "{addr}"
+            );
+            let tls = ServeSettings {
+                http_tls: true,
+                ..settings(addr, false)
+            };
+            assert_eq!(
+                Config::from_settings(tls).unwrap().http_tls,
+                HttpTls::ServerCertificate,
+                "{addr}: TLS needs no --insecure-http"
             );
         }
         // From the file too, and a flag cannot take it back (flags only add).

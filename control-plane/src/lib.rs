@@ -160,11 +160,22 @@ impl Server {
             self.grpc,
             core.shutdown.clone(),
         ));
-        let http = tokio::spawn(api::rest::serve(
-            core.clone(),
-            self.http,
-            core.shutdown.clone(),
-        ));
+        let http = match &core.config.http_tls {
+            config::HttpTls::Off => tokio::spawn(api::rest::serve(
+                core.clone(),
+                self.http,
+                core.shutdown.clone(),
+            )),
+            tls => {
+                let config = Arc::new(http_tls_config(&core, tls)?);
+                tokio::spawn(api::rest::tls::serve(
+                    core.clone(),
+                    self.http,
+                    config,
+                    core.shutdown.clone(),
+                ))
+            }
+        };
         let rollouts = tokio::spawn(fleet::rollout::runner::run(
             core.clone(),
             core.config.rollout_tick,
@@ -233,6 +244,26 @@ impl Server {
         core.store.flush().await?;
         tracing::info!("control plane stopped");
         Ok(())
+    }
+}
+
+/// The console's TLS identity: the PKI's server certificate (with the CA
+/// in its chain, so a client can pin the CA by fingerprint), or the files
+/// the operator named.
+fn http_tls_config(core: &Core, tls: &config::HttpTls) -> anyhow::Result<rustls::ServerConfig> {
+    match tls {
+        config::HttpTls::Off => anyhow::bail!("the console API is not configured for TLS"),
+        config::HttpTls::ServerCertificate => api::rest::tls::server_config(
+            core.pki.server_chain_pem().as_bytes(),
+            core.pki.server_key_pem().as_bytes(),
+        ),
+        config::HttpTls::Files { cert, key } => {
+            let read = |p: &std::path::Path| {
+                std::fs::read(p).with_context(|| format!("reading {}", p.display()))
+            };
+            api::rest::tls::server_config(&read(cert)?, &read(key)?)
+                .with_context(|| format!("--http-tls-cert {}", cert.display()))
+        }
     }
 }
 

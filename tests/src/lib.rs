@@ -75,6 +75,7 @@ impl ControlPlane {
     pub async fn start_with(settings: ServeSettings) -> ControlPlane {
         edgeloop_client_core::install_crypto_provider();
         let config = Config::from_settings(settings).unwrap();
+        let tls = config.http_tls != edgeloop_control_plane::config::HttpTls::Off;
         let data_dir = config.data_dir.clone();
         let server = Server::start(config).await.unwrap();
         let first_start = server.new_admin_token().is_some();
@@ -87,7 +88,12 @@ impl ControlPlane {
         }
         let (grpc_addr, http_addr) = (server.grpc_addr(), server.http_addr());
         let grpc_url = format!("https://localhost:{}", grpc_addr.port());
-        let http_base = format!("http://{http_addr}");
+        // Over TLS, by a name the server certificate holds.
+        let http_base = if tls {
+            format!("https://localhost:{}", http_addr.port())
+        } else {
+            format!("http://{http_addr}")
+        };
         let core = server.core();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(server.serve(shutdown.clone()));

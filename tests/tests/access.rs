@@ -532,3 +532,97 @@ async fn a_hostile_device_cannot_write_into_another_models_data() {
     );
     cp.stop().await;
 }
+
+/// `--http-tls`: the console is served over rustls with the control
+/// plane's server certificate; a client trusts it by the CA file or the
+/// CA's fingerprint, and nothing else gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_over_tls_is_trusted_by_ca_file_or_fingerprint() {
+    use edgeloop_api::{Client, Trust};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(edgeloop_control_plane::ServeSettings {
+        http_tls: true,
+        ..edgeloop_tests::settings(&dir.path().join("cp"))
+    })
+    .await;
+    assert!(
+        cp.http_base.starts_with("https://localhost:"),
+        "{}",
+        cp.http_base
+    );
+    let pin = cp.core.pki.ca_fingerprint();
+    let ca_file = cp.data_dir.join("pki").join("ca.crt");
+    let ca_pem = std::fs::read(&ca_file).unwrap();
+    let client = |trust: Trust| {
+        Client::with_trust(
+            &cp.http_base,
+            Some(cp.admin_token.clone()),
+            Duration::from_secs(10),
+            &trust,
+        )
+        .unwrap()
+    };
+    for trust in [Trust::CaFingerprint(pin), Trust::CaPem(ca_pem.clone())] {
+        let models: Value = client(trust.clone()).get("/api/v1/models").await.unwrap();
+        assert_eq!(models, json!([]), "{trust:?}");
+    }
+    let created: Value = client(Trust::CaFingerprint(pin))
+        .post(
+            "/api/v1/api-tokens",
+            &json!({"name": "remote", "role": "viewer"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created["ca_fingerprint"], json!(pin.to_hex()));
+    // Not trusted: a default client, a wrong pin; and plain HTTP gets no answer.
+    for trust in [
+        Trust::Default,
+        Trust::CaFingerprint(edgeloop_models::Digest::of(b"x")),
+    ] {
+        let e = client(trust.clone())
+            .get::<Value>("/api/v1/models")
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.kind(),
+            edgeloop_api::ErrorKind::Unreachable,
+            "{trust:?}: {e}"
+        );
+    }
+    let plain = format!("http://127.0.0.1:{}/healthz", cp.http_addr.port());
+    let answered = reqwest::get(&plain)
+        .await
+        .is_ok_and(|r| r.status().is_success());
+    assert!(!answered, "plain HTTP on the TLS port");
+
+    // The CLI, with either flag.
+    let edgeloop = |extra: &[&str]| {
+        std::process::Command::new(edgeloop_bin())
+            .args(["model", "list"])
+            .args(extra)
+            .env("EDGELOOP_SERVER", &cp.http_base)
+            .env("EDGELOOP_TOKEN", &cp.admin_token)
+            .env_remove("EDGELOOP_CA_FILE")
+            .env_remove("EDGELOOP_CA_FINGERPRINT")
+            .output()
+            .unwrap()
+    };
+    let ca_path = ca_file.to_str().unwrap().to_string();
+    let pin_hex = pin.to_hex();
+    for extra in [
+        ["--ca-file", ca_path.as_str()],
+        ["--ca-fingerprint", pin_hex.as_str()],
+    ] {
+        let out = edgeloop(&extra);
+        assert_eq!(out.status.code(), Some(0), "{extra:?}: {out:?}");
+    }
+    let out = edgeloop(&[]);
+    assert_eq!(
+        out.status.code(),
+        Some(69),
+        "an untrusted certificate: {out:?}"
+    );
+    cp.stop().await;
+}

@@ -1055,6 +1055,8 @@ async fn triggers_through_the_cli() {
         token: Some(admin.clone()),
         env_token: None,
         token_file: None,
+        ca_file: None,
+        ca_fingerprint: None,
         json: false,
     };
     let e = execute(

@@ -130,6 +130,7 @@ pub async fn create(
     store: &Store,
     by: &Principal,
     req: CreateApiToken,
+    ca_fingerprint: Digest,
     now: OffsetDateTime,
 ) -> Result<CreatedApiToken> {
     let projects = check(&req)?;
@@ -153,6 +154,7 @@ pub async fn create(
     store.flush().await?;
     Ok(CreatedApiToken {
         token: secret,
+        ca_fingerprint: ca_fingerprint.to_hex(),
         view: view(&record, now),
     })
 }
@@ -280,13 +282,20 @@ mod tests {
         let store = Store::open(&dir.path().join("db")).unwrap();
         let t0 = datetime!(2026-01-01 0:00 UTC);
         let admin = Principal::bootstrap_admin();
-        let a = create(&store, &admin, req(Role::Viewer, None, Some(60)), t0)
-            .await
-            .unwrap();
+        let a = create(
+            &store,
+            &admin,
+            req(Role::Viewer, None, Some(60)),
+            Digest::of(b"ca"),
+            t0,
+        )
+        .await
+        .unwrap();
         let b = create(
             &store,
             &admin,
             req(Role::Trainer, Some(&["vision"]), None),
+            Digest::of(b"ca"),
             t0,
         )
         .await

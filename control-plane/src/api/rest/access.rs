@@ -24,7 +24,8 @@ pub async fn create(
     Extension(by): Extension<Principal>,
     ValidJson(req): ValidJson<CreateApiToken>,
 ) -> Result<(StatusCode, Json<CreatedApiToken>), Error> {
-    let created = tokens::create(&core.store, &by, req, core.now()).await?;
+    let created =
+        tokens::create(&core.store, &by, req, core.pki.ca_fingerprint(), core.now()).await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 

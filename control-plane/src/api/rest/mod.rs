@@ -19,6 +19,7 @@ pub mod openapi;
 mod pipelines;
 pub mod scope;
 mod telemetry;
+pub mod tls;
 mod triggers;
 
 use std::sync::Arc;
