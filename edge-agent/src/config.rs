@@ -76,6 +76,20 @@ pub struct AgentSettings {
     /// Telemetry batches kept while offline; past this the oldest are dropped (and counted).
     #[arg(long, env = "EDGELOOP_TELEMETRY_MAX_BATCHES")]
     pub telemetry_max_batches: Option<u64>,
+    /// A file holding the bearer token the inference and feedback APIs
+    /// require (REST `Authorization: Bearer`, gRPC `authorization`
+    /// metadata); health routes stay open. Without it the APIs are open,
+    /// and may listen only on loopback unless --insecure-api.
+    #[arg(long, env = "EDGELOOP_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
+    /// Let the inference APIs listen off loopback without a token: anyone
+    /// who reaches the port may then run the models and send labels.
+    #[arg(long, env = "EDGELOOP_INSECURE_API")]
+    pub insecure_api: Option<bool>,
+    /// Feedback labels accepted per model per minute (default 6000); past
+    /// it, 429.
+    #[arg(long, env = "EDGELOOP_FEEDBACK_LABELS_PER_MINUTE")]
+    pub feedback_labels_per_minute: Option<u32>,
 }
 
 impl AgentSettings {
@@ -103,6 +117,11 @@ impl AgentSettings {
                 .telemetry_interval_secs
                 .or(lower.telemetry_interval_secs),
             telemetry_max_batches: self.telemetry_max_batches.or(lower.telemetry_max_batches),
+            api_token_file: self.api_token_file.or(lower.api_token_file),
+            insecure_api: self.insecure_api.or(lower.insecure_api),
+            feedback_labels_per_minute: self
+                .feedback_labels_per_minute
+                .or(lower.feedback_labels_per_minute),
         }
     }
 }
@@ -149,12 +168,22 @@ pub struct TelemetryConfig {
     pub max_batches: u64,
 }
 
+/// Who may call the device's inference and feedback APIs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiAccess {
+    /// sha256 of the bearer token the APIs require; `None`: open.
+    pub token_hash: Option<edgeloop_models::Digest>,
+    /// Feedback labels per model per minute.
+    pub feedback_labels_per_minute: u32,
+}
+
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub member: MemberConfig,
     pub serve: ServeConfig,
     pub sync: SyncConfig,
     pub telemetry: TelemetryConfig,
+    pub api: ApiAccess,
 }
 
 pub const DEFAULT_INFERENCE_LISTEN: &str = "127.0.0.1:8000";
@@ -173,6 +202,25 @@ fn parse_provider(s: &str) -> anyhow::Result<Provider> {
             "providers: unknown execution provider {other:?}; expected tensorrt, cuda or cpu"
         ),
     }
+}
+
+/// Open inference APIs run the device's models and take labels that reach
+/// training: off loopback they need a token, or the operator's explicit
+/// --insecure-api.
+fn check_api_bind(
+    api: &ApiAccess,
+    insecure_api: bool,
+    addrs: [SocketAddr; 2],
+) -> anyhow::Result<()> {
+    for addr in addrs {
+        anyhow::ensure!(
+            addr.ip().is_loopback() || api.token_hash.is_some() || insecure_api,
+            "{addr} is not a loopback address, and the inference API has no token: anyone who \
+             reaches it could run the models and send labels that reach training. Give \
+             --api-token-file, or pass --insecure-api to accept that"
+        );
+    }
+    Ok(())
 }
 
 fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
@@ -238,17 +286,44 @@ impl AgentConfig {
              unless allow-unsigned is set for development"
         );
         let trt_cache = member.data_dir.join("trt-cache");
+        let token_hash = match &s.api_token_file {
+            None => None,
+            Some(path) => {
+                let raw = std::fs::read_to_string(path)
+                    .with_context(|| format!("api-token-file: reading {}", path.display()))?;
+                let token = raw.trim();
+                anyhow::ensure!(
+                    token.len() >= 16,
+                    "api-token-file {}: the token must be at least 16 characters",
+                    path.display()
+                );
+                Some(edgeloop_models::Digest::of(token.as_bytes()))
+            }
+        };
+        let api = ApiAccess {
+            token_hash,
+            feedback_labels_per_minute: in_range(
+                "feedback-labels-per-minute",
+                s.feedback_labels_per_minute.unwrap_or(6_000),
+                1,
+                10_000_000,
+            )?,
+        };
+        let listen = s
+            .inference_listen
+            .unwrap_or_else(|| DEFAULT_INFERENCE_LISTEN.parse().expect("valid default"));
+        let grpc_listen = s.grpc_inference_listen.unwrap_or_else(|| {
+            DEFAULT_GRPC_INFERENCE_LISTEN
+                .parse()
+                .expect("valid default")
+        });
+        check_api_bind(&api, s.insecure_api.unwrap_or(false), [listen, grpc_listen])?;
         Ok(AgentConfig {
+            api,
             member,
             serve: ServeConfig {
-                listen: s
-                    .inference_listen
-                    .unwrap_or_else(|| DEFAULT_INFERENCE_LISTEN.parse().expect("valid default")),
-                grpc_listen: s.grpc_inference_listen.unwrap_or_else(|| {
-                    DEFAULT_GRPC_INFERENCE_LISTEN
-                        .parse()
-                        .expect("valid default")
-                }),
+                listen,
+                grpc_listen,
                 ort_library: s.ort_library,
                 providers,
                 cuda_mem_limit_bytes: s
@@ -396,7 +471,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("agent.toml");
-        std::fs::write(&file, "grpc-inference-listen = \"0.0.0.0:9001\"\n").unwrap();
+        std::fs::write(&file, "grpc-inference-listen = \"127.0.0.5:9001\"\n").unwrap();
         let from_file: AgentSettings =
             edgeloop_client_core::member::settings_file(Some(&file)).unwrap();
         let resolve = |args: &[&str]| {
@@ -412,7 +487,7 @@ mod tests {
         };
         // The only test that touches this variable.
         std::env::remove_var("EDGELOOP_GRPC_INFERENCE_LISTEN");
-        assert_eq!(resolve(&["x"]), "0.0.0.0:9001");
+        assert_eq!(resolve(&["x"]), "127.0.0.5:9001");
         std::env::set_var("EDGELOOP_GRPC_INFERENCE_LISTEN", "127.0.0.1:9002");
         assert_eq!(resolve(&["x"]), "127.0.0.1:9002");
         assert_eq!(
@@ -436,5 +511,43 @@ mod tests {
         let merged = flags.or(file);
         assert_eq!(merged.max_batch_size, Some(4));
         assert_eq!(merged.queue_capacity, Some(10));
+    }
+
+    #[test]
+    fn an_open_inference_api_listens_only_on_loopback() {
+        let at = |addr: &str| AgentSettings {
+            inference_listen: Some(addr.parse().unwrap()),
+            ..base()
+        };
+        assert!(AgentConfig::from_settings(at("127.0.0.1:8000")).is_ok());
+        let e = AgentConfig::from_settings(at("0.0.0.0:8000")).unwrap_err();
+        assert!(e.to_string().contains("--api-token-file"), "{e}");
+        let grpc = AgentSettings {
+            grpc_inference_listen: Some("10.0.0.2:8001".parse().unwrap()),
+            ..base()
+        };
+        assert!(AgentConfig::from_settings(grpc).is_err());
+        let insecure = AgentSettings {
+            insecure_api: Some(true),
+            ..at("0.0.0.0:8000")
+        };
+        assert!(AgentConfig::from_settings(insecure).is_ok());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "short\n").unwrap();
+        let with_token = |f: &std::path::Path| AgentSettings {
+            api_token_file: Some(f.to_path_buf()),
+            ..at("0.0.0.0:8000")
+        };
+        assert!(
+            AgentConfig::from_settings(with_token(&file)).is_err(),
+            "too short"
+        );
+        std::fs::write(&file, "a-long-enough-device-token\n").unwrap();
+        let c = AgentConfig::from_settings(with_token(&file)).unwrap();
+        assert_eq!(
+            c.api.token_hash,
+            Some(edgeloop_models::Digest::of(b"a-long-enough-device-token"))
+        );
     }
 }

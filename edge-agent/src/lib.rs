@@ -109,11 +109,16 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
     )
     .await?;
     let serve_stop = CancellationToken::new();
-    let app = serve::router(host.clone()).merge(telemetry::feedback_router(telemetry.clone()));
+    let app = serve::router(host.clone()).merge(telemetry::feedback_router(
+        telemetry.clone(),
+        config.api.feedback_labels_per_minute,
+    ));
+    let app = serve::access::http(app, config.api.token_hash);
     let api = tokio::spawn(serve::serve_app(app, listener, serve_stop.clone()));
-    let grpc = tokio::spawn(serve::serve_grpc(
+    let grpc = tokio::spawn(serve::serve_grpc_with_token(
         host.clone(),
         grpc_listener,
+        config.api.token_hash,
         serve_stop.clone(),
     ));
     let telemetry_stop = CancellationToken::new();

@@ -369,3 +369,100 @@ async fn an_assigned_model_is_synced_served_swapped_under_load_and_served_from_d
     stop.cancel();
     agent.await.unwrap().unwrap();
 }
+
+/// With `--api-token-file`, the inference API (REST and gRPC), feedback
+/// and metrics refuse a caller without the token; the health probes stay
+/// open.
+#[tokio::test]
+async fn with_a_token_the_device_apis_refuse_callers_without_it() {
+    use edgeloop_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use edgeloop_proto::inference::ServerLiveRequest;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    assert_eq!(
+        cp.api()
+            .post("/api/v1/models", json!({"name": "digits"}))
+            .await
+            .0,
+        201
+    );
+    let key = ManifestKey::generate();
+    let v1 = register(&cp, &key, "1.0.0").await;
+    let device_dir = dir.path().join("device");
+    let secret = "device-api-token-0123456789";
+    let mut config = agent_config(
+        &cp,
+        &device_dir,
+        Some(cp.token("device", "edge-1").await),
+        &key,
+    );
+    config.api.token_hash = Some(Digest::of(secret.as_bytes()));
+    let stop = CancellationToken::new();
+    let agent = tokio::spawn(edgeloop_edge_agent::run(config, stop.clone()));
+    eventually(WAIT, "edge-1 enrolled", || async {
+        (cp.api().get("/api/v1/devices/edge-1").await.0 == 200).then_some(())
+    })
+    .await;
+    assign(&cp, &v1).await;
+    wait_active(&cp, "1.0.0").await;
+
+    let url = inference_url(&device_dir).await;
+    let http = reqwest::Client::new();
+    let body = infer_body(&digits(1), "r1");
+    let feedback = json!({"labels": [{"id": "r1", "label": 3}]});
+    for (method, path, body) in [
+        (
+            reqwest::Method::POST,
+            "/v2/models/digits/infer",
+            Some(&body),
+        ),
+        (
+            reqwest::Method::POST,
+            "/v2/models/digits/feedback",
+            Some(&feedback),
+        ),
+        (reqwest::Method::GET, "/v2/models/digits", None),
+        (reqwest::Method::GET, "/metrics", None),
+    ] {
+        let call = |token: Option<&str>| {
+            let mut r = http.request(method.clone(), format!("{url}{path}"));
+            if let Some(b) = body {
+                r = r.json(b);
+            }
+            if let Some(t) = token {
+                r = r.bearer_auth(t);
+            }
+            r.send()
+        };
+        assert_eq!(call(None).await.unwrap().status(), 401, "{path}");
+        assert_eq!(
+            call(Some("wrong-token-0123456789")).await.unwrap().status(),
+            401,
+            "{path}"
+        );
+        let ok = call(Some(secret)).await.unwrap();
+        assert!(ok.status().is_success(), "{path}: {}", ok.status());
+    }
+    for path in ["/v2/health/live", "/v2/health/ready"] {
+        let r = http.get(format!("{url}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path} stays open");
+    }
+
+    let addr =
+        std::fs::read_to_string(device_dir.join(edgeloop_edge_agent::GRPC_INFERENCE_ADDR_FILE))
+            .unwrap();
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", addr.trim()))
+        .await
+        .unwrap();
+    let refused = grpc.server_live(ServerLiveRequest {}).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused}");
+    let mut req = tonic::Request::new(ServerLiveRequest {});
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {secret}").parse().unwrap());
+    assert!(grpc.server_live(req).await.unwrap().into_inner().live);
+
+    stop.cancel();
+    agent.await.unwrap().unwrap();
+    cp.stop().await;
+}

@@ -56,10 +56,24 @@ pub async fn serve_grpc(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
+    serve_grpc_with_token(host, listener, None, shutdown).await
+}
+
+/// [`serve_grpc`], with every call needing the bearer token whose sha256
+/// is `token_hash` (see [`super::access`]).
+pub async fn serve_grpc_with_token(
+    host: Arc<ModelHost>,
+    listener: TcpListener,
+    token_hash: Option<edgeloop_models::Digest>,
+    shutdown: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
     // As on the REST listener: answers are small and written at once, and
     // Nagle's algorithm would hold them back waiting for an ACK.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
+        .layer(tonic::service::InterceptorLayer::new(
+            super::access::GrpcToken(token_hash),
+        ))
         .add_service(grpc_service(host))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await

@@ -21,9 +21,11 @@
 //! - `grpc_tensor`: gRPC tensors (raw bytes and typed contents) to and from [`Tensor`]s (pure)
 //! - `metrics`: Prometheus counters and histograms
 //! - `error`: request errors and their HTTP and gRPC answers
+//! - `access`: the optional bearer token on both front ends
 //!
 //! [`Tensor`]: edgeloop_models::Tensor
 
+pub mod access;
 mod batch;
 pub mod binary;
 mod error;
@@ -40,7 +42,7 @@ mod probe;
 pub mod protocol;
 
 pub use error::{ServeError, RETRY_AFTER_SECS, RETRY_PUSHBACK};
-pub use grpc::{grpc_service, serve_grpc, GrpcService};
+pub use grpc::{grpc_service, serve_grpc, serve_grpc_with_token, GrpcService};
 pub use host::ModelHost;
 pub use http::{router, serve, serve_app};
 pub use infer::{new_request_id, InferRequest, InferResponse};

@@ -429,7 +429,7 @@ async fn the_feedback_route() {
         f32s(&[1, 2], vec![0.0, 2.0]),
         true,
     );
-    let router = feedback_router(t.clone());
+    let router = feedback_router(t.clone(), 100_000);
 
     let ok = json!({"labels": [{"id": "r1", "label": 1}, {"id": "r9", "label": 0}]});
     let (status, body) = call(router.clone(), "/v2/models/m/feedback", &ok.to_string()).await;
