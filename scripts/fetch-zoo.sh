@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 deps="${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}"
 zoo="$deps/zoo"
-wanted="magika==1.0.3 nudenet==3.4.2 silero-vad==6.2.3 scikit-image==0.25.2 inputs=$(sha256sum tools/zoo_inputs.py | cut -c1-16)"
+wanted="magika==1.0.3 nudenet==3.4.2 silero-vad==6.2.3 scikit-image==0.25.2 inputs=$(sha256sum tools/zoo_inputs.py | cut -c1-16) pins=$(sha256sum scripts/pins.sha256 | cut -c1-16)"
 if [ -f "$zoo/.fetched" ] && [ "$(cat "$zoo/.fetched")" = "$wanted" ]; then
   echo "$zoo"
   exit 0
@@ -34,13 +34,19 @@ fi
 rm -f "$zoo/.fetched"
 mkdir -p "$zoo/wheels" "$zoo/images"
 echo "==> fetching the zoo's wheels" >&2
+# One platform, so each wheel (and its pin) is the same on any machine:
+# only the models and photographs in them are used.
 for pkg in magika==1.0.3 nudenet==3.4.2 silero-vad==6.2.3; do
   "$python" -m pip download --quiet --disable-pip-version-check --no-deps \
-    --only-binary=:all: "$pkg" -d "$zoo/wheels" >&2
+    --only-binary=:all: --python-version 3.11 --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_17_x86_64 "$pkg" -d "$zoo/wheels" >&2
 done
 # scikit-image only for its bundled photographs: any platform's wheel holds them.
 "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
   --python-version 3.11 --platform manylinux_2_17_x86_64 scikit-image==0.25.2 -d "$zoo/wheels" >&2
+# shellcheck source=lib/pins.sh
+. scripts/lib/pins.sh
+verify_pinned "$zoo"/wheels/*.whl
 "$python" - "$zoo" <<'PY'
 import os, sys, zipfile
 zoo = sys.argv[1]

@@ -30,18 +30,16 @@
 # whose jobs still get CUDA_VISIBLE_DEVICES.
 set -euo pipefail
 
-ray_version="2.60.0"
-requirements="ray[default]==$ray_version"
+# ray[default]==2.60.0 and everything it needs, hash-locked:
+# scripts/requirements/ray.in and ray.txt.
 
 deps="${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}"
 venv="$deps/ray-venv"
 state="${EDGELOOP_RAY_DIR:-/tmp/edgeloop-ray}"
 gcs_port="${EDGELOOP_RAY_PORT:-6390}"
 dash_port="${EDGELOOP_RAY_DASHBOARD_PORT:-8265}"
-python="${PYTHON:-python3}"
 url="http://127.0.0.1:$dash_port"
 env_file="$state/env"
-marker="$venv/.edgeloop-requirements.txt"
 
 if [ "$gcs_port" -ge 10002 ] && [ "$gcs_port" -le 19999 ]; then
   echo "ray-up.sh: EDGELOOP_RAY_PORT=$gcs_port lies in Ray's worker port range 10002-19999" >&2
@@ -59,22 +57,9 @@ write_env() {
 }
 
 # --- venv --------------------------------------------------------------------
-if [ -x "$venv/bin/ray" ] && [ -f "$marker" ] && [ "$(cat "$marker")" = "$requirements" ]; then
-  :
-else
-  command -v "$python" >/dev/null || { echo "ray-up.sh: $python is required" >&2; exit 1; }
-  mkdir -p "$deps"
-  if [ ! -x "$venv/bin/python" ]; then
-    echo "==> creating venv $venv" >&2
-    "$python" -m venv "$venv" >&2
-  fi
-  rm -f "$marker"
-  echo "==> installing $requirements (about 15 s)" >&2
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    --prefer-binary "$requirements" >&2
-  "$venv/bin/python" -c 'import ray, ray.dashboard' >&2
-  printf '%s' "$requirements" >"$marker"
-fi
+# shellcheck source=lib/venv.sh
+. "$(dirname "$0")/lib/venv.sh"
+venv_install "$venv" ray ray ray.dashboard
 
 # --- head --------------------------------------------------------------------
 if answers; then

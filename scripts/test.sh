@@ -15,6 +15,10 @@ for crate in openssl-sys aws-lc-sys aws-lc-rs; do
   fi
 done
 
+echo "==> dependency graph: licences, banned crates, duplicate majors (tools/check_deps.py, offline)"
+python3 tools/check_deps.py --self-test
+python3 tools/check_deps.py
+
 echo "==> dependency direction (ARCHITECTURE.md): the server links no cluster client or CLI crate, the CLI no server crate"
 forbid() { # forbid <package> <crate>...
   local pkg="$1"; shift
