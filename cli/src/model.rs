@@ -190,6 +190,14 @@ pub struct QuantizeArgs {
     /// Lineage: the version this one replaces.
     #[arg(long)]
     pub parent_version: Option<String>,
+    /// Anti-rollback: devices that serve this version refuse any version
+    /// below this one afterwards (unless signed with --rollback).
+    #[arg(long)]
+    pub min_version: Option<String>,
+    /// Sign this version as an explicit rollback: devices install it below
+    /// their floor, whose new value is this manifest's --min-version.
+    #[arg(long)]
+    pub rollback: bool,
     /// ed25519 signing key (hex); created with mode 0600 if missing.
     #[arg(long, env = "EDGELOOP_MANIFEST_SIGNING_KEY")]
     pub signing_key: Option<PathBuf>,

@@ -273,6 +273,8 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
             dataset: args.dataset,
             parent_version: args.parent_version.clone(),
         },
+        min_version: args.min_version.clone(),
+        rollback: args.rollback,
     };
     let mut outcome = run_gate(&runtime, &model, &calibration, &eval, &opts)?;
     if let Some(target) = &target {

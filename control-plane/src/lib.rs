@@ -53,6 +53,38 @@ pub struct Core {
     pub device_quotas: fleet::admission::Quotas,
     /// Cancelled at shutdown so long-lived streams end and the servers can drain.
     pub shutdown: CancellationToken,
+    /// What [`Core::now`] reads.
+    pub clock: Clock,
+}
+
+/// The control plane's clock: the system's, or one a test sets (to send a
+/// day of telemetry in a second, windowed as it would be over a day).
+#[derive(Debug, Clone, Default)]
+pub struct Clock(Option<Arc<std::sync::Mutex<time::OffsetDateTime>>>);
+
+impl Clock {
+    pub fn system() -> Clock {
+        Clock(None)
+    }
+
+    /// A clock that stands at `start` until [`Clock::set`] moves it.
+    pub fn manual(start: time::OffsetDateTime) -> Clock {
+        Clock(Some(Arc::new(std::sync::Mutex::new(start))))
+    }
+
+    /// Moves a manual clock; the system clock cannot be moved.
+    pub fn set(&self, t: time::OffsetDateTime) {
+        if let Some(m) = &self.0 {
+            *m.lock().unwrap_or_else(|p| p.into_inner()) = t;
+        }
+    }
+
+    pub fn now(&self) -> time::OffsetDateTime {
+        match &self.0 {
+            None => time::OffsetDateTime::now_utc(),
+            Some(m) => *m.lock().unwrap_or_else(|p| p.into_inner()),
+        }
+    }
 }
 
 impl Core {
@@ -63,7 +95,7 @@ impl Core {
     }
 
     pub fn now(&self) -> time::OffsetDateTime {
-        time::OffsetDateTime::now_utc()
+        self.clock.now()
     }
 }
 
@@ -79,6 +111,11 @@ pub struct Server {
 impl Server {
     /// Opens (or on first start, initialises) the data dir and binds both listeners.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
+        Self::start_with_clock(config, Clock::system()).await
+    }
+
+    /// [`Server::start`] with the clock `Core::now` reads (tests).
+    pub async fn start_with_clock(config: Config, clock: Clock) -> anyhow::Result<Server> {
         edgeloop_client_core::install_crypto_provider();
         let dir = DataDir::create(&config.data_dir)?;
         let store = Store::open(&dir.db())
@@ -116,6 +153,7 @@ impl Server {
                 admin_token_hash,
                 security: Default::default(),
                 device_quotas: Default::default(),
+                clock,
                 shutdown: CancellationToken::new(),
             }),
             grpc,

@@ -105,6 +105,10 @@ pub struct Identity {
     /// What to call a tabular input's feature columns in the drift
     /// reference (by input; unnamed columns are `<input>[<j>]`).
     pub feature_names: FeatureNames,
+    /// The manifest's anti-rollback floor (`Manifest::min_version`).
+    pub min_version: Option<String>,
+    /// A signed rollback below devices' floors (`Manifest::rollback`).
+    pub rollback: bool,
 }
 
 /// Runs the gate on `model` and signs the chosen candidate's manifest (with
@@ -197,6 +201,8 @@ fn describe(
         health_probe: None,
         created_at: time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)?,
+        min_version: identity.min_version,
+        rollback: identity.rollback,
     })
 }
 

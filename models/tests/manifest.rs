@@ -109,6 +109,8 @@ fn sample() -> Manifest {
             max_latency_ms: 25.0,
         }),
         created_at: "2025-01-02T03:04:05.678Z".into(),
+        min_version: None,
+        rollback: false,
     }
 }
 
@@ -722,4 +724,93 @@ proptest! {
         prop_assert!(parsed.verify(&[key.public()]).is_ok());
         prop_assert_eq!(parsed, signed);
     }
+}
+
+/// Anti-rollback: the floor a served manifest sets, and which versions a
+/// device with a floor may install. A manifest signed before the fields
+/// existed still verifies (they are left out of the signed bytes when
+/// unset), and a tampered floor breaks the signature.
+#[test]
+fn the_signed_floor_refuses_older_versions_unless_a_signed_rollback() {
+    let at = |version: &str, floor: Option<&str>, rollback: bool| Manifest {
+        version: version.into(),
+        min_version: floor.map(str::to_string),
+        rollback,
+        lineage: Default::default(),
+        ..sample()
+    };
+    // (manifest, device floor) -> may install, floor after serving it
+    let table: &[(Manifest, Option<&str>, bool, Option<&str>)] = &[
+        (at("1.0.0", None, false), None, true, None),
+        (at("2.0.0", Some("2.0.0"), false), None, true, Some("2.0.0")),
+        (
+            at("1.5.0", None, false),
+            Some("2.0.0"),
+            false,
+            Some("2.0.0"),
+        ),
+        (
+            at("2.1.0", Some("1.0.0"), false),
+            Some("2.0.0"),
+            true,
+            Some("2.0.0"),
+        ),
+        (
+            at("3.0.0", Some("3.0.0"), false),
+            Some("2.0.0"),
+            true,
+            Some("3.0.0"),
+        ),
+        (at("1.5.0", None, true), Some("2.0.0"), true, None),
+        (
+            at("1.5.0", Some("1.5.0"), true),
+            Some("2.0.0"),
+            true,
+            Some("1.5.0"),
+        ),
+        (
+            at("2.0.0-rc.1", None, false),
+            Some("2.0.0"),
+            false,
+            Some("2.0.0"),
+        ),
+    ];
+    for (m, floor, allowed, next) in table {
+        assert_eq!(
+            m.allowed_above(*floor),
+            *allowed,
+            "{} at floor {floor:?}",
+            m.version
+        );
+        assert_eq!(
+            m.next_floor(*floor).as_deref(),
+            *next,
+            "{} at floor {floor:?}",
+            m.version
+        );
+    }
+    let above_itself = at("1.0.0", Some("2.0.0"), false);
+    assert_eq!(
+        invalid_field(&above_itself.validate().unwrap_err()),
+        "min_version"
+    );
+    let not_semver = at("1.0.0", Some("one"), false);
+    assert_eq!(
+        invalid_field(&not_semver.validate().unwrap_err()),
+        "min_version"
+    );
+
+    let key = ManifestKey::generate();
+    let unset = key.sign(at("1.0.0", None, false)).unwrap();
+    let bytes = String::from_utf8(unset.manifest.canonical_bytes().unwrap()).unwrap();
+    assert!(
+        !bytes.contains("min_version") && !bytes.contains("rollback"),
+        "{bytes}"
+    );
+    let floored = key.sign(at("2.0.0", Some("2.0.0"), false)).unwrap();
+    assert!(floored.verify(&[key.public()]).is_ok());
+    let lowered = tamper(&floored, |j| j["manifest"]["min_version"] = "1.0.0".into());
+    assert!(lowered.verify(&[key.public()]).is_err(), "a tampered floor");
+    let rolled = tamper(&floored, |j| j["manifest"]["rollback"] = true.into());
+    assert!(rolled.verify(&[key.public()]).is_err(), "a forged rollback");
 }

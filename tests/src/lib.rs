@@ -73,11 +73,19 @@ impl ControlPlane {
     }
 
     pub async fn start_with(settings: ServeSettings) -> ControlPlane {
+        Self::start_with_clock(settings, edgeloop_control_plane::Clock::system()).await
+    }
+
+    /// [`ControlPlane::start_with`] on `clock` (`core.clock.set` moves it).
+    pub async fn start_with_clock(
+        settings: ServeSettings,
+        clock: edgeloop_control_plane::Clock,
+    ) -> ControlPlane {
         edgeloop_client_core::install_crypto_provider();
         let config = Config::from_settings(settings).unwrap();
         let tls = config.http_tls != edgeloop_control_plane::config::HttpTls::Off;
         let data_dir = config.data_dir.clone();
-        let server = Server::start(config).await.unwrap();
+        let server = Server::start_with_clock(config, clock).await.unwrap();
         let first_start = server.new_admin_token().is_some();
         let admin_token = std::fs::read_to_string(server.admin_token_path())
             .unwrap()

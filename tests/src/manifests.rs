@@ -42,6 +42,8 @@ pub fn manifest(
         lineage: Lineage::default(),
         health_probe: None,
         created_at: "2026-11-30T00:00:00Z".into(),
+        min_version: None,
+        rollback: false,
     }
 }
 

@@ -374,7 +374,12 @@ async fn drift_and_cost_from_agent_telemetry() {
         cloud_instance_hourly_usd: Some(0.1),
         ..Default::default()
     };
-    let cp = ControlPlane::start_with(s).await;
+    // Drift windows count what arrived when, by the control plane's clock:
+    // a manual one, moved to each hour as its reports arrive.
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let at = |t: i64| time::OffsetDateTime::from_unix_timestamp(t).unwrap();
+    let cp =
+        ControlPlane::start_with_clock(s, edgeloop_control_plane::Clock::manual(at(now))).await;
     let api = cp.api();
     let base = cp.http_base.clone();
     let as_admin = Admin::of(&cp);
@@ -407,7 +412,6 @@ async fn drift_and_cost_from_agent_telemetry() {
     // Oslo's does not. Each device serves 500 requests an hour, Berlin at
     // 10 ms (p50), Oslo at 30 ms. Ten days ago Berlin had a busy hour
     // that only a 30-day look back sees.
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
     let base_hour = now - now.rem_euclid(3600) - 6 * 3600;
     for (site, shifts, latency) in [
         ("berlin", true, (10.0, 25.0)),
@@ -428,6 +432,9 @@ async fn drift_and_cost_from_agent_telemetry() {
             } else {
                 ([150, 200, 150], [350, 150])
             };
+            // The end of the hour: the cost report takes a window to end no later
+            // than its report arrived.
+            cp.core.clock.set(at(base_hour + hour * 3600 + 3599));
             client
                 .report_telemetry(report(
                     hour as u64 + 1,
@@ -440,12 +447,15 @@ async fn drift_and_cost_from_agent_telemetry() {
                 .unwrap();
         }
         if shifts {
+            cp.core.clock.set(at(now - 10 * 86_400 + 3599));
             client
                 .report_telemetry(report(100, now - 10 * 86_400, 1_000_000, latency, None))
                 .await
                 .unwrap();
         }
     }
+
+    cp.core.clock.set(at(now));
 
     // The cost report over the last week, by hand: 6 000 requests in
     // 6 h − 1 s from 2 devices, p50 weighted (10 + 30) / 2 = 20 ms.
@@ -1093,20 +1103,22 @@ async fn triggers_through_the_cli() {
         ExitCode::from(64)
     );
 
-    // A device's labelled feedback, observed a day from now: it counts as
-    // new labels for any retrain started today.
+    // A device's labelled feedback: new labels for any retrain that
+    // started before it arrived (the control plane's receive time counts,
+    // not the device's).
     let token = cp
         .labelled_token("device", "edge-1", json!({"site": "lab"}))
         .await;
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     cp.assigned("edge-1", "rain", "1");
-    AgentServiceClient::new(
+    let mut device = AgentServiceClient::new(
         cp.connect(Role::Device, &token, &dir.path().join("edge-1"))
             .await,
-    )
-    .report_telemetry(labelled_samples(now + 86_400))
-    .await
-    .unwrap();
+    );
+    device
+        .report_telemetry(labelled_samples(now))
+        .await
+        .unwrap();
 
     // The trigger task sees them: 8 labels, under the 1000 needed, and no
     // version serving to drift or lose accuracy, so nothing fires. (At
@@ -1146,8 +1158,8 @@ async fn triggers_through_the_cli() {
     }
 
     // With a retraining policy and a trigger those labels meet, the task
-    // starts a retrain, then coalesces into it on every tick (the labels
-    // stay newer than its start).
+    // starts a retrain; labels that arrive after its start are new for it,
+    // so the task coalesces them into it.
     let data = cp.upload(&edgeloop_tests::rows::rows_npz(20)).await;
     let (status, body) = api
         .put(
@@ -1171,6 +1183,24 @@ async fn triggers_through_the_cli() {
     let (code, out) = cli!("trigger", "set", "rain", "--file", &few).await;
     assert_eq!(code, ExitCode::SUCCESS, "{out}");
     assert!(row(&out, "labels").contains(">= 5 new labels"), "{out}");
+    eventually(
+        Duration::from_secs(30),
+        "a retrain on the labels",
+        || async {
+            let (_, v) = api.get("/api/v1/pipelines?model=rain").await;
+            v.as_array().is_some_and(|p| !p.is_empty()).then_some(())
+        },
+    )
+    .await;
+    // Starts are recorded to the second, and only labels after that second
+    // are new for a retrain.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut later = labelled_samples(now);
+    later.sequence = 2;
+    for s in &mut later.samples {
+        s.request_id = format!("later-{}", s.request_id);
+    }
+    device.report_telemetry(later).await.unwrap();
     let pipeline = eventually(Duration::from_secs(30), "a coalesced trigger", || async {
         let (_, v) = api.get("/api/v1/models/rain/triggers").await;
         let last = &v["state"]["last"];

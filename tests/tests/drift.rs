@@ -17,7 +17,15 @@ use serde_json::json;
 #[tokio::test]
 async fn sketches_from_two_sites_show_drift_per_window_and_site() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    // Windows count what arrived when: the control plane's clock, set to
+    // each hour as its reports arrive (the devices' own times are ignored).
+    let base = 1_796_083_200; // 2026-12-01 00:00 UTC
+    let at = |t: i64| time::OffsetDateTime::from_unix_timestamp(t).unwrap();
+    let cp = ControlPlane::start_with_clock(
+        edgeloop_tests::settings(&dir.path().join("cp")),
+        edgeloop_control_plane::Clock::manual(at(base)),
+    )
+    .await;
     let (status, body) = cp
         .api()
         .post("/api/v1/models", json!({"name": "rain"}))
@@ -43,7 +51,6 @@ async fn sketches_from_two_sites_show_drift_per_window_and_site() {
     assert_eq!(status, 201, "{body}");
 
     // Berlin's weather changes from the fourth hour on; Oslo's does not.
-    let base = 1_796_083_200; // 2026-12-01 00:00 UTC
     for (site, shifts) in [("berlin", true), ("oslo", false)] {
         let name = format!("edge-{site}");
         let token = cp
@@ -61,6 +68,7 @@ async fn sketches_from_two_sites_show_drift_per_window_and_site() {
             } else {
                 ([150, 200, 150], [350, 150])
             };
+            cp.core.clock.set(at(base + hour * 3600 + 1800));
             client
                 .report_telemetry(pb::TelemetryReport {
                     sequence: hour as u64 + 1,
@@ -87,6 +95,7 @@ async fn sketches_from_two_sites_show_drift_per_window_and_site() {
                 label: Some(i64::from(i < 2)),
             })
             .collect();
+        cp.core.clock.set(at(base + 3 * 3600 + 120));
         client
             .report_telemetry(pb::TelemetryReport {
                 sequence: 7,

@@ -391,6 +391,8 @@ fn manifest_for(name: &str, version: &str, artifact: &[u8], probe: Option<Digest
             max_latency_ms: 50.0,
         }),
         created_at: "2024-05-01T00:00:00Z".into(),
+        min_version: None,
+        rollback: false,
     }
 }
 
@@ -1327,4 +1329,74 @@ async fn boot_falls_back_to_the_other_slot_when_the_active_one_is_broken() {
         .unwrap_err()
         .contains("bad signature"));
     assert!(serving.activations().is_empty());
+}
+
+/// Anti-rollback: once a version whose signed manifest sets a floor has
+/// served, an older version is refused, also when it is still on disk in
+/// the other slot, and the newer one keeps serving; a manifest signed as a
+/// rollback goes below the floor and sets its own. The floor survives a
+/// restart.
+#[tokio::test]
+async fn a_signed_floor_refuses_older_versions_until_a_signed_rollback() {
+    let env = Env::start().await;
+    let (m1, m2, m3) = (blob(60_000, 1), blob(60_000, 2), blob(60_000, 3));
+    let v1 = env
+        .version(
+            "1.0.0",
+            &m1,
+            Some(&sign(&env.key, manifest("1.0.0", &m1, None))),
+        )
+        .await;
+    let floored = Manifest {
+        min_version: Some("2.0.0".into()),
+        ..manifest("2.0.0", &m2, None)
+    };
+    let v2 = env
+        .version("2.0.0", &m2, Some(&sign(&env.key, floored)))
+        .await;
+    let rollback = Manifest {
+        rollback: true,
+        ..manifest("1.0.1", &m3, None)
+    };
+    let v101 = env
+        .version("1.0.1", &m3, Some(&sign(&env.key, rollback)))
+        .await;
+    let agent = env.agent(&env.cp.grpc_url, false, |_| {});
+    let assign =
+        |v: &ModelVersionRecord, d: &str| env.assign(vec![AssignmentRecord::for_version(v, d, 60)]);
+    assign(&v1, "d1").await;
+    env.wait_status("digits", "1.0.0", AssignmentState::Active)
+        .await;
+    assert_eq!(env.model_dir("digits").load().unwrap().floor, None);
+    assign(&v2, "d2").await;
+    env.wait_status("digits", "2.0.0", AssignmentState::Active)
+        .await;
+    assert_eq!(
+        env.model_dir("digits").load().unwrap().floor.as_deref(),
+        Some("2.0.0")
+    );
+    // 1.0.0 is still in slot A: refused all the same; 2.0.0 serves on.
+    assign(&v1, "d1-again").await;
+    let st = env
+        .wait_status("digits", "1.0.0", AssignmentState::Failed)
+        .await;
+    assert!(
+        st.reason
+            .starts_with("below the floor: version 1.0.0 is older than 2.0.0"),
+        "{}",
+        st.reason
+    );
+    assert_eq!(agent.serving.version("digits").as_deref(), Some("2.0.0"));
+    drop(agent);
+
+    // After a restart the floor still holds, and the signed rollback lowers it.
+    let _agent = env.agent(&env.cp.grpc_url, false, |_| {});
+    assign(&v101, "d101").await;
+    env.wait_status("digits", "1.0.1", AssignmentState::Active)
+        .await;
+    assert_eq!(env.model_dir("digits").load().unwrap().floor, None);
+    assign(&v1, "d1-third").await;
+    env.wait_status("digits", "1.0.0", AssignmentState::Active)
+        .await;
+    env.cp.stop().await;
 }

@@ -287,6 +287,8 @@ fn quantize(runtime: &OrtRuntime, key: &ManifestKey, zoo: Zoo, out: &Path) -> Bu
         feature_names: Default::default(),
         version: "1.0.0".into(),
         lineage: Default::default(),
+        min_version: None,
+        rollback: false,
     };
     let probe = ProbeInputs::first_call(&eval, 5000.0).unwrap();
     let packaged = package(

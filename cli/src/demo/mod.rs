@@ -422,6 +422,8 @@ async fn first_version(
                     dataset: None,
                     parent_version: None,
                 },
+                min_version: None,
+                rollback: false,
             },
             None,
             &key,

@@ -107,7 +107,7 @@ pub fn analyze(
     let window = config.window_seconds.max(1);
     let mut sums: BTreeMap<String, BTreeMap<i64, Sum>> = BTreeMap::new();
     for s in sketches {
-        let Some(end) = s.window_end.or(s.window_start) else {
+        let Some(end) = s.window_time() else {
             continue;
         };
         let t = end.unix_timestamp();
@@ -271,6 +271,7 @@ mod tests {
 
     fn sketch(device: &str, t: i64, counts: [u64; 3], classes: [u64; 2]) -> SketchRecord {
         SketchRecord {
+            received_at: None,
             device: device.into(),
             sequence: 1,
             model_name: "m".into(),

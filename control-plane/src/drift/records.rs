@@ -34,10 +34,15 @@ pub struct SketchRecord {
     pub sequence: u64,
     pub model_name: String,
     pub model_version: String,
+    /// The window as the device's clock saw it: shown, never trusted for
+    /// windows (see [`SketchRecord::window_time`]).
     #[serde(with = "time::serde::rfc3339::option")]
     pub window_start: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339::option")]
     pub window_end: Option<OffsetDateTime>,
+    /// When the control plane received it.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub received_at: Option<OffsetDateTime>,
     pub requests: u64,
     pub errors: u64,
     pub latency_p50_ms: f64,
@@ -88,6 +93,25 @@ pub struct ClassCountRecord {
 
 pub use edgeloop_api::samples::SampleKind;
 
+impl SketchRecord {
+    /// The time its window is counted at: when the control plane received
+    /// it. A device's own clock can put its data in any window it likes (to
+    /// hide drift, or fake it), so only records from before the receive
+    /// time was kept fall back to the device's window.
+    pub fn window_time(&self) -> Option<OffsetDateTime> {
+        self.received_at.or(self.window_end).or(self.window_start)
+    }
+}
+
+impl SampleRecord {
+    /// The time its windows count it at (online accuracy, labels since a
+    /// retrain, fresh rows, retention): when the control plane received
+    /// it; the device's `observed_at` only for records from before that.
+    pub fn at(&self) -> Option<OffsetDateTime> {
+        self.received_at.or(self.observed_at)
+    }
+}
+
 /// One predicted row with its inputs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SampleRecord {
@@ -97,8 +121,13 @@ pub struct SampleRecord {
     pub model_name: String,
     pub model_version: String,
     pub request_id: String,
+    /// When the device says it predicted: shown, never trusted for
+    /// windows (see [`SampleRecord::at`]).
     #[serde(with = "time::serde::rfc3339::option")]
     pub observed_at: Option<OffsetDateTime>,
+    /// When the control plane received it.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub received_at: Option<OffsetDateTime>,
     pub inputs: Vec<SampleTensorRecord>,
     pub predicted_class: Option<i64>,
     pub confidence: Option<f64>,
@@ -229,6 +258,7 @@ pub fn sketch(at: &str, device: &str, sequence: u64, s: pb::ModelSketch) -> Resu
         model_version: s.model_version,
         window_start: to_time(s.window_start),
         window_end: to_time(s.window_end),
+        received_at: None,
         requests: s.requests,
         errors: s.errors,
         latency_p50_ms: s.latency_p50_ms,
@@ -329,6 +359,8 @@ pub fn sample(at: &str, device: &str, sequence: u64, s: pb::Sample) -> Result<Sa
         model_version: s.model_version,
         request_id: s.request_id,
         observed_at: to_time(s.observed_at),
+        // Set by the caller, which knows when the report arrived.
+        received_at: None,
         inputs,
         predicted_class: s.predicted_class,
         confidence: s.confidence,

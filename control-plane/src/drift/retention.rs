@@ -25,7 +25,7 @@ pub struct SampleCounts {
 fn index_key(model: &str, r: &SampleRecord, key: &str) -> String {
     // Before the epoch or unknown: oldest.
     let at = r
-        .observed_at
+        .at()
         .map_or(0, |t| u64::try_from(t.unix_timestamp_nanos()).unwrap_or(0));
     format!("{model}/{at:020}/{key}")
 }

@@ -356,6 +356,15 @@ fn store_new(
         }
     }
     let recorded = admitter.recorded;
+    // Windows count what arrived when, by this clock, not the device's.
+    let mut sketches = sketches;
+    let mut samples = samples;
+    for s in &mut sketches {
+        s.received_at = Some(now);
+    }
+    for s in &mut samples {
+        s.received_at = Some(now);
+    }
     let record = TelemetryRecord {
         device: device.to_string(),
         sequence: seq,

@@ -38,6 +38,10 @@ pub enum Failure {
     TimedOut { seconds: u64 },
     #[error("activation failed: {0}")]
     Activation(String),
+    /// Anti-rollback: the device served a version whose signed manifest set
+    /// a floor, and this one is below it without a signed rollback.
+    #[error("below the floor: version {version} is older than {floor}, the lowest this device may run (a signed manifest set it); only a manifest signed as a rollback goes below")]
+    BelowFloor { version: String, floor: String },
     #[error("local storage: {0}")]
     Storage(String),
 }
@@ -54,6 +58,7 @@ impl Failure {
             | Failure::ManifestMismatch(_)
             | Failure::Unsigned { .. }
             | Failure::ProbeInputs(_)
+            | Failure::BelowFloor { .. }
             | Failure::Activation(_) => true,
             Failure::BadDigest { .. }
             | Failure::BadSize { .. }

@@ -65,6 +65,10 @@ pub struct SlotsState {
     pub b: Option<SlotRecord>,
     /// The assignment generation that made `active` active.
     pub generation: u64,
+    /// Anti-rollback: the lowest version this model may run here, from the
+    /// signed manifests of versions that served (`Manifest::next_floor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<String>,
 }
 
 impl SlotsState {
@@ -268,6 +272,7 @@ mod tests {
             a,
             b,
             generation: 1,
+            floor: None,
         };
         use SlotId::*;
         let table = vec![

@@ -79,6 +79,30 @@ pub fn check_identity(manifest: &Manifest, model: &str, version: &str) -> Result
     Ok(())
 }
 
+/// Anti-rollback: whether `version` (with its verified manifest, when
+/// signed) may be installed where the floor is `floor`. Pure.
+pub fn check_floor(
+    manifest: Option<&Manifest>,
+    version: &str,
+    floor: Option<&str>,
+) -> Result<(), Failure> {
+    let Some(f) = floor else {
+        return Ok(());
+    };
+    let allowed = match manifest {
+        Some(m) => m.allowed_above(Some(f)),
+        None => edgeloop_models::manifest::version_at_least(version, f),
+    };
+    if allowed {
+        Ok(())
+    } else {
+        Err(Failure::BelowFloor {
+            version: version.to_string(),
+            floor: f.to_string(),
+        })
+    }
+}
+
 fn describe(d: Option<Digest>) -> String {
     d.map_or_else(|| "none".to_string(), |d| d.to_string())
 }

@@ -309,6 +309,9 @@ impl Worker {
                     .map_err(|e| Failure::storage("manifest", e))?;
                 let manifest = self.ctx.trust.check_manifest(&bytes, &a.content())?;
                 super::verify::check_identity(&manifest, &a.model, &a.version)?;
+                // Refused before the large download, not after.
+                let floor = self.load_slots()?.floor;
+                super::verify::check_floor(Some(&manifest), &a.version, floor.as_deref())?;
                 Some(path)
             }
         };
@@ -375,7 +378,15 @@ impl Worker {
         // sat on disk are hashed again.
         let spec = blocking(move || Ok(prepare(&dir, &model, &c, &trust, !fresh))).await;
         let spec = match spec {
-            Ok(Ok(spec)) => spec,
+            // A version already in a slot skipped the download's check.
+            Ok(Ok(spec)) => match super::verify::check_floor(
+                spec.manifest.as_ref(),
+                &spec.version,
+                slots.floor.as_deref(),
+            ) {
+                Ok(()) => spec,
+                Err(f) => return Event::Refused(f),
+            },
             Ok(Err(f)) => {
                 self.forget_broken(slots, slot);
                 // Files that sat on disk may have been damaged since they
@@ -390,6 +401,9 @@ impl Worker {
             }
             Err(e) => return Event::Refused(Failure::storage("preparing activation", e)),
         };
+        let next_floor = spec.manifest.as_ref().map_or(slots.floor.clone(), |m| {
+            m.next_floor(slots.floor.as_deref())
+        });
         // A load or probe that never returns must still end the assignment
         // (in a definite state, with the old version serving). Generous:
         // TensorRT builds its engine on the first load, which takes minutes.
@@ -403,6 +417,8 @@ impl Worker {
         match activated {
             Ok(serving) => {
                 let generation = self.ctx.generation.load(Ordering::SeqCst);
+                // Recorded with the flip: once a version serves, its floor holds.
+                slots.floor = next_floor;
                 if let Err(e) = self.dir.flip(slots, slot, generation) {
                     // It serves, but a reboot would boot the old slot.
                     tracing::error!(error = %e, "activated, but recording the active slot failed");
@@ -490,6 +506,7 @@ mod tests {
                 served: true,
             }),
             generation: 3,
+            floor: None,
         };
         let mut staged = state.clone();
         staged.a.as_mut().unwrap().served = false;

@@ -64,6 +64,8 @@ fn manifest(edges: Vec<f64>) -> Manifest {
         lineage: Lineage::default(),
         health_probe: None,
         created_at: "2026-01-01T00:00:00Z".into(),
+        min_version: None,
+        rollback: false,
     }
 }
 

@@ -112,6 +112,8 @@ async fn a_model_over_2_gib_is_gated_signed_and_served_from_files() {
         feature_names: Default::default(),
         version: "1.0.0".into(),
         lineage: Default::default(),
+        min_version: None,
+        rollback: false,
     };
     let packaged = package(
         &runtime,

@@ -35,8 +35,8 @@ mod signing;
 
 pub use keys::{ManifestKey, PublicKey};
 pub use schema::{
-    ArtifactRef, ClassShare, DimSpec, HealthProbe, InputHistogram, IoSignature, Lineage, Manifest,
-    QuantizationRecord, ReferenceStats, TensorSpec, MAX_FEATURE_COLUMNS,
+    version_at_least, ArtifactRef, ClassShare, DimSpec, HealthProbe, InputHistogram, IoSignature,
+    Lineage, Manifest, QuantizationRecord, ReferenceStats, TensorSpec, MAX_FEATURE_COLUMNS,
 };
 pub use signing::{ArtifactSource, SignedManifest};
 

@@ -68,6 +68,17 @@ pub struct Manifest {
     pub health_probe: Option<HealthProbe>,
     /// RFC 3339, supplied by the caller so that signing is a pure function.
     pub created_at: String,
+    /// Anti-rollback: once a device has served this version it refuses any
+    /// version below this one (a security fix's floor, say), unless the
+    /// older version's manifest is a signed [`Manifest::rollback`]. Absent
+    /// (the default) sets no floor. Left out of the signed bytes when
+    /// absent, so manifests signed before it existed still verify.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_version: Option<String>,
+    /// A signed rollback: this version may be installed below a device's
+    /// floor, and its own `min_version` becomes the floor (none: no floor).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rollback: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -254,8 +265,56 @@ impl Manifest {
                 ));
             }
         }
+        if let Some(floor) = &self.min_version {
+            check_semver("min_version", floor)?;
+            if semver_of(floor) > semver_of(&self.version) {
+                return Err(invalid(
+                    "min_version",
+                    format!(
+                        "{floor} is above the manifest's own version {}",
+                        self.version
+                    ),
+                ));
+            }
+        }
         check_rfc3339("created_at", &self.created_at)
     }
+
+    /// Whether a device whose floor is `floor` may install this version:
+    /// at or above it, or an explicit signed rollback. Pure.
+    pub fn allowed_above(&self, floor: Option<&str>) -> bool {
+        match floor {
+            None => true,
+            Some(_) if self.rollback => true,
+            Some(f) => version_at_least(&self.version, f),
+        }
+    }
+
+    /// The floor after serving this version: a rollback's own
+    /// `min_version` (it may lower it); otherwise the higher of the two.
+    pub fn next_floor(&self, floor: Option<&str>) -> Option<String> {
+        if self.rollback {
+            return self.min_version.clone();
+        }
+        match (floor, &self.min_version) {
+            (Some(f), Some(m)) if semver_of(f) >= semver_of(m) => Some(f.to_string()),
+            (_, Some(m)) => Some(m.clone()),
+            (f, None) => f.map(str::to_string),
+        }
+    }
+}
+
+/// Whether `version` is at or above `floor` by semver precedence. A
+/// version that is not semver (an unsigned registry version like `7`)
+/// counts as the lowest: below any floor.
+pub fn version_at_least(version: &str, floor: &str) -> bool {
+    semver_of(version) >= semver_of(floor)
+}
+
+/// A version for comparison; an unparseable one (already refused by
+/// `validate`) sorts lowest.
+fn semver_of(v: &str) -> semver::Version {
+    semver::Version::parse(v).unwrap_or(semver::Version::new(0, 0, 0))
 }
 
 impl ArtifactRef {

@@ -134,7 +134,7 @@ pub async fn model_drift(
         .scan_prefix(&format!("{name}/{}/", version.version))?
         .into_iter()
         .filter_map(|(_, s)| {
-            let (label, predicted, at) = (s.label?, s.predicted_class?, s.observed_at?);
+            let (label, predicted, at) = (s.label?, s.predicted_class?, s.at()?);
             seen.insert((s.device.clone(), s.request_id.clone()))
                 .then_some(analysis::LabelledRow {
                     device: s.device,

@@ -443,7 +443,7 @@ fn online_accuracy(
             .samples
             .scan_prefix_rev_while(&format!("{model}/{version}/{device}/"), |s| {
                 read += 1;
-                read <= MAX_FEEDBACK_PER_DEVICE && s.observed_at.is_none_or(|t| t >= since)
+                read <= MAX_FEEDBACK_PER_DEVICE && s.at().is_none_or(|t| t >= since)
             })?;
     let judged: Vec<bool> = samples
         .iter()

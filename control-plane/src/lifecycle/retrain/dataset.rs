@@ -126,7 +126,7 @@ pub fn edge_rows(records: &[SampleRecord], width: Option<usize>) -> (Vec<EdgeRow
             .filter(|x| width.is_none_or(|w| x.len() == w) && x.iter().all(|v| v.is_finite()));
         match decoded {
             Some(x) => rows.push(EdgeRow {
-                at: r.observed_at.map_or(0, |t| t.unix_timestamp_nanos()),
+                at: r.at().map_or(0, |t| t.unix_timestamp_nanos()),
                 x,
                 label,
                 hard: r.kind == SampleKind::HardExample,
@@ -261,6 +261,7 @@ mod tests {
     fn sample(device: &str, req: &str, at: i64, x: &[f32], label: Option<i64>) -> SampleRecord {
         let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
         SampleRecord {
+            received_at: None,
             device: device.into(),
             sequence: 1,
             kind: SampleKind::Feedback,

@@ -118,7 +118,7 @@ fn labelled(records: Vec<SampleRecord>) -> Vec<SampleRecord> {
         .filter(|r| r.label.is_some())
         .filter(|r| seen.insert((r.device.clone(), r.request_id.clone())))
         .collect();
-    out.sort_by_key(|r| r.observed_at);
+    out.sort_by_key(|r| r.at());
     out
 }
 
@@ -177,9 +177,7 @@ async fn observe(
     );
     state.labels_since_last = all
         .iter()
-        .filter(|r| {
-            last_started.is_none_or(|s| r.observed_at.is_some_and(|t| t.unix_timestamp() > s))
-        })
+        .filter(|r| last_started.is_none_or(|s| r.at().is_some_and(|t| t.unix_timestamp() > s)))
         .count() as u64;
     let Some(version) = serving else {
         return Ok((state, None));
@@ -359,6 +357,7 @@ mod tests {
 
     fn row(i: i64, predicted: i64, label: i64) -> SampleRecord {
         SampleRecord {
+            received_at: None,
             device: "d".into(),
             sequence: 1,
             kind: crate::drift::records::SampleKind::Feedback,

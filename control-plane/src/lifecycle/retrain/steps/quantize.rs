@@ -88,6 +88,9 @@ async fn inputs(core: &Core, p: &Pipeline) -> Result<Inputs, StepError> {
                 dataset: Some(data_digest),
                 parent_version: parent,
             },
+            // A pipeline sets no floor: an operator does, deliberately.
+            min_version: None,
+            rollback: false,
         },
     })
 }
