@@ -380,8 +380,9 @@ async fn each_model_keeps_its_newest_samples_up_to_the_cap_and_counts_the_rest()
             .await,
     );
     cp.assigned("edge-1", MODEL, "1");
-    // Two reports of 4; the second's rows were observed first (a device
-    // that was offline sends old rows late): age, not arrival, decides.
+    // Two reports of 4; the second's rows say they were observed first,
+    // but arrival decides: the control plane's clock, not a device's (a
+    // device could otherwise keep its rows forever by dating them ahead).
     for (sequence, first) in [(1u64, 10usize), (2, 0)] {
         let samples = (first..first + 4)
             .map(|i| sample(pb::SampleKind::HardExample, i, None))
@@ -413,14 +414,14 @@ async fn each_model_keeps_its_newest_samples_up_to_the_cap_and_counts_the_rest()
     requests.sort();
     assert_eq!(
         requests,
-        ["r10", "r11", "r12", "r13", "r3"],
-        "the newest five by observation"
+        ["r0", "r1", "r13", "r2", "r3"],
+        "the newest five by arrival: the second report, and the last row of the first"
     );
     cp.stop().await;
 }
 
 /// A policy's `min_fresh_edge_rows`: the dataset step waits for labelled
-/// rows observed after the pipeline started (an early drift trigger leaves
+/// rows received after the pipeline started (an early drift trigger leaves
 /// few rows of the new concept), then builds the snapshot with them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dataset_step_waits_for_rows_observed_since_the_pipeline_started() {

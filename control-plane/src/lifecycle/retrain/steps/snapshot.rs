@@ -63,11 +63,13 @@ pub(super) async fn build_dataset(
     let (eval_fraction, min_eval) = (config.eval_fraction, config.min_eval_samples);
     let hard_weight = config.hard_example_weight;
     let edge_window = config.edge_window_rows.map_or(usize::MAX, |n| n as usize);
-    // Rows observed after the pipeline's first step started are fresh.
+    // Rows received after the second the pipeline's first step started in
+    // are fresh (its start is recorded to the second; a row received in
+    // that same second may have been there before it).
     let started = p
         .history
         .first()
-        .map_or(0, |r| i128::from(r.started_at) * 1_000_000_000);
+        .map_or(0, |r| (i128::from(r.started_at) + 1) * 1_000_000_000 - 1);
     let min_fresh = config.min_fresh_edge_rows.map_or(0, |n| n as usize);
     let snapshot = blocking(move || {
         let records: Vec<_> = store
