@@ -18,9 +18,7 @@ pub fn open_waiting_for_lock(config: &sled::Config) -> sled::Result<sled::Db> {
     let mut waited = Duration::ZERO;
     loop {
         match config.open() {
-            Err(sled::Error::Io(e))
-                if e.kind() == std::io::ErrorKind::WouldBlock && waited < LOCK_WAIT =>
-            {
+            Err(sled::Error::Io(e)) if is_lock_busy(&e) && waited < LOCK_WAIT => {
                 std::thread::sleep(pause);
                 waited += pause;
             }
@@ -29,9 +27,30 @@ pub fn open_waiting_for_lock(config: &sled::Config) -> sled::Result<sled::Db> {
     }
 }
 
+/// sled 0.34 reports a held lock as `ErrorKind::Other` wrapping the
+/// `WouldBlock` of `flock`, with only its message to tell; a bare
+/// `WouldBlock` is matched too, should a later sled pass it through.
+fn is_lock_busy(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_lock_is_recognised_as_sled_reports_it() {
+        let wrapped = std::io::Error::other(
+            "could not acquire lock on \"/tmp/x/db\": Os { code: 11, kind: WouldBlock }",
+        );
+        assert!(is_lock_busy(&wrapped));
+        assert!(is_lock_busy(&std::io::Error::from(
+            std::io::ErrorKind::WouldBlock
+        )));
+        assert!(!is_lock_busy(&std::io::Error::from(
+            std::io::ErrorKind::NotFound
+        )));
+    }
 
     #[test]
     fn reopen_right_after_drop_succeeds() {

@@ -137,6 +137,13 @@ async fn feedback(
         Ok(req) => req,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
+    // Before the rate limit: its buckets are only for models that exist.
+    if !telemetry.knows_model(&name) {
+        return error(
+            StatusCode::NOT_FOUND,
+            FeedbackError::UnknownModel(name).to_string(),
+        );
+    }
     if req.labels.len() > limit.per_minute as usize {
         return error(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -303,6 +303,14 @@ impl Telemetry {
         Ok(Some(seq))
     }
 
+    /// Whether `model` has served here (feedback for it can match).
+    pub fn knows_model(&self, model: &str) -> bool {
+        self.known
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(model)
+    }
+
     /// Matches labels to `model`'s earlier predictions. Blocking (the
     /// labelled samples are queued on disk).
     pub fn feedback(
