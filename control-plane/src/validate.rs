@@ -8,6 +8,17 @@ use crate::error::Error;
 /// DNS-label style: lowercase alphanumerics and '-', 1..=63 characters, not
 /// starting or ending with '-'. Used for device, cluster and model names: they
 /// appear in certificates, URLs and file names.
+/// A record's project: the name rule, `default` when absent.
+pub fn project(project: Option<String>) -> Result<String, Error> {
+    match project {
+        Some(p) => {
+            name("project", &p)?;
+            Ok(p)
+        }
+        None => Ok(edgeloop_api::access::default_project()),
+    }
+}
+
 pub fn name(field: &str, value: &str) -> Result<(), Error> {
     if edgeloop_models::names::is_valid_name(value) {
         Ok(())

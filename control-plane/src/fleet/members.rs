@@ -286,19 +286,13 @@ pub async fn create_token(
     };
     let labels = req.labels.unwrap_or_default();
     validate::labels("labels", &labels)?;
-    let project = match (req.project, req.kind) {
-        (Some(p), MemberKind::Device) => {
-            validate::name("project", &p)?;
-            p
-        }
-        (Some(_), MemberKind::Cluster) => {
-            return Err(Error::bad_field(
-                "project",
-                "clusters are shared by every project; only a device belongs to one",
-            ))
-        }
-        (None, _) => edgeloop_api::access::default_project(),
-    };
+    if req.project.is_some() && req.kind == MemberKind::Cluster {
+        return Err(Error::bad_field(
+            "project",
+            "clusters are shared by every project; only a device belongs to one",
+        ));
+    }
+    let project = validate::project(req.project)?;
     let ttl = req.ttl_seconds.unwrap_or(DEFAULT_TOKEN_TTL);
     if !(MIN_TOKEN_TTL..=MAX_TOKEN_TTL).contains(&ttl) {
         return Err(Error::bad_field(

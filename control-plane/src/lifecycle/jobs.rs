@@ -243,13 +243,7 @@ pub async fn create_with_id(
     if let Some(c) = &req.cluster {
         crate::validate::name("cluster", c)?;
     }
-    let project = match req.project {
-        Some(p) => {
-            crate::validate::name("project", &p)?;
-            p
-        }
-        None => edgeloop_api::access::default_project(),
-    };
+    let project = crate::validate::project(req.project)?;
     let job = JobRecord::queued(id, req.spec, project, req.cluster, now);
     if !store.jobs.insert_new(id, &job)? {
         return Ok((get(store, id)?, false));

@@ -87,13 +87,7 @@ pub async fn create_model(
     }
     let labels = req.labels.unwrap_or_default();
     validate::labels("labels", &labels)?;
-    let project = match req.project {
-        Some(p) => {
-            validate::name("project", &p)?;
-            p
-        }
-        None => edgeloop_api::access::default_project(),
-    };
+    let project = validate::project(req.project)?;
     let record = ModelRecord {
         name: req.name,
         project,
@@ -117,6 +111,17 @@ pub fn get_model(store: &Store, name: &str) -> Result<ModelRecord> {
         .models
         .get(name)?
         .ok_or_else(|| Error::not_found("model", name))
+}
+
+/// The project of model `name`, or the default one when it is gone: a
+/// record naming a deleted model (a deployment, a pipeline) still belongs
+/// somewhere, where only unscoped and `default` tokens see it.
+pub fn project_or_default(store: &Store, name: &str) -> Result<String> {
+    Ok(store
+        .models
+        .get(name)?
+        .map(|m| m.project)
+        .unwrap_or_else(edgeloop_api::access::default_project))
 }
 
 /// The project model `name` belongs to (404 when there is no such model).

@@ -95,15 +95,8 @@ fn resolve(
     })
 }
 
-/// A record naming a model that is gone still belongs somewhere: the
-/// default project, which only unscoped tokens and `default` see.
 fn model_project(core: &Core, model: &str) -> Result<String> {
-    Ok(core
-        .store
-        .models
-        .get(model)?
-        .map(|m| m.project)
-        .unwrap_or_else(edgeloop_api::access::default_project))
+    models::project_or_default(&core.store, model)
 }
 
 fn device_project(core: &Core, device: &str) -> Result<String> {

@@ -298,13 +298,7 @@ pub fn observe(
     let d = &record.deployment;
     let members = match deployments::parse_selector("selector", &d.group) {
         Ok(selector) => {
-            // The model's project when the deployment was made; a model
-            // deleted since leaves the default one.
-            let project = store
-                .models
-                .get(&d.model)?
-                .map(|m| m.project)
-                .unwrap_or_else(edgeloop_api::access::default_project);
+            let project = crate::registry::models::project_or_default(store, &d.model)?;
             deployments::group(store, |p| p == project, &selector)?
         }
         // Validated at creation; a selector this binary cannot parse any
