@@ -19,6 +19,11 @@ pub enum Step {
     Export,
     /// Quantization behind the accuracy gate, on recent labelled edge data.
     Quantize,
+    /// Offline signing only: the manifests wait for a signature made with a
+    /// key kept off the control plane (`edgeloop model sign`). With the
+    /// control plane's own key the quantize step signs and this step is
+    /// skipped.
+    Sign,
     /// A new model version with full lineage.
     Register,
     /// Promote only if the new version beats the serving one.
@@ -30,11 +35,12 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 8] = [
+    pub const ALL: [Step; 9] = [
         Step::BuildDataset,
         Step::Train,
         Step::Export,
         Step::Quantize,
+        Step::Sign,
         Step::Register,
         Step::Compare,
         Step::Deploy,
@@ -179,6 +185,119 @@ pub struct RetrainingConfig {
     /// gate never judges latency (the control plane is not the device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency: Option<LatencyPolicy>,
+    /// Who signs the versions it makes: the control plane's own key (the
+    /// default), or a key kept elsewhere (`offline`: the pipeline waits in
+    /// `awaiting_signature` for `edgeloop model sign`).
+    #[serde(default, skip_serializing_if = "Signing::is_control_plane")]
+    pub signing: Signing,
+}
+
+/// Who signs a pipeline's manifests, tagged by `mode`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(
+    tag = "mode",
+    rename_all = "snake_case",
+    try_from = "SigningRepr",
+    into = "SigningRepr"
+)]
+pub enum Signing {
+    /// The control plane's key (`<data-dir>/keys/manifest-signing.key`):
+    /// the loop closes on its own, and whoever holds the control-plane host
+    /// can sign models.
+    #[default]
+    ControlPlane,
+    /// A key the control plane never holds. The pipeline stops at
+    /// `awaiting_signature`; a signature is accepted only if one of
+    /// `public_keys` (ed25519, 64 hex characters; 1 to 8) made it. Not with
+    /// `latency`: the device benchmark runs models the control plane signs.
+    Offline {
+        #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 8))]
+        public_keys: Vec<String>,
+    },
+}
+
+impl Signing {
+    pub fn is_control_plane(&self) -> bool {
+        matches!(self, Signing::ControlPlane)
+    }
+}
+
+/// [`Signing`] as it is read and written. serde's internally tagged enums
+/// take a variant's index for its tag (`"mode": 0`) and let a unit variant
+/// ignore fields; the document says neither, so the tag is read as a plain
+/// enum (a string only) and the fields are checked against it.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SigningRepr {
+    mode: SigningMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    public_keys: Option<Vec<String>>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum SigningMode {
+    ControlPlane,
+    Offline,
+}
+
+impl TryFrom<SigningRepr> for Signing {
+    type Error = &'static str;
+
+    fn try_from(r: SigningRepr) -> Result<Self, Self::Error> {
+        match (r.mode, r.public_keys) {
+            (SigningMode::ControlPlane, None) => Ok(Signing::ControlPlane),
+            (SigningMode::ControlPlane, Some(_)) => Err("public_keys is only for mode \"offline\""),
+            (SigningMode::Offline, Some(public_keys)) => Ok(Signing::Offline { public_keys }),
+            (SigningMode::Offline, None) => {
+                Err("mode \"offline\" needs public_keys: the keys whose signatures are accepted")
+            }
+        }
+    }
+}
+
+impl From<Signing> for SigningRepr {
+    fn from(s: Signing) -> Self {
+        match s {
+            Signing::ControlPlane => SigningRepr {
+                mode: SigningMode::ControlPlane,
+                public_keys: None,
+            },
+            Signing::Offline { public_keys } => SigningRepr {
+                mode: SigningMode::Offline,
+                public_keys: Some(public_keys),
+            },
+        }
+    }
+}
+
+/// `POST /api/v1/pipelines/{id}/signatures`: one signature per manifest the
+/// quantize step left unsigned (the version's own and each variant's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SignPipeline {
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 5))]
+    pub signatures: Vec<ManifestSignature>,
+}
+
+/// A signature over an unsigned manifest's canonical bytes, as a signed
+/// manifest carries it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ManifestSignature {
+    /// The unsigned manifest's digest (the quantize step's `manifest`, or a
+    /// variant's).
+    #[cfg_attr(feature = "openapi", schema(value_type = String, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
+    pub manifest: Digest,
+    /// The signing key's id (`PublicKey::key_id`).
+    #[cfg_attr(feature = "openapi", schema(max_length = 64))]
+    pub key_id: String,
+    /// The ed25519 signature, 128 lowercase hex characters.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9a-f]{128}$"))]
+    pub signature: String,
 }
 
 /// How the Quantize step judges latency on a device (a benchmark over the
@@ -305,6 +424,12 @@ pub enum PipelineState {
     Cancelled {
         step: Step,
     },
+    /// Offline signing: nothing runs until the manifests are signed
+    /// (`POST /api/v1/pipelines/{id}/signatures`) or the pipeline is
+    /// cancelled. No step timeout applies: a person signs.
+    AwaitingSignature {
+        since: UnixSeconds,
+    },
 }
 
 /// The name of a pipeline's state.
@@ -317,6 +442,7 @@ pub enum PipelineStatus {
     Stopped,
     Failed,
     Cancelled,
+    AwaitingSignature,
 }
 
 impl PipelineStatus {
@@ -327,6 +453,7 @@ impl PipelineStatus {
             PipelineStatus::Stopped => "stopped",
             PipelineStatus::Failed => "failed",
             PipelineStatus::Cancelled => "cancelled",
+            PipelineStatus::AwaitingSignature => "awaiting_signature",
         }
     }
 }
@@ -339,6 +466,7 @@ impl PipelineState {
             PipelineState::Stopped { .. } => PipelineStatus::Stopped,
             PipelineState::Failed { .. } => PipelineStatus::Failed,
             PipelineState::Cancelled { .. } => PipelineStatus::Cancelled,
+            PipelineState::AwaitingSignature { .. } => PipelineStatus::AwaitingSignature,
         }
     }
 }
@@ -426,6 +554,20 @@ pub enum Output {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         variants: Vec<QuantizedVariant>,
     },
+    /// Offline signing: the gate's choice and its manifest, not signed yet;
+    /// the sign step's output is the `quantized` one with signed manifests.
+    Unsigned {
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        digest: Digest,
+        method: String,
+        /// The unsigned manifest (JSON of the manifest itself).
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        manifest: Digest,
+        version: String,
+        /// The policy's variants; each `manifest` is unsigned too.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        variants: Vec<QuantizedVariant>,
+    },
     Version {
         version: String,
     },
@@ -476,7 +618,8 @@ pub struct Coalesced {
 pub struct PipelineView {
     pub id: String,
     pub model: String,
-    /// `running`, `succeeded`, `stopped`, `failed` or `cancelled`.
+    /// `running`, `awaiting_signature`, `succeeded`, `stopped`, `failed` or
+    /// `cancelled`.
     pub status: PipelineStatus,
     /// The step running or the one it ended in.
     pub step: Option<Step>,
@@ -497,4 +640,18 @@ pub struct PipelineView {
     /// Triggers that fired while it ran, folded into it.
     #[serde(default)]
     pub coalesced: Vec<Coalesced>,
+    /// Who signs its manifests, as its policy said when it started.
+    #[serde(default, skip_serializing_if = "Signing::is_control_plane")]
+    pub signing: Signing,
+}
+
+impl PipelineView {
+    /// The steps it runs, in order: the sign step only when it signs
+    /// offline (otherwise the quantize step signs).
+    pub fn steps(&self) -> Vec<Step> {
+        Step::ALL
+            .into_iter()
+            .filter(|s| *s != Step::Sign || !self.signing.is_control_plane())
+            .collect()
+    }
 }

@@ -22,6 +22,7 @@ mod model_benchmark;
 mod model_pull;
 mod model_push;
 mod model_quantize;
+mod model_sign;
 pub mod pipeline;
 mod retraining;
 mod sample;

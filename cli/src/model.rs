@@ -1,6 +1,7 @@
 //! `edgeloop model inspect | quantize | verify` (local files, no server)
 //! and, through the console API, `edgeloop model list | show | versions`
-//! (`model_api.rs`), `push` (`model_push.rs`), `pull` (`model_pull.rs`)
+//! (`model_api.rs`), `push` (`model_push.rs`), `pull` (`model_pull.rs`),
+//! `sign` (`model_sign.rs`, offline signing of a pipeline's manifests)
 //! and `alias set | list | delete | history` (`model_alias.rs`).
 
 use std::path::{Path, PathBuf};
@@ -55,6 +56,9 @@ pub enum ModelCommand {
     /// Fetch a version's files (by version or alias), each checked against
     /// its digest (console API).
     Pull(Box<super::model_pull::PullArgs>),
+    /// Offline signing: sign the manifests of a pipeline awaiting a
+    /// signature with a key kept off the control plane (console API).
+    Sign(Box<super::model_sign::SignArgs>),
     /// A model's aliases (`production`, `staging`) and their history
     /// (console API).
     Alias {
@@ -215,6 +219,7 @@ pub fn run(cmd: ModelCommand, out: &mut dyn std::io::Write) -> anyhow::Result<Ex
         ModelCommand::Versions { name, server } => model_api::versions(&name, &server, out),
         ModelCommand::Push(args) => super::model_push::push(&args, out),
         ModelCommand::Pull(args) => super::model_pull::pull(&args, out),
+        ModelCommand::Sign(args) => super::model_sign::sign(&args, out),
         ModelCommand::Alias { cmd, server } => super::model_alias::run(cmd, &server, out),
         ModelCommand::Inspect { model, json } => inspect(&model, json),
         ModelCommand::Quantize(args) => super::model_quantize::quantize(*args),

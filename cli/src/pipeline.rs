@@ -132,10 +132,12 @@ pub fn is_terminal(p: &PipelineView) -> bool {
     p.status != PipelineStatus::Running
 }
 
-/// Where a step falls in the pipeline, e.g. `2/8` for `train`.
-fn position(step: Option<Step>) -> String {
-    match step.and_then(|s| Step::ALL.iter().position(|n| *n == s)) {
-        Some(i) => format!("{}/{}", i + 1, Step::ALL.len()),
+/// Where the current step falls among the steps the pipeline runs, e.g.
+/// `2/8` for `train` (`2/9` when it signs offline).
+fn position(p: &PipelineView) -> String {
+    let steps = p.steps();
+    match p.step.and_then(|s| steps.iter().position(|n| *n == s)) {
+        Some(i) => format!("{}/{}", i + 1, steps.len()),
         None => "?".into(),
     }
 }
@@ -147,7 +149,7 @@ pub fn progress(p: &PipelineView) -> String {
     match p.status {
         PipelineStatus::Running => format!(
             "running: step {} {step}, attempt {}",
-            position(p.step),
+            position(p),
             match p.state {
                 PipelineState::Running { attempt, .. } => attempt,
                 _ => 1,
@@ -232,6 +234,24 @@ pub fn output(o: &Output) -> String {
             }
             line
         }
+        Output::Unsigned {
+            digest,
+            method,
+            version,
+            variants,
+            ..
+        } => {
+            let mut line = format!(
+                "version {}, {} {}, unsigned",
+                text(version),
+                text(method),
+                short(digest)
+            );
+            if !variants.is_empty() {
+                line.push_str(&format!(" (and {} variants)", variants.len()));
+            }
+            line
+        }
         Output::Version { version } => format!("version {}", text(version)),
         Output::Comparison {
             new,
@@ -267,6 +287,10 @@ pub fn render(p: &PipelineView) -> String {
 pub fn render_at(p: &PipelineView, now: i64) -> String {
     let status = match (p.status, p.step) {
         (PipelineStatus::Running, _) => progress(p),
+        (PipelineStatus::AwaitingSignature, _) => format!(
+            "awaiting a signature: edgeloop model sign {} --signing-key KEY",
+            p.id
+        ),
         (
             s @ (PipelineStatus::Stopped | PipelineStatus::Failed | PipelineStatus::Cancelled),
             Some(step),
@@ -442,6 +466,47 @@ mod tests {
         assert!(
             out.ends_with("outcomes:\n  train attempt 1: the trainer bridge lost its lease while uploading the checkpoint\n"),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn an_offline_signing_pipeline_counts_its_sign_step_and_says_how_to_sign() {
+        let key = "ab".repeat(32);
+        let waiting = json!({
+            "id": "p-2", "model": "rain", "status": "awaiting_signature", "step": "sign",
+            "reason": null, "trigger": "drift",
+            "state": {"state": "awaiting_signature", "since": T0 + 5},
+            "history": [
+                record("quantize", 1, T0, Some(T0 + 5), Some("succeeded"),
+                    json!({"output": "unsigned", "digest": "ab".repeat(32), "method": "int8-dynamic",
+                           "manifest": "cd".repeat(32), "version": "2.0.0"})),
+                record("sign", 1, T0 + 5, None, None, Value::Null),
+            ],
+            "coalesced": [],
+            "max_attempts": 3, "step_timeout_seconds": 21600, "min_gain_points": 0.0,
+            "signing": {"mode": "offline", "public_keys": [key]}
+        });
+        let p = typed(waiting.clone());
+        assert!(is_terminal(&p), "--wait ends: a person must sign");
+        let out = render_at(&p, T0 + 65);
+        assert!(
+            out.contains("awaiting a signature: edgeloop model sign p-2 --signing-key KEY"),
+            "{out}"
+        );
+        assert!(
+            row(&out, "quantize", "1")
+                .ends_with("version 2.0.0, int8-dynamic abababababab, unsigned"),
+            "{out}"
+        );
+        // Running again after the signature: nine steps, register the 6th.
+        let mut running = waiting;
+        running["status"] = json!("running");
+        running["step"] = json!("register");
+        running["state"] =
+            json!({"state": "running", "step": "register", "attempt": 1, "started_at": T0 + 9});
+        assert_eq!(
+            progress(&typed(running)),
+            "running: step 6/9 register, attempt 1"
         );
     }
 

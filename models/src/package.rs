@@ -139,6 +139,38 @@ pub fn sign_outcome(
     probe: Option<&ProbeInputs>,
     key: &ManifestKey,
 ) -> Result<Packaged, PackageError> {
+    describe_outcome(runtime, outcome, eval, identity, probe)?.sign(key)
+}
+
+/// A gate's chosen model and its manifest, not signed yet: for signing
+/// with a key the caller does not hold (offline signing), or now.
+pub struct Unsigned {
+    pub artifact: Vec<u8>,
+    /// Valid (checked here), so a signer is never handed one its own
+    /// signing would refuse.
+    pub manifest: Manifest,
+    pub outcome: GateOutcome,
+}
+
+impl Unsigned {
+    pub fn sign(self, key: &ManifestKey) -> Result<Packaged, PackageError> {
+        Ok(Packaged {
+            manifest: key.sign(self.manifest)?,
+            artifact: self.artifact,
+            outcome: self.outcome,
+        })
+    }
+}
+
+/// The manifest of a gate's outcome (its chosen model), with its evidence,
+/// reference statistics and probe: everything [`sign_outcome`] signs.
+pub fn describe_outcome(
+    runtime: &OrtRuntime,
+    outcome: GateOutcome,
+    eval: &Dataset,
+    identity: Identity,
+    probe: Option<&ProbeInputs>,
+) -> Result<Unsigned, PackageError> {
     let artifact =
         onnx::encode(&outcome.chosen_model).map_err(|source| PackageError::TooLarge {
             chosen: outcome.chosen.clone(),
@@ -165,8 +197,8 @@ pub fn sign_outcome(
         sample_inputs: Digest::of(&p.npz),
         max_latency_ms: p.max_latency_ms,
     });
-    let manifest = key.sign(manifest)?;
-    Ok(Packaged {
+    manifest.validate()?;
+    Ok(Unsigned {
         artifact,
         manifest,
         outcome,

@@ -188,6 +188,23 @@ impl ControlPlane {
         Api::new(&self.http_base, Some(&self.admin_token))
     }
 
+    /// `edgeloop <args>` (the built CLI) as this control plane's admin.
+    pub async fn edgeloop(&self, args: &[&str]) -> std::process::Output {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let (server, token) = (self.http_base.clone(), self.admin_token.clone());
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(edgeloop_bin())
+                .args(&args)
+                .env("EDGELOOP_SERVER", server)
+                .env("EDGELOOP_TOKEN", token)
+                .env_remove("EDGELOOP_TOKEN_FILE")
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap()
+    }
+
     /// Uploads an artifact through the console API; returns its digest.
     pub async fn upload(&self, data: &[u8]) -> edgeloop_models::Digest {
         let digest = edgeloop_models::Digest::of(data);
@@ -512,6 +529,23 @@ pub fn torch_python() -> PathBuf {
 ///
 /// # Panics
 /// When it has not been built (`cargo build --bins`; `scripts/test.sh` does).
+/// The reference trainer's binary, built by `cargo build --workspace`
+/// (which scripts/test.sh runs before the tests).
+pub fn reference_trainer() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let bin = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("the test binary is in target/<profile>/deps")
+        .join("edgeloop-train");
+    assert!(
+        bin.exists(),
+        "{}: run `cargo build -p edgeloop-reference-trainer` first (scripts/test.sh builds the workspace)",
+        bin.display()
+    );
+    bin
+}
+
 pub fn edgeloop_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("the test's own path");
     let bin = exe

@@ -61,19 +61,7 @@ fn sample(kind: pb::SampleKind, i: usize, label: Option<i64>) -> pb::Sample {
 
 /// `edgeloop <args>` as the admin of `cp`.
 async fn edgeloop(cp: &ControlPlane, args: &[&str]) -> std::process::Output {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let (server, token) = (cp.http_base.clone(), cp.admin_token.clone());
-    tokio::task::spawn_blocking(move || {
-        Command::new(edgeloop_tests::edgeloop_bin())
-            .args(&args)
-            .env("EDGELOOP_SERVER", server)
-            .env("EDGELOOP_TOKEN", token)
-            .env_remove("EDGELOOP_TOKEN_FILE")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap()
+    cp.edgeloop(args).await
 }
 
 /// Sets a retraining policy (a job that does nothing, 10 uploaded base

@@ -2,8 +2,9 @@
 //! bridge (local engine): the dataset snapshot reaches the job through the
 //! artifact store, a failed training job fails the pipeline without
 //! deploying anything, a second retrain request is coalesced into the
-//! running one, and a control-plane restart mid-pipeline resumes the same
-//! pipeline and job instead of starting another.
+//! running one, a control-plane restart mid-pipeline resumes the same
+//! pipeline and job instead of starting another, and a policy that signs
+//! offline stops at `awaiting_signature` until `edgeloop model sign`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use edgeloop_client_core::Role;
 use edgeloop_control_plane::config::ServeSettings;
+use edgeloop_models::manifest::{Manifest, ManifestKey, SignedManifest};
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_tests::rows::rows_npz;
@@ -39,21 +41,23 @@ fn policy(job: Value, base: &str) -> Value {
     })
 }
 
-/// A model, its base dataset, a retraining policy with `job`, and 40
-/// labelled samples reported by a device over the agents' gRPC API.
-async fn setup(cp: &ControlPlane, dir: &Path, job: Value) {
+/// A model, its base dataset, a retraining policy with `job` (and
+/// `extra`'s fields), and 40 labelled samples reported by a device over the
+/// agents' gRPC API.
+async fn setup(cp: &ControlPlane, dir: &Path, job: Value, extra: Value) {
     let (status, body) = cp
         .api()
         .post("/api/v1/models", json!({"name": MODEL}))
         .await;
     assert_eq!(status, 201, "{body}");
     let base = cp.upload(&rows_npz(100)).await;
+    let mut policy = policy(job, &base.to_string());
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        policy[k] = v.clone();
+    }
     let (status, body) = cp
         .api()
-        .put(
-            &format!("/api/v1/models/{MODEL}/retraining"),
-            policy(job, &base.to_string()),
-        )
+        .put(&format!("/api/v1/models/{MODEL}/retraining"), policy)
         .await;
     assert_eq!(status, 200, "{body}");
 
@@ -133,7 +137,7 @@ async fn a_failed_training_job_fails_the_pipeline_and_deploys_nothing() {
         "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
         "restarts": {"max_restarts": 0, "backoff_seconds": 0, "backoff_max_seconds": 0}
     });
-    setup(&cp, dir.path(), job).await;
+    setup(&cp, dir.path(), job, json!({})).await;
     let (_stop, _bridge) = cp.start_bridge(&dir.path().join("bridge")).await;
 
     let (status, started) = cp
@@ -221,7 +225,7 @@ async fn a_restart_mid_pipeline_resumes_it_and_a_second_request_is_coalesced() {
         "checkpoint": {"every_steps": 10, "keep_last": 2},
         "restarts": {"max_restarts": 0, "backoff_seconds": 0, "backoff_max_seconds": 0}
     });
-    setup(&cp, dir.path(), job).await;
+    setup(&cp, dir.path(), job, json!({})).await;
     let (_stop, _bridge) = cp.start_bridge(&dir.path().join("bridge")).await;
     let (status, started) = cp
         .api()
@@ -355,6 +359,16 @@ async fn bad_policies_and_requests_get_a_4xx_naming_the_field() {
                    "latency": {"benchmark_selector": "a=b", "timeout_seconds": 1}}),
             "latency.timeout_seconds",
         ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b"},
+                   "signing": {"mode": "offline", "public_keys": ["not-a-key"]}}),
+            "signing.public_keys[0]",
+        ),
+        (
+            json!({"job": good_job, "rollout": {"selector": "a=b"},
+                   "signing": {"mode": "notary"}}),
+            "signing",
+        ),
     ];
     for (body, field) in cases {
         let (status, err) = cp.api().put(&url, body.clone()).await;
@@ -387,4 +401,214 @@ async fn bad_policies_and_requests_get_a_4xx_naming_the_field() {
     assert_eq!(status, 404);
     let (status, _) = cp.api().get("/api/v1/pipelines?bogus=1").await;
     assert_eq!(status, 400);
+}
+
+/// A signature over the unsigned manifest `digest`, made in the test with
+/// `key`, as `edgeloop model sign` would send it.
+async fn signature(cp: &ControlPlane, digest: &str, key: &ManifestKey) -> Value {
+    let (status, bytes) = cp
+        .api()
+        .send(
+            cp.api()
+                .request(reqwest::Method::GET, &format!("/api/v1/artifacts/{digest}")),
+        )
+        .await;
+    assert_eq!(status, 200, "{bytes}");
+    let manifest: Manifest = serde_json::from_value(bytes).unwrap();
+    let signed = key.sign(manifest).unwrap();
+    json!({"manifest": digest, "key_id": signed.key_id, "signature": signed.signature})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_signing_pipeline_waits_for_edgeloop_model_sign_and_ships_what_it_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp_dir = dir.path().join("cp");
+    let cp = ControlPlane::start_with(cp_settings(&cp_dir)).await;
+    // The key is kept outside the control plane's data dir: its owner's.
+    let key_path = dir.path().join("offline.key");
+    let key = ManifestKey::generate();
+    key.write_to(&key_path).unwrap();
+    let public = key.public();
+    let job = json!({
+        "name": "retrain-rain",
+        "command": [edgeloop_tests::reference_trainer().display().to_string()],
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
+        "hyperparameters": {"workload": "rainfall-mlp", "steps": 30, "batch_size": 16},
+        "checkpoint": {"every_steps": 10, "keep_last": 2},
+        "restarts": {"max_restarts": 0, "backoff_seconds": 0, "backoff_max_seconds": 0}
+    });
+    setup(
+        &cp,
+        dir.path(),
+        job,
+        json!({
+            "signing": {"mode": "offline", "public_keys": [public.to_hex()]},
+            "variants": [{"name": "fp16-gpu", "candidates": ["fp16"],
+                          "providers": ["CUDAExecutionProvider"]}]
+        }),
+    )
+    .await;
+    let (_stop, _bridge) = cp.start_bridge(&dir.path().join("bridge")).await;
+    let (status, started) = cp
+        .api()
+        .post(&format!("/api/v1/models/{MODEL}/retrain"), json!({}))
+        .await;
+    assert_eq!(status, 201, "{started}");
+    let id = started["id"].as_str().unwrap().to_string();
+
+    let waiting = wait_ended(&cp, &id).await;
+    assert_eq!(waiting["status"], "awaiting_signature", "{waiting}");
+    assert_eq!(waiting["step"], "sign", "{waiting}");
+    let quantized = waiting["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["step"] == "quantize")
+        .unwrap()["output"]
+        .clone();
+    assert_eq!(quantized["output"], "unsigned", "{quantized}");
+    let own = quantized["manifest"].as_str().unwrap().to_string();
+    let variant = quantized["variants"][0]["manifest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The control plane never made or read a signing key of its own.
+    assert!(
+        !cp_dir.join("keys/manifest-signing.key").exists(),
+        "the control plane holds a signing key"
+    );
+    // Waiting is not running: no step timeout, no versions yet.
+    let (_, versions) = cp
+        .api()
+        .get(&format!("/api/v1/models/{MODEL}/versions"))
+        .await;
+    assert_eq!(versions.as_array().unwrap().len(), 0, "{versions}");
+
+    let url = format!("/api/v1/pipelines/{id}/signatures");
+    // A key the policy does not name is refused, naming the signature.
+    let stranger = ManifestKey::generate();
+    let (status, err) = cp
+        .api()
+        .post(
+            &url,
+            json!({"signatures": [signature(&cp, &own, &stranger).await,
+                                  signature(&cp, &variant, &key).await]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["field"], "signatures[0].signature", "{err}");
+    // A variant left unsigned is refused, naming it.
+    let (status, err) = cp
+        .api()
+        .post(
+            &url,
+            json!({"signatures": [signature(&cp, &own, &key).await]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{err}");
+    assert!(err.to_string().contains("fp16-gpu"), "{err}");
+    // So is a manifest of nothing this pipeline made.
+    let mut other = signature(&cp, &own, &key).await;
+    other["manifest"] = json!("0".repeat(64));
+    let (status, err) = cp.api().post(&url, json!({"signatures": [other]})).await;
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["field"], "signatures[0].manifest", "{err}");
+    // The CLI with the stranger's key gets the same refusal, and nothing moved.
+    let stranger_path = dir.path().join("stranger.key");
+    stranger.write_to(&stranger_path).unwrap();
+    let refused = cp
+        .edgeloop(&[
+            "model",
+            "sign",
+            &id,
+            "--signing-key",
+            stranger_path.to_str().unwrap(),
+        ])
+        .await;
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("does not verify"), "{stderr}");
+    assert_eq!(pipeline(&cp, &id).await["status"], "awaiting_signature");
+
+    // The owner signs with the CLI: the pipeline goes on to register.
+    let signed = cp
+        .edgeloop(&[
+            "model",
+            "sign",
+            &id,
+            "--signing-key",
+            key_path.to_str().unwrap(),
+            "--json",
+        ])
+        .await;
+    let stdout = String::from_utf8_lossy(&signed.stdout);
+    assert!(
+        signed.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&signed.stderr)
+    );
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["key_id"], public.key_id(), "{report}");
+    assert_eq!(report["signed"].as_array().unwrap().len(), 2, "{report}");
+    assert_eq!(report["status"], "running", "{report}");
+
+    // The version is registered with manifests that verify with the
+    // offline key, for its artifact and its variant's.
+    let version = eventually(
+        Duration::from_secs(30),
+        "the version is registered",
+        || async {
+            let (_, v) = cp
+                .api()
+                .get(&format!("/api/v1/models/{MODEL}/versions"))
+                .await;
+            v.as_array().and_then(|a| a.first().cloned())
+        },
+    )
+    .await;
+    let download = |d: Value| {
+        let api = cp.api();
+        async move {
+            let path = format!("/api/v1/artifacts/{}", d.as_str().unwrap());
+            api.request(reqwest::Method::GET, &path)
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap()
+                .to_vec()
+        }
+    };
+    let manifest = download(version["manifest_digest"].clone()).await;
+    let artifact = download(version["artifact_digest"].clone()).await;
+    let m = SignedManifest::from_json(&manifest).unwrap();
+    m.verify_artifact(std::slice::from_ref(&public), artifact.as_slice())
+        .unwrap();
+    assert_eq!(m.manifest.name, MODEL);
+    let v = &version["variants"][0];
+    let variant_manifest = download(v["manifest_digest"].clone()).await;
+    let variant_artifact = download(v["artifact_digest"].clone()).await;
+    SignedManifest::from_json(&variant_manifest)
+        .unwrap()
+        .verify_artifact(std::slice::from_ref(&public), variant_artifact.as_slice())
+        .unwrap();
+    // And with nothing else: not with the stranger's key.
+    assert!(m.verify(&[stranger.public()]).is_err());
+
+    // Signed once: a second signing is a conflict.
+    let (status, err) = cp
+        .api()
+        .post(
+            &url,
+            json!({"signatures": [signature(&cp, &own, &key).await]}),
+        )
+        .await;
+    assert_eq!(status, 409, "{err}");
+    let (status, body) = cp
+        .api()
+        .post(&format!("/api/v1/pipelines/{id}/cancel"), json!({}))
+        .await;
+    assert!(status == 200 || status == 409, "{body}");
+    assert!(!cp_dir.join("keys/manifest-signing.key").exists());
 }

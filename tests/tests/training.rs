@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use edgeloop_tests::{checkpoint_at_least, eventually, ControlPlane};
@@ -333,27 +333,10 @@ async fn a_job_failing_the_same_way_twice_without_progress_is_not_restarted_agai
     cp.stop().await;
 }
 
-/// The reference trainer's binary, built by `cargo build --workspace` (which
-/// scripts/test.sh runs before the tests).
-fn reference_trainer() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("edgeloop-train");
-    assert!(
-        bin.exists(),
-        "{}: run `cargo build -p edgeloop-reference-trainer` first (scripts/test.sh builds the workspace)",
-        bin.display()
-    );
-    bin
-}
-
 #[tokio::test]
 async fn the_reference_trainer_killed_mid_run_ends_with_the_weights_of_an_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
-    let trainer = reference_trainer();
+    let trainer = edgeloop_tests::reference_trainer();
     let hyper = json!({"workload": "mnist-cnn", "steps": 240, "seed": 7});
 
     // Uninterrupted, outside the bridge.

@@ -164,6 +164,9 @@ pub static ROUTES: &[Rule] = rules! {
     GET "/api/v1/pipelines" => Read, Handler;
     GET "/api/v1/pipelines/{id}" => Read, Pipeline;
     POST "/api/v1/pipelines/{id}/cancel" => Train, Pipeline;
+    // Signing approves a model for devices: a deployer's call, so that a
+    // trainer who started the retrain cannot also sign it.
+    POST "/api/v1/pipelines/{id}/signatures" => Deploy, Pipeline;
 };
 
 /// The rule for a matched route, if the table has one.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 /// The steps and how a step's run ended are part of the console API
 /// (pipelines show them).
-pub use edgeloop_api::pipelines::{Step, StepOutcome};
+pub use edgeloop_api::pipelines::{Signing, Step, StepOutcome};
 pub use edgeloop_api::UnixSeconds;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,11 +36,20 @@ pub enum PipelineState {
     Cancelled {
         step: Step,
     },
+    /// Offline signing: the quantize step's manifests wait for a signature
+    /// from a key kept elsewhere. Nothing runs and no timeout applies; a
+    /// signature or a cancel moves it on.
+    AwaitingSignature {
+        since: UnixSeconds,
+    },
 }
 
 impl PipelineState {
     pub fn is_terminal(&self) -> bool {
-        !matches!(self, PipelineState::Running { .. })
+        !matches!(
+            self,
+            PipelineState::Running { .. } | PipelineState::AwaitingSignature { .. }
+        )
     }
 }
 
@@ -67,6 +76,16 @@ pub enum Output {
     },
     Onnx {
         digest: Digest,
+    },
+    /// Offline signing: the gate's choice and its manifest (JSON of the
+    /// manifest itself), not signed yet; variants' manifests likewise.
+    Unsigned {
+        digest: Digest,
+        method: String,
+        manifest: Digest,
+        version: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        variants: Vec<QuantizedVariant>,
     },
     /// The gate's choice, its signed manifest, and the version it names.
     Quantized {
@@ -125,6 +144,9 @@ pub struct Pipeline {
     /// retrain of the same model at once).
     #[serde(default)]
     pub coalesced: Vec<Coalesced>,
+    /// Who signs, fixed when it started (the policy may change meanwhile).
+    #[serde(default, skip_serializing_if = "Signing::is_control_plane")]
+    pub signing: Signing,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -183,6 +205,7 @@ impl Pipeline {
                 step_timeout_seconds: 6 * 3600,
                 min_gain_points: 0.0,
                 coalesced: vec![],
+                signing: Signing::ControlPlane,
             },
             vec![Action::Run {
                 step: first,
@@ -197,6 +220,15 @@ impl Pipeline {
             PipelineState::Running { step, attempt, .. } => vec![Action::Run { step, attempt }],
             _ => vec![],
         }
+    }
+
+    /// The signed models to register: the sign step's output, or the
+    /// quantize step's when the control plane signed.
+    pub fn signed_models(&self) -> Option<&Output> {
+        [Step::Sign, Step::Quantize]
+            .into_iter()
+            .filter_map(|s| self.output_of(s))
+            .find(|o| matches!(o, Output::Quantized { .. }))
     }
 
     /// The output of the last successful run of `step`.
@@ -236,9 +268,30 @@ fn start(p: &mut Pipeline, step: Step, attempt: u32, now: UnixSeconds) -> Vec<Ac
     vec![Action::Run { step, attempt }]
 }
 
+/// Waiting for a signature: the signed models move it on to register, a
+/// cancel ends it; time passing and anything else change nothing.
+fn awaiting_signature(mut p: Pipeline, event: Event, now: UnixSeconds) -> (Pipeline, Vec<Action>) {
+    match event {
+        Event::Cancel => {
+            close(&mut p, now, StepOutcome::Cancelled, None);
+            p.state = PipelineState::Cancelled { step: Step::Sign };
+            (p, vec![])
+        }
+        Event::Succeeded(output @ Output::Quantized { .. }) => {
+            close(&mut p, now, StepOutcome::Succeeded, Some(output));
+            let actions = start(&mut p, Step::Register, 1, now);
+            (p, actions)
+        }
+        _ => (p, vec![]),
+    }
+}
+
 /// One event. Pure; a terminal pipeline ignores everything.
 pub fn advance(p: &Pipeline, event: Event, now: UnixSeconds) -> (Pipeline, Vec<Action>) {
     let mut p = p.clone();
+    if let PipelineState::AwaitingSignature { .. } = p.state {
+        return awaiting_signature(p, event, now);
+    }
     let PipelineState::Running {
         step,
         attempt,
@@ -278,8 +331,27 @@ pub fn advance(p: &Pipeline, event: Event, now: UnixSeconds) -> (Pipeline, Vec<A
                     return (p, vec![]);
                 }
             }
+            // Unsigned manifests wait for a person; signed ones skip the
+            // sign step.
+            let next = match (step, &output) {
+                (Step::Quantize, Output::Unsigned { .. }) => {
+                    close(&mut p, now, StepOutcome::Succeeded, Some(output));
+                    p.state = PipelineState::AwaitingSignature { since: now };
+                    p.history.push(StepRecord {
+                        step: Step::Sign,
+                        attempt: 1,
+                        started_at: now,
+                        ended_at: None,
+                        outcome: None,
+                        output: None,
+                    });
+                    return (p, vec![]);
+                }
+                (Step::Quantize, _) => Some(Step::Register),
+                _ => step.next(),
+            };
             close(&mut p, now, StepOutcome::Succeeded, Some(output));
-            return match step.next() {
+            return match next {
                 Some(next) => {
                     let actions = start(&mut p, next, 1, now);
                     (p, actions)
@@ -331,7 +403,7 @@ mod tests {
                 checkpoint: d('c'),
             },
             Step::Export => Output::Onnx { digest: d('0') },
-            Step::Quantize => Output::Quantized {
+            Step::Quantize | Step::Sign => Output::Quantized {
                 digest: d('a'),
                 method: "int8-static".into(),
                 manifest: d('b'),
@@ -352,6 +424,12 @@ mod tests {
         }
     }
 
+    /// The steps a pipeline signed by the control plane runs: all but the
+    /// sign step.
+    fn signed_here() -> Vec<Step> {
+        Step::ALL.into_iter().filter(|s| *s != Step::Sign).collect()
+    }
+
     fn current(p: &Pipeline) -> Option<(Step, u32)> {
         match p.state {
             PipelineState::Running { step, attempt, .. } => Some((step, attempt)),
@@ -369,11 +447,12 @@ mod tests {
                 attempt: 1
             }]
         );
-        for (i, step) in Step::ALL.into_iter().enumerate() {
+        let steps = signed_here();
+        for (i, step) in steps.iter().copied().enumerate() {
             assert_eq!(current(&p), Some((step, 1)));
             let (next, actions) = advance(&p, Event::Succeeded(ok(step)), 10 * (i as i64 + 1));
             p = next;
-            match step.next() {
+            match steps.get(i + 1).copied() {
                 Some(n) => assert_eq!(
                     actions,
                     vec![Action::Run {
@@ -482,7 +561,7 @@ mod tests {
     fn a_version_that_does_not_beat_the_serving_one_stops_before_deploy() {
         let (mut p, _) = Pipeline::new("p".into(), "m".into(), "drift".into(), 0);
         p.min_gain_points = 0.5;
-        for step in &Step::ALL[..5] {
+        for step in &signed_here()[..5] {
             p = advance(&p, Event::Succeeded(ok(*step)), 1).0;
         }
         let (stopped, actions) = advance(
@@ -543,5 +622,119 @@ mod tests {
         );
         let (done, _) = advance(&back, Event::Cancel, 2);
         assert!(done.resume().is_empty());
+    }
+
+    fn unsigned() -> Output {
+        Output::Unsigned {
+            digest: d('a'),
+            method: "int8-static".into(),
+            manifest: d('e'),
+            version: "2".into(),
+            variants: Vec::new(),
+        }
+    }
+
+    /// A pipeline at its quantize step, for the offline-signing tables.
+    fn at_quantize() -> Pipeline {
+        let (mut p, _) = Pipeline::new("p".into(), "m".into(), "drift".into(), 0);
+        for step in [Step::BuildDataset, Step::Train, Step::Export] {
+            p = advance(&p, Event::Succeeded(ok(step)), 1).0;
+        }
+        assert_eq!(current(&p), Some((Step::Quantize, 1)));
+        p
+    }
+
+    #[test]
+    fn unsigned_manifests_wait_for_a_signature_without_a_timeout() {
+        let (waiting, actions) = advance(&at_quantize(), Event::Succeeded(unsigned()), 100);
+        assert!(actions.is_empty(), "nothing runs while a person signs");
+        assert_eq!(
+            waiting.state,
+            PipelineState::AwaitingSignature { since: 100 }
+        );
+        assert!(!waiting.state.is_terminal());
+        assert!(waiting.resume().is_empty(), "a restart re-runs nothing");
+        let quantize = &waiting.history[waiting.history.len() - 2];
+        assert_eq!(
+            (quantize.step, quantize.outcome.clone()),
+            (Step::Quantize, Some(StepOutcome::Succeeded))
+        );
+        let sign = waiting.history.last().unwrap();
+        assert_eq!((sign.step, sign.ended_at), (Step::Sign, None));
+        // Nothing to register yet: only signed models are.
+        assert_eq!(waiting.signed_models(), None);
+
+        // Time, failures and outputs of the wrong kind change nothing.
+        let ignored = [
+            Event::Tick,
+            Event::Failed {
+                reason: "x".into(),
+                retryable: false,
+            },
+            Event::Succeeded(unsigned()),
+            Event::Succeeded(ok(Step::Register)),
+        ];
+        for event in ignored {
+            let later = 100 + 10 * waiting.step_timeout_seconds;
+            assert_eq!(
+                advance(&waiting, event.clone(), later),
+                (waiting.clone(), vec![]),
+                "{event:?}"
+            );
+        }
+
+        // The signed models go on to register, and are what it reads.
+        let (signed, actions) = advance(&waiting, Event::Succeeded(ok(Step::Sign)), 200);
+        assert_eq!(current(&signed), Some((Step::Register, 1)));
+        assert_eq!(
+            actions,
+            vec![Action::Run {
+                step: Step::Register,
+                attempt: 1
+            }]
+        );
+        let sign = &signed.history[signed.history.len() - 2];
+        assert_eq!(
+            (sign.step, sign.ended_at, sign.outcome.clone()),
+            (Step::Sign, Some(200), Some(StepOutcome::Succeeded))
+        );
+        assert_eq!(signed.signed_models(), Some(&ok(Step::Sign)));
+
+        // A cancel while waiting ends it at the sign step.
+        let (cancelled, actions) = advance(&waiting, Event::Cancel, 300);
+        assert!(actions.is_empty());
+        assert_eq!(
+            cancelled.state,
+            PipelineState::Cancelled { step: Step::Sign }
+        );
+        assert_eq!(
+            cancelled.history.last().unwrap().outcome,
+            Some(StepOutcome::Cancelled)
+        );
+
+        // Persisted and read back, it still waits.
+        let back: Pipeline =
+            serde_json::from_str(&serde_json::to_string(&waiting).unwrap()).unwrap();
+        assert_eq!(back, waiting);
+    }
+
+    #[test]
+    fn a_pipeline_the_control_plane_signs_skips_the_sign_step() {
+        let (p, actions) = advance(&at_quantize(), Event::Succeeded(ok(Step::Quantize)), 5);
+        assert_eq!(current(&p), Some((Step::Register, 1)));
+        assert_eq!(
+            actions,
+            vec![Action::Run {
+                step: Step::Register,
+                attempt: 1
+            }]
+        );
+        assert!(p.history.iter().all(|r| r.step != Step::Sign));
+        assert_eq!(p.signed_models(), Some(&ok(Step::Quantize)));
+        // A record from before signing modes reads as the control plane's.
+        let mut old = serde_json::to_value(&p).unwrap();
+        old.as_object_mut().unwrap().remove("signing");
+        let back: Pipeline = serde_json::from_value(old).unwrap();
+        assert_eq!(back.signing, Signing::ControlPlane);
     }
 }

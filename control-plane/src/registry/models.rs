@@ -446,6 +446,22 @@ pub async fn read_manifest(
     manifest: Digest,
     field: &str,
 ) -> Result<SignedManifest> {
+    let bytes = read_manifest_bytes(artifacts, manifest, field).await?;
+    SignedManifest::from_json(&bytes).map_err(|e| {
+        Error::bad_field(
+            field,
+            format!("artifact {manifest} is not a signed manifest: {e}"),
+        )
+    })
+}
+
+/// A stored manifest's bytes, signed or not, bounded by the size a signed
+/// one may have.
+pub async fn read_manifest_bytes(
+    artifacts: &dyn ArtifactStore,
+    manifest: Digest,
+    field: &str,
+) -> Result<Vec<u8>> {
     let bad = |message: String| Error::bad_field(field, message);
     let size = artifacts
         .head(manifest)
@@ -463,6 +479,5 @@ pub async fn read_manifest(
         .read_to_end(&mut bytes)
         .await
         .map_err(|e| Error::Internal(anyhow::Error::new(e).context("reading the manifest")))?;
-    SignedManifest::from_json(&bytes)
-        .map_err(|e| bad(format!("artifact {manifest} is not a signed manifest: {e}")))
+    Ok(bytes)
 }

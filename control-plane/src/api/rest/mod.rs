@@ -142,6 +142,7 @@ pub fn router(core: Arc<Core>) -> Router {
         .route("/api/v1/pipelines", get(pipelines::list))
         .route("/api/v1/pipelines/{id}", get(pipelines::show))
         .route("/api/v1/pipelines/{id}/cancel", post(pipelines::cancel))
+        .route("/api/v1/pipelines/{id}/signatures", post(pipelines::sign))
         .route("/api/v1/openapi.json", get(openapi::document))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics::metrics))

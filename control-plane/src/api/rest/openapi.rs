@@ -75,6 +75,7 @@ use super::{
         pipelines::list,
         pipelines::show,
         pipelines::cancel,
+        pipelines::sign,
         triggers::put,
         triggers::get,
     ),

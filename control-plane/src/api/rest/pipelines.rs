@@ -7,7 +7,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use edgeloop_api::pipelines::{self as api, PipelineView, RetrainRequest};
+use edgeloop_api::pipelines::{self as api, PipelineView, RetrainRequest, SignPipeline};
 use serde::Deserialize;
 
 use super::json::{OptionalJson, ValidJson, ValidPath};
@@ -33,6 +33,9 @@ fn state_view(s: PipelineState) -> api::PipelineState {
         PipelineState::Stopped { step, reason } => api::PipelineState::Stopped { step, reason },
         PipelineState::Failed { step, reason } => api::PipelineState::Failed { step, reason },
         PipelineState::Cancelled { step } => api::PipelineState::Cancelled { step },
+        PipelineState::AwaitingSignature { since } => {
+            api::PipelineState::AwaitingSignature { since }
+        }
     }
 }
 
@@ -60,6 +63,19 @@ fn output_view(o: Output) -> api::Output {
             version,
             variants,
         } => api::Output::Quantized {
+            digest,
+            method,
+            manifest,
+            version,
+            variants,
+        },
+        Output::Unsigned {
+            digest,
+            method,
+            manifest,
+            version,
+            variants,
+        } => api::Output::Unsigned {
             digest,
             method,
             manifest,
@@ -104,6 +120,9 @@ pub fn view(pipeline: Pipeline, coalesced: bool) -> PipelineView {
         PipelineState::Stopped { step, reason } | PipelineState::Failed { step, reason } => {
             (Some(*step), Some(reason.clone()))
         }
+        PipelineState::AwaitingSignature { .. } => {
+            (Some(crate::lifecycle::pipeline::Step::Sign), None)
+        }
         PipelineState::Succeeded => (None, None),
     };
     let state = state_view(pipeline.state);
@@ -128,6 +147,7 @@ pub fn view(pipeline: Pipeline, coalesced: bool) -> PipelineView {
                 at: c.at,
             })
             .collect(),
+        signing: pipeline.signing,
     }
 }
 
@@ -230,6 +250,26 @@ pub async fn cancel(
 ) -> Result<Json<PipelineView>, Error> {
     Ok(Json(view(
         retrain::cancel(&core.store, &id, core.now()).await?,
+        false,
+    )))
+}
+
+/// Offline signing: the signatures of a pipeline in `awaiting_signature`,
+/// one per unsigned manifest (the version's own and each variant's), each
+/// made by one of its policy's public keys. 400 names the signature that
+/// does not verify; 409 when the pipeline is not awaiting one.
+#[utoipa::path(post, path = "/api/v1/pipelines/{id}/signatures", tag = "loop", params(("id" = String, Path)),
+    request_body = SignPipeline,
+    responses((status = 200, body = PipelineView), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn sign(
+    State(core): State<Arc<Core>>,
+    ValidPath(id): ValidPath<String>,
+    ValidJson(req): ValidJson<SignPipeline>,
+) -> Result<Json<PipelineView>, Error> {
+    Ok(Json(view(
+        retrain::signing::sign(&core, &id, req, core.now()).await?,
         false,
     )))
 }

@@ -5,6 +5,7 @@
 
 pub mod dataset;
 pub mod runner;
+pub mod signing;
 pub mod steps;
 
 use serde::{Deserialize, Serialize};
@@ -125,6 +126,7 @@ impl RetrainingPolicy for RetrainingConfig {
             crate::fleet::benchmarks::check_runs("latency.runs", l.runs)?;
             crate::fleet::benchmarks::check_timeout("latency.timeout_seconds", l.timeout_seconds)?;
         }
+        signing::validate_policy(&self.signing, self.latency.is_some())?;
         if let Some(n) = self.min_fresh_edge_rows {
             if !(1..=1_000_000).contains(&n) {
                 return Err(Error::bad_field(
@@ -266,6 +268,7 @@ pub async fn start(
     p.max_attempts = config.max_attempts;
     p.step_timeout_seconds = config.step_timeout_seconds;
     p.min_gain_points = config.min_gain_points;
+    p.signing = config.signing.clone();
     store.pipelines.insert(&id, &p)?;
     store.flush().await?;
     Ok(Started::Started(p))
@@ -350,6 +353,7 @@ pub fn state_name(s: &PipelineState) -> &'static str {
         PipelineState::Stopped { .. } => "stopped",
         PipelineState::Failed { .. } => "failed",
         PipelineState::Cancelled { .. } => "cancelled",
+        PipelineState::AwaitingSignature { .. } => "awaiting_signature",
     }
 }
 
@@ -372,6 +376,15 @@ mod tests {
     fn defaults_and_field_named_refusals() {
         let c: RetrainingConfig = serde_json::from_value(policy(serde_json::json!({}))).unwrap();
         c.validate().unwrap();
+        assert_eq!(c.signing, edgeloop_api::pipelines::Signing::ControlPlane);
+        let key = edgeloop_models::manifest::ManifestKey::from_bytes(&[7; 32])
+            .public()
+            .to_hex();
+        let offline: RetrainingConfig = serde_json::from_value(policy(serde_json::json!(
+            {"signing": {"mode": "offline", "public_keys": [key]}}
+        )))
+        .unwrap();
+        offline.validate().unwrap();
         assert_eq!((c.eval_fraction, c.max_attempts), (0.3, 3));
         let cases = [
             (serde_json::json!({"eval_fraction": 0.0}), "eval_fraction"),
@@ -405,6 +418,23 @@ mod tests {
                 "rollout",
             ),
             (serde_json::json!({"cluster": "Not A Name"}), "cluster"),
+            (
+                serde_json::json!({"signing": {"mode": "offline", "public_keys": []}}),
+                "signing.public_keys",
+            ),
+            (
+                serde_json::json!({"signing": {"mode": "offline", "public_keys": ["abc"]}}),
+                "signing.public_keys[0]",
+            ),
+            (
+                serde_json::json!({"signing": {"mode": "offline", "public_keys": [key, key]}}),
+                "signing.public_keys[1]",
+            ),
+            (
+                serde_json::json!({"signing": {"mode": "offline", "public_keys": [key]},
+                                   "latency": {"benchmark_selector": "site=lab"}}),
+                "signing",
+            ),
             (
                 serde_json::json!({"rollout": {"selector": "a=b", "alias": "production"}}),
                 "rollout.alias",
@@ -440,6 +470,20 @@ mod tests {
         ))
         .unwrap_err();
         assert!(e.to_string().contains("looks like a version"), "{e}");
+        // The mode is a name, and its fields are its own.
+        for signing in [
+            serde_json::json!({"mode": 0}),
+            serde_json::json!({"mode": 1, "public_keys": [key]}),
+            serde_json::json!({"mode": "control_plane", "public_keys": [key]}),
+            serde_json::json!({"mode": "offline"}),
+            serde_json::json!({"mode": "offline", "public_keys": [key], "x": 1}),
+        ] {
+            let body = policy(serde_json::json!({ "signing": signing }));
+            assert!(
+                serde_json::from_value::<RetrainingConfig>(body).is_err(),
+                "{signing}"
+            );
+        }
         for (patch, want) in cases {
             let c: RetrainingConfig = serde_json::from_value(policy(patch.clone())).unwrap();
             match c.validate() {

@@ -102,6 +102,9 @@ pub async fn poll(
         Step::Train => train(core, p, &config, attempt, now).await,
         Step::Export => export(core, p).await.map(Some),
         Step::Quantize => quantize::quantize(core, p, &config, attempt, now).await,
+        // Never polled: the pipeline waits (`AwaitingSignature`) until the
+        // signatures arrive through the API.
+        Step::Sign => Ok(None),
         Step::Register => register(core, p, now).await.map(Some),
         Step::Compare => compare(core, p, &config).await.map(Some),
         Step::Deploy => deploy(core, p, &config, attempt, now).await,
@@ -383,17 +386,15 @@ fn next_version(core: &Core, model: &str) -> Result<String, Error> {
 }
 
 async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Output, StepError> {
-    let Output::Quantized {
+    let Some(Output::Quantized {
         digest: artifact,
         manifest,
         version,
         variants,
         ..
-    } = output(p, Step::Quantize)?
+    }) = p.signed_models()
     else {
-        return Err(StepError::fatal(
-            "the quantize step's output is not a model",
-        ));
+        return Err(StepError::fatal("no signed model to register"));
     };
     let artifact = *artifact;
     // Registered by an earlier try that crashed before recording it.

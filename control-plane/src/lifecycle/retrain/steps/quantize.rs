@@ -144,6 +144,13 @@ pub(super) async fn quantize(
             .await
             .map(Some);
     };
+    // The policy refuses both at once; this pipeline started under another.
+    if !p.signing.is_control_plane() {
+        return Err(StepError::fatal(
+            "the policy now has a latency gate, whose device benchmark runs models the control \
+             plane signs, but this pipeline signs offline",
+        ));
+    }
     let origin = format!("{}/quantize/{attempt}", p.id);
     // The artifacts are read only when the gate runs, not on every poll
     // while the device works.
@@ -257,7 +264,8 @@ fn encode_to_time<'a>(
 }
 
 /// The gate (judged on the device when `timed` holds its benchmark), the
-/// signed version and its variants.
+/// version and its variants: signed with the control plane's key, or left
+/// unsigned for a key kept elsewhere (offline signing), per the pipeline.
 async fn finish(
     core: &Core,
     p: &Pipeline,
@@ -265,7 +273,8 @@ async fn finish(
     inputs: Inputs,
     timed: Option<(BenchmarkView, &LatencyPolicy)>,
 ) -> Result<Output, StepError> {
-    let key_path = signing_key_path(core);
+    // Offline, the control plane neither reads nor creates a signing key.
+    let key_path = p.signing.is_control_plane().then(|| signing_key_path(core));
     let opts = gate_options(config);
     let budget = config.quantization_budget_points;
     let policies = config.variants.clone();
@@ -276,10 +285,12 @@ async fn finish(
         };
         (view, rule)
     });
-    let (packaged, variants) = blocking(move || {
+    let (own, variants) = blocking(move || {
         let (model, calibration, eval) = prepare(&inputs)?;
         let runtime = runtime()?;
-        let key = package::load_or_create_key(&key_path)
+        let key = key_path
+            .map(|path| package::load_or_create_key(&path))
+            .transpose()
             .map_err(|e| StepError::transient(format!("{e:#}")))?;
         let mut outcome = run_gate(&runtime, &model, &calibration, &eval, &opts)
             .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))?;
@@ -294,15 +305,10 @@ async fn finish(
             )
             .map_err(|e| StepError::transient(format!("latency on the device: {e}")))?;
         }
-        let own = package::sign_outcome(
-            &runtime,
-            outcome,
-            &eval,
-            inputs.identity.clone(),
-            None,
-            &key,
-        )
-        .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))?;
+        let own =
+            package::describe_outcome(&runtime, outcome, &eval, inputs.identity.clone(), None)
+                .and_then(|u| Built::new(u, key.as_ref()))
+                .map_err(|e| StepError::fatal(format!("quantization: {e:#}")))?;
         let mut variants = Vec::new();
         for policy in policies {
             // Its own gate, over its own candidates. Speed is never gated
@@ -317,53 +323,101 @@ async fn finish(
                     .collect(),
                 ..GateOptions::default()
             };
-            let packaged = package::package(
-                &runtime,
-                &model,
-                &calibration,
-                &eval,
-                &opts,
-                inputs.identity.clone(),
-                None,
-                &key,
-            )
-            .map_err(|e| {
-                StepError::fatal(format!("quantization of variant {}: {e:#}", policy.name))
-            })?;
-            variants.push((policy, packaged));
+            let built = run_gate(&runtime, &model, &calibration, &eval, &opts)
+                .map_err(package::PackageError::from)
+                .and_then(|outcome| {
+                    package::describe_outcome(
+                        &runtime,
+                        outcome,
+                        &eval,
+                        inputs.identity.clone(),
+                        None,
+                    )
+                })
+                .and_then(|u| Built::new(u, key.as_ref()))
+                .map_err(|e| {
+                    StepError::fatal(format!("quantization of variant {}: {e:#}", policy.name))
+                })?;
+            variants.push((policy, built));
         }
         Ok((own, variants))
     })
     .await?;
-    let manifest_json = packaged
-        .manifest
-        .to_json_pretty()
-        .map_err(|e| StepError::fatal(e.to_string()))?;
-    let artifact = put_artifact(core, packaged.artifact).await?;
-    let manifest = put_artifact(core, manifest_json.into_bytes()).await?;
-    tracing::info!(pipeline = %p.id, chosen = %packaged.outcome.chosen, reason = %packaged.outcome.reason, "quantization gate");
+    let artifact = put_artifact(core, own.artifact).await?;
+    let manifest = put_artifact(core, own.manifest).await?;
+    tracing::info!(pipeline = %p.id, chosen = %own.chosen, reason = %own.reason, signed = own.signed, "quantization gate");
     let mut built = Vec::new();
     for (policy, v) in variants {
-        let json = v
-            .manifest
-            .to_json_pretty()
-            .map_err(|e| StepError::fatal(e.to_string()))?;
-        tracing::info!(pipeline = %p.id, variant = %policy.name, chosen = %v.outcome.chosen, reason = %v.outcome.reason, "quantization gate of a variant");
+        tracing::info!(pipeline = %p.id, variant = %policy.name, chosen = %v.chosen, reason = %v.reason, "quantization gate of a variant");
         built.push(QuantizedVariant {
             name: policy.name,
             digest: put_artifact(core, v.artifact).await?,
-            method: v.outcome.chosen,
-            manifest: put_artifact(core, json.into_bytes()).await?,
+            method: v.chosen,
+            manifest: put_artifact(core, v.manifest).await?,
             providers: policy.providers,
         });
     }
-    Ok(Output::Quantized {
-        digest: artifact,
-        method: packaged.outcome.chosen,
-        manifest,
-        version: packaged.manifest.manifest.version.clone(),
-        variants: built,
+    Ok(if own.signed {
+        Output::Quantized {
+            digest: artifact,
+            method: own.chosen,
+            manifest,
+            version: own.version,
+            variants: built,
+        }
+    } else {
+        Output::Unsigned {
+            digest: artifact,
+            method: own.chosen,
+            manifest,
+            version: own.version,
+            variants: built,
+        }
     })
+}
+
+/// A model the gate chose, with its manifest's JSON: signed when a key
+/// was given, else the manifest itself for a signer elsewhere.
+struct Built {
+    artifact: Vec<u8>,
+    manifest: Vec<u8>,
+    signed: bool,
+    chosen: String,
+    reason: String,
+    version: String,
+}
+
+impl Built {
+    fn new(
+        u: package::Unsigned,
+        key: Option<&edgeloop_models::manifest::ManifestKey>,
+    ) -> Result<Built, package::PackageError> {
+        let (chosen, reason) = (u.outcome.chosen.clone(), u.outcome.reason.clone());
+        let version = u.manifest.version.clone();
+        let (artifact, manifest) = match key {
+            Some(key) => {
+                let p = u.sign(key)?;
+                (p.artifact, p.manifest.to_json_pretty()?.into_bytes())
+            }
+            None => (
+                u.artifact,
+                serde_json::to_vec_pretty(&u.manifest).map_err(|e| {
+                    edgeloop_models::manifest::ManifestError::Invalid {
+                        field: "manifest".into(),
+                        reason: e.to_string(),
+                    }
+                })?,
+            ),
+        };
+        Ok(Built {
+            artifact,
+            manifest,
+            signed: key.is_some(),
+            chosen,
+            reason,
+            version,
+        })
+    }
 }
 
 /// The gate made again exactly the models the device timed: the same
