@@ -1,12 +1,14 @@
 //! The client side that edge agents and trainer bridges share: parsing
 //! bootstrap tokens, enrolling with a CSR, keeping the issued identity on disk,
-//! building mTLS channels, and the heartbeat loop with jittered backoff.
+//! building mTLS channels, the heartbeat loop with jittered backoff, and the
+//! TLS listener for HTTP APIs (`https`).
 //!
 //! It lives in its own crate so the security-critical parts exist once; the
 //! agent and the bridge differ only in which gRPC service they call ([`Role`]).
 
 pub mod backoff;
 pub mod gpu;
+pub mod https;
 pub mod identity;
 pub mod member;
 pub mod session;

@@ -206,8 +206,8 @@ impl Server {
             )),
             tls => {
                 let config = Arc::new(http_tls_config(&core, tls)?);
-                tokio::spawn(api::rest::tls::serve(
-                    core.clone(),
+                tokio::spawn(edgeloop_client_core::https::serve(
+                    api::rest::router(core.clone()),
                     self.http,
                     config,
                     core.shutdown.clone(),
@@ -291,15 +291,16 @@ impl Server {
 fn http_tls_config(core: &Core, tls: &config::HttpTls) -> anyhow::Result<rustls::ServerConfig> {
     match tls {
         config::HttpTls::Off => anyhow::bail!("the console API is not configured for TLS"),
-        config::HttpTls::ServerCertificate => api::rest::tls::server_config(
+        config::HttpTls::ServerCertificate => edgeloop_client_core::https::server_config(
             core.pki.server_chain_pem().as_bytes(),
             core.pki.server_key_pem().as_bytes(),
+            None,
         ),
         config::HttpTls::Files { cert, key } => {
             let read = |p: &std::path::Path| {
                 std::fs::read(p).with_context(|| format!("reading {}", p.display()))
             };
-            api::rest::tls::server_config(&read(cert)?, &read(key)?)
+            edgeloop_client_core::https::server_config(&read(cert)?, &read(key)?, None)
                 .with_context(|| format!("--http-tls-cert {}", cert.display()))
         }
     }

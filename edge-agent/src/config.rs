@@ -82,10 +82,23 @@ pub struct AgentSettings {
     /// and may listen only on loopback unless --insecure-api.
     #[arg(long, env = "EDGELOOP_API_TOKEN_FILE")]
     pub api_token_file: Option<PathBuf>,
-    /// Let the inference APIs listen off loopback without a token: anyone
-    /// who reaches the port may then run the models and send labels.
+    /// Let the inference APIs listen off loopback without a token or
+    /// client certificates: anyone who reaches the port may then run the
+    /// models and send labels.
     #[arg(long, env = "EDGELOOP_INSECURE_API")]
     pub insecure_api: Option<bool>,
+    /// Serve the inference APIs (REST and gRPC) over TLS with this PEM
+    /// certificate chain, leaf first (with --api-tls-key).
+    #[arg(long, env = "EDGELOOP_API_TLS_CERT", requires = "api_tls_key")]
+    pub api_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --api-tls-cert.
+    #[arg(long, env = "EDGELOOP_API_TLS_KEY", requires = "api_tls_cert")]
+    pub api_tls_key: Option<PathBuf>,
+    /// mTLS: CA certificates (PEM); a caller whose client certificate
+    /// chains to one of them may call the APIs without the bearer token (an
+    /// alternative to --api-token-file, or beside it). Needs --api-tls-cert.
+    #[arg(long, env = "EDGELOOP_API_CLIENT_CA")]
+    pub api_client_ca: Option<PathBuf>,
     /// Feedback labels accepted per model per minute (default 6000); past
     /// it, 429.
     #[arg(long, env = "EDGELOOP_FEEDBACK_LABELS_PER_MINUTE")]
@@ -119,6 +132,9 @@ impl AgentSettings {
             telemetry_max_batches: self.telemetry_max_batches.or(lower.telemetry_max_batches),
             api_token_file: self.api_token_file.or(lower.api_token_file),
             insecure_api: self.insecure_api.or(lower.insecure_api),
+            api_tls_cert: self.api_tls_cert.or(lower.api_tls_cert),
+            api_tls_key: self.api_tls_key.or(lower.api_tls_key),
+            api_client_ca: self.api_client_ca.or(lower.api_client_ca),
             feedback_labels_per_minute: self
                 .feedback_labels_per_minute
                 .or(lower.feedback_labels_per_minute),
@@ -168,13 +184,48 @@ pub struct TelemetryConfig {
     pub max_batches: u64,
 }
 
-/// Who may call the device's inference and feedback APIs.
+/// Who may call the device's inference and feedback APIs: anyone when
+/// neither a token nor client CAs are set; else a caller with the token,
+/// or (mTLS) with a client certificate from those CAs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiAccess {
-    /// sha256 of the bearer token the APIs require; `None`: open.
+    /// sha256 of the bearer token that admits a caller.
     pub token_hash: Option<edgeloop_models::Digest>,
+    /// TLS on both APIs (`None`: plain TCP); with client CAs, a verified
+    /// client certificate admits a caller (mTLS).
+    pub tls: Option<ApiTls>,
     /// Feedback labels per model per minute.
     pub feedback_labels_per_minute: u32,
+}
+
+/// TLS on the inference APIs: the server's identity, and the CAs whose
+/// client certificates admit a caller (mTLS). Read once, at start.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiTls {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ApiTls {
+    // The key stays out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiTls")
+            .field("client_ca", &self.client_ca_pem.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiAccess {
+    /// Whether a verified client certificate admits a caller.
+    pub fn mtls(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some())
+    }
+
+    /// Whether calls need a credential at all.
+    pub fn is_open(&self) -> bool {
+        self.token_hash.is_none() && !self.mtls()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -214,10 +265,11 @@ fn check_api_bind(
 ) -> anyhow::Result<()> {
     for addr in addrs {
         anyhow::ensure!(
-            addr.ip().is_loopback() || api.token_hash.is_some() || insecure_api,
-            "{addr} is not a loopback address, and the inference API has no token: anyone who \
-             reaches it could run the models and send labels that reach training. Give \
-             --api-token-file, or pass --insecure-api to accept that"
+            addr.ip().is_loopback() || !api.is_open() || insecure_api,
+            "{addr} is not a loopback address, and the inference API has no token or client \
+             CA: anyone who reaches it could run the models and send labels that reach \
+             training. Give --api-token-file or --api-client-ca (mTLS), or pass --insecure-api \
+             to accept that"
         );
     }
     Ok(())
@@ -300,8 +352,41 @@ impl AgentConfig {
                 Some(edgeloop_models::Digest::of(token.as_bytes()))
             }
         };
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read(path).with_context(|| format!("{flag}: reading {}", path.display()))
+        };
+        let tls = match (&s.api_tls_cert, &s.api_tls_key) {
+            (Some(cert), Some(key)) => Some(ApiTls {
+                cert_pem: read("api-tls-cert", cert)?,
+                key_pem: read("api-tls-key", key)?,
+                client_ca_pem: s
+                    .api_client_ca
+                    .as_ref()
+                    .map(|p| read("api-client-ca", p))
+                    .transpose()?,
+            }),
+            (None, None) => {
+                anyhow::ensure!(
+                    s.api_client_ca.is_none(),
+                    "api-client-ca needs api-tls-cert and api-tls-key: client certificates are \
+                     only asked for over TLS"
+                );
+                None
+            }
+            _ => anyhow::bail!("api-tls-cert and api-tls-key go together"),
+        };
+        if let Some(tls) = &tls {
+            // Refused here, at start, not at the first connection.
+            edgeloop_client_core::https::server_config(
+                &tls.cert_pem,
+                &tls.key_pem,
+                tls.client_ca_pem.as_deref(),
+            )
+            .context("api-tls-cert, api-tls-key, api-client-ca")?;
+        }
         let api = ApiAccess {
             token_hash,
+            tls,
             feedback_labels_per_minute: in_range(
                 "feedback-labels-per-minute",
                 s.feedback_labels_per_minute.unwrap_or(6_000),
@@ -549,5 +634,64 @@ mod tests {
             c.api.token_hash,
             Some(edgeloop_models::Digest::of(b"a-long-enough-device-token"))
         );
+    }
+
+    #[test]
+    fn tls_flags_are_read_at_start_and_mtls_may_listen_off_loopback() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let file = |name: &str, body: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, body).unwrap();
+            p
+        };
+        let (cert, key, ca) = (
+            file("cert.pem", &cert.pem()),
+            file("key.pem", &key.serialize_pem()),
+            file("ca.pem", &cert_pem_of_ca()),
+        );
+        let junk = file("junk.pem", "not pem");
+        let tls =
+            |cert: Option<&PathBuf>, key: Option<&PathBuf>, ca: Option<&PathBuf>| AgentSettings {
+                inference_listen: Some("0.0.0.0:8000".parse().unwrap()),
+                api_tls_cert: cert.cloned(),
+                api_tls_key: key.cloned(),
+                api_client_ca: ca.cloned(),
+                ..base()
+            };
+        // mTLS authenticates callers: it may listen off loopback.
+        let c = AgentConfig::from_settings(tls(Some(&cert), Some(&key), Some(&ca))).unwrap();
+        assert!(c.api.mtls() && !c.api.is_open());
+        // TLS alone authenticates nobody: still refused off loopback.
+        let e = AgentConfig::from_settings(tls(Some(&cert), Some(&key), None)).unwrap_err();
+        assert!(e.to_string().contains("--api-client-ca"), "{e}");
+        let refusals = [
+            (
+                tls(None, None, Some(&ca)),
+                "api-client-ca needs api-tls-cert",
+            ),
+            (tls(Some(&cert), None, Some(&ca)), "go together"),
+            (tls(Some(&junk), Some(&key), Some(&ca)), "api-tls-cert"),
+            (tls(Some(&cert), Some(&key), Some(&junk)), "api-client-ca"),
+            (
+                tls(Some(&dir.path().join("absent")), Some(&key), Some(&ca)),
+                "api-tls-cert: reading",
+            ),
+        ];
+        for (settings, want) in refusals {
+            let e = AgentConfig::from_settings(settings).unwrap_err();
+            assert!(format!("{e:#}").contains(want), "{want}: {e:#}");
+        }
+    }
+
+    fn cert_pem_of_ca() -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).unwrap().pem()
     }
 }

@@ -113,14 +113,30 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
         telemetry.clone(),
         config.api.feedback_labels_per_minute,
     ));
-    let app = serve::access::http(app, config.api.token_hash);
-    let api = tokio::spawn(serve::serve_app(app, listener, serve_stop.clone()));
-    let grpc = tokio::spawn(serve::serve_grpc_with_token(
-        host.clone(),
-        grpc_listener,
-        config.api.token_hash,
-        serve_stop.clone(),
-    ));
+    let app = serve::access::http(app, &config.api);
+    let api = match &config.api.tls {
+        None => tokio::spawn(serve::serve_app(app, listener, serve_stop.clone())),
+        Some(tls) => {
+            let tls = edgeloop_client_core::https::server_config(
+                &tls.cert_pem,
+                &tls.key_pem,
+                tls.client_ca_pem.as_deref(),
+            )
+            .context("the inference API's TLS")?;
+            tokio::spawn(edgeloop_client_core::https::serve(
+                app,
+                listener,
+                Arc::new(tls),
+                serve_stop.clone(),
+            ))
+        }
+    };
+    let grpc = {
+        let (host, access, stop) = (host.clone(), config.api.clone(), serve_stop.clone());
+        tokio::spawn(async move {
+            serve::serve_grpc_with_access(host, grpc_listener, &access, stop).await
+        })
+    };
     let telemetry_stop = CancellationToken::new();
     let uploader = tokio::spawn(telemetry::run(
         telemetry.clone(),

@@ -466,3 +466,142 @@ async fn with_a_token_the_device_apis_refuse_callers_without_it() {
     agent.await.unwrap().unwrap();
     cp.stop().await;
 }
+
+/// With `--api-tls-cert` and `--api-client-ca` (mTLS), the inference API
+/// (REST and gRPC) is served over TLS and admits a caller by a client
+/// certificate from those CAs, as an alternative to the bearer token: no
+/// certificate (and no token) gets 401 (gRPC: UNAUTHENTICATED), a
+/// certificate from another CA fails the handshake, plain TCP gets nothing,
+/// and the health probes stay open.
+#[tokio::test]
+async fn with_client_cas_the_device_apis_admit_callers_by_certificate_over_tls() {
+    use edgeloop_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use edgeloop_proto::inference::ServerLiveRequest;
+    use edgeloop_tests::test_pki::{https_client, TestCa};
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    assert_eq!(
+        cp.api()
+            .post("/api/v1/models", json!({"name": "digits"}))
+            .await
+            .0,
+        201
+    );
+    let key = ManifestKey::generate();
+    let v1 = register(&cp, &key, "1.0.0").await;
+    // The device's API identity, the callers' CA, and a stranger's CA.
+    let device_ca = TestCa::new("device API CA");
+    let callers = TestCa::new("callers CA");
+    let stranger = TestCa::new("stranger CA");
+    let server = device_ca.server();
+    let caller = callers.client("scorer-1");
+    let impostor = stranger.client("scorer-1");
+    let secret = "device-api-token-0123456789";
+
+    let device_dir = dir.path().join("device");
+    let mut config = agent_config(
+        &cp,
+        &device_dir,
+        Some(cp.token("device", "edge-1").await),
+        &key,
+    );
+    config.api.tls = Some(edgeloop_edge_agent::config::ApiTls {
+        cert_pem: server.cert.clone().into_bytes(),
+        key_pem: server.key.clone().into_bytes(),
+        client_ca_pem: Some(callers.pem.clone().into_bytes()),
+    });
+    // Beside the certificates: either one admits.
+    config.api.token_hash = Some(Digest::of(secret.as_bytes()));
+    let stop = CancellationToken::new();
+    let agent = tokio::spawn(edgeloop_edge_agent::run(config, stop.clone()));
+    eventually(WAIT, "edge-1 enrolled", || async {
+        (cp.api().get("/api/v1/devices/edge-1").await.0 == 200).then_some(())
+    })
+    .await;
+    assign(&cp, &v1).await;
+    wait_active(&cp, "1.0.0").await;
+
+    let plain = inference_url(&device_dir).await;
+    let url = plain.replacen("http://", "https://", 1);
+    let infer = |client: reqwest::Client, token: Option<&'static str>| {
+        let url = url.clone();
+        async move {
+            let mut r = client
+                .post(format!("{url}/v2/models/digits/infer"))
+                .json(&infer_body(&digits(1), "r1"));
+            if let Some(t) = token {
+                r = r.bearer_auth(t);
+            }
+            r.send().await
+        }
+    };
+    let certified = https_client(&device_ca.pem, Some(&caller));
+    let anonymous = https_client(&device_ca.pem, None);
+    let r = infer(certified.clone(), None).await.unwrap();
+    assert_eq!(r.status(), 200, "a client certificate admits");
+    let r = infer(anonymous.clone(), None).await.unwrap();
+    assert_eq!(r.status(), 401, "no certificate, no token");
+    let r = infer(anonymous.clone(), Some(secret)).await.unwrap();
+    assert_eq!(r.status(), 200, "the token still admits");
+    let refused = infer(https_client(&device_ca.pem, Some(&impostor)), None).await;
+    assert!(refused.is_err(), "another CA's certificate: {refused:?}");
+    let over_tcp = reqwest::Client::new()
+        .get(format!("{plain}/v2/health/live"))
+        .send()
+        .await;
+    assert!(
+        over_tcp.map_or(true, |r| !r.status().is_success()),
+        "plain HTTP on a TLS port"
+    );
+    for path in ["/v2/health/live", "/v2/health/ready"] {
+        let r = anonymous.get(format!("{url}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path} stays open");
+    }
+
+    let addr =
+        std::fs::read_to_string(device_dir.join(edgeloop_edge_agent::GRPC_INFERENCE_ADDR_FILE))
+            .unwrap();
+    let channel = |identity: Option<&edgeloop_tests::test_pki::Pem>| {
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&device_ca.pem))
+            .domain_name("localhost");
+        if let Some(p) = identity {
+            tls = tls.identity(Identity::from_pem(&p.cert, &p.key));
+        }
+        Endpoint::from_shared(format!("https://{}", addr.trim()))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+    };
+    let mut grpc = GrpcInferenceServiceClient::new(channel(Some(&caller)).connect().await.unwrap());
+    assert!(
+        grpc.server_live(ServerLiveRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
+    let mut grpc = GrpcInferenceServiceClient::new(channel(None).connect().await.unwrap());
+    let refused = grpc.server_live(ServerLiveRequest {}).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused}");
+    let mut req = tonic::Request::new(ServerLiveRequest {});
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {secret}").parse().unwrap());
+    assert!(grpc.server_live(req).await.unwrap().into_inner().live);
+    let impostor_channel = channel(Some(&impostor)).connect().await;
+    let refused = match impostor_channel {
+        Err(e) => e.to_string(),
+        Ok(c) => GrpcInferenceServiceClient::new(c)
+            .server_live(ServerLiveRequest {})
+            .await
+            .unwrap_err()
+            .to_string(),
+    };
+    assert!(!refused.is_empty());
+
+    stop.cancel();
+    agent.await.unwrap().unwrap();
+    cp.stop().await;
+}

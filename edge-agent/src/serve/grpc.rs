@@ -56,23 +56,43 @@ pub async fn serve_grpc(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
-    serve_grpc_with_token(host, listener, None, shutdown).await
+    let open = crate::config::ApiAccess {
+        token_hash: None,
+        tls: None,
+        feedback_labels_per_minute: 1,
+    };
+    serve_grpc_with_access(host, listener, &open, shutdown).await
 }
 
-/// [`serve_grpc`], with every call needing the bearer token whose sha256
-/// is `token_hash` (see [`super::access`]).
-pub async fn serve_grpc_with_token(
+/// [`serve_grpc`] as `access` says: over TLS when it has a certificate,
+/// and every call needing its bearer token or (mTLS) a client certificate
+/// from its CAs (see [`super::access`]).
+pub async fn serve_grpc_with_access(
     host: Arc<ModelHost>,
     listener: TcpListener,
-    token_hash: Option<edgeloop_models::Digest>,
+    access: &crate::config::ApiAccess,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     // As on the REST listener: answers are small and written at once, and
     // Nagle's algorithm would hold them back waiting for an ACK.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &access.tls {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+        let mut config =
+            ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
+        if let Some(ca) = &tls.client_ca_pem {
+            // Optional in the handshake, so that the token still works;
+            // the interceptor then admits a call by one or the other.
+            config = config
+                .client_ca_root(Certificate::from_pem(ca))
+                .client_auth_optional(true);
+        }
+        server = server.tls_config(config)?;
+    }
+    server
         .layer(tonic::service::InterceptorLayer::new(
-            super::access::GrpcToken(token_hash),
+            super::access::GrpcAccess::new(access),
         ))
         .add_service(grpc_service(host))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())

@@ -42,7 +42,7 @@ mod probe;
 pub mod protocol;
 
 pub use error::{ServeError, RETRY_AFTER_SECS, RETRY_PUSHBACK};
-pub use grpc::{grpc_service, serve_grpc, serve_grpc_with_token, GrpcService};
+pub use grpc::{grpc_service, serve_grpc, serve_grpc_with_access, GrpcService};
 pub use host::ModelHost;
 pub use http::{router, serve, serve_app};
 pub use infer::{new_request_id, InferRequest, InferResponse};

@@ -19,7 +19,6 @@ pub mod openapi;
 mod pipelines;
 pub mod scope;
 mod telemetry;
-pub mod tls;
 mod triggers;
 
 use std::sync::Arc;
