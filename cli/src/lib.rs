@@ -196,4 +196,37 @@ mod tests {
         .unwrap();
         assert!(matches!(cli.command, Command::Model(_)));
     }
+
+    /// `model quantize --benchmark-on` reaches a console over TLS with the
+    /// same trust flags as the server commands.
+    #[test]
+    fn quantize_takes_the_console_trust_flags() {
+        let quantize = |extra: &[&str]| {
+            let mut args = vec![
+                "edgeloop",
+                "model",
+                "quantize",
+                "m.onnx",
+                "--calibration",
+                "c.npz",
+                "--eval",
+                "e.npz",
+                "--out",
+                "o.onnx",
+                "--benchmark-on",
+                "edge-1",
+            ];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args)
+        };
+        let pin = "ab".repeat(32);
+        let Command::Model(model::ModelCommand::Quantize(q)) =
+            quantize(&["--ca-fingerprint", &pin]).unwrap().command
+        else {
+            panic!("not a quantize");
+        };
+        assert_eq!(q.ca_fingerprint.map(|d| d.to_hex()), Some(pin.clone()));
+        assert!(quantize(&["--ca-file", "ca.pem"]).is_ok());
+        assert!(quantize(&["--ca-file", "ca.pem", "--ca-fingerprint", &pin]).is_err());
+    }
 }

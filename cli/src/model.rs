@@ -163,6 +163,12 @@ pub struct QuantizeArgs {
     /// A file holding the token.
     #[arg(long, env = "EDGELOOP_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// For an `https://` server: trust only the CAs in this PEM file.
+    #[arg(long, env = "EDGELOOP_CA_FILE", conflicts_with = "ca_fingerprint")]
+    pub ca_file: Option<PathBuf>,
+    /// For an `https://` server: trust only the CA with this sha256.
+    #[arg(long, env = "EDGELOOP_CA_FINGERPRINT")]
+    pub ca_fingerprint: Option<edgeloop_models::Digest>,
     /// Where to write the chosen model; the manifest goes beside it as OUT.manifest.json.
     #[arg(long)]
     pub out: PathBuf,

@@ -282,8 +282,8 @@ pub fn quantize(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
             server: args.server.clone(),
             token: args.token.clone(),
             env_token: args.env_token.clone(),
-            ca_file: None,
-            ca_fingerprint: None,
+            ca_file: args.ca_file.clone(),
+            ca_fingerprint: args.ca_fingerprint,
             token_file: args.token_file.clone(),
             json: args.json,
         };
