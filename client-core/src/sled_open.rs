@@ -27,6 +27,19 @@ pub fn open_waiting_for_lock(config: &sled::Config) -> sled::Result<sled::Db> {
     }
 }
 
+/// Whether `e` (anywhere in its chain) is sled's "the lock is held": a
+/// live process has the database open, which is no reason to call it
+/// broken.
+pub fn is_lock_held(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|cause| match cause.downcast_ref::<sled::Error>() {
+            Some(sled::Error::Io(io)) => is_lock_busy(io),
+            _ => cause
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(is_lock_busy),
+        })
+}
+
 /// sled 0.34 reports a held lock as `ErrorKind::Other` wrapping the
 /// `WouldBlock` of `flock`, with only its message to tell; a bare
 /// `WouldBlock` is matched too, should a later sled pass it through.
@@ -50,6 +63,18 @@ mod tests {
         assert!(!is_lock_busy(&std::io::Error::from(
             std::io::ErrorKind::NotFound
         )));
+    }
+
+    #[test]
+    fn a_held_lock_is_told_from_a_broken_database() {
+        let busy = anyhow::Error::new(sled::Error::Io(std::io::Error::other(
+            "could not acquire lock on \"db\": Os { code: 11, kind: WouldBlock }",
+        )))
+        .context("opening the buffer");
+        assert!(is_lock_held(&busy));
+        let broken = anyhow::Error::new(sled::Error::Corruption { at: None, bt: () })
+            .context("opening the buffer");
+        assert!(!is_lock_held(&broken));
     }
 
     #[test]

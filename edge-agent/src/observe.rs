@@ -27,6 +27,10 @@ pub trait Observer: Send + Sync + 'static {
     /// A version starts serving; `manifest` carries its reference statistics.
     fn model_activated(&self, model: &str, version: &str, manifest: Option<&Manifest>);
     fn observe(&self, observation: &Observation<'_>);
+    /// The observer's own lines for `/metrics` (Prometheus text).
+    fn metrics_text(&self) -> String {
+        String::new()
+    }
 }
 
 /// Records nothing.

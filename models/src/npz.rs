@@ -44,6 +44,12 @@ const MAX_LITERAL_DEPTH: usize = 16;
 const DEFLATE_MAX_RATIO: u64 = 1032;
 /// Slack over that ratio for the fixed overhead of tiny streams.
 const DEFLATE_SLACK: u64 = 1024;
+/// The most an archive may hold once decompressed, all arrays together
+/// (the deflate ratio bounds each entry, not their sum: a 100 MB archive
+/// could otherwise ask for 100 GB). Far above the largest data set here
+/// (MNIST's snapshot is under 200 MB); [`Npz::from_bytes_limited`] takes
+/// another bound.
+pub const MAX_DECOMPRESSED_BYTES: u64 = 4 << 30;
 /// Data sets are not secrets.
 const FILE_MODE: u32 = 0o644;
 /// Elements are encoded into a buffer of this size before being written, so
@@ -96,6 +102,16 @@ pub enum NpzError {
     DuplicateKey { key: String },
     #[error("invalid array name {key:?}: {reason}")]
     InvalidKey { key: String, reason: &'static str },
+    #[error(
+        "the archive would hold over {max} bytes decompressed (array `{key}` declares {declared} \
+         more after {so_far}); refusing it"
+    )]
+    TooLarge {
+        key: String,
+        declared: u64,
+        so_far: u64,
+        max: u64,
+    },
 }
 
 fn describe_available(available: &[String]) -> String {
@@ -127,18 +143,46 @@ impl Npz {
         Npz::from_bytes(&bytes)
     }
 
+    /// Reads an archive of at most [`MAX_DECOMPRESSED_BYTES`] decompressed.
     pub fn from_bytes(bytes: &[u8]) -> Result<Npz, NpzError> {
+        Npz::from_bytes_limited(bytes, MAX_DECOMPRESSED_BYTES)
+    }
+
+    /// [`from_bytes`](Self::from_bytes), refusing an archive whose arrays
+    /// declare more than `max` bytes together before any is read.
+    pub fn from_bytes_limited(bytes: &[u8], max: u64) -> Result<Npz, NpzError> {
         let mut archive = ZipArchive::new(Cursor::new(bytes)).map_err(NpzError::Zip)?;
         reject_duplicate_entries(bytes, archive.central_directory_start())?;
         let mut npz = Npz::new();
         // A set, not `get`: an archive may hold many entries, and the check
         // must not be quadratic.
         let mut keys = HashSet::new();
+        // Declared sizes are checked against what arrives (read_entry), so
+        // their sum bounds what is decompressed.
+        let mut total: u64 = 0;
         for index in 0..archive.len() {
             let name = archive.name_for_index(index).unwrap_or_default().to_owned();
             let key = key_for_entry(&name)?;
             if !keys.insert(key.clone()) {
                 return Err(NpzError::DuplicateKey { key });
+            }
+            let declared = archive
+                .by_index_raw(index)
+                .map_err(|source| NpzError::ZipEntry {
+                    key: key.clone(),
+                    source,
+                })?
+                .size();
+            match total.checked_add(declared) {
+                Some(t) if t <= max => total = t,
+                _ => {
+                    return Err(NpzError::TooLarge {
+                        key,
+                        declared,
+                        so_far: total,
+                        max,
+                    })
+                }
             }
             let data = read_entry(&mut archive, index, &key, bytes.len())?;
             let tensor = parse_npy(&key, &data)?;
@@ -950,6 +994,29 @@ mod tests {
 
     fn header_of(text: &str) -> Result<Header, NpzError> {
         parse_header("k", text)
+    }
+
+    #[test]
+    fn the_arrays_together_are_bounded_before_any_is_read() {
+        let mut npz = Npz::new();
+        let row =
+            |n: usize| Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[n]), vec![1.0; n]).unwrap());
+        npz.insert("a", row(1000));
+        npz.insert("b", row(1000));
+        let bytes = npz.to_bytes().unwrap();
+        // Each entry is ~4 KB: the whole reads within 16 KB, not within 6.
+        assert_eq!(Npz::from_bytes_limited(&bytes, 16 << 10).unwrap(), npz);
+        match Npz::from_bytes_limited(&bytes, 6 << 10) {
+            Err(NpzError::TooLarge {
+                key, so_far, max, ..
+            }) => {
+                assert_eq!((key.as_str(), max), ("b", 6 << 10));
+                assert!(so_far > 4000, "{so_far}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = Npz::from_bytes_limited(&bytes, 100).unwrap_err();
+        assert!(e.to_string().contains("refusing"), "{e}");
     }
 
     #[test]

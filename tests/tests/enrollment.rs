@@ -500,3 +500,96 @@ async fn labels_are_replaced_and_shown() {
     );
     cp.stop().await;
 }
+
+/// A bridge revoked while it streams a dataset from the artifact store
+/// (a FetchCheckpoint of its leased job's `edgeloop-artifact://` dataset)
+/// gets PERMISSION_DENIED on that open stream, within one heartbeat
+/// interval, instead of reading on to the end; its WatchJobs stream ends
+/// the same way.
+#[tokio::test]
+async fn a_revoked_bridges_open_streams_end_with_the_refusal() {
+    use edgeloop_proto::bridge::v1::{FetchCheckpointRequest, LeaseJobRequest, WatchJobsRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    // 64 MiB: far more than HTTP/2 flow control lets the server send
+    // before the client reads, so the stream is still open at revocation.
+    let data: Vec<u8> = (0..64u32 << 20).map(|i| (i % 251) as u8).collect();
+    let digest = cp.upload(&data).await;
+    let token = cp.token("cluster", "farm-1").await;
+    let identity = cp
+        .enroll(Role::Cluster, &token, &dir.path().join("bridge"))
+        .await;
+    let (status, job) = cp
+        .api()
+        .post(
+            "/api/v1/jobs",
+            serde_json::json!({"spec": {"name": "train", "command": ["true"],
+                "datasets": [format!("edgeloop-artifact://{digest}")]}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{job}");
+    let channel = mtls_endpoint(&cp.grpc_url, &identity)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = BridgeServiceClient::new(channel);
+    client
+        .lease_job(LeaseJobRequest {
+            wait_seconds: 1,
+            engines: vec![],
+            running_jobs: vec![],
+        })
+        .await
+        .unwrap();
+    let mut watch = client
+        .watch_jobs(WatchJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut fetch = client
+        .fetch_checkpoint(FetchCheckpointRequest {
+            job_id: job["id"].as_str().unwrap().into(),
+            digest: digest.to_string(),
+            offset: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = fetch.message().await.unwrap().unwrap();
+    assert_eq!(first.offset, 0);
+
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/clusters/farm-1/revoke", serde_json::json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // Reads on: what was in flight arrives, then the refusal, not the end.
+    let mut got = first.data.len() as u64;
+    let refused = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match fetch.message().await {
+                Ok(Some(c)) => got += c.data.len() as u64,
+                Ok(None) => panic!("the stream ran to its end after revocation ({got} bytes)"),
+                Err(status) => break status,
+            }
+        }
+    })
+    .await
+    .expect("the stream ends within the heartbeat interval");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused}");
+    assert!(got < data.len() as u64, "{got}");
+    let refused = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match watch.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("WatchJobs ended without the refusal"),
+                Err(status) => break status,
+            }
+        }
+    })
+    .await
+    .expect("WatchJobs ends within the heartbeat interval");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused}");
+    cp.stop().await;
+}

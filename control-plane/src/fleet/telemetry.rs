@@ -7,6 +7,14 @@
 //! what marks the sequence as stored. A crash before it leaves keys that the
 //! agent's retry rewrites with the same content, so every report is stored
 //! exactly once.
+//!
+//! An agent numbers its reports from 1 within an epoch, which it picks
+//! when its telemetry buffer is created; a lost or reset buffer starts a
+//! new one. Each epoch gets its own span of the device's one sequence space
+//! ([`EPOCH_SPAN`] above everything stored before it), so a fresh buffer's
+//! reports are never taken for duplicates of an old one's, and the ack
+//! counts only the epoch's own reports. Epoch 0 (agents from before
+//! epochs) is the span at 0, as those reports were always stored.
 
 use std::collections::BTreeMap;
 
@@ -25,7 +33,12 @@ pub const MAX_EVENTS_PER_REPORT: usize = 1024;
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TelemetryRecord {
     pub device: String,
+    /// The agent's own, within its epoch (the key holds it plus the
+    /// epoch's base, [`EPOCH_SPAN`]).
     pub sequence: u64,
+    /// The agent buffer's epoch (0 before epochs).
+    #[serde(default)]
+    pub epoch: u64,
     #[serde(with = "time::serde::rfc3339::option")]
     pub recorded_at: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339")]
@@ -139,6 +152,61 @@ fn telemetry_key(device: &str, sequence: u64) -> String {
     format!("{device}/{sequence:020}")
 }
 
+/// Sequences an epoch may use (4 billion 30-second windows); each epoch's
+/// span starts at a multiple of it.
+pub const EPOCH_SPAN: u64 = 1 << 32;
+
+/// Where `epoch`'s sequences start for `device`: found, or given the span
+/// above everything the device stored and every span already given.
+fn epoch_base(store: &Store, device: &str, epoch: u64) -> Result<u64> {
+    if epoch == 0 {
+        return Ok(0);
+    }
+    let key = format!("{device}/{epoch:016x}");
+    loop {
+        if let Some(base) = store.telemetry_epochs.get(&key)? {
+            return Ok(base);
+        }
+        let stored = store
+            .telemetry
+            .last_with_prefix(&format!("{device}/"))?
+            .map_or(0, |(k, _)| key_sequence(&k));
+        let given = store
+            .telemetry_epochs
+            .scan_prefix(&format!("{device}/"))?
+            .into_iter()
+            .map(|(_, b)| b)
+            .max()
+            .unwrap_or(0);
+        let base = (stored.max(given) / EPOCH_SPAN)
+            .checked_add(1)
+            .and_then(|n| n.checked_mul(EPOCH_SPAN))
+            .ok_or_else(|| Error::Conflict(format!("device {device} has no epoch span left")))?;
+        // Lost a race with the device's other connection: read theirs.
+        if store.telemetry_epochs.insert_new(&key, &base)? {
+            return Ok(base);
+        }
+    }
+}
+
+/// The highest sequence stored in the span at `base` (0 if none), as the
+/// epoch counts it.
+fn acked_in_span(store: &Store, device: &str, base: u64) -> Result<u64> {
+    let end = base.saturating_add(EPOCH_SPAN);
+    Ok(store
+        .telemetry
+        .last_in_range(&telemetry_key(device, base), &telemetry_key(device, end))?
+        .map_or(0, |(k, _)| key_sequence(&k).saturating_sub(base)))
+}
+
+/// The sequence a telemetry key ends in (the device's one space).
+fn key_sequence(key: &str) -> u64 {
+    key.rsplit('/')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
 /// What a report's admission needs: the quota and the buckets it draws on.
 pub struct Admission<'a> {
     pub quota: admission::Quota,
@@ -169,17 +237,23 @@ pub fn record_telemetry(
     if report.sequence == 0 {
         return Err(Error::bad_field("sequence", "must start at 1"));
     }
-    let key = telemetry_key(device, report.sequence);
+    if report.sequence >= EPOCH_SPAN {
+        return Err(Error::bad_field(
+            "sequence",
+            format!("must be below {EPOCH_SPAN} within an epoch"),
+        ));
+    }
+    let base = epoch_base(store, device, report.epoch)?;
+    let key = telemetry_key(device, base + report.sequence);
     // A replayed sequence is a duplicate: keep the first copy.
     let (mut recorded, models) = if store.telemetry.contains(&key)? {
         (Recorded::default(), Vec::new())
     } else {
-        store_new(store, admit, device, &key, report, now)?
+        store_new(store, admit, device, &key, base, report, now)?
     };
-    recorded.acked = store
-        .telemetry
-        .last_with_prefix(&format!("{device}/"))?
-        .map_or(0, |(_, r)| r.sequence);
+    // Only this epoch's: a fresh buffer's ack never covers what it has
+    // not sent.
+    recorded.acked = acked_in_span(store, device, base)?;
     Ok((recorded, models))
 }
 
@@ -294,10 +368,13 @@ fn store_new(
     admit: &Admission<'_>,
     device: &str,
     key: &str,
+    base: u64,
     report: pb::TelemetryReport,
     now: OffsetDateTime,
 ) -> Result<(Recorded, Vec<String>)> {
-    let seq = report.sequence;
+    // Sketches and samples are keyed in the device's one sequence space,
+    // so two epochs' reports never share a key.
+    let seq = base + report.sequence;
     check_count("models", report.models.len(), MAX_MODELS_PER_REPORT)?;
     check_count("events", report.events.len(), MAX_EVENTS_PER_REPORT)?;
     check_count(
@@ -367,7 +444,8 @@ fn store_new(
     }
     let record = TelemetryRecord {
         device: device.to_string(),
-        sequence: seq,
+        sequence: report.sequence,
+        epoch: report.epoch,
         recorded_at: to_time(report.recorded_at),
         received_at: now,
         models: models
@@ -575,6 +653,70 @@ mod tests {
             state: state as i32,
             serving_version: serving.into(),
             ..Default::default()
+        }
+    }
+
+    /// A buffer lost on the device starts a new epoch at sequence 1. Its
+    /// reports are stored (not taken for the old epoch's), its ack counts
+    /// only its own, a replay within an epoch is still a duplicate, and an
+    /// agent from before epochs keeps its numbering.
+    #[test]
+    fn a_new_epoch_starts_its_own_span_and_acks_only_its_own_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let now = OffsetDateTime::now_utc();
+        let at = |epoch: u64, seq: u64| pb::TelemetryReport {
+            epoch,
+            ..report(seq)
+        };
+        let stored = || store.telemetry.scan_prefix("d/").unwrap().len();
+        // The old buffer sent five.
+        for seq in 1..=5 {
+            assert_eq!(ingest(&store, "d", at(0xa, seq), now).unwrap(), seq);
+        }
+        // It is wiped: the new epoch's 1 and 2 are new reports, acked as 1, 2.
+        assert_eq!(ingest(&store, "d", at(0xb, 1), now).unwrap(), 1);
+        assert_eq!(ingest(&store, "d", at(0xb, 2), now).unwrap(), 2);
+        assert_eq!(stored(), 7);
+        // A replay of either epoch's report is a duplicate.
+        assert_eq!(ingest(&store, "d", at(0xb, 1), now).unwrap(), 2);
+        assert_eq!(ingest(&store, "d", at(0xa, 3), now).unwrap(), 5);
+        assert_eq!(stored(), 7);
+        // Each epoch has its own span, above the ones before.
+        let stored_at: Vec<(u64, u64, u64)> = store
+            .telemetry
+            .scan_prefix("d/")
+            .unwrap()
+            .into_iter()
+            .map(|(k, r)| (key_sequence(&k), r.epoch, r.sequence))
+            .collect();
+        let (a, b) = (EPOCH_SPAN, 2 * EPOCH_SPAN);
+        assert_eq!(
+            stored_at,
+            vec![
+                (a + 1, 0xa, 1),
+                (a + 2, 0xa, 2),
+                (a + 3, 0xa, 3),
+                (a + 4, 0xa, 4),
+                (a + 5, 0xa, 5),
+                (b + 1, 0xb, 1),
+                (b + 2, 0xb, 2)
+            ]
+        );
+        // Samples and sketches of both epochs are all kept.
+        assert_eq!(store.samples.scan_prefix("m/").unwrap().len(), 7);
+        // Before epochs: the span at 0, as such reports were always stored.
+        assert_eq!(ingest(&store, "old", report(1), now).unwrap(), 1);
+        assert_eq!(
+            store.telemetry.scan_prefix("old/").unwrap()[0].1.sequence,
+            1
+        );
+        // Another device's epoch is its own.
+        assert_eq!(ingest(&store, "e", at(0xb, 9), now).unwrap(), 9);
+        // A sequence past the span is refused, naming the field.
+        match ingest(&store, "d", at(0xb, EPOCH_SPAN), now) {
+            Err(Error::BadRequest { field, .. }) => assert_eq!(field.as_deref(), Some("sequence")),
+            other => panic!("{other:?}"),
         }
     }
 

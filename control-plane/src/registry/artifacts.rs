@@ -140,6 +140,8 @@ impl LocalArtifactStore {
         std::fs::create_dir_all(&tmp)?;
         // Partial resumable uploads survive restarts: resuming them is the point.
         std::fs::create_dir_all(store.root.join("partial"))?;
+        // The directories just made are durable before anything is put in.
+        sync_dir(&store.root)?;
         Ok(store)
     }
 
@@ -174,10 +176,18 @@ impl LocalArtifactStore {
             .unwrap_or_else(|| self.root.clone());
         tokio::fs::create_dir_all(&dir).await?;
         tokio::fs::rename(file, &dest).await?;
-        // The rename is durable only once the directory entry is.
-        tokio::task::spawn_blocking(move || sync_dir(&dir))
-            .await
-            .map_err(io::Error::other)??;
+        // The rename is durable only once the directory entry is, and a
+        // shard directory made for it only once its parent's entry is. The
+        // parent is synced every time, not only by the call that made the
+        // shard: a concurrent commit into the same new shard must not answer
+        // before that entry is durable either.
+        let parent = dir.parent().map(Path::to_path_buf);
+        tokio::task::spawn_blocking(move || {
+            sync_dir(&dir)?;
+            parent.as_deref().map_or(Ok(()), sync_dir)
+        })
+        .await
+        .map_err(io::Error::other)??;
         Ok(PutOutcome {
             digest,
             size,

@@ -109,6 +109,10 @@ pub struct Store {
     /// Every (model, version) each device was ever assigned, by
     /// `<device>/<model>/<version>`: what its reports may name.
     pub assigned_history: Tree<()>,
+    /// Where each agent telemetry epoch's sequences start in its device's
+    /// one sequence space, by `<device>/<epoch as 16 hex>`
+    /// (`fleet::telemetry`).
+    pub telemetry_epochs: Tree<u64>,
     /// API tokens, by the sha256 of their secret.
     pub api_tokens: Tree<crate::auth::tokens::ApiTokenRecord>,
     /// The console audit log, by zero-padded sequence (append-only).
@@ -170,6 +174,7 @@ impl Store {
             trigger_state: Tree::open(&db, "trigger_state")?,
             benchmarks: Tree::open(&db, "benchmarks")?,
             assigned_history: Tree::open(&db, "assigned_history")?,
+            telemetry_epochs: Tree::open(&db, "telemetry_epochs")?,
             api_tokens: Tree::open(&db, "api_tokens")?,
             audit: Tree::open(&db, "audit")?,
             db,

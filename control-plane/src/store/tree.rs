@@ -148,6 +148,18 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         }
     }
 
+    /// The last record with a key in `start..end`, by key order.
+    pub fn last_in_range(&self, start: &str, end: &str) -> Result<Option<(String, V)>, StoreError> {
+        match self.tree.range(start..end).next_back() {
+            None => Ok(None),
+            Some(item) => {
+                let (k, raw) = item?;
+                let v = self.decode(&k, &raw)?;
+                Ok(Some((String::from_utf8_lossy(&k).into_owned(), v)))
+            }
+        }
+    }
+
     /// The first `n` records with `prefix`, in key order.
     pub fn first_with_prefix(
         &self,

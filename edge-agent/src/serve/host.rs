@@ -131,7 +131,9 @@ impl ModelHost {
 
     /// The Prometheus text exposition of all serving metrics.
     pub fn metrics_text(&self) -> String {
-        self.registry.render(&self.serving_info())
+        let mut text = self.registry.render(&self.serving_info());
+        text.push_str(&self.observer.metrics_text());
+        text
     }
 
     /// Runs the probe on `version`'s own workers (so a reused standby is

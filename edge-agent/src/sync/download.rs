@@ -65,6 +65,12 @@ pub struct Want {
 #[derive(Debug, Serialize, Deserialize)]
 struct Progress {
     offset: u64,
+    /// The whole size once the server said it: a manifest's or probe's is
+    /// not known before. Kept so that a download killed after its last
+    /// bytes and before its rename resumes as complete. Absent in progress
+    /// files from before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    total: Option<u64>,
 }
 
 pub struct Downloader {
@@ -95,6 +101,8 @@ struct Partial {
     offset: u64,
     hasher: Sha256Writer,
     unpersisted: u64,
+    /// The size the server said (or the progress file recorded).
+    total: Option<u64>,
 }
 
 /// Why one FetchArtifact stream ended without the whole file.
@@ -134,7 +142,7 @@ impl Downloader {
             }
         }
         let mut p = self.resume(&paths, want).await.map_err(storage)?;
-        let mut total = want.size;
+        let mut total = want.size.or(p.total);
         if let Some(size) = total {
             check_size(want, size)?;
             ensure_space(dir, size.saturating_sub(p.offset))?;
@@ -171,11 +179,17 @@ impl Downloader {
     /// Reopens a partial download at its last durable offset.
     async fn resume(&self, paths: &Paths, want: Want) -> io::Result<Partial> {
         let (partial, progress) = (paths.partial.clone(), paths.progress.clone());
-        let (std_file, offset, hasher) = blocking(move || {
+        let (std_file, offset, hasher, total) = blocking(move || {
             let recorded = std::fs::read(&progress)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<Progress>(&b).ok())
-                .map_or(0, |p| p.offset);
+                .unwrap_or(Progress {
+                    offset: 0,
+                    total: None,
+                });
+            // A recorded total below the offset is no total at all.
+            let recorded_total = recorded.total.filter(|t| *t >= recorded.offset);
+            let recorded = recorded.offset;
             let mut file = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -204,7 +218,7 @@ impl Downloader {
                 return Err(io::Error::other("partial download shrank while resuming"));
             }
             file.seek(io::SeekFrom::Start(offset))?;
-            Ok((file, offset, hasher))
+            Ok((file, offset, hasher, recorded_total))
         })
         .await?;
         Ok(Partial {
@@ -212,6 +226,7 @@ impl Downloader {
             offset,
             hasher,
             unpersisted: 0,
+            total,
         })
     }
 
@@ -244,7 +259,9 @@ impl Downloader {
             Ok(s) => s,
             Err(status) => return Some(classify(status)),
         };
+        let mut chunks: u64 = 0;
         while let Some(item) = stream.next().await {
+            chunks += 1;
             let chunk = match item {
                 Ok(c) => c,
                 Err(status) => return Some(classify(status)),
@@ -263,6 +280,7 @@ impl Downloader {
                         return Some(Interrupted::Final(f));
                     }
                     *total = Some(chunk.total_size);
+                    p.total = *total;
                 }
                 Some(t) if t != chunk.total_size => {
                     return Some(Interrupted::Final(Failure::BadSize {
@@ -297,9 +315,13 @@ impl Downloader {
         }
         match *total {
             Some(t) if t == p.offset => None,
-            // An empty artifact sends no chunk at all.
-            None if p.offset == 0 => {
-                *total = Some(0);
+            // An empty artifact sends no chunk at all; nor does one asked
+            // for at its end, which a download killed between its last
+            // bytes and its rename resumes at (a progress file from before
+            // totals were kept). Either way it is complete if its hash says
+            // so, which finish() checks.
+            None if chunks == 0 => {
+                *total = Some(p.offset);
                 None
             }
             _ => Some(Interrupted::Transient(format!(
@@ -313,7 +335,11 @@ impl Downloader {
     async fn persist(&self, paths: &Paths, p: &mut Partial) -> io::Result<()> {
         p.file.flush().await?;
         p.file.sync_data().await?;
-        let bytes = serde_json::to_vec(&Progress { offset: p.offset }).map_err(io::Error::other)?;
+        let bytes = serde_json::to_vec(&Progress {
+            offset: p.offset,
+            total: p.total,
+        })
+        .map_err(io::Error::other)?;
         let progress = paths.progress.clone();
         blocking(move || write_atomic(&progress, &bytes, 0o600)).await?;
         p.unpersisted = 0;
@@ -498,6 +524,59 @@ mod tests {
                 offset: 3000
             }
         );
+    }
+
+    /// A manifest's size is not known before it is fetched. Killed after
+    /// its last bytes were made durable and before the rename, it resumes
+    /// at its end and completes there, with the total kept in the progress
+    /// file or (from an older one) from the empty stream the server sends at
+    /// the end; it used to retry that empty stream forever.
+    #[tokio::test]
+    async fn a_download_of_unknown_size_killed_before_its_rename_completes_on_resume() {
+        let data = blob(2500);
+        let unknown = Want {
+            size: None,
+            max_size: 10_000,
+            ..want(&data)
+        };
+        for progress in [
+            r#"{"offset":2500,"total":2500}"#.to_string(),
+            r#"{"offset":2500}"#.to_string(),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let paths = Paths::new(dir.path(), unknown.digest);
+            std::fs::write(&paths.partial, &data).unwrap();
+            std::fs::write(&paths.progress, &progress).unwrap();
+            let fake = server(data.clone(), 0, 0);
+            let (events, _) = broadcast::channel(16);
+            let d = Downloader::new(fake.clone(), options(), events);
+            let path = tokio::time::timeout(Duration::from_secs(10), d.fetch(dir.path(), unknown))
+                .await
+                .expect("it finishes")
+                .unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), data, "{progress}");
+            assert!(!paths.partial.exists() && !paths.progress.exists());
+            let asked = fake.offsets.lock().unwrap().clone();
+            if progress.contains("total") {
+                assert!(asked.is_empty(), "nothing left to fetch: {asked:?}");
+            } else {
+                assert_eq!(asked, vec![2500]);
+            }
+        }
+        // A full-length partial with the wrong bytes fails the digest at its
+        // end and is dropped, so the next try fetches it all.
+        let dir = tempfile::tempdir().unwrap();
+        let paths = Paths::new(dir.path(), unknown.digest);
+        let mut wrong = data.clone();
+        wrong[0] ^= 1;
+        std::fs::write(&paths.partial, &wrong).unwrap();
+        std::fs::write(&paths.progress, r#"{"offset":2500}"#).unwrap();
+        let (events, _) = broadcast::channel(16);
+        let d = Downloader::new(server(data.clone(), 0, 0), options(), events);
+        let err = d.fetch(dir.path(), unknown).await.unwrap_err();
+        assert!(matches!(err, Failure::BadDigest { .. }), "{err}");
+        let path = d.fetch(dir.path(), unknown).await.unwrap();
+        assert_eq!(std::fs::read(path).unwrap(), data);
     }
 
     #[tokio::test]

@@ -14,6 +14,11 @@
 //!   they are deleted with that batch's ack. A dropped batch detaches its
 //!   samples, which stay queued.
 //!
+//! - Epoch: a random number picked when the buffer is created and sent with
+//!   every report, so that a buffer lost and made again, its sequences
+//!   back at one, is not taken for the old one by the control plane's
+//!   deduplication. A buffer from before epochs keeps epoch 0.
+//!
 //! Every change is one atomic sled batch made under one mutex, so the
 //! decisions (which to drop, which to attach) see a consistent store.
 
@@ -28,6 +33,7 @@ const BATCH: u8 = b'b';
 const SAMPLE: u8 = b's';
 const INDEX: u8 = b'i';
 const NEXT_SEQUENCE: &[u8] = b"m/next_sequence";
+const EPOCH: &[u8] = b"m/epoch";
 const DROPPED_BATCHES: &[u8] = b"m/dropped_batches";
 const DROPPED_SAMPLES: &[u8] = b"m/dropped_samples";
 /// The head batch's sequence followed by the keys of its samples.
@@ -69,6 +75,7 @@ struct State {
 
 pub struct Buffer {
     db: sled::Db,
+    epoch: u64,
     limits: Limits,
     state: Mutex<State>,
 }
@@ -129,7 +136,35 @@ fn open_db(dir: &Path) -> sled::Result<sled::Db> {
     )
 }
 
+/// The buffer's epoch: the one it was given, 0 for a buffer from before
+/// epochs (it has sequences but no epoch), else a new random one, made
+/// durable before any report carries it.
+fn epoch_of(db: &sled::Db) -> anyhow::Result<u64> {
+    if let Some(raw) = db.get(EPOCH)? {
+        return Ok(decode_u64(Some(raw)));
+    }
+    let epoch = if db.get(NEXT_SEQUENCE)?.is_some() {
+        0
+    } else {
+        loop {
+            let e: u64 = rand::random();
+            if e != 0 {
+                break e;
+            }
+        }
+    };
+    db.insert(EPOCH, &encode_u64(epoch)[..])?;
+    db.flush()?;
+    Ok(epoch)
+}
+
 impl Buffer {
+    /// The epoch every report of this buffer carries.
+    #[cfg(test)]
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     pub fn open(dir: &Path, limits: Limits) -> anyhow::Result<Buffer> {
         let db = open_db(dir)
             .with_context(|| format!("opening the telemetry buffer in {}", dir.display()))?;
@@ -140,8 +175,10 @@ impl Buffer {
             sample_bytes += v.len() as u64;
         }
         let batches = db.scan_prefix([BATCH]).count() as u64;
+        let epoch = epoch_of(&db)?;
         Ok(Buffer {
             db,
+            epoch,
             limits,
             state: Mutex::new(State {
                 batches,
@@ -236,6 +273,7 @@ impl Buffer {
             }
         }
         report.sequence = seq;
+        report.epoch = self.epoch;
         report.dropped_batches = dropped_batches;
         report.dropped_samples = dropped_samples;
         batch.insert(&key(BATCH, seq)[..], report.encode_to_vec());
@@ -277,6 +315,7 @@ impl Buffer {
             }
         };
         report.sequence = seq;
+        report.epoch = self.epoch;
         let keys = match self.attached()? {
             Some((s, keys)) if s == seq => keys,
             _ => {
@@ -537,6 +576,40 @@ mod tests {
         assert_eq!(b.ack(2).unwrap(), 2);
         assert_eq!(b.pending().unwrap(), vec![3]);
         assert_eq!(b.stats().unwrap().batches, 1);
+    }
+
+    #[test]
+    fn a_buffer_keeps_its_epoch_a_new_one_gets_another_and_an_old_one_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = {
+            let b = Buffer::open(dir.path(), limits()).unwrap();
+            b.push(Default::default()).unwrap();
+            assert_ne!(b.epoch(), 0);
+            assert_eq!(b.head().unwrap().unwrap().epoch, b.epoch());
+            b.epoch()
+        };
+        // Reopened: the same epoch, on every report.
+        let b = Buffer::open(dir.path(), limits()).unwrap();
+        assert_eq!(b.epoch(), first);
+        assert!(b.reports().iter().all(|r| r.epoch == first));
+        drop(b);
+        // Lost and made again: sequences restart, under another epoch.
+        std::fs::remove_dir_all(dir.path()).unwrap();
+        let b = Buffer::open(dir.path(), limits()).unwrap();
+        assert_ne!(b.epoch(), first);
+        assert_eq!(b.push(Default::default()).unwrap(), 1);
+        drop(b);
+        // A buffer from before epochs (sequences, no epoch) keeps 0, so its
+        // reports still meet their first copies at the control plane.
+        let old = tempfile::tempdir().unwrap();
+        {
+            let db = open_db(old.path()).unwrap();
+            db.insert(NEXT_SEQUENCE, &encode_u64(8)[..]).unwrap();
+            db.flush().unwrap();
+        }
+        let b = Buffer::open(old.path(), limits()).unwrap();
+        assert_eq!(b.epoch(), 0);
+        assert_eq!(b.push(Default::default()).unwrap(), 8);
     }
 
     #[test]

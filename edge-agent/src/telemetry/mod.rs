@@ -141,6 +141,58 @@ pub struct Telemetry {
     buffer: buffer::Buffer,
     /// Wakes the sender when a batch is created.
     wake: tokio::sync::Notify,
+    /// Times a buffer that could not be opened was moved aside.
+    store_resets: u64,
+}
+
+/// How many times the buffer was moved aside, in the data dir.
+const RESETS_FILE: &str = "telemetry-resets";
+
+fn open_buffer(dir: &Path, options: &TelemetryOptions) -> anyhow::Result<buffer::Buffer> {
+    // Samples hold request inputs: private, like the identity beside them.
+    edgeloop_client_core::member::create_private_dir(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    buffer::Buffer::open(dir, options.limits())
+}
+
+fn read_resets(data_dir: &Path) -> u64 {
+    std::fs::read_to_string(data_dir.join(RESETS_FILE))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Renames `dir` to `telemetry.corrupt-<unix time>` beside it, after
+/// removing older such copies: one is enough to look at, and a disk that
+/// keeps corrupting must not fill up with them.
+fn move_aside(data_dir: &Path, dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    for entry in std::fs::read_dir(data_dir)
+        .with_context(|| format!("reading {}", data_dir.display()))?
+        .flatten()
+    {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("telemetry.corrupt-")
+        {
+            let p = entry.path();
+            let _ = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+        }
+    }
+    let at = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let aside = data_dir.join(format!("telemetry.corrupt-{at}"));
+    if dir.exists() {
+        std::fs::rename(dir, &aside).with_context(|| format!("moving {} aside", dir.display()))?;
+        edgeloop_models::fs::sync_dir(data_dir)
+            .with_context(|| format!("syncing {}", data_dir.display()))?;
+    }
+    Ok(aside)
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -152,14 +204,36 @@ impl std::fmt::Debug for Telemetry {
 }
 
 impl Telemetry {
-    /// Opens (or creates) the buffer in `<data_dir>/telemetry`.
+    /// Opens (or creates) the buffer in `<data_dir>/telemetry`. A buffer
+    /// that cannot be opened (corrupt, say) is moved aside to
+    /// `telemetry.corrupt-<unix time>` (only the newest such copy is kept),
+    /// counted in `<data_dir>/telemetry-resets`, and replaced by a new one
+    /// under a new epoch: its unsent reports are lost, but the device goes
+    /// on serving. A buffer another live process holds is an error.
     pub fn open(data_dir: &Path, options: TelemetryOptions) -> anyhow::Result<Arc<Telemetry>> {
-        // Samples hold request inputs: private, like the identity beside them.
         let dir = data_dir.join("telemetry");
-        edgeloop_client_core::member::create_private_dir(&dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
-        let buffer = buffer::Buffer::open(&dir, options.limits())?;
+        let (buffer, store_resets) = match open_buffer(&dir, &options) {
+            Ok(b) => (b, read_resets(data_dir)),
+            Err(e) if edgeloop_client_core::sled_open::is_lock_held(&e) => return Err(e),
+            Err(e) => {
+                let resets = read_resets(data_dir) + 1;
+                let aside = move_aside(data_dir, &dir)?;
+                tracing::error!(error = %format!("{e:#}"), aside = %aside.display(), resets,
+                    "the telemetry buffer cannot be opened: moved it aside and started a new \
+                     one (its unsent reports are lost; serving goes on)");
+                edgeloop_models::fs::write_atomic(
+                    &data_dir.join(RESETS_FILE),
+                    format!("{resets}\n").as_bytes(),
+                    0o600,
+                )
+                .context("counting the telemetry buffer reset")?;
+                let fresh = open_buffer(&dir, &options)
+                    .context("opening a new telemetry buffer after moving the old one aside")?;
+                (fresh, resets)
+            }
+        };
         Ok(Arc::new(Telemetry {
+            store_resets,
             feedback: Mutex::new(FeedbackState {
                 predictions: PredictionMap::new(
                     options.feedback_capacity,
@@ -424,6 +498,30 @@ pub fn row_id(request_id: &str, row: usize, rows: usize) -> String {
 }
 
 impl Observer for Telemetry {
+    fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        let mut line = |name: &str, kind: &str, help: &str, value: u64| {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+            ));
+        };
+        line(
+            "edgeloop_agent_telemetry_store_resets_total",
+            "counter",
+            "Times the telemetry buffer could not be opened and was moved aside for a new one.",
+            self.store_resets,
+        );
+        if let Ok(s) = self.buffer.stats() {
+            line(
+                "edgeloop_agent_telemetry_pending_batches",
+                "gauge",
+                "Telemetry reports stored and not yet acknowledged.",
+                s.batches,
+            );
+        }
+        out
+    }
+
     fn model_activated(&self, model: &str, version: &str, manifest: Option<&Manifest>) {
         self.note_model(model);
         self.references

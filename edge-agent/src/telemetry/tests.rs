@@ -509,3 +509,63 @@ fn the_buffer_and_sequence_survive_reopening() {
     );
     assert_eq!(t.close_window().unwrap(), Some(2));
 }
+
+/// A buffer that cannot be opened (here: garbage where sled keeps its
+/// files) is moved aside and replaced, so the device goes on serving and
+/// reporting; the reset is counted in `/metrics`, and the new buffer has a
+/// new epoch, so its sequences (from 1 again) are not taken for the old
+/// one's at the control plane.
+#[test]
+fn a_corrupt_buffer_is_moved_aside_and_a_new_one_reports_under_a_new_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let old_epoch = {
+        let t = open(dir.path(), options());
+        observe(
+            &t,
+            "m",
+            "r",
+            f32s(&[1, 1], vec![0.0]),
+            f32s(&[1, 2], vec![1.0, 0.0]),
+            true,
+        );
+        assert_eq!(t.close_window().unwrap(), Some(1));
+        t.buffer.epoch()
+    };
+    let store = dir.path().join("telemetry");
+    for entry in std::fs::read_dir(&store).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_file() {
+            std::fs::write(&p, b"not a sled file at all").unwrap();
+        }
+    }
+    std::fs::write(store.join("conf"), b"garbage\x00\xff").unwrap();
+
+    let t = open(dir.path(), options());
+    assert!(t.pending().unwrap().is_empty(), "a new, empty buffer");
+    assert_ne!(t.buffer.epoch(), old_epoch);
+    assert!(t
+        .metrics_text()
+        .contains("edgeloop_agent_telemetry_store_resets_total 1\n"));
+    let aside: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("telemetry.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    observe(
+        &t,
+        "m",
+        "r",
+        f32s(&[1, 1], vec![0.0]),
+        f32s(&[1, 2], vec![1.0, 0.0]),
+        true,
+    );
+    assert_eq!(t.close_window().unwrap(), Some(1));
+    drop(t);
+    // Opened again, it is the same new buffer: nothing moves, the count stays.
+    let t = open(dir.path(), options());
+    assert_eq!(t.pending().unwrap(), vec![1]);
+    assert!(t
+        .metrics_text()
+        .contains("edgeloop_agent_telemetry_store_resets_total 1\n"));
+}

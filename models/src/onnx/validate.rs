@@ -19,6 +19,15 @@ pub enum ValidationError {
     IrVersion(i64),
     #[error("{node}: op_type is empty")]
     EmptyOpType { node: String },
+    #[error("{node}: has no outputs (every operator produces at least one)")]
+    NoOutputs { node: String },
+    #[error("{node}: has {got} inputs, but {op} takes at least {min}")]
+    TooFewInputs {
+        node: String,
+        op: String,
+        min: usize,
+        got: usize,
+    },
     #[error(
         "{node}: input {input:?} is not a graph input, an initializer, or an earlier node's output"
     )]
@@ -33,6 +42,48 @@ pub enum ValidationError {
     BadElementType { value: String, code: i32 },
     #[error(transparent)]
     Tensor(#[from] TensorError),
+}
+
+/// Standard operators' least number of inputs, for those this crate's
+/// quantizers and inspectors read by position: a model that gives fewer is
+/// refused here, naming the node, instead of failing deeper in.
+const MIN_INPUTS: [(&str, usize); 16] = [
+    ("Add", 2),
+    ("AveragePool", 1),
+    ("Cast", 1),
+    ("Clip", 1),
+    ("Conv", 2),
+    ("ConvTranspose", 2),
+    ("Div", 2),
+    ("Gemm", 2),
+    ("GlobalAveragePool", 1),
+    ("MatMul", 2),
+    ("MaxPool", 1),
+    ("Mul", 2),
+    ("Relu", 1),
+    ("Softmax", 1),
+    ("Sub", 2),
+    ("Transpose", 1),
+];
+
+fn check_arity(node: &ir::NodeProto, label: impl Fn() -> String) -> Result<(), ValidationError> {
+    // An empty name marks an omitted optional output; one must be there.
+    if node.output.iter().all(|o| o.is_empty()) {
+        return Err(ValidationError::NoOutputs { node: label() });
+    }
+    if canonical_domain(node.domain()).is_empty() {
+        if let Some((op, min)) = MIN_INPUTS.iter().find(|(op, _)| *op == node.op_type()) {
+            if node.input.len() < *min {
+                return Err(ValidationError::TooFewInputs {
+                    node: label(),
+                    op: op.to_string(),
+                    min: *min,
+                    got: node.input.len(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The highest `TensorProto.DataType` code known (INT2 in ONNX 1.18+).
@@ -201,6 +252,7 @@ impl Checker<'_> {
                     domain: node.domain().to_string(),
                 });
             }
+            check_arity(node, label)?;
             for input in &node.input {
                 // "" marks an omitted optional input.
                 if !input.is_empty() && !defined.contains(input) {
@@ -387,6 +439,42 @@ mod tests {
         let mut no_graph = model(vec![], &[]);
         no_graph.graph.clear();
         assert_eq!(validate(&no_graph, None), Err(ValidationError::NoGraph));
+
+        // A node must produce something, and a standard op gets its inputs.
+        let mut silent = model(vec![node("Relu", &["x"], &["y"])], &["y"]);
+        silent.graph.as_mut().unwrap().node[0].output.clear();
+        assert!(
+            matches!(
+                validate(&silent, None),
+                Err(ValidationError::NoOutputs { .. })
+            ),
+            "{:?}",
+            validate(&silent, None)
+        );
+        let mut only_empty = model(vec![node("Relu", &["x"], &["y"])], &["y"]);
+        only_empty.graph.as_mut().unwrap().node[0].output = vec![String::new()];
+        assert!(matches!(
+            validate(&only_empty, None),
+            Err(ValidationError::NoOutputs { .. })
+        ));
+        let one_armed = model(vec![node("MatMul", &["x"], &["y"])], &["y"]);
+        assert_eq!(
+            validate(&one_armed, None),
+            Err(ValidationError::TooFewInputs {
+                node: "node #0 (MatMul)".into(),
+                op: "MatMul".into(),
+                min: 2,
+                got: 1
+            })
+        );
+        // Another domain's op of the same name is its own business.
+        let mut custom_matmul = model(vec![node("MatMul", &["x"], &["y"])], &["y"]);
+        let mut o = ir::OperatorSetIdProto::new();
+        o.set_domain("com.example".into());
+        o.set_version(1);
+        custom_matmul.opset_import.push(o);
+        custom_matmul.graph.as_mut().unwrap().node[0].set_domain("com.example".into());
+        assert_eq!(validate(&custom_matmul, None), Ok(()));
 
         let mut short = model(vec![node("Relu", &["x"], &["y"])], &["y"]);
         short.graph.mut_or_insert_default().initializer[0].set_raw_data(vec![0; 7]);

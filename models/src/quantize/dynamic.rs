@@ -45,14 +45,18 @@ fn candidate(editor: &Editor<'_>, i: usize, n: &ir::NodeProto) -> Result<Candida
         Some(Ok(Tensor::F32(w))) if w.ndim() == 2 => w,
         _ => return Err("weight is not a constant 2-D float tensor".into()),
     };
+    // Validation refuses such nodes; a model that skipped it is left as is.
+    let (Some(x), Some(y)) = (n.input.first(), n.output.first()) else {
+        return Err("the node has no input or no output".into());
+    };
     let base = Candidate {
         index: i,
-        x: n.input[0].clone(),
+        x: x.clone(),
         w,
         w_name,
         alpha: 1.0,
         bias: None,
-        y: n.output[0].clone(),
+        y: y.clone(),
     };
     match n.op_type() {
         "MatMul" => Ok(base),

@@ -167,13 +167,21 @@ impl AgentService for AgentApi {
             Caching::Cached,
         )
         .await?;
-        Ok(Response::new(Box::pin(chunks.map(|c| {
-            c.map(|c| pb::ArtifactChunk {
-                offset: c.offset,
-                data: c.data,
-                total_size: c.total_size,
+        let chunks = chunks
+            .map(|c| {
+                c.map(|c| pb::ArtifactChunk {
+                    offset: c.offset,
+                    data: c.data,
+                    total_size: c.total_size,
+                })
             })
-        }))))
+            .boxed();
+        Ok(Response::new(super::until_revoked(
+            self.core.clone(),
+            MemberKind::Device,
+            device,
+            chunks,
+        )))
     }
 
     async fn report_telemetry(

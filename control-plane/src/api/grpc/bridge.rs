@@ -191,10 +191,9 @@ impl BridgeService for BridgeApi {
         let cluster = caller(&self.core, &req, MemberKind::Cluster)?.id;
         let core = self.core.clone();
         let mut events = core.events.subscribe();
-        let revoked_events = core.events.subscribe();
         let (tx, rx) = mpsc::channel::<Result<pb::JobEvent, Status>>(16);
         tokio::spawn(async move {
-            let revoked = super::revoked(revoked_events, MemberKind::Cluster, &cluster);
+            let revoked = super::revoked(core.clone(), MemberKind::Cluster, cluster.clone());
             tokio::pin!(revoked);
             // Cancellations already pending when the watch starts count too.
             let mut announced = std::collections::HashSet::new();
@@ -366,12 +365,20 @@ impl BridgeService for BridgeApi {
             super::agent::Caching::Uncached,
         )
         .await?;
-        Ok(Response::new(Box::pin(chunks.map(|c| {
-            c.map(|c| edgeloop_proto::common::v1::Chunk {
-                offset: c.offset,
-                data: c.data,
+        let chunks = chunks
+            .map(|c| {
+                c.map(|c| edgeloop_proto::common::v1::Chunk {
+                    offset: c.offset,
+                    data: c.data,
+                })
             })
-        }))))
+            .boxed();
+        Ok(Response::new(super::until_revoked(
+            self.core.clone(),
+            MemberKind::Cluster,
+            cluster,
+            chunks,
+        )))
     }
 
     async fn upload_checkpoint(

@@ -48,20 +48,65 @@ pub async fn serve(
     Ok(())
 }
 
-/// Turns a fleet event subscription into "stop" signals for a stream
-/// belonging to `kind/id`: returns once that member is revoked.
-pub(crate) async fn revoked(
-    mut events: tokio::sync::broadcast::Receiver<crate::fleet::FleetEvent>,
-    kind: crate::fleet::members::MemberKind,
-    id: &str,
-) {
-    use crate::fleet::FleetEvent;
-    use tokio::sync::broadcast::error::RecvError;
+/// Returns once `kind/id` is revoked: told by the member's own signal (a
+/// watch channel, which keeps the latest state and so cannot miss one the
+/// way a lagging broadcast receiver could), and checked in the store every
+/// heartbeat interval as well, for a revocation the signal did not carry
+/// (one that landed before the subscription, say). So a revoked member's
+/// open streams end within one heartbeat interval.
+pub(crate) async fn revoked(core: Arc<Core>, kind: crate::fleet::members::MemberKind, id: String) {
+    let mut signal = core.events.member(kind, &id);
+    let mut recheck = tokio::time::interval(core.config.heartbeat_interval);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        match events.recv().await {
-            Ok(FleetEvent::Revoked { kind: k, id: i }) if k == kind && i == id => return,
-            Ok(_) | Err(RecvError::Lagged(_)) => {}
-            Err(RecvError::Closed) => std::future::pending::<()>().await,
+        if signal.borrow_and_update().revoked || revoked_in_store(&core, kind, &id) {
+            return;
+        }
+        tokio::select! {
+            changed = signal.changed() => if changed.is_err() {
+                // No more signals: the store check alone goes on.
+                recheck.tick().await;
+            },
+            _ = recheck.tick() => {}
         }
     }
+}
+
+fn revoked_in_store(core: &Core, kind: crate::fleet::members::MemberKind, id: &str) -> bool {
+    match core.store.members(kind).get(id) {
+        Ok(Some(m)) => m.revoked_at.is_some(),
+        // Gone is as good as revoked; a store error is not proof of either,
+        // and the next check comes a heartbeat later.
+        Ok(None) => true,
+        Err(_) => false,
+    }
+}
+
+/// `stream`, ended with PERMISSION_DENIED once `kind/id` is revoked (see
+/// [`revoked`]): a download in progress does not outlive its certificate.
+pub(crate) fn until_revoked<T: Send + 'static>(
+    core: Arc<Core>,
+    kind: crate::fleet::members::MemberKind,
+    id: String,
+    stream: futures::stream::BoxStream<'static, Result<T, tonic::Status>>,
+) -> futures::stream::BoxStream<'static, Result<T, tonic::Status>> {
+    use futures::StreamExt as _;
+    let label = kind.identity(&id);
+    let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+        Box::pin(revoked(core, kind, id));
+    futures::stream::unfold(Some((stream, stop)), move |state| {
+        let label = label.clone();
+        async move {
+            let (mut stream, mut stop) = state?;
+            tokio::select! {
+                biased;
+                () = &mut stop => Some((
+                    Err(tonic::Status::permission_denied(format!("{label} has been revoked"))),
+                    None,
+                )),
+                item = stream.next() => item.map(|i| (i, Some((stream, stop)))),
+            }
+        }
+    })
+    .boxed()
 }

@@ -336,17 +336,7 @@ async fn export(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
     };
     let zip = read_artifact(core, *checkpoint).await?;
     let onnx_bytes = blocking(move || {
-        let mut archive = zip::ZipArchive::new(std::io::Cursor::new(zip))
-            .map_err(|e| StepError::fatal(format!("the checkpoint is not a zip: {e}")))?;
-        let mut file = archive.by_name(CHECKPOINT_MODEL).map_err(|_| {
-            StepError::fatal(format!(
-                "the final checkpoint has no {CHECKPOINT_MODEL}: the trainer must export the model \
-                 into its last checkpoint"
-            ))
-        })?;
-        let mut bytes = vec![];
-        file.read_to_end(&mut bytes)
-            .map_err(|e| StepError::fatal(format!("reading {CHECKPOINT_MODEL}: {e}")))?;
+        let bytes = model_of_checkpoint(zip, onnx::MAX_MODEL_BYTES as u64)?;
         let model = onnx::decode(&bytes)
             .map_err(|e| StepError::fatal(format!("{CHECKPOINT_MODEL} is not ONNX: {e}")))?;
         onnx::validate(&model, None).map_err(|e| {
@@ -357,6 +347,32 @@ async fn export(core: &Core, p: &Pipeline) -> Result<Output, StepError> {
     .await?;
     let d = put_artifact(core, onnx_bytes).await?;
     Ok(Output::Onnx { digest: d })
+}
+
+/// The checkpoint zip's `model.onnx`, read up to `cap` bytes (one
+/// protobuf holds at most 2 GiB; a larger model needs external data, which
+/// a checkpoint does not carry). Capped as it is read: the zip's declared
+/// size is the trainer's word, and a small archive can inflate to far
+/// more than any model. Blocking.
+fn model_of_checkpoint(zip: Vec<u8>, cap: u64) -> Result<Vec<u8>, StepError> {
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(zip))
+        .map_err(|e| StepError::fatal(format!("the checkpoint is not a zip: {e}")))?;
+    let file = archive.by_name(CHECKPOINT_MODEL).map_err(|_| {
+        StepError::fatal(format!(
+            "the final checkpoint has no {CHECKPOINT_MODEL}: the trainer must export the model \
+             into its last checkpoint"
+        ))
+    })?;
+    let mut bytes = Vec::new();
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| StepError::fatal(format!("reading {CHECKPOINT_MODEL}: {e}")))?;
+    if bytes.len() as u64 > cap {
+        return Err(StepError::fatal(format!(
+            "the checkpoint's {CHECKPOINT_MODEL} is over {cap} bytes; refusing it"
+        )));
+    }
+    Ok(bytes)
 }
 
 fn signing_key_path(core: &Core) -> std::path::PathBuf {
@@ -664,6 +680,42 @@ async fn reset_reference(
 mod tests {
     use super::*;
     use crate::registry::aliases::SetAlias;
+
+    /// A checkpoint whose `model.onnx` is `len` zeros, deflated (a few KB
+    /// per MB).
+    fn zeros_checkpoint(len: usize) -> Vec<u8> {
+        use std::io::Write as _;
+        let mut out = std::io::Cursor::new(Vec::new());
+        let mut w = zip::ZipWriter::new(&mut out);
+        w.start_file(
+            CHECKPOINT_MODEL,
+            zip::write::SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Deflated),
+        )
+        .unwrap();
+        let chunk = vec![0u8; 1 << 20];
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            w.write_all(&chunk[..n]).unwrap();
+            left -= n;
+        }
+        w.finish().unwrap();
+        out.into_inner()
+    }
+
+    #[test]
+    fn a_checkpoint_model_is_read_only_up_to_the_cap() {
+        let bomb = zeros_checkpoint(64 << 20);
+        assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+        let e = model_of_checkpoint(bomb, 1 << 20).unwrap_err();
+        assert!(!e.retryable);
+        assert!(e.reason.contains("over 1048576 bytes"), "{}", e.reason);
+        let fits = model_of_checkpoint(zeros_checkpoint(1 << 20), 1 << 20).unwrap();
+        assert_eq!(fits.len(), 1 << 20);
+        let e = model_of_checkpoint(b"not a zip".to_vec(), 1 << 20).unwrap_err();
+        assert!(e.reason.contains("not a zip"), "{}", e.reason);
+    }
 
     #[test]
     fn the_chosen_accuracy_is_read_from_either_evidence_layout() {
