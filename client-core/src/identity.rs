@@ -86,6 +86,33 @@ impl IdentityStore {
             name: identity.name.clone(),
         })
         .map_err(io::Error::other)?;
-        write_atomic(&self.dir.join("identity.json"), &marker, 0o644)
+        write_atomic(&self.dir.join("identity.json"), &marker, 0o644)?;
+        // Enrolled: the key is in key.pem now.
+        match std::fs::remove_file(self.enroll_key_path()) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// `enroll-key.pem` (0600): the key an enrollment in progress asks a
+    /// certificate for, kept until the identity is saved, so that a retry
+    /// after a lost reply presents the same key and gets the same answer.
+    pub fn enroll_key_path(&self) -> PathBuf {
+        self.dir.join("enroll-key.pem")
+    }
+
+    /// The enrollment key in progress (PEM), if one was made.
+    pub fn load_enroll_key(&self) -> io::Result<Option<String>> {
+        match std::fs::read_to_string(self.enroll_key_path()) {
+            Ok(pem) => Ok(Some(pem)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Keeps `key_pem` as the enrollment key, durably, before it is used.
+    pub fn save_enroll_key(&self, key_pem: &str) -> io::Result<()> {
+        crate::member::create_private_dir(&self.dir)?;
+        write_atomic(&self.enroll_key_path(), key_pem.as_bytes(), 0o600)
     }
 }

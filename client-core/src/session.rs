@@ -95,7 +95,30 @@ pub async fn enroll(
     store: &IdentityStore,
     capabilities: Capabilities,
 ) -> Result<Identity, EnrollAttemptError> {
-    let key = KeyPair::generate().map_err(SessionError::from)?;
+    // The key is on disk before the control plane sees it: if the reply is
+    // lost (a timeout, a kill, a dropped connection), the retry presents
+    // the same key, which the control plane answers with the same
+    // certificate, where a fresh key would meet a spent token.
+    let kept = store
+        .load_enroll_key()
+        .map_err(SessionError::from)?
+        .and_then(|pem| match KeyPair::from_pem(&pem) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                tracing::warn!(error = %e, "the kept enrollment key is unreadable; making another");
+                None
+            }
+        });
+    let key = match kept {
+        Some(key) => key,
+        None => {
+            let key = KeyPair::generate().map_err(SessionError::from)?;
+            store
+                .save_enroll_key(&key.serialize_pem())
+                .map_err(SessionError::from)?;
+            key
+        }
+    };
     let csr_pem = CertificateParams::default()
         .serialize_request(&key)
         .and_then(|csr| csr.pem())

@@ -593,3 +593,107 @@ async fn a_revoked_bridges_open_streams_end_with_the_refusal() {
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused}");
     cp.stop().await;
 }
+
+/// Enrollment when its reply is lost (here: the first call's answer is
+/// dropped, as a kill between the control plane's commit and the reply
+/// would): the agent kept its key on disk before calling, so its retry
+/// presents the same key and gets the same certificate, where it used to
+/// meet "already used" and stay bricked. Another key still cannot use the
+/// spent token, and a member revoked since cannot retry.
+#[tokio::test]
+async fn a_lost_enrollment_reply_is_answered_again_for_the_same_key() {
+    use edgeloop_proto::common::v1::EnrollRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let token = cp.token("device", "cam-7").await;
+    let parsed: BootstrapToken = token.parse().unwrap();
+
+    // The first attempt: the key kept as enroll() keeps it, the call made,
+    // the answer lost.
+    let store = IdentityStore::new(&dir.path().join("agent"));
+    let key = rcgen::KeyPair::generate().unwrap();
+    store.save_enroll_key(&key.serialize_pem()).unwrap();
+    let csr = CertificateParams::default()
+        .serialize_request(&key)
+        .unwrap()
+        .pem()
+        .unwrap();
+    let channel = enroll_endpoint(&cp.grpc_url, parsed.ca_fingerprint)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let lost = AgentServiceClient::new(channel)
+        .enroll(EnrollRequest {
+            bootstrap_token: token.clone(),
+            csr_pem: csr,
+            capabilities: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        store.load().unwrap().is_none(),
+        "nothing saved: the reply was lost"
+    );
+
+    // The retry: the same key, the same certificate, and a working identity.
+    let identity = enroll(
+        Role::Device,
+        &cp.grpc_url,
+        &parsed,
+        &store,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(identity.cert_pem, lost.certificate_pem);
+    assert_eq!(identity.key_pem, key.serialize_pem());
+    assert!(
+        !store.enroll_key_path().exists(),
+        "the kept key moved into the identity"
+    );
+    heartbeat(&cp, &identity).await.unwrap();
+    let (_, devices) = cp.api().get("/api/v1/devices").await;
+    assert_eq!(devices.as_array().unwrap().len(), 1, "{devices}");
+
+    // Another key: the token is spent.
+    let other = enroll(
+        Role::Device,
+        &cp.grpc_url,
+        &parsed,
+        &IdentityStore::new(&dir.path().join("imposter")),
+        Default::default(),
+    )
+    .await;
+    match other {
+        Err(EnrollAttemptError::Fatal(SessionError::Refused { status, .. })) => {
+            assert!(status.message().contains("already used"), "{status}");
+        }
+        other => panic!("another key with a spent token: {other:?}"),
+    }
+
+    // Revoked since: the same key's retry is refused too.
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/devices/cam-7/revoke", serde_json::json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let again = IdentityStore::new(&dir.path().join("again"));
+    again.save_enroll_key(&key.serialize_pem()).unwrap();
+    match enroll(
+        Role::Device,
+        &cp.grpc_url,
+        &parsed,
+        &again,
+        Default::default(),
+    )
+    .await
+    {
+        Err(EnrollAttemptError::Fatal(SessionError::Refused { status, .. })) => {
+            assert_eq!(status.code(), Code::PermissionDenied, "{status}");
+        }
+        other => panic!("a revoked member's retry: {other:?}"),
+    }
+    cp.stop().await;
+}

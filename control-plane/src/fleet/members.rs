@@ -235,6 +235,23 @@ pub struct BootstrapTokenRecord {
     pub expires_at: OffsetDateTime,
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub used_at: Option<OffsetDateTime>,
+    /// What the token was spent on: the key it enrolled and the certificate
+    /// issued for it, so that the same member retrying after a lost reply
+    /// gets the same answer (a bootstrap token stays single-use: no other
+    /// key can use it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enrolled: Option<EnrolledKey>,
+}
+
+/// The key a bootstrap token enrolled and the certificate it got.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnrolledKey {
+    /// sha256 of the public key (its SubjectPublicKeyInfo DER).
+    pub key: Digest,
+    pub certificate_pem: String,
+    pub fingerprint: Digest,
+    #[serde(with = "time::serde::rfc3339")]
+    pub not_after: OffsetDateTime,
 }
 
 pub fn token_state(t: &BootstrapTokenRecord, now: OffsetDateTime) -> TokenState {
@@ -333,6 +350,7 @@ pub async fn create_token(
         created_at: now,
         expires_at: now + Duration::seconds(ttl as i64),
         used_at: None,
+        enrolled: None,
     };
     if !store.tokens.insert_new(&record.id, &record)? {
         return Err(Error::Internal(anyhow::anyhow!("token id collision")));
@@ -404,15 +422,28 @@ pub async fn enroll(
         .tokens
         .get(&token.id)?
         .ok_or_else(|| Error::Unauthenticated("unknown bootstrap token".into()))?;
+    let identity = kind.identity(&record.member_id);
+    let key = super::pki::csr_key(csr_pem)?;
+    if let Some(again) = retried(&record, token.secret_hash(), kind, key) {
+        return finish_retry(store, &record, again, capabilities, now).await;
+    }
     if let Some(refusal) = token_refusal(&record, token.secret_hash(), kind, now) {
         return Err(refusal);
     }
-    let identity = kind.identity(&record.member_id);
     let signed = pki.sign_client(csr_pem, &identity, now + cert_lifetime)?;
-    // The compare-and-swap makes "works once" hold under concurrent enrollments.
+    let enrolled = EnrolledKey {
+        key,
+        certificate_pem: signed.pem.clone(),
+        fingerprint: signed.fingerprint,
+        not_after: signed.not_after,
+    };
+    // The compare-and-swap makes "works once" hold under concurrent
+    // enrollments; the key and certificate go with it, so a retry of this
+    // one (its reply lost) is told apart from another key.
     let spent = store.tokens.update(&token.id, |current| match current {
         Some(t) if t.used_at.is_none() => Ok(BootstrapTokenRecord {
             used_at: Some(now),
+            enrolled: Some(enrolled.clone()),
             ..t
         }),
         _ => Err(Error::Unauthenticated(
@@ -420,25 +451,98 @@ pub async fn enroll(
         )),
     })?;
     spent?;
-    let member = Member {
-        id: record.member_id.clone(),
-        kind,
-        project: record.project.clone(),
-        labels: record.labels.clone(),
-        capabilities,
-        cert_fingerprint: signed.fingerprint,
-        cert_not_after: signed.not_after,
-        enrolled_at: now,
-        last_seen: Some(now),
-        revoked_at: None,
-        revoked_reason: None,
-        token_id: record.id.clone(),
-    };
+    let member = new_member(&record, kind, capabilities, &enrolled, now);
     if !store.members(kind).insert_new(&member.id, &member)? {
         return Err(Error::Conflict(format!("{identity} is already enrolled")));
     }
     store.flush().await?;
     Ok((member, signed))
+}
+
+fn new_member(
+    record: &BootstrapTokenRecord,
+    kind: MemberKind,
+    capabilities: CapabilitiesRecord,
+    enrolled: &EnrolledKey,
+    now: OffsetDateTime,
+) -> Member {
+    Member {
+        id: record.member_id.clone(),
+        kind,
+        project: record.project.clone(),
+        labels: record.labels.clone(),
+        capabilities,
+        cert_fingerprint: enrolled.fingerprint,
+        cert_not_after: enrolled.not_after,
+        enrolled_at: now,
+        last_seen: Some(now),
+        revoked_at: None,
+        revoked_reason: None,
+        token_id: record.id.clone(),
+    }
+}
+
+/// The first answer, when an Enroll is a retry of the one that spent this
+/// token: the same secret, kind and key. Pure. A retry is answered
+/// whatever the token's expiry: the secret and the private key together
+/// are the member itself.
+pub fn retried(
+    record: &BootstrapTokenRecord,
+    presented_secret_hash: Digest,
+    kind: MemberKind,
+    key: Digest,
+) -> Option<EnrolledKey> {
+    let enrolled = record.enrolled.as_ref()?;
+    (record.used_at.is_some()
+        && record.secret_hash == presented_secret_hash
+        && record.kind == kind
+        && enrolled.key == key)
+        .then(|| enrolled.clone())
+}
+
+/// Answers a retried enrollment with the certificate issued the first
+/// time, completing the member record if the first call stopped before
+/// it. A member revoked since is refused.
+async fn finish_retry(
+    store: &Store,
+    record: &BootstrapTokenRecord,
+    enrolled: EnrolledKey,
+    capabilities: CapabilitiesRecord,
+    now: OffsetDateTime,
+) -> Result<(Member, SignedCert)> {
+    let kind = record.kind;
+    let identity = kind.identity(&record.member_id);
+    let member = match store.members(kind).get(&record.member_id)? {
+        Some(m) if m.revoked_at.is_some() => {
+            return Err(Error::PermissionDenied(format!(
+                "{identity} has been revoked"
+            )))
+        }
+        Some(m) if m.cert_fingerprint == enrolled.fingerprint => m,
+        // Renewed or re-issued since: the old certificate is not handed out.
+        Some(_) => {
+            return Err(Error::Unauthenticated(
+                "bootstrap token was already used".into(),
+            ))
+        }
+        None => {
+            let m = new_member(record, kind, capabilities, &enrolled, now);
+            if !store.members(kind).insert_new(&m.id, &m)? {
+                return Err(Error::Conflict(format!("{identity} is already enrolled")));
+            }
+            store.flush().await?;
+            m
+        }
+    };
+    tracing::info!(%identity, "enrollment retried with the same key: answered with the same certificate");
+    Ok((
+        member,
+        SignedCert {
+            pem: enrolled.certificate_pem,
+            fingerprint: enrolled.fingerprint,
+            not_after: enrolled.not_after,
+        },
+    ))
 }
 
 /// Decides whether a verified client certificate may act as a member now.
@@ -607,6 +711,7 @@ mod tests {
             created_at: at(0),
             expires_at: at(expires),
             used_at: used.map(at),
+            enrolled: None,
         };
         let d = MemberKind::Device;
         let c = MemberKind::Cluster;
@@ -650,6 +755,47 @@ mod tests {
                 (got, want) => panic!("got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn only_the_same_secret_kind_and_key_make_a_retry() {
+        let secret = Digest::of(b"s");
+        let key = Digest::of(b"the device's public key");
+        let enrolled = EnrolledKey {
+            key,
+            certificate_pem: "PEM".into(),
+            fingerprint: Digest::of(b"cert"),
+            not_after: at(1000),
+        };
+        let spent = BootstrapTokenRecord {
+            project: "default".into(),
+            id: "t".into(),
+            kind: MemberKind::Device,
+            member_id: "m".into(),
+            labels: BTreeMap::new(),
+            secret_hash: secret,
+            created_at: at(0),
+            expires_at: at(100),
+            used_at: Some(at(10)),
+            enrolled: Some(enrolled.clone()),
+        };
+        let d = MemberKind::Device;
+        assert_eq!(retried(&spent, secret, d, key), Some(enrolled));
+        // Anything else is a new enrollment, which the spent token refuses.
+        let other_key = Digest::of(b"another key");
+        assert_eq!(retried(&spent, secret, d, other_key), None);
+        assert_eq!(retried(&spent, Digest::of(b"x"), d, key), None);
+        assert_eq!(retried(&spent, secret, MemberKind::Cluster, key), None);
+        let unused = BootstrapTokenRecord {
+            used_at: None,
+            ..spent.clone()
+        };
+        assert_eq!(retried(&unused, secret, d, key), None);
+        let from_before = BootstrapTokenRecord {
+            enrolled: None,
+            ..spent
+        };
+        assert_eq!(retried(&from_before, secret, d, key), None);
     }
 
     #[test]

@@ -184,15 +184,7 @@ impl Pki {
         identity: &str,
         not_after: OffsetDateTime,
     ) -> Result<SignedCert, Error> {
-        if csr_pem.len() > 16 * 1024 {
-            return Err(Error::bad_field("csr_pem", "CSR is larger than 16 KiB"));
-        }
-        let csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| {
-            Error::bad_field(
-                "csr_pem",
-                format!("not a valid, self-signed PKCS#10 CSR: {e}"),
-            )
-        })?;
+        let csr = parse_csr(csr_pem)?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, identity);
@@ -212,6 +204,26 @@ impl Pki {
             not_after,
         })
     }
+}
+
+/// A CSR off the wire: bounded, parsed, its self-signature checked.
+fn parse_csr(csr_pem: &str) -> Result<CertificateSigningRequestParams, Error> {
+    if csr_pem.len() > 16 * 1024 {
+        return Err(Error::bad_field("csr_pem", "CSR is larger than 16 KiB"));
+    }
+    CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| {
+        Error::bad_field(
+            "csr_pem",
+            format!("not a valid, self-signed PKCS#10 CSR: {e}"),
+        )
+    })
+}
+
+/// The sha256 of the public key a CSR asks a certificate for: what makes a
+/// retried enrollment the same one.
+pub fn csr_key(csr_pem: &str) -> Result<Digest, Error> {
+    use rcgen::PublicKeyData as _;
+    Ok(Digest::of(parse_csr(csr_pem)?.public_key.der_bytes()))
 }
 
 fn server_cert_valid_for(path: &Path, until: OffsetDateTime) -> bool {
