@@ -19,8 +19,19 @@ pub use edgeloop_api::tls::PinnedCaVerifier;
 fn endpoint(url: &str) -> Result<Endpoint, tonic::transport::Error> {
     Ok(Endpoint::from_shared(url.to_string())?
         .connect_timeout(std::time::Duration::from_secs(10))
-        .timeout(std::time::Duration::from_secs(30)))
+        .timeout(std::time::Duration::from_secs(30))
+        // HTTP/2 pings find a connection that died without a FIN (a NAT
+        // that forgot it, a cable pulled) while a long stream is open on it;
+        // the control plane pings from its side too.
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true))
 }
+
+/// How often an idle HTTP/2 connection is pinged, both ways.
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+/// A ping unanswered this long closes the connection.
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Server-authenticated TLS, trusting only the CA with the pinned fingerprint.
 /// Used for Enroll, before the device has a certificate.

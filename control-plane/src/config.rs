@@ -85,6 +85,14 @@ pub struct ServeSettings {
     /// wait their turn (default 64).
     #[arg(long, env = "EDGELOOP_MAX_CONCURRENT_DOWNLOADS")]
     pub max_concurrent_downloads: Option<usize>,
+    /// Artifact downloads one device or bridge may have open at once; more
+    /// get RESOURCE_EXHAUSTED (default 4).
+    #[arg(long, env = "EDGELOOP_MAX_DOWNLOADS_PER_MEMBER")]
+    pub max_downloads_per_member: Option<usize>,
+    /// A download whose reader takes no chunk for this long ends with
+    /// DEADLINE_EXCEEDED and gives its turn back (default 60 s).
+    #[arg(long, env = "EDGELOOP_DOWNLOAD_SEND_TIMEOUT_SECS")]
+    pub download_send_timeout_secs: Option<u64>,
     /// Sketches each device may send per model per hour; past it they are
     /// refused and counted (default 3600).
     #[arg(long, env = "EDGELOOP_DEVICE_SKETCHES_PER_MODEL_PER_HOUR")]
@@ -93,6 +101,11 @@ pub struct ServeSettings {
     /// per hour (default 36000).
     #[arg(long, env = "EDGELOOP_DEVICE_SAMPLES_PER_MODEL_PER_HOUR")]
     pub device_samples_per_model_per_hour: Option<u32>,
+    /// Telemetry each device may send per hour, in MiB (16 to 4095;
+    /// default 1024); a report past it gets RESOURCE_EXHAUSTED and is
+    /// retried by the agent later.
+    #[arg(long, env = "EDGELOOP_DEVICE_TELEMETRY_MIB_PER_HOUR")]
+    pub device_telemetry_mib_per_hour: Option<u32>,
     /// Days the audit log keeps an entry (default 400).
     #[arg(long, env = "EDGELOOP_AUDIT_RETENTION_DAYS")]
     pub audit_retention_days: Option<u32>,
@@ -272,9 +285,18 @@ impl ServeSettings {
             max_concurrent_downloads: self
                 .max_concurrent_downloads
                 .or(lower.max_concurrent_downloads),
+            max_downloads_per_member: self
+                .max_downloads_per_member
+                .or(lower.max_downloads_per_member),
+            download_send_timeout_secs: self
+                .download_send_timeout_secs
+                .or(lower.download_send_timeout_secs),
             device_sketches_per_model_per_hour: self
                 .device_sketches_per_model_per_hour
                 .or(lower.device_sketches_per_model_per_hour),
+            device_telemetry_mib_per_hour: self
+                .device_telemetry_mib_per_hour
+                .or(lower.device_telemetry_mib_per_hour),
             device_samples_per_model_per_hour: self
                 .device_samples_per_model_per_hour
                 .or(lower.device_samples_per_model_per_hour),
@@ -309,6 +331,8 @@ pub struct Config {
     pub rollout_tick: Duration,
     pub artifact_cache_bytes: u64,
     pub max_concurrent_downloads: usize,
+    pub max_downloads_per_member: usize,
+    pub download_send_timeout: Duration,
     /// Samples kept per model (retention).
     pub max_samples_per_model: u64,
     /// What each device may send per model per hour.
@@ -388,6 +412,16 @@ impl Config {
             (1..=100_000).contains(&downloads),
             "max-concurrent-downloads must be 1..=100000"
         );
+        let per_member = s.max_downloads_per_member.unwrap_or(4);
+        anyhow::ensure!(
+            (1..=1024).contains(&per_member),
+            "max-downloads-per-member must be 1..=1024"
+        );
+        let send_timeout = s.download_send_timeout_secs.unwrap_or(60);
+        anyhow::ensure!(
+            (1..=86_400).contains(&send_timeout),
+            "download-send-timeout-secs must be 1..=86400"
+        );
         let cost = s.cost.prices()?;
         let default_audit = crate::auth::audit::Retention::default();
         let audit_days = s
@@ -410,6 +444,16 @@ impl Config {
             samples_per_hour: s
                 .device_samples_per_model_per_hour
                 .unwrap_or(dq.samples_per_hour),
+            telemetry_bytes_per_hour: match s.device_telemetry_mib_per_hour {
+                None => dq.telemetry_bytes_per_hour,
+                Some(mib) => {
+                    anyhow::ensure!(
+                        (16..=4095).contains(&mib),
+                        "device-telemetry-mib-per-hour must be 16..=4095 (a report may be 8 MiB)"
+                    );
+                    mib << 20
+                }
+            },
         };
         anyhow::ensure!(
             device_quota.sketches_per_hour >= 1 && device_quota.samples_per_hour >= 1,
@@ -457,6 +501,8 @@ impl Config {
             artifact_cache_bytes: cache_mib << 20,
             max_samples_per_model: max_samples,
             max_concurrent_downloads: downloads,
+            max_downloads_per_member: per_member,
+            download_send_timeout: Duration::from_secs(send_timeout),
             device_quota,
             audit_retention: crate::auth::audit::Retention {
                 max_age: time::Duration::days(audit_days),

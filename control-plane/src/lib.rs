@@ -42,8 +42,8 @@ pub struct Core {
     pub artifacts: Arc<dyn ArtifactStore>,
     /// Whole artifacts in memory for device downloads (see `artifact_cache`).
     pub artifact_cache: registry::artifact_cache::ArtifactCache,
-    /// Permits for artifact streams sending at once.
-    pub downloads: Arc<tokio::sync::Semaphore>,
+    /// Artifact streams: permits to send, per-member caps, the deadline.
+    pub downloads: api::grpc::downloads::Downloads,
     pub pki: Pki,
     pub events: Events,
     admin_token_hash: Digest,
@@ -124,7 +124,11 @@ impl Server {
             .with_context(|| format!("opening artifact store {}", dir.artifacts().display()))?;
         let artifact_cache =
             registry::artifact_cache::ArtifactCache::new(config.artifact_cache_bytes);
-        let downloads = Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_downloads));
+        let downloads = api::grpc::downloads::Downloads::new(
+            config.max_concurrent_downloads,
+            config.max_downloads_per_member,
+            config.download_send_timeout,
+        );
         let backfilled =
             fleet::admission::backfill(&store).context("backfilling assignment history")?;
         if backfilled > 0 {

@@ -272,3 +272,61 @@ async fn an_agent_restart_keeps_pending_batches_and_the_sequence() {
     uploader.await.unwrap().unwrap();
     cp.stop().await;
 }
+
+/// A device's telemetry is rate-limited in bytes: past its hourly rate a
+/// report is refused whole with RESOURCE_EXHAUSTED (which the agent's
+/// uploader retries later, keeping the report), counted in `/metrics`;
+/// another device has its own rate.
+#[tokio::test]
+async fn a_device_past_its_telemetry_rate_is_told_to_come_back_later() {
+    use edgeloop_proto::agent::v1 as pb;
+    use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(edgeloop_control_plane::ServeSettings {
+        device_telemetry_mib_per_hour: Some(16),
+        ..settings(&dir.path().join("cp"))
+    })
+    .await;
+    // About 6 MiB each: two fit in 16 MiB, a third does not.
+    let big = |seq: u64| pb::TelemetryReport {
+        sequence: seq,
+        events: vec![pb::Event {
+            kind: "note".into(),
+            message: "x".repeat(6 << 20),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mut clients = Vec::new();
+    for name in ["edge-1", "edge-2"] {
+        let token = cp.token("device", name).await;
+        let channel = cp
+            .connect(Role::Device, &token, &dir.path().join(name))
+            .await;
+        clients.push(AgentServiceClient::new(channel));
+    }
+    let code = |r: Result<tonic::Response<pb::TelemetryAck>, tonic::Status>| match r {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    };
+    for seq in 1..=2 {
+        let got = code(clients[0].report_telemetry(big(seq)).await);
+        assert_ne!(got, tonic::Code::ResourceExhausted, "report {seq}");
+    }
+    let refused = clients[0].report_telemetry(big(3)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+    assert!(refused.message().contains("retry later"), "{refused}");
+    let other = code(clients[1].report_telemetry(big(1)).await);
+    assert_ne!(
+        other,
+        tonic::Code::ResourceExhausted,
+        "edge-2 has its own rate"
+    );
+    assert_eq!(
+        cp.api()
+            .metric("edgeloop_device_telemetry_throttled_total")
+            .await,
+        Some(1)
+    );
+    cp.stop().await;
+}

@@ -73,4 +73,6 @@ pub struct SecurityCounters {
     pub foreign_device_data: AtomicU64,
     /// Sketches and samples refused over a device's per-model quota.
     pub device_over_quota: AtomicU64,
+    /// Telemetry reports refused over a device's hourly byte rate.
+    pub device_telemetry_throttled: AtomicU64,
 }

@@ -100,6 +100,10 @@ impl<'a> Assigned<'a> {
 pub struct Quota {
     pub sketches_per_hour: u32,
     pub samples_per_hour: u32,
+    /// Telemetry bytes (encoded reports) each device may send an hour; a
+    /// report past it is refused whole (RESOURCE_EXHAUSTED) and the agent
+    /// retries it later. At least one report's size (8 MiB).
+    pub telemetry_bytes_per_hour: u32,
 }
 
 impl Default for Quota {
@@ -110,6 +114,10 @@ impl Default for Quota {
         Quota {
             sketches_per_hour: 3_600,
             samples_per_hour: 36_000,
+            // ~290 KB/s sustained: a window's report with its samples
+            // every 30 s is well under it, and an agent back from a day
+            // offline catches up within hours, not at once.
+            telemetry_bytes_per_hour: 1 << 30,
         }
     }
 }
@@ -143,6 +151,29 @@ pub fn admit(b: Option<Bucket>, per_hour: u32, wanted: u64, now: OffsetDateTime)
     )
 }
 
+/// Whether the bucket holds all of `wanted` at `now` (taking it), and the
+/// bucket after: for what is admitted whole or not at all. Pure.
+pub fn admit_whole(
+    b: Option<Bucket>,
+    per_hour: u32,
+    wanted: u64,
+    now: OffsetDateTime,
+) -> (bool, Bucket) {
+    let (available, refilled) = admit(b, per_hour, 0, now);
+    debug_assert_eq!(available, 0);
+    if refilled.tokens >= wanted as f64 {
+        (
+            true,
+            Bucket {
+                tokens: refilled.tokens - wanted as f64,
+                ..refilled
+            },
+        )
+    } else {
+        (false, refilled)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Sketch,
@@ -154,9 +185,24 @@ pub enum Kind {
 #[derive(Debug, Default)]
 pub struct Quotas {
     buckets: Mutex<HashMap<(String, String, Kind), Bucket>>,
+    /// Telemetry bytes, per device.
+    bytes: Mutex<HashMap<String, Bucket>>,
 }
 
 impl Quotas {
+    /// Admits a telemetry report of `bytes` from `device`, whole or not.
+    pub fn take_report(&self, quota: Quota, device: &str, bytes: u64, now: OffsetDateTime) -> bool {
+        let mut buckets = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        let (ok, after) = admit_whole(
+            buckets.get(device).copied(),
+            quota.telemetry_bytes_per_hour,
+            bytes,
+            now,
+        );
+        buckets.insert(device.to_string(), after);
+        ok
+    }
+
     /// Admits up to `wanted` items of `kind` for `device`'s `model`.
     pub fn take(
         &self,
@@ -215,11 +261,45 @@ mod tests {
     }
 
     #[test]
+    fn a_report_is_admitted_whole_or_not_at_all() {
+        let t0 = datetime!(2026-01-01 0:00 UTC);
+        let s = |n: i64| t0 + Duration::seconds(n);
+        let half = Some(Bucket {
+            tokens: 1800.0,
+            at: t0,
+        });
+        // (bucket before, wanted, now) -> admitted, tokens after
+        let table: &[(Option<Bucket>, u64, OffsetDateTime, bool, f64)] = &[
+            (None, 3600, t0, true, 0.0),
+            (None, 3601, t0, false, 3600.0),
+            (half, 1800, t0, true, 0.0),
+            (half, 1801, t0, false, 1800.0),
+            // The refill counts first: a second later, one more fits.
+            (half, 1801, s(1), true, 0.0),
+            (half, 1, t0 - Duration::hours(1), true, 1799.0),
+        ];
+        for (b, wanted, now, ok, left) in table {
+            let (a, after) = admit_whole(*b, 3600, *wanted, *now);
+            assert_eq!((a, after.tokens), (*ok, *left), "{b:?} {wanted} {now}");
+        }
+        let q = Quotas::default();
+        let quota = Quota {
+            telemetry_bytes_per_hour: 100,
+            ..Quota::default()
+        };
+        assert!(q.take_report(quota, "a", 60, t0));
+        assert!(!q.take_report(quota, "a", 60, t0), "a's hour is spent");
+        assert!(q.take_report(quota, "b", 60, t0), "b has its own");
+        assert!(q.take_report(quota, "a", 60, s(36 * 20)));
+    }
+
+    #[test]
     fn quotas_are_per_device_model_and_kind() {
         let q = Quotas::default();
         let quota = Quota {
             sketches_per_hour: 2,
             samples_per_hour: 3,
+            telemetry_bytes_per_hour: 100,
         };
         let t = datetime!(2026-01-01 0:00 UTC);
         assert_eq!(q.take(quota, "d1", "m", Kind::Sample, 5, t), 3);

@@ -764,6 +764,7 @@ mod tests {
             quota: admission::Quota {
                 sketches_per_hour: 100,
                 samples_per_hour: 3,
+                ..admission::Quota::default()
             },
             quotas: &quotas,
         };

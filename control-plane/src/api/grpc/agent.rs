@@ -12,7 +12,6 @@ use edgeloop_proto::common::v1::{
     EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse,
 };
 use futures::{Stream, StreamExt};
-use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -21,11 +20,7 @@ use super::auth::caller;
 use crate::error::Error;
 use crate::fleet::members::{self, CapabilitiesRecord, MemberKind};
 use crate::fleet::{assignments, benchmarks, telemetry};
-use crate::registry::artifacts::ArtifactError;
 use crate::Core;
-
-pub const DEFAULT_CHUNK: usize = 256 * 1024;
-pub const MAX_CHUNK: usize = 4 << 20;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
@@ -159,12 +154,13 @@ impl AgentService for AgentApi {
             ))
             .into());
         }
-        let chunks = stream_artifact(
+        let chunks = super::downloads::stream_artifact(
             &self.core,
+            MemberKind::Device.identity(&device),
             digest,
             req.offset,
             req.max_chunk_bytes,
-            Caching::Cached,
+            super::downloads::Caching::Cached,
         )
         .await?;
         let chunks = chunks
@@ -189,6 +185,22 @@ impl AgentService for AgentApi {
         req: Request<pb::TelemetryReport>,
     ) -> Result<Response<pb::TelemetryAck>, Status> {
         let device = caller(&self.core, &req, MemberKind::Device)?.id;
+        let size = prost::Message::encoded_len(req.get_ref()) as u64;
+        if !self.core.device_quotas.take_report(
+            self.core.config.device_quota,
+            &device,
+            size,
+            self.core.now(),
+        ) {
+            self.core
+                .security
+                .device_telemetry_throttled
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(Status::resource_exhausted(format!(
+                "device/{device} sent more than {} MiB of telemetry in the last hour; retry later",
+                self.core.config.device_quota.telemetry_bytes_per_hour >> 20
+            )));
+        }
         let admit = telemetry::Admission {
             quota: self.core.config.device_quota,
             quotas: &self.core.device_quotas,
@@ -333,192 +345,4 @@ fn member_stream<T: Send + 'static>(
         }
     });
     Box::pin(ReceiverStream::new(rx))
-}
-
-/// One piece of an artifact read from an offset.
-pub(super) struct ArtifactPiece {
-    pub offset: u64,
-    pub data: Vec<u8>,
-    pub total_size: u64,
-}
-
-/// Whether a download may be served from the artifact cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Caching {
-    /// Device models: the same bytes go to many devices.
-    Cached,
-    /// Checkpoints: one reader, possibly large; caching would only evict models.
-    Uncached,
-}
-
-/// Streams an artifact from `offset` in chunks of at most `max_chunk_bytes`
-/// (0: the default), for devices' model downloads and bridges' checkpoint
-/// downloads alike. Authorisation is the caller's job. At most
-/// `max_concurrent_downloads` streams send at once: the response starts at
-/// once, and its chunks wait for a permit. Without the bound, a fleet-wide
-/// rollout holds every device's chunks in memory and starves heartbeats.
-pub(super) async fn stream_artifact(
-    core: &Core,
-    digest: Digest,
-    offset: u64,
-    max_chunk_bytes: u32,
-    caching: Caching,
-) -> Result<PermitStream, Status> {
-    let chunk = match max_chunk_bytes as usize {
-        0 => DEFAULT_CHUNK,
-        n => n.min(MAX_CHUNK),
-    };
-    if caching == Caching::Cached {
-        let cache = &core.artifact_cache;
-        if let Some(bytes) = cache.cached(digest) {
-            check_offset(offset, bytes.len() as u64)?;
-            return Ok(stream_bytes(bytes, offset, chunk, core.downloads.clone()));
-        }
-        let size = core
-            .artifacts
-            .head(digest)
-            .await
-            .map_err(Error::from)?
-            .ok_or_else(|| Error::from(ArtifactError::NotFound(digest)))?;
-        check_offset(offset, size)?;
-        if cache.admits(size) {
-            let bytes = cache
-                .get(core.artifacts.as_ref(), digest)
-                .await
-                .map_err(Error::from)?;
-            return Ok(stream_bytes(bytes, offset, chunk, core.downloads.clone()));
-        }
-    }
-    let (size, mut reader) = core
-        .artifacts
-        .open_at(digest, offset)
-        .await
-        .map_err(Error::from)?;
-    check_offset(offset, size)?;
-    let counters = &core.artifact_cache.counters;
-    counters.store_read_bytes.fetch_add(
-        size.saturating_sub(offset),
-        std::sync::atomic::Ordering::Relaxed,
-    );
-    let (tx, rx) = mpsc::channel(2);
-    let mut offset = offset;
-    let downloads = core.downloads.clone();
-    let (hold, stream) = PermitStream::new(rx);
-    tokio::spawn(async move {
-        let Ok(permit) = downloads.acquire_owned().await else {
-            return;
-        };
-        hold.give(permit);
-        let mut buf = vec![0u8; chunk];
-        loop {
-            let n = match reader.read(&mut buf).await {
-                Ok(0) => return,
-                Ok(n) => n,
-                Err(e) => {
-                    let _ = tx
-                        .send(Err(Error::ArtifactRead(e.to_string()).into()))
-                        .await;
-                    return;
-                }
-            };
-            let piece = ArtifactPiece {
-                offset,
-                data: buf[..n].to_vec(),
-                total_size: size,
-            };
-            offset += n as u64;
-            if tx.send(Ok(piece)).await.is_err() {
-                return;
-            }
-        }
-    });
-    Ok(stream)
-}
-
-fn check_offset(offset: u64, size: u64) -> Result<(), Error> {
-    if offset > size {
-        return Err(Error::RangeNotSatisfiable { offset, size });
-    }
-    Ok(())
-}
-
-/// Streams `bytes[offset..]` in chunks, from memory.
-fn stream_bytes(
-    bytes: bytes::Bytes,
-    offset: u64,
-    chunk: usize,
-    downloads: Arc<tokio::sync::Semaphore>,
-) -> PermitStream {
-    let (tx, rx) = mpsc::channel(2);
-    let total_size = bytes.len() as u64;
-    let (hold, stream) = PermitStream::new(rx);
-    tokio::spawn(async move {
-        let Ok(permit) = downloads.acquire_owned().await else {
-            return;
-        };
-        hold.give(permit);
-        let mut at = usize::try_from(offset)
-            .unwrap_or(usize::MAX)
-            .min(bytes.len());
-        while at < bytes.len() {
-            let end = (at + chunk).min(bytes.len());
-            let piece = ArtifactPiece {
-                offset: at as u64,
-                data: bytes[at..end].to_vec(),
-                total_size,
-            };
-            if tx.send(Ok(piece)).await.is_err() {
-                return;
-            }
-            at = end;
-        }
-    });
-    stream
-}
-
-/// A download's response stream, holding its permit until the stream is
-/// dropped: after the device has taken the last chunk, not when the
-/// producer has queued it. So the permits bound the bytes buffered for
-/// slow readers too.
-pub(super) struct PermitStream {
-    inner: ReceiverStream<Result<ArtifactPiece, Status>>,
-    /// Released when the stream is dropped.
-    _permit: Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>,
-}
-
-/// The producer's handle on the stream's permit slot.
-struct PermitHold(Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>);
-
-impl PermitHold {
-    fn give(&self, permit: tokio::sync::OwnedSemaphorePermit) {
-        let mut slot = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *slot = Some(permit);
-    }
-}
-
-impl PermitStream {
-    fn new(rx: mpsc::Receiver<Result<ArtifactPiece, Status>>) -> (PermitHold, PermitStream) {
-        let permit = Arc::new(std::sync::Mutex::new(None));
-        (
-            PermitHold(permit.clone()),
-            PermitStream {
-                inner: ReceiverStream::new(rx),
-                _permit: permit,
-            },
-        )
-    }
-}
-
-impl Stream for PermitStream {
-    type Item = Result<ArtifactPiece, Status>;
-
-    fn poll_next(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        Pin::new(&mut self.inner).poll_next(cx)
-    }
 }

@@ -357,12 +357,13 @@ impl BridgeService for BridgeApi {
             ))
             .into());
         }
-        let chunks = super::agent::stream_artifact(
+        let chunks = super::downloads::stream_artifact(
             &self.core,
+            MemberKind::Cluster.identity(&cluster),
             digest,
             req.offset,
             0,
-            super::agent::Caching::Uncached,
+            super::downloads::Caching::Uncached,
         )
         .await?;
         let chunks = chunks

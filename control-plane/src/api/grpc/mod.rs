@@ -6,6 +6,7 @@
 mod agent;
 pub mod auth;
 mod bridge;
+pub mod downloads;
 
 use std::sync::Arc;
 
@@ -35,6 +36,10 @@ pub async fn serve(
         .client_auth_optional(true);
     Server::builder()
         .tls_config(tls)?
+        // Finds members whose connection died without a FIN, so their
+        // streams (and the download permits they hold) end.
+        .http2_keepalive_interval(Some(edgeloop_client_core::tls::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(edgeloop_client_core::tls::KEEPALIVE_TIMEOUT))
         .add_service(
             AgentServiceServer::new(agent::AgentApi::new(core.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),

@@ -63,6 +63,11 @@ pub async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
         "Sketches and samples refused over a device's per-model hourly quota.",
         sec.device_over_quota.load(Ordering::Relaxed),
     );
+    counter(
+        "edgeloop_device_telemetry_throttled_total",
+        "Telemetry reports refused (RESOURCE_EXHAUSTED, retried by the agent) over a device's hourly byte rate.",
+        sec.device_telemetry_throttled.load(Ordering::Relaxed),
+    );
     let _ = writeln!(
         out,
         "# HELP edgeloop_artifact_cache_bytes Bytes held by the artifact cache.\n\
