@@ -525,39 +525,32 @@ pub fn torch_python() -> PathBuf {
     python
 }
 
-/// The workspace's `edgeloop` binary beside the running test (`target/<profile>/`),
-/// for the tests that run the CLI as a user does.
+/// A workspace binary beside the running test (`target/<profile>/`).
 ///
 /// # Panics
-/// When it has not been built (`cargo build --bins`; `scripts/test.sh` does).
-/// The reference trainer's binary, built by `cargo build --workspace`
-/// (which scripts/test.sh runs before the tests).
-pub fn reference_trainer() -> PathBuf {
+/// When it has not been built (`cargo build --workspace --bins`;
+/// `scripts/test.sh` does).
+fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test's own path");
     let bin = exe
         .parent()
         .and_then(|p| p.parent())
         .expect("the test binary is in target/<profile>/deps")
-        .join("edgeloop-train");
+        .join(name);
     assert!(
         bin.exists(),
-        "{}: run `cargo build -p edgeloop-reference-trainer` first (scripts/test.sh builds the workspace)",
+        "{}: build the workspace's binaries first (cargo build --workspace --bins; scripts/test.sh does)",
         bin.display()
     );
     bin
 }
 
+/// The reference trainer (`edgeloop-train`), for jobs a real trainer runs.
+pub fn reference_trainer() -> PathBuf {
+    workspace_bin("edgeloop-train")
+}
+
+/// The `edgeloop` CLI, for the tests that run it as a user does.
 pub fn edgeloop_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    let bin = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .expect("the test binary is in target/<profile>/deps")
-        .join("edgeloop");
-    assert!(
-        bin.exists(),
-        "{}: build the workspace's binaries first (cargo build --bins; scripts/test.sh does)",
-        bin.display()
-    );
-    bin
+    workspace_bin("edgeloop")
 }

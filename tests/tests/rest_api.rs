@@ -669,10 +669,32 @@ async fn health_readiness_and_openapi_need_no_token() {
         anon.get("/healthz").await,
         (StatusCode::OK, json!({"status": "ok"}))
     );
+    // Readiness tells when the certificates end (the CA's ten years, the
+    // server's 397 days) and warns of nothing yet; /metrics has the same.
+    let (status, ready) = anon.get("/readyz").await;
     assert_eq!(
-        anon.get("/readyz").await,
-        (StatusCode::OK, json!({"status": "ready"}))
+        (status, &ready["status"]),
+        (StatusCode::OK, &json!("ready"))
     );
+    let ends = |field: &str| {
+        let at = ready["certificates"][field].as_str().unwrap().to_string();
+        time::OffsetDateTime::parse(&at, &time::format_description::well_known::Rfc3339).unwrap()
+    };
+    let now = time::OffsetDateTime::now_utc();
+    assert!(
+        (ends("ca_expires_at") - now).whole_days() >= 3648,
+        "{ready}"
+    );
+    assert!(
+        (ends("server_certificate_expires_at") - now).whole_days() >= 395,
+        "{ready}"
+    );
+    assert_eq!(ready["certificates"]["warnings"], json!([]), "{ready}");
+    let ca_end = cp
+        .api()
+        .metric("edgeloop_ca_expiry_timestamp_seconds")
+        .await;
+    assert_eq!(ca_end, Some(ends("ca_expires_at").unix_timestamp() as u64));
     let (status, doc) = anon.get("/api/v1/openapi.json").await;
     assert_eq!(status, 200);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));

@@ -36,6 +36,45 @@ pub struct Pki {
     /// the CA fingerprint can find and check the CA during the handshake.
     server_chain_pem: String,
     server_key_pem: String,
+    /// When the CA and the server certificate stop being valid.
+    ca_not_after: OffsetDateTime,
+    server_not_after: OffsetDateTime,
+}
+
+/// How a certificate stands at some moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Validity {
+    Valid,
+    /// Within [`EXPIRY_WARNING`] of its end: time to act.
+    ExpiresSoon {
+        days: i64,
+    },
+    Expired,
+}
+
+/// How long before a certificate's end it is reported as expiring.
+pub const EXPIRY_WARNING: Duration = Duration::days(30);
+
+/// Where `not_after` stands at `now`. Pure.
+pub fn validity(not_after: OffsetDateTime, now: OffsetDateTime) -> Validity {
+    if now >= not_after {
+        Validity::Expired
+    } else if not_after - now <= EXPIRY_WARNING {
+        Validity::ExpiresSoon {
+            days: (not_after - now).whole_days(),
+        }
+    } else {
+        Validity::Valid
+    }
+}
+
+/// The end of the first certificate in `pem`.
+fn not_after_of(pem: &str) -> anyhow::Result<OffsetDateTime> {
+    let der = pem_to_der(pem)?;
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(der.as_ref()).context("parsing the certificate")?;
+    OffsetDateTime::from_unix_timestamp(cert.validity().not_after.timestamp())
+        .context("the certificate's end")
 }
 
 struct Paths {
@@ -150,13 +189,29 @@ impl Pki {
             write_atomic(&paths.server_names, names_json.as_bytes(), 0o644)?;
             (chain, key.serialize_pem())
         };
+        let ca_not_after = not_after_of(&ca_pem).context("the CA certificate")?;
+        let server_not_after = not_after_of(&server_chain_pem).context("the server certificate")?;
         Ok(Self {
             ca_pem,
             ca_fingerprint,
             issuer,
             server_chain_pem,
             server_key_pem,
+            ca_not_after,
+            server_not_after,
         })
+    }
+
+    /// When the CA stops being valid: then no member certificate verifies
+    /// and nothing enrolls; a new PKI means every member enrolls again.
+    pub fn ca_not_after(&self) -> OffsetDateTime {
+        self.ca_not_after
+    }
+
+    /// When the server certificate (reissued at start within 30 days of its
+    /// end) stops being valid.
+    pub fn server_not_after(&self) -> OffsetDateTime {
+        self.server_not_after
     }
 
     pub fn ca_pem(&self) -> &str {
@@ -248,6 +303,21 @@ pub fn identity_of(cert_der: &[u8]) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_certificate_is_valid_then_expiring_then_expired() {
+        let end = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let table = [
+            (end - Duration::days(31), Validity::Valid),
+            (end - Duration::days(30), Validity::ExpiresSoon { days: 30 }),
+            (end - Duration::hours(1), Validity::ExpiresSoon { days: 0 }),
+            (end, Validity::Expired),
+            (end + Duration::days(1), Validity::Expired),
+        ];
+        for (now, want) in table {
+            assert_eq!(validity(end, now), want, "{now}");
+        }
+    }
+
     use super::*;
 
     #[test]
@@ -257,6 +327,12 @@ mod tests {
         let pki = Pki::load_or_init(dir.path(), &names).unwrap();
         let again = Pki::load_or_init(dir.path(), &names).unwrap();
         assert_eq!(pki.ca_fingerprint(), again.ca_fingerprint());
+        // The ends, read back from the certificates: the CA's ten years,
+        // the server's 397 days.
+        let now = OffsetDateTime::now_utc();
+        let days = |t: OffsetDateTime| (t - now).whole_days();
+        assert!((3648..=3650).contains(&days(again.ca_not_after())));
+        assert!((395..=397).contains(&days(again.server_not_after())));
         assert_eq!(
             pki.server_chain_pem(),
             again.server_chain_pem(),

@@ -118,6 +118,29 @@ pub trait ArtifactStore: Send + Sync + 'static {
     ) -> Result<(u64, ArtifactReader), ArtifactError>;
 }
 
+/// Stores `bytes` the control plane made itself (a snapshot, a model, a
+/// manifest) under their digest, within `max_bytes`.
+pub async fn put_bytes(
+    store: &dyn ArtifactStore,
+    bytes: Vec<u8>,
+    max_bytes: u64,
+) -> Result<Digest, ArtifactError> {
+    let d = Digest::of(&bytes);
+    let size = bytes.len() as u64;
+    let body = futures::stream::once(async move { Ok(bytes::Bytes::from(bytes)) });
+    store
+        .put(
+            d,
+            Box::pin(body),
+            UploadLimits {
+                max_bytes,
+                declared_size: Some(size),
+            },
+        )
+        .await?;
+    Ok(d)
+}
+
 /// `<root>/sha256/<first two hex>/<digest>`; uploads in progress live in
 /// `<root>/tmp/` and are swept at start.
 #[derive(Debug, Clone)]

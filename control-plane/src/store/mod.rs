@@ -258,6 +258,37 @@ mod tests {
     }
 
     #[test]
+    fn pages_start_after_the_cursor_stay_in_the_prefix_and_stop_at_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let t = &store.pipeline_active;
+        for k in ["a/1", "a/2", "a/3", "a/4", "b/1", "a0"] {
+            t.insert(k, &k.to_string()).unwrap();
+        }
+        let keys = |page: Vec<(String, String)>| -> Vec<String> {
+            page.into_iter().map(|(k, _)| k).collect()
+        };
+        let all = |_: &str, _: &String| true;
+        assert_eq!(
+            keys(t.page_after("a/", None, 2, all).unwrap()),
+            ["a/1", "a/2"]
+        );
+        assert_eq!(
+            keys(t.page_after("a/", Some("a/2"), 10, all).unwrap()),
+            ["a/3", "a/4"],
+            "from the cursor, and not past the prefix"
+        );
+        assert!(t.page_after("a/", Some("a/4"), 10, all).unwrap().is_empty());
+        // A cursor before the prefix starts at it; the filter does not
+        // count toward the limit.
+        let odd = |k: &str, _: &String| k.ends_with('1') || k.ends_with('3');
+        assert_eq!(
+            keys(t.page_after("a/", Some("0"), 2, odd).unwrap()),
+            ["a/1", "a/3"]
+        );
+    }
+
+    #[test]
     fn newer_schema_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db");

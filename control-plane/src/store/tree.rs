@@ -194,6 +194,41 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         Ok(out)
     }
 
+    /// Up to `n` records with `prefix` and a key strictly above `after`
+    /// (from the prefix's start when `None`) that `keep` accepts, in key
+    /// order: key-range pagination that reads from the cursor on and stops
+    /// at the page's end, never the whole prefix.
+    pub fn page_after(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        n: usize,
+        mut keep: impl FnMut(&str, &V) -> bool,
+    ) -> Result<Vec<(String, V)>, StoreError> {
+        use std::ops::Bound;
+        let start = match after {
+            // A cursor outside the prefix starts at the prefix (or past it).
+            Some(a) if a.as_bytes() >= prefix.as_bytes() => Bound::Excluded(a.as_bytes().to_vec()),
+            _ => Bound::Included(prefix.as_bytes().to_vec()),
+        };
+        let mut out = Vec::with_capacity(n.min(1024));
+        for item in self.tree.range::<Vec<u8>, _>((start, Bound::Unbounded)) {
+            if out.len() >= n {
+                break;
+            }
+            let (k, raw) = item?;
+            if !k.starts_with(prefix.as_bytes()) {
+                break;
+            }
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let v = self.decode(&k, &raw)?;
+            if keep(&key, &v) {
+                out.push((key, v));
+            }
+        }
+        Ok(out)
+    }
+
     /// Up to `n` records with keys strictly below `before` (all keys when
     /// `None`), newest key first: key-range pagination over a
     /// sequence-keyed log, reading only the page.

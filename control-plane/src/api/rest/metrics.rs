@@ -70,6 +70,17 @@ pub async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
     );
     let _ = writeln!(
         out,
+        "# HELP edgeloop_ca_expiry_timestamp_seconds When the CA certificate ends (Unix time).\n\
+         # TYPE edgeloop_ca_expiry_timestamp_seconds gauge\n\
+         edgeloop_ca_expiry_timestamp_seconds {}\n\
+         # HELP edgeloop_server_certificate_expiry_timestamp_seconds When the gRPC server certificate ends (Unix time).\n\
+         # TYPE edgeloop_server_certificate_expiry_timestamp_seconds gauge\n\
+         edgeloop_server_certificate_expiry_timestamp_seconds {}",
+        core.pki.ca_not_after().unix_timestamp(),
+        core.pki.server_not_after().unix_timestamp(),
+    );
+    let _ = writeln!(
+        out,
         "# HELP edgeloop_artifact_cache_bytes Bytes held by the artifact cache.\n\
          # TYPE edgeloop_artifact_cache_bytes gauge\n\
          edgeloop_artifact_cache_bytes {}",

@@ -172,12 +172,63 @@ pub use crate::auth::Principal;
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct Health {
     pub status: &'static str,
+    /// Readiness only: when the CA and the server certificate end (RFC
+    /// 3339), and what needs doing about it within 30 days of either.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificates: Option<CertificatesHealth>,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct CertificatesHealth {
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub ca_expires_at: time::OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub server_certificate_expires_at: time::OffsetDateTime,
+    pub warnings: Vec<String>,
+}
+
+/// What readiness says of the certificates at `now`.
+fn certificates_health(core: &Core, now: time::OffsetDateTime) -> CertificatesHealth {
+    use crate::fleet::pki::{validity, Validity};
+    let (ca, server) = (core.pki.ca_not_after(), core.pki.server_not_after());
+    let mut warnings = Vec::new();
+    match validity(ca, now) {
+        Validity::Valid => {}
+        Validity::ExpiresSoon { days } => warnings.push(format!(
+            "the CA expires in {days} days: after that no member certificate verifies and \
+             nothing enrolls; plan a new PKI and re-enrollment"
+        )),
+        Validity::Expired => warnings.push(
+            "the CA has expired: no member certificate verifies; a new PKI and re-enrollment \
+             are needed"
+                .into(),
+        ),
+    }
+    match validity(server, now) {
+        Validity::Valid => {}
+        Validity::ExpiresSoon { days } => warnings.push(format!(
+            "the server certificate expires in {days} days; a restart reissues it"
+        )),
+        Validity::Expired => {
+            warnings.push("the server certificate has expired; a restart reissues it".into())
+        }
+    }
+    CertificatesHealth {
+        ca_expires_at: ca,
+        server_certificate_expires_at: server,
+        warnings,
+    }
 }
 
 /// Liveness: the process is up.
 #[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, body = Health)))]
 pub async fn healthz() -> Json<Health> {
-    Json(Health { status: "ok" })
+    Json(Health {
+        status: "ok",
+        certificates: None,
+    })
 }
 
 /// Readiness: the store answers and the server is not shutting down.
@@ -189,7 +240,12 @@ pub async fn readyz(State(core): State<Arc<Core>>) -> Result<Json<Health>, Error
     core.store
         .check()
         .map_err(|e| Error::Unavailable(format!("store: {e}")))?;
-    Ok(Json(Health { status: "ready" }))
+    // Certificates near their end are said, not refused: a restart of
+    // this replica would not make it readier.
+    Ok(Json(Health {
+        status: "ready",
+        certificates: Some(certificates_health(&core, core.now())),
+    }))
 }
 
 async fn not_found(req: Request) -> Error {

@@ -52,6 +52,28 @@ pub struct ReportQuery {
     /// At most this many records (default 100, at most 1000).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
+    /// Only records after this cursor: the `edgeloop-next-cursor` header
+    /// of the previous page (absent when that page was the last).
+    #[param(max_length = 1024)]
+    pub after: Option<String>,
+}
+
+/// The response header that carries the next page's cursor.
+pub const NEXT_CURSOR: &str = "edgeloop-next-cursor";
+
+/// One page, and the header that finds the next (only when this page is
+/// full: there may be more).
+fn paged<T: serde::Serialize>(items: Vec<T>, last_key: Option<String>) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let mut response = Json(items).into_response();
+    if let Some(key) = last_key {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&key) {
+            response
+                .headers_mut()
+                .insert(axum::http::HeaderName::from_static(NEXT_CURSOR), v);
+        }
+    }
+    response
 }
 
 fn query(q: Result<Query<ReportQuery>, QueryRejection>) -> Result<ReportQuery, Error> {
@@ -64,6 +86,9 @@ fn query(q: Result<Query<ReportQuery>, QueryRejection>) -> Result<ReportQuery, E
             "limit",
             format!("must be 1 to {MAX_LIMIT}"),
         ));
+    }
+    if q.after.as_ref().is_some_and(|a| a.len() > 1024) {
+        return Err(Error::bad_field("after", "a cursor is at most 1024 bytes"));
     }
     Ok(q)
 }
@@ -85,74 +110,86 @@ fn keep(q: &ReportQuery, device: &str, sequence: u64) -> bool {
 /// per model).
 #[utoipa::path(get, path = "/api/v1/devices/{id}/telemetry", tag = "fleet",
     params(("id" = String, Path), ReportQuery),
-    responses((status = 200, body = Vec<TelemetryRecord>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = Vec<TelemetryRecord>,
+        headers(("edgeloop-next-cursor" = String, description = "the next page's `after`, when this page is full"))),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn device_telemetry(
     State(core): State<Arc<Core>>,
     ValidPath(id): ValidPath<String>,
     q: Result<Query<ReportQuery>, QueryRejection>,
-) -> Result<Json<Vec<TelemetryRecord>>, Error> {
+) -> Result<axum::response::Response, Error> {
     let q = query(q)?;
     members::get(&core.store, MemberKind::Device, &id)?;
-    let records = core
-        .store
-        .telemetry
-        .scan_prefix(&format!("{id}/"))?
-        .into_iter()
-        .map(|(_, r)| r)
-        .filter(|r| keep(&q, &r.device, r.sequence))
-        .take(q.limit.unwrap_or(DEFAULT_LIMIT))
-        .collect();
-    Ok(Json(records))
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    let page =
+        core.store
+            .telemetry
+            .page_after(&format!("{id}/"), q.after.as_deref(), limit, |_, r| {
+                keep(&q, &r.device, r.sequence)
+            })?;
+    Ok(page_of(page, limit, |(_, r)| r))
+}
+
+/// The items of a page and, when it is full, its last key as the cursor.
+fn page_of<V, T: serde::Serialize>(
+    page: Vec<(String, V)>,
+    limit: usize,
+    view: impl FnMut((String, V)) -> T,
+) -> axum::response::Response {
+    let last = (page.len() >= limit)
+        .then(|| page.last().map(|(k, _)| k.clone()))
+        .flatten();
+    paged(page.into_iter().map(view).collect(), last)
 }
 
 /// Drift sketches of a model (one per device, version and window).
 #[utoipa::path(get, path = "/api/v1/models/{name}/sketches", tag = "registry",
     params(("name" = String, Path), ReportQuery),
-    responses((status = 200, body = Vec<SketchRecord>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = Vec<SketchRecord>,
+        headers(("edgeloop-next-cursor" = String, description = "the next page's `after`, when this page is full"))),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn model_sketches(
     State(core): State<Arc<Core>>,
     ValidPath(name): ValidPath<String>,
     q: Result<Query<ReportQuery>, QueryRejection>,
-) -> Result<Json<Vec<SketchRecord>>, Error> {
+) -> Result<axum::response::Response, Error> {
     let q = query(q)?;
     models::get_model(&core.store, &name)?;
-    let records = core
-        .store
-        .sketches
-        .scan_prefix(&prefix(&name, &q))?
-        .into_iter()
-        .map(|(_, r)| r)
-        .filter(|r| keep(&q, &r.device, r.sequence))
-        .take(q.limit.unwrap_or(DEFAULT_LIMIT))
-        .collect();
-    Ok(Json(records))
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    let page =
+        core.store
+            .sketches
+            .page_after(&prefix(&name, &q), q.after.as_deref(), limit, |_, r| {
+                keep(&q, &r.device, r.sequence)
+            })?;
+    Ok(page_of(page, limit, |(_, r)| r))
 }
 
 /// Hard examples and labelled feedback of a model, with their inputs and
 /// provenance (device, version, confidence, time), in key order.
 #[utoipa::path(get, path = "/api/v1/models/{name}/samples", tag = "registry",
     params(("name" = String, Path), ReportQuery),
-    responses((status = 200, body = Vec<SampleView>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = Vec<SampleView>,
+        headers(("edgeloop-next-cursor" = String, description = "the next page's `after`, when this page is full"))),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn model_samples(
     State(core): State<Arc<Core>>,
     ValidPath(name): ValidPath<String>,
     q: Result<Query<ReportQuery>, QueryRejection>,
-) -> Result<Json<Vec<SampleView>>, Error> {
+) -> Result<axum::response::Response, Error> {
     let q = query(q)?;
     models::get_model(&core.store, &name)?;
-    let records = core
-        .store
-        .samples
-        .scan_prefix(&prefix(&name, &q))?
-        .into_iter()
-        .filter(|(_, r)| keep(&q, &r.device, r.sequence) && labels::wanted(r, q.kind, q.state))
-        .take(q.limit.unwrap_or(DEFAULT_LIMIT))
-        .map(|(k, r)| labels::view(&k, r))
-        .collect();
-    Ok(Json(records))
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    let page =
+        core.store
+            .samples
+            .page_after(&prefix(&name, &q), q.after.as_deref(), limit, |_, r| {
+                keep(&q, &r.device, r.sequence) && labels::wanted(r, q.kind, q.state)
+            })?;
+    Ok(page_of(page, limit, |(k, r)| labels::view(&k, r)))
 }
 
 /// One sample, by the id a listing gave.

@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 
-use bytes::Bytes;
 use edgeloop_api::pipelines::{ManifestSignature, QuantizedVariant, SignPipeline, Signing};
 use edgeloop_models::manifest::{Manifest, PublicKey, SignedManifest};
 use edgeloop_models::Digest;
@@ -16,7 +15,7 @@ use time::OffsetDateTime;
 
 use crate::error::{Error, Result};
 use crate::lifecycle::pipeline::{self, Output, Pipeline, PipelineState};
-use crate::registry::artifacts::UploadLimits;
+use crate::registry::artifacts;
 use crate::registry::models;
 use crate::Core;
 
@@ -117,23 +116,6 @@ async fn signed_json(
         .map_err(|e| Error::Internal(anyhow::anyhow!("writing a signed manifest: {e}")))
 }
 
-async fn put(core: &Core, bytes: Vec<u8>) -> Result<Digest> {
-    let d = Digest::of(&bytes);
-    let size = bytes.len() as u64;
-    let body = futures::stream::once(async move { Ok(Bytes::from(bytes)) });
-    core.artifacts
-        .put(
-            d,
-            Box::pin(body),
-            UploadLimits {
-                max_bytes: core.config.max_artifact_bytes,
-                declared_size: Some(size),
-            },
-        )
-        .await?;
-    Ok(d)
-}
-
 /// Takes the signatures of a pipeline awaiting them: one per unsigned
 /// manifest, each made by one of the policy's keys (fixed when the pipeline
 /// started). Stores the signed manifests and moves the pipeline on to
@@ -190,7 +172,15 @@ pub async fn sign(
             ));
         }
         let json = signed_json(core, s, &trusted, &field).await?;
-        signed.insert(s.manifest, put(core, json).await?);
+        signed.insert(
+            s.manifest,
+            artifacts::put_bytes(
+                core.artifacts.as_ref(),
+                json,
+                core.config.max_artifact_bytes,
+            )
+            .await?,
+        );
     }
     if let Some((missing, variant)) = needed.iter().find(|(d, _)| !signed.contains_key(d)) {
         let what = match variant {

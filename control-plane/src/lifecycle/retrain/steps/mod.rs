@@ -11,7 +11,6 @@ mod snapshot;
 use std::collections::BTreeMap;
 use std::io::Read as _;
 
-use bytes::Bytes;
 use edgeloop_models::dataset::Dataset;
 use edgeloop_models::manifest::{DimSpec, Lineage as ManifestLineage, SignedManifest};
 use edgeloop_models::npz::Npz;
@@ -31,7 +30,6 @@ use crate::fleet::rollout::RolloutState;
 use crate::lifecycle::jobs::{self, CreateJob, JobState};
 use crate::lifecycle::pipeline::{Output, Pipeline, QuantizedVariant, Step};
 use crate::registry::aliases::{self, AliasName};
-use crate::registry::artifacts::UploadLimits;
 use crate::registry::checkpoints;
 use crate::registry::models::{
     self, CreateModelVersion, CreateVariant, Lineage, ModelVersionRecord,
@@ -211,20 +209,13 @@ async fn read_artifact(core: &Core, d: Digest) -> Result<Vec<u8>, StepError> {
 
 async fn put_artifact(core: &Core, bytes: Vec<u8>) -> Result<Digest, StepError> {
     let d = Digest::of(&bytes);
-    let size = bytes.len() as u64;
-    let body = futures::stream::once(async move { Ok(Bytes::from(bytes)) });
-    core.artifacts
-        .put(
-            d,
-            Box::pin(body),
-            UploadLimits {
-                max_bytes: core.config.max_artifact_bytes,
-                declared_size: Some(size),
-            },
-        )
-        .await
-        .map_err(|e| StepError::transient(format!("storing artifact {d}: {e}")))?;
-    Ok(d)
+    crate::registry::artifacts::put_bytes(
+        core.artifacts.as_ref(),
+        bytes,
+        core.config.max_artifact_bytes,
+    )
+    .await
+    .map_err(|e| StepError::transient(format!("storing artifact {d}: {e}")))
 }
 
 async fn blocking<T: Send + 'static>(
