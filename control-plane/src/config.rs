@@ -113,6 +113,15 @@ pub struct ServeSettings {
     /// (default 1000000).
     #[arg(long, env = "EDGELOOP_AUDIT_MAX_ENTRIES")]
     pub audit_max_entries: Option<u64>,
+    /// Days telemetry reports are kept (default 30; a device's newest always).
+    #[arg(long, env = "EDGELOOP_RETENTION_TELEMETRY_DAYS")]
+    pub retention_telemetry_days: Option<u32>,
+    /// Days drift sketches are kept (default 90).
+    #[arg(long, env = "EDGELOOP_RETENTION_SKETCH_DAYS")]
+    pub retention_sketch_days: Option<u32>,
+    /// Days a bootstrap token is kept once used or expired (default 30).
+    #[arg(long, env = "EDGELOOP_RETENTION_TOKEN_DAYS")]
+    pub retention_token_days: Option<u32>,
     /// Prices for the cost report; `[cost]` in the file.
     #[command(flatten)]
     #[serde(default)]
@@ -302,6 +311,11 @@ impl ServeSettings {
                 .or(lower.device_samples_per_model_per_hour),
             audit_retention_days: self.audit_retention_days.or(lower.audit_retention_days),
             audit_max_entries: self.audit_max_entries.or(lower.audit_max_entries),
+            retention_telemetry_days: self
+                .retention_telemetry_days
+                .or(lower.retention_telemetry_days),
+            retention_sketch_days: self.retention_sketch_days.or(lower.retention_sketch_days),
+            retention_token_days: self.retention_token_days.or(lower.retention_token_days),
             cost: self.cost.or(lower.cost),
         }
     }
@@ -339,6 +353,8 @@ pub struct Config {
     pub device_quota: crate::fleet::admission::Quota,
     /// How long and how much of the audit log is kept.
     pub audit_retention: crate::auth::audit::Retention,
+    /// How long telemetry, sketches and spent tokens are kept.
+    pub retention: crate::retention::Retention,
     /// Prices for the cost report.
     pub cost: Prices,
 }
@@ -436,6 +452,25 @@ impl Config {
             (1..=1_000_000_000).contains(&audit_max),
             "audit-max-entries must be 1..=1000000000"
         );
+        let dr = crate::retention::Retention::default();
+        let days = |flag: &str, v: Option<u32>, default: time::Duration| {
+            let d = v.map_or(default.whole_days(), i64::from);
+            anyhow::ensure!((1..=36_500).contains(&d), "{flag} must be 1..=36500");
+            Ok(time::Duration::days(d))
+        };
+        let retention = crate::retention::Retention {
+            telemetry: days(
+                "retention-telemetry-days",
+                s.retention_telemetry_days,
+                dr.telemetry,
+            )?,
+            sketches: days(
+                "retention-sketch-days",
+                s.retention_sketch_days,
+                dr.sketches,
+            )?,
+            tokens: days("retention-token-days", s.retention_token_days, dr.tokens)?,
+        };
         let dq = crate::fleet::admission::Quota::default();
         let device_quota = crate::fleet::admission::Quota {
             sketches_per_hour: s
@@ -508,6 +543,7 @@ impl Config {
                 max_age: time::Duration::days(audit_days),
                 max_entries: audit_max,
             },
+            retention,
             cost,
         })
     }

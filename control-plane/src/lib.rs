@@ -14,6 +14,7 @@ pub mod error;
 pub mod fleet;
 pub mod lifecycle;
 pub mod registry;
+pub mod retention;
 pub mod store;
 pub mod strict_json;
 pub mod validate;
@@ -237,6 +238,7 @@ impl Server {
             core.clone(),
             core.shutdown.clone(),
         ));
+        let compactor = tokio::spawn(retention::run(core.clone(), core.shutdown.clone()));
         let mut grpc = std::pin::pin!(grpc);
         let mut http = std::pin::pin!(http);
         // A server that dies on its own is an error; otherwise wait for the signal.
@@ -268,6 +270,9 @@ impl Server {
         }
         // A pipeline step may be mid-way through minutes of quantization;
         // steps are idempotent, so one cut short simply runs again on start.
+        if let Err(e) = compactor.await {
+            tracing::warn!(error = %e, "retention task ended abnormally");
+        }
         if let Err(e) = audit.await {
             tracing::warn!(error = %e, "audit retention task ended abnormally");
         }

@@ -562,7 +562,10 @@ async fn an_offline_signing_pipeline_waits_for_edgeloop_model_sign_and_ships_wha
                 .api()
                 .get(&format!("/api/v1/models/{MODEL}/versions"))
                 .await;
-            v.as_array().and_then(|a| a.first().cloned())
+            // The variants are added right after the version: wait for them.
+            v.as_array()
+                .and_then(|a| a.first().cloned())
+                .filter(|v| v["variants"].as_array().is_some_and(|vs| !vs.is_empty()))
         },
     )
     .await;

@@ -720,6 +720,47 @@ mod tests {
         }
     }
 
+    /// The compactor (`crate::retention`) drops reports and sketches by the
+    /// age they were received at, keeps each device's newest report (its
+    /// ack's anchor), and leaves what is young.
+    #[test]
+    fn retention_drops_old_reports_and_sketches_but_keeps_each_devices_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let t0 = OffsetDateTime::now_utc() - time::Duration::days(45);
+        let day = |n: i64| t0 + time::Duration::days(n);
+        for (seq, at) in [(1, day(0)), (2, day(20)), (3, day(35))] {
+            ingest(&store, "d", report(seq), at).unwrap();
+        }
+        ingest(&store, "lone", report(1), day(0)).unwrap();
+        let now = day(45);
+        let r = crate::retention::Retention {
+            telemetry: time::Duration::days(30),
+            sketches: time::Duration::days(20),
+            tokens: time::Duration::days(30),
+        };
+        let dropped = crate::retention::prune(&store, r, now).unwrap();
+        assert_eq!((dropped.telemetry, dropped.sketches), (1, 3));
+        let seqs = |device: &str| -> Vec<u64> {
+            store
+                .telemetry
+                .scan_prefix(&format!("{device}/"))
+                .unwrap()
+                .into_iter()
+                .map(|(_, r)| r.sequence)
+                .collect()
+        };
+        assert_eq!(seqs("d"), vec![2, 3], "the 45-day-old report went");
+        assert_eq!(seqs("lone"), vec![1], "a device's newest report stays");
+        // Sketches older than 20 days went (d's first two, lone's one).
+        assert_eq!(store.sketches.scan_prefix("m/").unwrap().len(), 1);
+        // The ack still counts from what is kept.
+        assert_eq!(ingest(&store, "d", report(4), now).unwrap(), 4);
+        // A second pass finds nothing more.
+        let again = crate::retention::prune(&store, r, now).unwrap();
+        assert_eq!(again, crate::retention::Dropped::default());
+    }
+
     #[test]
     fn status_keeps_what_serves_and_ignores_older_generations() {
         use pb::AssignmentState as S;

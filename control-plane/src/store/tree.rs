@@ -148,6 +148,18 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         }
     }
 
+    /// The first key at or after `start`, if any: for walking the distinct
+    /// prefixes of a tree by seeking past each, never reading the rest.
+    pub fn first_key_from(&self, start: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .tree
+            .range(start.as_bytes()..)
+            .keys()
+            .next()
+            .transpose()?
+            .map(|k| String::from_utf8_lossy(&k).into_owned()))
+    }
+
     /// The last record with a key in `start..end`, by key order.
     pub fn last_in_range(&self, start: &str, end: &str) -> Result<Option<(String, V)>, StoreError> {
         match self.tree.range(start..end).next_back() {

@@ -1,0 +1,239 @@
+//! The compactor: records that would otherwise grow forever are dropped
+//! by age, at start and then hourly, on the blocking pool.
+//!
+//! - Telemetry reports (`--retention-telemetry-days`, 30): per device,
+//!   oldest first, but never a device's newest, which anchors its ack.
+//! - Drift sketches (`--retention-sketch-days`, 90): per model version and
+//!   device, oldest first. Drift windows read the recent ones.
+//! - Bootstrap tokens (`--retention-token-days`, 30) once used or expired
+//!   that long ago: a member retrying an enrollment whose reply it lost
+//!   does so within minutes, not a month.
+//!
+//! Samples have their own count-based retention (`drift::retention`), the
+//! audit log its own (`auth::audit`). Each decision is a pure function of
+//! the records' times and `now`; the passes around them only read and
+//! delete.
+
+use std::sync::Arc;
+
+use time::{Duration, OffsetDateTime};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Result;
+use crate::fleet::members::BootstrapTokenRecord;
+use crate::store::Store;
+use crate::Core;
+
+/// How long each kind is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub telemetry: Duration,
+    pub sketches: Duration,
+    pub tokens: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            telemetry: Duration::days(30),
+            sketches: Duration::days(90),
+            tokens: Duration::days(30),
+        }
+    }
+}
+
+/// How many of the oldest records (their times, oldest first) go: those
+/// older than `max_age`, but never the last one when `keep_last`. Pure.
+pub fn oldest_to_drop(
+    times: &[OffsetDateTime],
+    now: OffsetDateTime,
+    max_age: Duration,
+    keep_last: bool,
+) -> usize {
+    let old = times.iter().take_while(|t| now - **t > max_age).count();
+    if keep_last && old == times.len() {
+        old.saturating_sub(1)
+    } else {
+        old
+    }
+}
+
+/// Whether a bootstrap token is done with: used, or expired unused, more
+/// than `keep` ago. Pure.
+pub fn token_done(t: &BootstrapTokenRecord, now: OffsetDateTime, keep: Duration) -> bool {
+    let ended = t.used_at.unwrap_or(t.expires_at);
+    (t.used_at.is_some() || now >= t.expires_at) && now - ended > keep
+}
+
+/// What a pass dropped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Dropped {
+    pub telemetry: u64,
+    pub sketches: u64,
+    pub tokens: u64,
+}
+
+const BATCH: usize = 1024;
+
+/// Drops the oldest records under `prefix` of `tree` that `oldest_to_drop`
+/// says go, a batch at a time. Blocking.
+fn prune_prefix<V: serde::Serialize + serde::de::DeserializeOwned>(
+    tree: &crate::store::Tree<V>,
+    prefix: &str,
+    time_of: impl Fn(&V) -> OffsetDateTime,
+    now: OffsetDateTime,
+    max_age: Duration,
+    keep_last: bool,
+) -> Result<u64> {
+    let mut dropped = 0;
+    loop {
+        // One more than a batch: if it is there, the batch's last is not
+        // the prefix's newest.
+        let mut oldest = tree.first_with_prefix(prefix, BATCH + 1)?;
+        let seen_all = oldest.len() <= BATCH;
+        oldest.truncate(BATCH);
+        let times: Vec<_> = oldest.iter().map(|(_, v)| time_of(v)).collect();
+        let n = oldest_to_drop(&times, now, max_age, keep_last && seen_all);
+        for (k, _) in oldest.iter().take(n) {
+            tree.remove(k)?;
+        }
+        dropped += n as u64;
+        if n < BATCH {
+            return Ok(dropped);
+        }
+    }
+}
+
+/// One pass over every kind. Blocking; the caller flushes.
+pub fn prune(store: &Store, r: Retention, now: OffsetDateTime) -> Result<Dropped> {
+    let mut d = Dropped::default();
+    // Each device with reports (`<device>/...`), found by seeking past the
+    // one before: a member deleted since still has its reports pruned.
+    let mut from = String::new();
+    while let Some(key) = store.telemetry.first_key_from(&from)? {
+        let Some((device, _)) = key.split_once('/') else {
+            break;
+        };
+        d.telemetry += prune_prefix(
+            &store.telemetry,
+            &format!("{device}/"),
+            |t| t.received_at,
+            now,
+            r.telemetry,
+            true,
+        )?;
+        // '0' is the byte after '/': the first key past this device's.
+        from = format!("{device}0");
+    }
+    // Every (device, model, version) that may have sketches.
+    for (key, ()) in store.assigned_history.scan_prefix("")? {
+        let mut parts = key.splitn(3, '/');
+        let (Some(device), Some(model), Some(version)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        d.sketches += prune_prefix(
+            &store.sketches,
+            &format!("{model}/{version}/{device}/"),
+            |s| s.window_time().unwrap_or(now),
+            now,
+            r.sketches,
+            false,
+        )?;
+    }
+    for (id, t) in store.tokens.scan_prefix("")? {
+        if token_done(&t, now, r.tokens) {
+            store.tokens.remove(&id)?;
+            d.tokens += 1;
+        }
+    }
+    Ok(d)
+}
+
+/// Runs [`prune`] at start and then hourly, until `shutdown`.
+pub async fn run(core: Arc<Core>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let store = core.store.clone();
+        let (r, now) = (core.config.retention, core.now());
+        match tokio::task::spawn_blocking(move || prune(&store, r, now)).await {
+            Ok(Ok(d)) if d == Dropped::default() => {}
+            Ok(Ok(d)) => {
+                tracing::info!(
+                    telemetry = d.telemetry,
+                    sketches = d.sketches,
+                    tokens = d.tokens,
+                    "retention"
+                );
+                if let Err(e) = core.store.flush().await {
+                    tracing::warn!(error = %e, "flushing after retention");
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "retention failed; retrying in an hour"),
+            Err(e) => tracing::warn!(error = %e, "retention task panicked"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::macros::datetime;
+
+    #[test]
+    fn the_oldest_past_their_age_go_but_the_newest_may_stay() {
+        let now = datetime!(2026-06-01 0:00 UTC);
+        let days = |n: i64| now - Duration::days(n);
+        let age = Duration::days(30);
+        // (times oldest first, keep the last) -> how many go
+        let table: &[(&[OffsetDateTime], bool, usize)] = &[
+            (&[], true, 0),
+            (&[days(40), days(35), days(10)], true, 2),
+            (&[days(40), days(35)], true, 1),
+            (&[days(40), days(35)], false, 2),
+            (&[days(30), days(40)], false, 0),
+            (&[days(10)], false, 0),
+        ];
+        for (times, keep_last, want) in table {
+            assert_eq!(
+                oldest_to_drop(times, now, age, *keep_last),
+                *want,
+                "{times:?} {keep_last}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_token_goes_a_while_after_it_was_used_or_expired() {
+        let now = datetime!(2026-06-01 0:00 UTC);
+        let days = |n: i64| now - Duration::days(n);
+        let token = |expires: OffsetDateTime, used: Option<OffsetDateTime>| BootstrapTokenRecord {
+            id: "t".into(),
+            kind: crate::fleet::members::MemberKind::Device,
+            member_id: "m".into(),
+            labels: Default::default(),
+            project: "default".into(),
+            secret_hash: edgeloop_models::Digest::of(b"s"),
+            created_at: days(100),
+            expires_at: expires,
+            used_at: used,
+            enrolled: None,
+        };
+        let keep = Duration::days(30);
+        let table = [
+            (token(days(40), Some(days(45))), true),
+            (token(days(40), Some(days(10))), false),
+            (token(days(40), None), true),
+            (token(days(10), None), false),
+            // Unused and still valid: never.
+            (token(now + Duration::days(1), None), false),
+        ];
+        for (t, want) in table {
+            assert_eq!(token_done(&t, now, keep), want, "{t:?}");
+        }
+    }
+}
