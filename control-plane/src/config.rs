@@ -122,6 +122,10 @@ pub struct ServeSettings {
     /// Days a bootstrap token is kept once used or expired (default 30).
     #[arg(long, env = "EDGELOOP_RETENTION_TOKEN_DAYS")]
     pub retention_token_days: Option<u32>,
+    /// Days an interrupted checkpoint upload nobody writes to is kept
+    /// (default 7).
+    #[arg(long, env = "EDGELOOP_RETENTION_PARTIAL_UPLOAD_DAYS")]
+    pub retention_partial_upload_days: Option<u32>,
     /// Prices for the cost report; `[cost]` in the file.
     #[command(flatten)]
     #[serde(default)]
@@ -316,6 +320,9 @@ impl ServeSettings {
                 .or(lower.retention_telemetry_days),
             retention_sketch_days: self.retention_sketch_days.or(lower.retention_sketch_days),
             retention_token_days: self.retention_token_days.or(lower.retention_token_days),
+            retention_partial_upload_days: self
+                .retention_partial_upload_days
+                .or(lower.retention_partial_upload_days),
             cost: self.cost.or(lower.cost),
         }
     }
@@ -470,6 +477,11 @@ impl Config {
                 dr.sketches,
             )?,
             tokens: days("retention-token-days", s.retention_token_days, dr.tokens)?,
+            partial_uploads: days(
+                "retention-partial-upload-days",
+                s.retention_partial_upload_days,
+                dr.partial_uploads,
+            )?,
         };
         let dq = crate::fleet::admission::Quota::default();
         let device_quota = crate::fleet::admission::Quota {

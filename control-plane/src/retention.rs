@@ -8,6 +8,8 @@
 //! - Bootstrap tokens (`--retention-token-days`, 30) once used or expired
 //!   that long ago: a member retrying an enrollment whose reply it lost
 //!   does so within minutes, not a month.
+//! - Interrupted checkpoint uploads (`--retention-partial-upload-days`, 7)
+//!   nobody wrote to for that long: a bridge back after that starts over.
 //!
 //! Samples have their own count-based retention (`drift::retention`), the
 //! audit log its own (`auth::audit`). Each decision is a pure function of
@@ -30,6 +32,7 @@ pub struct Retention {
     pub telemetry: Duration,
     pub sketches: Duration,
     pub tokens: Duration,
+    pub partial_uploads: Duration,
 }
 
 impl Default for Retention {
@@ -38,6 +41,7 @@ impl Default for Retention {
             telemetry: Duration::days(30),
             sketches: Duration::days(90),
             tokens: Duration::days(30),
+            partial_uploads: Duration::days(7),
         }
     }
 }
@@ -71,6 +75,7 @@ pub struct Dropped {
     pub telemetry: u64,
     pub sketches: u64,
     pub tokens: u64,
+    pub partial_uploads: u64,
 }
 
 const BATCH: usize = 1024;
@@ -105,8 +110,15 @@ fn prune_prefix<V: serde::Serialize + serde::de::DeserializeOwned>(
 }
 
 /// One pass over every kind. Blocking; the caller flushes.
-pub fn prune(store: &Store, r: Retention, now: OffsetDateTime) -> Result<Dropped> {
+pub fn prune(
+    store: &Store,
+    artifacts: &dyn crate::registry::artifacts::ArtifactStore,
+    r: Retention,
+    now: OffsetDateTime,
+) -> Result<Dropped> {
     let mut d = Dropped::default();
+    let idle = std::time::Duration::try_from(r.partial_uploads).unwrap_or(std::time::Duration::MAX);
+    d.partial_uploads = artifacts.prune_partials(idle)?;
     // Each device with reports (`<device>/...`), found by seeking past the
     // one before: a member deleted since still has its reports pruned.
     let mut from = String::new();
@@ -158,15 +170,17 @@ pub async fn run(core: Arc<Core>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let store = core.store.clone();
+        let (store, artifacts) = (core.store.clone(), core.artifacts.clone());
         let (r, now) = (core.config.retention, core.now());
-        match tokio::task::spawn_blocking(move || prune(&store, r, now)).await {
+        let pass = move || prune(&store, artifacts.as_ref(), r, now);
+        match tokio::task::spawn_blocking(pass).await {
             Ok(Ok(d)) if d == Dropped::default() => {}
             Ok(Ok(d)) => {
                 tracing::info!(
                     telemetry = d.telemetry,
                     sketches = d.sketches,
                     tokens = d.tokens,
+                    partial_uploads = d.partial_uploads,
                     "retention"
                 );
                 if let Err(e) = core.store.flush().await {

@@ -737,9 +737,11 @@ mod tests {
         let r = crate::retention::Retention {
             telemetry: time::Duration::days(30),
             sketches: time::Duration::days(20),
-            tokens: time::Duration::days(30),
+            ..Default::default()
         };
-        let dropped = crate::retention::prune(&store, r, now).unwrap();
+        let artifacts =
+            crate::registry::artifacts::LocalArtifactStore::open(&dir.path().join("a")).unwrap();
+        let dropped = crate::retention::prune(&store, &artifacts, r, now).unwrap();
         assert_eq!((dropped.telemetry, dropped.sketches), (1, 3));
         let seqs = |device: &str| -> Vec<u64> {
             store
@@ -757,7 +759,7 @@ mod tests {
         // The ack still counts from what is kept.
         assert_eq!(ingest(&store, "d", report(4), now).unwrap(), 4);
         // A second pass finds nothing more.
-        let again = crate::retention::prune(&store, r, now).unwrap();
+        let again = crate::retention::prune(&store, &artifacts, r, now).unwrap();
         assert_eq!(again, crate::retention::Dropped::default());
     }
 

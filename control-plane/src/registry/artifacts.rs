@@ -107,6 +107,13 @@ pub trait ArtifactStore: Send + Sync + 'static {
         .await
     }
 
+    /// Drops interrupted resumable uploads nobody has written to for
+    /// `max_age` (an uploader back after that starts over); returns how
+    /// many went. Blocking. Stores that keep no partials have none.
+    fn prune_partials(&self, _max_age: std::time::Duration) -> Result<u64, ArtifactError> {
+        Ok(0)
+    }
+
     /// Size of a stored artifact, or None.
     async fn head(&self, digest: Digest) -> Result<Option<u64>, ArtifactError>;
 
@@ -294,6 +301,23 @@ impl ArtifactStore for LocalArtifactStore {
         self.commit(&tmp, expected, size).await
     }
 
+    fn prune_partials(&self, max_age: std::time::Duration) -> Result<u64, ArtifactError> {
+        let now = std::time::SystemTime::now();
+        let mut dropped = 0;
+        for entry in std::fs::read_dir(self.root.join("partial"))?.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            let idle = meta
+                .modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .unwrap_or_default();
+            if meta.is_file() && idle > max_age && std::fs::remove_file(entry.path()).is_ok() {
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
+    }
+
     async fn partial_len(&self, owner: &str, digest: Digest) -> Result<u64, ArtifactError> {
         match tokio::fs::metadata(self.partial_path(owner, digest)).await {
             Ok(m) => Ok(m.len()),
@@ -431,6 +455,42 @@ mod tests {
 
     fn entries(dir: &Path) -> usize {
         walk(dir).len()
+    }
+
+    /// An upload left unwritten past the age goes; one still being written
+    /// to (or paused briefly) stays and resumes.
+    #[tokio::test]
+    async fn idle_partial_uploads_are_pruned_and_recent_ones_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalArtifactStore::open(dir.path()).unwrap();
+        let whole: &'static [u8] = b"0123456789";
+        let (digest, size) = (Digest::of(whole), whole.len() as u64);
+        for owner in ["fresh", "idle"] {
+            let cut = store
+                .put_resumable(owner, digest, body(&[&whole[..4]]), size, 1 << 20, 0)
+                .await;
+            assert!(cut.is_err(), "the body ended early");
+            assert_eq!(store.partial_len(owner, digest).await.unwrap(), 4);
+        }
+        let idle = std::fs::File::options()
+            .write(true)
+            .open(store.partial_path("idle", digest))
+            .unwrap();
+        idle.set_modified(
+            std::time::SystemTime::now() - std::time::Duration::from_secs(8 * 86_400),
+        )
+        .unwrap();
+        let week = std::time::Duration::from_secs(7 * 86_400);
+        assert_eq!(store.prune_partials(week).unwrap(), 1);
+        assert_eq!(store.partial_len("idle", digest).await.unwrap(), 0);
+        assert_eq!(store.partial_len("fresh", digest).await.unwrap(), 4);
+        // The fresh one resumes where it was.
+        store
+            .put_resumable("fresh", digest, body(&[&whole[4..]]), size, 1 << 20, 4)
+            .await
+            .unwrap();
+        assert_eq!(store.head(digest).await.unwrap(), Some(size));
+        assert_eq!(store.prune_partials(week).unwrap(), 0);
     }
 
     fn walk(dir: &Path) -> Vec<PathBuf> {
