@@ -55,29 +55,45 @@ pub fn validate_policy(signing: &Signing, has_latency: bool) -> Result<()> {
     Ok(())
 }
 
-/// The manifests a waiting pipeline needs signed: each unsigned manifest's
-/// digest, and which model it describes (`None`: the version's own).
-fn unsigned_of(p: &Pipeline) -> Result<(&Output, BTreeMap<Digest, Option<&QuantizedVariant>>)> {
-    let out = p
-        .output_of(pipeline::Step::Quantize)
-        .filter(|o| matches!(o, Output::Unsigned { .. }))
-        .ok_or_else(|| {
-            Error::Internal(anyhow::anyhow!(
+/// A waiting pipeline's models: the quantize step's `unsigned` output.
+struct Unsigned<'a> {
+    digest: Digest,
+    method: &'a str,
+    manifest: Digest,
+    version: &'a str,
+    variants: &'a [QuantizedVariant],
+}
+
+impl<'a> Unsigned<'a> {
+    fn of(p: &'a Pipeline) -> Result<Unsigned<'a>> {
+        match p.output_of(pipeline::Step::Quantize) {
+            Some(Output::Unsigned {
+                digest,
+                method,
+                manifest,
+                version,
+                variants,
+            }) => Ok(Unsigned {
+                digest: *digest,
+                method,
+                manifest: *manifest,
+                version,
+                variants,
+            }),
+            _ => Err(Error::Internal(anyhow::anyhow!(
                 "pipeline {} awaits a signature but its quantize step left no unsigned manifests",
                 p.id
-            ))
-        })?;
-    let Output::Unsigned {
-        manifest, variants, ..
-    } = out
-    else {
-        unreachable!("filtered above");
-    };
-    let mut needed = BTreeMap::from([(*manifest, None)]);
-    for v in variants {
-        needed.insert(v.manifest, Some(v));
+            ))),
+        }
     }
-    Ok((out, needed))
+
+    /// Each manifest to sign, and the variant it describes (`None`: the
+    /// version's own).
+    fn needed(&self) -> BTreeMap<Digest, Option<&'a QuantizedVariant>> {
+        std::iter::once((self.manifest, None))
+            .chain(self.variants.iter().map(|v| (v.manifest, Some(v))))
+            .collect()
+    }
 }
 
 /// Checks one signature over a stored unsigned manifest and returns the
@@ -143,7 +159,8 @@ pub async fn sign(
         .map(|k| PublicKey::from_hex(k))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::Internal(anyhow::anyhow!("the pipeline's public keys: {e}")))?;
-    let (unsigned, needed) = unsigned_of(&p)?;
+    let unsigned = Unsigned::of(&p)?;
+    let needed = unsigned.needed();
     if req.signatures.is_empty() || req.signatures.len() > needed.len() {
         return Err(Error::bad_field(
             "signatures",
@@ -192,26 +209,17 @@ pub async fn sign(
             format!("{what} ({missing}) is not signed"),
         ));
     }
-    let Output::Unsigned {
-        digest,
-        method,
-        manifest,
-        version,
-        variants,
-    } = unsigned.clone()
-    else {
-        unreachable!("unsigned_of returns an unsigned output");
-    };
     let output = Output::Quantized {
-        digest,
-        method,
-        manifest: signed[&manifest],
-        version,
-        variants: variants
-            .into_iter()
+        digest: unsigned.digest,
+        method: unsigned.method.to_string(),
+        manifest: signed[&unsigned.manifest],
+        version: unsigned.version.to_string(),
+        variants: unsigned
+            .variants
+            .iter()
             .map(|v| QuantizedVariant {
                 manifest: signed[&v.manifest],
-                ..v
+                ..v.clone()
             })
             .collect(),
     };
