@@ -13,6 +13,7 @@ use time::{Duration, OffsetDateTime};
 
 use crate::error::{Error, Result};
 use crate::fleet::pki::{Pki, SignedCert};
+use crate::fleet::renewal::{self, Admission, PendingCert, PreviousCert, Refusal};
 use crate::fleet::{Events, FleetEvent};
 use crate::store::Store;
 use crate::validate;
@@ -144,6 +145,16 @@ pub struct Member {
     pub cert_fingerprint: Digest,
     #[serde(with = "time::serde::rfc3339")]
     pub cert_not_after: OffsetDateTime,
+    /// When the current certificate started, for renewal at two thirds of
+    /// its life; `None` in records from before renewal (then `enrolled_at`).
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub cert_not_before: Option<OffsetDateTime>,
+    /// A renewed certificate not used yet (see [`super::renewal`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_cert: Option<PendingCert>,
+    /// The certificate the last renewal replaced, while it drains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_cert: Option<PreviousCert>,
     #[serde(with = "time::serde::rfc3339")]
     pub enrolled_at: OffsetDateTime,
     #[serde(default, with = "time::serde::rfc3339::option")]
@@ -474,6 +485,9 @@ fn new_member(
         capabilities,
         cert_fingerprint: enrolled.fingerprint,
         cert_not_after: enrolled.not_after,
+        cert_not_before: Some(now),
+        pending_cert: None,
+        previous_cert: None,
         enrolled_at: now,
         last_seen: Some(now),
         revoked_at: None,
@@ -545,12 +559,15 @@ async fn finish_retry(
     ))
 }
 
-/// Decides whether a verified client certificate may act as a member now.
+/// Decides whether a verified client certificate may act as a member at
+/// `now` (see [`renewal::admit`]); a renewed certificate's first use makes
+/// it the member's current one.
 pub fn authorize(
     store: &Store,
     kind: MemberKind,
     cert_identity: Option<&str>,
     cert_fingerprint: Digest,
+    now: OffsetDateTime,
 ) -> Result<Member> {
     let identity = cert_identity
         .ok_or_else(|| Error::Unauthenticated("client certificate has no identity".into()))?;
@@ -571,12 +588,20 @@ pub fn authorize(
             "{identity} has been revoked"
         )));
     }
-    if member.cert_fingerprint != cert_fingerprint {
-        return Err(Error::Unauthenticated(format!(
+    match renewal::admit(&member, cert_fingerprint, now) {
+        Admission::Current | Admission::Draining => Ok(member),
+        Admission::FirstUseOfRenewed => {
+            let member = renewal::promote_in_store(store, kind, id, cert_fingerprint, now)?;
+            tracing::info!(%identity, "renewed certificate in use; the old one drains");
+            Ok(member)
+        }
+        Admission::Refused(Refusal::Expired) => Err(Error::Unauthenticated(format!(
+            "this certificate for {identity} has expired"
+        ))),
+        Admission::Refused(Refusal::Superseded) => Err(Error::Unauthenticated(format!(
             "this certificate is no longer valid for {identity}"
-        )));
+        ))),
     }
-    Ok(member)
 }
 
 pub fn heartbeat(
@@ -671,6 +696,9 @@ mod tests {
             capabilities: CapabilitiesRecord::default(),
             cert_fingerprint: Digest::of(b"c"),
             cert_not_after: at(1_000_000),
+            cert_not_before: Some(at(0)),
+            pending_cert: None,
+            previous_cert: None,
             enrolled_at: at(0),
             last_seen: last_seen.map(at),
             revoked_at: revoked.then(|| at(5)),

@@ -8,6 +8,7 @@ pub mod cost;
 pub mod deployments;
 pub mod members;
 pub mod pki;
+pub mod renewal;
 pub mod rollout;
 pub mod selector;
 pub mod telemetry;

@@ -9,16 +9,17 @@ use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_server::AgentService;
 use edgeloop_proto::common::v1::{
-    EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse,
+    EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse, RenewRequest, RenewResponse,
 };
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::auth::caller;
+use super::auth::{caller, caller_with_cert};
 use crate::error::Error;
 use crate::fleet::members::{self, CapabilitiesRecord, MemberKind};
+use crate::fleet::renewal;
 use crate::fleet::{assignments, benchmarks, telemetry};
 use crate::Core;
 
@@ -40,8 +41,7 @@ pub(super) async fn enroll(
     kind: MemberKind,
     req: EnrollRequest,
 ) -> Result<EnrollResponse, Status> {
-    let lifetime =
-        time::Duration::try_from(core.config.cert_lifetime).unwrap_or(time::Duration::days(365));
+    let lifetime = cert_lifetime(core);
     let enrollment = members::Enrollment {
         kind,
         token: &req.bootstrap_token,
@@ -63,18 +63,55 @@ pub(super) async fn enroll(
     })
 }
 
+fn cert_lifetime(core: &Core) -> time::Duration {
+    time::Duration::try_from(core.config.cert_lifetime).unwrap_or(time::Duration::days(365))
+}
+
 pub(super) fn heartbeat<T>(
     core: &Core,
     kind: MemberKind,
     req: Request<T>,
     caps: impl FnOnce(T) -> Option<edgeloop_proto::common::v1::Capabilities>,
 ) -> Result<HeartbeatResponse, Status> {
-    let member = caller(core, &req, kind)?;
+    let (member, presented) = caller_with_cert(core, &req, kind)?;
     let capabilities = caps(req.into_inner()).map(CapabilitiesRecord::from);
-    members::heartbeat(&core.store, kind, &member.id, capabilities, core.now())?;
+    let now = core.now();
+    members::heartbeat(&core.store, kind, &member.id, capabilities, now)?;
+    // Only the current certificate is told to renew: one draining has a
+    // successor already.
+    let renew_certificate = presented == member.cert_fingerprint
+        && renewal::renewal_due(
+            renewal::cert_not_before(&member),
+            member.cert_not_after,
+            now,
+        );
     Ok(HeartbeatResponse {
         server_time: Some(SystemTime::now().into()),
         heartbeat_interval_seconds: core.config.heartbeat_interval.as_secs() as u32,
+        renew_certificate,
+    })
+}
+
+/// Renewal, shared by both services.
+pub(super) async fn renew(
+    core: &Core,
+    kind: MemberKind,
+    req: Request<RenewRequest>,
+) -> Result<RenewResponse, Status> {
+    let (member, presented) = caller_with_cert(core, &req, kind)?;
+    let cert = renewal::renew(
+        &core.store,
+        &core.pki,
+        &member,
+        presented,
+        &req.get_ref().csr_pem,
+        cert_lifetime(core),
+        core.now(),
+    )
+    .await?;
+    Ok(RenewResponse {
+        certificate_pem: cert.pem,
+        certificate_not_after: Some(SystemTime::from(cert.not_after).into()),
     })
 }
 
@@ -99,6 +136,12 @@ impl AgentService for AgentApi {
             req,
             |r| r.capabilities,
         )?))
+    }
+
+    async fn renew(&self, req: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
+        Ok(Response::new(
+            renew(&self.core, MemberKind::Device, req).await?,
+        ))
     }
 
     type WatchAssignmentsStream = BoxStream<pb::AssignmentSet>;

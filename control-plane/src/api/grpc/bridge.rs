@@ -13,7 +13,7 @@ use edgeloop_models::Digest;
 use edgeloop_proto::bridge::v1 as pb;
 use edgeloop_proto::bridge::v1::bridge_service_server::BridgeService;
 use edgeloop_proto::common::v1::{
-    EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse,
+    EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse, RenewRequest, RenewResponse,
 };
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -119,6 +119,12 @@ impl BridgeService for BridgeApi {
             req,
             |r| r.capabilities,
         )?))
+    }
+
+    async fn renew(&self, req: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
+        Ok(Response::new(
+            super::agent::renew(&self.core, MemberKind::Cluster, req).await?,
+        ))
     }
 
     async fn lease_job(
