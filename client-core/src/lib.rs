@@ -7,6 +7,7 @@
 //! agent and the bridge differ only in which gRPC service they call ([`Role`]).
 
 pub mod backoff;
+pub mod channel;
 pub mod gpu;
 pub mod https;
 pub mod identity;
@@ -17,10 +18,11 @@ pub mod tls;
 pub mod token;
 
 pub use backoff::Backoff;
+pub use channel::{MemberChannel, Membership};
 pub use identity::{Identity, IdentityStore};
 pub use member::{run_member, MemberConfig, MemberSettings};
 pub use session::{
-    enroll, ensure_identity, heartbeat_loop, EnrollAttemptError, Role, SessionError,
+    enroll, ensure_identity, heartbeat_loop, renew, EnrollAttemptError, Role, SessionError,
 };
 pub use token::{BootstrapToken, TokenError};
 

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::gpu::LocalGpus;
 use crate::session::{ensure_identity, heartbeat_loop, Role, SessionError};
-use crate::{Backoff, IdentityStore};
+use crate::{Backoff, IdentityStore, Membership};
 
 /// Settings from flags, `EDGELOOP_*` env vars, or a TOML file (kebab-case).
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
@@ -126,11 +126,15 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .create(dir)
 }
 
-/// Enrolls if needed, then heartbeats until `shutdown`. An error means the
-/// control plane refused us (bad token, revoked): retrying cannot fix that.
+/// Enrolls if needed, then heartbeats until `shutdown`, renewing the
+/// certificate when the control plane says so. `membership` gets the
+/// identity once there is one, for the member's other tasks to call
+/// through. An error means the control plane refused us (bad token,
+/// revoked): retrying cannot fix that.
 pub async fn run_member(
     role: Role,
     config: &MemberConfig,
+    membership: &Membership,
     capabilities: Capabilities,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -152,10 +156,12 @@ pub async fn run_member(
         Err(SessionError::Cancelled) => return Ok(()),
         other => other?,
     };
+    membership
+        .set_identity(identity)
+        .context("the control-plane URL")?;
     heartbeat_loop(
         role,
-        &config.control_plane,
-        &identity,
+        membership,
         tokio::sync::watch::channel(capabilities).1,
         config.backoff,
         shutdown,

@@ -7,7 +7,8 @@ use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
 use edgeloop_proto::common::v1::{
-    Capabilities, EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse,
+    Capabilities, EnrollRequest, EnrollResponse, HeartbeatRequest, HeartbeatResponse, RenewRequest,
+    RenewResponse,
 };
 use rcgen::{CertificateParams, KeyPair};
 use rustls::pki_types::pem::PemObject;
@@ -17,8 +18,9 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 use crate::backoff::Backoff;
+use crate::channel::{MemberChannel, Membership};
 use crate::identity::{Identity, IdentityStore};
-use crate::tls::{enroll_endpoint, mtls_endpoint};
+use crate::tls::enroll_endpoint;
 use crate::token::BootstrapToken;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +51,10 @@ pub enum SessionError {
     Url(tonic::transport::Error),
     #[error("shut down before enrollment finished")]
     Cancelled,
+    #[error("not enrolled yet")]
+    NotEnrolled,
+    #[error("certificate renewal failed: {0}")]
+    Renewal(tonic::Status),
 }
 
 /// True for statuses that mean "you are not allowed", as opposed to "try later".
@@ -74,9 +80,21 @@ async fn call_enroll(
     Ok(resp.into_inner())
 }
 
+async fn call_renew(
+    role: Role,
+    channel: MemberChannel,
+    req: RenewRequest,
+) -> Result<RenewResponse, tonic::Status> {
+    let resp = match role {
+        Role::Device => AgentServiceClient::new(channel).renew(req).await?,
+        Role::Cluster => BridgeServiceClient::new(channel).renew(req).await?,
+    };
+    Ok(resp.into_inner())
+}
+
 async fn call_heartbeat(
     role: Role,
-    channel: Channel,
+    channel: MemberChannel,
     req: HeartbeatRequest,
 ) -> Result<HeartbeatResponse, tonic::Status> {
     let resp = match role {
@@ -214,23 +232,85 @@ pub async fn ensure_identity(
     }
 }
 
+/// Renews the certificate: a fresh key, a CSR for it, `Renew` with the
+/// current certificate; the reply is checked (this key, this identity) and
+/// stored as the next generation before anything uses it, and then the
+/// membership's channel switches to it. A lost reply costs nothing: the
+/// next heartbeat says renew again and the control plane replaces the
+/// certificate it never saw used.
+pub async fn renew(role: Role, membership: &Membership) -> Result<(), SessionError> {
+    let current = membership.identity().ok_or(SessionError::NotEnrolled)?;
+    let channel = membership.channel_now().ok_or(SessionError::NotEnrolled)?;
+    let key = KeyPair::generate()?;
+    let csr_pem = CertificateParams::default()
+        .serialize_request(&key)
+        .and_then(|csr| csr.pem())?;
+    let reply = call_renew(role, channel, RenewRequest { csr_pem })
+        .await
+        .map_err(SessionError::Renewal)?;
+    let renewed = Identity {
+        name: current.name.clone(),
+        key_pem: key.serialize_pem(),
+        cert_pem: reply.certificate_pem,
+        ca_pem: current.ca_pem.clone(),
+    };
+    check_renewed(&renewed)?;
+    let store = membership.store().clone();
+    let saved = renewed.clone();
+    tokio::task::spawn_blocking(move || store.save_renewed(&saved))
+        .await
+        .map_err(|e| SessionError::Io(std::io::Error::other(e)))??;
+    membership
+        .set_identity(renewed)
+        .map_err(SessionError::Url)?;
+    Ok(())
+}
+
+/// A renewed certificate must certify the key just made, as the identity
+/// this member already has.
+fn check_renewed(identity: &Identity) -> Result<(), SessionError> {
+    use rustls::pki_types::PrivateKeyDer;
+    let bad = |what: &str| SessionError::BadReply(format!("renewed certificate: {what}"));
+    let cert = CertificateDer::from_pem_slice(identity.cert_pem.as_bytes())
+        .map_err(|e| bad(&e.to_string()))?;
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| bad(&e.to_string()))?;
+    let name = parsed
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_string);
+    if name.as_deref() != Some(identity.name.as_str()) {
+        return Err(bad(&format!("names {name:?}, not {:?}", identity.name)));
+    }
+    let key = PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes())
+        .map_err(|e| bad(&e.to_string()))?;
+    let provider = rustls::crypto::ring::default_provider();
+    let signing = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| bad(&e.to_string()))?;
+    rustls::sign::CertifiedKey::new(vec![cert.into_owned()], signing)
+        .keys_match()
+        .map_err(|e| bad(&format!("not for the new key: {e}")))
+}
+
 /// Sends heartbeats until `shutdown`, reconnecting with jittered backoff when
-/// the control plane is away. Returns an error only when the control plane
-/// refuses this identity (revoked), since retrying cannot fix that.
+/// the control plane is away, and renews the certificate when a reply says
+/// so. Returns an error only when the control plane refuses this identity
+/// (revoked), since retrying cannot fix that.
 pub async fn heartbeat_loop(
     role: Role,
-    url: &str,
-    identity: &Identity,
+    membership: &Membership,
     // The latest facts: each beat sends what the member knows now (a
     // bridge refreshes its engines' pools while it runs).
     capabilities: tokio::sync::watch::Receiver<Capabilities>,
     backoff: Backoff,
     shutdown: CancellationToken,
 ) -> Result<(), SessionError> {
-    // A lazy channel reconnects by itself; one TLS session serves many beats.
-    let channel = mtls_endpoint(url, identity)
-        .map_err(SessionError::Url)?
-        .connect_lazy();
+    // It follows renewals; one TLS session serves many beats.
+    let channel = membership.channel_now().ok_or(SessionError::NotEnrolled)?;
     let mut attempt: u32 = 0;
     let mut interval = Duration::from_secs(10);
     loop {
@@ -249,7 +329,24 @@ pub async fn heartbeat_loop(
                     interval = Duration::from_secs(reply.heartbeat_interval_seconds.into());
                 }
                 tracing::debug!(?interval, "heartbeat sent");
-                interval
+                if reply.renew_certificate {
+                    match renew(role, membership).await {
+                        Ok(()) => {
+                            tracing::info!("certificate renewed");
+                            // The next beat is the new certificate's first
+                            // use, which retires the old one: soon.
+                            Duration::ZERO
+                        }
+                        Err(e) => {
+                            // Said again on the next beat; the current
+                            // certificate still works meanwhile.
+                            tracing::warn!(error = %e, "certificate renewal failed; will retry");
+                            interval
+                        }
+                    }
+                } else {
+                    interval
+                }
             }
             Err(status) if is_refusal(status.code()) => {
                 tracing::error!(%status, "control plane refused this identity");
@@ -268,6 +365,43 @@ pub async fn heartbeat_loop(
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = shutdown.cancelled() => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod renewal_tests {
+    use super::*;
+
+    fn cert_for(key: &KeyPair, name: &str) -> String {
+        let mut params = CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.self_signed(key).unwrap().pem()
+    }
+
+    #[test]
+    fn a_renewed_certificate_must_be_for_the_new_key_and_the_same_name() {
+        let key = KeyPair::generate().unwrap();
+        let other = KeyPair::generate().unwrap();
+        let identity = |cert_pem: String, key: &KeyPair| Identity {
+            name: "device/cam".into(),
+            key_pem: key.serialize_pem(),
+            cert_pem,
+            ca_pem: String::new(),
+        };
+        check_renewed(&identity(cert_for(&key, "device/cam"), &key)).unwrap();
+        for (bad, why) in [
+            (
+                identity(cert_for(&other, "device/cam"), &key),
+                "not for the new key",
+            ),
+            (identity(cert_for(&key, "device/other"), &key), "names"),
+            (identity("garbage".into(), &key), "renewed certificate"),
+        ] {
+            let err = check_renewed(&bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
         }
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use edgeloop_client_core::member::{create_private_dir, host_capabilities};
-use edgeloop_client_core::{run_member, Role};
+use edgeloop_client_core::{run_member, Membership, Role};
 use edgeloop_proto::common::v1::Capabilities;
 use tokio_util::sync::CancellationToken;
 
@@ -137,22 +137,26 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
             serve::serve_grpc_with_access(host, grpc_listener, &access, stop).await
         })
     };
+    // Enrollment (in run_member) fills it; sync and telemetry wait for it.
+    let membership = Membership::new(&config.member.control_plane, &config.member.data_dir);
     let telemetry_stop = CancellationToken::new();
     let uploader = tokio::spawn(telemetry::run(
         telemetry.clone(),
         config.member.clone(),
+        membership.clone(),
         telemetry_stop.clone(),
     ));
 
     let member = run_member(
         Role::Device,
         &config.member,
+        &membership,
         capabilities(&config),
         shutdown.clone(),
     );
     let serving: Arc<dyn serving::ModelServing> = host.clone();
     let sync = async {
-        sync::run(&config, serving, shutdown.clone())
+        sync::run(&config, &membership, serving, shutdown.clone())
             .await
             .context("model sync")
     };

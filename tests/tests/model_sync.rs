@@ -250,7 +250,6 @@ impl Agent {
         let mut options = SyncOptions::for_member(&member);
         options.download.chunk_bytes = 64 * 1024;
         options.download.persist_every = 256 * 1024;
-        options.identity_poll = Duration::from_millis(50);
         tune(&mut options);
         let syncer = Syncer::new(dir, sync, serving.clone(), options);
         let events = syncer.subscribe();
@@ -265,8 +264,22 @@ impl Agent {
         };
         runtime.spawn(async move {
             syncer.boot().await.unwrap();
+            // The identity the test's enrollment stored.
+            let store = edgeloop_client_core::IdentityStore::new(&member.data_dir);
+            let identity = loop {
+                match store.load().unwrap() {
+                    Some(identity) => break identity,
+                    None => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            };
+            let membership = edgeloop_client_core::Membership::with_identity(
+                &member.control_plane,
+                &member.data_dir,
+                identity,
+            )
+            .unwrap();
             syncer
-                .run_enrolled(&member, CancellationToken::new())
+                .run_enrolled(&membership, CancellationToken::new())
                 .await
                 .unwrap();
         });

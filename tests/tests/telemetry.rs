@@ -98,6 +98,20 @@ fn stored_requests(cp: &ControlPlane) -> u64 {
         .sum()
 }
 
+/// The enrolled identity on disk, as the agent's enrollment hands it on.
+fn membership(member: &edgeloop_client_core::MemberConfig) -> edgeloop_client_core::Membership {
+    let identity = edgeloop_client_core::IdentityStore::new(&member.data_dir)
+        .load()
+        .unwrap()
+        .expect("enrolled");
+    edgeloop_client_core::Membership::with_identity(
+        &member.control_plane,
+        &member.data_dir,
+        identity,
+    )
+    .unwrap()
+}
+
 async fn drained(t: &Telemetry) {
     eventually(
         Duration::from_secs(30),
@@ -115,7 +129,12 @@ async fn telemetry_recorded_offline_arrives_exactly_once_after_the_control_plane
     let t = Telemetry::open(&member.data_dir, options(1000)).unwrap();
     t.model_activated("m", "1", None);
     let stop = CancellationToken::new();
-    let uploader = tokio::spawn(telemetry::run(t.clone(), member.clone(), stop.clone()));
+    let uploader = tokio::spawn(telemetry::run(
+        t.clone(),
+        member.clone(),
+        membership(&member),
+        stop.clone(),
+    ));
     // Traffic over several windows while the control plane is away.
     let mut sent = 0u64;
     for window in 0..5 {
@@ -228,7 +247,12 @@ async fn the_cap_drops_the_oldest_batches_and_reports_how_many() {
 
     let cp = ControlPlane::start_with(cp_settings).await;
     let stop = CancellationToken::new();
-    let uploader = tokio::spawn(telemetry::run(t.clone(), member, stop.clone()));
+    let uploader = tokio::spawn(telemetry::run(
+        t.clone(),
+        member.clone(),
+        membership(&member),
+        stop.clone(),
+    ));
     drained(&t).await;
     let (sequences, dropped) = stored(&cp);
     assert_eq!(sequences, vec![5, 6, 7]);
@@ -247,7 +271,12 @@ async fn an_agent_restart_keeps_pending_batches_and_the_sequence() {
         // The uploader runs (and fails to send) until the agent stops; on
         // shutdown it persists the open window.
         let stop = CancellationToken::new();
-        let uploader = tokio::spawn(telemetry::run(t.clone(), member.clone(), stop.clone()));
+        let uploader = tokio::spawn(telemetry::run(
+            t.clone(),
+            member.clone(),
+            membership(&member),
+            stop.clone(),
+        ));
         request(&t, "a", 0.0, 0);
         t.close_window().unwrap();
         request(&t, "b", 0.0, 0);
@@ -264,7 +293,12 @@ async fn an_agent_restart_keeps_pending_batches_and_the_sequence() {
 
     let cp = ControlPlane::start_with(cp_settings).await;
     let stop = CancellationToken::new();
-    let uploader = tokio::spawn(telemetry::run(t.clone(), member, stop.clone()));
+    let uploader = tokio::spawn(telemetry::run(
+        t.clone(),
+        member.clone(),
+        membership(&member),
+        stop.clone(),
+    ));
     drained(&t).await;
     assert_eq!(stored(&cp).0, vec![1, 2, 3]);
     assert_eq!(stored_requests(&cp), 3);

@@ -23,8 +23,7 @@ use anyhow::Context as _;
 use edgeloop_client_core::gpu::LocalGpus;
 use edgeloop_client_core::member::{create_private_dir, host_capabilities};
 use edgeloop_client_core::session::{ensure_identity, SessionError};
-use edgeloop_client_core::tls::mtls_endpoint;
-use edgeloop_client_core::{heartbeat_loop, IdentityStore, Role};
+use edgeloop_client_core::{heartbeat_loop, IdentityStore, Membership, Role};
 use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
 use edgeloop_proto::common::v1::Capabilities;
 use tokio_util::sync::CancellationToken;
@@ -118,7 +117,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Err(SessionError::Cancelled) => return Ok(()),
         other => other?,
     };
-    let channel = mtls_endpoint(&config.control_plane, &identity)?.connect_lazy();
+    // Follows certificate renewals, which the heartbeat loop makes.
+    let membership = Membership::new(&config.control_plane, &config.data_dir);
+    membership.set_identity(identity)?;
+    let channel = membership
+        .channel_now()
+        .context("the membership has the identity just set")?;
     let runner = Arc::new(Runner {
         client: BridgeServiceClient::new(channel),
         engines,
@@ -137,8 +141,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let jobs = tokio::spawn(runner.run(shutdown.clone()));
     let beats = heartbeat_loop(
         Role::Cluster,
-        &config.control_plane,
-        &identity,
+        &membership,
         caps_rx,
         config.backoff,
         shutdown.clone(),

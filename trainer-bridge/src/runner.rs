@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use edgeloop_client_core::Backoff;
+use edgeloop_client_core::MemberChannel;
 use edgeloop_proto::bridge::v1 as pb;
 use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
 use edgeloop_proto::common::v1::Chunk;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use crate::checkpoint::{self, Committed};
 use crate::engines::{Engine, EngineState};
@@ -34,7 +34,7 @@ struct Progress<'a> {
 }
 
 pub struct Runner {
-    pub client: BridgeServiceClient<Channel>,
+    pub client: BridgeServiceClient<MemberChannel>,
     /// The engines this bridge drives, by name; a job picks one with its
     /// spec's `engine`, else `local`.
     pub engines: std::collections::BTreeMap<String, Arc<dyn Engine>>,

@@ -4,11 +4,11 @@
 use std::pin::Pin;
 
 use async_trait::async_trait;
+use edgeloop_client_core::MemberChannel;
 use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use futures::{Stream, StreamExt};
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 pub type StatusStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -47,15 +47,15 @@ pub fn is_refusal(code: Code) -> bool {
     )
 }
 
-/// The real client: one lazily connected mTLS channel, which reconnects by
-/// itself after the control plane comes back.
+/// The real client: the membership's mTLS channel, which reconnects by
+/// itself after the control plane comes back and follows renewals.
 #[derive(Clone)]
 pub struct GrpcClient {
-    client: AgentServiceClient<Channel>,
+    client: AgentServiceClient<MemberChannel>,
 }
 
 impl GrpcClient {
-    pub fn new(channel: Channel) -> GrpcClient {
+    pub fn new(channel: MemberChannel) -> GrpcClient {
         GrpcClient {
             client: AgentServiceClient::new(channel),
         }

@@ -36,8 +36,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use edgeloop_client_core::tls::mtls_endpoint;
-use edgeloop_client_core::{Backoff, IdentityStore, MemberConfig};
+use edgeloop_client_core::{Backoff, MemberConfig, Membership};
 use tokio::sync::{broadcast, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -63,8 +62,6 @@ pub enum SyncError {
     Refused(tonic::Status),
     #[error("model sync storage: {0}")]
     Storage(#[source] std::io::Error),
-    #[error("invalid control-plane URL: {0}")]
-    Url(#[source] tonic::transport::Error),
 }
 
 /// Tuning that is not user configuration (tests shrink it).
@@ -74,8 +71,6 @@ pub struct SyncOptions {
     /// Reconnects of the watch and retries of status reports.
     pub backoff: Backoff,
     pub default_timeout: Duration,
-    /// How often `run_enrolled` looks for the identity enrollment writes.
-    pub identity_poll: Duration,
 }
 
 impl SyncOptions {
@@ -88,7 +83,6 @@ impl SyncOptions {
             },
             backoff: member.backoff,
             default_timeout: DEFAULT_ASSIGNMENT_TIMEOUT,
-            identity_poll: Duration::from_secs(1),
         }
     }
 }
@@ -225,28 +219,17 @@ impl Syncer {
         watched
     }
 
-    /// [`run`](Self::run) over mTLS once enrollment has stored an identity
-    /// (it polls for it, so it can start beside `run_member`, which enrolls).
+    /// [`run`](Self::run) over mTLS once enrollment has given `membership`
+    /// an identity (it waits, so it can start beside `run_member`, which
+    /// enrolls).
     pub async fn run_enrolled(
         &self,
-        member: &MemberConfig,
+        membership: &Membership,
         shutdown: CancellationToken,
     ) -> Result<(), SyncError> {
-        let store = IdentityStore::new(&member.data_dir);
-        let identity = loop {
-            match store.load() {
-                Ok(Some(identity)) => break identity,
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "reading the identity; will retry"),
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(self.options.identity_poll) => {}
-                _ = shutdown.cancelled() => return Ok(()),
-            }
+        let Some(channel) = membership.channel(&shutdown).await else {
+            return Ok(());
         };
-        let channel = mtls_endpoint(&member.control_plane, &identity)
-            .map_err(SyncError::Url)?
-            .connect_lazy();
         self.run(Arc::new(GrpcClient::new(channel)), shutdown).await
     }
 }
@@ -257,6 +240,7 @@ impl Syncer {
 /// error when the control plane refuses this device or storage fails.
 pub async fn run(
     config: &AgentConfig,
+    membership: &Membership,
     serving: Arc<dyn ModelServing>,
     shutdown: CancellationToken,
 ) -> Result<(), SyncError> {
@@ -267,7 +251,7 @@ pub async fn run(
         SyncOptions::for_member(&config.member),
     );
     syncer.boot().await?;
-    syncer.run_enrolled(&config.member, shutdown).await
+    syncer.run_enrolled(membership, shutdown).await
 }
 
 /// Runs blocking file work off the async threads.

@@ -3,11 +3,9 @@
 //! plane is away, deleting each only once its sequence is acknowledged.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
-use edgeloop_client_core::tls::mtls_endpoint;
-use edgeloop_client_core::{Identity, IdentityStore, MemberConfig};
+use edgeloop_client_core::{MemberConfig, Membership};
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -21,11 +19,12 @@ use super::Telemetry;
 pub async fn run(
     telemetry: Arc<Telemetry>,
     member: MemberConfig,
+    membership: Membership,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let (closed, sent) = tokio::join!(
         close_windows(telemetry.clone(), shutdown.clone()),
-        send_batches(telemetry, member, shutdown),
+        send_batches(telemetry, member, membership, shutdown),
     );
     closed.and(sent)
 }
@@ -59,23 +58,6 @@ async fn close_windows(
     }
 }
 
-/// Polls for the identity that enrollment writes; `None` on shutdown.
-async fn wait_for_identity(
-    member: &MemberConfig,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<Option<Identity>> {
-    let store = IdentityStore::new(&member.data_dir);
-    loop {
-        if let Some(identity) = store.load().context("reading the device identity")? {
-            return Ok(Some(identity));
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            _ = shutdown.cancelled() => return Ok(None),
-        }
-    }
-}
-
 /// Runs blocking buffer work off the async workers.
 async fn blocking<T: Send + 'static>(
     telemetry: &Arc<Telemetry>,
@@ -90,16 +72,14 @@ async fn blocking<T: Send + 'static>(
 async fn send_batches(
     telemetry: Arc<Telemetry>,
     member: MemberConfig,
+    membership: Membership,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let Some(identity) = wait_for_identity(&member, &shutdown).await? else {
+    // The membership's channel reconnects by itself once the control plane
+    // is back, and follows certificate renewals.
+    let Some(channel) = membership.channel(&shutdown).await else {
         return Ok(());
     };
-    edgeloop_client_core::install_crypto_provider();
-    // A lazy channel reconnects by itself once the control plane is back.
-    let channel = mtls_endpoint(&member.control_plane, &identity)
-        .context("control-plane URL")?
-        .connect_lazy();
     let mut client = AgentServiceClient::new(channel);
     let mut attempt: u32 = 0;
     loop {
