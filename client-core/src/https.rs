@@ -58,6 +58,21 @@ pub fn server_config(
     client_ca_pem: Option<&[u8]>,
 ) -> anyhow::Result<rustls::ServerConfig> {
     let (chain, key) = identity(chain_pem, key_pem)?;
+    let certified =
+        rustls::sign::CertifiedKey::from_der(chain, key, &rustls::crypto::ring::default_provider())
+            .context("the certificate and key do not make a TLS identity")?;
+    server_config_with_resolver(
+        Arc::new(rustls::sign::SingleCertAndKey::from(certified)),
+        client_ca_pem,
+    )
+}
+
+/// [`server_config`] with the certificate from `resolver` at each
+/// handshake: one that can be replaced while the listener runs.
+pub fn server_config_with_resolver(
+    resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+    client_ca_pem: Option<&[u8]>,
+) -> anyhow::Result<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -82,9 +97,7 @@ pub fn server_config(
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .context("the certificate and key do not make a TLS identity")?;
+    let mut config = builder.with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }

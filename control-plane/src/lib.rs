@@ -239,6 +239,7 @@ impl Server {
             core.shutdown.clone(),
         ));
         let compactor = tokio::spawn(retention::run(core.clone(), core.shutdown.clone()));
+        let reissue = tokio::spawn(fleet::pki::run_reissue(core.clone(), core.shutdown.clone()));
         let mut grpc = std::pin::pin!(grpc);
         let mut http = std::pin::pin!(http);
         // A server that dies on its own is an error; otherwise wait for the signal.
@@ -270,6 +271,9 @@ impl Server {
         }
         // A pipeline step may be mid-way through minutes of quantization;
         // steps are idempotent, so one cut short simply runs again on start.
+        if let Err(e) = reissue.await {
+            tracing::warn!(error = %e, "server certificate task ended abnormally");
+        }
         if let Err(e) = compactor.await {
             tracing::warn!(error = %e, "retention task ended abnormally");
         }
@@ -300,11 +304,13 @@ impl Server {
 fn http_tls_config(core: &Core, tls: &config::HttpTls) -> anyhow::Result<rustls::ServerConfig> {
     match tls {
         config::HttpTls::Off => anyhow::bail!("the console API is not configured for TLS"),
-        config::HttpTls::ServerCertificate => edgeloop_client_core::https::server_config(
-            core.pki.server_chain_pem().as_bytes(),
-            core.pki.server_key_pem().as_bytes(),
-            None,
-        ),
+        // Follows the server certificate's reissue, as gRPC does.
+        config::HttpTls::ServerCertificate => {
+            edgeloop_client_core::https::server_config_with_resolver(
+                core.pki.server_resolver(),
+                None,
+            )
+        }
         config::HttpTls::Files { cert, key } => {
             let read = |p: &std::path::Path| {
                 std::fs::read(p).with_context(|| format!("reading {}", p.display()))

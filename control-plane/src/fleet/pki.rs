@@ -6,6 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+use std::sync::{Arc, PoisonError, RwLock};
+
 use anyhow::Context as _;
 use edgeloop_models::fs::write_atomic;
 use edgeloop_models::Digest;
@@ -14,7 +16,7 @@ use rcgen::{
     DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
 };
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use time::{Duration, OffsetDateTime};
 
 use crate::error::Error;
@@ -32,14 +34,62 @@ pub struct Pki {
     ca_pem: String,
     ca_fingerprint: Digest,
     issuer: Issuer<'static, KeyPair>,
+    /// When the CA stops being valid.
+    ca_not_after: OffsetDateTime,
+    /// The server certificate, which [`Pki::reissue_server_if_due`]
+    /// replaces while the listeners run: they read it through
+    /// [`Pki::server_resolver`] at each handshake.
+    server: Arc<ServerCertSlot>,
+    paths: Paths,
+    server_names: Vec<String>,
+}
+
+/// The server certificate now: what a TLS handshake presents.
+#[derive(Clone)]
+struct ServerCert {
     /// Server certificate followed by the CA, so that a device holding only
     /// the CA fingerprint can find and check the CA during the handshake.
-    server_chain_pem: String,
-    server_key_pem: String,
-    /// When the CA and the server certificate stop being valid.
-    ca_not_after: OffsetDateTime,
-    server_not_after: OffsetDateTime,
+    chain_pem: String,
+    key_pem: String,
+    not_after: OffsetDateTime,
+    certified: Arc<rustls::sign::CertifiedKey>,
 }
+
+/// The current server certificate, swapped whole on reissue.
+struct ServerCertSlot(RwLock<ServerCert>);
+
+impl ServerCertSlot {
+    fn get(&self) -> ServerCert {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl std::fmt::Debug for ServerCertSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerCertSlot").finish_non_exhaustive()
+    }
+}
+
+impl rustls::server::ResolvesServerCert for ServerCertSlot {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.get().certified)
+    }
+}
+
+/// When the server certificate is reissued: within [`EXPIRY_WARNING`] of
+/// its end, the same window `/readyz` warns in.
+pub fn server_reissue_due(not_after: OffsetDateTime, now: OffsetDateTime) -> bool {
+    validity(not_after, now) != Validity::Valid
+}
+
+/// How long a server certificate lasts (the most browsers accept).
+const SERVER_LIFETIME: Duration = Duration::days(397);
 
 /// How a certificate stands at some moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +127,7 @@ fn not_after_of(pem: &str) -> anyhow::Result<OffsetDateTime> {
         .context("the certificate's end")
 }
 
+#[derive(Debug, Clone)]
 struct Paths {
     ca_cert: PathBuf,
     ca_key: PathBuf,
@@ -160,46 +211,56 @@ impl Pki {
         let names_json = serde_json::to_string(&names)?;
         let reuse = std::fs::read_to_string(&paths.server_names).ok().as_deref()
             == Some(names_json.as_str())
-            && server_cert_valid_for(&paths.server_cert, now + Duration::days(30));
-        let (server_chain_pem, server_key_pem) = if reuse {
-            (
+            && server_cert_valid_for(&paths.server_cert, now + EXPIRY_WARNING);
+        let server = if reuse {
+            server_cert(
                 std::fs::read_to_string(&paths.server_cert)?,
                 std::fs::read_to_string(&paths.server_key)?,
-            )
+            )?
         } else {
-            let key = KeyPair::generate()?;
-            let mut params = CertificateParams::new(names.clone()).context("server names")?;
-            let mut dn = DistinguishedName::new();
-            dn.push(DnType::CommonName, "edgeloop control plane");
-            params.distinguished_name = dn;
-            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            params.key_usages = vec![
-                KeyUsagePurpose::DigitalSignature,
-                KeyUsagePurpose::KeyEncipherment,
-            ];
-            params.not_before = now - Duration::hours(1);
-            params.not_after = now + Duration::days(397);
-            params.serial_number = Some(random_serial());
-            let cert = params
-                .signed_by(&key, &issuer)
-                .context("signing the server certificate")?;
-            let chain = format!("{}{}", cert.pem(), ca_pem);
-            write_atomic(&paths.server_key, key.serialize_pem().as_bytes(), 0o600)?;
-            write_atomic(&paths.server_cert, chain.as_bytes(), 0o644)?;
-            write_atomic(&paths.server_names, names_json.as_bytes(), 0o644)?;
-            (chain, key.serialize_pem())
+            issue_server(&paths, &names, &issuer, &ca_pem, now)?
         };
+        write_atomic(&paths.server_names, names_json.as_bytes(), 0o644)?;
         let ca_not_after = not_after_of(&ca_pem).context("the CA certificate")?;
-        let server_not_after = not_after_of(&server_chain_pem).context("the server certificate")?;
         Ok(Self {
             ca_pem,
             ca_fingerprint,
             issuer,
-            server_chain_pem,
-            server_key_pem,
             ca_not_after,
-            server_not_after,
+            server: Arc::new(ServerCertSlot(RwLock::new(server))),
+            paths,
+            server_names: names,
         })
+    }
+
+    /// Reissues the server certificate if it ends within
+    /// [`EXPIRY_WARNING`] of `now`, writing it to disk and swapping it in:
+    /// the next handshake on every listener presents it, with no restart.
+    /// Connections already open keep the one they started with. True if
+    /// it was reissued.
+    pub fn reissue_server_if_due(&self, now: OffsetDateTime) -> anyhow::Result<bool> {
+        if !server_reissue_due(self.server_not_after(), now) {
+            return Ok(false);
+        }
+        let fresh = issue_server(
+            &self.paths,
+            &self.server_names,
+            &self.issuer,
+            &self.ca_pem,
+            now,
+        )?;
+        tracing::info!(not_after = %fresh.not_after, "server certificate reissued");
+        *self
+            .server
+            .0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = fresh;
+        Ok(true)
+    }
+
+    /// What TLS listeners present: always the current server certificate.
+    pub fn server_resolver(&self) -> Arc<dyn rustls::server::ResolvesServerCert> {
+        self.server.clone()
     }
 
     /// When the CA stops being valid: then no member certificate verifies
@@ -208,10 +269,10 @@ impl Pki {
         self.ca_not_after
     }
 
-    /// When the server certificate (reissued at start within 30 days of its
-    /// end) stops being valid.
+    /// When the current server certificate (reissued within 30 days of
+    /// its end) stops being valid.
     pub fn server_not_after(&self) -> OffsetDateTime {
-        self.server_not_after
+        self.server.get().not_after
     }
 
     pub fn ca_pem(&self) -> &str {
@@ -222,12 +283,12 @@ impl Pki {
         self.ca_fingerprint
     }
 
-    pub fn server_chain_pem(&self) -> &str {
-        &self.server_chain_pem
+    pub fn server_chain_pem(&self) -> String {
+        self.server.get().chain_pem
     }
 
-    pub fn server_key_pem(&self) -> &str {
-        &self.server_key_pem
+    pub fn server_key_pem(&self) -> String {
+        self.server.get().key_pem
     }
 
     /// Signs the public key in `csr_pem` as `identity` (e.g. `device/cam-01`).
@@ -258,6 +319,84 @@ impl Pki {
             fingerprint: Digest::of(cert.der().as_ref()),
             not_after,
         })
+    }
+}
+
+/// Signs a server certificate for `names` valid from now (the system's:
+/// what peers check it against) until `now` + [`SERVER_LIFETIME`], and
+/// writes it with its key. Key first: a crash between the writes leaves a
+/// key without its certificate, and the start after reissues.
+fn issue_server(
+    paths: &Paths,
+    names: &[String],
+    issuer: &Issuer<'static, KeyPair>,
+    ca_pem: &str,
+    now: OffsetDateTime,
+) -> anyhow::Result<ServerCert> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(names.to_vec()).context("server names")?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "edgeloop control plane");
+    params.distinguished_name = dn;
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.not_before = OffsetDateTime::now_utc().min(now) - Duration::hours(1);
+    params.not_after = now + SERVER_LIFETIME;
+    params.serial_number = Some(random_serial());
+    let cert = params
+        .signed_by(&key, issuer)
+        .context("signing the server certificate")?;
+    let chain = format!("{}{}", cert.pem(), ca_pem);
+    write_atomic(&paths.server_key, key.serialize_pem().as_bytes(), 0o600)?;
+    write_atomic(&paths.server_cert, chain.as_bytes(), 0o644)?;
+    server_cert(chain, key.serialize_pem())
+}
+
+/// A server certificate chain and key, ready for handshakes.
+fn server_cert(chain_pem: String, key_pem: String) -> anyhow::Result<ServerCert> {
+    let chain = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .context("reading the server certificate chain")?;
+    let key =
+        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("reading the server key")?;
+    let certified =
+        rustls::sign::CertifiedKey::from_der(chain, key, &rustls::crypto::ring::default_provider())
+            .context("the server certificate and key")?;
+    let not_after = not_after_of(&chain_pem).context("the server certificate")?;
+    Ok(ServerCert {
+        chain_pem,
+        key_pem,
+        not_after,
+        certified: Arc::new(certified),
+    })
+}
+
+/// How often the server certificate's end is checked.
+pub const REISSUE_CHECK: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Checks the server certificate at start and every [`REISSUE_CHECK`],
+/// reissuing it within 30 days of its end (by the control plane's clock),
+/// until `shutdown`. A failure is logged and tried again next time:
+/// `/readyz` shows the end coming meanwhile.
+pub async fn run_reissue(core: Arc<crate::Core>, shutdown: tokio_util::sync::CancellationToken) {
+    let mut tick = tokio::time::interval(REISSUE_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let c = core.clone();
+        match tokio::task::spawn_blocking(move || c.pki.reissue_server_if_due(c.now())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %format!("{e:#}"), "reissuing the server certificate")
+            }
+            Err(e) => tracing::error!(error = %e, "server certificate task"),
+        }
     }
 }
 
@@ -319,6 +458,38 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn the_server_certificate_is_reissued_within_30_days_of_its_end_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = vec!["localhost".to_string()];
+        let pki = Pki::load_or_init(dir.path(), &names).unwrap();
+        let first = pki.server_chain_pem();
+        let end = pki.server_not_after();
+        let now = OffsetDateTime::now_utc();
+        assert!(!pki.reissue_server_if_due(now).unwrap());
+        assert!(!pki.reissue_server_if_due(end - Duration::days(31)).unwrap());
+        assert_eq!(pki.server_chain_pem(), first);
+        let late = end - Duration::days(29);
+        assert!(pki.reissue_server_if_due(late).unwrap());
+        assert_ne!(pki.server_chain_pem(), first);
+        // The certificate keeps whole seconds.
+        assert!((pki.server_not_after() - (late + SERVER_LIFETIME)).abs() < Duration::seconds(1));
+        // What a listener presents is the new one.
+        let presented = pki.server.get().certified.cert[0].clone();
+        assert_eq!(presented, pem_to_der(&pki.server_chain_pem()).unwrap());
+        // On disk, so the next start keeps it.
+        let again = Pki::load_or_init(dir.path(), &names).unwrap();
+        assert_eq!(again.server_chain_pem(), pki.server_chain_pem());
+        assert_eq!(again.ca_fingerprint(), pki.ca_fingerprint());
+        for (not_after, now, due) in [
+            (end, end - Duration::days(31), false),
+            (end, end - Duration::days(30), true),
+            (end, end, true),
+        ] {
+            assert_eq!(server_reissue_due(not_after, now), due, "{now}");
+        }
+    }
 
     #[test]
     fn init_reuse_and_sign() {

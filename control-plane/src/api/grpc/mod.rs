@@ -1,5 +1,5 @@
 //! gRPC for agents (`edgeloop.agent.v1`) and bridges (`edgeloop.bridge.v1`)
-//! over TLS. Client certificates are optional at the TLS layer only so that
+//! over TLS ([`tls`]: the server certificate can be reissued live). Client certificates are optional at the TLS layer only so that
 //! Enroll can be reached with a bootstrap token; every other RPC demands one
 //! (see [`auth`]). A certificate from another CA fails the handshake.
 
@@ -7,6 +7,7 @@ mod agent;
 pub mod auth;
 mod bridge;
 pub mod downloads;
+mod tls;
 
 use std::sync::Arc;
 
@@ -14,8 +15,7 @@ use edgeloop_proto::agent::v1::agent_service_server::AgentServiceServer;
 use edgeloop_proto::bridge::v1::bridge_service_server::BridgeServiceServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 
 use crate::Core;
 
@@ -27,15 +27,9 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(
-            core.pki.server_chain_pem(),
-            core.pki.server_key_pem(),
-        ))
-        .client_ca_root(Certificate::from_pem(core.pki.ca_pem()))
-        .client_auth_optional(true);
+    let tls = Arc::new(tls::server_config(&core)?);
+    let incoming = tls::incoming(listener, tls, shutdown.clone());
     Server::builder()
-        .tls_config(tls)?
         // Finds members whose connection died without a FIN, so their
         // streams (and the download permits they hold) end.
         .http2_keepalive_interval(Some(edgeloop_client_core::tls::KEEPALIVE_INTERVAL))
@@ -48,7 +42,7 @@ pub async fn serve(
             BridgeServiceServer::new(bridge::BridgeApi::new(core.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await?;
     Ok(())
 }
