@@ -57,10 +57,6 @@ impl Membership {
         Ok(m)
     }
 
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
     pub fn store(&self) -> &IdentityStore {
         &self.store
     }

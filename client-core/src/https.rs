@@ -17,8 +17,11 @@ use hyper_util::service::TowerToHyperService;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
@@ -102,6 +105,48 @@ pub fn server_config_with_resolver(
     Ok(config)
 }
 
+/// Accepted TLS connections, each handshake done on its own task within
+/// [`HANDSHAKE_TIMEOUT`], until `shutdown`: what [`serve`] and the control
+/// plane's gRPC listener read connections from.
+pub fn accept(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    shutdown: CancellationToken,
+) -> ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let acceptor = TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tx.closed() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Out of file descriptors, say: wait, do not spin.
+                        tracing::warn!(error = %e, "accepting a TLS connection");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            // Small answers written at once: Nagle would hold them back.
+            let _ = tcp.set_nodelay(true);
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send(Ok(tls)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
 /// Serves `app` over TLS until `shutdown`, then lets open connections
 /// finish their requests.
 pub async fn serve(
@@ -110,35 +155,20 @@ pub async fn serve(
     config: Arc<rustls::ServerConfig>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let acceptor = TlsAcceptor::from(config);
+    let mut connections = accept(listener, config, shutdown.clone());
     let graceful = GracefulShutdown::new();
     loop {
-        let (tcp, peer) = tokio::select! {
+        let tls = tokio::select! {
             _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of file descriptors, say: wait, do not spin.
-                    tracing::warn!(error = %e, "accepting a TLS connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
+            tls = connections.next() => match tls {
+                Some(Ok(tls)) => tls,
+                Some(Err(_)) => continue,
+                None => break,
             },
         };
-        // Small answers written at once: Nagle would hold them back.
-        let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
         let app = app.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => return,
-            };
             let client = ClientCertificate(
                 tls.get_ref()
                     .1
@@ -156,7 +186,7 @@ pub async fn serve(
                 TowerToHyperService::new(service),
             );
             if let Err(e) = watcher.watch(conn.into_owned()).await {
-                tracing::debug!(%peer, error = %e, "TLS connection ended");
+                tracing::debug!(error = %e, "TLS connection ended");
             }
         });
     }

@@ -28,7 +28,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let tls = Arc::new(tls::server_config(&core)?);
-    let incoming = tls::incoming(listener, tls, shutdown.clone());
+    let incoming = edgeloop_client_core::https::accept(listener, tls, shutdown.clone());
     Server::builder()
         // Finds members whose connection died without a FIN, so their
         // streams (and the download permits they hold) end.

@@ -182,10 +182,9 @@ fn csr(key: &KeyPair) -> String {
         .unwrap()
 }
 
-fn fingerprint(pem: &str) -> Digest {
+fn der(pem: &str) -> rustls::pki_types::CertificateDer<'static> {
     use rustls::pki_types::pem::PemObject as _;
-    let der = rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
-    Digest::of(der.as_ref())
+    rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
 }
 
 /// Enrollment, then two renewals years apart on an injected clock, through
@@ -232,6 +231,10 @@ async fn a_member_renews_twice_and_a_revoked_one_cannot() {
     let authorize = |fp: Digest, now: OffsetDateTime| {
         members::authorize(&store, MemberKind::Device, identity, fp, now)
     };
+    let renew_as = |member: &Member, presented: Digest, csr_pem: &str, now: OffsetDateTime| {
+        let (store, pki, member, csr_pem) = (&store, &pki, member.clone(), csr_pem.to_string());
+        async move { renew(store, pki, &member, presented, &csr_pem, lifetime, now).await }
+    };
 
     let mut current = cert0;
     for (round, renew_on) in [(1, 250), (2, 500)] {
@@ -242,36 +245,17 @@ async fn a_member_renews_twice_and_a_revoked_one_cannot() {
             "round {round}: due on day {renew_on}"
         );
         let key = KeyPair::generate().unwrap();
-        let new = renew(
-            &store,
-            &pki,
-            &member,
-            current.fingerprint,
-            &csr(&key),
-            lifetime,
-            now,
-        )
-        .await
-        .unwrap();
+        let new = renew_as(&member, current.fingerprint, &csr(&key), now)
+            .await
+            .unwrap();
         assert_eq!(new.not_after, now + lifetime, "round {round}");
-        assert_eq!(fingerprint(&new.pem), new.fingerprint);
-        let der = {
-            use rustls::pki_types::pem::PemObject as _;
-            rustls::pki_types::CertificateDer::from_pem_slice(new.pem.as_bytes()).unwrap()
-        };
-        assert_eq!(pki::identity_of(der.as_ref()).as_deref(), identity);
+        let new_der = der(&new.pem);
+        assert_eq!(Digest::of(new_der.as_ref()), new.fingerprint);
+        assert_eq!(pki::identity_of(new_der.as_ref()).as_deref(), identity);
         // The reply lost, the same key again: the same certificate.
-        let again = renew(
-            &store,
-            &pki,
-            &member,
-            current.fingerprint,
-            &csr(&key),
-            lifetime,
-            now,
-        )
-        .await
-        .unwrap();
+        let again = renew_as(&member, current.fingerprint, &csr(&key), now)
+            .await
+            .unwrap();
         assert_eq!(
             again.fingerprint, new.fingerprint,
             "round {round}: idempotent"
@@ -293,13 +277,10 @@ async fn a_member_renews_twice_and_a_revoked_one_cannot() {
         assert!(matches!(err, Error::Unauthenticated(_)), "{err}");
         // A replaced certificate cannot renew.
         let draining = authorize(current.fingerprint, later + Duration::seconds(1)).unwrap();
-        let err = renew(
-            &store,
-            &pki,
+        let err = renew_as(
             &draining,
             current.fingerprint,
             &csr(&KeyPair::generate().unwrap()),
-            lifetime,
             later,
         )
         .await
@@ -332,13 +313,10 @@ async fn a_member_renews_twice_and_a_revoked_one_cannot() {
     let err = authorize(current.fingerprint, day(760)).unwrap_err();
     assert!(matches!(err, Error::PermissionDenied(_)), "{err}");
     // Even with the record read before the revocation, the store refuses.
-    let err = renew(
-        &store,
-        &pki,
+    let err = renew_as(
         &stale,
         current.fingerprint,
         &csr(&KeyPair::generate().unwrap()),
-        lifetime,
         day(760),
     )
     .await
