@@ -873,6 +873,51 @@ async fn devices_are_selected_by_labels_and_reported_capabilities() {
         .await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["field"], "selector", "{body}");
+    // Pages by id from the cursor, the selector applied on the way: the
+    // two Berlin devices one page at a time, then an empty last page.
+    let page = |after: Option<String>| {
+        let api = cp.api();
+        async move {
+            let mut path = format!(
+                "/api/v1/devices?limit=1&selector={}",
+                urlencode("site=berlin")
+            );
+            if let Some(a) = after {
+                path.push_str(&format!("&after={a}"));
+            }
+            let resp = api
+                .request(reqwest::Method::GET, &path)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            let next = resp
+                .headers()
+                .get("edgeloop-next-cursor")
+                .map(|v| v.to_str().unwrap().to_string());
+            let body: Vec<serde_json::Value> = resp.json().await.unwrap();
+            let ids: Vec<String> = body
+                .iter()
+                .map(|d| d["id"].as_str().unwrap().to_string())
+                .collect();
+            (ids, next)
+        }
+    };
+    let (first, next) = page(None).await;
+    assert_eq!(first, ["cam-1"]);
+    assert_eq!(
+        next.as_deref(),
+        Some("cam-1"),
+        "a full page names its cursor"
+    );
+    let (second, next) = page(next).await;
+    assert_eq!(second, ["cam-2"]);
+    let (third, next) = page(next).await;
+    assert!(third.is_empty() && next.is_none(), "{third:?} {next:?}");
+    for bad in ["0", "1001", "x"] {
+        let (status, body) = cp.api().get(&format!("/api/v1/devices?limit={bad}")).await;
+        assert_eq!(status, 400, "limit={bad}: {body}");
+    }
     cp.stop().await;
 }
 

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use time::Duration;
 
 use super::json::{OptionalJson, ValidJson, ValidPath};
+use super::telemetry::{page_of, MAX_LIMIT};
 use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::{self, CreateToken, CreatedToken, MemberKind, MemberView, TokenView};
@@ -78,6 +79,11 @@ pub struct DeviceQuery {
     /// (`=`, `!=`, `in (..)`, `notin (..)`, `key`, `!key`; reported capabilities
     /// under `edgeloop.io/arch|os|agent-version|provider|gpu`).
     pub selector: Option<String>,
+    /// Devices after this id: the previous page's `edgeloop-next-cursor`.
+    pub after: Option<String>,
+    /// At most this many devices (1 to 1000); without it, every device.
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
 }
 
 fn show(core: &Core, kind: MemberKind, id: &str) -> Result<Json<MemberView>, Error> {
@@ -131,19 +137,37 @@ async fn set_labels(
 }
 
 /// Lists devices with their online/offline status, last-seen time and
-/// reported capabilities; `selector` picks a group.
+/// reported capabilities; `selector` picks a group. With `limit`, one page
+/// in id order, read by key range from `after` (filters applied on the
+/// way), and the next page's cursor in `edgeloop-next-cursor` when full.
 #[utoipa::path(get, path = "/api/v1/devices", tag = "fleet", params(DeviceQuery),
-    responses((status = 200, body = Vec<MemberView>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = Vec<MemberView>,
+        headers(("edgeloop-next-cursor" = String, description = "the next page's `after`, when this page is full"))),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn list_devices(
     State(core): State<Arc<Core>>,
     Extension(who): Extension<Principal>,
     q: Result<Query<DeviceQuery>, QueryRejection>,
-) -> Result<Json<Vec<MemberView>>, Error> {
+) -> Result<axum::response::Response, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
     let selector: Selector = q.selector.as_deref().unwrap_or("").parse()?;
-    let Json(mut all) = list_selected(&core, MemberKind::Device, &selector)?;
-    all.retain(|m| who.sees(&m.project));
-    Ok(Json(all))
+    if q.limit.is_some_and(|l| l == 0 || l > MAX_LIMIT) {
+        return Err(Error::bad_field(
+            "limit",
+            format!("must be 1 to {MAX_LIMIT}"),
+        ));
+    }
+    let limit = q.limit.unwrap_or(usize::MAX);
+    let page = core
+        .store
+        .devices
+        .page_after("", q.after.as_deref(), limit, |_, m| {
+            who.sees(&m.project) && selector.matches(&selector::facts(&m.labels, &m.capabilities))
+        })?;
+    let (now, window) = (core.now(), offline_after(&core));
+    Ok(page_of(page, limit, |(_, m)| {
+        members::member_view(m, now, window)
+    }))
 }
 
 #[utoipa::path(get, path = "/api/v1/devices/{id}", tag = "fleet", params(("id" = String, Path)),

@@ -132,7 +132,7 @@ pub async fn device_telemetry(
 }
 
 /// The items of a page and, when it is full, its last key as the cursor.
-fn page_of<V, T: serde::Serialize>(
+pub(super) fn page_of<V, T: serde::Serialize>(
     page: Vec<(String, V)>,
     limit: usize,
     view: impl FnMut((String, V)) -> T,
