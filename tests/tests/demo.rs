@@ -182,8 +182,11 @@ fn the_loop_closes_with_the_pytorch_trainer() {
             "11500",
             "--to-row",
             "14500",
+            // DDP training, the gate and the rollout must finish inside
+            // the replay; at 60 days a second they did not under the full
+            // suite's load (Slurm and Ray running beside it, 2 cores).
             "--rows-per-second",
-            "60",
+            "40",
         ],
     );
     assert_eq!(s["trainer"], "pytorch", "{s:#}");
