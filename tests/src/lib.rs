@@ -358,6 +358,22 @@ impl Api {
         self.send(self.request(reqwest::Method::GET, path)).await
     }
 
+    /// One page of a key-range listing: its items (the status must be
+    /// 200) and the next page's cursor from `edgeloop-next-cursor`.
+    pub async fn get_page(&self, path: &str) -> (Vec<Value>, Option<String>) {
+        let resp = self
+            .request(reqwest::Method::GET, path)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        let next = resp
+            .headers()
+            .get("edgeloop-next-cursor")
+            .map(|v| v.to_str().unwrap().to_string());
+        (resp.json().await.unwrap(), next)
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
         self.send(self.request(reqwest::Method::POST, path).json(&body))
             .await

@@ -885,17 +885,7 @@ async fn devices_are_selected_by_labels_and_reported_capabilities() {
             if let Some(a) = after {
                 path.push_str(&format!("&after={a}"));
             }
-            let resp = api
-                .request(reqwest::Method::GET, &path)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 200);
-            let next = resp
-                .headers()
-                .get("edgeloop-next-cursor")
-                .map(|v| v.to_str().unwrap().to_string());
-            let body: Vec<serde_json::Value> = resp.json().await.unwrap();
+            let (body, next) = api.get_page(&path).await;
             let ids: Vec<String> = body
                 .iter()
                 .map(|d| d["id"].as_str().unwrap().to_string())

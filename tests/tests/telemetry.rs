@@ -420,18 +420,7 @@ async fn samples_page_by_cursor_through_everything_once() {
             Some(a) => format!("/api/v1/models/rain/samples?limit=3&after={a}"),
             None => "/api/v1/models/rain/samples?limit=3".to_string(),
         };
-        let resp = cp
-            .api()
-            .request(reqwest::Method::GET, &path)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        let next = resp
-            .headers()
-            .get("edgeloop-next-cursor")
-            .map(|v| v.to_str().unwrap().to_string());
-        let page: Vec<serde_json::Value> = resp.json().await.unwrap();
+        let (page, next) = cp.api().get_page(&path).await;
         pages += 1;
         assert!(page.len() <= 3);
         assert_eq!(

@@ -50,14 +50,6 @@ fn offline_after(core: &Core) -> Duration {
 }
 
 fn list(core: &Core, kind: MemberKind) -> Result<Json<Vec<MemberView>>, Error> {
-    list_selected(core, kind, &Selector::default())
-}
-
-fn list_selected(
-    core: &Core,
-    kind: MemberKind,
-    selector: &Selector,
-) -> Result<Json<Vec<MemberView>>, Error> {
     let now = core.now();
     let window = offline_after(core);
     let views = core
@@ -65,7 +57,6 @@ fn list_selected(
         .members(kind)
         .values()?
         .into_iter()
-        .filter(|m| selector.matches(&selector::facts(&m.labels, &m.capabilities)))
         .map(|m| members::member_view(m, now, window))
         .collect();
     Ok(Json(views))
