@@ -919,3 +919,137 @@ fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+/// Reads every page of `path` (`limit` 2) and the cursor each named.
+async fn all_pages(api: &Api, path: &str, key: &str) -> (Vec<String>, Vec<String>) {
+    let (mut ids, mut cursors, mut after) = (Vec::new(), Vec::new(), None::<String>);
+    for _ in 0..10 {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let mut page = format!("{path}{sep}limit=2");
+        if let Some(a) = &after {
+            page.push_str(&format!("&after={a}"));
+        }
+        let (items, next) = api.get_page(&page).await;
+        ids.extend(items.iter().map(|v| v[key].as_str().unwrap().to_string()));
+        match next {
+            Some(n) => {
+                cursors.push(n.clone());
+                after = Some(n);
+            }
+            None => return (ids, cursors),
+        }
+    }
+    panic!("{path}: more than 10 pages of 2");
+}
+
+#[tokio::test]
+async fn jobs_deployments_and_pipelines_page_by_key_range() {
+    use edgeloop_control_plane::lifecycle::pipeline::{Pipeline, PipelineState, Step};
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let api = cp.api();
+
+    // Jobs: id order from the cursor, each once, the same set as the whole list.
+    for name in ["c-job", "a-job", "b-job"] {
+        let spec = json!({"name": name, "command": ["true"]});
+        assert_eq!(api.post("/api/v1/jobs", json!({"spec": spec})).await.0, 201);
+    }
+    let (paged, cursors) = all_pages(&api, "/api/v1/jobs", "id").await;
+    let mut whole: Vec<String> = api
+        .get("/api/v1/jobs")
+        .await
+        .1
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_string())
+        .collect();
+    whole.sort();
+    assert_eq!(paged, whole, "id order, every job once");
+    assert_eq!(
+        cursors.len(),
+        1,
+        "the full page names a cursor, the short last one none"
+    );
+    assert!(
+        paged[0].starts_with("a-job-") && paged[2].starts_with("c-job-"),
+        "{paged:?}"
+    );
+
+    // Deployments: newest first from the cursor down.
+    let digest = cp.upload(b"weights").await;
+    assert_eq!(
+        api.post("/api/v1/models", json!({"name": "m"})).await.0,
+        201
+    );
+    let (s, b) = api
+        .post(
+            "/api/v1/models/m/versions",
+            json!({"version": "1.0.0", "artifact_digest": digest.to_string()}),
+        )
+        .await;
+    assert_eq!(s, 201, "{b}");
+    for site in ["x", "y", "z"] {
+        let token = cp
+            .labelled_token("device", &format!("cam-{site}"), json!({"site": site}))
+            .await;
+        cp.enroll(
+            edgeloop_client_core::Role::Device,
+            &token,
+            &dir.path().join(site),
+        )
+        .await;
+    }
+    let mut created = Vec::new();
+    for site in ["x", "y", "z"] {
+        let (s, d) = api
+            .post(
+                "/api/v1/deployments",
+                json!({"model": "m", "version": "1.0.0", "selector": format!("site={site}")}),
+            )
+            .await;
+        assert_eq!(s, 201, "{d}");
+        created.push(d["id"].as_str().unwrap().to_string());
+    }
+    created.reverse();
+    let (paged, _) = all_pages(&api, "/api/v1/deployments", "id").await;
+    assert_eq!(paged, created, "newest first, each once");
+    let whole: Vec<String> = api
+        .get("/api/v1/deployments")
+        .await
+        .1
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(whole, created, "without limit, every one as before");
+
+    // Pipelines (records written as the runner writes them; ended, so it
+    // leaves them be): newest first, the model filter applied on the way.
+    for (id, model) in [
+        ("p-00000001", "m"),
+        ("p-00000002", "other"),
+        ("p-00000003", "m"),
+        ("p-00000004", "m"),
+    ] {
+        let (mut p, _) = Pipeline::new(id.into(), model.into(), "manual".into(), 0);
+        p.state = PipelineState::Cancelled {
+            step: Step::BuildDataset,
+        };
+        cp.core.store.pipelines.insert(id, &p).unwrap();
+    }
+    let (paged, _) = all_pages(&api, "/api/v1/pipelines?model=m", "id").await;
+    assert_eq!(paged, ["p-00000004", "p-00000003", "p-00000001"]);
+    let (paged, _) = all_pages(&api, "/api/v1/pipelines", "id").await;
+    assert_eq!(paged.len(), 4);
+
+    for path in ["/api/v1/jobs", "/api/v1/deployments", "/api/v1/pipelines"] {
+        let long_cursor = format!("after={}", "a".repeat(1025));
+        for bad in ["limit=0", "limit=1001", "limit=x", &long_cursor] {
+            let (status, body) = api.get(&format!("{path}?{bad}")).await;
+            assert_eq!(status, 400, "{path}?{bad}: {body}");
+        }
+    }
+    cp.stop().await;
+}

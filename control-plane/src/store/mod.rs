@@ -289,6 +289,46 @@ mod tests {
     }
 
     #[test]
+    fn pages_before_the_cursor_go_newest_first_and_stay_in_the_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let t = &store.pipeline_active;
+        for k in ["a/1", "a/2", "a/3", "a/4", "b/1", "a0", "0"] {
+            t.insert(k, &k.to_string()).unwrap();
+        }
+        let keys = |page: Vec<(String, String)>| -> Vec<String> {
+            page.into_iter().map(|(k, _)| k).collect()
+        };
+        let all = |_: &str, _: &String| true;
+        assert_eq!(
+            keys(t.page_before("a/", None, 2, all).unwrap()),
+            ["a/4", "a/3"]
+        );
+        assert_eq!(
+            keys(t.page_before("a/", Some("a/3"), 10, all).unwrap()),
+            ["a/2", "a/1"],
+            "below the cursor, and not past the prefix's start"
+        );
+        assert!(t
+            .page_before("a/", Some("a/1"), 10, all)
+            .unwrap()
+            .is_empty());
+        // A cursor past the prefix starts at its end, one before it gives
+        // nothing; the filter does not count toward the limit.
+        let odd = |k: &str, _: &String| k.ends_with('1') || k.ends_with('3');
+        assert_eq!(
+            keys(t.page_before("a/", Some("z"), 2, odd).unwrap()),
+            ["a/3", "a/1"]
+        );
+        assert!(t.page_before("a/", Some("0"), 10, all).unwrap().is_empty());
+        assert_eq!(
+            keys(t.page_before("", None, 3, all).unwrap()),
+            ["b/1", "a0", "a/4"],
+            "the empty prefix is every key"
+        );
+    }
+
+    #[test]
     fn newer_schema_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db");

@@ -262,6 +262,48 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         Ok(out)
     }
 
+    /// Up to `n` records with `prefix` and a key strictly below `before`
+    /// (from the prefix's end when `None`) that `keep` accepts, newest key
+    /// first: [`Tree::page_after`] for lists shown newest first (records
+    /// keyed by a growing sequence), reading from the cursor down to the
+    /// page's end.
+    pub fn page_before(
+        &self,
+        prefix: &str,
+        before: Option<&str>,
+        n: usize,
+        mut keep: impl FnMut(&str, &V) -> bool,
+    ) -> Result<Vec<(String, V)>, StoreError> {
+        use std::ops::Bound;
+        let start = Bound::Included(prefix.as_bytes().to_vec());
+        // The first key past the prefix, or the cursor if it is lower: the
+        // reverse scan starts inside the prefix, never above it.
+        let end = match (before.map(str::as_bytes), prefix_end(prefix.as_bytes())) {
+            (Some(b), Some(e)) if b > e.as_slice() => Bound::Excluded(e),
+            (Some(b), _) => Bound::Excluded(b.to_vec()),
+            (None, Some(e)) => Bound::Excluded(e),
+            (None, None) => Bound::Unbounded,
+        };
+        if let (Bound::Excluded(e), Bound::Included(s)) = (&end, &start) {
+            if e <= s {
+                return Ok(Vec::new());
+            }
+        }
+        let mut out = Vec::with_capacity(n.min(1024));
+        for item in self.tree.range::<Vec<u8>, _>((start, end)).rev() {
+            if out.len() >= n {
+                break;
+            }
+            let (k, raw) = item?;
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let v = self.decode(&k, &raw)?;
+            if keep(&key, &v) {
+                out.push((key, v));
+            }
+        }
+        Ok(out)
+    }
+
     /// The first `n` records by key order.
     pub fn first(&self, n: usize) -> Result<Vec<(String, V)>, StoreError> {
         self.first_with_prefix("", n)
@@ -280,4 +322,17 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
     pub fn values(&self) -> Result<Vec<V>, StoreError> {
         Ok(self.scan_prefix("")?.into_iter().map(|(_, v)| v).collect())
     }
+}
+
+/// The smallest key above every key that starts with `prefix`; `None` when
+/// there is none (an empty prefix, or one of only 0xff bytes).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
 }

@@ -3,16 +3,19 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 
 use super::json::{ValidJson, ValidPath};
+use super::paging::{limit_of, try_page_of};
 use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::deployments::{self, CreateDeployment, DeploymentRecord, DeploymentView};
 use crate::Core;
 use axum::Extension;
+use serde::Deserialize;
 
 fn view(core: &Core, record: DeploymentRecord, with_events: bool) -> Result<DeploymentView, Error> {
     let events = if with_events {
@@ -44,24 +47,49 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(view(&core, record, false)?)))
 }
 
-/// Every deployment, newest first (without event logs).
-#[utoipa::path(get, path = "/api/v1/deployments", tag = "fleet",
-    responses((status = 200, body = Vec<DeploymentView>), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DeploymentQuery {
+    /// Deployments older than this id: the previous page's
+    /// `edgeloop-next-cursor`.
+    #[param(max_length = 1024)]
+    pub after: Option<String>,
+    /// At most this many deployments (1 to 1000); without it, every one.
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+}
+
+/// Every deployment, newest first (without event logs); with `limit` or
+/// `after`, one page read by key range from `after` down, and the next
+/// page's cursor in `edgeloop-next-cursor` when full.
+#[utoipa::path(get, path = "/api/v1/deployments", tag = "fleet", params(DeploymentQuery),
+    responses((status = 200, body = Vec<DeploymentView>,
+        headers(("edgeloop-next-cursor" = String, description = "the next page's `after`, when this page is full"))),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn list(
     State(core): State<Arc<Core>>,
     Extension(who): Extension<Principal>,
-) -> Result<Json<Vec<DeploymentView>>, Error> {
-    let mut visible = Vec::new();
-    for r in deployments::list(&core.store)? {
-        if super::scope::sees_model(&core, &who, &r.deployment.model)? {
-            visible.push(r);
-        }
+    q: Result<Query<DeploymentQuery>, QueryRejection>,
+) -> Result<axum::response::Response, Error> {
+    let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
+    let limit = limit_of(q.limit, q.after.as_deref())?;
+    // Ids are `d-<seq>`, so key order is creation order: newest first is
+    // the keys read downwards.
+    let mut failed = None;
+    let page = core
+        .store
+        .deployments
+        .page_before("", q.after.as_deref(), limit, |_, r| {
+            super::scope::sees_model(&core, &who, &r.deployment.model).unwrap_or_else(|e| {
+                failed.get_or_insert(e);
+                false
+            })
+        })?;
+    if let Some(e) = failed {
+        return Err(e);
     }
-    let all = visible
-        .into_iter()
-        .map(|r| view(&core, r, false))
-        .collect::<Result<_, _>>()?;
-    Ok(Json(all))
+    try_page_of(page, limit, |(_, r)| view(&core, r, false))
 }
 
 /// One deployment with its event log (waves, gate evidence, rollback).

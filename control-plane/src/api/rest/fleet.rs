@@ -10,7 +10,7 @@ use serde::Deserialize;
 use time::Duration;
 
 use super::json::{OptionalJson, ValidJson, ValidPath};
-use super::telemetry::{page_of, MAX_LIMIT};
+use super::paging::{limit_of, page_of};
 use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::{self, CreateToken, CreatedToken, MemberKind, MemberView, TokenView};
@@ -142,13 +142,7 @@ pub async fn list_devices(
 ) -> Result<axum::response::Response, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
     let selector: Selector = q.selector.as_deref().unwrap_or("").parse()?;
-    if q.limit.is_some_and(|l| l == 0 || l > MAX_LIMIT) {
-        return Err(Error::bad_field(
-            "limit",
-            format!("must be 1 to {MAX_LIMIT}"),
-        ));
-    }
-    let limit = q.limit.unwrap_or(usize::MAX);
+    let limit = limit_of(q.limit, q.after.as_deref())?;
     let page = core
         .store
         .devices

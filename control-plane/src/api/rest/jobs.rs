@@ -2,11 +2,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 
 use super::json::{ValidJson, ValidPath};
+use super::paging::{limit_of, paged, try_page_of};
 use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::FleetEvent;
@@ -14,6 +16,7 @@ use crate::lifecycle::jobs::{self, CreateJob, JobRecord};
 use crate::registry::checkpoints::{self, CheckpointRecord};
 use crate::Core;
 use axum::Extension;
+use serde::Deserialize;
 
 pub use edgeloop_api::jobs::{CheckpointView, Job, JobView, SubmittedSpec};
 
@@ -91,18 +94,45 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(view(&core, job)?)))
 }
 
-#[utoipa::path(get, path = "/api/v1/jobs", tag = "loop",
-    responses((status = 200, body = Vec<Job>)), security(("bearer" = [])))]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct JobQuery {
+    /// Jobs after this id: the previous page's `edgeloop-next-cursor`.
+    #[param(max_length = 1024)]
+    pub after: Option<String>,
+    /// At most this many jobs (1 to 1000), in id order; without it or
+    /// `after`, every job, oldest first.
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+}
+
+/// Every job the caller sees, oldest first; with `limit`, one page in id
+/// order read by key range from `after`, and the next page's cursor in
+/// `edgeloop-next-cursor` when full.
+#[utoipa::path(get, path = "/api/v1/jobs", tag = "loop", params(JobQuery),
+    responses((status = 200, body = Vec<Job>,
+        headers(("edgeloop-next-cursor" = String, description = "the next page's `after`, when this page is full"))),
+        (status = 400, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn list(
     State(core): State<Arc<Core>>,
     Extension(who): Extension<Principal>,
-) -> Result<Json<Vec<Job>>, Error> {
+    q: Result<Query<JobQuery>, QueryRejection>,
+) -> Result<axum::response::Response, Error> {
+    let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
+    let limit = limit_of(q.limit, q.after.as_deref())?;
+    if q.limit.is_some() || q.after.is_some() {
+        let page = core
+            .store
+            .jobs
+            .page_after("", q.after.as_deref(), limit, |_, j| who.sees(&j.project))?;
+        return try_page_of(page, limit, |(_, j)| job_view(j));
+    }
     let mut all = core.store.jobs.values()?;
     all.retain(|j| who.sees(&j.project));
     all.sort_by_key(|j| j.created_at);
-    Ok(Json(
-        all.into_iter().map(job_view).collect::<Result<_, _>>()?,
-    ))
+    let all: Vec<Job> = all.into_iter().map(job_view).collect::<Result<_, _>>()?;
+    Ok(paged(all, None))
 }
 
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "loop", params(("id" = String, Path)),

@@ -16,6 +16,7 @@ pub mod json;
 mod metrics;
 mod models;
 pub mod openapi;
+mod paging;
 mod pipelines;
 pub mod scope;
 mod telemetry;

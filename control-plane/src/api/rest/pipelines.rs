@@ -11,6 +11,7 @@ use edgeloop_api::pipelines::{self as api, PipelineView, RetrainRequest, SignPip
 use serde::Deserialize;
 
 use super::json::{OptionalJson, ValidJson, ValidPath};
+use super::paging::{limit_of, page_of};
 use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::lifecycle::pipeline::{Output, Pipeline, PipelineState, StepRecord};
@@ -208,25 +209,46 @@ pub async fn retrain(
 pub struct PipelineQuery {
     /// Only this model's pipelines.
     pub model: Option<String>,
+    /// Pipelines older than this id: the previous page's
+    /// `edgeloop-next-cursor`.
+    #[param(max_length = 1024)]
+    pub after: Option<String>,
+    /// At most this many pipelines (1 to 1000); without it, every one.
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
 }
 
-/// Every pipeline, newest first.
+/// Every pipeline, newest first; with `limit` or `after`, one page read by
+/// key range from `after` down (the filters applied on the way), and the
+/// next page's cursor in `edgeloop-next-cursor` when full.
 #[utoipa::path(get, path = "/api/v1/pipelines", tag = "loop", params(PipelineQuery),
-    responses((status = 200, body = Vec<PipelineView>), (status = 400, body = ErrorBody)),
+    responses((status = 200, body = Vec<PipelineView>,
+        headers(("edgeloop-next-cursor" = String, description = "the next page's `after`, when this page is full"))),
+        (status = 400, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list(
     State(core): State<Arc<Core>>,
     Extension(who): Extension<Principal>,
     q: Result<Query<PipelineQuery>, QueryRejection>,
-) -> Result<Json<Vec<PipelineView>>, Error> {
+) -> Result<axum::response::Response, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
-    let mut out = Vec::new();
-    for p in retrain::list(&core.store, q.model.as_deref())? {
-        if super::scope::sees_model(&core, &who, &p.model)? {
-            out.push(view(p, false));
-        }
+    let limit = limit_of(q.limit, q.after.as_deref())?;
+    // Ids are `p-<seq>`: newest first is the keys read downwards.
+    let mut failed = None;
+    let page = core
+        .store
+        .pipelines
+        .page_before("", q.after.as_deref(), limit, |_, p| {
+            q.model.as_deref().is_none_or(|m| p.model == m)
+                && super::scope::sees_model(&core, &who, &p.model).unwrap_or_else(|e| {
+                    failed.get_or_insert(e);
+                    false
+                })
+        })?;
+    if let Some(e) = failed {
+        return Err(e);
     }
-    Ok(Json(out))
+    Ok(page_of(page, limit, |(_, p)| view(p, false)))
 }
 
 #[utoipa::path(get, path = "/api/v1/pipelines/{id}", tag = "loop", params(("id" = String, Path)),

@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use super::json::ValidJson;
 use super::json::ValidPath;
+use super::paging::{limit_of, page_of};
 use super::Principal;
 use crate::drift::labels;
 use crate::drift::records::{SampleKind, SketchRecord};
@@ -25,7 +26,6 @@ use edgeloop_api::samples::{
 };
 
 pub const DEFAULT_LIMIT: usize = 100;
-pub const MAX_LIMIT: usize = 1000;
 
 /// Filters; results come in key order (version, device, sequence) and
 /// `after_sequence` pages through one device's reports.
@@ -58,38 +58,12 @@ pub struct ReportQuery {
     pub after: Option<String>,
 }
 
-/// The response header that carries the next page's cursor.
-pub const NEXT_CURSOR: &str = "edgeloop-next-cursor";
-
-/// One page, and the header that finds the next (only when this page is
-/// full: there may be more).
-fn paged<T: serde::Serialize>(items: Vec<T>, last_key: Option<String>) -> axum::response::Response {
-    use axum::response::IntoResponse as _;
-    let mut response = Json(items).into_response();
-    if let Some(key) = last_key {
-        if let Ok(v) = axum::http::HeaderValue::from_str(&key) {
-            response
-                .headers_mut()
-                .insert(axum::http::HeaderName::from_static(NEXT_CURSOR), v);
-        }
-    }
-    response
-}
-
 fn query(q: Result<Query<ReportQuery>, QueryRejection>) -> Result<ReportQuery, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
     if q.after_sequence.is_some_and(|a| a < 0) {
         return Err(Error::bad_field("after_sequence", "must be at least 0"));
     }
-    if q.limit.is_some_and(|l| l == 0 || l > MAX_LIMIT) {
-        return Err(Error::bad_field(
-            "limit",
-            format!("must be 1 to {MAX_LIMIT}"),
-        ));
-    }
-    if q.after.as_ref().is_some_and(|a| a.len() > 1024) {
-        return Err(Error::bad_field("after", "a cursor is at most 1024 bytes"));
-    }
+    limit_of(q.limit, q.after.as_deref())?;
     Ok(q)
 }
 
@@ -129,18 +103,6 @@ pub async fn device_telemetry(
                 keep(&q, &r.device, r.sequence)
             })?;
     Ok(page_of(page, limit, |(_, r)| r))
-}
-
-/// The items of a page and, when it is full, its last key as the cursor.
-pub(super) fn page_of<V, T: serde::Serialize>(
-    page: Vec<(String, V)>,
-    limit: usize,
-    view: impl FnMut((String, V)) -> T,
-) -> axum::response::Response {
-    let last = (page.len() >= limit)
-        .then(|| page.last().map(|(k, _)| k.clone()))
-        .flatten();
-    paged(page.into_iter().map(view).collect(), last)
 }
 
 /// Drift sketches of a model (one per device, version and window).
