@@ -126,6 +126,16 @@ pub struct ServeSettings {
     /// (default 7).
     #[arg(long, env = "EDGELOOP_RETENTION_PARTIAL_UPLOAD_DAYS")]
     pub retention_partial_upload_days: Option<u32>,
+    /// Days a finished training job is kept, with its progress history and
+    /// checkpoints, unless a model version or an unfinished pipeline names
+    /// it (default 90).
+    #[arg(long, env = "EDGELOOP_RETENTION_JOB_DAYS")]
+    pub retention_job_days: Option<u32>,
+    /// Hours an artifact no record references is kept after it was last
+    /// uploaded, before garbage collection deletes it (1 to 8760; default
+    /// 24): register what you upload within it.
+    #[arg(long, env = "EDGELOOP_RETENTION_ARTIFACT_GRACE_HOURS")]
+    pub retention_artifact_grace_hours: Option<u32>,
     /// Prices for the cost report; `[cost]` in the file.
     #[command(flatten)]
     #[serde(default)]
@@ -323,6 +333,10 @@ impl ServeSettings {
             retention_partial_upload_days: self
                 .retention_partial_upload_days
                 .or(lower.retention_partial_upload_days),
+            retention_job_days: self.retention_job_days.or(lower.retention_job_days),
+            retention_artifact_grace_hours: self
+                .retention_artifact_grace_hours
+                .or(lower.retention_artifact_grace_hours),
             cost: self.cost.or(lower.cost),
         }
     }
@@ -482,6 +496,17 @@ impl Config {
                 s.retention_partial_upload_days,
                 dr.partial_uploads,
             )?,
+            jobs: days("retention-job-days", s.retention_job_days, dr.jobs)?,
+            artifact_grace: {
+                let h = s
+                    .retention_artifact_grace_hours
+                    .map_or(dr.artifact_grace.whole_hours(), i64::from);
+                anyhow::ensure!(
+                    (1..=8760).contains(&h),
+                    "retention-artifact-grace-hours must be 1..=8760"
+                );
+                time::Duration::hours(h)
+            },
         };
         let dq = crate::fleet::admission::Quota::default();
         let device_quota = crate::fleet::admission::Quota {

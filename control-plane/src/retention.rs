@@ -11,6 +11,16 @@
 //! - Interrupted checkpoint uploads (`--retention-partial-upload-days`, 7)
 //!   nobody wrote to for that long: a bridge back after that starts over.
 //!
+//! - Finished training jobs (`--retention-job-days`, 90) with their
+//!   progress history and checkpoint records, unless a model version's
+//!   lineage or an unfinished pipeline names them; and in every job, the
+//!   checkpoints past its spec's `checkpoint.keep_last`, as its bridge
+//!   drops them. A checkpoint a record pins always stays ([`jobs`]).
+//! - Artifacts no record references, last stored more than
+//!   `--retention-artifact-grace-hours` (24) ago: mark and sweep, after
+//!   the records above are pruned, so what they held goes in the same
+//!   pass ([`gc`], which lists every record kind it reads).
+//!
 //! Samples have their own count-based retention (`drift::retention`), the
 //! audit log its own (`auth::audit`). Each decision is a pure function of
 //! the records' times and `now`; the passes around them only read and
@@ -20,6 +30,9 @@ use std::sync::Arc;
 
 use time::{Duration, OffsetDateTime};
 use tokio_util::sync::CancellationToken;
+
+pub mod gc;
+pub mod jobs;
 
 use crate::error::Result;
 use crate::fleet::members::BootstrapTokenRecord;
@@ -33,6 +46,11 @@ pub struct Retention {
     pub sketches: Duration,
     pub tokens: Duration,
     pub partial_uploads: Duration,
+    /// Finished jobs, by when they ended.
+    pub jobs: Duration,
+    /// How long an artifact nothing references is kept after it was last
+    /// stored: a client uploads first, then registers what names it.
+    pub artifact_grace: Duration,
 }
 
 impl Default for Retention {
@@ -42,6 +60,8 @@ impl Default for Retention {
             sketches: Duration::days(90),
             tokens: Duration::days(30),
             partial_uploads: Duration::days(7),
+            jobs: Duration::days(90),
+            artifact_grace: Duration::hours(24),
         }
     }
 }
@@ -76,6 +96,8 @@ pub struct Dropped {
     pub sketches: u64,
     pub tokens: u64,
     pub partial_uploads: u64,
+    pub jobs: u64,
+    pub checkpoints: u64,
 }
 
 const BATCH: usize = 1024;
@@ -109,8 +131,23 @@ fn prune_prefix<V: serde::Serialize + serde::de::DeserializeOwned>(
     }
 }
 
-/// One pass over every kind. Blocking; the caller flushes.
+/// One pass over every kind of record, by `now`; the artifacts they held
+/// are [`gc::sweep`]'s, once what went here is durable. Blocking; the
+/// caller flushes.
 pub fn prune(
+    store: &Store,
+    artifacts: &dyn crate::registry::artifacts::ArtifactStore,
+    r: Retention,
+    now: OffsetDateTime,
+) -> Result<Dropped> {
+    let mut d = prune_records(store, artifacts, r, now)?;
+    let pins = gc::pinned(store)?;
+    (d.jobs, d.checkpoints) = jobs::prune(store, &pins, now, r.jobs)?;
+    Ok(d)
+}
+
+/// Telemetry, sketches, tokens and partial uploads. Blocking.
+fn prune_records(
     store: &Store,
     artifacts: &dyn crate::registry::artifacts::ArtifactStore,
     r: Retention,
@@ -162,7 +199,8 @@ pub fn prune(
     Ok(d)
 }
 
-/// Runs [`prune`] at start and then hourly, until `shutdown`.
+/// Runs [`prune`], then garbage collection ([`gc::mark`], [`gc::sweep`]), at start and then hourly, until
+/// `shutdown`.
 pub async fn run(core: Arc<Core>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
     loop {
@@ -170,27 +208,51 @@ pub async fn run(core: Arc<Core>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let (store, artifacts) = (core.store.clone(), core.artifacts.clone());
-        let (r, now) = (core.config.retention, core.now());
-        let pass = move || prune(&store, artifacts.as_ref(), r, now);
-        match tokio::task::spawn_blocking(pass).await {
-            Ok(Ok(d)) if d == Dropped::default() => {}
-            Ok(Ok(d)) => {
-                tracing::info!(
-                    telemetry = d.telemetry,
-                    sketches = d.sketches,
-                    tokens = d.tokens,
-                    partial_uploads = d.partial_uploads,
-                    "retention"
-                );
-                if let Err(e) = core.store.flush().await {
-                    tracing::warn!(error = %e, "flushing after retention");
-                }
-            }
-            Ok(Err(e)) => tracing::warn!(error = %e, "retention failed; retrying in an hour"),
-            Err(e) => tracing::warn!(error = %e, "retention task panicked"),
+        if let Err(e) = pass(&core).await {
+            tracing::warn!(error = %e, "retention failed; retrying in an hour");
         }
     }
+}
+
+/// One pass: the records, the live set, a flush, then the artifacts. The
+/// flush makes what the live set was read from durable (the records this
+/// pass dropped, and any other write it saw) before anything is deleted,
+/// so a crash never brings back a record whose artifact is gone.
+async fn pass(core: &Arc<Core>) -> anyhow::Result<()> {
+    let c = core.clone();
+    let (d, marked) = tokio::task::spawn_blocking(move || {
+        let d = prune(&c.store, c.artifacts.as_ref(), c.config.retention, c.now())?;
+        Ok::<_, crate::error::Error>((d, gc::mark(&c.store, c.artifacts.as_ref())?))
+    })
+    .await??;
+    core.store.flush().await?;
+    let c = core.clone();
+    let swept = tokio::task::spawn_blocking(move || {
+        let grace = c.config.retention.artifact_grace;
+        let now = OffsetDateTime::now_utc();
+        gc::sweep(
+            c.artifacts.as_ref(),
+            &marked,
+            Some(&c.artifact_cache),
+            grace,
+            now,
+        )
+    })
+    .await??;
+    if d != Dropped::default() || !swept.deleted.is_empty() {
+        tracing::info!(
+            telemetry = d.telemetry,
+            sketches = d.sketches,
+            tokens = d.tokens,
+            partial_uploads = d.partial_uploads,
+            jobs = d.jobs,
+            checkpoints = d.checkpoints,
+            artifacts = swept.deleted.len(),
+            artifact_bytes = swept.bytes,
+            "retention"
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

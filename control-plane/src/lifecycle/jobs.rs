@@ -82,6 +82,19 @@ impl JobRecord {
     }
 }
 
+/// How many of its newest checkpoints the job's spec keeps (its bridge
+/// keeps as many on its disk), read as the bridge reads it: an absent
+/// section or field is the default. `None` when the stored spec does not
+/// say in a way this binary reads: then every checkpoint is kept.
+pub fn keep_last(job: &JobRecord) -> Option<usize> {
+    use edgeloop_api::spec::CheckpointPolicy;
+    let policy = match job.spec.get("checkpoint") {
+        None => CheckpointPolicy::default(),
+        Some(section) => serde_json::from_value::<CheckpointPolicy>(section.clone()).ok()?,
+    };
+    usize::try_from(policy.keep_last).ok().filter(|&n| n > 0)
+}
+
 /// Whether the lease on `job` has lapsed at `now` (its bridge went away).
 pub fn lease_lapsed(job: &JobRecord, now: OffsetDateTime) -> bool {
     matches!(job.state, JobState::Leased | JobState::Running)

@@ -25,6 +25,10 @@ pub struct CacheCounters {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub evictions: AtomicU64,
+    /// Artifacts the compactor's garbage collection deleted from the store,
+    /// and their bytes (`crate::retention::gc`).
+    pub collected: AtomicU64,
+    pub collected_bytes: AtomicU64,
 }
 
 struct Entry {
@@ -176,6 +180,12 @@ impl ArtifactCache {
         }
     }
 
+    /// Drops `digest` (deleted from the store) if held; whether it was.
+    /// A load in flight finishes for its callers and is not kept.
+    pub fn forget(&self, digest: Digest) -> bool {
+        self.lock().entries.remove(&digest).is_some()
+    }
+
     /// Bytes held now.
     pub fn held_bytes(&self) -> u64 {
         self.lock()
@@ -265,6 +275,21 @@ mod tests {
         assert_eq!(cache.cached(digest).unwrap().len(), 200);
         assert_eq!(cache.counters.hits.load(Ordering::Relaxed), 1);
         assert_eq!(cache.counters.store_read_bytes.load(Ordering::Relaxed), 200);
+    }
+
+    #[tokio::test]
+    async fn a_forgotten_artifact_is_read_from_the_store_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalArtifactStore::open(dir.path()).unwrap();
+        let digest = stored(&store, &[8u8; 100]).await;
+        let cache = ArtifactCache::new(1 << 20);
+        assert!(!cache.forget(digest), "not held yet");
+        cache.get(&store, digest).await.unwrap();
+        assert!(cache.forget(digest));
+        assert_eq!(cache.held_bytes(), 0);
+        assert!(cache.cached(digest).is_none());
+        cache.get(&store, digest).await.unwrap();
+        assert_eq!(cache.counters.misses.load(Ordering::Relaxed), 2);
     }
 
     #[tokio::test]

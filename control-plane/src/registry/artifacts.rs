@@ -48,6 +48,16 @@ pub struct PutOutcome {
     pub created: bool,
 }
 
+/// A stored artifact as garbage collection sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredArtifact {
+    pub digest: Digest,
+    pub size: u64,
+    /// When it was last stored: a put of bytes already held refreshes it,
+    /// so the grace period counts from the newest upload.
+    pub modified: std::time::SystemTime,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct UploadLimits {
     /// Hard cap on any artifact.
@@ -114,6 +124,28 @@ pub trait ArtifactStore: Send + Sync + 'static {
         Ok(0)
     }
 
+    /// Every stored artifact (whole ones; partial uploads are not
+    /// artifacts), for garbage collection. Blocking. A store that cannot
+    /// list returns none, and then nothing of it is ever collected.
+    fn list(&self) -> Result<Vec<StoredArtifact>, ArtifactError> {
+        Ok(Vec::new())
+    }
+
+    /// Deletes `digest` if it is still stored and was last stored (put,
+    /// or put again) at or before `cutoff`; returns the bytes freed, or
+    /// None when it was kept or absent. The check and the delete are one
+    /// step against a concurrent put of the same digest, so an upload that
+    /// refreshed it since the caller listed it is never lost. Never leaves
+    /// something that `head` or `open_at` would serve in part. Blocking.
+    /// Default: deletes nothing.
+    fn delete_if_older(
+        &self,
+        _digest: Digest,
+        _cutoff: std::time::SystemTime,
+    ) -> Result<Option<u64>, ArtifactError> {
+        Ok(None)
+    }
+
     /// Size of a stored artifact, or None.
     async fn head(&self, digest: Digest) -> Result<Option<u64>, ArtifactError>;
 
@@ -153,12 +185,19 @@ pub async fn put_bytes(
 #[derive(Debug, Clone)]
 pub struct LocalArtifactStore {
     root: PathBuf,
+    /// Orders a commit against a garbage-collection delete of the same
+    /// path: a commit that finds the artifact there refreshes its time
+    /// under it, and a delete re-checks that time under it, so a put
+    /// answered "stored" is never followed by its artifact's deletion.
+    /// Held only for a few syscalls, never across an await.
+    gate: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 impl LocalArtifactStore {
     pub fn open(root: &Path) -> io::Result<Self> {
         let store = Self {
             root: root.to_path_buf(),
+            gate: Default::default(),
         };
         std::fs::create_dir_all(store.root.join("sha256"))?;
         let tmp = store.root.join("tmp");
@@ -192,20 +231,38 @@ impl LocalArtifactStore {
         size: u64,
     ) -> Result<PutOutcome, ArtifactError> {
         let dest = self.path_of(digest);
-        if tokio::fs::try_exists(&dest).await? {
-            tokio::fs::remove_file(file).await?;
+        let dir = dest
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| self.root.clone());
+        let (gate, from, to, shard) = (self.gate.clone(), file.to_path_buf(), dest, dir.clone());
+        let created = tokio::task::spawn_blocking(move || -> io::Result<bool> {
+            let _turn = gate
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if to.exists() {
+                // Stored again: its grace period before collection starts
+                // over, durably, as for a new upload (a client registers
+                // what it uploaded after the upload, however old the bytes).
+                let held = std::fs::File::options().write(true).open(&to)?;
+                held.set_modified(std::time::SystemTime::now())?;
+                held.sync_all()?;
+                std::fs::remove_file(&from)?;
+                return Ok(false);
+            }
+            std::fs::create_dir_all(&shard)?;
+            std::fs::rename(&from, &to)?;
+            Ok(true)
+        })
+        .await
+        .map_err(io::Error::other)??;
+        if !created {
             return Ok(PutOutcome {
                 digest,
                 size,
                 created: false,
             });
         }
-        let dir = dest
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| self.root.clone());
-        tokio::fs::create_dir_all(&dir).await?;
-        tokio::fs::rename(file, &dest).await?;
         // The rename is durable only once the directory entry is, and a
         // shard directory made for it only once its parent's entry is. The
         // parent is synced every time, not only by the call that made the
@@ -316,6 +373,75 @@ impl ArtifactStore for LocalArtifactStore {
             }
         }
         Ok(dropped)
+    }
+
+    fn list(&self) -> Result<Vec<StoredArtifact>, ArtifactError> {
+        let mut out = Vec::new();
+        for shard in std::fs::read_dir(self.root.join("sha256"))? {
+            let shard = shard?;
+            if !shard.file_type()?.is_dir() {
+                continue;
+            }
+            for entry in std::fs::read_dir(shard.path())? {
+                let entry = entry?;
+                // Only files named by their digest, in their own shard,
+                // are artifacts; anything else here is not ours to delete.
+                let Some(digest) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<Digest>().ok())
+                    .filter(|d| self.path_of(*d) == entry.path())
+                else {
+                    continue;
+                };
+                let meta = match entry.metadata() {
+                    Ok(m) => m,
+                    // Deleted since the directory was read.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                if meta.is_file() {
+                    out.push(StoredArtifact {
+                        digest,
+                        size: meta.len(),
+                        modified: meta.modified()?,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn delete_if_older(
+        &self,
+        digest: Digest,
+        cutoff: std::time::SystemTime,
+    ) -> Result<Option<u64>, ArtifactError> {
+        let path = self.path_of(digest);
+        let size = {
+            let _turn = self
+                .gate
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let meta = match std::fs::metadata(&path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            if meta.modified()? > cutoff {
+                return Ok(None);
+            }
+            // One unlink: the name is there with all its bytes or gone;
+            // a reader that opened it before keeps reading whole bytes.
+            std::fs::remove_file(&path)?;
+            meta.len()
+        };
+        // The deletion is durable once the shard's entry is. A crash
+        // before brings the whole file back, which the next pass collects.
+        if let Some(shard) = path.parent() {
+            sync_dir(shard)?;
+        }
+        Ok(Some(size))
     }
 
     async fn partial_len(&self, owner: &str, digest: Digest) -> Result<u64, ArtifactError> {
@@ -491,6 +617,69 @@ mod tests {
             .unwrap();
         assert_eq!(store.head(digest).await.unwrap(), Some(size));
         assert_eq!(store.prune_partials(week).unwrap(), 0);
+    }
+
+    /// What garbage collection sees and does: `list` names the whole
+    /// artifacts (not partial uploads, not foreign files), a delete takes
+    /// only what was stored at or before its cutoff, and a put of bytes
+    /// already held moves their time past any cutoff taken before.
+    #[tokio::test]
+    async fn gc_lists_whole_artifacts_deletes_old_ones_and_a_put_again_refreshes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalArtifactStore::open(dir.path()).unwrap();
+        let old = put_bytes(&store, b"old".to_vec(), 100).await.unwrap();
+        let again = put_bytes(&store, b"again".to_vec(), 100).await.unwrap();
+        let whole: &'static [u8] = b"partial bytes";
+        let cut = store
+            .put_resumable("o", Digest::of(whole), body(&[&whole[..4]]), 13, 100, 0)
+            .await;
+        assert!(cut.is_err());
+        // Not an artifact, whatever its name: never listed.
+        let stray = store.path_of(old).with_file_name("notes.txt");
+        std::fs::write(&stray, b"x").unwrap();
+        let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
+        for d in [old, again] {
+            let f = std::fs::File::options()
+                .write(true)
+                .open(store.path_of(d))
+                .unwrap();
+            f.set_modified(long_ago).unwrap();
+        }
+        let mut listed: Vec<(Digest, u64)> = store
+            .list()
+            .unwrap()
+            .iter()
+            .map(|a| (a.digest, a.size))
+            .collect();
+        listed.sort();
+        let mut want = vec![(old, 3), (again, 5)];
+        want.sort();
+        assert_eq!(listed, want);
+        let second = std::time::Duration::from_secs(1);
+        assert!(store
+            .list()
+            .unwrap()
+            .iter()
+            .all(|a| a.modified <= long_ago + second));
+
+        let cutoff = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        // Stored again after the cutoff was taken: kept.
+        put_bytes(&store, b"again".to_vec(), 100).await.unwrap();
+        assert_eq!(store.delete_if_older(again, cutoff).unwrap(), None);
+        assert_eq!(store.head(again).await.unwrap(), Some(5));
+        assert_eq!(store.delete_if_older(old, cutoff).unwrap(), Some(3));
+        assert_eq!(store.head(old).await.unwrap(), None);
+        assert!(matches!(
+            store.open_at(old, 0).await,
+            Err(ArtifactError::NotFound(_))
+        ));
+        // Already gone: nothing to free.
+        assert_eq!(store.delete_if_older(old, cutoff).unwrap(), None);
+        assert!(stray.exists());
+        assert_eq!(store.partial_len("o", Digest::of(whole)).await.unwrap(), 4);
+        // Deleted bytes can be stored again.
+        put_bytes(&store, b"old".to_vec(), 100).await.unwrap();
+        assert_eq!(store.head(old).await.unwrap(), Some(3));
     }
 
     fn walk(dir: &Path) -> Vec<PathBuf> {

@@ -42,6 +42,16 @@ pub async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
         "Artifacts dropped from the cache to stay within its budget.",
         c.evictions.load(Ordering::Relaxed),
     );
+    counter(
+        "edgeloop_artifacts_collected_total",
+        "Artifacts no record referenced that garbage collection deleted past their grace period.",
+        c.collected.load(Ordering::Relaxed),
+    );
+    counter(
+        "edgeloop_artifacts_collected_bytes_total",
+        "Bytes of the artifacts garbage collection deleted.",
+        c.collected_bytes.load(Ordering::Relaxed),
+    );
     let sec = &core.security;
     counter(
         "edgeloop_console_unauthenticated_total",
