@@ -19,6 +19,8 @@ use crate::{free_port, workspace_bin, Api};
 /// The run's RNG, from `EDGELOOP_CRASH_SEED` or fresh; the seed is printed
 /// so a failure can be replayed.
 pub fn seeded(test: &str) -> (u64, StdRng) {
+    // Every test starts here, before any client is built.
+    edgeloop_client_core::install_crypto_provider();
     let seed = std::env::var("EDGELOOP_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -92,6 +94,14 @@ impl Proc {
                 );
             }
         }
+    }
+
+    /// How often `needle` occurs in the log so far.
+    pub fn log_count(&self, needle: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .matches(needle)
+            .count()
     }
 
     pub fn log_tail(&self) -> String {
@@ -331,11 +341,14 @@ impl AgentProcess {
         self.spawn().await;
     }
 
-    /// Whether a download of `model` is under way (a `.partial` file).
-    pub fn downloading(&self, model: &str) -> bool {
-        crate::files_under(&self.dir.join("models").join(model).join("downloads"))
-            .iter()
-            .any(|p| p.extension().is_some_and(|e| e == "partial"))
+    /// Whether this agent holds a partial download of `digest` for `model`.
+    pub fn partial(&self, model: &str, digest: edgeloop_models::Digest) -> bool {
+        self.dir
+            .join("models")
+            .join(model)
+            .join("downloads")
+            .join(format!("{digest}.partial"))
+            .exists()
     }
 }
 
