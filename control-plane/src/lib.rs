@@ -123,6 +123,9 @@ impl Server {
             .with_context(|| format!("opening store {}", dir.db().display()))?;
         let artifacts = LocalArtifactStore::open(&dir.artifacts())
             .with_context(|| format!("opening artifact store {}", dir.artifacts().display()))?;
+        // Faults only when a crash test's environment asks for them.
+        let artifacts =
+            registry::unreliable::UnreliableArtifactStore::from_env(Arc::new(artifacts))?;
         let artifact_cache =
             registry::artifact_cache::ArtifactCache::new(config.artifact_cache_bytes);
         let downloads = api::grpc::downloads::Downloads::new(
@@ -150,7 +153,7 @@ impl Server {
             core: Arc::new(Core {
                 config,
                 store,
-                artifacts: Arc::new(artifacts),
+                artifacts,
                 artifact_cache,
                 downloads,
                 pki,

@@ -249,6 +249,13 @@ pub fn prune(root: &Path, keep: usize) -> std::io::Result<()> {
     prune_committed(root, &scan(root), keep)
 }
 
+/// The checkpoints of `committed` (in step order, as [`scan`] returns
+/// them) at or below `step`: what is safe to prune once `step` is uploaded.
+pub fn up_to(committed: &[Committed], step: u64) -> &[Committed] {
+    let n = committed.iter().take_while(|c| c.step <= step).count();
+    &committed[..n]
+}
+
 /// [`prune`], given what a scan of `root` just found.
 pub fn prune_committed(root: &Path, committed: &[Committed], keep: usize) -> std::io::Result<()> {
     let newest = committed.last().map(|c| c.step);
@@ -326,6 +333,30 @@ mod tests {
             left.contains(&"step-300".to_string()),
             "newer torn dirs may still be in progress: {left:?}"
         );
+    }
+
+    /// Pruning after an upload keeps every checkpoint not yet uploaded
+    /// (a failed upload is retried, so it must still be there).
+    #[test]
+    fn only_uploaded_checkpoints_are_pruned() {
+        let root = tempfile::tempdir().unwrap();
+        for step in [5, 10, 15, 20] {
+            write_ckpt(
+                root.path(),
+                step,
+                format!("w{step}").as_bytes(),
+                true,
+                false,
+            );
+        }
+        let found = scan(root.path());
+        let steps = |cs: &[Committed]| cs.iter().map(|c| c.step).collect::<Vec<_>>();
+        assert_eq!(steps(up_to(&found, 0)), Vec::<u64>::new());
+        assert_eq!(steps(up_to(&found, 12)), vec![5, 10]);
+        assert_eq!(steps(up_to(&found, 25)), vec![5, 10, 15, 20]);
+        // 10 uploaded, 15 failed, 20 waits: only 5 may go with keep_last 1.
+        prune_committed(root.path(), up_to(&found, 10), 1).unwrap();
+        assert_eq!(steps(&scan(root.path())), vec![10, 15, 20]);
     }
 
     #[test]

@@ -498,6 +498,7 @@ impl Runner {
             let mut polls = 0u64;
             let mut unreachable_since: Option<tokio::time::Instant> = None;
             let mut last_state = EngineState::Pending;
+            let mut final_upload_tries = 0u32;
             let final_state = loop {
                 polls += 1;
                 // Progress printed as JSON lines: from the output file the
@@ -553,16 +554,23 @@ impl Runner {
                             uploaded = Some(c.step);
                             tracing::info!(job = %id, step = c.step, "checkpoint uploaded");
                         }
-                        // Retried on the next poll; the digest makes it idempotent.
+                        // Retried on the next poll; the digest makes it
+                        // idempotent. The later ones wait for it: uploading
+                        // past it would move `uploaded` beyond a checkpoint
+                        // the control plane never got, and it would never
+                        // be tried again.
                         Err(e) => {
-                            tracing::warn!(job = %id, step = c.step, error = %e, "checkpoint upload failed")
+                            tracing::warn!(job = %id, step = c.step, error = %e, "checkpoint upload failed");
+                            break;
                         }
                     }
                 }
-                if uploaded.is_some() {
+                if let Some(u) = uploaded {
+                    // Only what the control plane has may be pruned; a
+                    // checkpoint still to upload stays, whatever keep_last says.
                     let _ = checkpoint::prune_committed(
                         &ckpt_dir,
-                        &committed,
+                        checkpoint::up_to(&committed, u),
                         spec.checkpoint.keep_last as usize,
                     );
                 }
@@ -579,6 +587,25 @@ impl Runner {
                         .unwrap_or_default(),
                 };
                 if state.is_terminal() {
+                    // A finished job's last checkpoint is its result (a
+                    // pipeline exports the model from it): an upload that
+                    // failed is retried before the end is reported, for a
+                    // bounded number of polls.
+                    let behind = committed
+                        .last()
+                        .is_some_and(|c| uploaded.is_none_or(|u| u < c.step));
+                    if state == EngineState::Succeeded
+                        && behind
+                        && final_upload_tries < FINAL_UPLOAD_TRIES
+                    {
+                        final_upload_tries += 1;
+                        tracing::warn!(job = %id, tries = final_upload_tries, "the job ended with checkpoints not yet uploaded; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(self.poll) => {}
+                            _ = shutdown.cancelled() => return,
+                        }
+                        continue;
+                    }
                     break (state, step, metrics);
                 }
                 let cancel = self
@@ -676,6 +703,11 @@ impl Runner {
         }
     }
 }
+
+/// Polls a succeeded job may spend retrying its last checkpoints' uploads
+/// before it reports the end anyway (a control plane that keeps refusing
+/// them must not hold the job forever).
+const FINAL_UPLOAD_TRIES: u32 = 30;
 
 /// Submits, retrying with backoff while the engine is unreachable (a
 /// restarting slurmrestd or Ray head); a refusal is final at once.

@@ -6,3 +6,4 @@ pub mod artifact_cache;
 pub mod artifacts;
 pub mod checkpoints;
 pub mod models;
+pub mod unreliable;
