@@ -131,6 +131,12 @@ pub struct ServeSettings {
     /// it (default 90).
     #[arg(long, env = "EDGELOOP_RETENTION_JOB_DAYS")]
     pub retention_job_days: Option<u32>,
+    /// Days an ended retraining pipeline, deployment (with its event log)
+    /// or device benchmark is kept, except a model's newest pipeline, its
+    /// serving and newest deployments, and what an unfinished pipeline
+    /// names (default 180).
+    #[arg(long, env = "EDGELOOP_RETENTION_HISTORY_DAYS")]
+    pub retention_history_days: Option<u32>,
     /// Hours an artifact no record references is kept after it was last
     /// uploaded, before garbage collection deletes it (1 to 8760; default
     /// 24): register what you upload within it.
@@ -334,6 +340,7 @@ impl ServeSettings {
                 .retention_partial_upload_days
                 .or(lower.retention_partial_upload_days),
             retention_job_days: self.retention_job_days.or(lower.retention_job_days),
+            retention_history_days: self.retention_history_days.or(lower.retention_history_days),
             retention_artifact_grace_hours: self
                 .retention_artifact_grace_hours
                 .or(lower.retention_artifact_grace_hours),
@@ -497,6 +504,11 @@ impl Config {
                 dr.partial_uploads,
             )?,
             jobs: days("retention-job-days", s.retention_job_days, dr.jobs)?,
+            history: days(
+                "retention-history-days",
+                s.retention_history_days,
+                dr.history,
+            )?,
             artifact_grace: {
                 let h = s
                     .retention_artifact_grace_hours

@@ -16,6 +16,10 @@
 //!   lineage or an unfinished pipeline names them; and in every job, the
 //!   checkpoints past its spec's `checkpoint.keep_last`, as its bridge
 //!   drops them. A checkpoint a record pins always stays ([`jobs`]).
+//! - Ended retraining pipelines, deployments (with their event logs) and
+//!   device benchmarks (`--retention-history-days`, 180), but never a
+//!   model's newest pipeline, its serving (newest succeeded) or newest
+//!   deployment, or what an unfinished pipeline names ([`history`]).
 //! - Artifacts no record references, last stored more than
 //!   `--retention-artifact-grace-hours` (24) ago: mark and sweep, after
 //!   the records above are pruned, so what they held goes in the same
@@ -32,6 +36,7 @@ use time::{Duration, OffsetDateTime};
 use tokio_util::sync::CancellationToken;
 
 pub mod gc;
+pub mod history;
 pub mod jobs;
 
 use crate::error::Result;
@@ -48,6 +53,8 @@ pub struct Retention {
     pub partial_uploads: Duration,
     /// Finished jobs, by when they ended.
     pub jobs: Duration,
+    /// Ended pipelines, deployments and benchmarks, by when they ended.
+    pub history: Duration,
     /// How long an artifact nothing references is kept after it was last
     /// stored: a client uploads first, then registers what names it.
     pub artifact_grace: Duration,
@@ -61,6 +68,7 @@ impl Default for Retention {
             tokens: Duration::days(30),
             partial_uploads: Duration::days(7),
             jobs: Duration::days(90),
+            history: Duration::days(180),
             artifact_grace: Duration::hours(24),
         }
     }
@@ -98,6 +106,7 @@ pub struct Dropped {
     pub partial_uploads: u64,
     pub jobs: u64,
     pub checkpoints: u64,
+    pub history: history::DroppedHistory,
 }
 
 const BATCH: usize = 1024;
@@ -141,6 +150,9 @@ pub fn prune(
     now: OffsetDateTime,
 ) -> Result<Dropped> {
     let mut d = prune_records(store, artifacts, r, now)?;
+    // Before the pins: an ended pipeline pins nothing, but what it ran
+    // is read through the records that stay.
+    d.history = history::prune(store, now, r.history)?;
     let pins = gc::pinned(store)?;
     (d.jobs, d.checkpoints) = jobs::prune(store, &pins, now, r.jobs)?;
     Ok(d)
@@ -247,6 +259,9 @@ async fn pass(core: &Arc<Core>) -> anyhow::Result<()> {
             partial_uploads = d.partial_uploads,
             jobs = d.jobs,
             checkpoints = d.checkpoints,
+            pipelines = d.history.pipelines,
+            deployments = d.history.deployments,
+            benchmarks = d.history.benchmarks,
             artifacts = swept.deleted.len(),
             artifact_bytes = swept.bytes,
             "retention"

@@ -528,7 +528,12 @@ async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artif
     cache.get(&artifacts, d("unreferenced")).await.unwrap();
     cache.get(&artifacts, d("model.onnx")).await.unwrap();
     let grace = Duration::hours(24);
-    let r = crate::retention::Retention::default();
+    // The records here ended in 1970: history retention (its own tests)
+    // would drop the ended pipeline and benchmark, which pin nothing.
+    let r = crate::retention::Retention {
+        history: Duration::days(100_000),
+        ..Default::default()
+    };
     let dropped = crate::retention::prune(&store, &artifacts, r, now).unwrap();
     assert_eq!(dropped, crate::retention::Dropped::default());
     let swept = collect(&store, &artifacts, Some(&cache), grace, now).unwrap();
