@@ -153,6 +153,8 @@ pub fn prune(
             false,
         )?;
     }
+    // Window sums go with their windows' sketches (drift::aggregates).
+    crate::drift::aggregates::prune(store, now, r.sketches)?;
     for (id, t) in store.tokens.scan_prefix("")? {
         if token_done(&t, now, r.tokens) {
             store.tokens.remove(&id)?;
