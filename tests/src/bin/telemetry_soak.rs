@@ -161,6 +161,8 @@ async fn round(core: &Arc<Core>, args: &Arc<Args>, seq: u64, t: i64, hot: bool) 
 struct Timings {
     tick: Duration,
     api: Duration,
+    /// Windows in the drift API's answer.
+    windows: usize,
     full_scan: Duration,
 }
 
@@ -190,6 +192,10 @@ async fn measure(cp: &ControlPlane, repeat: u32, now: i64) -> Timings {
     })
     .await;
     let api = cp.api();
+    let (_, body) = api.get("/api/v1/models/rain/drift").await;
+    let windows = body["series"][0]["windows"]
+        .as_array()
+        .map_or(0, |w| w.len());
     let api = median(repeat, || {
         let api = api.clone();
         async move {
@@ -226,6 +232,7 @@ async fn measure(cp: &ControlPlane, repeat: u32, now: i64) -> Timings {
     Timings {
         tick,
         api,
+        windows,
         full_scan,
     }
 }
@@ -264,7 +271,7 @@ async fn main() -> anyhow::Result<()> {
         .put(
             "/api/v1/models/rain/triggers",
             json!({"triggers": [
-                {"id": "drift", "kind": "drift", "min_severity": 0.2, "min_duration_seconds": 7200},
+                {"id": "drift", "kind": "drift", "min_severity": 1000.0},
                 {"id": "labels", "kind": "new_labels", "min": 100000000u64}
             ]}),
         )
@@ -339,6 +346,14 @@ async fn main() -> anyhow::Result<()> {
             b.as_secs_f64() / a.as_secs_f64().max(1e-9)
         );
     }
+    println!(
+        "drift API per window (ms): {:.3} on day 1 ({} windows), {:.3} on day {} ({} windows)",
+        ms(first.api) / first.windows.max(1) as f64,
+        first.windows,
+        ms(last.api) / last.windows.max(1) as f64,
+        args.days,
+        last.windows
+    );
     println!(
         "goal: tick and drift API ratio <= 1.5x; control-plane RSS at day {} (in process): {:.0} MiB; total {:.0} s",
         args.days,
