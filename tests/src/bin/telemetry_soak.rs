@@ -96,7 +96,7 @@ fn report(args: &Args, device: u32, seq: u64, t: i64, hot: bool) -> pb::Telemetr
     };
     let mut samples = Vec::new();
     let every = (args.reports_per_day / args.labels_per_day.max(1)).max(1) as u64;
-    if args.labels_per_day > 0 && (seq + u64::from(device)) % every == 0 {
+    if args.labels_per_day > 0 && (seq + u64::from(device)).is_multiple_of(every) {
         let row = |kind: pb::SampleKind, label: Option<i64>| pb::Sample {
             kind: kind as i32,
             model_name: "rain".into(),
@@ -113,7 +113,10 @@ fn report(args: &Args, device: u32, seq: u64, t: i64, hot: bool) -> pb::Telemetr
             confidence: Some(0.4),
             label,
         };
-        samples.push(row(pb::SampleKind::Feedback, Some(i64::from(seq % 3 != 0))));
+        samples.push(row(
+            pb::SampleKind::Feedback,
+            Some(i64::from(!seq.is_multiple_of(3))),
+        ));
         samples.push(row(pb::SampleKind::HardExample, None));
     }
     pb::TelemetryReport {

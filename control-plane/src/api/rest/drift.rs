@@ -124,8 +124,7 @@ pub async fn model_drift(
             })
         };
         let mut series = if kept {
-            let grouped: Option<&dyn Fn(&str) -> Option<String>> =
-                groups.is_some().then_some(&group_of);
+            let grouped: Option<windows::GroupOf<'_>> = groups.is_some().then_some(&group_of);
             windows::series(&store, &reference, &model, &v, &config, grouped)?
         } else {
             let sketches: Vec<_> = store

@@ -231,6 +231,9 @@ pub fn grouped_windows(
     Ok(out)
 }
 
+/// Maps a device to its group (`None`: `all`).
+pub type GroupOf<'a> = &'a dyn Fn(&str) -> Option<String>;
+
 /// The drift series of `model`'s `version` from the kept sums: all devices
 /// in one series, or grouped by `group_of`.
 pub fn series(
@@ -239,7 +242,7 @@ pub fn series(
     model: &str,
     version: &str,
     config: &DriftConfig,
-    group_of: Option<&dyn Fn(&str) -> Option<String>>,
+    group_of: Option<GroupOf<'_>>,
 ) -> Result<Vec<DriftSeries>> {
     let groups = match group_of {
         Some(g) => grouped_windows(store, model, version, config.window_seconds, g)?,
