@@ -137,7 +137,16 @@ pub async fn model_drift(
         };
         // Rolling accuracy per window, where devices sent labels for this
         // version's predictions (once per device and request).
-        let rows = labelled::rows(&store, &model, &v)?;
+        // Only rows from the first window on can land in one.
+        let from = series
+            .iter()
+            .filter_map(|s| s.windows.first())
+            .map(|w| w.start)
+            .min();
+        let rows = match from {
+            Some(from) => labelled::rows(&store, &model, &v, Some(from))?,
+            None => Vec::new(),
+        };
         analysis::add_accuracy(&mut series, &rows, &group_of, config.window_seconds);
         Ok(series)
     };

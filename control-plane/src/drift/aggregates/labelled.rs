@@ -318,14 +318,24 @@ pub fn online_accuracy(
     Ok(Some(hits as f64 / recent.len() as f64))
 }
 
-/// `model`'s `version`'s labelled predictions (those counted, with a time),
-/// oldest first, for the drift API's accuracy per window.
-pub fn rows(store: &Store, model: &str, version: &str) -> Result<Vec<LabelledRow>> {
+/// `model`'s `version`'s labelled predictions (those counted, with a time)
+/// received at or after `from` (unix seconds), oldest first, for the drift
+/// API's accuracy per window: it reads from the first window on, not every
+/// labelled sample kept.
+pub fn rows(
+    store: &Store,
+    model: &str,
+    version: &str,
+    from: Option<i64>,
+) -> Result<Vec<LabelledRow>> {
     ensure(store, model)?;
     let p = format!("{model}/{version}/");
+    // Keys of the second before `from` extend this and sort after it, as
+    // do all later ones: a second too many, never one too few.
+    let after = from.map(|f| format!("{p}{}", ordered(f.saturating_sub(1))));
     Ok(store
         .accuracy_index
-        .scan_prefix(&p)?
+        .page_after(&p, after.as_deref(), usize::MAX, |_, _| true)?
         .into_iter()
         .filter_map(|(k, correct)| {
             let (at, sample) = k[p.len()..].split_once('/')?;

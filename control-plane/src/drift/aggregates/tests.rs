@@ -320,7 +320,7 @@ fn label_counts_and_online_accuracy_match_the_full_scan() {
                         "seed {seed}, version {version}, window {window}"
                     );
                 }
-                let rows: Vec<(String, i64, bool)> = labelled::rows(store, "m", version)
+                let rows: Vec<(String, i64, bool)> = labelled::rows(store, "m", version, None)
                     .unwrap()
                     .into_iter()
                     .map(|r| (r.device, r.at, r.correct))
@@ -333,6 +333,19 @@ fn label_counts_and_online_accuracy_match_the_full_scan() {
                     })
                     .collect();
                 assert_eq!(rows, want, "seed {seed}, version {version}");
+                // From a time on: those rows (and at most a second before).
+                let from = T0 + 5 * 3600 + 17;
+                let later: Vec<i64> = labelled::rows(store, "m", version, Some(from))
+                    .unwrap()
+                    .into_iter()
+                    .map(|r| r.at)
+                    .collect();
+                let want_later: Vec<i64> = want
+                    .iter()
+                    .map(|w| w.1)
+                    .filter(|t| *t >= from - 1)
+                    .collect();
+                assert_eq!(later, want_later, "seed {seed}, version {version}");
             }
         };
         check(&store);

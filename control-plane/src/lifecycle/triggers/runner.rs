@@ -77,6 +77,9 @@ pub async fn tick(core: &Arc<Core>, now: OffsetDateTime) -> Result<()> {
     Ok(())
 }
 
+/// The current drifting run of `windows`: since when (the start of its
+/// first window) and how severe (its largest judged severity). The tick
+/// folds the same thing window by window (`drift::aggregates::run`).
 pub fn drifting_run(windows: &[WindowDrift]) -> Option<(i64, f64)> {
     if !windows.last()?.drifting {
         return None;
