@@ -5,8 +5,8 @@
 //!   that counts, as the full scan's dedup kept the first in key order.
 //! - `label_index` (`<model>/<time>/<sample key>`): the counted ones by
 //!   when they were received; `label_hours` (`<model>/<hour>`) counts them
-//!   per hour, so "labels since the last retrain" reads the hours since
-//!   and the rest of one hour.
+//!   per hour, and `<model>#total` all of them, so "labels since the last
+//!   retrain" reads one total, or the hours since and the rest of one hour.
 //! - `accuracy_index` (`<model>/<version>/<time>/<sample key>` → correct):
 //!   the counted ones that carry a predicted class, newest last; online
 //!   accuracy reads the newest `accuracy_window` of them.
@@ -63,6 +63,11 @@ fn hour_key(model: &str, seconds: Option<i64>) -> String {
     format!("{model}/{}", ordered(h))
 }
 
+/// All of `model`'s counted labels (outside the `<model>/` hours).
+fn total_key(model: &str) -> String {
+    format!("{model}#total")
+}
+
 fn request_key(model: &str, r: &SampleRecord) -> String {
     format!("{model}/{}/{}", r.device, r.request_id)
 }
@@ -82,12 +87,12 @@ fn count(model: &str, e: &LabelledSample, store: &Store) -> Result<()> {
         .label_index
         .insert_new(&format!("{model}/{}/{}", e.at, e.key), &())?
     {
-        store
-            .label_hours
-            .update(&hour_key(model, seconds_of(&e.at)), |n| {
-                Ok::<_, ()>(n.unwrap_or(0) + 1)
-            })?
-            .ok();
+        for k in [hour_key(model, seconds_of(&e.at)), total_key(model)] {
+            store
+                .label_hours
+                .update(&k, |n| Ok::<_, ()>(n.unwrap_or(0) + 1))?
+                .ok();
+        }
     }
     if let Some(p) = e.predicted {
         store.accuracy_index.insert(
@@ -104,12 +109,13 @@ fn uncount(model: &str, e: &LabelledSample, store: &Store) -> Result<()> {
         .remove(&format!("{model}/{}/{}", e.at, e.key))?
         .is_some()
     {
-        let hour = hour_key(model, seconds_of(&e.at));
-        let left = store
-            .label_hours
-            .update(&hour, |n| Ok::<_, ()>(n.unwrap_or(0).saturating_sub(1)))?;
-        if left == Ok(0) {
-            store.label_hours.remove_if_eq(&hour, &0)?;
+        for k in [hour_key(model, seconds_of(&e.at)), total_key(model)] {
+            let left = store
+                .label_hours
+                .update(&k, |n| Ok::<_, ()>(n.unwrap_or(0).saturating_sub(1)))?;
+            if left == Ok(0) {
+                store.label_hours.remove_if_eq(&k, &0)?;
+            }
         }
     }
     store
@@ -215,6 +221,7 @@ pub fn ensure(store: &Store, model: &str) -> Result<()> {
     clear(&store.label_requests, &p)?;
     clear(&store.label_index, &p)?;
     clear(&store.label_hours, &p)?;
+    store.label_hours.remove(&total_key(model))?;
     clear(&store.accuracy_index, &p)?;
     let mut requests: BTreeMap<String, Vec<LabelledSample>> = BTreeMap::new();
     let mut after: Option<String> = None;
@@ -253,12 +260,7 @@ pub fn labels_since(store: &Store, model: &str, since: Option<i64>) -> Result<u6
     ensure(store, model)?;
     let p = format!("{model}/");
     let Some(since) = since else {
-        return Ok(store
-            .label_hours
-            .scan_prefix(&p)?
-            .into_iter()
-            .map(|(_, n)| n)
-            .sum());
+        return Ok(store.label_hours.get(&total_key(model))?.unwrap_or(0));
     };
     // Whole hours after the one `since` is in...
     let hour = since - since.rem_euclid(HOUR);
