@@ -75,6 +75,9 @@ echo "==> tests"
 log="$(mktemp)"
 cargo test --workspace 2>&1 | tee "$log"
 
+echo "==> telemetry soak, small (about 10 s; the 30-day run: docs/reliability.md)"
+cargo run --quiet -p edgeloop-tests --bin telemetry-soak -- --devices 50 --days 3 2>&1 | tee -a "$log"
+
 echo "==> a model over 2 GiB with external data (alone: 2.2 GB on disk, 11 GiB of memory, about 2 minutes)"
 scripts/test-big-model.sh 2>&1 | tee -a "$log"
 

@@ -202,6 +202,8 @@ fn prune_records(
             false,
         )?;
     }
+    // Window sums go with their windows' sketches (drift::aggregates).
+    crate::drift::aggregates::prune(store, now, r.sketches)?;
     for (id, t) in store.tokens.scan_prefix("")? {
         if token_done(&t, now, r.tokens) {
             store.tokens.remove(&id)?;

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use edgeloop_models::manifest::ReferenceStats;
+use serde::{Deserialize, Serialize};
 
 use super::hysteresis::{self, DriftState, Hysteresis};
 use super::stats;
@@ -90,14 +91,123 @@ pub fn add_accuracy(
 #[derive(Default)]
 struct Sum {
     requests: u64,
-    devices: std::collections::BTreeSet<String>,
+    devices: usize,
     features: BTreeMap<String, Vec<u64>>,
     classes: BTreeMap<i64, u64>,
     confidence: Vec<u64>,
 }
 
+/// A window's sketches summed in an order-free way, so that sums built as
+/// sketches arrive ([`crate::drift::aggregates`]) judge exactly like the
+/// full scan in [`analyze`], which folds them in key order: a feature's
+/// counts are kept per binning (number of bins) with the smallest sketch
+/// key that had it, and the binning of the smallest key is the one judged
+/// (the scan's "a sketch binned differently from the first is skipped").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WindowSum {
+    pub requests: u64,
+    /// Distinct devices: 1 in a device's own sum, and the number of device
+    /// sums merged into a group's.
+    pub devices: u64,
+    pub features: BTreeMap<String, Vec<Binned>>,
+    pub classes: BTreeMap<i64, u64>,
+    pub confidence: Vec<u64>,
+}
+
+/// One binning of a feature within a window sum.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Binned {
+    /// The smallest sketch key (store order) counted here.
+    pub first: String,
+    pub counts: Vec<u64>,
+}
+
+impl WindowSum {
+    /// Adds the sketch stored under `key` (not its device: the caller
+    /// counts distinct devices).
+    pub fn add_sketch(&mut self, key: &str, s: &SketchRecord) {
+        self.requests += s.requests;
+        for f in &s.features {
+            let folded = f.folded_counts();
+            self.add_binned(&f.name, key, &folded);
+        }
+        for c in &s.classes {
+            *self.classes.entry(c.class).or_default() += c.count;
+        }
+        self.add_confidence(&s.confidence_counts);
+    }
+
+    fn add_binned(&mut self, name: &str, first: &str, counts: &[u64]) {
+        let binnings = self.features.entry(name.to_string()).or_default();
+        match binnings.iter_mut().find(|b| b.counts.len() == counts.len()) {
+            Some(b) => {
+                for (a, c) in b.counts.iter_mut().zip(counts) {
+                    *a += c;
+                }
+                if first < b.first.as_str() {
+                    b.first = first.to_string();
+                }
+            }
+            None => binnings.push(Binned {
+                first: first.to_string(),
+                counts: counts.to_vec(),
+            }),
+        }
+    }
+
+    fn add_confidence(&mut self, counts: &[u64]) {
+        if self.confidence.len() < counts.len() {
+            self.confidence.resize(counts.len(), 0);
+        }
+        for (a, c) in self.confidence.iter_mut().zip(counts) {
+            *a += c;
+        }
+    }
+
+    /// Adds another sum (another device's, for a group).
+    pub fn merge(&mut self, other: &WindowSum) {
+        self.requests += other.requests;
+        self.devices += other.devices;
+        for (name, binnings) in &other.features {
+            for b in binnings {
+                self.add_binned(name, &b.first, &b.counts);
+            }
+        }
+        for (class, n) in &other.classes {
+            *self.classes.entry(*class).or_default() += n;
+        }
+        self.add_confidence(&other.confidence);
+    }
+
+    fn to_sum(&self) -> Sum {
+        Sum {
+            requests: self.requests,
+            devices: self.devices as usize,
+            features: self
+                .features
+                .iter()
+                .filter_map(|(name, b)| {
+                    let first = b.iter().min_by(|x, y| x.first.cmp(&y.first))?;
+                    Some((name.clone(), first.counts.clone()))
+                })
+                .collect(),
+            classes: self.classes.clone(),
+            confidence: self.confidence.clone(),
+        }
+    }
+}
+
+/// The start of the window (of `window_seconds`) that counts sketch `s`,
+/// if it has a time.
+pub fn window_start(s: &SketchRecord, window_seconds: i64) -> Option<i64> {
+    let t = s.window_time()?.unix_timestamp();
+    Some(t - t.rem_euclid(window_seconds.max(1)))
+}
+
 /// One series per group (`group_of` maps a device to its group; `None`
-/// puts every device in `all`), windows in time order.
+/// puts every device in `all`), windows in time order. The full scan: the
+/// drift API's fallback for a window or grouping that has no aggregates,
+/// and the reference the aggregates are tested against.
 pub fn analyze(
     reference: &ReferenceStats,
     sketches: &[SketchRecord],
@@ -105,7 +215,8 @@ pub fn analyze(
     config: &DriftConfig,
 ) -> Vec<DriftSeries> {
     let window = config.window_seconds.max(1);
-    let mut sums: BTreeMap<String, BTreeMap<i64, Sum>> = BTreeMap::new();
+    type Sums = BTreeMap<String, BTreeMap<i64, (Sum, std::collections::BTreeSet<String>)>>;
+    let mut sums: Sums = BTreeMap::new();
     for s in sketches {
         let Some(end) = s.window_time() else {
             continue;
@@ -113,9 +224,9 @@ pub fn analyze(
         let t = end.unix_timestamp();
         let start = t - t.rem_euclid(window);
         let group = group_of(&s.device).unwrap_or_else(|| "all".into());
-        let sum = sums.entry(group).or_default().entry(start).or_default();
+        let (sum, devices) = sums.entry(group).or_default().entry(start).or_default();
         sum.requests += s.requests;
-        sum.devices.insert(s.device.clone());
+        devices.insert(s.device.clone());
         for f in &s.features {
             let folded = f.folded_counts();
             let acc = sum
@@ -139,6 +250,55 @@ pub fn analyze(
             *a += c;
         }
     }
+    let sums = sums
+        .into_iter()
+        .map(|(group, windows)| {
+            let windows = windows
+                .into_iter()
+                .map(|(start, (mut sum, devices))| {
+                    sum.devices = devices.len();
+                    (start, sum)
+                })
+                .collect();
+            (group, windows)
+        })
+        .collect();
+    series(reference, sums, config)
+}
+
+/// [`analyze`] over sums kept as sketches arrived: per group, per window
+/// start.
+pub fn analyze_sums(
+    reference: &ReferenceStats,
+    groups: &BTreeMap<String, BTreeMap<i64, WindowSum>>,
+    config: &DriftConfig,
+) -> Vec<DriftSeries> {
+    let sums = groups
+        .iter()
+        .map(|(group, windows)| {
+            let windows = windows.iter().map(|(s, w)| (*s, w.to_sum())).collect();
+            (group.clone(), windows)
+        })
+        .collect();
+    series(reference, sums, config)
+}
+
+/// One window's verdict from its kept sum (its `drifting` left false: the
+/// hysteresis is the caller's).
+pub fn judge_sum(
+    reference: &ReferenceStats,
+    start: i64,
+    sum: &WindowSum,
+    config: &DriftConfig,
+) -> WindowDrift {
+    judge(reference, start, &sum.to_sum(), config)
+}
+
+fn series(
+    reference: &ReferenceStats,
+    sums: BTreeMap<String, BTreeMap<i64, Sum>>,
+    config: &DriftConfig,
+) -> Vec<DriftSeries> {
     let h = Hysteresis {
         set_after: config.set_after,
         clear_after: config.clear_after,
@@ -226,7 +386,7 @@ fn judge(reference: &ReferenceStats, start: i64, sum: &Sum, config: &DriftConfig
     WindowDrift {
         start,
         requests: sum.requests,
-        devices: sum.devices.len(),
+        devices: sum.devices,
         features,
         prediction_js,
         low_confidence_share,

@@ -105,6 +105,7 @@ pub fn label(
         r.labelled_by = Some(by.to_string());
         Ok::<_, Error>(r)
     })??;
+    super::aggregates::labelled::on_labelled(store, &key, &stored)?;
     Ok(view(&key, stored))
 }
 
@@ -140,13 +141,16 @@ pub fn label_all(
     for (key, e) in keys.iter().zip(entries) {
         // Checked above; a sample deleted since (retention) is skipped,
         // not an error: its label has nothing left to label.
-        let _ = store.samples.update(key, |old| {
+        let stored = store.samples.update(key, |old| {
             let mut r = old.ok_or(())?;
             r.label = Some(e.label);
             r.labelled_at = Some(now);
             r.labelled_by = Some(by.to_string());
             Ok::<_, ()>(r)
         })?;
+        if let Ok(r) = stored {
+            super::aggregates::labelled::on_labelled(store, key, &r)?;
+        }
     }
     Ok(entries.len() as u64)
 }

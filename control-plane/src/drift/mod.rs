@@ -5,7 +5,10 @@
 //! The pure parts come first: `stats` (PSI, Jensen–Shannon distance, the
 //! two-sample KS test on binned counts) and `hysteresis` (set after N
 //! windows, clear after M). `labels`: the labelling queue over the samples.
+//! `aggregates`: window sums and label indexes kept as records arrive, so
+//! readers see O(windows) records.
 
+pub mod aggregates;
 pub mod analysis;
 pub mod hysteresis;
 pub mod labels;

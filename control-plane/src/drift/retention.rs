@@ -11,6 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::aggregates;
 use super::records::SampleRecord;
 use crate::error::Result;
 use crate::store::Store;
@@ -48,6 +49,8 @@ pub fn store_sample(store: &Store, key: &str, r: &SampleRecord) -> Result<()> {
             })?
             .ok();
     }
+    // A retried report stores the same label again: indexing is idempotent.
+    aggregates::labelled::on_labelled(store, key, r)?;
     Ok(())
 }
 
@@ -63,7 +66,9 @@ pub fn enforce(store: &Store, model: &str, max: u64) -> Result<u64> {
         .first_with_prefix(&format!("{model}/"), over as usize)?;
     let mut dropped = 0;
     for (index, key) in oldest {
-        store.samples.remove(&key)?;
+        if let Some(gone) = store.samples.remove(&key)? {
+            aggregates::labelled::on_removed(store, &key, &gone)?;
+        }
         store.sample_index.remove(&index)?;
         dropped += 1;
     }

@@ -113,6 +113,26 @@ pub struct Store {
     /// one sequence space, by `<device>/<epoch as 16 hex>`
     /// (`fleet::telemetry`).
     pub telemetry_epochs: Tree<u64>,
+    /// Which drift aggregates this process keeps, and in which format
+    /// (`drift::aggregates`): a stale mark means rebuild from the raw records.
+    pub agg_marks: Tree<crate::drift::aggregates::AggMark>,
+    /// Each drift window's sum of sketches over all devices, by
+    /// `<model>/<version>/<window seconds>/<start>`.
+    pub drift_windows: Tree<crate::drift::analysis::WindowSum>,
+    /// The same per device: `<model>/<version>/<window seconds>/<start>/<device>`.
+    pub drift_window_devices: Tree<crate::drift::analysis::WindowSum>,
+    /// The trigger tick's drift fold over each version's closed windows,
+    /// by `<model>/<version>/<window seconds>`.
+    pub drift_runs: Tree<crate::drift::aggregates::run::RunCache>,
+    /// The labelled samples of each request, by `<model>/<device>/<request id>`.
+    pub label_requests: Tree<Vec<crate::drift::aggregates::labelled::LabelledSample>>,
+    /// The counted labels by time, `<model>/<time>/<sample key>`.
+    pub label_index: Tree<()>,
+    /// Counted labels per hour, by `<model>/<hour>`.
+    pub label_hours: Tree<u64>,
+    /// Whether each counted prediction was right, by
+    /// `<model>/<version>/<time>/<sample key>`.
+    pub accuracy_index: Tree<bool>,
     /// API tokens, by the sha256 of their secret.
     pub api_tokens: Tree<crate::auth::tokens::ApiTokenRecord>,
     /// The console audit log, by zero-padded sequence (append-only).
@@ -175,6 +195,14 @@ impl Store {
             benchmarks: Tree::open(&db, "benchmarks")?,
             assigned_history: Tree::open(&db, "assigned_history")?,
             telemetry_epochs: Tree::open(&db, "telemetry_epochs")?,
+            agg_marks: Tree::open(&db, "agg_marks")?,
+            drift_windows: Tree::open(&db, "drift_windows")?,
+            drift_window_devices: Tree::open(&db, "drift_window_devices")?,
+            drift_runs: Tree::open(&db, "drift_runs")?,
+            label_requests: Tree::open(&db, "label_requests")?,
+            label_index: Tree::open(&db, "label_index")?,
+            label_hours: Tree::open(&db, "label_hours")?,
+            accuracy_index: Tree::open(&db, "accuracy_index")?,
             api_tokens: Tree::open(&db, "api_tokens")?,
             audit: Tree::open(&db, "audit")?,
             db,

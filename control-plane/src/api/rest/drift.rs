@@ -12,6 +12,7 @@ use edgeloop_api::drift::DriftView;
 use serde::Deserialize;
 
 use super::json::ValidPath;
+use crate::drift::aggregates::{labelled, windows};
 use crate::drift::analysis::{self, DriftConfig};
 use crate::error::{Error, ErrorBody};
 use crate::fleet::members::MemberKind;
@@ -98,52 +99,60 @@ pub async fn model_drift(
     let manifest = version.manifest_digest.ok_or_else(no_reference)?;
     let signed = models::read_manifest(core.artifacts.as_ref(), manifest, "version").await?;
     let reference = signed.manifest.reference_stats.ok_or_else(no_reference)?;
-    let sketches: Vec<_> = core
-        .store
-        .sketches
-        .scan_prefix(&format!("{name}/{}/", version.version))?
-        .into_iter()
-        .map(|(_, s)| s)
-        .collect();
-    let groups: BTreeMap<String, String> = match &q.group_by {
-        Some(key) => core
-            .store
-            .members(MemberKind::Device)
-            .values()?
-            .into_iter()
-            .filter_map(|m| m.labels.get(key).map(|v| (m.id.clone(), v.clone())))
-            .collect(),
-        None => BTreeMap::new(),
+    let store = core.store.clone();
+    let (model, v, group_by) = (name.clone(), version.version.clone(), q.group_by.clone());
+    // The model's own window has sums kept as sketches arrive (O(windows));
+    // another window is a scan of the version's sketches, as before.
+    let kept = config.window_seconds == model_config.window_seconds;
+    let read = move || -> Result<_, Error> {
+        let groups: Option<BTreeMap<String, String>> = match &group_by {
+            Some(key) => Some(
+                store
+                    .members(MemberKind::Device)
+                    .values()?
+                    .into_iter()
+                    .filter_map(|m| m.labels.get(key).map(|v| (m.id.clone(), v.clone())))
+                    .collect(),
+            ),
+            None => None,
+        };
+        let group_of = |device: &str| {
+            groups.as_ref().map(|g| {
+                g.get(device)
+                    .cloned()
+                    .unwrap_or_else(|| "(unlabelled)".into())
+            })
+        };
+        let mut series = if kept {
+            let grouped: Option<windows::GroupOf<'_>> = groups.is_some().then_some(&group_of);
+            windows::series(&store, &reference, &model, &v, &config, grouped)?
+        } else {
+            let sketches: Vec<_> = store
+                .sketches
+                .scan_prefix(&format!("{model}/{v}/"))?
+                .into_iter()
+                .map(|(_, s)| s)
+                .collect();
+            analysis::analyze(&reference, &sketches, &group_of, &config)
+        };
+        // Rolling accuracy per window, where devices sent labels for this
+        // version's predictions (once per device and request).
+        // Only rows from the first window on can land in one.
+        let from = series
+            .iter()
+            .filter_map(|s| s.windows.first())
+            .map(|w| w.start)
+            .min();
+        let rows = match from {
+            Some(from) => labelled::rows(&store, &model, &v, Some(from))?,
+            None => Vec::new(),
+        };
+        analysis::add_accuracy(&mut series, &rows, &group_of, config.window_seconds);
+        Ok(series)
     };
-    let grouped = q.group_by.is_some();
-    let group_of = |device: &str| {
-        grouped.then(|| {
-            groups
-                .get(device)
-                .cloned()
-                .unwrap_or_else(|| "(unlabelled)".into())
-        })
-    };
-    let mut series = analysis::analyze(&reference, &sketches, &group_of, &config);
-    // Rolling accuracy per window, where devices sent labels for this
-    // version's predictions (once per device and request).
-    let mut seen = std::collections::BTreeSet::new();
-    let labelled: Vec<analysis::LabelledRow> = core
-        .store
-        .samples
-        .scan_prefix(&format!("{name}/{}/", version.version))?
-        .into_iter()
-        .filter_map(|(_, s)| {
-            let (label, predicted, at) = (s.label?, s.predicted_class?, s.at()?);
-            seen.insert((s.device.clone(), s.request_id.clone()))
-                .then_some(analysis::LabelledRow {
-                    device: s.device,
-                    at: at.unix_timestamp(),
-                    correct: label == predicted,
-                })
-        })
-        .collect();
-    analysis::add_accuracy(&mut series, &labelled, &group_of, config.window_seconds);
+    let series = tokio::task::spawn_blocking(read)
+        .await
+        .map_err(|e| Error::Internal(anyhow::Error::new(e).context("reading drift")))??;
     Ok(Json(DriftView {
         model: name,
         version: version.version,

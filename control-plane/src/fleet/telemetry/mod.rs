@@ -496,7 +496,8 @@ fn store_new(
     }
     for (i, s) in sketches.iter().enumerate() {
         let k = record_key(&s.model_name, &s.model_version, device, seq, i);
-        store.sketches.insert(&k, s)?;
+        // Stored with its window sums (drift::aggregates).
+        crate::drift::aggregates::windows::store_sketch(store, &k, s)?;
     }
     let mut sample_models: Vec<String> = Vec::new();
     for (i, s) in samples.iter().enumerate() {

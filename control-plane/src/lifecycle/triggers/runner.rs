@@ -16,11 +16,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::{TriggerPolicy, TriggersConfig};
 use super::{decide, Decision, ModelState, TriggerKind};
-use crate::drift::analysis::{self, WindowDrift};
+use crate::drift::aggregates::{labelled, run};
+use crate::drift::analysis::WindowDrift;
+#[cfg(test)]
 use crate::drift::records::SampleRecord;
 use crate::error::{Error, Result};
 use crate::lifecycle::retrain::{self, steps, Started};
-use crate::registry::models;
+use crate::registry::models::{self, ModelVersionRecord};
 use crate::Core;
 pub use edgeloop_api::triggers::DecisionKind;
 
@@ -57,8 +59,17 @@ pub async fn run(core: Arc<Core>, interval: Duration, shutdown: CancellationToke
     }
 }
 
-pub async fn tick(core: &Core, now: OffsetDateTime) -> Result<()> {
-    for (model, config) in core.store.triggers.scan_prefix("")? {
+/// Runs `f` (store reads) on the blocking pool, never on the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(anyhow::Error::new(e).context("a trigger store read")))?
+}
+
+pub async fn tick(core: &Arc<Core>, now: OffsetDateTime) -> Result<()> {
+    let store = core.store.clone();
+    let models = blocking(move || Ok(store.triggers.scan_prefix("")?)).await?;
+    for (model, config) in models {
         if let Err(e) = evaluate(core, &model, &config, now).await {
             tracing::error!(%model, error = %e, "evaluating triggers");
         }
@@ -67,7 +78,8 @@ pub async fn tick(core: &Core, now: OffsetDateTime) -> Result<()> {
 }
 
 /// The current drifting run of `windows`: since when (the start of its
-/// first window) and how severe (its largest judged severity).
+/// first window) and how severe (its largest judged severity). The tick
+/// folds the same thing window by window (`drift::aggregates::run`).
 pub fn drifting_run(windows: &[WindowDrift]) -> Option<(i64, f64)> {
     if !windows.last()?.drifting {
         return None;
@@ -110,8 +122,10 @@ pub fn moved_features(
     moved
 }
 
-/// Labelled rows once per `(device, request)`, oldest first.
-fn labelled(records: Vec<SampleRecord>) -> Vec<SampleRecord> {
+/// Labelled rows once per `(device, request)`, oldest first: the full scan
+/// the label indexes (`drift::aggregates::labelled`) are tested against.
+#[cfg(test)]
+pub(crate) fn labelled(records: Vec<SampleRecord>) -> Vec<SampleRecord> {
     let mut seen = BTreeSet::new();
     let mut out: Vec<SampleRecord> = records
         .into_iter()
@@ -123,8 +137,10 @@ fn labelled(records: Vec<SampleRecord>) -> Vec<SampleRecord> {
 }
 
 /// Top-1 accuracy (0..1) of the newest `window` labelled predictions, once
-/// there are at least `min`.
-pub fn online_accuracy(rows: &[SampleRecord], window: usize, min: usize) -> Option<f64> {
+/// there are at least `min`: the full-scan form of
+/// `drift::aggregates::labelled::online_accuracy`.
+#[cfg(test)]
+pub(crate) fn online_accuracy(rows: &[SampleRecord], window: usize, min: usize) -> Option<f64> {
     let scored: Vec<&SampleRecord> = rows
         .iter()
         .filter(|r| r.predicted_class.is_some())
@@ -140,13 +156,15 @@ pub fn online_accuracy(rows: &[SampleRecord], window: usize, min: usize) -> Opti
     Some(hits as f64 / recent.len() as f64)
 }
 
-async fn observe(
+/// What the store says about `model` (on the blocking pool): everything
+/// the scheduler needs but drift, and the serving version.
+fn observe_store(
     core: &Core,
     model: &str,
     config: &TriggersConfig,
-    saved: &TriggerStateRecord,
-) -> Result<(ModelState, Option<String>)> {
+) -> Result<(TriggerStateRecord, ModelState, Option<ModelVersionRecord>)> {
     let store = &core.store;
+    let saved = store.trigger_state.get(model)?.unwrap_or_default();
     let running = match store.pipeline_active.get(model)? {
         Some(id) => store
             .pipelines
@@ -167,61 +185,68 @@ async fn observe(
         schedule_fired_minute: saved.schedule_fired_minute,
         ..Default::default()
     };
-    let all = labelled(
-        store
-            .samples
-            .scan_prefix(&format!("{model}/"))?
-            .into_iter()
-            .map(|(_, v)| v)
-            .collect(),
-    );
-    state.labels_since_last = all
-        .iter()
-        .filter(|r| last_started.is_none_or(|s| r.at().is_some_and(|t| t.unix_timestamp() > s)))
-        .count() as u64;
+    // The label indexes: O(hours since the last retrain), not a scan of
+    // the samples (and their inputs).
+    state.labels_since_last = labelled::labels_since(store, model, last_started)?;
     let Some(version) = serving else {
-        return Ok((state, None));
+        return Ok((saved, state, None));
     };
-    let mine: Vec<SampleRecord> = all
-        .into_iter()
-        .filter(|r| r.model_version == version.version)
-        .collect();
-    state.online_accuracy = online_accuracy(
-        &mine,
+    state.online_accuracy = labelled::online_accuracy(
+        store,
+        model,
+        &version.version,
         config.accuracy_window as usize,
         config.accuracy_min_samples as usize,
-    );
+    )?;
     let reference = retrain::reference(store, model)?.filter(|r| r.version == version.version);
     state.evaluated_accuracy = reference
         .and_then(|r| r.evaluated_accuracy)
         .or_else(|| version.metrics.get("eval_accuracy").copied());
+    Ok((saved, state, Some(version)))
+}
+
+async fn observe(
+    core: &Arc<Core>,
+    model: &str,
+    config: &TriggersConfig,
+) -> Result<(TriggerStateRecord, ModelState, Option<String>)> {
+    let (c, m, cfg) = (core.clone(), model.to_string(), config.clone());
+    let (saved, mut state, version) = blocking(move || observe_store(&c, &m, &cfg)).await?;
+    let Some(version) = version else {
+        return Ok((saved, state, None));
+    };
     if let Some(m) = version.manifest_digest {
         let signed = models::read_manifest(core.artifacts.as_ref(), m, "manifest").await?;
         if let Some(reference) = signed.manifest.reference_stats {
-            let sketches: Vec<_> = store
-                .sketches
-                .scan_prefix(&format!("{model}/{}/", version.version))?
-                .into_iter()
-                .map(|(_, s)| s)
-                .collect();
             let drift = config.drift.unwrap_or_default();
-            let series = analysis::analyze(&reference, &sketches, &|_| None, &drift);
-            if let Some((since, severity)) = series.first().and_then(|s| drifting_run(&s.windows)) {
+            let (store, m, v, id) = (
+                core.store.clone(),
+                model.to_string(),
+                version.version.clone(),
+                m.to_string(),
+            );
+            // The windows closed since the last tick and the newest, over
+            // the fold kept of the rest (drift::aggregates::run).
+            let (seen, reference) = blocking(move || {
+                let seen = run::observe(&store, &reference, &id, &m, &v, &drift)?;
+                Ok((seen, reference))
+            })
+            .await?;
+            if let Some((since, severity)) = seen.run {
                 state.drifting_since = Some(since);
                 state.drift_severity = severity;
-                state.drift_features = series
-                    .first()
-                    .and_then(|s| s.windows.last())
+                state.drift_features = seen
+                    .newest
                     .map(|w| moved_features(&reference, &w.features))
                     .unwrap_or_default();
             }
         }
     }
-    Ok((state, Some(version.version)))
+    Ok((saved, state, Some(version.version)))
 }
 
 async fn evaluate(
-    core: &Core,
+    core: &Arc<Core>,
     model: &str,
     config: &TriggersConfig,
     now: OffsetDateTime,
@@ -230,8 +255,7 @@ async fn evaluate(
     if triggers.is_empty() {
         return Ok(());
     }
-    let saved = core.store.trigger_state.get(model)?.unwrap_or_default();
-    let (state, version) = observe(core, model, config, &saved).await?;
+    let (saved, state, version) = observe(core, model, config).await?;
     let now_s = now.unix_timestamp();
     let decisions = decide(
         &triggers,

@@ -1,0 +1,368 @@
+//! Telemetry soak benchmark (issue #16): N simulated days of telemetry
+//! from M devices on an injected clock, against one in-process control
+//! plane (`ControlPlane::start_with_clock`, the server the binary runs).
+//!
+//! Reports go through the same ingestion functions the gRPC
+//! `ReportTelemetry` handler calls (`fleet::telemetry::record_telemetry`,
+//! then `drift::retention::enforce`, then one flush per round), called
+//! directly: 1 000 devices over mTLS would measure the TLS stack on two
+//! cores, not the store. Each device sends `--reports-per-day` reports a
+//! day, each with one drift sketch, and now and then a labelled feedback
+//! row and a hard example with its input bytes. The compactor's `prune`
+//! runs once a simulated day, with `--retention-days` for reports and
+//! sketches (the defaults, 30 and 90 days, would not level off within a
+//! 30-day run).
+//!
+//! Printed: the store's size on disk per day; the trigger tick
+//! (`lifecycle::triggers::runner::tick`) and the drift API
+//! (`GET /api/v1/models/rain/drift`, over HTTP) on day 1 against the last
+//! day, as a ratio (goal <= 1.5x); the same reads as the full scans they
+//! replaced, for scale; and the process's VmRSS at the end.
+//!
+//! `cargo run --release -p edgeloop-tests --bin telemetry-soak -- --devices 1000 --days 30`
+//! (a small run: `--devices 50 --days 3`).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use edgeloop_control_plane::drift::analysis;
+use edgeloop_control_plane::fleet::telemetry;
+use edgeloop_control_plane::lifecycle::triggers::runner;
+use edgeloop_control_plane::retention::{self, Retention};
+use edgeloop_control_plane::{Clock, Core};
+use edgeloop_models::manifest::ManifestKey;
+use edgeloop_proto::agent::v1 as pb;
+use edgeloop_tests::weather::{manifest, sketch};
+use edgeloop_tests::ControlPlane;
+use serde_json::json;
+use time::OffsetDateTime;
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, default_value_t = 1000)]
+    devices: u32,
+    #[arg(long, default_value_t = 30)]
+    days: u32,
+    /// Reports (each one sketch) per device and day.
+    #[arg(long, default_value_t = 24)]
+    reports_per_day: u32,
+    /// Labelled feedback rows per device and day.
+    #[arg(long, default_value_t = 2)]
+    labels_per_day: u32,
+    /// Reports and sketches are kept this long.
+    #[arg(long, default_value_t = 7)]
+    retention_days: i64,
+    /// Timed calls per measurement (after one untimed).
+    #[arg(long, default_value_t = 5)]
+    repeat: u32,
+}
+
+const BASE: i64 = 1_796_083_200; // 2026-12-01 00:00 UTC
+const DAY: i64 = 86_400;
+
+fn at(t: i64) -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp(t).expect("a time")
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    edgeloop_tests::files_under(dir)
+        .iter()
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+fn vm_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// One device's report at `t`: a sketch (hot in the second half of the
+/// run) and, every so many reports, a labelled row and a hard example.
+fn report(args: &Args, device: u32, seq: u64, t: i64, hot: bool) -> pb::TelemetryReport {
+    let (temp, classes) = if hot {
+        ([20, 80, 400], [100, 400])
+    } else {
+        ([150, 200, 150], [350, 150])
+    };
+    let mut samples = Vec::new();
+    let every = (args.reports_per_day / args.labels_per_day.max(1)).max(1) as u64;
+    if args.labels_per_day > 0 && (seq + u64::from(device)).is_multiple_of(every) {
+        let row = |kind: pb::SampleKind, label: Option<i64>| pb::Sample {
+            kind: kind as i32,
+            model_name: "rain".into(),
+            model_version: "1.0.0".into(),
+            request_id: format!("r{seq}"),
+            observed_at: edgeloop_tests::weather::at(t),
+            inputs: vec![pb::SampleTensor {
+                name: "temp".into(),
+                dtype: "float32".into(),
+                shape: vec![1, 16],
+                data: vec![7; 64],
+            }],
+            predicted_class: Some(1),
+            confidence: Some(0.4),
+            label,
+        };
+        samples.push(row(
+            pb::SampleKind::Feedback,
+            Some(i64::from(!seq.is_multiple_of(3))),
+        ));
+        samples.push(row(pb::SampleKind::HardExample, None));
+    }
+    pb::TelemetryReport {
+        sequence: seq,
+        sketches: vec![sketch(t, temp, classes)],
+        samples,
+        ..Default::default()
+    }
+}
+
+/// One round: every device reports at `t`, as the handler would, then one
+/// flush (the handler's flushes are group commits).
+async fn round(core: &Arc<Core>, args: &Arc<Args>, seq: u64, t: i64, hot: bool) {
+    let (core2, args) = (core.clone(), args.clone());
+    tokio::task::spawn_blocking(move || {
+        let admit = telemetry::Admission {
+            quota: core2.config.device_quota,
+            quotas: &core2.device_quotas,
+        };
+        for d in 0..args.devices {
+            let device = format!("dev-{d:05}");
+            let (_, models) = telemetry::record_telemetry(
+                &core2.store,
+                &admit,
+                &device,
+                report(&args, d, seq, t, hot),
+                at(t),
+            )
+            .expect("a report is stored");
+            for model in &models {
+                edgeloop_control_plane::drift::retention::enforce(
+                    &core2.store,
+                    model,
+                    core2.config.max_samples_per_model,
+                )
+                .expect("sample retention");
+            }
+        }
+    })
+    .await
+    .expect("a round");
+    core.store.flush().await.expect("flush");
+}
+
+struct Timings {
+    tick: Duration,
+    api: Duration,
+    /// Windows in the drift API's answer.
+    windows: usize,
+    full_scan: Duration,
+}
+
+async fn median<F, Fut>(repeat: u32, mut f: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    f().await; // untimed: builds what a first read builds
+    let mut times = Vec::new();
+    for _ in 0..repeat.max(1) {
+        let t = Instant::now();
+        f().await;
+        times.push(t.elapsed());
+    }
+    times.sort();
+    times[times.len() / 2]
+}
+
+async fn measure(cp: &ControlPlane, repeat: u32, now: i64) -> Timings {
+    let core = cp.core.clone();
+    let tick = median(repeat, || {
+        let core = core.clone();
+        async move {
+            runner::tick(&core, at(now)).await.expect("tick");
+        }
+    })
+    .await;
+    let api = cp.api();
+    let (_, body) = api.get("/api/v1/models/rain/drift").await;
+    let windows = body["series"][0]["windows"]
+        .as_array()
+        .map_or(0, |w| w.len());
+    let api = median(repeat, || {
+        let api = api.clone();
+        async move {
+            let (status, body) = api.get("/api/v1/models/rain/drift").await;
+            assert_eq!(status, 200, "{body}");
+        }
+    })
+    .await;
+    // What a tick read before the aggregates: every sketch and sample of
+    // the model, and the analysis over them.
+    let store = core.store.clone();
+    let reference = manifest(b"rain").reference_stats.expect("reference");
+    let full_scan = median(repeat, || {
+        let (store, reference) = (store.clone(), reference.clone());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let samples = store.samples.scan_prefix("rain/").expect("samples");
+                let sketches: Vec<_> = store
+                    .sketches
+                    .scan_prefix("rain/1.0.0/")
+                    .expect("sketches")
+                    .into_iter()
+                    .map(|(_, s)| s)
+                    .collect();
+                let series =
+                    analysis::analyze(&reference, &sketches, &|_| None, &Default::default());
+                std::hint::black_box((samples.len(), series.len()));
+            })
+            .await
+            .expect("scan");
+        }
+    })
+    .await;
+    Timings {
+        tick,
+        api,
+        windows,
+        full_scan,
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Arc::new(Args::parse());
+    let dir = tempfile::tempdir()?;
+    let cp = ControlPlane::start_with_clock(
+        edgeloop_tests::settings(&dir.path().join("cp")),
+        Clock::manual(at(BASE)),
+    )
+    .await;
+    let api = cp.api();
+    let (status, body) = api.post("/api/v1/models", json!({"name": "rain"})).await;
+    anyhow::ensure!(status == 201, "{body}");
+    let model = b"rain".to_vec();
+    let signed = ManifestKey::generate()
+        .sign(manifest(&model))?
+        .to_json_pretty()?;
+    let artifact = cp.upload(&model).await;
+    let manifest_digest = cp.upload(signed.as_bytes()).await;
+    let (status, body) = api
+        .post(
+            "/api/v1/models/rain/versions",
+            json!({"version": "1.0.0", "artifact_digest": artifact.to_string(),
+                   "manifest_digest": manifest_digest.to_string()}),
+        )
+        .await;
+    anyhow::ensure!(status == 201, "{body}");
+    let (status, body) = api
+        .put(
+            "/api/v1/models/rain/triggers",
+            json!({"triggers": [
+                {"id": "drift", "kind": "drift", "min_severity": 1000.0},
+                {"id": "labels", "kind": "new_labels", "min": 100000000u64}
+            ]}),
+        )
+        .await;
+    anyhow::ensure!(status == 200, "{body}");
+    for d in 0..args.devices {
+        cp.assigned(&format!("dev-{d:05}"), "rain", "1.0.0");
+    }
+    let r = Retention {
+        telemetry: time::Duration::days(args.retention_days),
+        sketches: time::Duration::days(args.retention_days),
+        ..Retention::default()
+    };
+    println!(
+        "telemetry soak: {} devices, {} days, {} reports/device/day, {} labels/device/day, retention {} days",
+        args.devices, args.days, args.reports_per_day, args.labels_per_day, args.retention_days
+    );
+    println!("day  reports  store_MiB  ingest_s  prune_s");
+    let started = Instant::now();
+    let step = DAY / i64::from(args.reports_per_day.max(1));
+    let mut seq = 0u64;
+    let mut first: Option<Timings> = None;
+    let mut last_now = BASE;
+    for day in 0..i64::from(args.days) {
+        let t0 = Instant::now();
+        for r in 0..i64::from(args.reports_per_day) {
+            seq += 1;
+            let t = BASE + day * DAY + r * step;
+            cp.core.clock.set(at(t));
+            let hot = day >= i64::from(args.days) / 2;
+            round(&cp.core, &args, seq, t, hot).await;
+        }
+        let ingest = t0.elapsed();
+        let now = BASE + (day + 1) * DAY - 1;
+        last_now = now;
+        cp.core.clock.set(at(now));
+        let t1 = Instant::now();
+        let (store, artifacts) = (cp.core.store.clone(), cp.core.artifacts.clone());
+        tokio::task::spawn_blocking(move || {
+            retention::prune(&store, artifacts.as_ref(), r, at(now))
+        })
+        .await??;
+        cp.core.store.flush().await?;
+        let prune = t1.elapsed();
+        println!(
+            "{:>3}  {:>7}  {:>9.1}  {:>8.1}  {:>7.2}",
+            day + 1,
+            u64::from(args.devices) * u64::from(args.reports_per_day) * (day as u64 + 1),
+            dir_bytes(&cp.data_dir) as f64 / (1 << 20) as f64,
+            ingest.as_secs_f64(),
+            prune.as_secs_f64()
+        );
+        if day == 0 {
+            first = Some(measure(&cp, args.repeat, now).await);
+        }
+    }
+    let last = measure(&cp, args.repeat, last_now).await;
+    let first = first.expect("day 1 measured");
+    println!(
+        "\n                      day 1      day {}    ratio",
+        args.days
+    );
+    for (what, a, b) in [
+        ("trigger tick (ms)", first.tick, last.tick),
+        ("drift API (ms)", first.api, last.api),
+        ("full scan, before (ms)", first.full_scan, last.full_scan),
+    ] {
+        println!(
+            "{what:<22} {:>8.2}  {:>8.2}  {:>6.2}x",
+            ms(a),
+            ms(b),
+            b.as_secs_f64() / a.as_secs_f64().max(1e-9)
+        );
+    }
+    println!(
+        "drift API per window (ms): {:.3} on day 1 ({} windows), {:.3} on day {} ({} windows)",
+        ms(first.api) / first.windows.max(1) as f64,
+        first.windows,
+        ms(last.api) / last.windows.max(1) as f64,
+        args.days,
+        last.windows
+    );
+    println!(
+        "goal: tick and drift API ratio <= 1.5x; control-plane RSS at day {} (in process): {:.0} MiB; total {:.0} s",
+        args.days,
+        vm_rss_mib(),
+        started.elapsed().as_secs_f64()
+    );
+    cp.stop().await;
+    Ok(())
+}
