@@ -6,6 +6,7 @@ pub mod crash;
 pub mod fake_k8s;
 pub mod manifests;
 pub mod mnist;
+pub mod retrain;
 pub mod rows;
 pub mod test_pki;
 pub mod weather;

@@ -11,12 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use edgeloop_client_core::Role;
 use edgeloop_control_plane::config::ServeSettings;
 use edgeloop_models::manifest::{Manifest, ManifestKey, SignedManifest};
-use edgeloop_proto::agent::v1 as pb;
-use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
-use edgeloop_tests::rows::rows_npz;
 use edgeloop_tests::{eventually, settings, ControlPlane};
 use serde_json::{json, Value};
 
@@ -29,78 +25,10 @@ fn cp_settings(dir: &Path) -> ServeSettings {
     }
 }
 
-fn policy(job: Value, base: &str) -> Value {
-    json!({
-        "job": job,
-        "base_dataset": base,
-        "base_window_rows": 60,
-        "eval_fraction": 0.25,
-        "min_eval_samples": 10,
-        "max_attempts": 2,
-        "rollout": {"selector": "site=lab"}
-    })
-}
-
-/// A model, its base dataset, a retraining policy with `job` (and
-/// `extra`'s fields), and 40 labelled samples reported by a device over the
-/// agents' gRPC API.
+/// Model `rain` with its base dataset, policy and labelled samples
+/// (`edgeloop_tests::retrain::setup`).
 async fn setup(cp: &ControlPlane, dir: &Path, job: Value, extra: Value) {
-    let (status, body) = cp
-        .api()
-        .post("/api/v1/models", json!({"name": MODEL}))
-        .await;
-    assert_eq!(status, 201, "{body}");
-    let base = cp.upload(&rows_npz(100)).await;
-    let mut policy = policy(job, &base.to_string());
-    for (k, v) in extra.as_object().into_iter().flatten() {
-        policy[k] = v.clone();
-    }
-    let (status, body) = cp
-        .api()
-        .put(&format!("/api/v1/models/{MODEL}/retraining"), policy)
-        .await;
-    assert_eq!(status, 200, "{body}");
-
-    let token = cp
-        .labelled_token("device", "edge-1", json!({"site": "lab"}))
-        .await;
-    let mut client =
-        AgentServiceClient::new(cp.connect(Role::Device, &token, &dir.join("edge-1")).await);
-    cp.assigned("edge-1", MODEL, "1");
-    let samples = (0..40)
-        .map(|i| {
-            let x: Vec<u8> = (0..8)
-                .flat_map(|f| ((i * 8 + f) as f32).to_le_bytes())
-                .collect();
-            pb::Sample {
-                kind: pb::SampleKind::Feedback as i32,
-                model_name: MODEL.into(),
-                model_version: "1".into(),
-                request_id: format!("r{i}"),
-                observed_at: Some(edgeloop_proto::Timestamp {
-                    seconds: 1_796_083_200 + i64::from(i),
-                    nanos: 0,
-                }),
-                inputs: vec![pb::SampleTensor {
-                    name: "input".into(),
-                    dtype: "float32".into(),
-                    shape: vec![1, 8],
-                    data: x,
-                }],
-                predicted_class: Some(0),
-                confidence: Some(0.7),
-                label: Some(i64::from(i % 2)),
-            }
-        })
-        .collect();
-    client
-        .report_telemetry(pb::TelemetryReport {
-            sequence: 1,
-            samples,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    edgeloop_tests::retrain::setup(cp, dir, MODEL, job, extra).await;
 }
 
 async fn pipeline(cp: &ControlPlane, id: &str) -> Value {
