@@ -150,20 +150,26 @@ async fn deploy(cp: &CpProcess, k: u32, waves: &[u32]) -> String {
         "offline_tolerance": 0.0,
     });
     let body = retry(&format!("deploy {}", version(k)), || async {
-        let r = cp
-            .api()
-            .request(Method::POST, "/api/v1/deployments")
-            .json(&request)
-            .send()
-            .await
-            .ok()?;
-        if r.status() != 201 {
-            return None;
-        }
-        r.json::<Value>().await.ok()
+        created(cp, "/api/v1/deployments", &request).await
     })
     .await;
     body["id"].as_str().unwrap().to_string()
+}
+
+/// The body of a 201 to POST `path`, or None (refused, or the control
+/// plane away) for `retry` to try again.
+async fn created(cp: &CpProcess, path: &str, body: &Value) -> Option<Value> {
+    let r = cp
+        .api()
+        .request(Method::POST, path)
+        .json(body)
+        .send()
+        .await
+        .ok()?;
+    if r.status() != 201 {
+        return None;
+    }
+    r.json::<Value>().await.ok()
 }
 
 /// The deployment's state, or None while the control plane is away.
@@ -271,17 +277,7 @@ async fn start_agents(
 async fn labelled_token(cp: &CpProcess, kind: &str, name: &str) -> String {
     let body = json!({"kind": kind, "name": name, "labels": {"site": "crash"}});
     let created = retry(&format!("token {name}"), || async {
-        let r = cp
-            .api()
-            .request(Method::POST, "/api/v1/tokens")
-            .json(&body)
-            .send()
-            .await
-            .ok()?;
-        if r.status() != 201 {
-            return None;
-        }
-        r.json::<Value>().await.ok()
+        created(cp, "/api/v1/tokens", &body).await
     })
     .await;
     created["token"].as_str().unwrap().to_string()
