@@ -151,6 +151,47 @@ async fn sketches_from_two_sites_show_drift_per_window_and_site() {
     assert_eq!(all["series"].as_array().unwrap().len(), 1);
     assert_eq!(all["series"][0]["windows"][0]["devices"], 2);
 
+    // A range reads only its windows, and their hysteresis goes on from
+    // the fold before them: the same flags as the whole answer's tail.
+    let whole = all["series"][0]["windows"].as_array().unwrap().clone();
+    assert_eq!(whole.len(), 6, "{all}");
+    assert_eq!(
+        flags(&all["series"][0]),
+        [false, false, false, false, false, true],
+        "three hot windows set it: {all}"
+    );
+    let rfc = |t: i64| {
+        at(t)
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    for (from, until, expect) in [
+        (base + 4 * 3600 + 5, None, 4..6),
+        (base + 5 * 3600, None, 5..6),
+        (base + 3 * 3600 + 1, Some(base + 5 * 3600), 3..5),
+        (base - 7 * 86_400, None, 0..6),
+    ] {
+        let mut path = format!("/api/v1/models/rain/drift?from={}", rfc(from));
+        if let Some(u) = until {
+            path.push_str(&format!("&until={}", rfc(u)));
+        }
+        let (status, part) = cp.api().get(&path).await;
+        assert_eq!(status, 200, "{path}: {part}");
+        assert_eq!(
+            part["series"][0]["windows"].as_array().unwrap()[..],
+            whole[expect],
+            "{path}"
+        );
+    }
+    let (_, after) = cp
+        .api()
+        .get(&format!(
+            "/api/v1/models/rain/drift?from={}",
+            rfc(base + 86_400)
+        ))
+        .await;
+    assert_eq!(after["series"], json!([]), "no window after the newest");
+
     for (query, field) in [
         ("window_seconds=0", "window_seconds"),
         ("psi_act=-1", "psi_act"),
@@ -158,6 +199,11 @@ async fn sketches_from_two_sites_show_drift_per_window_and_site() {
         ("set_after=0", "set_after"),
         ("version=9.9.9", ""),
         ("bogus=1", "query"),
+        ("from=yesterday", "query"),
+        (
+            "from=2026-12-01T05:00:00Z&until=2026-12-01T04:00:00Z",
+            "until",
+        ),
     ] {
         let (status, body) = cp
             .api()

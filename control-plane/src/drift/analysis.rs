@@ -263,7 +263,7 @@ pub fn analyze(
             (group, windows)
         })
         .collect();
-    series(reference, sums, config)
+    series(reference, sums, config, DriftState::default())
 }
 
 /// [`analyze`] over sums kept as sketches arrived: per group, per window
@@ -273,6 +273,17 @@ pub fn analyze_sums(
     groups: &BTreeMap<String, BTreeMap<i64, WindowSum>>,
     config: &DriftConfig,
 ) -> Vec<DriftSeries> {
+    analyze_sums_from(reference, groups, config, DriftState::default())
+}
+
+/// [`analyze_sums`] for windows that follow others: the hysteresis starts
+/// at `initial`, the state after the window before the first.
+pub fn analyze_sums_from(
+    reference: &ReferenceStats,
+    groups: &BTreeMap<String, BTreeMap<i64, WindowSum>>,
+    config: &DriftConfig,
+    initial: DriftState,
+) -> Vec<DriftSeries> {
     let sums = groups
         .iter()
         .map(|(group, windows)| {
@@ -280,7 +291,7 @@ pub fn analyze_sums(
             (group.clone(), windows)
         })
         .collect();
-    series(reference, sums, config)
+    series(reference, sums, config, initial)
 }
 
 /// One window's verdict from its kept sum (its `drifting` left false: the
@@ -298,6 +309,7 @@ fn series(
     reference: &ReferenceStats,
     sums: BTreeMap<String, BTreeMap<i64, Sum>>,
     config: &DriftConfig,
+    initial: DriftState,
 ) -> Vec<DriftSeries> {
     let h = Hysteresis {
         set_after: config.set_after,
@@ -305,7 +317,7 @@ fn series(
     };
     sums.into_iter()
         .map(|(group, windows)| {
-            let mut state = DriftState::default();
+            let mut state = initial;
             let windows = windows
                 .into_iter()
                 .map(|(start, sum)| {

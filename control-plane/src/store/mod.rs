@@ -124,6 +124,9 @@ pub struct Store {
     /// The trigger tick's drift fold over each version's closed windows,
     /// by `<model>/<version>/<window seconds>`.
     pub drift_runs: Tree<crate::drift::aggregates::run::RunCache>,
+    /// The fold's hysteresis state after each closed window, keyed like
+    /// `drift_windows`.
+    pub drift_fold_points: Tree<crate::drift::aggregates::run::FoldPoint>,
     /// The labelled samples of each request, by `<model>/<device>/<request id>`.
     pub label_requests: Tree<Vec<crate::drift::aggregates::labelled::LabelledSample>>,
     /// The counted labels by time, `<model>/<time>/<sample key>`.
@@ -199,6 +202,7 @@ impl Store {
             drift_windows: Tree::open(&db, "drift_windows")?,
             drift_window_devices: Tree::open(&db, "drift_window_devices")?,
             drift_runs: Tree::open(&db, "drift_runs")?,
+            drift_fold_points: Tree::open(&db, "drift_fold_points")?,
             label_requests: Tree::open(&db, "label_requests")?,
             label_index: Tree::open(&db, "label_index")?,
             label_hours: Tree::open(&db, "label_hours")?,

@@ -29,6 +29,15 @@ pub struct DriftQuery {
     pub group_by: Option<String>,
     #[param(minimum = 1, maximum = 2592000)]
     pub window_seconds: Option<i64>,
+    /// Only windows from the one holding this time (RFC 3339) on. An
+    /// answer over a range costs what the range holds, not the history.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub from: Option<time::OffsetDateTime>,
+    /// Only windows that start before this time (RFC 3339).
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub until: Option<time::OffsetDateTime>,
     /// Not above `psi_act` (the query's or the model's).
     #[param(exclusive_minimum = 0)]
     pub psi_watch: Option<f64>,
@@ -80,6 +89,15 @@ pub async fn model_drift(
         .and_then(|t| t.drift)
         .unwrap_or_default();
     let config = config(&q, model_config)?;
+    if let (Some(from), Some(until)) = (q.from, q.until) {
+        if until <= from {
+            return Err(Error::bad_field("until", "must be after `from`"));
+        }
+    }
+    let range = windows::Range {
+        from: q.from.map(|t| t.unix_timestamp()),
+        until: q.until.map(|t| t.unix_timestamp()),
+    };
     let version = match &q.version {
         Some(v) => models::get_version(&core.store, &name, v)?,
         None => models::list_versions(&core.store, &name)?
@@ -123,9 +141,14 @@ pub async fn model_drift(
                     .unwrap_or_else(|| "(unlabelled)".into())
             })
         };
-        let mut series = if kept {
-            let grouped: Option<windows::GroupOf<'_>> = groups.is_some().then_some(&group_of);
-            windows::series(&store, &reference, &model, &v, &config, grouped)?
+        let mut series = if kept && groups.is_none() {
+            let id = manifest.to_string();
+            windows::series_in(&store, &reference, &id, &model, &v, &config, range)?
+        } else if kept {
+            // Each group's hysteresis is folded from its first window.
+            let mut s = windows::series(&store, &reference, &model, &v, &config, Some(&group_of))?;
+            range.keep(&mut s, config.window_seconds);
+            s
         } else {
             let sketches: Vec<_> = store
                 .sketches
@@ -133,7 +156,9 @@ pub async fn model_drift(
                 .into_iter()
                 .map(|(_, s)| s)
                 .collect();
-            analysis::analyze(&reference, &sketches, &group_of, &config)
+            let mut s = analysis::analyze(&reference, &sketches, &group_of, &config);
+            range.keep(&mut s, config.window_seconds);
+            s
         };
         // Rolling accuracy per window, where devices sent labels for this
         // version's predictions (once per device and request).

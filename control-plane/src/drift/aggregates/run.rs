@@ -8,6 +8,11 @@
 //! set back, in tests; records from before receive times; a rebuild)
 //! bumps the fold's generation, which discards it, and a tick saves its
 //! fold only if the generation it read is still the one stored.
+//!
+//! Each closed window also keeps its point of the fold (`drift_fold_points`,
+//! keyed like the window): the hysteresis state after it. The drift API's
+//! range (`from`) starts from the point before its first window, so an
+//! answer costs O(windows in the range), not O(retained windows).
 
 use edgeloop_models::manifest::ReferenceStats;
 use serde::{Deserialize, Serialize};
@@ -36,6 +41,16 @@ pub struct Fold {
     pub state: DriftState,
     /// The drifting run: since (its first window's start) and severity.
     pub run: Option<(i64, f64)>,
+}
+
+/// The hysteresis state after one closed window, as a fold judged it;
+/// valid while its fold's generation, config and reference are current.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FoldPoint {
+    pub generation: u64,
+    pub config: DriftConfig,
+    pub reference: String,
+    pub state: DriftState,
 }
 
 /// What the tick needs: the drifting run after the newest window, and the
@@ -113,6 +128,7 @@ pub fn observe(
         .as_ref()
         .map_or((DriftState::default(), None), |f| (f.state, f.run));
     let mut closed: Option<Fold> = None;
+    let mut points = Vec::new();
     let mut newest = None;
     let n = windows.len();
     for (i, (wk, sum)) in windows.iter().enumerate() {
@@ -123,6 +139,9 @@ pub fn observe(
         state = hysteresis::next(h, state, w.over);
         w.drifting = state.drifting;
         run = extend(run, &w);
+        if i + 1 < n {
+            points.push((wk, state));
+        }
         if i + 2 == n {
             closed = Some(Fold {
                 config: *config,
@@ -146,12 +165,67 @@ pub fn observe(
                 fold: Some(fold.clone()),
             })
         })?;
-        if saved.is_err() {
-            tracing::debug!(model, version, "a late sketch discarded the drift fold");
+        match saved {
+            Err(()) => tracing::debug!(model, version, "a late sketch discarded the drift fold"),
+            // A point written after a later discard carries the old
+            // generation, so readers ignore it.
+            Ok(_) => {
+                for (wk, state) in points {
+                    let point = FoldPoint {
+                        generation: cache.generation,
+                        config: *config,
+                        reference: reference_id.to_string(),
+                        state,
+                    };
+                    store.drift_fold_points.insert(wk, &point)?;
+                }
+            }
         }
     }
     Ok(Observed {
         run: newest.as_ref().and(run),
         newest,
     })
+}
+
+/// The hysteresis state before `model`'s `version`'s window at `start`,
+/// judged with `config` against `reference` (named `reference_id`): the
+/// default when no window precedes it, else the kept fold's point of the
+/// window before, folding first if the points are stale. `None` when they
+/// stay stale (another config than the tick's, or a write raced the
+/// fold): the caller folds from the first window.
+pub fn state_before(
+    store: &Store,
+    reference: &ReferenceStats,
+    reference_id: &str,
+    model: &str,
+    version: &str,
+    config: &DriftConfig,
+    start: i64,
+) -> Result<Option<DriftState>> {
+    let ws = config.window_seconds;
+    ensure(store, model, version, ws)?;
+    let p = prefix(model, version, ws);
+    let Some((before, _)) = store
+        .drift_windows
+        .last_in_range(&p, &format!("{p}{}", ordered(start)))?
+    else {
+        return Ok(Some(DriftState::default()));
+    };
+    let k = key(model, version, ws);
+    let read = || -> Result<Option<DriftState>> {
+        let generation = store.drift_runs.get(&k)?.unwrap_or_default().generation;
+        Ok(store
+            .drift_fold_points
+            .get(&before)?
+            .filter(|pt| {
+                pt.generation == generation && pt.config == *config && pt.reference == reference_id
+            })
+            .map(|pt| pt.state))
+    };
+    if let Some(state) = read()? {
+        return Ok(Some(state));
+    }
+    observe(store, reference, reference_id, model, version, config)?;
+    read()
 }

@@ -376,6 +376,7 @@ fn the_ticks_fold_sees_the_same_drifting_run_as_the_full_series() {
         let reference = reference();
         let mut t = T0;
         let mut drifted = false;
+        let mut ranges = 0usize;
         for seq in 1..=400u64 {
             // Mostly forward in time; now and then a late one (a clock set
             // back) into an older window.
@@ -421,11 +422,36 @@ fn the_ticks_fold_sees_the_same_drifting_run_as_the_full_series() {
                     "seed {seed}, sketch {seq}"
                 );
                 drifted |= seen.run.is_some();
+                // A range answer, started from the fold's point before it,
+                // is the whole answer's windows in that range; with a
+                // config the fold never saw it folds from the first.
+                let from = T0 + rng.random_range(0..(when - T0 + 300).max(1));
+                let until = rng
+                    .random_bool(0.5)
+                    .then(|| from + rng.random_range(1..2000));
+                let range = windows::Range {
+                    from: Some(from),
+                    until,
+                };
+                let mut other = config;
+                other.clear_after = config.clear_after + 1;
+                for c in [config, other] {
+                    let mut full = analysis::analyze(&reference, &scanned, &|_| None, &c);
+                    range.keep(&mut full, ws);
+                    let part =
+                        windows::series_in(&store, &reference, "ref", "m", "1", &c, range).unwrap();
+                    assert_eq!(part, full, "seed {seed}, sketch {seq}, {range:?}");
+                    ranges += usize::from(!part.is_empty());
+                }
             }
         }
         assert!(
             drifted,
             "seed {seed}: the run was compared while drifting too"
+        );
+        assert!(
+            ranges > 20,
+            "seed {seed}: ranges with windows were compared"
         );
     }
 }

@@ -112,6 +112,7 @@ pub fn ensure(store: &Store, model: &str, version: &str, window_seconds: i64) ->
     let p = prefix(model, version, window_seconds);
     clear(&store.drift_windows, &p)?;
     clear(&store.drift_window_devices, &p)?;
+    clear(&store.drift_fold_points, &p)?;
     // Sketch keys are device-major, so one device's sums are whole (and
     // written) before the next device's begin.
     let mut all: BTreeMap<i64, WindowSum> = BTreeMap::new();
@@ -258,6 +259,108 @@ pub fn series(
     Ok(analysis::analyze_sums(reference, &groups, config))
 }
 
+/// Which windows an answer covers, by start: from the window holding
+/// `from` (when set) up to those starting before `until` (when set).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Range {
+    pub from: Option<i64>,
+    pub until: Option<i64>,
+}
+
+impl Range {
+    /// The start of the first window in the range.
+    pub fn first_start(&self, window_seconds: i64) -> Option<i64> {
+        self.from.map(|t| t - t.rem_euclid(window_seconds.max(1)))
+    }
+
+    pub fn holds(&self, start: i64, window_seconds: i64) -> bool {
+        self.first_start(window_seconds).is_none_or(|f| start >= f)
+            && self.until.is_none_or(|u| start < u)
+    }
+
+    /// Keeps only the windows in the range, in every series.
+    pub fn keep(&self, series: &mut Vec<DriftSeries>, window_seconds: i64) {
+        for s in series.iter_mut() {
+            s.windows.retain(|w| self.holds(w.start, window_seconds));
+        }
+        series.retain(|s| !s.windows.is_empty());
+    }
+}
+
+/// The all-devices series of `model`'s `version` over `range`, from the
+/// kept sums: reads only the windows in the range, and starts their
+/// hysteresis at the kept fold's state before the first
+/// (`run::state_before`), so its cost does not grow with history. With
+/// another config than the fold's it folds from the first window, as a
+/// whole answer does.
+#[allow(clippy::too_many_arguments)]
+pub fn series_in(
+    store: &Store,
+    reference: &ReferenceStats,
+    reference_id: &str,
+    model: &str,
+    version: &str,
+    config: &DriftConfig,
+    range: Range,
+) -> Result<Vec<DriftSeries>> {
+    let ws = config.window_seconds;
+    let Some(first) = range.first_start(ws) else {
+        let mut series = series(store, reference, model, version, config, None)?;
+        range.keep(&mut series, ws);
+        return Ok(series);
+    };
+    ensure(store, model, version, ws)?;
+    let p = prefix(model, version, ws);
+    let end = range.until.map(|u| format!("{p}{}", ordered(u)));
+    let mut after = store
+        .drift_windows
+        .last_in_range(&p, &format!("{p}{}", ordered(first)))?
+        .map(|(k, _)| k);
+    let mut windows = BTreeMap::new();
+    'pages: loop {
+        let page = store
+            .drift_windows
+            .page_after(&p, after.as_deref(), 256, |_, _| true)?;
+        let full = page.len() == 256;
+        for (k, w) in page {
+            if end.as_ref().is_some_and(|e| k >= *e) {
+                break 'pages;
+            }
+            if let Some(start) = unordered(&k[p.len()..]) {
+                windows.insert(start, w);
+            }
+            after = Some(k);
+        }
+        if !full {
+            break;
+        }
+    }
+    let Some(&first_held) = windows.keys().next() else {
+        return Ok(Vec::new());
+    };
+    match super::run::state_before(
+        store,
+        reference,
+        reference_id,
+        model,
+        version,
+        config,
+        first_held,
+    )? {
+        Some(initial) => {
+            let groups = BTreeMap::from([("all".to_string(), windows)]);
+            Ok(analysis::analyze_sums_from(
+                reference, &groups, config, initial,
+            ))
+        }
+        None => {
+            let mut series = series(store, reference, model, version, config, None)?;
+            range.keep(&mut series, ws);
+            Ok(series)
+        }
+    }
+}
+
 /// Drops the window sums whose whole window is older than `max_age` (the
 /// sketch retention: their sketches are gone). Returns how many windows.
 pub fn prune(store: &Store, now: OffsetDateTime, max_age: time::Duration) -> Result<u64> {
@@ -280,12 +383,13 @@ pub fn prune(store: &Store, now: OffsetDateTime, max_age: time::Duration) -> Res
         };
         dropped += drop_while(&store.drift_windows, &p, ended)?;
         drop_while(&store.drift_window_devices, &p, ended)?;
+        drop_while(&store.drift_fold_points, &p, ended)?;
     }
     Ok(dropped)
 }
 
-fn drop_while(
-    tree: &crate::store::Tree<WindowSum>,
+fn drop_while<V: serde::Serialize + serde::de::DeserializeOwned>(
+    tree: &crate::store::Tree<V>,
     prefix: &str,
     ended: impl Fn(&str) -> bool,
 ) -> Result<u64> {
