@@ -5,6 +5,7 @@
 //! buffers telemetry while offline.
 
 pub mod config;
+pub mod crash_point;
 pub mod observe;
 pub mod serve;
 pub mod serving;

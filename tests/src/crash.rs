@@ -66,6 +66,7 @@ impl Proc {
             .env_remove("EDGELOOP_CONFIG")
             .env_remove("EDGELOOP_DATA_DIR")
             .env_remove(edgeloop_control_plane::registry::unreliable::ENV)
+            .env_remove(edgeloop_edge_agent::crash_point::ENV)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
@@ -81,6 +82,24 @@ impl Proc {
             child.wait().await.unwrap();
             self.kills += 1;
         }
+    }
+
+    /// Sets (`Some`) or drops (`None`) one variable of the environment of
+    /// the next start.
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.env.push((key.to_string(), v.to_string()));
+        }
+    }
+
+    /// Waits up to `limit` for the process to exit by itself; its status,
+    /// or None if it still runs.
+    pub async fn exited(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let status = tokio::time::timeout(limit, child.wait()).await.ok()?;
+        self.child = None;
+        Some(status.unwrap())
     }
 
     /// Panics (with the log's tail) if the process has exited.
@@ -102,6 +121,15 @@ impl Proc {
             .unwrap_or_default()
             .matches(needle)
             .count()
+    }
+
+    /// The log's lines that hold `needle`, oldest first.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines()
+            .filter(|l| l.contains(needle))
+            .map(String::from)
+            .collect()
     }
 
     pub fn log_tail(&self) -> String {

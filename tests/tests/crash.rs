@@ -814,6 +814,87 @@ async fn agents_killed_mid_download_flip_and_flush_serve_a_signed_version_and_co
     }
 }
 
+/// An agent crashed exactly at each step of an install into its inactive
+/// slot and of the flip (`edgeloop_edge_agent::crash_point`): started
+/// again, it serves from disk the version its recorded active slot holds,
+/// whole and signed (the old one until the flip is recorded, the new one
+/// after), then installs what is assigned, and the rollout succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_crashed_at_each_install_and_flip_step_boots_a_signed_version_and_converges() {
+    use edgeloop_edge_agent::crash_point::{ENV, POINTS};
+    edgeloop_client_core::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let cp = CpProcess::start(&dir.path().join("cp"), None).await;
+    create_model(&cp, MODEL).await;
+    let key = ManifestKey::generate();
+    for k in 1..=POINTS.len() as u32 + 1 {
+        register(&cp, &key, k, 1024).await;
+    }
+    let mut agents = start_agents(&cp, dir.path(), &key, 1).await;
+    let agent = &mut agents[0];
+    let first = deploy(&cp, 1, &[1]).await;
+    assert_eq!(ended(&cp, &first).await, "succeeded");
+    all_serve(std::slice::from_ref(agent), 1).await;
+    let http = reqwest::Client::new();
+    let mut tally = Tally::default();
+    for (i, point) in POINTS.iter().enumerate() {
+        let k = i as u32 + 2;
+        agent.kill().await;
+        agent.proc.set_env(ENV, Some(point));
+        agent.restart().await;
+        all_serve(std::slice::from_ref(agent), k - 1).await;
+        let id = deploy(&cp, k, &[1]).await;
+        let status = agent
+            .proc
+            .exited(WAIT)
+            .await
+            .unwrap_or_else(|| panic!("{point}: the agent never reached it"));
+        assert!(!status.success(), "{point}: {status}");
+        assert_eq!(
+            agent
+                .proc
+                .log_count(&format!("crash point {point} reached")),
+            1,
+            "{point}"
+        );
+        agent.proc.set_env(ENV, None);
+        let boots_before = agent.proc.log_count("serving from disk");
+        agent.restart().await;
+        // What the recorded active slot holds serves first, from disk.
+        let want = if *point == "slot_flipped" { k } else { k - 1 };
+        let url = agent.url().unwrap();
+        let back = eventually(WAIT, &format!("{point}: serves again"), || async {
+            served(&http, &url).await
+        })
+        .await;
+        assert!(back == want || back == k, "{point}: served {back}");
+        assert_eq!(
+            agent.proc.log_count("serving from disk"),
+            boots_before + 1,
+            "{point}: booted from a slot"
+        );
+        let boot = agent
+            .proc
+            .log_lines("serving from disk")
+            .pop()
+            .unwrap_or_default();
+        assert!(
+            boot.contains(&version(want)),
+            "{point}: booted {boot}, want {}",
+            version(want)
+        );
+        assert_eq!(ended(&cp, &id).await, "succeeded", "{point}");
+        all_serve(std::slice::from_ref(agent), k).await;
+        tally
+            .notes
+            .push(format!("{point}:booted={}", version(want)));
+    }
+    tally.kills = POINTS.len() as u32;
+    tally.deployments_ended = POINTS.len() as u64 + 1;
+    tally.print("agent_crash_points", 0);
+    agent.kill().await;
+}
+
 // ---------------------------------------------------------------------------
 // The bridge killed mid-upload
 // ---------------------------------------------------------------------------

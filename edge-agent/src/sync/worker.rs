@@ -419,10 +419,12 @@ impl Worker {
                 let generation = self.ctx.generation.load(Ordering::SeqCst);
                 // Recorded with the flip: once a version serves, its floor holds.
                 slots.floor = next_floor;
+                crate::crash_point::reached("slot_serving");
                 if let Err(e) = self.dir.flip(slots, slot, generation) {
                     // It serves, but a reboot would boot the old slot.
                     tracing::error!(error = %e, "activated, but recording the active slot failed");
                 }
+                crate::crash_point::reached("slot_flipped");
                 Event::Activated {
                     provider: serving.provider,
                 }
@@ -462,8 +464,11 @@ impl Worker {
             (self.dir.clone(), slots.clone(), self.assignment.content());
         let state = blocking(move || {
             dir.clear(&mut state, target)?;
+            crate::crash_point::reached("slot_cleared");
             dir.place(target, &staged)?;
+            crate::crash_point::reached("slot_placed");
             dir.record(&mut state, target, content)?;
+            crate::crash_point::reached("slot_recorded");
             Ok(state)
         })
         .await
