@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::Json;
 
 use super::json::{ValidJson, ValidPath};
-use super::paging::{limit_of, try_page_of};
+use super::paging::{limit_of, newest_first, try_page_of};
 use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::fleet::deployments::{self, CreateDeployment, DeploymentRecord, DeploymentView};
@@ -76,19 +76,9 @@ pub async fn list(
     let limit = limit_of(q.limit, q.after.as_deref())?;
     // Ids are `d-<seq>`, so key order is creation order: newest first is
     // the keys read downwards.
-    let mut failed = None;
-    let page = core
-        .store
-        .deployments
-        .page_before("", q.after.as_deref(), limit, |_, r| {
-            super::scope::sees_model(&core, &who, &r.deployment.model).unwrap_or_else(|e| {
-                failed.get_or_insert(e);
-                false
-            })
-        })?;
-    if let Some(e) = failed {
-        return Err(e);
-    }
+    let page = newest_first(&core.store.deployments, q.after.as_deref(), limit, |r| {
+        super::scope::sees_model(&core, &who, &r.deployment.model)
+    })?;
     try_page_of(page, limit, |(_, r)| view(&core, r, false))
 }
 

@@ -14,6 +14,30 @@ pub const MAX_CURSOR_BYTES: usize = 1024;
 /// The response header that carries the next page's cursor.
 pub const NEXT_CURSOR: &str = "edgeloop-next-cursor";
 
+/// Up to `limit` records of `tree` below the cursor `after`, newest key
+/// first, that `keep` accepts. `keep` may fail (it asks the store whether
+/// the caller sees a record): the first error ends the page and is the
+/// answer.
+pub fn newest_first<V: serde::Serialize + serde::de::DeserializeOwned>(
+    tree: &crate::store::Tree<V>,
+    after: Option<&str>,
+    limit: usize,
+    mut keep: impl FnMut(&V) -> Result<bool, Error>,
+) -> Result<Vec<(String, V)>, Error> {
+    let mut failed = None;
+    let page = tree.page_before("", after, limit, |_, v| {
+        failed.is_none()
+            && keep(v).unwrap_or_else(|e| {
+                failed = Some(e);
+                false
+            })
+    })?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(page),
+    }
+}
+
 /// Checks a list's `limit` and `after`; the page size, every record when
 /// `limit` is absent (lists that predate paging answer whole, as before).
 pub fn limit_of(limit: Option<usize>, after: Option<&str>) -> Result<usize, Error> {

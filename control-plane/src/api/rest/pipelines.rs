@@ -11,7 +11,7 @@ use edgeloop_api::pipelines::{self as api, PipelineView, RetrainRequest, SignPip
 use serde::Deserialize;
 
 use super::json::{OptionalJson, ValidJson, ValidPath};
-use super::paging::{limit_of, page_of};
+use super::paging::{limit_of, newest_first, page_of};
 use super::Principal;
 use crate::error::{Error, ErrorBody};
 use crate::lifecycle::pipeline::{Output, Pipeline, PipelineState, StepRecord};
@@ -234,20 +234,12 @@ pub async fn list(
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
     let limit = limit_of(q.limit, q.after.as_deref())?;
     // Ids are `p-<seq>`: newest first is the keys read downwards.
-    let mut failed = None;
-    let page = core
-        .store
-        .pipelines
-        .page_before("", q.after.as_deref(), limit, |_, p| {
-            q.model.as_deref().is_none_or(|m| p.model == m)
-                && super::scope::sees_model(&core, &who, &p.model).unwrap_or_else(|e| {
-                    failed.get_or_insert(e);
-                    false
-                })
-        })?;
-    if let Some(e) = failed {
-        return Err(e);
-    }
+    let page = newest_first(&core.store.pipelines, q.after.as_deref(), limit, |p| {
+        if q.model.as_deref().is_some_and(|m| p.model != m) {
+            return Ok(false);
+        }
+        super::scope::sees_model(&core, &who, &p.model)
+    })?;
     Ok(page_of(page, limit, |(_, p)| view(p, false)))
 }
 

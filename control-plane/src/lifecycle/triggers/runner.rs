@@ -49,7 +49,7 @@ pub struct Evaluation {
 
 pub async fn run(core: Arc<Core>, interval: Duration, shutdown: CancellationToken) {
     loop {
-        if let Err(e) = tick(&core, OffsetDateTime::now_utc()).await {
+        if let Err(e) = tick(&core, core.now()).await {
             tracing::error!(error = %e, "trigger tick failed; retrying next tick");
         }
         tokio::select! {
