@@ -12,6 +12,7 @@ pub mod datadir;
 pub mod drift;
 pub mod error;
 pub mod fleet;
+pub mod leader;
 pub mod lifecycle;
 pub mod registry;
 pub mod retention;
@@ -56,6 +57,8 @@ pub struct Core {
     pub shutdown: CancellationToken,
     /// What [`Core::now`] reads.
     pub clock: Clock,
+    /// Which background tasks this replica runs now (`leader`).
+    pub leader: leader::Leadership,
 }
 
 /// The control plane's clock: the system's, or one a test sets (to send a
@@ -143,6 +146,7 @@ impl Server {
         }
         let pki = Pki::load_or_init(&dir.pki(), &config.server_names).context("loading PKI")?;
         let (admin_token_hash, new_admin_token) = dir.load_or_create_admin_token()?;
+        let leader = leader::Leadership::new(leader::replica_id(&config.data_dir)?);
         let grpc = TcpListener::bind(config.grpc_listen)
             .await
             .with_context(|| format!("binding gRPC listener {}", config.grpc_listen))?;
@@ -163,6 +167,7 @@ impl Server {
                 device_quotas: Default::default(),
                 clock,
                 shutdown: CancellationToken::new(),
+                leader,
             }),
             grpc,
             http,
@@ -222,6 +227,15 @@ impl Server {
                 ))
             }
         };
+        // Lead what this replica can before the tasks' first ticks.
+        let c = core.clone();
+        let led = tokio::task::spawn_blocking(move || c.leader.round(&c.store, c.now()))
+            .await
+            .context("taking leases")?
+            .context("taking leases")?;
+        tracing::info!(replica = core.leader.replica(), leads = ?led, "background leases");
+        let leases = leader::spawn(core.clone(), core.shutdown.clone())
+            .context("starting the lease thread")?;
         let rollouts = tokio::spawn(fleet::rollout::runner::run(
             core.clone(),
             core.config.rollout_tick,
@@ -286,6 +300,12 @@ impl Server {
         if let Err(e) = triggers.await {
             tracing::warn!(error = %e, "trigger task ended abnormally");
         }
+        if tokio::task::spawn_blocking(move || leases.join())
+            .await
+            .is_err()
+        {
+            tracing::warn!("lease thread ended abnormally");
+        }
         let mut pipelines = pipelines;
         match tokio::time::timeout(core.config.drain_timeout, &mut pipelines).await {
             Ok(Err(e)) => tracing::warn!(error = %e, "pipeline task ended abnormally"),
@@ -294,6 +314,13 @@ impl Server {
                 tracing::warn!("a pipeline step outlasted the drain timeout; it reruns on start");
                 pipelines.abort();
             }
+        }
+        // Every leased task has stopped: another replica may take over now.
+        let c = core.clone();
+        if let Err(e) =
+            tokio::task::spawn_blocking(move || c.leader.release(&c.store, c.now())).await
+        {
+            tracing::warn!(error = %e, "releasing leases");
         }
         core.store.flush().await?;
         tracing::info!("control plane stopped");

@@ -222,6 +222,10 @@ pub async fn run(core: Arc<Core>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
+        // Another replica compacts while it holds the lease.
+        if !core.leader.leads(crate::leader::Task::Compactor) {
+            continue;
+        }
         if let Err(e) = pass(&core).await {
             tracing::warn!(error = %e, "retention failed; retrying in an hour");
         }

@@ -133,6 +133,9 @@ pub async fn run_retention(
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
+        if !core.leader.leads(crate::leader::Task::AuditRetention) {
+            continue;
+        }
         let store = core.store.clone();
         let (r, now) = (core.config.audit_retention, core.now());
         let pass = tokio::task::spawn_blocking(move || prune(&store, r, now)).await;

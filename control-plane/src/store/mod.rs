@@ -136,6 +136,8 @@ pub struct Store {
     /// Whether each counted prediction was right, by
     /// `<model>/<version>/<time>/<sample key>`.
     pub accuracy_index: Tree<bool>,
+    /// Background tasks' leases, by task (`leader`).
+    pub leases: Tree<crate::leader::decide::Lease>,
     /// API tokens, by the sha256 of their secret.
     pub api_tokens: Tree<crate::auth::tokens::ApiTokenRecord>,
     /// The console audit log, by zero-padded sequence (append-only).
@@ -207,6 +209,7 @@ impl Store {
             label_index: Tree::open(&db, "label_index")?,
             label_hours: Tree::open(&db, "label_hours")?,
             accuracy_index: Tree::open(&db, "accuracy_index")?,
+            leases: Tree::open(&db, "leases")?,
             api_tokens: Tree::open(&db, "api_tokens")?,
             audit: Tree::open(&db, "audit")?,
             db,

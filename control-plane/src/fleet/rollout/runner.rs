@@ -36,8 +36,11 @@ const MAX_FEEDBACK_PER_DEVICE: usize = 1000;
 /// Runs until `shutdown`, one tick every `interval`.
 pub async fn run(core: Arc<Core>, interval: Duration, shutdown: CancellationToken) {
     loop {
-        if let Err(e) = tick(&core, OffsetDateTime::now_utc()).await {
-            tracing::error!(error = %e, "rollout tick failed; retrying next tick");
+        // Another replica runs it while it holds the lease.
+        if core.leader.leads(crate::leader::Task::Rollouts) {
+            if let Err(e) = tick(&core, OffsetDateTime::now_utc()).await {
+                tracing::error!(error = %e, "rollout tick failed; retrying next tick");
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -20,8 +20,11 @@ use crate::Core;
 /// Runs until `shutdown`, one tick every `interval`.
 pub async fn run(core: Arc<Core>, interval: Duration, shutdown: CancellationToken) {
     loop {
-        if let Err(e) = tick(&core, OffsetDateTime::now_utc()).await {
-            tracing::error!(error = %e, "pipeline tick failed; retrying next tick");
+        // Another replica runs it while it holds the lease.
+        if core.leader.leads(crate::leader::Task::Pipelines) {
+            if let Err(e) = tick(&core, OffsetDateTime::now_utc()).await {
+                tracing::error!(error = %e, "pipeline tick failed; retrying next tick");
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

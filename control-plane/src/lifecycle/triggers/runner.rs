@@ -49,8 +49,11 @@ pub struct Evaluation {
 
 pub async fn run(core: Arc<Core>, interval: Duration, shutdown: CancellationToken) {
     loop {
-        if let Err(e) = tick(&core, core.now()).await {
-            tracing::error!(error = %e, "trigger tick failed; retrying next tick");
+        // Another replica runs it while it holds the lease.
+        if core.leader.leads(crate::leader::Task::Triggers) {
+            if let Err(e) = tick(&core, core.now()).await {
+                tracing::error!(error = %e, "trigger tick failed; retrying next tick");
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -1,0 +1,217 @@
+//! Background work that must run on one replica at a time (issue #17):
+//! the rollout runner, the pipeline runner, the trigger task, the
+//! compactor and the audit retention each run under a lease in the shared
+//! store (`leases`, by task), taken and renewed with compare-and-swap.
+//!
+//! - A replica leads a task while it holds the task's lease, and for no
+//!   longer than a local monotonic deadline set before each renewal
+//!   ([`LEAD_FRACTION`] of the lease's time): a replica that stalls or
+//!   loses the store stops before its lease can pass to another.
+//! - Each change of hands raises the lease's fencing token
+//!   ([`decide::Lease::token`]). A leader's writes carry its token, so one
+//!   still at work after its lease passed on loses to the new leader's.
+//! - On one replica (sled: its data dir is its alone) the lease is always
+//!   its own, and a restart takes it at once (`decide::next`).
+//!
+//! The decision is the pure [`decide::next`]; [`run`] is the thin task
+//! that renews every [`RENEW_EVERY`].
+
+pub mod decide;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Result;
+use crate::store::Store;
+use crate::Core;
+use decide::{Lease, Me};
+
+/// How long a lease holds without renewal.
+pub const LEASE_TTL: Duration = Duration::from_secs(10);
+/// How often a replica renews (or tries to take) each lease.
+pub const RENEW_EVERY: Duration = Duration::from_secs(2);
+/// The part of [`LEASE_TTL`] a replica leads for after starting a
+/// renewal: the rest is the margin for clock skew between replicas.
+pub const LEAD_FRACTION: f64 = 0.7;
+
+/// The background tasks that run on one replica at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Task {
+    Rollouts,
+    Pipelines,
+    Triggers,
+    Compactor,
+    AuditRetention,
+}
+
+impl Task {
+    pub const ALL: [Task; 5] = [
+        Task::Rollouts,
+        Task::Pipelines,
+        Task::Triggers,
+        Task::Compactor,
+        Task::AuditRetention,
+    ];
+
+    /// The lease's key.
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::Rollouts => "rollouts",
+            Task::Pipelines => "pipelines",
+            Task::Triggers => "triggers",
+            Task::Compactor => "compactor",
+            Task::AuditRetention => "audit-retention",
+        }
+    }
+}
+
+/// A lease this replica holds: its token, until when it may act on it.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    token: u64,
+    until: Instant,
+}
+
+/// This replica's leadership of each [`Task`].
+pub struct Leadership {
+    me: Me,
+    ttl: Duration,
+    held: Mutex<[Option<Held>; Task::ALL.len()]>,
+}
+
+impl Leadership {
+    /// `replica` names this replica across restarts; each process is a
+    /// new incarnation.
+    pub fn new(replica: String) -> Leadership {
+        Leadership::with_ttl(replica, LEASE_TTL)
+    }
+
+    /// With another lease time (tests of expiry).
+    pub fn with_ttl(replica: String, ttl: Duration) -> Leadership {
+        Leadership {
+            me: Me {
+                replica,
+                incarnation: rand::random(),
+                ttl: time::Duration::try_from(ttl).unwrap_or(time::Duration::seconds(10)),
+            },
+            ttl,
+            held: Mutex::new([None; Task::ALL.len()]),
+        }
+    }
+
+    pub fn replica(&self) -> &str {
+        &self.me.replica
+    }
+
+    /// The fencing token of `task` if this replica leads it now.
+    pub fn token(&self, task: Task) -> Option<u64> {
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held[task as usize]
+            .filter(|h| Instant::now() < h.until)
+            .map(|h| h.token)
+    }
+
+    pub fn leads(&self, task: Task) -> bool {
+        self.token(task).is_some()
+    }
+
+    /// One round: takes or renews every lease it can. Blocking (store
+    /// reads and writes). Returns the tasks it leads after the round.
+    pub fn round(&self, store: &Store, now: OffsetDateTime) -> Result<Vec<Task>> {
+        let mut led = Vec::new();
+        for task in Task::ALL {
+            let started = Instant::now();
+            let taken = store.leases.update(task.name(), |cur| {
+                decide::next(cur.as_ref(), &self.me, now).ok_or(())
+            })?;
+            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = held[task as usize].map(|h| h.token);
+            held[task as usize] = match taken {
+                Ok(Lease { token, .. }) => {
+                    led.push(task);
+                    Some(Held {
+                        token,
+                        until: started + self.ttl.mul_f64(LEAD_FRACTION),
+                    })
+                }
+                Err(()) => None,
+            };
+            let after = held[task as usize].map(|h| h.token);
+            if before != after {
+                tracing::info!(task = task.name(), replica = %self.me.replica, token = ?after, "leadership changed");
+            }
+        }
+        Ok(led)
+    }
+
+    /// Lets go of every lease (a clean shutdown), so another replica takes
+    /// them at once instead of after they expire.
+    pub fn release(&self, store: &Store, now: OffsetDateTime) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        for task in Task::ALL {
+            if held[task as usize].take().is_none() {
+                continue;
+            }
+            let r = store.leases.update(task.name(), |cur| match cur {
+                Some(l) if l.holder == self.me.replica && l.incarnation == self.me.incarnation => {
+                    Ok(Lease {
+                        expires_at: now,
+                        ..l
+                    })
+                }
+                _ => Err(()),
+            });
+            if let Err(e) = r {
+                tracing::warn!(task = task.name(), error = %e, "releasing a lease");
+            }
+        }
+    }
+}
+
+/// This replica's name: `<data dir>/replica-id`, made once.
+pub fn replica_id(data_dir: &Path) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    let path = data_dir.join("replica-id");
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let id = format!("r-{:016x}", rand::random::<u64>());
+    edgeloop_models::fs::write_atomic(&path, id.as_bytes(), 0o644)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(id)
+}
+
+/// Renews the leases every [`RENEW_EVERY`] until shutdown (the server
+/// lets them go once its background tasks have stopped). On a thread of
+/// its own, not the async runtime: a runtime saturated by a rollout to
+/// thousands of devices must not stall the renewals and so pause the
+/// rollout itself.
+pub fn spawn(
+    core: Arc<Core>,
+    shutdown: CancellationToken,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("leases".into())
+        .spawn(move || loop {
+            let next = Instant::now() + RENEW_EVERY;
+            while Instant::now() < next {
+                if shutdown.is_cancelled() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if let Err(e) = core.leader.round(&core.store, core.now()) {
+                tracing::warn!(error = %e, "renewing leases");
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests;

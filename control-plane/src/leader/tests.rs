@@ -1,0 +1,79 @@
+//! Two replicas' leaderships over one store, as two processes on one
+//! PostgreSQL database would share it.
+
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use super::*;
+
+const T0: i64 = 1_796_083_200;
+
+fn at(s: i64) -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp(T0 + s).unwrap()
+}
+
+fn store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("db")).unwrap();
+    (dir, store)
+}
+
+#[test]
+fn one_replica_leads_each_task_and_the_other_takes_over_with_a_new_token() {
+    let (_d, store) = store();
+    let a = Leadership::new("a".into());
+    let b = Leadership::new("b".into());
+    assert_eq!(a.round(&store, at(0)).unwrap(), Task::ALL);
+    assert!(b.round(&store, at(1)).unwrap().is_empty(), "a holds them");
+    assert_eq!(a.token(Task::Rollouts), Some(1));
+    assert_eq!(b.token(Task::Rollouts), None);
+    // a renews: same token, still a's.
+    a.round(&store, at(5)).unwrap();
+    assert!(b.round(&store, at(14)).unwrap().is_empty(), "renewed at 5");
+    // a stops renewing; once its lease is past, b takes every task.
+    assert_eq!(b.round(&store, at(15)).unwrap(), Task::ALL);
+    assert_eq!(b.token(Task::Rollouts), Some(2), "a new token");
+    // a, back, finds them taken and leads nothing.
+    assert!(a.round(&store, at(16)).unwrap().is_empty());
+    assert_eq!(a.token(Task::Rollouts), None);
+}
+
+#[test]
+fn a_restarted_replica_takes_its_own_lease_at_once_and_a_release_frees_it() {
+    let (_d, store) = store();
+    let first = Leadership::new("a".into());
+    first.round(&store, at(0)).unwrap();
+    // The same replica (its data dir) in a new process, before expiry.
+    let again = Leadership::new("a".into());
+    assert_eq!(again.round(&store, at(1)).unwrap(), Task::ALL);
+    assert_eq!(again.token(Task::Pipelines), Some(2));
+    // A clean stop lets go: another replica needs no wait.
+    again.release(&store, at(2));
+    assert_eq!(again.token(Task::Pipelines), None);
+    let b = Leadership::new("b".into());
+    assert_eq!(b.round(&store, at(2)).unwrap(), Task::ALL);
+    assert_eq!(b.token(Task::Pipelines), Some(3));
+}
+
+#[test]
+fn a_leader_that_cannot_renew_stops_leading_before_its_lease_ends() {
+    let (_d, store) = store();
+    let a = Leadership::with_ttl("a".into(), Duration::from_millis(300));
+    a.round(&store, at(0)).unwrap();
+    assert!(a.leads(Task::Triggers));
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(a.leads(Task::Triggers), "inside its lead time");
+    // No round since: past LEAD_FRACTION of the ttl it stops on its own,
+    // while the stored lease (300 ms) may still be its.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!a.leads(Task::Triggers));
+}
+
+#[test]
+fn the_replica_id_is_made_once_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = replica_id(dir.path()).unwrap();
+    assert!(id.starts_with("r-"), "{id}");
+    assert_eq!(replica_id(dir.path()).unwrap(), id);
+}
