@@ -236,6 +236,15 @@ impl Server {
         tracing::info!(replica = core.leader.replica(), leads = ?led, "background leases");
         let leases = leader::spawn(core.clone(), core.shutdown.clone())
             .context("starting the lease thread")?;
+        // Other replicas' fleet events, where there are other replicas.
+        let relay = if core.events.is_relayed() {
+            Some(
+                fleet::relay::spawn(core.clone(), core.shutdown.clone())
+                    .context("starting the fleet event relay")?,
+            )
+        } else {
+            None
+        };
         let rollouts = tokio::spawn(fleet::rollout::runner::run(
             core.clone(),
             core.config.rollout_tick,
@@ -300,11 +309,19 @@ impl Server {
         if let Err(e) = triggers.await {
             tracing::warn!(error = %e, "trigger task ended abnormally");
         }
-        if tokio::task::spawn_blocking(move || leases.join())
-            .await
-            .is_err()
-        {
+        if !matches!(
+            tokio::task::spawn_blocking(move || leases.join()).await,
+            Ok(Ok(()))
+        ) {
             tracing::warn!("lease thread ended abnormally");
+        }
+        if let Some(relay) = relay {
+            if !matches!(
+                tokio::task::spawn_blocking(move || relay.join()).await,
+                Ok(Ok(()))
+            ) {
+                tracing::warn!("fleet event relay ended abnormally");
+            }
         }
         let mut pipelines = pipelines;
         match tokio::time::timeout(core.config.drain_timeout, &mut pipelines).await {

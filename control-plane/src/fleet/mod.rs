@@ -8,6 +8,7 @@ pub mod cost;
 pub mod deployments;
 pub mod members;
 pub mod pki;
+pub mod relay;
 pub mod renewal;
 pub mod rollout;
 pub mod selector;
@@ -61,6 +62,8 @@ type MemberKey = (MemberKind, String);
 pub struct Events {
     broadcast: broadcast::Sender<FleetEvent>,
     members: Arc<Mutex<HashMap<MemberKey, watch::Sender<MemberSignal>>>>,
+    /// Where events go for the other replicas, when there are any.
+    relay: Option<relay::Relay>,
 }
 
 impl Default for Events {
@@ -68,14 +71,37 @@ impl Default for Events {
         Self {
             broadcast: broadcast::channel(1024).0,
             members: Arc::default(),
+            relay: None,
         }
     }
 }
 
 impl Events {
-    /// Routes the event: a member's own changes to its signal, and
-    /// everything but assignment changes to the broadcast too.
+    /// Events that other replicas hear too (`relay`).
+    pub fn relayed(relay: relay::Relay) -> Self {
+        Self {
+            relay: Some(relay),
+            ..Self::default()
+        }
+    }
+
+    /// Whether events go to other replicas.
+    pub fn is_relayed(&self) -> bool {
+        self.relay.is_some()
+    }
+
+    /// Routes the event here, and logs it for the other replicas.
     pub fn publish(&self, event: FleetEvent) {
+        if let Some(r) = &self.relay {
+            r.append(&event);
+        }
+        self.publish_local(event);
+    }
+
+    /// Routes the event: a member's own changes to its signal, and
+    /// everything but assignment changes to the broadcast too. Here only
+    /// (an event another replica logged).
+    pub fn publish_local(&self, event: FleetEvent) {
         match &event {
             FleetEvent::AssignmentsChanged { device } => {
                 self.signal(MemberKind::Device, device, |s| s.assignments += 1);

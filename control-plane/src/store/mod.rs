@@ -136,6 +136,9 @@ pub struct Store {
     /// Whether each counted prediction was right, by
     /// `<model>/<version>/<time>/<sample key>`.
     pub accuracy_index: Tree<bool>,
+    /// Fleet events for the other replicas, by store sequence
+    /// (`fleet::relay`).
+    pub fleet_events: Tree<crate::fleet::relay::Relayed>,
     /// Background tasks' leases, by task (`leader`).
     pub leases: Tree<crate::leader::decide::Lease>,
     /// API tokens, by the sha256 of their secret.
@@ -209,6 +212,7 @@ impl Store {
             label_index: Tree::open(&db, "label_index")?,
             label_hours: Tree::open(&db, "label_hours")?,
             accuracy_index: Tree::open(&db, "accuracy_index")?,
+            fleet_events: Tree::open(&db, "fleet_events")?,
             leases: Tree::open(&db, "leases")?,
             api_tokens: Tree::open(&db, "api_tokens")?,
             audit: Tree::open(&db, "audit")?,

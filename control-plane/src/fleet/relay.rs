@@ -1,0 +1,324 @@
+//! Fleet events across replicas (issue #17): a device's watch stream is on
+//! one replica, and the assignment that should wake it may be written on
+//! another. Each replica appends the events it publishes to a log in the
+//! shared store (`fleet_events`, keyed by the store's sequence), and tails
+//! the log every [`POLL`], publishing the other replicas' events to its
+//! own streams: a wake-up crosses replicas within about [`POLL`].
+//!
+//! Sequence numbers are taken before the write commits, so a reader may
+//! see a later number before an earlier one lands. Each poll therefore
+//! reads again from where the reader stood [`LAG`] ago, by its own clock,
+//! and skips what it has already seen: a write that takes longer than
+//! [`LAG`] to commit is the only one missed, and then the device's next
+//! heartbeat or watch resync picks the change up.
+//!
+//! On one replica (sled) nothing is logged: there is no one to tell.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::members::MemberKind;
+use super::FleetEvent;
+use crate::error::Result;
+use crate::store::Store;
+
+/// How often a replica reads the other replicas' events.
+pub const POLL: Duration = Duration::from_millis(250);
+/// How long a write may take to commit and still be relayed.
+pub const LAG: Duration = Duration::from_secs(3);
+/// Entries older than this (by sequence age at pruning) are dropped.
+pub const KEEP: Duration = Duration::from_secs(60);
+
+/// One logged event, with the replica that published it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Relayed {
+    pub replica: String,
+    pub event: LoggedEvent,
+}
+
+/// [`FleetEvent`] as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LoggedEvent {
+    AssignmentsChanged { device: String },
+    Revoked { member: MemberKind, id: String },
+    JobChanged { job: String },
+    BenchmarkQueued { device: String },
+}
+
+impl From<&FleetEvent> for LoggedEvent {
+    fn from(e: &FleetEvent) -> Self {
+        match e.clone() {
+            FleetEvent::AssignmentsChanged { device } => LoggedEvent::AssignmentsChanged { device },
+            FleetEvent::Revoked { kind, id } => LoggedEvent::Revoked { member: kind, id },
+            FleetEvent::JobChanged { job } => LoggedEvent::JobChanged { job },
+            FleetEvent::BenchmarkQueued { device } => LoggedEvent::BenchmarkQueued { device },
+        }
+    }
+}
+
+impl From<LoggedEvent> for FleetEvent {
+    fn from(e: LoggedEvent) -> Self {
+        match e {
+            LoggedEvent::AssignmentsChanged { device } => FleetEvent::AssignmentsChanged { device },
+            LoggedEvent::Revoked { member, id } => FleetEvent::Revoked { kind: member, id },
+            LoggedEvent::JobChanged { job } => FleetEvent::JobChanged { job },
+            LoggedEvent::BenchmarkQueued { device } => FleetEvent::BenchmarkQueued { device },
+        }
+    }
+}
+
+fn key(seq: u64) -> String {
+    format!("{seq:020}")
+}
+
+/// Where a replica's events go in the shared store.
+#[derive(Clone)]
+pub struct Relay {
+    store: Store,
+    replica: Arc<str>,
+}
+
+impl Relay {
+    pub fn new(store: Store, replica: &str) -> Relay {
+        Relay {
+            store,
+            replica: replica.into(),
+        }
+    }
+
+    /// Logs `event` for the other replicas. A failure is logged, not
+    /// returned: the write that caused the event has succeeded, and the
+    /// member's next resync picks the change up.
+    pub fn append(&self, event: &FleetEvent) {
+        let r = self
+            .store
+            .next_id()
+            .map_err(crate::error::Error::from)
+            .and_then(|seq| {
+                let entry = Relayed {
+                    replica: self.replica.to_string(),
+                    event: event.into(),
+                };
+                Ok(self.store.fleet_events.insert(&key(seq), &entry)?)
+            });
+        if let Err(e) = r {
+            tracing::warn!(error = %e, ?event, "logging a fleet event for the other replicas");
+        }
+    }
+}
+
+/// A replica's position in the log.
+pub struct Tail {
+    replica: String,
+    /// Keys seen at or after the oldest re-read position.
+    seen: BTreeSet<String>,
+    /// (when, the highest key seen then), oldest first, over [`LAG`].
+    marks: VecDeque<(Instant, Option<String>)>,
+    pruned_at: Instant,
+    /// The highest key seen at the last prune: old by the next one.
+    old_mark: Option<String>,
+}
+
+impl Tail {
+    /// Starts at the log's end: what was logged before this replica
+    /// started is not news to any stream it serves.
+    pub fn new(store: &Store, replica: &str) -> Result<Tail> {
+        let end = store.fleet_events.last_with_prefix("")?.map(|(k, _)| k);
+        Ok(Tail {
+            replica: replica.to_string(),
+            seen: BTreeSet::new(),
+            marks: VecDeque::from([(Instant::now(), end.clone())]),
+            pruned_at: Instant::now(),
+            old_mark: end,
+        })
+    }
+
+    /// One poll: the other replicas' events not seen yet, in log order.
+    pub fn poll(&mut self, store: &Store) -> Result<Vec<FleetEvent>> {
+        let now = Instant::now();
+        // Re-read from where this replica stood LAG ago.
+        while self.marks.len() > 1 && now.duration_since(self.marks[1].0) >= LAG {
+            self.marks.pop_front();
+        }
+        let from = self.marks.front().and_then(|(_, k)| k.clone());
+        if let Some(f) = &from {
+            self.seen = self.seen.split_off(f);
+        }
+        let mut out = Vec::new();
+        let mut after = from;
+        let mut highest = self.marks.back().and_then(|(_, k)| k.clone());
+        loop {
+            let page = store
+                .fleet_events
+                .page_after("", after.as_deref(), 1024, |_, _| true)?;
+            let full = page.len() == 1024;
+            for (k, r) in page {
+                after = Some(k.clone());
+                if highest.as_ref().is_none_or(|h| k > *h) {
+                    highest = Some(k.clone());
+                }
+                if self.seen.insert(k) && r.replica != self.replica {
+                    out.push(r.event.into());
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        self.marks.push_back((now, highest));
+        Ok(out)
+    }
+
+    /// Once a [`KEEP`]: drops the entries up to the highest key this
+    /// replica had seen at the previous prune, so each entry lives from
+    /// one to two [`KEEP`]s (any replica may drop it; all of them read it
+    /// long before). Returns how many.
+    pub fn prune(&mut self, store: &Store) -> Result<u64> {
+        if self.pruned_at.elapsed() < KEEP {
+            return Ok(0);
+        }
+        self.pruned_at = Instant::now();
+        let newest = self.marks.back().and_then(|(_, k)| k.clone());
+        let Some(upto) = std::mem::replace(&mut self.old_mark, newest) else {
+            return Ok(0);
+        };
+        let mut dropped = 0;
+        loop {
+            let batch = store.fleet_events.first_with_prefix("", 1024)?;
+            let n = batch.len();
+            for (k, _) in batch {
+                if k > upto {
+                    return Ok(dropped);
+                }
+                store.fleet_events.remove(&k)?;
+                dropped += 1;
+            }
+            if n < 1024 {
+                return Ok(dropped);
+            }
+        }
+    }
+}
+
+/// Tails the log every [`POLL`] until shutdown, publishing the other
+/// replicas' events here. On a thread of its own, as the leases are.
+pub fn spawn(
+    core: Arc<crate::Core>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let mut tail = Tail::new(&core.store, core.leader.replica())
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    std::thread::Builder::new()
+        .name("fleet-relay".into())
+        .spawn(move || {
+            while !shutdown.is_cancelled() {
+                std::thread::sleep(POLL);
+                match tail.poll(&core.store) {
+                    Ok(events) => {
+                        for e in events {
+                            core.events.publish_local(e);
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "reading other replicas' fleet events"),
+                }
+                if let Err(e) = tail.prune(&core.store) {
+                    tracing::warn!(error = %e, "pruning the fleet event log");
+                }
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::Events;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn an_event_published_on_one_replica_wakes_a_stream_on_the_other() {
+        let (_d, store) = store();
+        let a = Events::relayed(Relay::new(store.clone(), "a"));
+        let b = Events::relayed(Relay::new(store.clone(), "b"));
+        let mut tail_a = Tail::new(&store, "a").unwrap();
+        let mut tail_b = Tail::new(&store, "b").unwrap();
+        let mut watch = b.member(MemberKind::Device, "d1");
+        a.publish(FleetEvent::AssignmentsChanged {
+            device: "d1".into(),
+        });
+        a.publish(FleetEvent::Revoked {
+            kind: MemberKind::Cluster,
+            id: "c1".into(),
+        });
+        assert!(!watch.has_changed().unwrap(), "not before b reads the log");
+        let heard = tail_b.poll(&store).unwrap();
+        assert_eq!(heard.len(), 2, "{heard:?}");
+        for e in heard {
+            b.publish_local(e);
+        }
+        assert!(watch.has_changed().unwrap());
+        assert_eq!(watch.borrow_and_update().assignments, 1);
+        assert!(
+            tail_a.poll(&store).unwrap().is_empty(),
+            "its own are not news"
+        );
+        assert!(tail_b.poll(&store).unwrap().is_empty(), "each event once");
+    }
+
+    #[test]
+    fn an_entry_that_lands_behind_a_later_one_is_still_read_once() {
+        let (_d, store) = store();
+        let mut tail = Tail::new(&store, "b").unwrap();
+        let entry = |device: &str| Relayed {
+            replica: "a".into(),
+            event: LoggedEvent::AssignmentsChanged {
+                device: device.into(),
+            },
+        };
+        // Sequence 2 commits first; 1, taken earlier, lands after the poll.
+        let (one, two) = (store.next_id().unwrap(), store.next_id().unwrap());
+        store
+            .fleet_events
+            .insert(&key(two), &entry("late-second"))
+            .unwrap();
+        assert_eq!(tail.poll(&store).unwrap().len(), 1);
+        store
+            .fleet_events
+            .insert(&key(one), &entry("first"))
+            .unwrap();
+        let heard = tail.poll(&store).unwrap();
+        assert_eq!(
+            heard,
+            vec![FleetEvent::AssignmentsChanged {
+                device: "first".into()
+            }]
+        );
+        assert!(tail.poll(&store).unwrap().is_empty());
+    }
+
+    #[test]
+    fn logged_events_round_trip() {
+        for e in [
+            FleetEvent::AssignmentsChanged { device: "d".into() },
+            FleetEvent::Revoked {
+                kind: MemberKind::Device,
+                id: "d".into(),
+            },
+            FleetEvent::JobChanged { job: "j".into() },
+            FleetEvent::BenchmarkQueued { device: "d".into() },
+        ] {
+            let logged = LoggedEvent::from(&e);
+            let json = serde_json::to_string(&logged).unwrap();
+            let back: LoggedEvent = serde_json::from_str(&json).unwrap();
+            assert_eq!(FleetEvent::from(back), e);
+        }
+    }
+}
