@@ -5,8 +5,17 @@
 //! A renewal replaces the channel, so the next call of every task makes a
 //! new connection with the new certificate; calls and streams already
 //! open finish on the old one (the control plane lets it drain).
+//!
+//! With several control-plane endpoints (`crate::endpoints`) there is one
+//! lazy channel per endpoint, and calls go to the active one; a call whose
+//! connection fails moves every later call on to the next endpoint, so a
+//! replica that dies costs each task one failed call, which its own retry
+//! already handles.
 
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -14,7 +23,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::codegen::http;
-use tonic::transport::channel::ResponseFuture;
 use tonic::transport::Channel;
 
 use crate::identity::{Identity, IdentityStore};
@@ -23,14 +31,57 @@ use crate::tls::mtls_endpoint;
 #[derive(Clone)]
 struct Current {
     identity: Identity,
+    /// One per endpoint, in the configured order.
+    channels: Arc<[Channel]>,
+    /// Which endpoint calls go to; kept across renewals.
+    active: Arc<AtomicUsize>,
+}
+
+impl Current {
+    fn pick(&self) -> Picked {
+        let i = self.active.load(Ordering::Relaxed) % self.channels.len().max(1);
+        Picked {
+            channel: self.channels[i].clone(),
+            index: i,
+            count: self.channels.len(),
+            active: self.active.clone(),
+        }
+    }
+}
+
+/// The channel a call goes through, and how to move on if it fails.
+struct Picked {
     channel: Channel,
+    index: usize,
+    count: usize,
+    active: Arc<AtomicUsize>,
+}
+
+impl Picked {
+    /// Moves later calls to the next endpoint, unless another failed
+    /// call already has.
+    fn failed(&self) {
+        if self.count > 1 {
+            let next = (self.index + 1) % self.count;
+            if self
+                .active
+                .compare_exchange(self.index, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                tracing::warn!(
+                    endpoint = next,
+                    "control-plane endpoint failed; moving to the next"
+                );
+            }
+        }
+    }
 }
 
 /// The enrolled identity of this process and its channel; empty until
 /// enrollment. Cloning shares it.
 #[derive(Clone)]
 pub struct Membership {
-    url: Arc<str>,
+    urls: Arc<[String]>,
     store: IdentityStore,
     current: Arc<watch::Sender<Option<Current>>>,
 }
@@ -39,8 +90,11 @@ impl Membership {
     /// Not enrolled yet: [`Membership::channel`] waits for
     /// [`Membership::set_identity`].
     pub fn new(url: &str, data_dir: &Path) -> Membership {
+        // A list the config refused never gets here; a bad one fails when
+        // set_identity builds its channels.
+        let urls = crate::endpoints::parse(url).unwrap_or_else(|_| vec![url.to_string()]);
         Membership {
-            url: url.into(),
+            urls: urls.into(),
             store: IdentityStore::new(data_dir),
             current: Arc::new(watch::Sender::new(None)),
         }
@@ -64,9 +118,21 @@ impl Membership {
     /// Makes `identity` current: later calls connect with it.
     pub fn set_identity(&self, identity: Identity) -> Result<(), tonic::transport::Error> {
         crate::install_crypto_provider();
-        let channel = mtls_endpoint(&self.url, &identity)?.connect_lazy();
-        self.current
-            .send_replace(Some(Current { identity, channel }));
+        let channels = self
+            .urls
+            .iter()
+            .map(|u| Ok(mtls_endpoint(u, &identity)?.connect_lazy()))
+            .collect::<Result<Vec<_>, tonic::transport::Error>>()?;
+        let active = self
+            .current
+            .borrow()
+            .as_ref()
+            .map_or_else(Arc::default, |c| c.active.clone());
+        self.current.send_replace(Some(Current {
+            identity,
+            channels: channels.into(),
+            active,
+        }));
         Ok(())
     }
 
@@ -80,7 +146,7 @@ impl Membership {
     pub async fn channel(&self, shutdown: &CancellationToken) -> Option<MemberChannel> {
         let mut rx = self.current.subscribe();
         let fallback = tokio::select! {
-            current = rx.wait_for(|c| c.is_some()) => current.ok()?.as_ref()?.channel.clone(),
+            current = rx.wait_for(|c| c.is_some()) => current.ok()?.as_ref()?.clone(),
             _ = shutdown.cancelled() => return None,
         };
         Some(MemberChannel {
@@ -93,7 +159,7 @@ impl Membership {
     /// The channel now, if enrolled.
     pub fn channel_now(&self) -> Option<MemberChannel> {
         let rx = self.current.subscribe();
-        let fallback = rx.borrow().as_ref()?.channel.clone();
+        let fallback = rx.borrow().as_ref()?.clone();
         Some(MemberChannel {
             rx,
             fallback,
@@ -106,11 +172,11 @@ impl Membership {
 /// Generated clients take it in place of a [`Channel`].
 pub struct MemberChannel {
     rx: watch::Receiver<Option<Current>>,
-    /// The channel when this handle was made; the membership never goes
+    /// The channels when this handle was made; the membership never goes
     /// back to empty, so this is only for the type's sake.
-    fallback: Channel,
+    fallback: Current,
     /// The channel `poll_ready` readied, which `call` must use.
-    ready: Option<Channel>,
+    ready: Option<Picked>,
 }
 
 impl Clone for MemberChannel {
@@ -124,28 +190,41 @@ impl Clone for MemberChannel {
     }
 }
 
-fn pick(rx: &watch::Receiver<Option<Current>>, fallback: &Channel) -> Channel {
-    rx.borrow()
-        .as_ref()
-        .map_or_else(|| fallback.clone(), |c| c.channel.clone())
+fn pick(rx: &watch::Receiver<Option<Current>>, fallback: &Current) -> Picked {
+    rx.borrow().as_ref().unwrap_or(fallback).pick()
 }
 
 impl tower::Service<http::Request<Body>> for MemberChannel {
     type Response = http::Response<Body>;
     type Error = tonic::transport::Error;
-    type Future = ResponseFuture;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         let (rx, fallback) = (&self.rx, &self.fallback);
-        tower::Service::poll_ready(self.ready.get_or_insert_with(|| pick(rx, fallback)), cx)
+        let picked = self.ready.get_or_insert_with(|| pick(rx, fallback));
+        let r = tower::Service::poll_ready(&mut picked.channel, cx);
+        if let Poll::Ready(Err(_)) = &r {
+            picked.failed();
+            self.ready = None;
+        }
+        r
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         // poll_ready came first (tower's contract), so `ready` is set.
-        let mut channel = self
+        let mut picked = self
             .ready
             .take()
             .unwrap_or_else(|| pick(&self.rx, &self.fallback));
-        tower::Service::call(&mut channel, request)
+        let response = tower::Service::call(&mut picked.channel, request);
+        Box::pin(async move {
+            let r = response.await;
+            if r.is_err() {
+                // The connection failed (refused, reset, timed out): the
+                // server never answered this call.
+                picked.failed();
+            }
+            r
+        })
     }
 }

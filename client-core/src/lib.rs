@@ -8,6 +8,7 @@
 
 pub mod backoff;
 pub mod channel;
+pub mod endpoints;
 pub mod gpu;
 pub mod https;
 pub mod identity;

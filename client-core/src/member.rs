@@ -63,10 +63,7 @@ impl MemberConfig {
         let control_plane = s
             .control_plane
             .context("--control-plane (or EDGELOOP_CONTROL_PLANE) is required")?;
-        anyhow::ensure!(
-            control_plane.starts_with("https://"),
-            "--control-plane must be an https:// URL (gRPC over TLS), got {control_plane:?}"
-        );
+        crate::endpoints::parse(&control_plane)?;
         Ok(MemberConfig {
             data_dir: s
                 .data_dir

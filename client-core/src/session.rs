@@ -49,6 +49,8 @@ pub enum SessionError {
     Io(#[from] std::io::Error),
     #[error("invalid control-plane URL: {0}")]
     Url(tonic::transport::Error),
+    #[error(transparent)]
+    Endpoints(#[from] crate::endpoints::EndpointsError),
     #[error("shut down before enrollment finished")]
     Cancelled,
     #[error("not enrolled yet")]
@@ -211,8 +213,12 @@ pub async fn ensure_identity(
     let token: BootstrapToken = token
         .ok_or_else(|| SessionError::NoIdentity(store.dir().display().to_string()))?
         .parse()?;
+    // Each attempt goes to the next endpoint: one that is down costs one
+    // attempt, not the enrollment.
+    let urls = crate::endpoints::parse(url)?;
     let mut attempt = 0;
     loop {
+        let url = &urls[attempt as usize % urls.len()];
         match enroll(role, url, &token, store, capabilities.clone()).await {
             Ok(identity) => {
                 tracing::info!(identity = %identity.name, "enrolled");
