@@ -3,7 +3,7 @@
 //! bytea keys so that ranges come back in sled's bytewise order. Every
 //! call is one autocommitted statement, durable when it returns.
 
-mod pool;
+pub(super) mod pool;
 pub mod schema;
 mod testdb;
 mod url;

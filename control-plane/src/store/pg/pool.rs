@@ -8,7 +8,9 @@
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use postgres::error::Severity;
 use postgres::{Client, NoTls, Statement};
 
 use super::url::PostgresUrl;
@@ -18,10 +20,18 @@ use crate::store::StoreError;
 /// how many store calls run at once; each is a PostgreSQL backend process.
 pub const POOL_SIZE: usize = 8;
 
+/// How long a connection may sit unused before it is checked before use.
+const IDLE_CHECK: Duration = Duration::from_secs(5);
+const IDLE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// One pool thread's connection, made on first use and again after it broke.
 pub struct Session {
     url: PostgresUrl,
     client: Option<Client>,
+    /// When `client` last answered: one idle for long is checked before
+    /// use, so that a write after a server restart meets a fresh
+    /// connection instead of failing with an unknown outcome.
+    last_used: Instant,
     /// Prepared statements of `client`, by their SQL.
     statements: HashMap<String, Statement>,
 }
@@ -31,6 +41,7 @@ impl Session {
         Self {
             url,
             client: None,
+            last_used: Instant::now(),
             statements: HashMap::new(),
         }
     }
@@ -40,6 +51,16 @@ impl Session {
         if self.client.as_ref().is_some_and(Client::is_closed) {
             self.reset();
         }
+        if self.last_used.elapsed() > IDLE_CHECK {
+            let valid = self
+                .client
+                .as_mut()
+                .is_some_and(|c| c.is_valid(IDLE_CHECK_TIMEOUT).is_ok());
+            if !valid {
+                self.reset();
+            }
+        }
+        self.last_used = Instant::now();
         if self.client.is_none() {
             let client = self.url.config().connect(NoTls).map_err(|e| {
                 StoreError::Unavailable(format!("connecting to {}: {e}", self.url))
@@ -71,10 +92,17 @@ impl Session {
 }
 
 /// Whether `e` leaves the connection in doubt: anything but an error the
-/// server answered with (a broken socket, a closed connection, a timeout).
+/// server answered within a session that goes on (a broken socket, a
+/// closed connection, a timeout, or a FATAL such as the server's
+/// shutdown or `pg_terminate_backend`).
 fn connection_lost(e: &StoreError) -> bool {
     match e {
-        StoreError::Postgres(e) => e.as_db_error().is_none(),
+        StoreError::Postgres(e) => e.as_db_error().is_none_or(|db| {
+            matches!(
+                db.parsed_severity(),
+                Some(Severity::Fatal | Severity::Panic)
+            )
+        }),
         StoreError::Unavailable(_) => true,
         _ => false,
     }

@@ -56,7 +56,7 @@ impl PostgresUrl {
         })
     }
 
-    pub(super) fn config(&self) -> &postgres::Config {
+    pub(in crate::store) fn config(&self) -> &postgres::Config {
         &self.config
     }
 
