@@ -119,8 +119,12 @@ impl Server {
     pub async fn start_with_clock(config: Config, clock: Clock) -> anyhow::Result<Server> {
         edgeloop_client_core::install_crypto_provider();
         let dir = DataDir::create(&config.data_dir)?;
-        let store = Store::open(&dir.db())
-            .with_context(|| format!("opening store {}", dir.db().display()))?;
+        let store = match &config.store_url {
+            Some(url) => Store::open_postgres(url)
+                .with_context(|| format!("opening the PostgreSQL store {url}"))?,
+            None => Store::open(&dir.db())
+                .with_context(|| format!("opening store {}", dir.db().display()))?,
+        };
         let artifacts = LocalArtifactStore::open(&dir.artifacts())
             .with_context(|| format!("opening artifact store {}", dir.artifacts().display()))?;
         // Faults only when a crash test's environment asks for them.
