@@ -442,11 +442,11 @@ async fn registry_records_versions_with_lineage(store: TestStore) {
     cp.stop().await;
 }
 
+on_each_store!(#[tokio::test] aliases_point_move_keep_their_history_and_survive_a_restart);
 /// Aliases: created (201), moved (200), each move in the history with who,
 /// when, from and to; refused with the field named (400), for a missing
 /// model or version (404), or when an alias and a version would share a
 /// name (409); deployments name them; all of it durable across a restart.
-on_each_store!(#[tokio::test] aliases_point_move_keep_their_history_and_survive_a_restart);
 async fn aliases_point_move_keep_their_history_and_survive_a_restart(store: TestStore) {
     use edgeloop_client_core::Role;
     let dir = tempfile::tempdir().unwrap();

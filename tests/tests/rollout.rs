@@ -29,7 +29,7 @@ use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::tensor::Tensor;
 use edgeloop_models::Digest;
 use edgeloop_tests::mnist::{digits, mnist_dir};
-use edgeloop_tests::{eventually, free_port, on_each_store, settings, ControlPlane, TestStore};
+use edgeloop_tests::{eventually, free_port, on_each_store, ControlPlane, TestStore};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
