@@ -32,8 +32,8 @@ forbid() { # forbid <package> <crate>...
   done
 }
 forbid edgeloop-control-plane kube k8s-openapi indicatif reqwest edgeloop-trainer-bridge edgeloop-cli
-forbid edgeloop-cli sled axum rcgen tonic edgeloop-control-plane edgeloop-client-core
-forbid edgeloop-api sled axum tonic
+forbid edgeloop-cli sled postgres axum rcgen tonic edgeloop-control-plane edgeloop-client-core
+forbid edgeloop-api sled postgres axum tonic
 
 echo "==> dependencies (idempotent; in \${EDGELOOP_DEPS:-\$HOME/.edgeloop/deps})"
 scripts/fetch-onnxruntime.sh

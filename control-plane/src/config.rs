@@ -691,7 +691,10 @@ mod tests {
         assert_eq!(cfg.http_listen, "127.0.0.1:9000".parse().unwrap());
         assert_eq!(cfg.heartbeat_interval, Duration::from_secs(5));
         assert_eq!(cfg.grpc_listen, DEFAULT_GRPC_LISTEN.parse().unwrap());
-        assert!(cfg.store_url.is_none(), "sled under the data dir by default");
+        assert!(
+            cfg.store_url.is_none(),
+            "sled under the data dir by default"
+        );
     }
 
     #[test]
@@ -700,14 +703,23 @@ mod tests {
             toml::from_str("data-dir = \"/d\"\nstore-url = \"postgres://u:pw@db:5432/edge\"\n")
                 .unwrap();
         let cfg = Config::from_settings(ServeSettings::default().or(file.clone())).unwrap();
-        assert!(!format!("{cfg:?}").contains("pw"), "no password in the config's Debug");
-        assert_eq!(cfg.store_url.unwrap().to_string(), "postgres://db:5432/edge");
+        assert!(
+            !format!("{cfg:?}").contains("pw"),
+            "no password in the config's Debug"
+        );
+        assert_eq!(
+            cfg.store_url.unwrap().to_string(),
+            "postgres://db:5432/edge"
+        );
         let flags = ServeSettings {
             store_url: Some("postgres://u:pw@other/edge".into()),
             ..Default::default()
         };
         let cfg = Config::from_settings(flags.or(file)).unwrap();
-        assert_eq!(cfg.store_url.unwrap().to_string(), "postgres://other:5432/edge");
+        assert_eq!(
+            cfg.store_url.unwrap().to_string(),
+            "postgres://other:5432/edge"
+        );
         for bad in ["/var/lib/edgeloop", "postgres://h/db?sslmode=require"] {
             let s = ServeSettings {
                 data_dir: Some("/d".into()),

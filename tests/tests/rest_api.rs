@@ -53,7 +53,10 @@ fn case(
     }
 }
 
-on_each_store!(#[tokio::test] bad_inputs_get_the_right_status_name_the_field_and_change_nothing);
+on_each_store!(
+    #[tokio::test]
+    bad_inputs_get_the_right_status_name_the_field_and_change_nothing
+);
 async fn bad_inputs_get_the_right_status_name_the_field_and_change_nothing(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
     let mut s = store.settings(&dir.path().join("cp"));
@@ -387,7 +390,10 @@ async fn bad_inputs_get_the_right_status_name_the_field_and_change_nothing(store
     cp.stop().await;
 }
 
-on_each_store!(#[tokio::test] registry_records_versions_with_lineage);
+on_each_store!(
+    #[tokio::test]
+    registry_records_versions_with_lineage
+);
 async fn registry_records_versions_with_lineage(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start_with(store.settings(&dir.path().join("cp"))).await;
@@ -442,7 +448,10 @@ async fn registry_records_versions_with_lineage(store: TestStore) {
     cp.stop().await;
 }
 
-on_each_store!(#[tokio::test] aliases_point_move_keep_their_history_and_survive_a_restart);
+on_each_store!(
+    #[tokio::test]
+    aliases_point_move_keep_their_history_and_survive_a_restart
+);
 /// Aliases: created (201), moved (200), each move in the history with who,
 /// when, from and to; refused with the field named (400), for a missing
 /// model or version (404), or when an alias and a version would share a
@@ -660,7 +669,10 @@ async fn aliases_point_move_keep_their_history_and_survive_a_restart(store: Test
     cp.stop().await;
 }
 
-on_each_store!(#[tokio::test] health_readiness_and_openapi_need_no_token);
+on_each_store!(
+    #[tokio::test]
+    health_readiness_and_openapi_need_no_token
+);
 async fn health_readiness_and_openapi_need_no_token(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start_with(store.settings(&dir.path().join("cp"))).await;
@@ -800,7 +812,10 @@ async fn health_readiness_and_openapi_need_no_token(store: TestStore) {
     cp.stop().await;
 }
 
-on_each_store!(#[tokio::test] devices_are_selected_by_labels_and_reported_capabilities);
+on_each_store!(
+    #[tokio::test]
+    devices_are_selected_by_labels_and_reported_capabilities
+);
 async fn devices_are_selected_by_labels_and_reported_capabilities(store: TestStore) {
     use edgeloop_client_core::session::enroll;
     use edgeloop_client_core::{IdentityStore, Role};
@@ -942,7 +957,10 @@ async fn all_pages(api: &Api, path: &str, key: &str) -> (Vec<String>, Vec<String
     panic!("{path}: more than 10 pages of 2");
 }
 
-on_each_store!(#[tokio::test] jobs_deployments_and_pipelines_page_by_key_range);
+on_each_store!(
+    #[tokio::test]
+    jobs_deployments_and_pipelines_page_by_key_range
+);
 async fn jobs_deployments_and_pipelines_page_by_key_range(store: TestStore) {
     use edgeloop_control_plane::lifecycle::pipeline::{Pipeline, PipelineState, Step};
     let dir = tempfile::tempdir().unwrap();

@@ -520,7 +520,8 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
 #[tokio::test]
 async fn bad_deployment_requests_get_a_400_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = ControlPlane::start_with(cp_settings(&TestStore::sled(), &dir.path().join("cp"))).await;
+    let cp =
+        ControlPlane::start_with(cp_settings(&TestStore::sled(), &dir.path().join("cp"))).await;
     let (status, body) = cp
         .api()
         .post("/api/v1/models", json!({"name": MODEL}))

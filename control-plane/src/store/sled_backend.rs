@@ -175,11 +175,3 @@ fn is_empty(lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> bool {
         _ => false,
     }
 }
-
-#[cfg(test)]
-impl SledBackend {
-    /// For tests that write sled directly.
-    pub(super) fn db(&self) -> &sled::Db {
-        &self.db
-    }
-}

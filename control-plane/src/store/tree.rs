@@ -206,12 +206,7 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
     pub fn last_with_prefix(&self, prefix: &str) -> Result<Option<(String, V)>, StoreError> {
         let end = prefix_end(prefix.as_bytes());
         Ok(self
-            .read(
-                Bound::Included(prefix.as_bytes()),
-                upper_of(&end),
-                true,
-                1,
-            )?
+            .read(Bound::Included(prefix.as_bytes()), upper_of(&end), true, 1)?
             .pop())
     }
 
@@ -249,12 +244,7 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         n: usize,
     ) -> Result<Vec<(String, V)>, StoreError> {
         let end = prefix_end(prefix.as_bytes());
-        self.read(
-            Bound::Included(prefix.as_bytes()),
-            upper_of(&end),
-            false,
-            n,
-        )
+        self.read(Bound::Included(prefix.as_bytes()), upper_of(&end), false, n)
     }
 
     /// Records with `prefix`, newest key first, while `keep` says so: the

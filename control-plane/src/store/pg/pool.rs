@@ -62,9 +62,10 @@ impl Session {
         }
         self.last_used = Instant::now();
         if self.client.is_none() {
-            let client = self.url.config().connect(NoTls).map_err(|e| {
-                StoreError::Unavailable(format!("connecting to {}: {e}", self.url))
-            })?;
+            let client =
+                self.url.config().connect(NoTls).map_err(|e| {
+                    StoreError::Unavailable(format!("connecting to {}: {e}", self.url))
+                })?;
             self.client = Some(client);
         }
         Ok(self.client.as_mut().expect("connected above"))
@@ -170,7 +171,8 @@ impl Pool {
             // The caller may have gone (a cancelled task): nothing to do.
             let _ = reply.send(result);
         });
-        let gone = || StoreError::Unavailable(format!("the store threads for {} are gone", self.url));
+        let gone =
+            || StoreError::Unavailable(format!("the store threads for {} are gone", self.url));
         self.jobs.send(job).map_err(|_| gone())?;
         answer.recv().map_err(|_| gone())?
     }

@@ -60,7 +60,10 @@ impl TestDatabase {
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
-        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.url.database());
+        let sql = format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.url.database()
+        );
         if let Err(e) = admin_statement(&self.admin, sql) {
             eprintln!("dropping test database {}: {e}", self.url);
         }

@@ -101,7 +101,12 @@ impl fmt::Display for PostgresUrl {
             .config
             .get_hosts()
             .iter()
-            .zip(self.config.get_ports().iter().chain(std::iter::repeat(&5432)))
+            .zip(
+                self.config
+                    .get_ports()
+                    .iter()
+                    .chain(std::iter::repeat(&5432)),
+            )
             .map(|(h, p)| match h {
                 Host::Tcp(h) => format!("{h}:{p}"),
                 Host::Unix(path) => format!("{}:{p}", path.display()),
@@ -135,7 +140,11 @@ mod tests {
             "postgresql://e:p@h/x?sslmode=disable"
         );
         assert_eq!(
-            PostgresUrl::parse("postgres://e@h").unwrap().with_database("x").unwrap().expose(),
+            PostgresUrl::parse("postgres://e@h")
+                .unwrap()
+                .with_database("x")
+                .unwrap()
+                .expose(),
             "postgres://e@h/x"
         );
     }
