@@ -357,8 +357,9 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         self.first_with_prefix("", n)
     }
 
-    /// Records in the tree. sled counts by iterating, so this is O(n):
-    /// for occasional housekeeping, not per request.
+    /// Records in the tree. O(n) on both backends (sled iterates,
+    /// PostgreSQL counts the rows): for occasional housekeeping, not per
+    /// request.
     pub fn len(&self) -> Result<usize, StoreError> {
         self.tree.len()
     }

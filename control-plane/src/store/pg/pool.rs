@@ -131,9 +131,15 @@ impl Pool {
                     // The lock is held only to take one job; a poisoned
                     // lock still holds a usable receiver.
                     let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    match job {
-                        Ok(job) => job(&mut session),
-                        Err(_) => return, // the pool is gone
+                    let Ok(job) = job else {
+                        return; // the pool is gone
+                    };
+                    // A panic in one call must not shrink the pool: its
+                    // caller sees the reply channel close ("gone"), and
+                    // the connection, in an unknown state, is replaced.
+                    let run = std::panic::AssertUnwindSafe(|| job(&mut session));
+                    if std::panic::catch_unwind(run).is_err() {
+                        session.reset();
                     }
                 })
                 .map_err(|e| StoreError::Unavailable(format!("starting a store thread: {e}")))?;
@@ -171,9 +177,14 @@ impl Pool {
             // The caller may have gone (a cancelled task): nothing to do.
             let _ = reply.send(result);
         });
-        let gone =
-            || StoreError::Unavailable(format!("the store threads for {} are gone", self.url));
-        self.jobs.send(job).map_err(|_| gone())?;
-        answer.recv().map_err(|_| gone())?
+        self.jobs.send(job).map_err(|_| {
+            StoreError::Unavailable(format!("the store threads for {} are gone", self.url))
+        })?;
+        answer.recv().map_err(|_| {
+            StoreError::Unavailable(format!(
+                "a store thread for {} failed during the call",
+                self.url
+            ))
+        })?
     }
 }
