@@ -35,6 +35,14 @@ forbid edgeloop-control-plane kube k8s-openapi indicatif reqwest edgeloop-traine
 forbid edgeloop-cli sled postgres axum rcgen tonic edgeloop-control-plane edgeloop-client-core
 forbid edgeloop-api sled postgres axum tonic
 
+echo "==> only control-plane/src/store/ uses sled and postgres (the store's backends; ARCHITECTURE.md)"
+# One test reads an old record that it wrote with sled itself.
+if grep -rnE '(^|[^A-Za-z_])(sled|postgres)::' --include='*.rs' control-plane/src \
+  | grep -vE '^control-plane/src/(store/|fleet/telemetry/tests\.rs:)'; then
+  echo "error: sled or postgres used outside control-plane/src/store/ (above)" >&2
+  exit 1
+fi
+
 echo "==> dependencies (idempotent; in \${EDGELOOP_DEPS:-\$HOME/.edgeloop/deps})"
 scripts/fetch-onnxruntime.sh
 scripts/fetch-onnx-node-tests.sh
