@@ -32,8 +32,16 @@ forbid() { # forbid <package> <crate>...
   done
 }
 forbid edgeloop-control-plane kube k8s-openapi indicatif reqwest edgeloop-trainer-bridge edgeloop-cli
-forbid edgeloop-cli sled axum rcgen tonic edgeloop-control-plane edgeloop-client-core
-forbid edgeloop-api sled axum tonic
+forbid edgeloop-cli sled postgres axum rcgen tonic edgeloop-control-plane edgeloop-client-core
+forbid edgeloop-api sled postgres axum tonic
+
+echo "==> only control-plane/src/store/ uses sled and postgres (the store's backends; ARCHITECTURE.md)"
+# One test reads an old record that it wrote with sled itself.
+if grep -rnE '(^|[^A-Za-z_])(sled|postgres)::' --include='*.rs' control-plane/src \
+  | grep -vE '^control-plane/src/(store/|fleet/telemetry/tests\.rs:)'; then
+  echo "error: sled or postgres used outside control-plane/src/store/ (above)" >&2
+  exit 1
+fi
 
 echo "==> dependencies (idempotent; in \${EDGELOOP_DEPS:-\$HOME/.edgeloop/deps})"
 scripts/fetch-onnxruntime.sh
@@ -55,15 +63,21 @@ scripts/fetch-zoo.sh
 EDGELOOP_TORCH_PYTHON="$(scripts/torch-env.sh | tail -n 1)"
 export EDGELOOP_TORCH_PYTHON
 
-echo "==> engines (real Slurm and Ray on this machine; stopped again at the end)"
+echo "==> engines (real Slurm, Ray and PostgreSQL on this machine; stopped again at the end)"
 stop_engines() {
   scripts/ray-down.sh >/dev/null 2>&1 || true
   scripts/slurm-down.sh >/dev/null 2>&1 || true
+  scripts/postgres-down.sh >/dev/null 2>&1 || true
 }
 trap stop_engines EXIT
 EDGELOOP_SLURM_ENV="$(scripts/slurm-up.sh | tail -n 1)"
 EDGELOOP_RAY_ENV="$(scripts/ray-up.sh | tail -n 1)"
 export EDGELOOP_SLURM_ENV EDGELOOP_RAY_ENV
+# The PostgreSQL store's tests (control-plane store::tests, the integration
+# tests made by on_each_store!) each create a database on this server.
+pg_env="$(scripts/postgres-up.sh | tail -n 1)"
+EDGELOOP_TEST_POSTGRES_URL="$(sed -n 's/^EDGELOOP_TEST_POSTGRES_URL=//p' "$pg_env")"
+export EDGELOOP_TEST_POSTGRES_URL
 
 echo "==> build"
 cargo build --workspace --all-targets

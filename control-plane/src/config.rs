@@ -17,6 +17,13 @@ pub struct ServeSettings {
     /// Where the store, artifacts, PKI and admin token live.
     #[arg(long, env = "EDGELOOP_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Keep the records in PostgreSQL instead of the embedded store under
+    /// --data-dir: postgres://USER:PASSWORD@HOST:PORT/DATABASE (sslmode
+    /// disable or prefer; TLS is not supported yet). The tables are made or
+    /// migrated at start. Prefer the env var or the file to the flag, which
+    /// other users can see in the process list.
+    #[arg(long, env = "EDGELOOP_STORE_URL", hide_env_values = true)]
+    pub store_url: Option<String>,
     /// gRPC (mTLS) listen address for agents and bridges.
     #[arg(long, env = "EDGELOOP_GRPC_LISTEN")]
     pub grpc_listen: Option<SocketAddr>,
@@ -293,6 +300,7 @@ impl ServeSettings {
     pub fn or(self, lower: ServeSettings) -> ServeSettings {
         ServeSettings {
             data_dir: self.data_dir.or(lower.data_dir),
+            store_url: self.store_url.or(lower.store_url),
             grpc_listen: self.grpc_listen.or(lower.grpc_listen),
             http_listen: self.http_listen.or(lower.http_listen),
             insecure_http: self.insecure_http || lower.insecure_http,
@@ -359,6 +367,8 @@ impl ServeSettings {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub data_dir: PathBuf,
+    /// The PostgreSQL store, when not the embedded one in `data_dir`.
+    pub store_url: Option<crate::store::PostgresUrl>,
     pub grpc_listen: SocketAddr,
     pub http_listen: SocketAddr,
     /// The console API over TLS, and with which certificate.
@@ -406,6 +416,11 @@ impl Config {
         let data_dir = s.data_dir.context(
             "--data-dir (or EDGELOOP_DATA_DIR, or data-dir in the config file) is required",
         )?;
+        let store_url = s
+            .store_url
+            .as_deref()
+            .map(crate::store::PostgresUrl::parse)
+            .transpose()?;
         let grpc_listen = s
             .grpc_listen
             .unwrap_or_else(|| DEFAULT_GRPC_LISTEN.parse().expect("valid default"));
@@ -571,6 +586,7 @@ impl Config {
         }
         Ok(Config {
             data_dir,
+            store_url,
             grpc_listen,
             http_listen,
             http_tls,
@@ -675,6 +691,44 @@ mod tests {
         assert_eq!(cfg.http_listen, "127.0.0.1:9000".parse().unwrap());
         assert_eq!(cfg.heartbeat_interval, Duration::from_secs(5));
         assert_eq!(cfg.grpc_listen, DEFAULT_GRPC_LISTEN.parse().unwrap());
+        assert!(
+            cfg.store_url.is_none(),
+            "sled under the data dir by default"
+        );
+    }
+
+    #[test]
+    fn the_store_url_comes_from_the_file_or_a_flag_and_is_checked() {
+        let file: ServeSettings =
+            toml::from_str("data-dir = \"/d\"\nstore-url = \"postgres://u:pw@db:5432/edge\"\n")
+                .unwrap();
+        let cfg = Config::from_settings(ServeSettings::default().or(file.clone())).unwrap();
+        assert!(
+            !format!("{cfg:?}").contains("pw"),
+            "no password in the config's Debug"
+        );
+        assert_eq!(
+            cfg.store_url.unwrap().to_string(),
+            "postgres://db:5432/edge"
+        );
+        let flags = ServeSettings {
+            store_url: Some("postgres://u:pw@other/edge".into()),
+            ..Default::default()
+        };
+        let cfg = Config::from_settings(flags.or(file)).unwrap();
+        assert_eq!(
+            cfg.store_url.unwrap().to_string(),
+            "postgres://other:5432/edge"
+        );
+        for bad in ["/var/lib/edgeloop", "postgres://h/db?sslmode=require"] {
+            let s = ServeSettings {
+                data_dir: Some("/d".into()),
+                store_url: Some(bad.into()),
+                ..Default::default()
+            };
+            let e = Config::from_settings(s).unwrap_err();
+            assert!(e.to_string().contains("--store-url"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -122,8 +122,12 @@ impl Server {
     pub async fn start_with_clock(config: Config, clock: Clock) -> anyhow::Result<Server> {
         edgeloop_client_core::install_crypto_provider();
         let dir = DataDir::create(&config.data_dir)?;
-        let store = Store::open(&dir.db())
-            .with_context(|| format!("opening store {}", dir.db().display()))?;
+        let store = match &config.store_url {
+            Some(url) => Store::open_postgres(url)
+                .with_context(|| format!("opening the PostgreSQL store {url}"))?,
+            None => Store::open(&dir.db())
+                .with_context(|| format!("opening store {}", dir.db().display()))?,
+        };
         let artifacts = LocalArtifactStore::open(&dir.artifacts())
             .with_context(|| format!("opening artifact store {}", dir.artifacts().display()))?;
         // Faults only when a crash test's environment asks for them.
@@ -146,7 +150,15 @@ impl Server {
         }
         let pki = Pki::load_or_init(&dir.pki(), &config.server_names).context("loading PKI")?;
         let (admin_token_hash, new_admin_token) = dir.load_or_create_admin_token()?;
-        let leader = leader::Leadership::new(leader::replica_id(&config.data_dir)?);
+        let replica = leader::replica_id(&config.data_dir)?;
+        // A shared store may have other replicas: they hear this one's
+        // fleet events, and it theirs.
+        let events = if config.store_url.is_some() {
+            Events::relayed(fleet::relay::Relay::new(store.clone(), &replica))
+        } else {
+            Events::default()
+        };
+        let leader = leader::Leadership::new(replica);
         let grpc = TcpListener::bind(config.grpc_listen)
             .await
             .with_context(|| format!("binding gRPC listener {}", config.grpc_listen))?;
@@ -161,7 +173,7 @@ impl Server {
                 artifact_cache,
                 downloads,
                 pki,
-                events: Events::default(),
+                events,
                 admin_token_hash,
                 security: Default::default(),
                 device_quotas: Default::default(),

@@ -45,9 +45,66 @@ pub fn progress(
     }
 }
 
+/// Which store a test's control plane keeps its records in: sled under
+/// the data dir, or a fresh PostgreSQL database of the server named by
+/// `EDGELOOP_TEST_POSTGRES_URL` (dropped with this). Tests that should hold
+/// on both take one and start with [`TestStore::settings`]; the
+/// [`on_each_store!`] macro makes a test per backend from one body.
+pub struct TestStore {
+    db: Option<edgeloop_control_plane::store::TestDatabase>,
+}
+
+impl TestStore {
+    pub fn sled() -> Self {
+        Self { db: None }
+    }
+
+    /// A fresh database, or `None` (and "skipped: ..." on stderr) when
+    /// `EDGELOOP_TEST_POSTGRES_URL` is unset.
+    pub fn postgres(what: &str) -> Option<Self> {
+        edgeloop_control_plane::store::TestDatabase::from_env(what).map(|db| Self { db: Some(db) })
+    }
+
+    /// `settings(data_dir)` on this store.
+    pub fn settings(&self, data_dir: &Path) -> ServeSettings {
+        ServeSettings {
+            store_url: self.url(),
+            ..settings(data_dir)
+        }
+    }
+
+    /// `--store-url`, for a control plane on this store (`None`: sled).
+    pub fn url(&self) -> Option<String> {
+        self.db.as_ref().map(|db| db.url().expose().to_string())
+    }
+}
+
+/// A test per store backend from one `async fn NAME(store: TestStore)`:
+/// `on_each_store!(#[tokio::test] NAME);` makes `NAME::sled` and
+/// `NAME::postgres` (which says it skipped when no server is named).
+#[macro_export]
+macro_rules! on_each_store {
+    ($(#[$attr:meta])* $name:ident) => {
+        mod $name {
+            $(#[$attr])*
+            async fn sled() {
+                super::$name($crate::TestStore::sled()).await
+            }
+            $(#[$attr])*
+            async fn postgres() {
+                if let Some(store) = $crate::TestStore::postgres(stringify!($name)) {
+                    super::$name(store).await
+                }
+            }
+        }
+    };
+}
+
 /// A running control plane, served by the same `Server::serve` as the binary.
 pub struct ControlPlane {
     pub data_dir: PathBuf,
+    /// Its `--store-url` (`None`: sled in the data dir), kept by restarts.
+    pub store_url: Option<String>,
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub grpc_url: String,
@@ -88,6 +145,7 @@ impl ControlPlane {
         let config = Config::from_settings(settings).unwrap();
         let tls = config.http_tls != edgeloop_control_plane::config::HttpTls::Off;
         let data_dir = config.data_dir.clone();
+        let store_url = config.store_url.as_ref().map(|u| u.expose().to_string());
         let server = Server::start_with_clock(config, clock).await.unwrap();
         let first_start = server.new_admin_token().is_some();
         let admin_token = std::fs::read_to_string(server.admin_token_path())
@@ -110,6 +168,7 @@ impl ControlPlane {
         let task = tokio::spawn(server.serve(shutdown.clone()));
         ControlPlane {
             data_dir,
+            store_url,
             grpc_addr,
             http_addr,
             grpc_url,
@@ -127,14 +186,16 @@ impl ControlPlane {
         self.task.await.unwrap().unwrap();
     }
 
-    /// Stops this control plane and starts it again on the same data dir
-    /// and ports (so agents and bridges reconnect), with `settings`.
+    /// Stops this control plane and starts it again on the same data dir,
+    /// store and ports (so agents and bridges reconnect), with `settings`.
     pub async fn restart(self, settings: ServeSettings) -> ControlPlane {
         let (grpc, http) = (self.grpc_addr, self.http_addr);
+        let store_url = settings.store_url.clone().or(self.store_url.clone());
         self.stop().await;
         ControlPlane::start_with(ServeSettings {
             grpc_listen: Some(grpc),
             http_listen: Some(http),
+            store_url,
             ..settings
         })
         .await

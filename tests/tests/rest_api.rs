@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use edgeloop_models::Digest;
-use edgeloop_tests::{settings, Api, ControlPlane};
+use edgeloop_tests::{on_each_store, settings, Api, ControlPlane, TestStore};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -53,10 +53,13 @@ fn case(
     }
 }
 
-#[tokio::test]
-async fn bad_inputs_get_the_right_status_name_the_field_and_change_nothing() {
+on_each_store!(
+    #[tokio::test]
+    bad_inputs_get_the_right_status_name_the_field_and_change_nothing
+);
+async fn bad_inputs_get_the_right_status_name_the_field_and_change_nothing(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = settings(&dir.path().join("cp"));
+    let mut s = store.settings(&dir.path().join("cp"));
     s.max_json_bytes = Some(4096);
     let cp = ControlPlane::start_with(s).await;
     let api = cp.api();
@@ -387,10 +390,13 @@ async fn bad_inputs_get_the_right_status_name_the_field_and_change_nothing() {
     cp.stop().await;
 }
 
-#[tokio::test]
-async fn registry_records_versions_with_lineage() {
+on_each_store!(
+    #[tokio::test]
+    registry_records_versions_with_lineage
+);
+async fn registry_records_versions_with_lineage(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let cp = ControlPlane::start_with(store.settings(&dir.path().join("cp"))).await;
     let api = cp.api();
     let a = Digest::of(b"v1");
     let b = Digest::of(b"v2");
@@ -442,16 +448,19 @@ async fn registry_records_versions_with_lineage() {
     cp.stop().await;
 }
 
+on_each_store!(
+    #[tokio::test]
+    aliases_point_move_keep_their_history_and_survive_a_restart
+);
 /// Aliases: created (201), moved (200), each move in the history with who,
 /// when, from and to; refused with the field named (400), for a missing
 /// model or version (404), or when an alias and a version would share a
 /// name (409); deployments name them; all of it durable across a restart.
-#[tokio::test]
-async fn aliases_point_move_keep_their_history_and_survive_a_restart() {
+async fn aliases_point_move_keep_their_history_and_survive_a_restart(store: TestStore) {
     use edgeloop_client_core::Role;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("cp");
-    let cp = ControlPlane::start(&data).await;
+    let cp = ControlPlane::start_with(store.settings(&data)).await;
     let api = cp.api();
     let digest = cp.upload(b"digits model").await;
     assert_eq!(
@@ -660,10 +669,13 @@ async fn aliases_point_move_keep_their_history_and_survive_a_restart() {
     cp.stop().await;
 }
 
-#[tokio::test]
-async fn health_readiness_and_openapi_need_no_token() {
+on_each_store!(
+    #[tokio::test]
+    health_readiness_and_openapi_need_no_token
+);
+async fn health_readiness_and_openapi_need_no_token(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let cp = ControlPlane::start_with(store.settings(&dir.path().join("cp"))).await;
     let anon = Api::new(&cp.http_base, None);
     assert_eq!(
         anon.get("/healthz").await,
@@ -800,12 +812,15 @@ async fn health_readiness_and_openapi_need_no_token() {
     cp.stop().await;
 }
 
-#[tokio::test]
-async fn devices_are_selected_by_labels_and_reported_capabilities() {
+on_each_store!(
+    #[tokio::test]
+    devices_are_selected_by_labels_and_reported_capabilities
+);
+async fn devices_are_selected_by_labels_and_reported_capabilities(store: TestStore) {
     use edgeloop_client_core::session::enroll;
     use edgeloop_client_core::{IdentityStore, Role};
     let dir = tempfile::tempdir().unwrap();
-    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let cp = ControlPlane::start_with(store.settings(&dir.path().join("cp"))).await;
     let devices = [
         (
             "cam-1",
@@ -942,11 +957,14 @@ async fn all_pages(api: &Api, path: &str, key: &str) -> (Vec<String>, Vec<String
     panic!("{path}: more than 10 pages of 2");
 }
 
-#[tokio::test]
-async fn jobs_deployments_and_pipelines_page_by_key_range() {
+on_each_store!(
+    #[tokio::test]
+    jobs_deployments_and_pipelines_page_by_key_range
+);
+async fn jobs_deployments_and_pipelines_page_by_key_range(store: TestStore) {
     use edgeloop_control_plane::lifecycle::pipeline::{Pipeline, PipelineState, Step};
     let dir = tempfile::tempdir().unwrap();
-    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let cp = ControlPlane::start_with(store.settings(&dir.path().join("cp"))).await;
     let api = cp.api();
 
     // Jobs: id order from the cursor, each once, the same set as the whole list.

@@ -7,15 +7,18 @@ use edgeloop_client_core::Role;
 use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::common::v1::HeartbeatRequest;
-use edgeloop_tests::{settings, ControlPlane};
+use edgeloop_tests::{on_each_store, ControlPlane, TestStore};
 use reqwest::Method;
 use serde_json::json;
 
-#[tokio::test]
-async fn restart_keeps_identity_devices_tokens_artifacts_and_models() {
+on_each_store!(
+    #[tokio::test]
+    restart_keeps_identity_devices_tokens_artifacts_and_models
+);
+async fn restart_keeps_identity_devices_tokens_artifacts_and_models(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
     let cp_dir = dir.path().join("cp");
-    let cp = ControlPlane::start(&cp_dir).await;
+    let cp = ControlPlane::start_with(store.settings(&cp_dir)).await;
     assert!(cp.first_start);
     let admin = cp.admin_token.clone();
     let identity = cp
@@ -59,7 +62,7 @@ async fn restart_keeps_identity_devices_tokens_artifacts_and_models() {
     let ca_before = std::fs::read(cp_dir.join("pki/ca.crt")).unwrap();
     cp.stop().await;
 
-    let cp = ControlPlane::start(&cp_dir).await;
+    let cp = ControlPlane::start_with(store.settings(&cp_dir)).await;
     assert!(!cp.first_start, "the admin token is created once");
     assert_eq!(cp.admin_token, admin);
     assert_eq!(std::fs::read(cp_dir.join("pki/ca.crt")).unwrap(), ca_before);
@@ -93,17 +96,20 @@ async fn restart_keeps_identity_devices_tokens_artifacts_and_models() {
     cp.stop().await;
 }
 
-#[tokio::test]
-async fn a_store_from_a_newer_schema_is_refused_with_a_clear_error() {
+on_each_store!(
+    #[tokio::test]
+    a_store_from_a_newer_schema_is_refused_with_a_clear_error
+);
+async fn a_store_from_a_newer_schema_is_refused_with_a_clear_error(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
     let cp_dir = dir.path().join("cp");
-    let cp = ControlPlane::start(&cp_dir).await;
+    let cp = ControlPlane::start_with(store.settings(&cp_dir)).await;
     cp.core
         .store
         .force_schema_version(edgeloop_control_plane::store::SCHEMA_VERSION + 1)
         .unwrap();
     cp.stop().await;
-    let config = edgeloop_control_plane::Config::from_settings(settings(&cp_dir)).unwrap();
+    let config = edgeloop_control_plane::Config::from_settings(store.settings(&cp_dir)).unwrap();
     let err = edgeloop_control_plane::Server::start(config)
         .await
         .err()

@@ -29,7 +29,7 @@ use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::tensor::Tensor;
 use edgeloop_models::Digest;
 use edgeloop_tests::mnist::{digits, mnist_dir};
-use edgeloop_tests::{eventually, free_port, settings, ControlPlane};
+use edgeloop_tests::{eventually, free_port, on_each_store, ControlPlane, TestStore};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -137,13 +137,13 @@ async fn register(cp: &ControlPlane, key: &ManifestKey, version: &str, model: &[
     assert_eq!(status, 201, "{body}");
 }
 
-fn cp_settings(dir: &Path) -> ServeSettings {
+fn cp_settings(store: &TestStore, dir: &Path) -> ServeSettings {
     ServeSettings {
         rollout_tick_ms: Some(200),
         // 20 devices share 2 download permits: a permit that outlived its
         // stream would stall the rollout.
         max_concurrent_downloads: Some(2),
-        ..settings(dir)
+        ..store.settings(dir)
     }
 }
 
@@ -290,11 +290,16 @@ fn traffic(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_restart_resumes() {
+on_each_store!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_restart_resumes
+);
+async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_restart_resumes(
+    store: TestStore,
+) {
     let dir = tempfile::tempdir().unwrap();
     let cp_dir = dir.path().join("cp");
-    let mut cp = ControlPlane::start_with(cp_settings(&cp_dir)).await;
+    let mut cp = ControlPlane::start_with(cp_settings(&store, &cp_dir)).await;
     let (status, body) = cp
         .api()
         .post("/api/v1/models", json!({"name": MODEL}))
@@ -490,7 +495,7 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
         (events_of(&body, "wave_started").len() >= 2).then_some(())
     })
     .await;
-    cp = cp.restart(cp_settings(&cp_dir)).await;
+    cp = cp.restart(cp_settings(&store, &cp_dir)).await;
     let ended = wait_ended(&cp, &restart_id).await;
     assert_eq!(ended["state"], "succeeded", "{ended}");
     let indexes = indexes(&ended, "wave_started");
@@ -515,7 +520,8 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
 #[tokio::test]
 async fn bad_deployment_requests_get_a_400_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = ControlPlane::start_with(cp_settings(&dir.path().join("cp"))).await;
+    let cp =
+        ControlPlane::start_with(cp_settings(&TestStore::sled(), &dir.path().join("cp"))).await;
     let (status, body) = cp
         .api()
         .post("/api/v1/models", json!({"name": MODEL}))

@@ -107,7 +107,7 @@ pub fn prune(store: &Store, r: Retention, now: OffsetDateTime) -> Result<u64> {
     const BATCH: usize = 1024;
     let mut dropped = 0;
     loop {
-        let len = store.audit.len() as u64;
+        let len = store.audit.len()? as u64;
         let oldest = store.audit.first(BATCH)?;
         let times: Vec<_> = oldest.iter().map(|(_, e)| e.at).collect();
         let n = to_drop(&times, len, now, r).min(BATCH as u64);

@@ -33,7 +33,7 @@ pub fn remember(store: &Store, device: &str, model: &str, version: &str) -> Resu
 /// assigned now, and what they reported running, counts as assigned. Runs
 /// only while the history is empty. Returns the pairs written.
 pub fn backfill(store: &Store) -> Result<usize> {
-    if !store.assigned_history.is_empty() {
+    if !store.assigned_history.is_empty()? {
         return Ok(0);
     }
     let mut n = 0;

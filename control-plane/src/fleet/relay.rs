@@ -237,19 +237,20 @@ mod tests {
     use super::*;
     use crate::fleet::Events;
 
-    fn store() -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db")).unwrap();
-        (dir, store)
-    }
+    use crate::leader::tests::stores;
 
     #[test]
     fn an_event_published_on_one_replica_wakes_a_stream_on_the_other() {
-        let (_d, store) = store();
+        for (store, _keep) in stores("relay wakes") {
+            wakes(&store);
+        }
+    }
+
+    fn wakes(store: &Store) {
         let a = Events::relayed(Relay::new(store.clone(), "a"));
         let b = Events::relayed(Relay::new(store.clone(), "b"));
-        let mut tail_a = Tail::new(&store, "a").unwrap();
-        let mut tail_b = Tail::new(&store, "b").unwrap();
+        let mut tail_a = Tail::new(store, "a").unwrap();
+        let mut tail_b = Tail::new(store, "b").unwrap();
         let mut watch = b.member(MemberKind::Device, "d1");
         a.publish(FleetEvent::AssignmentsChanged {
             device: "d1".into(),
@@ -259,7 +260,7 @@ mod tests {
             id: "c1".into(),
         });
         assert!(!watch.has_changed().unwrap(), "not before b reads the log");
-        let heard = tail_b.poll(&store).unwrap();
+        let heard = tail_b.poll(store).unwrap();
         assert_eq!(heard.len(), 2, "{heard:?}");
         for e in heard {
             b.publish_local(e);
@@ -267,16 +268,21 @@ mod tests {
         assert!(watch.has_changed().unwrap());
         assert_eq!(watch.borrow_and_update().assignments, 1);
         assert!(
-            tail_a.poll(&store).unwrap().is_empty(),
+            tail_a.poll(store).unwrap().is_empty(),
             "its own are not news"
         );
-        assert!(tail_b.poll(&store).unwrap().is_empty(), "each event once");
+        assert!(tail_b.poll(store).unwrap().is_empty(), "each event once");
     }
 
     #[test]
     fn an_entry_that_lands_behind_a_later_one_is_still_read_once() {
-        let (_d, store) = store();
-        let mut tail = Tail::new(&store, "b").unwrap();
+        for (store, _keep) in stores("relay late entry") {
+            late_entry(&store);
+        }
+    }
+
+    fn late_entry(store: &Store) {
+        let mut tail = Tail::new(store, "b").unwrap();
         let entry = |device: &str| Relayed {
             replica: "a".into(),
             event: LoggedEvent::AssignmentsChanged {
@@ -289,19 +295,19 @@ mod tests {
             .fleet_events
             .insert(&key(two), &entry("late-second"))
             .unwrap();
-        assert_eq!(tail.poll(&store).unwrap().len(), 1);
+        assert_eq!(tail.poll(store).unwrap().len(), 1);
         store
             .fleet_events
             .insert(&key(one), &entry("first"))
             .unwrap();
-        let heard = tail.poll(&store).unwrap();
+        let heard = tail.poll(store).unwrap();
         assert_eq!(
             heard,
             vec![FleetEvent::AssignmentsChanged {
                 device: "first".into()
             }]
         );
-        assert!(tail.poll(&store).unwrap().is_empty());
+        assert!(tail.poll(store).unwrap().is_empty());
     }
 
     #[test]

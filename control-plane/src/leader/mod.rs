@@ -214,4 +214,4 @@ pub fn spawn(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

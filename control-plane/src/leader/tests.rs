@@ -1,5 +1,6 @@
 //! Two replicas' leaderships over one store, as two processes on one
-//! PostgreSQL database would share it.
+//! PostgreSQL database share it: on sled, and on PostgreSQL when
+//! `EDGELOOP_TEST_POSTGRES_URL` names a server (`scripts/test.sh` sets it).
 
 use std::time::Duration;
 
@@ -13,52 +14,67 @@ fn at(s: i64) -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp(T0 + s).unwrap()
 }
 
-fn store() -> (tempfile::TempDir, Store) {
+/// A store per backend, with what keeps its data alive (dropped after it).
+pub(crate) fn stores(what: &str) -> Vec<(Store, Box<dyn std::any::Any>)> {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
-    (dir, store)
+    let mut out: Vec<(Store, Box<dyn std::any::Any>)> =
+        vec![(Store::open(&dir.path().join("db")).unwrap(), Box::new(dir))];
+    if let Some(db) = crate::store::TestDatabase::from_env(what) {
+        out.push((Store::open_postgres(db.url()).unwrap(), Box::new(db)));
+    }
+    out
 }
 
 #[test]
 fn one_replica_leads_each_task_and_the_other_takes_over_with_a_new_token() {
-    let (_d, store) = store();
+    for (store, _keep) in stores("leader takeover") {
+        takeover(&store);
+    }
+}
+
+fn takeover(store: &Store) {
     let a = Leadership::new("a".into());
     let b = Leadership::new("b".into());
-    assert_eq!(a.round(&store, at(0)).unwrap(), Task::ALL);
-    assert!(b.round(&store, at(1)).unwrap().is_empty(), "a holds them");
+    assert_eq!(a.round(store, at(0)).unwrap(), Task::ALL);
+    assert!(b.round(store, at(1)).unwrap().is_empty(), "a holds them");
     assert_eq!(a.token(Task::Rollouts), Some(1));
     assert_eq!(b.token(Task::Rollouts), None);
     // a renews: same token, still a's.
-    a.round(&store, at(5)).unwrap();
-    assert!(b.round(&store, at(14)).unwrap().is_empty(), "renewed at 5");
+    a.round(store, at(5)).unwrap();
+    assert!(b.round(store, at(14)).unwrap().is_empty(), "renewed at 5");
     // a stops renewing; once its lease is past, b takes every task.
-    assert_eq!(b.round(&store, at(15)).unwrap(), Task::ALL);
+    assert_eq!(b.round(store, at(15)).unwrap(), Task::ALL);
     assert_eq!(b.token(Task::Rollouts), Some(2), "a new token");
     // a, back, finds them taken and leads nothing.
-    assert!(a.round(&store, at(16)).unwrap().is_empty());
+    assert!(a.round(store, at(16)).unwrap().is_empty());
     assert_eq!(a.token(Task::Rollouts), None);
 }
 
 #[test]
 fn a_restarted_replica_takes_its_own_lease_at_once_and_a_release_frees_it() {
-    let (_d, store) = store();
+    for (store, _keep) in stores("leader restart") {
+        restart(&store);
+    }
+}
+
+fn restart(store: &Store) {
     let first = Leadership::new("a".into());
-    first.round(&store, at(0)).unwrap();
+    first.round(store, at(0)).unwrap();
     // The same replica (its data dir) in a new process, before expiry.
     let again = Leadership::new("a".into());
-    assert_eq!(again.round(&store, at(1)).unwrap(), Task::ALL);
+    assert_eq!(again.round(store, at(1)).unwrap(), Task::ALL);
     assert_eq!(again.token(Task::Pipelines), Some(2));
     // A clean stop lets go: another replica needs no wait.
-    again.release(&store, at(2));
+    again.release(store, at(2));
     assert_eq!(again.token(Task::Pipelines), None);
     let b = Leadership::new("b".into());
-    assert_eq!(b.round(&store, at(2)).unwrap(), Task::ALL);
+    assert_eq!(b.round(store, at(2)).unwrap(), Task::ALL);
     assert_eq!(b.token(Task::Pipelines), Some(3));
 }
 
 #[test]
 fn a_leader_that_cannot_renew_stops_leading_before_its_lease_ends() {
-    let (_d, store) = store();
+    let (store, _keep) = stores("leader lapse").swap_remove(0);
     let a = Leadership::with_ttl("a".into(), Duration::from_millis(300));
     a.round(&store, at(0)).unwrap();
     assert!(a.leads(Task::Triggers));

@@ -1,15 +1,25 @@
-//! A sled tree whose values are one serde type.
+//! A tree whose values are one serde type, over a [`KvTree`] of bytes.
+//! The JSON encoding, the compare-and-swap loop and the pagination rules
+//! live here once, whichever backend stores the bytes.
 
 use std::marker::PhantomData;
+use std::ops::Bound;
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::backend::{prefix_end, KvBackend, KvTree, Range};
 use super::StoreError;
+
+/// Records read per backend call by the scans that stop on a condition
+/// (a filter, a page's end): big enough that a page is one or two calls,
+/// small enough that a scan stopping early reads little past its end.
+const CHUNK: usize = 256;
 
 pub struct Tree<V> {
     name: String,
-    tree: sled::Tree,
+    tree: Arc<dyn KvTree>,
     _value: PhantomData<fn() -> V>,
 }
 
@@ -23,8 +33,12 @@ impl<V> Clone for Tree<V> {
     }
 }
 
+fn key_string(k: &[u8]) -> String {
+    String::from_utf8_lossy(k).into_owned()
+}
+
 impl<V: Serialize + DeserializeOwned> Tree<V> {
-    pub(super) fn open(db: &sled::Db, name: &str) -> Result<Self, StoreError> {
+    pub(super) fn open(db: &dyn KvBackend, name: &str) -> Result<Self, StoreError> {
         Ok(Self {
             name: name.to_string(),
             tree: db.open_tree(name)?,
@@ -42,33 +56,95 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
     fn decode(&self, key: &[u8], raw: &[u8]) -> Result<V, StoreError> {
         serde_json::from_slice(raw).map_err(|source| StoreError::Corrupt {
             tree: self.name.clone(),
-            key: String::from_utf8_lossy(key).into_owned(),
+            key: key_string(key),
             source,
         })
     }
 
+    fn entry(&self, (k, raw): (Vec<u8>, Vec<u8>)) -> Result<(String, V), StoreError> {
+        let v = self.decode(&k, &raw)?;
+        Ok((key_string(&k), v))
+    }
+
+    /// Up to `limit` records within the bounds, decoded.
+    fn read(
+        &self,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        reverse: bool,
+        limit: usize,
+    ) -> Result<Vec<(String, V)>, StoreError> {
+        self.tree
+            .range(Range {
+                lower,
+                upper,
+                reverse,
+                limit,
+            })?
+            .into_iter()
+            .map(|e| self.entry(e))
+            .collect()
+    }
+
+    /// Visits the records within the bounds in order (or reversed) until
+    /// `visit` says stop, reading [`CHUNK`] at a time: each call resumes
+    /// just past the last key seen, so nothing is held between calls.
+    fn walk(
+        &self,
+        lower: Bound<Vec<u8>>,
+        upper: Bound<Vec<u8>>,
+        reverse: bool,
+        mut visit: impl FnMut(String, V) -> bool,
+    ) -> Result<(), StoreError> {
+        let (mut lower, mut upper) = (lower, upper);
+        loop {
+            let chunk = self.tree.range(Range {
+                lower: as_ref(&lower),
+                upper: as_ref(&upper),
+                reverse,
+                limit: CHUNK,
+            })?;
+            let full = chunk.len() == CHUNK;
+            let mut last = None;
+            for (k, raw) in chunk {
+                let v = self.decode(&k, &raw)?;
+                if !visit(key_string(&k), v) {
+                    return Ok(());
+                }
+                last = Some(k);
+            }
+            match last {
+                Some(k) if full => {
+                    if reverse {
+                        upper = Bound::Excluded(k);
+                    } else {
+                        lower = Bound::Excluded(k);
+                    }
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
     pub fn get(&self, key: &str) -> Result<Option<V>, StoreError> {
         self.tree
-            .get(key)?
+            .get(key.as_bytes())?
             .map(|raw| self.decode(key.as_bytes(), &raw))
             .transpose()
     }
 
     pub fn contains(&self, key: &str) -> Result<bool, StoreError> {
-        Ok(self.tree.contains_key(key)?)
+        Ok(self.tree.get(key.as_bytes())?.is_some())
     }
 
     pub fn insert(&self, key: &str, value: &V) -> Result<(), StoreError> {
-        self.tree.insert(key, self.encode(value)?)?;
-        Ok(())
+        self.tree.insert(key.as_bytes(), &self.encode(value)?)
     }
 
     /// Inserts only if `key` is absent; false if it was already there.
     pub fn insert_new(&self, key: &str, value: &V) -> Result<bool, StoreError> {
-        let swapped = self
-            .tree
-            .compare_and_swap(key, None::<&[u8]>, Some(self.encode(value)?))?;
-        Ok(swapped.is_ok())
+        self.tree
+            .compare_and_swap(key.as_bytes(), None, Some(&self.encode(value)?))
     }
 
     /// Atomic read-modify-write. `f` sees the current value and returns the new
@@ -80,7 +156,7 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         mut f: impl FnMut(Option<V>) -> Result<V, E>,
     ) -> Result<Result<V, E>, StoreError> {
         loop {
-            let old_raw = self.tree.get(key)?;
+            let old_raw = self.tree.get(key.as_bytes())?;
             let old = old_raw
                 .as_ref()
                 .map(|raw| self.decode(key.as_bytes(), raw))
@@ -92,8 +168,7 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
             let new_raw = self.encode(&new)?;
             if self
                 .tree
-                .compare_and_swap(key, old_raw, Some(new_raw))?
-                .is_ok()
+                .compare_and_swap(key.as_bytes(), old_raw.as_deref(), Some(&new_raw))?
             {
                 return Ok(Ok(new));
             }
@@ -105,47 +180,34 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
     where
         V: PartialEq,
     {
-        let Some(old_raw) = self.tree.get(key)? else {
+        let Some(old_raw) = self.tree.get(key.as_bytes())? else {
             return Ok(false);
         };
         if self.decode(key.as_bytes(), &old_raw)? != *expected {
             return Ok(false);
         }
-        Ok(self
-            .tree
-            .compare_and_swap(key, Some(old_raw), None::<&[u8]>)?
-            .is_ok())
+        self.tree
+            .compare_and_swap(key.as_bytes(), Some(&old_raw), None)
     }
 
     pub fn remove(&self, key: &str) -> Result<Option<V>, StoreError> {
         self.tree
-            .remove(key)?
+            .remove(key.as_bytes())?
             .map(|raw| self.decode(key.as_bytes(), &raw))
             .transpose()
     }
 
     /// All records whose key starts with `prefix`, in key order.
     pub fn scan_prefix(&self, prefix: &str) -> Result<Vec<(String, V)>, StoreError> {
-        self.tree
-            .scan_prefix(prefix)
-            .map(|item| {
-                let (k, raw) = item?;
-                let v = self.decode(&k, &raw)?;
-                Ok((String::from_utf8_lossy(&k).into_owned(), v))
-            })
-            .collect()
+        self.first_with_prefix(prefix, usize::MAX)
     }
 
     /// The last record with `prefix`, by key order.
     pub fn last_with_prefix(&self, prefix: &str) -> Result<Option<(String, V)>, StoreError> {
-        match self.tree.scan_prefix(prefix).next_back() {
-            None => Ok(None),
-            Some(item) => {
-                let (k, raw) = item?;
-                let v = self.decode(&k, &raw)?;
-                Ok(Some((String::from_utf8_lossy(&k).into_owned(), v)))
-            }
-        }
+        let end = prefix_end(prefix.as_bytes());
+        Ok(self
+            .read(Bound::Included(prefix.as_bytes()), upper_of(&end), true, 1)?
+            .pop())
     }
 
     /// The first key at or after `start`, if any: for walking the distinct
@@ -153,23 +215,26 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
     pub fn first_key_from(&self, start: &str) -> Result<Option<String>, StoreError> {
         Ok(self
             .tree
-            .range(start.as_bytes()..)
-            .keys()
-            .next()
-            .transpose()?
-            .map(|k| String::from_utf8_lossy(&k).into_owned()))
+            .range(Range {
+                lower: Bound::Included(start.as_bytes()),
+                upper: Bound::Unbounded,
+                reverse: false,
+                limit: 1,
+            })?
+            .pop()
+            .map(|(k, _)| key_string(&k)))
     }
 
     /// The last record with a key in `start..end`, by key order.
     pub fn last_in_range(&self, start: &str, end: &str) -> Result<Option<(String, V)>, StoreError> {
-        match self.tree.range(start..end).next_back() {
-            None => Ok(None),
-            Some(item) => {
-                let (k, raw) = item?;
-                let v = self.decode(&k, &raw)?;
-                Ok(Some((String::from_utf8_lossy(&k).into_owned(), v)))
-            }
-        }
+        Ok(self
+            .read(
+                Bound::Included(start.as_bytes()),
+                Bound::Excluded(end.as_bytes()),
+                true,
+                1,
+            )?
+            .pop())
     }
 
     /// The first `n` records with `prefix`, in key order.
@@ -178,13 +243,8 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         prefix: &str,
         n: usize,
     ) -> Result<Vec<(String, V)>, StoreError> {
-        let mut out = Vec::with_capacity(n.min(1024));
-        for item in self.tree.scan_prefix(prefix).take(n) {
-            let (k, raw) = item?;
-            let v = self.decode(&k, &raw)?;
-            out.push((String::from_utf8_lossy(&k).into_owned(), v));
-        }
-        Ok(out)
+        let end = prefix_end(prefix.as_bytes());
+        self.read(Bound::Included(prefix.as_bytes()), upper_of(&end), false, n)
     }
 
     /// Records with `prefix`, newest key first, while `keep` says so: the
@@ -195,14 +255,19 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         mut keep: impl FnMut(&V) -> bool,
     ) -> Result<Vec<V>, StoreError> {
         let mut out = Vec::new();
-        for item in self.tree.scan_prefix(prefix).rev() {
-            let (k, raw) = item?;
-            let v = self.decode(&k, &raw)?;
-            if !keep(&v) {
-                break;
-            }
-            out.push(v);
-        }
+        let upper = prefix_end(prefix.as_bytes()).map_or(Bound::Unbounded, Bound::Excluded);
+        self.walk(
+            Bound::Included(prefix.as_bytes().to_vec()),
+            upper,
+            true,
+            |_, v| {
+                if !keep(&v) {
+                    return false;
+                }
+                out.push(v);
+                true
+            },
+        )?;
         Ok(out)
     }
 
@@ -217,27 +282,22 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         n: usize,
         mut keep: impl FnMut(&str, &V) -> bool,
     ) -> Result<Vec<(String, V)>, StoreError> {
-        use std::ops::Bound;
-        let start = match after {
+        let lower = match after {
             // A cursor outside the prefix starts at the prefix (or past it).
             Some(a) if a.as_bytes() >= prefix.as_bytes() => Bound::Excluded(a.as_bytes().to_vec()),
             _ => Bound::Included(prefix.as_bytes().to_vec()),
         };
+        let upper = prefix_end(prefix.as_bytes()).map_or(Bound::Unbounded, Bound::Excluded);
         let mut out = Vec::with_capacity(n.min(1024));
-        for item in self.tree.range::<Vec<u8>, _>((start, Bound::Unbounded)) {
-            if out.len() >= n {
-                break;
-            }
-            let (k, raw) = item?;
-            if !k.starts_with(prefix.as_bytes()) {
-                break;
-            }
-            let key = String::from_utf8_lossy(&k).into_owned();
-            let v = self.decode(&k, &raw)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        self.walk(lower, upper, false, |key, v| {
             if keep(&key, &v) {
                 out.push((key, v));
             }
-        }
+            out.len() < n
+        })?;
         Ok(out)
     }
 
@@ -249,17 +309,8 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         before: Option<&str>,
         n: usize,
     ) -> Result<Vec<(String, V)>, StoreError> {
-        let iter = match before {
-            Some(b) => self.tree.range(..b.as_bytes()),
-            None => self.tree.range::<&[u8], _>(..),
-        };
-        let mut out = Vec::with_capacity(n.min(1024));
-        for item in iter.rev().take(n) {
-            let (k, raw) = item?;
-            let v = self.decode(&k, &raw)?;
-            out.push((String::from_utf8_lossy(&k).into_owned(), v));
-        }
-        Ok(out)
+        let upper = before.map_or(Bound::Unbounded, |b| Bound::Excluded(b.as_bytes()));
+        self.read(Bound::Unbounded, upper, true, n)
     }
 
     /// Up to `n` records with `prefix` and a key strictly below `before`
@@ -274,8 +325,7 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         n: usize,
         mut keep: impl FnMut(&str, &V) -> bool,
     ) -> Result<Vec<(String, V)>, StoreError> {
-        use std::ops::Bound;
-        let start = Bound::Included(prefix.as_bytes().to_vec());
+        let start = prefix.as_bytes().to_vec();
         // The first key past the prefix, or the cursor if it is lower: the
         // reverse scan starts inside the prefix, never above it.
         let end = match (before.map(str::as_bytes), prefix_end(prefix.as_bytes())) {
@@ -284,23 +334,21 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
             (None, Some(e)) => Bound::Excluded(e),
             (None, None) => Bound::Unbounded,
         };
-        if let (Bound::Excluded(e), Bound::Included(s)) = (&end, &start) {
-            if e <= s {
-                return Ok(Vec::new());
+        let mut out = Vec::with_capacity(n.min(1024));
+        if n == 0 {
+            return Ok(out);
+        }
+        if let Bound::Excluded(e) = &end {
+            if *e <= start {
+                return Ok(out);
             }
         }
-        let mut out = Vec::with_capacity(n.min(1024));
-        for item in self.tree.range::<Vec<u8>, _>((start, end)).rev() {
-            if out.len() >= n {
-                break;
-            }
-            let (k, raw) = item?;
-            let key = String::from_utf8_lossy(&k).into_owned();
-            let v = self.decode(&k, &raw)?;
+        self.walk(Bound::Included(start), end, true, |key, v| {
             if keep(&key, &v) {
                 out.push((key, v));
             }
-        }
+            out.len() < n
+        })?;
         Ok(out)
     }
 
@@ -309,14 +357,23 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         self.first_with_prefix("", n)
     }
 
-    /// Records in the tree. sled counts by iterating, so this is O(n):
-    /// for occasional housekeeping, not per request.
-    pub fn len(&self) -> usize {
+    /// Records in the tree. O(n) on both backends (sled iterates,
+    /// PostgreSQL counts the rows): for occasional housekeeping, not per
+    /// request.
+    pub fn len(&self) -> Result<usize, StoreError> {
         self.tree.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.tree.is_empty()
+    pub fn is_empty(&self) -> Result<bool, StoreError> {
+        Ok(self
+            .tree
+            .range(Range {
+                lower: Bound::Unbounded,
+                upper: Bound::Unbounded,
+                reverse: false,
+                limit: 1,
+            })?
+            .is_empty())
     }
 
     pub fn values(&self) -> Result<Vec<V>, StoreError> {
@@ -324,15 +381,15 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
     }
 }
 
-/// The smallest key above every key that starts with `prefix`; `None` when
-/// there is none (an empty prefix, or one of only 0xff bytes).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < u8::MAX {
-            end.push(last + 1);
-            return Some(end);
-        }
+fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match b {
+        Bound::Included(k) => Bound::Included(k),
+        Bound::Excluded(k) => Bound::Excluded(k),
+        Bound::Unbounded => Bound::Unbounded,
     }
-    None
+}
+
+/// The upper bound of a prefix scan, from [`prefix_end`].
+fn upper_of(end: &Option<Vec<u8>>) -> Bound<&[u8]> {
+    end.as_deref().map_or(Bound::Unbounded, Bound::Excluded)
 }

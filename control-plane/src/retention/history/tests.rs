@@ -297,7 +297,7 @@ fn a_pass_drops_old_history_with_its_events_and_keeps_the_rest() {
             .len(),
         3
     );
-    assert!(store.benchmarks.is_empty());
+    assert!(store.benchmarks.is_empty().unwrap());
     // A second pass finds nothing more.
     assert_eq!(prune(&store, NOW, AGE).unwrap(), DroppedHistory::default());
 }

@@ -1,0 +1,562 @@
+//! The store's behaviour, run on every backend: each test takes its stores
+//! from [`cases`], sled in a temporary directory and, when
+//! `EDGELOOP_TEST_POSTGRES_URL` names a server, PostgreSQL on a fresh
+//! database (dropped afterwards). Without the variable the PostgreSQL cases
+//! say on stderr that they were skipped; `scripts/test.sh` always sets it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// One backend's store for one test, with what keeps its data alive.
+struct Case {
+    backend: &'static str,
+    store: Store,
+    place: Place,
+}
+
+/// Declared after the store, so the store closes first.
+enum Place {
+    Sled(tempfile::TempDir),
+    Postgres(Box<TestDatabase>),
+}
+
+fn sled_path(dir: &Path) -> PathBuf {
+    dir.join("db")
+}
+
+/// A store per backend; `what` names the test in the skip message.
+fn cases(what: &str) -> Vec<Case> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut out = vec![Case {
+        backend: "sled",
+        store: Store::open(&sled_path(dir.path())).unwrap(),
+        place: Place::Sled(dir),
+    }];
+    if let Some(db) = TestDatabase::from_env(what) {
+        out.push(Case {
+            backend: "postgres",
+            store: Store::open_postgres(db.url()).unwrap(),
+            place: Place::Postgres(Box::new(db)),
+        });
+    }
+    out
+}
+
+/// Opens `path` again once the last handle's background threads have
+/// let go of sled's file lock: they outlive the drop by a moment, and
+/// an open in that moment fails with "could not acquire lock".
+fn reopen_sled(path: &Path) -> Result<Store, StoreError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Store::open(path) {
+            Err(e)
+                if e.to_string().contains("could not acquire lock")
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn keys<V>(page: Vec<(String, V)>) -> Vec<String> {
+    page.into_iter().map(|(k, _)| k).collect()
+}
+
+#[test]
+fn pages_start_after_the_cursor_stay_in_the_prefix_and_stop_at_the_limit() {
+    for case in cases("paging forward") {
+        let t = &case.store.pipeline_active;
+        for k in ["a/1", "a/2", "a/3", "a/4", "b/1", "a0"] {
+            t.insert(k, &k.to_string()).unwrap();
+        }
+        let all = |_: &str, _: &String| true;
+        let b = case.backend;
+        assert_eq!(
+            keys(t.page_after("a/", None, 2, all).unwrap()),
+            ["a/1", "a/2"],
+            "{b}"
+        );
+        assert_eq!(
+            keys(t.page_after("a/", Some("a/2"), 10, all).unwrap()),
+            ["a/3", "a/4"],
+            "{b}: from the cursor, and not past the prefix"
+        );
+        assert!(
+            t.page_after("a/", Some("a/4"), 10, all).unwrap().is_empty(),
+            "{b}"
+        );
+        // A cursor before the prefix starts at it; the filter does not
+        // count toward the limit.
+        let odd = |k: &str, _: &String| k.ends_with('1') || k.ends_with('3');
+        assert_eq!(
+            keys(t.page_after("a/", Some("0"), 2, odd).unwrap()),
+            ["a/1", "a/3"],
+            "{b}"
+        );
+    }
+}
+
+#[test]
+fn pages_before_the_cursor_go_newest_first_and_stay_in_the_prefix() {
+    for case in cases("paging backward") {
+        let t = &case.store.pipeline_active;
+        for k in ["a/1", "a/2", "a/3", "a/4", "b/1", "a0", "0"] {
+            t.insert(k, &k.to_string()).unwrap();
+        }
+        let all = |_: &str, _: &String| true;
+        let b = case.backend;
+        assert_eq!(
+            keys(t.page_before("a/", None, 2, all).unwrap()),
+            ["a/4", "a/3"],
+            "{b}"
+        );
+        assert_eq!(
+            keys(t.page_before("a/", Some("a/3"), 10, all).unwrap()),
+            ["a/2", "a/1"],
+            "{b}: below the cursor, and not past the prefix's start"
+        );
+        assert!(
+            t.page_before("a/", Some("a/1"), 10, all)
+                .unwrap()
+                .is_empty(),
+            "{b}"
+        );
+        // A cursor past the prefix starts at its end, one before it gives
+        // nothing; the filter does not count toward the limit.
+        let odd = |k: &str, _: &String| k.ends_with('1') || k.ends_with('3');
+        assert_eq!(
+            keys(t.page_before("a/", Some("z"), 2, odd).unwrap()),
+            ["a/3", "a/1"],
+            "{b}"
+        );
+        assert!(
+            t.page_before("a/", Some("0"), 10, all).unwrap().is_empty(),
+            "{b}"
+        );
+        assert_eq!(
+            keys(t.page_before("", None, 3, all).unwrap()),
+            ["b/1", "a0", "a/4"],
+            "{b}: the empty prefix is every key"
+        );
+        assert_eq!(
+            keys(t.page_rev_before(Some("a0"), 2).unwrap()),
+            ["a/4", "a/3"],
+            "{b}"
+        );
+    }
+}
+
+/// Scans that stop on a condition read in chunks; these cross several.
+#[test]
+fn filtered_scans_cross_chunk_boundaries() {
+    for case in cases("scans over many records") {
+        let t = &case.store.label_hours;
+        let b = case.backend;
+        for i in 0..1000u64 {
+            t.insert(&format!("m/{i:04}"), &i).unwrap();
+        }
+        t.insert("n/0", &0).unwrap();
+        let every_97th = |_: &str, v: &u64| v.is_multiple_of(97);
+        let page = t.page_after("m/", Some("m/0100"), 5, every_97th).unwrap();
+        assert_eq!(
+            keys(page),
+            ["m/0194", "m/0291", "m/0388", "m/0485", "m/0582"],
+            "{b}"
+        );
+        let page = t.page_before("m/", None, 3, every_97th).unwrap();
+        assert_eq!(keys(page), ["m/0970", "m/0873", "m/0776"], "{b}");
+        let tail = t.scan_prefix_rev_while("m/", |v| *v >= 300).unwrap();
+        assert_eq!(tail.len(), 700, "{b}");
+        assert_eq!((tail[0], tail[699]), (999, 300), "{b}");
+        assert_eq!(t.scan_prefix("m/").unwrap().len(), 1000, "{b}");
+        assert_eq!(t.first_with_prefix("m/", 3).unwrap().len(), 3, "{b}");
+        assert_eq!(t.len().unwrap(), 1001, "{b}");
+        assert_eq!(
+            t.last_with_prefix("m/").unwrap().unwrap().0,
+            "m/0999",
+            "{b}"
+        );
+        assert_eq!(
+            t.last_in_range("m/0500", "m/0600").unwrap().unwrap().0,
+            "m/0599",
+            "{b}"
+        );
+        assert_eq!(
+            t.first_key_from("m/1").unwrap().as_deref(),
+            Some("n/0"),
+            "{b}"
+        );
+        assert_eq!(t.first_key_from("o").unwrap(), None, "{b}");
+    }
+}
+
+/// Keys sort by their bytes on every backend, as sled sorts them (not by a
+/// text collation): the wings' prefix walks rely on it.
+#[test]
+fn keys_sort_bytewise() {
+    for case in cases("key order") {
+        let t = &case.store.pipeline_active;
+        let mut ks = ["a", "A", "a/", "a0", "é", "z", "a\u{7f}", "Z/ü", "_", "~"];
+        for k in ks {
+            t.insert(k, &k.to_string()).unwrap();
+        }
+        ks.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        assert_eq!(keys(t.scan_prefix("").unwrap()), ks, "{}", case.backend);
+        assert_eq!(t.first(2).unwrap().len(), 2);
+    }
+}
+
+#[test]
+fn single_records_read_write_and_compare_and_swap() {
+    for case in cases("single-record operations") {
+        let t = &case.store.label_hours;
+        let b = case.backend;
+        assert!(t.is_empty().unwrap(), "{b}");
+        assert_eq!(t.get("k").unwrap(), None, "{b}");
+        assert!(t.insert_new("k", &1).unwrap(), "{b}");
+        assert!(!t.insert_new("k", &2).unwrap(), "{b}: already there");
+        assert!(t.contains("k").unwrap(), "{b}");
+        assert_eq!(t.get("k").unwrap(), Some(1), "{b}");
+        t.insert("k", &3).unwrap();
+        assert!(!t.remove_if_eq("k", &1).unwrap(), "{b}: not 1 any more");
+        let refused: Result<u64, &str> = t.update("k", |_| Err("no")).unwrap();
+        assert_eq!(refused, Err("no"), "{b}");
+        assert_eq!(
+            t.update::<()>("k", |v| Ok(v.unwrap() + 1)).unwrap(),
+            Ok(4),
+            "{b}"
+        );
+        assert!(t.remove_if_eq("k", &4).unwrap(), "{b}");
+        assert!(!t.contains("k").unwrap(), "{b}");
+        t.insert("j", &9).unwrap();
+        assert_eq!(t.remove("j").unwrap(), Some(9), "{b}");
+        assert_eq!(t.remove("j").unwrap(), None, "{b}");
+        assert!(t.is_empty().unwrap(), "{b}");
+        assert_eq!(t.values().unwrap(), Vec::<u64>::new(), "{b}");
+        // Trees are separate keyspaces.
+        case.store.accuracy_index.insert("k", &true).unwrap();
+        assert_eq!(t.get("k").unwrap(), None, "{b}");
+    }
+}
+
+/// Many threads add to one counter with `update`: the compare-and-swap
+/// loses no increment on either backend.
+#[test]
+fn racing_updates_lose_no_increment() {
+    const THREADS: u64 = 8;
+    const EACH: u64 = 50;
+    for case in cases("racing compare-and-swap") {
+        let store = Arc::new(case.store.clone());
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..EACH {
+                        store
+                            .label_hours
+                            .update::<()>("counter", |v| Ok(v.unwrap_or(0) + 1))
+                            .unwrap()
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(
+            store.label_hours.get("counter").unwrap(),
+            Some(THREADS * EACH),
+            "{}",
+            case.backend
+        );
+    }
+}
+
+/// Racing `insert_new`s of one key: exactly one wins.
+#[test]
+fn racing_inserts_have_one_winner() {
+    for case in cases("racing insert_new") {
+        for round in 0..20 {
+            let store = Arc::new(case.store.clone());
+            let key = format!("k{round}");
+            let handles: Vec<_> = (0..6u64)
+                .map(|i| {
+                    let (store, key) = (store.clone(), key.clone());
+                    std::thread::spawn(move || store.label_hours.insert_new(&key, &i).unwrap())
+                })
+                .collect();
+            let wins = handles.into_iter().map(|h| h.join().unwrap());
+            assert_eq!(wins.filter(|w| *w).count(), 1, "{}", case.backend);
+        }
+    }
+}
+
+#[test]
+fn ids_increase_across_reopen() {
+    for case in cases("next_id") {
+        let a = case.store.next_id().unwrap();
+        let b = case.store.next_id().unwrap();
+        assert!(b > a, "{}", case.backend);
+        let Case {
+            store,
+            place,
+            backend,
+        } = case;
+        drop(store);
+        let reopened = reopen_place(&place).unwrap();
+        assert!(reopened.next_id().unwrap() > b, "{backend}");
+    }
+}
+
+#[test]
+fn newer_schema_is_refused() {
+    for case in cases("the record schema check") {
+        case.store.force_schema_version(SCHEMA_VERSION + 1).unwrap();
+        let Case {
+            store,
+            place,
+            backend,
+        } = case;
+        drop(store);
+        let err = reopen_place(&place).err().unwrap();
+        assert!(
+            matches!(err, StoreError::SchemaTooNew { found, supported } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
+            "{backend}: {err:?}"
+        );
+        assert!(err.to_string().contains("newer Edgeloop"), "{err}");
+    }
+}
+
+fn reopen_place(place: &Place) -> Result<Store, StoreError> {
+    match place {
+        Place::Sled(dir) => reopen_sled(&sled_path(dir.path())),
+        Place::Postgres(db) => Store::open_postgres(db.url()),
+    }
+}
+
+#[test]
+fn reopen_keeps_schema_and_records() {
+    for case in cases("reopening") {
+        case.store.label_hours.insert("x", &7).unwrap();
+        let Case {
+            store,
+            place,
+            backend,
+        } = case;
+        drop(store);
+        let store = reopen_place(&place).unwrap();
+        assert_eq!(store.label_hours.get("x").unwrap(), Some(7), "{backend}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_concurrent_flushes_all_complete() {
+    for case in cases("flush") {
+        let mut tasks = Vec::new();
+        for i in 0u64..500 {
+            let store = case.store.clone();
+            tasks.push(tokio::spawn(async move {
+                store.label_hours.insert(&format!("{i:04}"), &i).unwrap();
+                store.flush().await.unwrap();
+            }));
+        }
+        let all = futures::future::join_all(tasks);
+        tokio::time::timeout(Duration::from_secs(60), all)
+            .await
+            .expect("every flush completes");
+        assert_eq!(
+            case.store.label_hours.len().unwrap(),
+            500,
+            "{}",
+            case.backend
+        );
+    }
+}
+
+/// Store calls from a current-thread runtime's task: the PostgreSQL
+/// client never runs on the caller's thread, so nothing nests runtimes.
+#[tokio::test(flavor = "current_thread")]
+async fn store_calls_work_on_a_current_thread_runtime() {
+    for case in cases("a current-thread runtime") {
+        case.store.label_hours.insert("a", &1).unwrap();
+        case.store.flush().await.unwrap();
+        assert_eq!(
+            case.store.label_hours.get("a").unwrap(),
+            Some(1),
+            "{}",
+            case.backend
+        );
+        case.store.check().unwrap();
+    }
+}
+
+mod postgres_only {
+    use super::*;
+    use crate::store::pg;
+    use crate::store::pg::schema;
+
+    /// Runs `f` with a fresh connection on a thread of its own.
+    fn with_client<R: Send + 'static>(
+        url: &PostgresUrl,
+        f: impl FnOnce(&mut ::postgres::Client) -> R + Send + 'static,
+    ) -> R {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            let mut c = url.config().connect(::postgres::NoTls).unwrap();
+            f(&mut c)
+        })
+        .join()
+        .unwrap()
+    }
+
+    fn versions(url: &PostgresUrl) -> Vec<i32> {
+        with_client(url, |c| {
+            c.query(
+                "SELECT version FROM schema_migrations ORDER BY version",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+        })
+    }
+
+    #[test]
+    fn an_empty_database_is_migrated_and_reopening_is_a_no_op() {
+        let Some(db) = TestDatabase::from_env("migrations") else {
+            return;
+        };
+        let all: Vec<i32> = schema::MIGRATIONS.iter().map(|(v, _)| *v).collect();
+        let applied = with_client(db.url(), |c| schema::migrate(c).unwrap());
+        assert_eq!(applied, all.len());
+        assert_eq!(versions(db.url()), all);
+        let again = with_client(db.url(), |c| schema::migrate(c).unwrap());
+        assert_eq!(again, 0, "nothing left to apply");
+        drop(Store::open_postgres(db.url()).unwrap());
+        drop(Store::open_postgres(db.url()).unwrap());
+        assert_eq!(versions(db.url()), all, "each migration recorded once");
+    }
+
+    #[test]
+    fn a_database_migrated_by_a_newer_binary_is_refused() {
+        let Some(db) = TestDatabase::from_env("the migration version check") else {
+            return;
+        };
+        drop(Store::open_postgres(db.url()).unwrap());
+        let newer = schema::latest() + 1;
+        with_client(db.url(), move |c| {
+            c.execute(
+                "INSERT INTO schema_migrations (version) VALUES ($1)",
+                &[&newer],
+            )
+            .unwrap()
+        });
+        let err = Store::open_postgres(db.url()).err().unwrap();
+        assert!(
+            matches!(err, StoreError::SchemaTooNew { found, supported } if found == newer as u32 && supported == schema::latest() as u32),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("newer Edgeloop"), "{err}");
+    }
+
+    #[test]
+    fn concurrent_opens_migrate_once() {
+        let Some(db) = TestDatabase::from_env("concurrent migrations") else {
+            return;
+        };
+        let applied: usize = (0..4)
+            .map(|_| {
+                let url = db.url().clone();
+                std::thread::spawn(move || {
+                    let mut c = url.config().connect(::postgres::NoTls).unwrap();
+                    schema::migrate(&mut c).unwrap()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .sum();
+        assert_eq!(
+            applied,
+            schema::MIGRATIONS.len(),
+            "applied by one opener only"
+        );
+        let all: Vec<i32> = schema::MIGRATIONS.iter().map(|(v, _)| *v).collect();
+        assert_eq!(versions(db.url()), all);
+        // And whole stores opening at once all come up.
+        let opens: Vec<_> = (0..3)
+            .map(|_| {
+                let url = db.url().clone();
+                std::thread::spawn(move || Store::open_postgres(&url).map(drop))
+            })
+            .collect();
+        for h in opens {
+            h.join().unwrap().unwrap();
+        }
+    }
+
+    /// The server ends every connection (a restart, a failover): the next
+    /// read reconnects, and writes go on after that.
+    #[test]
+    fn a_broken_connection_is_replaced() {
+        let Some(db) = TestDatabase::from_env("reconnecting") else {
+            return;
+        };
+        let store = Store::open_postgres(db.url()).unwrap();
+        store.label_hours.insert("a", &1).unwrap();
+        let name = db.url().database();
+        let killed = with_client(db.url(), move |c| {
+            c.query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE datname = $1 AND pid <> pg_backend_pid()",
+                &[&name],
+            )
+            .unwrap()
+            .len()
+        });
+        assert!(killed >= 1, "the store's connection was there to end");
+        // Reads are retried once on a new connection.
+        for _ in 0..2 * pg::pool::POOL_SIZE {
+            assert_eq!(store.label_hours.get("a").unwrap(), Some(1));
+        }
+        // A write on a connection that broke says so (its outcome is
+        // unknown in general, so it is not repeated), and the next one
+        // reconnects. Here the server ran none of the failed ones.
+        let mut errors = 0;
+        loop {
+            match store.label_hours.update::<()>("a", |v| Ok(v.unwrap() + 1)) {
+                Ok(v) => {
+                    assert_eq!(v, Ok(2));
+                    break;
+                }
+                Err(e) => {
+                    assert!(matches!(e, StoreError::Postgres(_)), "{e:?}");
+                    errors += 1;
+                    assert!(
+                        errors <= pg::pool::POOL_SIZE,
+                        "each connection fails once at most"
+                    );
+                }
+            }
+        }
+        assert_eq!(store.label_hours.get("a").unwrap(), Some(2));
+        store.check().unwrap();
+    }
+
+    #[test]
+    fn an_unreachable_server_is_a_clear_error() {
+        // A port nothing listens on (the test server's is 55432).
+        let url = PostgresUrl::parse("postgres://u:p@127.0.0.1:9/db?connect_timeout=2").unwrap();
+        let err = Store::open_postgres(&url).err().unwrap();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(err.to_string().contains("127.0.0.1:9/db"), "{err}");
+        assert!(!err.to_string().contains(":p@"), "no password: {err}");
+    }
+}
