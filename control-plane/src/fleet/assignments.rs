@@ -177,6 +177,7 @@ pub fn set_model(
     model: &str,
     entry: Option<AssignmentRecord>,
     seq: u64,
+    fence: Option<crate::store::Fence>,
 ) -> Result<SetOutcome> {
     if !store.members(MemberKind::Device).contains(device)? {
         return Ok(SetOutcome::UnknownDevice);
@@ -185,7 +186,9 @@ pub fn set_model(
         super::admission::remember(store, device, &e.model_name, &e.model_version)?;
     }
     let mut outcome = SetOutcome::Unchanged;
-    store.assignments.update(device, |cur| {
+    // A rollout's write, fenced: a stale leader's never lands, so no
+    // generation is handed out twice.
+    let written = store.update_fenced(&store.assignments, fence, device, |cur| {
         let cur = cur.unwrap_or_default();
         let existing = cur.assignments.iter().find(|a| a.model_name == model);
         if existing.is_some_and(|a| a.deployment_seq > seq) {
@@ -209,6 +212,9 @@ pub fn set_model(
             generation: cur.generation + 1,
             assignments,
         })
-    })??;
-    Ok(outcome)
+    })?;
+    match written {
+        Ok(_) => Ok(outcome),
+        Err(e) => Err(crate::leader::not_written(e)),
+    }
 }

@@ -8,8 +8,13 @@
 //!   ([`LEAD_FRACTION`] of the lease's time): a replica that stalls or
 //!   loses the store stops before its lease can pass to another.
 //! - Each change of hands raises the lease's fencing token
-//!   ([`decide::Lease::token`]). A leader's writes carry its token, so one
-//!   still at work after its lease passed on loses to the new leader's.
+//!   ([`decide::Lease::token`]), and the new leader raises the task's
+//!   fence (`fences`) to it before acting. A leader's writes of the
+//!   records its task owns go through `Store::update_fenced`, which
+//!   applies a write only while the fence still holds its token, in one
+//!   atomic step: one still at work after its lease passed on writes
+//!   nothing. (The rollout's deployment records and device assignments,
+//!   the pipeline runner's pipeline records, the trigger task's state.)
 //! - On one replica (sled: its data dir is its alone) the lease is always
 //!   its own, and a restart takes it at once (`decide::next`).
 //!
@@ -119,6 +124,15 @@ impl Leadership {
         self.token(task).is_some()
     }
 
+    /// What `task`'s writes carry while this replica leads it
+    /// (`Store::update_fenced`); `None` when it does not.
+    pub fn fence(&self, task: Task) -> Option<crate::store::Fence> {
+        self.token(task).map(|token| crate::store::Fence {
+            task: task.name(),
+            token,
+        })
+    }
+
     /// One round: takes or renews every lease it can. Blocking (store
     /// reads and writes). Returns the tasks it leads after the round.
     pub fn round(&self, store: &Store, now: OffsetDateTime) -> Result<Vec<Task>> {
@@ -128,6 +142,17 @@ impl Leadership {
             let taken = store.leases.update(task.name(), |cur| {
                 decide::next(cur.as_ref(), &self.me, now).ok_or(())
             })?;
+            if let Ok(Lease { token, .. }) = &taken {
+                // The fence goes up before this replica acts with the new
+                // token: from then on the last holder's fenced writes fail.
+                if store.fences.get(task.name())? != Some(*token) {
+                    let t = *token;
+                    store
+                        .fences
+                        .update(task.name(), |cur| Ok::<_, ()>(cur.map_or(t, |c| c.max(t))))?
+                        .ok();
+                }
+            }
             let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
             let before = held[task as usize].map(|h| h.token);
             held[task as usize] = match taken {
@@ -169,6 +194,19 @@ impl Leadership {
                 tracing::warn!(task = task.name(), error = %e, "releasing a lease");
             }
         }
+    }
+}
+
+/// The error of a fenced update that wrote nothing: the update's own, or,
+/// when a newer leader's fence refused it, that this replica no longer
+/// leads the task (it stops; the new leader does the work).
+pub fn not_written(e: crate::store::NotWritten<crate::error::Error>) -> crate::error::Error {
+    match e {
+        crate::store::NotWritten::Refused(e) => e,
+        crate::store::NotWritten::FencedOut(fence) => crate::error::Error::Unavailable(format!(
+            "this replica no longer leads {} (token {}): a newer leader's fence refused the write",
+            fence.task, fence.token
+        )),
     }
 }
 

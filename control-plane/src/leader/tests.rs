@@ -7,6 +7,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use super::*;
+use crate::store::NotWritten;
 
 const T0: i64 = 1_796_083_200;
 
@@ -92,4 +93,49 @@ fn the_replica_id_is_made_once_and_kept() {
     let id = replica_id(dir.path()).unwrap();
     assert!(id.starts_with("r-"), "{id}");
     assert_eq!(replica_id(dir.path()).unwrap(), id);
+}
+
+#[test]
+fn a_stale_leaders_fenced_write_is_refused_and_the_new_leaders_applies() {
+    for (store, _keep) in stores("leader fencing") {
+        fencing(&store);
+    }
+}
+
+fn fencing(store: &Store) {
+    let t = &store.pipeline_active;
+    let a = Leadership::new("a".into());
+    a.round(store, at(0)).unwrap();
+    let old = a.fence(Task::Pipelines).unwrap();
+    let write = |fence, v: &str| {
+        store
+            .update_fenced(t, Some(fence), "k", |_| Ok::<_, ()>(v.to_string()))
+            .unwrap()
+    };
+    assert_eq!(write(old, "from a"), Ok("from a".to_string()));
+    // b takes over once a's lease is past; a has not noticed yet.
+    let b = Leadership::new("b".into());
+    b.round(store, at(30)).unwrap();
+    let new = b.fence(Task::Pipelines).unwrap();
+    assert!(new.token > old.token);
+    assert_eq!(
+        write(old, "stale a"),
+        Err(NotWritten::FencedOut(old)),
+        "the fence moved on"
+    );
+    assert_eq!(t.get("k").unwrap().as_deref(), Some("from a"));
+    assert_eq!(write(new, "from b"), Ok("from b".to_string()));
+    // A fence for a task nobody ever led refuses too.
+    let never = crate::store::Fence {
+        task: "nobody",
+        token: 1,
+    };
+    assert_eq!(write(never, "x"), Err(NotWritten::FencedOut(never)));
+    // Without a fence it is a plain update; a refusal is `f`'s.
+    assert_eq!(
+        store
+            .update_fenced(t, None, "k", |_| Err::<String, _>("no"))
+            .unwrap(),
+        Err(NotWritten::Refused("no"))
+    );
 }

@@ -50,10 +50,41 @@ pub trait KvTree: Send + Sync {
     fn len(&self) -> Result<usize, StoreError>;
 }
 
+/// A record that must hold exactly `value` for a fenced write to apply: a
+/// background task's fencing token (`leader`).
+#[derive(Debug, Clone, Copy)]
+pub struct FenceCheck<'a> {
+    pub tree: &'a str,
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+}
+
+/// What a fenced compare-and-swap did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FencedCas {
+    Swapped,
+    /// The key did not hold `old`: read again and retry.
+    Changed,
+    /// The fence moved on: the writer is a stale leader.
+    Fenced,
+}
+
 /// A whole store: its trees and the database-wide operations.
 #[async_trait::async_trait]
 pub trait KvBackend: Send + Sync {
     fn open_tree(&self, name: &str) -> Result<Arc<dyn KvTree>, StoreError>;
+
+    /// [`KvTree::compare_and_swap`] on `tree`, applied only while the
+    /// fence record holds its value, in one atomic step with that check:
+    /// a write that applied came before any change of the fence.
+    fn compare_and_swap_fenced(
+        &self,
+        tree: &str,
+        key: &[u8],
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+        fence: FenceCheck<'_>,
+    ) -> Result<FencedCas, StoreError>;
 
     /// A number never handed out before by this store, increasing, also
     /// across restarts.

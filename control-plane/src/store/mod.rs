@@ -16,7 +16,7 @@ use std::sync::Arc;
 pub use pg::{PostgresUrl, StoreUrlError, TestDatabase};
 pub use tree::Tree;
 
-use backend::KvBackend;
+use backend::{FenceCheck, KvBackend};
 
 use crate::drift::records::{SampleRecord, SketchRecord};
 use crate::fleet::assignments::AssignmentSetRecord;
@@ -64,6 +64,23 @@ pub enum StoreError {
         tree: String,
         source: serde_json::Error,
     },
+}
+
+/// A background task's fencing token, as its leader writes with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    /// The task's lease name (`leader::Task::name`).
+    pub task: &'static str,
+    pub token: u64,
+}
+
+/// Why [`Store::update_fenced`] wrote nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotWritten<E> {
+    /// The update function refused.
+    Refused(E),
+    /// The fence has moved on: a newer leader holds the task.
+    FencedOut(Fence),
 }
 
 #[derive(Clone)]
@@ -140,6 +157,9 @@ pub struct Store {
     /// Fleet events for the other replicas, by store sequence
     /// (`fleet::relay`).
     pub fleet_events: Tree<crate::fleet::relay::Relayed>,
+    /// Background tasks' fencing tokens, by task (`leader`): raised before
+    /// a new leader acts, checked by its writes.
+    pub fences: Tree<u64>,
     /// Background tasks' leases, by task (`leader`).
     pub leases: Tree<crate::leader::decide::Lease>,
     /// API tokens, by the sha256 of their secret.
@@ -210,11 +230,43 @@ impl Store {
             label_hours: Tree::open(db_ref, "label_hours")?,
             accuracy_index: Tree::open(db_ref, "accuracy_index")?,
             fleet_events: Tree::open(db_ref, "fleet_events")?,
+            fences: Tree::open(db_ref, "fences")?,
             leases: Tree::open(db_ref, "leases")?,
             api_tokens: Tree::open(db_ref, "api_tokens")?,
             audit: Tree::open(db_ref, "audit")?,
             db,
         })
+    }
+
+    /// `tree.update(key, f)` as a background task's leader holding the
+    /// fencing token `fence` (`None`: not a leased task's write, a plain
+    /// update): applied only while the task's fence still holds that
+    /// token, atomically with the check.
+    pub fn update_fenced<V, E>(
+        &self,
+        tree: &Tree<V>,
+        fence: Option<Fence>,
+        key: &str,
+        f: impl FnMut(Option<V>) -> Result<V, E>,
+    ) -> Result<Result<V, NotWritten<E>>, StoreError>
+    where
+        V: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let Some(fence) = fence else {
+            return Ok(tree.update(key, f)?.map_err(NotWritten::Refused));
+        };
+        let value = serde_json::to_vec(&fence.token).map_err(|source| StoreError::Encode {
+            tree: "fences".into(),
+            source,
+        })?;
+        let check = FenceCheck {
+            tree: "fences",
+            key: fence.task.as_bytes(),
+            value: &value,
+        };
+        Ok(tree
+            .update_fenced(&*self.db, check, key, f)?
+            .map_err(|e| e.map_or(NotWritten::FencedOut(fence), NotWritten::Refused)))
     }
 
     pub fn members(&self, kind: MemberKind) -> &Tree<Member> {

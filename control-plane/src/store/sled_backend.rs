@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::backend::{Entry, KvBackend, KvTree, Range};
+use super::backend::{Entry, FenceCheck, FencedCas, KvBackend, KvTree, Range};
 use super::StoreError;
 
 /// Where sled keeps the schema version: its default tree, as before there
@@ -57,6 +57,37 @@ impl KvBackend for SledBackend {
 
     fn next_id(&self) -> Result<u64, StoreError> {
         Ok(self.db.generate_id()?)
+    }
+
+    fn compare_and_swap_fenced(
+        &self,
+        tree: &str,
+        key: &[u8],
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+        fence: FenceCheck<'_>,
+    ) -> Result<FencedCas, StoreError> {
+        use sled::transaction::{abort, TransactionError};
+        use sled::Transactional;
+        let (data, fences) = (self.db.open_tree(tree)?, self.db.open_tree(fence.tree)?);
+        let r = (&data, &fences).transaction(|(d, f)| {
+            if f.get(fence.key)?.as_deref() != Some(fence.value) {
+                return abort(FencedCas::Fenced);
+            }
+            if d.get(key)?.as_deref() != old {
+                return abort(FencedCas::Changed);
+            }
+            match new {
+                Some(n) => d.insert(key, n)?,
+                None => d.remove(key)?,
+            };
+            Ok(())
+        });
+        match r {
+            Ok(()) => Ok(FencedCas::Swapped),
+            Err(TransactionError::Abort(outcome)) => Ok(outcome),
+            Err(TransactionError::Storage(e)) => Err(e.into()),
+        }
     }
 
     /// sled 0.34's `flush_async` can leave concurrent callers waiting

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::backend::{prefix_end, KvBackend, KvTree, Range};
+use super::backend::{prefix_end, FenceCheck, FencedCas, KvBackend, KvTree, Range};
 use super::StoreError;
 
 /// Records read per backend call by the scans that stop on a condition
@@ -171,6 +171,41 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
                 .compare_and_swap(key.as_bytes(), old_raw.as_deref(), Some(&new_raw))?
             {
                 return Ok(Ok(new));
+            }
+        }
+    }
+
+    /// [`Tree::update`], applied only while `fence` holds (a background
+    /// task's fencing token, `leader`): `Ok(Err(None))` when it no longer
+    /// does, and nothing was written.
+    pub(super) fn update_fenced<E>(
+        &self,
+        db: &dyn KvBackend,
+        fence: FenceCheck<'_>,
+        key: &str,
+        mut f: impl FnMut(Option<V>) -> Result<V, E>,
+    ) -> Result<Result<V, Option<E>>, StoreError> {
+        loop {
+            let old_raw = self.tree.get(key.as_bytes())?;
+            let old = old_raw
+                .as_ref()
+                .map(|raw| self.decode(key.as_bytes(), raw))
+                .transpose()?;
+            let new = match f(old) {
+                Ok(new) => new,
+                Err(e) => return Ok(Err(Some(e))),
+            };
+            let new_raw = self.encode(&new)?;
+            match db.compare_and_swap_fenced(
+                &self.name,
+                key.as_bytes(),
+                old_raw.as_deref(),
+                Some(&new_raw),
+                fence,
+            )? {
+                FencedCas::Swapped => return Ok(Ok(new)),
+                FencedCas::Changed => continue,
+                FencedCas::Fenced => return Ok(Err(None)),
             }
         }
     }

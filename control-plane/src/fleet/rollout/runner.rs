@@ -24,7 +24,7 @@ use crate::fleet::telemetry::{
 };
 use crate::fleet::FleetEvent;
 use crate::registry::models::{self, ModelVersionRecord};
-use crate::store::Store;
+use crate::store::{Fence, Store};
 use crate::Core;
 
 /// How far before a deployment's start the previous version's latency is
@@ -60,9 +60,12 @@ pub async fn tick(core: &Core, now: OffsetDateTime) -> Result<()> {
         .filter(|d| !d.is_terminal())
         .collect();
     open.sort_by_key(|d| d.seq);
+    // Taken once: if the lease passes on mid-tick, this tick's writes fail
+    // against the new leader's fence instead of mixing with its own.
+    let fence = core.leader.fence(crate::leader::Task::Rollouts);
     for record in open {
         let id = record.id.clone();
-        if let Err(e) = advance(core, record, now).await {
+        if let Err(e) = advance(core, record, now, fence).await {
             tracing::error!(deployment = %id, error = %e, "advancing deployment");
         }
     }
@@ -77,7 +80,12 @@ struct Written {
     woken: BTreeSet<String>,
 }
 
-async fn advance(core: &Core, record: DeploymentRecord, now: OffsetDateTime) -> Result<()> {
+async fn advance(
+    core: &Core,
+    record: DeploymentRecord,
+    now: OffsetDateTime,
+    fence: Option<Fence>,
+) -> Result<()> {
     let offline_after =
         time::Duration::try_from(core.config.offline_after()).unwrap_or(time::Duration::MAX);
     // Reading a whole group and writing its assignments is blocking store
@@ -85,10 +93,11 @@ async fn advance(core: &Core, record: DeploymentRecord, now: OffsetDateTime) -> 
     // workers, which serve every device's heartbeats and streams.
     let store = core.store.clone();
     let id = record.id.clone();
-    let written =
-        tokio::task::spawn_blocking(move || step_and_write(&store, &record, now, offline_after))
-            .await
-            .map_err(|e| Error::Internal(anyhow::anyhow!("rollout step of {id}: {e}")))??;
+    let written = tokio::task::spawn_blocking(move || {
+        step_and_write(&store, &record, now, offline_after, fence)
+    })
+    .await
+    .map_err(|e| Error::Internal(anyhow::anyhow!("rollout step of {id}: {e}")))??;
     let Some(Written {
         stepped,
         assigned_generation,
@@ -107,21 +116,23 @@ async fn advance(core: &Core, record: DeploymentRecord, now: OffsetDateTime) -> 
         core.events
             .publish(FleetEvent::AssignmentsChanged { device });
     }
-    store.deployments.update(&record_id, |cur| {
-        let cur = cur.ok_or_else(|| Error::not_found("deployment", &record_id))?;
-        let mut new = cur.clone();
-        new.deployment = stepped.clone();
-        // Requests that arrived during this tick are kept for the next one.
-        new.deployment.cancel_requested |= cur.deployment.cancel_requested;
-        new.deployment.superseded_by = stepped
-            .superseded_by
-            .clone()
-            .or(cur.deployment.superseded_by.clone());
-        new.assigned_generation = assigned_generation.clone();
-        new.assigned_variant = assigned_variant.clone();
-        new.updated_at = now;
-        Ok::<_, Error>(new)
-    })??;
+    store
+        .update_fenced(&store.deployments, fence, &record_id, |cur| {
+            let cur = cur.ok_or_else(|| Error::not_found("deployment", &record_id))?;
+            let mut new = cur.clone();
+            new.deployment = stepped.clone();
+            // Requests that arrived during this tick are kept for the next one.
+            new.deployment.cancel_requested |= cur.deployment.cancel_requested;
+            new.deployment.superseded_by = stepped
+                .superseded_by
+                .clone()
+                .or(cur.deployment.superseded_by.clone());
+            new.assigned_generation = assigned_generation.clone();
+            new.assigned_variant = assigned_variant.clone();
+            new.updated_at = now;
+            Ok::<_, Error>(new)
+        })?
+        .map_err(crate::leader::not_written)?;
     store.flush().await?;
     Ok(())
 }
@@ -133,6 +144,7 @@ fn step_and_write(
     record: &DeploymentRecord,
     now: OffsetDateTime,
     offline_after: time::Duration,
+    fence: Option<Fence>,
 ) -> Result<Option<Written>> {
     let (fleet, telemetry) = observe(store, record, now, offline_after)?;
     let next = step(&record.deployment, &fleet, &telemetry, now.unix_timestamp());
@@ -149,7 +161,7 @@ fn step_and_write(
             Action::Assign { device, version } => {
                 let v = version_record(store, &mut versions, &model, version)?
                     .ok_or_else(|| Error::not_found("model version", version))?;
-                let (outcome, variant) = set(store, record, device, Some(&v))?;
+                let (outcome, variant) = set(store, record, device, Some(&v), fence)?;
                 match variant {
                     Some(name) => assigned_variant.insert(device.clone(), name),
                     None => assigned_variant.remove(device),
@@ -164,7 +176,7 @@ fn step_and_write(
                 if version.is_some() && v.is_none() {
                     tracing::warn!(%device, ?version, "previous version is gone from the registry; removing the assignment instead");
                 }
-                let (outcome, _) = set(store, record, device, v.as_ref())?;
+                let (outcome, _) = set(store, record, device, v.as_ref(), fence)?;
                 // Back on what it ran before: no variant of the target.
                 assigned_variant.remove(device);
                 if v.is_none() && matches!(outcome, SetOutcome::Changed(_)) {
@@ -197,6 +209,7 @@ fn set(
     record: &DeploymentRecord,
     device: &str,
     version: Option<&ModelVersionRecord>,
+    fence: Option<Fence>,
 ) -> Result<(SetOutcome, Option<String>)> {
     let providers = store
         .members(MemberKind::Device)
@@ -208,8 +221,14 @@ fn set(
         ..AssignmentRecord::for_device(v, &providers, &record.id, record.activation_timeout_seconds)
     });
     let variant = entry.as_ref().and_then(|e| e.variant.clone());
-    let outcome =
-        assignments::set_model(store, device, &record.deployment.model, entry, record.seq)?;
+    let outcome = assignments::set_model(
+        store,
+        device,
+        &record.deployment.model,
+        entry,
+        record.seq,
+        fence,
+    )?;
     Ok((outcome, variant))
 }
 

@@ -36,12 +36,15 @@ pub async fn run(core: Arc<Core>, interval: Duration, shutdown: CancellationToke
 /// One pass: every running pipeline advances by at most one event, and
 /// every ended one that still holds its model's slot is cleaned up.
 pub async fn tick(core: &Core, now: OffsetDateTime) -> Result<()> {
+    // Taken once: a tick that outlives this replica's lease saves nothing
+    // over the new leader's work.
+    let fence = core.leader.fence(crate::leader::Task::Pipelines);
     for p in core.store.pipelines.values()? {
         let id = p.id.clone();
         let result = if p.state.is_terminal() {
             release(core, &p, now).await
         } else {
-            step(core, p, now).await
+            step(core, p, now, fence).await
         };
         if let Err(e) = result {
             tracing::error!(pipeline = %id, error = %e, "advancing pipeline");
@@ -50,7 +53,12 @@ pub async fn tick(core: &Core, now: OffsetDateTime) -> Result<()> {
     Ok(())
 }
 
-async fn step(core: &Core, p: Pipeline, now: OffsetDateTime) -> Result<()> {
+async fn step(
+    core: &Core,
+    p: Pipeline,
+    now: OffsetDateTime,
+    fence: Option<crate::store::Fence>,
+) -> Result<()> {
     let PipelineState::Running { step, attempt, .. } = p.state else {
         return Ok(());
     };
@@ -66,14 +74,23 @@ async fn step(core: &Core, p: Pipeline, now: OffsetDateTime) -> Result<()> {
     if next == p {
         return Ok(());
     }
-    let saved = core.store.pipelines.update(&p.id, |cur| match cur {
-        Some(cur) if cur == p => Ok(next.clone()),
-        // Cancelled (or otherwise changed) while the step ran: what the step
-        // found no longer applies; the next tick starts from the new state.
-        _ => Err(()),
-    })?;
-    if saved.is_err() {
-        return Ok(());
+    let saved = core
+        .store
+        .update_fenced(&core.store.pipelines, fence, &p.id, |cur| match cur {
+            Some(cur) if cur == p => Ok(next.clone()),
+            // Cancelled (or otherwise changed) while the step ran: what the
+            // step found no longer applies; the next tick starts from the
+            // new state.
+            _ => Err(()),
+        })?;
+    match saved {
+        Ok(_) => {}
+        Err(crate::store::NotWritten::Refused(())) => return Ok(()),
+        Err(crate::store::NotWritten::FencedOut(f)) => {
+            return Err(crate::leader::not_written(
+                crate::store::NotWritten::FencedOut(f),
+            ))
+        }
     }
     core.store.flush().await?;
     if let PipelineState::Running {

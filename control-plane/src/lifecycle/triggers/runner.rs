@@ -298,7 +298,12 @@ async fn evaluate(
             last.pipeline = pipeline;
         }
     }
-    core.store.trigger_state.insert(model, &next)?;
+    let fence = core.leader.fence(crate::leader::Task::Triggers);
+    core.store
+        .update_fenced(&core.store.trigger_state, fence, model, |_| {
+            Ok::<_, Error>(next.clone())
+        })?
+        .map_err(crate::leader::not_written)?;
     Ok(())
 }
 

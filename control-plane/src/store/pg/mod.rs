@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use postgres::types::ToSql;
 
-use super::backend::{Entry, KvBackend, KvTree, Range};
+use super::backend::{Entry, FenceCheck, FencedCas, KvBackend, KvTree, Range};
 use super::StoreError;
 use pool::Pool;
 
@@ -58,6 +58,83 @@ impl KvBackend for PostgresBackend {
             Ok(c.query_one(&st, &[])?.try_get(0)?)
         })?;
         Ok(id as u64)
+    }
+
+    /// One statement: the write's `WHERE` also requires the fence row to
+    /// hold its value, and takes a share lock on it, so a change of the
+    /// fence waits for this write to commit and every later reader of the
+    /// fence sees the write. No retry after a lost connection, as for
+    /// `compare_and_swap`.
+    fn compare_and_swap_fenced(
+        &self,
+        tree: &str,
+        key: &[u8],
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+        fence: FenceCheck<'_>,
+    ) -> Result<FencedCas, StoreError> {
+        let (tree, key) = (tree.to_string(), key.to_vec());
+        let (old, new) = (old.map(<[u8]>::to_vec), new.map(<[u8]>::to_vec));
+        let (ftree, fkey, fvalue) = (
+            fence.tree.to_string(),
+            fence.key.to_vec(),
+            fence.value.to_vec(),
+        );
+        self.pool.call(false, move |s| {
+            const HELD: &str = "EXISTS (SELECT 1 FROM kv f WHERE f.tree = $4 AND f.key = $5 \
+                                AND f.value = $6 FOR SHARE)";
+            let (tree, ftree): (&str, &str) = (&tree, &ftree);
+            let rows = match (&old, &new) {
+                // Only reads: nothing to order against the fence's change.
+                (None, None) => {
+                    let (c, st) =
+                        s.prepared("SELECT 1 FROM kv WHERE tree = $1 AND key = $2 AND value = $3")?;
+                    if c.query_opt(&st, &[&ftree, &fkey, &fvalue])?.is_none() {
+                        return Ok(FencedCas::Fenced);
+                    }
+                    let (c, st) = s.prepared("SELECT 1 FROM kv WHERE tree = $1 AND key = $2")?;
+                    return Ok(match c.query_opt(&st, &[&tree, &key])? {
+                        None => FencedCas::Swapped,
+                        Some(_) => FencedCas::Changed,
+                    });
+                }
+                (None, Some(new)) => {
+                    let (c, st) = s.prepared(&format!(
+                        "INSERT INTO kv (tree, key, value, gen) SELECT $1, $2, $3, 1 WHERE {HELD} \
+                         ON CONFLICT (tree, key) DO NOTHING"
+                    ))?;
+                    c.execute(&st, &[&tree, &key, new, &ftree, &fkey, &fvalue])?
+                }
+                (Some(old), Some(new)) => {
+                    let (c, st) = s.prepared(&format!(
+                        "UPDATE kv SET value = $7, gen = gen + 1 \
+                         WHERE tree = $1 AND key = $2 AND value = $3 AND {HELD}"
+                    ))?;
+                    c.execute(&st, &[&tree, &key, old, &ftree, &fkey, &fvalue, new])?
+                }
+                (Some(old), None) => {
+                    let (c, st) = s.prepared(&format!(
+                        "DELETE FROM kv WHERE tree = $1 AND key = $2 AND value = $3 AND {HELD}"
+                    ))?;
+                    c.execute(&st, &[&tree, &key, old, &ftree, &fkey, &fvalue])?
+                }
+            };
+            if rows == 1 {
+                return Ok(FencedCas::Swapped);
+            }
+            // Which condition failed: the fence only moves on, so one that
+            // no longer holds says the writer is stale.
+            let (c, st) = s.prepared("SELECT value FROM kv WHERE tree = $1 AND key = $2")?;
+            let held: Option<Vec<u8>> = c
+                .query_opt(&st, &[&ftree, &fkey])?
+                .map(|r| r.try_get(0))
+                .transpose()?;
+            Ok(if held.as_deref() == Some(&fvalue[..]) {
+                FencedCas::Changed
+            } else {
+                FencedCas::Fenced
+            })
+        })
     }
 
     /// Nothing to do: each write committed (durably, with the default
