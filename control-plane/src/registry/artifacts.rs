@@ -1,8 +1,8 @@
 //! Content-addressed artifact storage. Every blob is named by its sha256; an
 //! upload declares the digest up front and is stored only if the bytes match.
 //!
-//! [`ArtifactStore`] is the seam for other backends (S3 later);
-//! [`LocalArtifactStore`] is the embedded default.
+//! [`ArtifactStore`] is the seam between backends: [`LocalArtifactStore`]
+//! is the embedded default, `super::s3::S3ArtifactStore` the object store.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -35,6 +35,10 @@ pub enum ArtifactError {
     Offset { requested: u64, held: u64 },
     #[error("artifact store I/O: {0}")]
     Io(#[from] io::Error),
+    /// The object store (S3) failed or could not be reached; a retry may
+    /// succeed.
+    #[error("artifact store backend: {0}")]
+    Backend(String),
 }
 
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, ArtifactError>> + Send>>;
