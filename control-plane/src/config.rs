@@ -721,7 +721,10 @@ mod tests {
             toml::from_str("data-dir = \"/d\"\nartifact-url = \"s3://from-file/p\"\n").unwrap();
         let cfg = Config::from_settings(ServeSettings::default().or(file.clone())).unwrap();
         let loc = cfg.artifact_url.unwrap();
-        assert_eq!((loc.bucket.as_str(), loc.prefix.as_str()), ("from-file", "p"));
+        assert_eq!(
+            (loc.bucket.as_str(), loc.prefix.as_str()),
+            ("from-file", "p")
+        );
         let flags = ServeSettings {
             artifact_url: Some("s3://from-flag".into()),
             ..Default::default()
@@ -744,7 +747,10 @@ mod tests {
                 ..Default::default()
             };
             let e = Config::from_settings(bad).unwrap_err().to_string();
-            assert!(e.starts_with(&format!("artifact-url: {part}")), "{url}: {e}");
+            assert!(
+                e.starts_with(&format!("artifact-url: {part}")),
+                "{url}: {e}"
+            );
         }
     }
 

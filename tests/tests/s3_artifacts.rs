@@ -31,12 +31,15 @@ fn s3_url() -> Option<String> {
         return None;
     };
     let loc: S3Location = url.parse().unwrap();
-    let prefix = [loc.prefix.as_str(), &format!("i{:08x}", rand::random::<u32>())]
-        .iter()
-        .filter(|p| !p.is_empty())
-        .copied()
-        .collect::<Vec<_>>()
-        .join("/");
+    let prefix = [
+        loc.prefix.as_str(),
+        &format!("i{:08x}", rand::random::<u32>()),
+    ]
+    .iter()
+    .filter(|p| !p.is_empty())
+    .copied()
+    .collect::<Vec<_>>()
+    .join("/");
     Some(format!("s3://{}/{prefix}", loc.bucket))
 }
 
@@ -251,10 +254,12 @@ fn peak_rss() -> u64 {
 /// the whole body.
 fn generated(total: u64) -> edgeloop_control_plane::registry::artifacts::ByteStream {
     let chunk = 1u64 << 20;
-    Box::pin(futures::stream::iter((0..total.div_ceil(chunk)).map(move |i| {
-        let len = chunk.min(total - i * chunk) as usize;
-        Ok(bytes::Bytes::from(vec![(i % 251) as u8; len]))
-    })))
+    Box::pin(futures::stream::iter((0..total.div_ceil(chunk)).map(
+        move |i| {
+            let len = chunk.min(total - i * chunk) as usize;
+            Ok(bytes::Bytes::from(vec![(i % 251) as u8; len]))
+        },
+    )))
 }
 
 /// An artifact many times the part size goes up and comes back down

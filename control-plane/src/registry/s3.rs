@@ -49,8 +49,8 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
 use object_store::{
-    ClientConfigKey, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore,
-    ObjectStoreExt, PutPayload,
+    ClientConfigKey, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt,
+    PutPayload,
 };
 use serde::{Deserialize, Serialize};
 
@@ -168,6 +168,13 @@ impl S3ArtifactStore {
     /// HTTP endpoint, ...) and lists the prefix once, so a wrong endpoint,
     /// credentials or bucket fails the start, not the first upload.
     pub async fn open(location: S3Location) -> Result<Self, ArtifactError> {
+        Self::open_with(location, AmazonS3Builder::from_env()).await
+    }
+
+    async fn open_with(
+        location: S3Location,
+        builder: AmazonS3Builder,
+    ) -> Result<Self, ArtifactError> {
         // reqwest is built without a provider of its own (no aws-lc): it
         // uses the process default, ring.
         edgeloop_client_core::install_crypto_provider();
@@ -180,7 +187,7 @@ impl S3ArtifactStore {
         if let Ok(allow) = std::env::var("AWS_ALLOW_HTTP") {
             client = client.with_config(ClientConfigKey::AllowHttp, allow);
         }
-        let s3 = AmazonS3Builder::from_env()
+        let s3 = builder
             .with_client_options(client)
             .with_bucket_name(&location.bucket)
             .build()
@@ -477,10 +484,7 @@ impl S3ArtifactStore {
             .map_err(backend)?;
         let mut dropped = 0;
         for meta in stale {
-            let in_puts = meta
-                .location
-                .parts()
-                .any(|p| p.as_ref() == PUT_DIR);
+            let in_puts = meta.location.parts().any(|p| p.as_ref() == PUT_DIR);
             // Whatever the record says (or if it no longer parses), the
             // record itself goes: nobody resumes what it describes.
             let upload = if in_puts {
@@ -903,5 +907,40 @@ impl ArtifactStore for S3ArtifactStore {
         let size = got.meta.size;
         let stream = got.into_stream().map_err(std::io::Error::other);
         Ok((size, Box::pin(tokio_util::io::StreamReader::new(stream))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wrong secret or a bucket that is not there fails the start,
+    /// naming the store, instead of the first upload.
+    #[tokio::test]
+    async fn a_wrong_secret_or_bucket_fails_at_open() {
+        let Ok(url) = std::env::var("EDGELOOP_TEST_S3_URL") else {
+            eprintln!("skipped: EDGELOOP_TEST_S3_URL is unset (scripts/s3-up.sh)");
+            return;
+        };
+        let loc: S3Location = url.parse().unwrap();
+        S3ArtifactStore::open(loc.clone()).await.unwrap();
+        let wrong = AmazonS3Builder::from_env().with_secret_access_key("not-the-secret");
+        let err = S3ArtifactStore::open_with(loc.clone(), wrong)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&loc.to_string()) && err.contains("403"),
+            "{err}"
+        );
+        let missing = S3Location {
+            bucket: "no-such-bucket-here".into(),
+            prefix: String::new(),
+        };
+        let err = S3ArtifactStore::open(missing)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("s3://no-such-bucket-here"), "{err}");
     }
 }

@@ -79,7 +79,9 @@ impl Backing {
                 let shard = dir.path().join("sha256").join(&hex[..2]);
                 std::fs::write(shard.join("notes.txt"), b"x").unwrap();
                 std::fs::write(
-                    dir.path().join("sha256").join(Digest::of(b"stray").to_hex()),
+                    dir.path()
+                        .join("sha256")
+                        .join(Digest::of(b"stray").to_hex()),
                     b"x",
                 )
                 .unwrap();
@@ -216,7 +218,10 @@ async fn put_verify_read_range(b: Backing) {
         .unwrap();
     assert!(!again.created);
     assert_eq!(store.head(d).await.unwrap(), Some(11));
-    assert_eq!(read_from(store.as_ref(), d, 6).await, (11, b"world".to_vec()));
+    assert_eq!(
+        read_from(store.as_ref(), d, 6).await,
+        (11, b"world".to_vec())
+    );
 
     let data = big(1);
     let size = data.len() as u64;
@@ -290,7 +295,10 @@ async fn mismatch_limit_and_abort_store_nothing(b: Backing) {
         Ok(Bytes::from_static(b"part")),
         Err(broken()),
     ]));
-    assert!(store.put(Digest::of(b"part"), torn, no_limit()).await.is_err());
+    assert!(store
+        .put(Digest::of(b"part"), torn, no_limit())
+        .await
+        .is_err());
 
     // The same, past one multipart part: a wrong digest found only at the
     // end, a break after two parts were sent, a body over its declared size.
@@ -337,7 +345,14 @@ async fn an_interrupted_upload_continues_from_partial_len_on_another_instance(b:
     let first = b.open().await;
     let sent = PART_BYTES + (5 << 20);
     let err = first
-        .put_resumable("job-a", d, chunked(&data[..sent], Some(broken())), size, max, 0)
+        .put_resumable(
+            "job-a",
+            d,
+            chunked(&data[..sent], Some(broken())),
+            size,
+            max,
+            0,
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, ArtifactError::Body(_)), "{err}");
@@ -512,9 +527,17 @@ async fn idle_partial_uploads_are_pruned_and_recent_ones_resume(b: Backing) {
     tokio::time::sleep(Duration::from_millis(3100)).await;
     let fresh_held = cut("fresh").await;
     let age = Duration::from_secs(2);
-    assert_eq!(blocking(&store, move |s| s.prune_partials(age)).await.unwrap(), 1);
+    assert_eq!(
+        blocking(&store, move |s| s.prune_partials(age))
+            .await
+            .unwrap(),
+        1
+    );
     assert_eq!(store.partial_len("idle", digest).await.unwrap(), 0);
-    assert_eq!(store.partial_len("fresh", digest).await.unwrap(), fresh_held);
+    assert_eq!(
+        store.partial_len("fresh", digest).await.unwrap(),
+        fresh_held
+    );
     // The fresh one resumes where it was, on another instance.
     let other = b.open().await;
     other
@@ -530,7 +553,12 @@ async fn idle_partial_uploads_are_pruned_and_recent_ones_resume(b: Backing) {
         .unwrap();
     assert_eq!(other.head(digest).await.unwrap(), Some(size));
     let none = Duration::ZERO;
-    assert_eq!(blocking(&store, move |s| s.prune_partials(none)).await.unwrap(), 0);
+    assert_eq!(
+        blocking(&store, move |s| s.prune_partials(none))
+            .await
+            .unwrap(),
+        0
+    );
     // What is left is the artifact alone.
     let held = b.held().await;
     assert_eq!(held.len(), 1, "{held:?}");
@@ -542,7 +570,9 @@ async fn idle_partial_uploads_are_pruned_and_recent_ones_resume(b: Backing) {
 /// already held moves their time past any cutoff taken before.
 async fn gc_lists_whole_artifacts_deletes_old_ones_and_a_put_again_refreshes(b: Backing) {
     let store = b.open().await;
-    let old = put_bytes(store.as_ref(), b"old".to_vec(), 100).await.unwrap();
+    let old = put_bytes(store.as_ref(), b"old".to_vec(), 100)
+        .await
+        .unwrap();
     let again = put_bytes(store.as_ref(), b"again".to_vec(), 100)
         .await
         .unwrap();
@@ -616,6 +646,8 @@ async fn gc_lists_whole_artifacts_deletes_old_ones_and_a_put_again_refreshes(b: 
         partial
     );
     // Deleted bytes can be stored again.
-    put_bytes(store.as_ref(), b"old".to_vec(), 100).await.unwrap();
+    put_bytes(store.as_ref(), b"old".to_vec(), 100)
+        .await
+        .unwrap();
     assert_eq!(store.head(old).await.unwrap(), Some(3));
 }

@@ -88,7 +88,11 @@ fn check_bucket(b: &str) -> Result<(), S3UrlError> {
     }
     let edge = |c: Option<u8>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     if !edge(b.bytes().next()) || !edge(b.bytes().last()) {
-        return Err(bad("bucket", b, "must begin and end with a letter or digit"));
+        return Err(bad(
+            "bucket",
+            b,
+            "must begin and end with a letter or digit",
+        ));
     }
     if b.contains("..") || b.contains(".-") || b.contains("-.") {
         return Err(bad("bucket", b, "no '..', '.-' or '-.'"));
@@ -144,11 +148,7 @@ mod tests {
         ] {
             let loc: S3Location = url.parse().unwrap();
             assert_eq!((loc.bucket.as_str(), loc.prefix.as_str()), (bucket, prefix));
-            assert_eq!(
-                loc.to_string().parse::<S3Location>().unwrap(),
-                loc,
-                "{url}"
-            );
+            assert_eq!(loc.to_string().parse::<S3Location>().unwrap(), loc, "{url}");
         }
     }
 

@@ -54,11 +54,14 @@ impl ResumableSha256 {
     /// Continues from `saved`; None if it is not at a block boundary (a
     /// state that could not have been saved by [`ResumableSha256::save`]).
     pub fn resume(saved: SavedSha256) -> Option<Self> {
-        (saved.len % BLOCK as u64 == 0).then(|| ResumableSha256 {
-            words: saved.words,
-            len: saved.len,
-            tail: Vec::with_capacity(BLOCK),
-        })
+        saved
+            .len
+            .is_multiple_of(BLOCK as u64)
+            .then(|| ResumableSha256 {
+                words: saved.words,
+                len: saved.len,
+                tail: Vec::with_capacity(BLOCK),
+            })
     }
 
     /// Bytes hashed so far.
