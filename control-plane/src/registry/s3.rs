@@ -237,8 +237,10 @@ impl S3ArtifactStore {
 
     /// Runs `fut` on the store's runtime and waits for it: for the trait's
     /// blocking methods, which retention calls from `spawn_blocking`. A
-    /// thread of its own, so that it also works (rather than panicking)
-    /// when called from a thread already inside a runtime.
+    /// thread of its own, so that a caller on a multi-threaded runtime's
+    /// worker blocks (as the trait says) instead of panicking; on a
+    /// current-thread runtime, call it from `spawn_blocking`, or nothing
+    /// drives the runtime's I/O while its one thread waits here.
     fn blocking<T: Send>(
         &self,
         fut: impl Future<Output = Result<T, ArtifactError>> + Send,
