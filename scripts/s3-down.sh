@@ -5,7 +5,7 @@
 #   scripts/s3-down.sh
 #
 # The state dir ${EDGELOOP_S3_DIR:-/tmp/edgeloop-s3} keeps the data and the
-# log for inspection; s3-up.sh starts again over them.
+# log for inspection until s3-up.sh next starts a server (with empty data).
 set -euo pipefail
 
 state="${EDGELOOP_S3_DIR:-/tmp/edgeloop-s3}"

@@ -10,7 +10,7 @@
 #         from crates.io with its Cargo.lock (`cargo install --locked`; newer
 #         releases need a newer rustc). Skipped when that version is there.
 # State:  ${EDGELOOP_S3_DIR:-/tmp/edgeloop-s3}: data/ (one directory per
-#         bucket), the server's log and pid, and `env`, whose path is printed
+#         bucket; emptied whenever a server is started), the server's log and pid, and `env`, whose path is printed
 #         on the last line: AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
 #         AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP=true and
 #         EDGELOOP_TEST_S3_URL=s3://edgeloop-test/artifacts. scripts/test.sh
@@ -70,7 +70,6 @@ else
 fi
 
 # --- server ------------------------------------------------------------------
-mkdir -p "$state/data/$bucket"
 if ours_running && answers; then
   echo "==> s3s-fs already answers at $endpoint" >&2
   write_env
@@ -89,6 +88,9 @@ if ss -ltnH "sport = :$port" 2>/dev/null | grep -q .; then
   exit 1
 fi
 
+# Test data only: a new server starts empty (tests leave their prefixes).
+rm -rf "$state/data"
+mkdir -p "$state/data/$bucket"
 echo "==> starting s3s-fs on $endpoint (data in $state/data)" >&2
 setsid "$bin" --host 127.0.0.1 --port "$port" \
   --access-key "$access_key" --secret-key "$secret_key" \

@@ -316,4 +316,11 @@ async fn a_large_artifact_streams_through_s3_in_bounded_memory() {
         "peak memory grew by {} MiB for a 256 MiB artifact",
         grew >> 20
     );
+    // Not left on the test server's disk.
+    let far = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    let freed = tokio::task::spawn_blocking(move || store.delete_if_older(digest, far))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(freed, Some(total));
 }
