@@ -133,6 +133,7 @@ both!(
     a_resumable_upload_that_does_not_match_leaves_nothing,
     idle_partial_uploads_are_pruned_and_recent_ones_resume,
     gc_lists_whole_artifacts_deletes_old_ones_and_a_put_again_refreshes,
+    a_put_racing_a_collection_never_answers_stored_over_nothing,
 );
 
 fn body(parts: &[&'static [u8]]) -> ByteStream {
@@ -650,4 +651,43 @@ async fn gc_lists_whole_artifacts_deletes_old_ones_and_a_put_again_refreshes(b: 
         .await
         .unwrap();
     assert_eq!(store.head(old).await.unwrap(), Some(3));
+}
+
+/// Bytes already held are put again while a collection deletes them (on
+/// another instance) mid-upload: the put either stores them again or
+/// fails, but never answers "stored" with nothing there.
+async fn a_put_racing_a_collection_never_answers_stored_over_nothing(b: Backing) {
+    let store = b.open().await;
+    let collector = b.open().await;
+    let data = b"stored, collected, stored again".to_vec();
+    let d = put_bytes(store.as_ref(), data.clone(), 100).await.unwrap();
+    let (first, rest) = data.split_at(10);
+    let (first, rest) = (Bytes::copy_from_slice(first), Bytes::copy_from_slice(rest));
+    let racing: ByteStream = Box::pin(futures::stream::iter([Ok(first)]).chain(
+        futures::stream::once(async move {
+            let far = SystemTime::now() + Duration::from_secs(3600);
+            let freed = blocking(&collector, move |s| s.delete_if_older(d, far))
+                .await
+                .unwrap();
+            assert_eq!(freed, Some(rest.len() as u64 + 10), "collected mid-upload");
+            Ok(rest)
+        }),
+    ));
+    let limits = UploadLimits {
+        max_bytes: 100,
+        declared_size: Some(data.len() as u64),
+    };
+    match store.put(d, racing, limits).await {
+        Ok(out) => {
+            assert_eq!(store.head(d).await.unwrap(), Some(out.size));
+            assert_eq!(read_from(store.as_ref(), d, 0).await.1, data);
+        }
+        // Refused: the caller uploads again, and that stores it.
+        Err(e) => {
+            assert!(matches!(e, ArtifactError::Backend(_)), "{e}");
+            let out = put_bytes(store.as_ref(), data.clone(), 100).await.unwrap();
+            assert_eq!(out, d);
+            assert_eq!(store.head(d).await.unwrap(), Some(data.len() as u64));
+        }
+    }
 }
