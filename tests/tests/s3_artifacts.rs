@@ -7,9 +7,12 @@
 
 use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::Role;
+use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
 use edgeloop_control_plane::registry::artifacts::ArtifactStore;
 use edgeloop_control_plane::registry::s3::{S3ArtifactStore, S3Location, PART_BYTES};
 use edgeloop_models::Digest;
+use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+use edgeloop_proto::agent::v1::FetchArtifactRequest;
 use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
 use edgeloop_proto::bridge::v1::{
     checkpoint_upload::Part, CheckpointHeader, CheckpointUpload, CheckpointUploadOffsetRequest,
@@ -118,6 +121,10 @@ async fn a_control_plane_on_s3_stores_verifies_and_serves_artifacts_there() {
     assert!(part.bytes().await.unwrap().as_ref() == &data[from..]);
     let head = api.request(Method::HEAD, &path).send().await.unwrap();
     assert_eq!(head.headers()["content-length"], data.len().to_string());
+
+    // A device downloads it through the in-memory cache, loaded from S3
+    // once.
+    device_fetches(&cp, &dir.path().join("d"), &data).await;
 
     // A bridge's checkpoint upload breaks past the first part and resumes
     // from the offset the control plane holds.
@@ -323,4 +330,61 @@ async fn a_large_artifact_streams_through_s3_in_bounded_memory() {
         .unwrap()
         .unwrap();
     assert_eq!(freed, Some(total));
+}
+
+/// `data` (stored already) assigned to a device, which fetches it twice
+/// from an offset: the cache reads it from S3 once, then serves it.
+async fn device_fetches(cp: &ControlPlane, dir: &std::path::Path, data: &[u8]) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let identity = cp
+        .enroll(Role::Device, &cp.token("device", "edge-s3").await, dir)
+        .await;
+    let mut client = AgentServiceClient::new(
+        mtls_endpoint(&cp.grpc_url, &identity)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let digest = Digest::of(data);
+    let assignment = AssignmentRecord {
+        model_name: "digits".into(),
+        model_version: "1".into(),
+        artifact_digest: digest,
+        artifact_size: data.len() as u64,
+        manifest_digest: None,
+        deployment_id: "dep-s3".into(),
+        activation_timeout_seconds: 60,
+        probe_inputs_digest: None,
+        deployment_seq: 0,
+        variant: None,
+    };
+    assignments::replace(&cp.core.store, &cp.core.events, "edge-s3", vec![assignment])
+        .await
+        .unwrap();
+    let counters = &cp.core.artifact_cache.counters;
+    let read_before = counters.store_read_bytes.load(Relaxed);
+    for _ in 0..2 {
+        let offset = 1_234_567u64;
+        let mut stream = client
+            .fetch_artifact(FetchArtifactRequest {
+                digest: digest.to_string(),
+                offset,
+                max_chunk_bytes: 1 << 20,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut got = Vec::new();
+        while let Some(chunk) = stream.message().await.unwrap() {
+            assert_eq!(chunk.offset, offset + got.len() as u64);
+            got.extend_from_slice(&chunk.data);
+        }
+        assert!(got == data[offset as usize..], "the device got other bytes");
+    }
+    assert_eq!(
+        counters.store_read_bytes.load(Relaxed) - read_before,
+        data.len() as u64,
+        "read from S3 once"
+    );
 }
