@@ -29,6 +29,9 @@
 //!   we open is recorded under `partials/` before a part is sent, so a
 //!   crash leaves a record that `prune_partials` finds. Uploads opened by
 //!   something else are the bucket's lifecycle rule's to abort.
+//! - Times are the S3 server's (Last-Modified, to the second), while
+//!   retention's cutoff is the control plane's clock: a skew between the
+//!   two moves the grace period by as much, which against hours is noise.
 //! - One owner's partial upload is continued by one caller at a time (a
 //!   bridge uploads a job's checkpoint sequentially); two at once would
 //!   race on the state object, and the loser's parts would be dropped.
