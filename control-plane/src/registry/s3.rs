@@ -577,8 +577,9 @@ impl S3ArtifactStore {
         Ok(Some(meta.size))
     }
 
+    /// Every key under the prefix (tests: what a failure left behind).
     #[cfg(test)]
-    pub(crate) async fn test_keys(&self) -> Vec<String> {
+    pub(crate) async fn test_keys(&self) -> Result<Vec<String>, ArtifactError> {
         let prefix = self.key("");
         let strip = format!("{prefix}/");
         self.s3
@@ -589,15 +590,20 @@ impl S3ArtifactStore {
             })
             .try_collect()
             .await
-            .unwrap_or_default()
+            .map_err(backend)
     }
 
     #[cfg(test)]
-    pub(crate) async fn test_put_raw(&self, rest: &str, bytes: &'static [u8]) {
-        let _ = self
-            .s3
+    pub(crate) async fn test_put_raw(
+        &self,
+        rest: &str,
+        bytes: &'static [u8],
+    ) -> Result<(), ArtifactError> {
+        self.s3
             .put(&self.key(rest), PutPayload::from_static(bytes))
-            .await;
+            .await
+            .map_err(backend)?;
+        Ok(())
     }
 }
 

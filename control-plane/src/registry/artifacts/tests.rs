@@ -66,7 +66,7 @@ impl Backing {
                 .into_iter()
                 .map(|p| p.display().to_string())
                 .collect(),
-            Backing::S3(loc) => self.s3_store(loc).await.test_keys().await,
+            Backing::S3(loc) => self.s3_store(loc).await.test_keys().await.unwrap(),
         }
     }
 
@@ -88,9 +88,10 @@ impl Backing {
             }
             Backing::S3(loc) => {
                 let s3 = self.s3_store(loc).await;
-                s3.test_put_raw("sha256/notes.txt", b"x").await;
+                s3.test_put_raw("sha256/notes.txt", b"x").await.unwrap();
                 s3.test_put_raw(&format!("sha256/x/{}", Digest::of(b"stray")), b"x")
-                    .await;
+                    .await
+                    .unwrap();
             }
         }
     }
