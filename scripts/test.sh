@@ -31,7 +31,14 @@ forbid() { # forbid <package> <crate>...
     fi
   done
 }
-forbid edgeloop-control-plane kube k8s-openapi indicatif reqwest edgeloop-trainer-bridge edgeloop-cli
+forbid edgeloop-control-plane kube k8s-openapi indicatif edgeloop-trainer-bridge edgeloop-cli
+# reqwest is in the server's graph only as the S3 artifact store's transport
+# (object_store; ARCHITECTURE.md); the console API's client is not.
+if cargo tree -p edgeloop-control-plane -e normal,features -i edgeloop-api 2>/dev/null | grep -q 'feature "client"'; then
+  echo "error: edgeloop-control-plane enables edgeloop-api's client feature:" >&2
+  cargo tree -p edgeloop-control-plane -e normal,features -i edgeloop-api >&2
+  exit 1
+fi
 forbid edgeloop-cli sled postgres axum rcgen tonic edgeloop-control-plane edgeloop-client-core
 forbid edgeloop-api sled postgres axum tonic
 
@@ -63,21 +70,29 @@ scripts/fetch-zoo.sh
 EDGELOOP_TORCH_PYTHON="$(scripts/torch-env.sh | tail -n 1)"
 export EDGELOOP_TORCH_PYTHON
 
-echo "==> engines (real Slurm, Ray and PostgreSQL on this machine; stopped again at the end)"
+echo "==> engines (real Slurm, Ray, PostgreSQL and an S3 server on this machine; stopped again at the end)"
 stop_engines() {
   scripts/ray-down.sh >/dev/null 2>&1 || true
   scripts/slurm-down.sh >/dev/null 2>&1 || true
   scripts/postgres-down.sh >/dev/null 2>&1 || true
+  scripts/s3-down.sh >/dev/null 2>&1 || true
 }
 trap stop_engines EXIT
 EDGELOOP_SLURM_ENV="$(scripts/slurm-up.sh | tail -n 1)"
 EDGELOOP_RAY_ENV="$(scripts/ray-up.sh | tail -n 1)"
-export EDGELOOP_SLURM_ENV EDGELOOP_RAY_ENV
 # The PostgreSQL store's tests (control-plane store::tests, the integration
 # tests made by on_each_store!) each create a database on this server.
 pg_env="$(scripts/postgres-up.sh | tail -n 1)"
 EDGELOOP_TEST_POSTGRES_URL="$(sed -n 's/^EDGELOOP_TEST_POSTGRES_URL=//p' "$pg_env")"
 export EDGELOOP_TEST_POSTGRES_URL
+# An S3 server (s3s-fs) for the S3 artifact store's tests, which read the
+# AWS_* settings and EDGELOOP_TEST_S3_URL from the environment.
+EDGELOOP_S3_ENV="$(scripts/s3-up.sh | tail -n 1)"
+export EDGELOOP_SLURM_ENV EDGELOOP_RAY_ENV EDGELOOP_S3_ENV
+set -a
+# shellcheck source=/dev/null
+. "$EDGELOOP_S3_ENV"
+set +a
 
 echo "==> build"
 cargo build --workspace --all-targets

@@ -59,6 +59,16 @@ DUPLICATES_ALLOWED = {
     "winnow": "toml and toml_edit each pin their own",
     "unicode-width": "miette (protox's errors) 0.1; indicatif 0.2",
     "windows-sys": "Windows only",
+    # object_store 0.14 (the S3 artifact store) signs Content-MD5 with md-5
+    # 0.11 on the RustCrypto 0.11 traits; everything else (sha2, ed25519)
+    # is on 0.10. object_store 0.13 would instead pull a second reqwest,
+    # hyper-rustls and rustls-platform-verifier (ARCHITECTURE.md).
+    "digest": "ours (sha2) 0.10; md-5 0.11 under object_store 0.14",
+    "block-buffer": "follows digest",
+    "crypto-common": "follows digest",
+    # postgres-protocol 0.6.10 (held there, so that the store stays on
+    # sha2 0.10 and hmac 0.12) hashes passwords with md-5 0.10.
+    "md-5": "0.10 under postgres-protocol 0.6.10; 0.11 under object_store 0.14",
 }
 
 

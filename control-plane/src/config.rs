@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use serde::Deserialize;
 
 use crate::fleet::cost::Prices;
+use crate::registry::s3::S3Location;
 
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -24,6 +25,13 @@ pub struct ServeSettings {
     /// other users can see in the process list.
     #[arg(long, env = "EDGELOOP_STORE_URL", hide_env_values = true)]
     pub store_url: Option<String>,
+    /// Keep artifacts in S3 instead of the data dir: s3://bucket/prefix.
+    /// Endpoint, region and credentials come from the AWS environment
+    /// (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY; AWS_ALLOW_HTTP=true for a plain-HTTP
+    /// endpoint).
+    #[arg(long, env = "EDGELOOP_ARTIFACT_URL")]
+    pub artifact_url: Option<String>,
     /// gRPC (mTLS) listen address for agents and bridges.
     #[arg(long, env = "EDGELOOP_GRPC_LISTEN")]
     pub grpc_listen: Option<SocketAddr>,
@@ -301,6 +309,7 @@ impl ServeSettings {
         ServeSettings {
             data_dir: self.data_dir.or(lower.data_dir),
             store_url: self.store_url.or(lower.store_url),
+            artifact_url: self.artifact_url.or(lower.artifact_url),
             grpc_listen: self.grpc_listen.or(lower.grpc_listen),
             http_listen: self.http_listen.or(lower.http_listen),
             insecure_http: self.insecure_http || lower.insecure_http,
@@ -369,6 +378,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// The PostgreSQL store, when not the embedded one in `data_dir`.
     pub store_url: Option<crate::store::PostgresUrl>,
+    /// Artifacts in S3; None: in the data dir.
+    pub artifact_url: Option<S3Location>,
     pub grpc_listen: SocketAddr,
     pub http_listen: SocketAddr,
     /// The console API over TLS, and with which certificate.
@@ -420,6 +431,11 @@ impl Config {
             .store_url
             .as_deref()
             .map(crate::store::PostgresUrl::parse)
+            .transpose()?;
+        let artifact_url = s
+            .artifact_url
+            .as_deref()
+            .map(str::parse::<S3Location>)
             .transpose()?;
         let grpc_listen = s
             .grpc_listen
@@ -587,6 +603,7 @@ impl Config {
         Ok(Config {
             data_dir,
             store_url,
+            artifact_url,
             grpc_listen,
             http_listen,
             http_tls,
@@ -750,6 +767,45 @@ mod tests {
             ..Default::default()
         };
         assert!(Config::from_settings(bad_hb).is_err());
+    }
+
+    #[test]
+    fn artifact_url_from_flag_env_or_file_checked_naming_the_part() {
+        let file: ServeSettings =
+            toml::from_str("data-dir = \"/d\"\nartifact-url = \"s3://from-file/p\"\n").unwrap();
+        let cfg = Config::from_settings(ServeSettings::default().or(file.clone())).unwrap();
+        let loc = cfg.artifact_url.unwrap();
+        assert_eq!(
+            (loc.bucket.as_str(), loc.prefix.as_str()),
+            ("from-file", "p")
+        );
+        let flags = ServeSettings {
+            artifact_url: Some("s3://from-flag".into()),
+            ..Default::default()
+        };
+        let cfg = Config::from_settings(flags.or(file)).unwrap();
+        assert_eq!(cfg.artifact_url.unwrap().bucket, "from-flag");
+        let local = ServeSettings {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        assert_eq!(Config::from_settings(local).unwrap().artifact_url, None);
+        for (url, part) in [
+            ("https://bucket/p", "scheme"),
+            ("s3://No_Such", "bucket"),
+            ("s3://bucket/a/../b", "prefix"),
+        ] {
+            let bad = ServeSettings {
+                data_dir: Some("/d".into()),
+                artifact_url: Some(url.into()),
+                ..Default::default()
+            };
+            let e = Config::from_settings(bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("artifact-url: {part}")),
+                "{url}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -128,11 +128,18 @@ impl Server {
             None => Store::open(&dir.db())
                 .with_context(|| format!("opening store {}", dir.db().display()))?,
         };
-        let artifacts = LocalArtifactStore::open(&dir.artifacts())
-            .with_context(|| format!("opening artifact store {}", dir.artifacts().display()))?;
+        let artifacts: Arc<dyn ArtifactStore> = match &config.artifact_url {
+            None => Arc::new(LocalArtifactStore::open(&dir.artifacts()).with_context(|| {
+                format!("opening artifact store {}", dir.artifacts().display())
+            })?),
+            Some(url) => Arc::new(
+                registry::s3::S3ArtifactStore::open(url.clone())
+                    .await
+                    .with_context(|| format!("opening artifact store {url}"))?,
+            ),
+        };
         // Faults only when a crash test's environment asks for them.
-        let artifacts =
-            registry::unreliable::UnreliableArtifactStore::from_env(Arc::new(artifacts))?;
+        let artifacts = registry::unreliable::UnreliableArtifactStore::from_env(artifacts)?;
         let artifact_cache =
             registry::artifact_cache::ArtifactCache::new(config.artifact_cache_bytes);
         let downloads = api::grpc::downloads::Downloads::new(

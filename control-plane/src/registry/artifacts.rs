@@ -1,8 +1,8 @@
 //! Content-addressed artifact storage. Every blob is named by its sha256; an
 //! upload declares the digest up front and is stored only if the bytes match.
 //!
-//! [`ArtifactStore`] is the seam for other backends (S3 later);
-//! [`LocalArtifactStore`] is the embedded default.
+//! [`ArtifactStore`] is the seam between backends: [`LocalArtifactStore`]
+//! is the embedded default, `super::s3::S3ArtifactStore` the object store.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -35,6 +35,10 @@ pub enum ArtifactError {
     Offset { requested: u64, held: u64 },
     #[error("artifact store I/O: {0}")]
     Io(#[from] io::Error),
+    /// The object store (S3) failed or could not be reached; a retry may
+    /// succeed.
+    #[error("artifact store backend: {0}")]
+    Backend(String),
 }
 
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, ArtifactError>> + Send>>;
@@ -561,207 +565,6 @@ impl ArtifactStore for LocalArtifactStore {
     }
 }
 
+/// The behaviour every backend promises, run against each (`tests.rs`).
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::AsyncReadExt;
-
-    fn body(parts: &[&'static [u8]]) -> ByteStream {
-        let parts: Vec<Result<Bytes, ArtifactError>> =
-            parts.iter().map(|p| Ok(Bytes::from_static(p))).collect();
-        Box::pin(futures::stream::iter(parts))
-    }
-
-    fn no_limit() -> UploadLimits {
-        UploadLimits {
-            max_bytes: 1 << 20,
-            declared_size: None,
-        }
-    }
-
-    fn entries(dir: &Path) -> usize {
-        walk(dir).len()
-    }
-
-    /// An upload left unwritten past the age goes; one still being written
-    /// to (or paused briefly) stays and resumes.
-    #[tokio::test]
-    async fn idle_partial_uploads_are_pruned_and_recent_ones_resume() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = LocalArtifactStore::open(dir.path()).unwrap();
-        let whole: &'static [u8] = b"0123456789";
-        let (digest, size) = (Digest::of(whole), whole.len() as u64);
-        for owner in ["fresh", "idle"] {
-            let cut = store
-                .put_resumable(owner, digest, body(&[&whole[..4]]), size, 1 << 20, 0)
-                .await;
-            assert!(cut.is_err(), "the body ended early");
-            assert_eq!(store.partial_len(owner, digest).await.unwrap(), 4);
-        }
-        let idle = std::fs::File::options()
-            .write(true)
-            .open(store.partial_path("idle", digest))
-            .unwrap();
-        idle.set_modified(
-            std::time::SystemTime::now() - std::time::Duration::from_secs(8 * 86_400),
-        )
-        .unwrap();
-        let week = std::time::Duration::from_secs(7 * 86_400);
-        assert_eq!(store.prune_partials(week).unwrap(), 1);
-        assert_eq!(store.partial_len("idle", digest).await.unwrap(), 0);
-        assert_eq!(store.partial_len("fresh", digest).await.unwrap(), 4);
-        // The fresh one resumes where it was.
-        store
-            .put_resumable("fresh", digest, body(&[&whole[4..]]), size, 1 << 20, 4)
-            .await
-            .unwrap();
-        assert_eq!(store.head(digest).await.unwrap(), Some(size));
-        assert_eq!(store.prune_partials(week).unwrap(), 0);
-    }
-
-    /// What garbage collection sees and does: `list` names the whole
-    /// artifacts (not partial uploads, not foreign files), a delete takes
-    /// only what was stored at or before its cutoff, and a put of bytes
-    /// already held moves their time past any cutoff taken before.
-    #[tokio::test]
-    async fn gc_lists_whole_artifacts_deletes_old_ones_and_a_put_again_refreshes() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = LocalArtifactStore::open(dir.path()).unwrap();
-        let old = put_bytes(&store, b"old".to_vec(), 100).await.unwrap();
-        let again = put_bytes(&store, b"again".to_vec(), 100).await.unwrap();
-        let whole: &'static [u8] = b"partial bytes";
-        let cut = store
-            .put_resumable("o", Digest::of(whole), body(&[&whole[..4]]), 13, 100, 0)
-            .await;
-        assert!(cut.is_err());
-        // Not an artifact, whatever its name: never listed.
-        let stray = store.path_of(old).with_file_name("notes.txt");
-        std::fs::write(&stray, b"x").unwrap();
-        let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
-        for d in [old, again] {
-            let f = std::fs::File::options()
-                .write(true)
-                .open(store.path_of(d))
-                .unwrap();
-            f.set_modified(long_ago).unwrap();
-        }
-        let mut listed: Vec<(Digest, u64)> = store
-            .list()
-            .unwrap()
-            .iter()
-            .map(|a| (a.digest, a.size))
-            .collect();
-        listed.sort();
-        let mut want = vec![(old, 3), (again, 5)];
-        want.sort();
-        assert_eq!(listed, want);
-        let second = std::time::Duration::from_secs(1);
-        assert!(store
-            .list()
-            .unwrap()
-            .iter()
-            .all(|a| a.modified <= long_ago + second));
-
-        let cutoff = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
-        // Stored again after the cutoff was taken: kept.
-        put_bytes(&store, b"again".to_vec(), 100).await.unwrap();
-        assert_eq!(store.delete_if_older(again, cutoff).unwrap(), None);
-        assert_eq!(store.head(again).await.unwrap(), Some(5));
-        assert_eq!(store.delete_if_older(old, cutoff).unwrap(), Some(3));
-        assert_eq!(store.head(old).await.unwrap(), None);
-        assert!(matches!(
-            store.open_at(old, 0).await,
-            Err(ArtifactError::NotFound(_))
-        ));
-        // Already gone: nothing to free.
-        assert_eq!(store.delete_if_older(old, cutoff).unwrap(), None);
-        assert!(stray.exists());
-        assert_eq!(store.partial_len("o", Digest::of(whole)).await.unwrap(), 4);
-        // Deleted bytes can be stored again.
-        put_bytes(&store, b"old".to_vec(), 100).await.unwrap();
-        assert_eq!(store.head(old).await.unwrap(), Some(3));
-    }
-
-    fn walk(dir: &Path) -> Vec<PathBuf> {
-        let mut out = vec![];
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-        out
-    }
-
-    #[tokio::test]
-    async fn put_verify_read_range() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = LocalArtifactStore::open(dir.path()).unwrap();
-        let d = Digest::of(b"hello world");
-        let out = store
-            .put(d, body(&[b"hello ", b"world"]), no_limit())
-            .await
-            .unwrap();
-        assert_eq!((out.size, out.created), (11, true));
-        let again = store
-            .put(d, body(&[b"hello world"]), no_limit())
-            .await
-            .unwrap();
-        assert!(!again.created);
-        assert_eq!(store.head(d).await.unwrap(), Some(11));
-        let (size, mut r) = store.open_at(d, 6).await.unwrap();
-        let mut s = String::new();
-        r.read_to_string(&mut s).await.unwrap();
-        assert_eq!((size, s.as_str()), (11, "world"));
-    }
-
-    #[tokio::test]
-    async fn mismatch_limit_and_abort_store_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = LocalArtifactStore::open(dir.path()).unwrap();
-        let d = Digest::of(b"expected");
-        let err = store
-            .put(d, body(&[b"other"]), no_limit())
-            .await
-            .unwrap_err();
-        assert!(matches!(err, ArtifactError::DigestMismatch { .. }));
-
-        let small = UploadLimits {
-            max_bytes: 4,
-            declared_size: None,
-        };
-        let err = store
-            .put(Digest::of(b"12345"), body(&[b"12", b"345"]), small)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, ArtifactError::TooLarge { limit: 4 }));
-
-        let declared = UploadLimits {
-            max_bytes: 100,
-            declared_size: Some(3),
-        };
-        let err = store
-            .put(Digest::of(b"1234"), body(&[b"1234"]), declared)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, ArtifactError::SizeMismatch { .. }));
-
-        let broken: ByteStream = Box::pin(futures::stream::iter(vec![
-            Ok(Bytes::from_static(b"part")),
-            Err(ArtifactError::Body("connection reset".into())),
-        ]));
-        assert!(store
-            .put(Digest::of(b"part"), broken, no_limit())
-            .await
-            .is_err());
-
-        assert_eq!(entries(dir.path()), 0, "{:?}", walk(dir.path()));
-        assert_eq!(store.head(d).await.unwrap(), None);
-        assert!(matches!(
-            store.open_at(d, 0).await,
-            Err(ArtifactError::NotFound(_))
-        ));
-    }
-}
+mod tests;
