@@ -961,7 +961,34 @@ async fn a_replica_killed_mid_rollout_hands_its_work_to_the_other() {
     ];
     let mut a = CpProcess::start_with_env(&dir.path().join("a"), None, env.clone()).await;
     a.share_secrets_with(&dir.path().join("b"));
-    let b = CpProcess::start_with_env(&dir.path().join("b"), None, env).await;
+    let b = CpProcess::start_with_env(&dir.path().join("b"), None, env.clone()).await;
+    // A replica that made a CA of its own is refused at start: members
+    // that fail over to it could not connect.
+    let stray_dir = dir.path().join("stray");
+    let mut stray = edgeloop_tests::crash::Proc::new(
+        "control-plane",
+        ["serve", "--data-dir", &stray_dir.display().to_string()]
+            .into_iter()
+            .chain([
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ])
+            .map(String::from)
+            .collect(),
+        env,
+        dir.path().join("stray.log"),
+    );
+    stray.spawn();
+    let status = stray.exited(WAIT).await.expect("the stray replica stops");
+    assert!(!status.success(), "{status}");
+    assert_eq!(
+        stray.log_count("replicas share one CA"),
+        1,
+        "{}",
+        stray.log_tail()
+    );
     // Each says what it leads once it has tried (after it answers HTTP).
     let leads = |cp: &CpProcess| cp.proc.log_lines("background leases").pop();
     let (la, lb) = (
