@@ -157,6 +157,9 @@ impl Server {
         }
         let pki = Pki::load_or_init(&dir.pki(), &config.server_names).context("loading PKI")?;
         let (admin_token_hash, new_admin_token) = dir.load_or_create_admin_token()?;
+        if config.store_url.is_some() {
+            leader::check_shared_ca(&store, pki.ca_fingerprint())?;
+        }
         let replica = leader::replica_id(&config.data_dir)?;
         // A shared store may have other replicas: they hear this one's
         // fleet events, and it theirs.

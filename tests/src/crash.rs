@@ -153,6 +153,16 @@ impl CpProcess {
     /// Starts it on `data_dir`; `faults` turns the unreliable artifact
     /// store on (`EDGELOOP_FAULT_ARTIFACT_STORE`).
     pub async fn start(data_dir: &Path, faults: Option<&str>) -> CpProcess {
+        Self::start_with_env(data_dir, faults, Vec::new()).await
+    }
+
+    /// [`CpProcess::start`] with more environment (a replica's
+    /// `EDGELOOP_STORE_URL` and `EDGELOOP_ARTIFACT_URL`, say).
+    pub async fn start_with_env(
+        data_dir: &Path,
+        faults: Option<&str>,
+        extra_env: Vec<(String, String)>,
+    ) -> CpProcess {
         let (grpc, http) = (free_port(), free_port());
         let args = [
             "serve",
@@ -171,7 +181,7 @@ impl CpProcess {
         ]
         .map(String::from)
         .to_vec();
-        let env = faults
+        let mut env: Vec<(String, String)> = faults
             .map(|f| {
                 vec![(
                     edgeloop_control_plane::registry::unreliable::ENV.to_string(),
@@ -179,6 +189,7 @@ impl CpProcess {
                 )]
             })
             .unwrap_or_default();
+        env.extend(extra_env);
         std::fs::create_dir_all(data_dir).unwrap();
         let log = data_dir.with_extension("log");
         let mut cp = CpProcess {
@@ -230,6 +241,27 @@ impl CpProcess {
 
     pub fn api(&self) -> Api {
         Api::new(&self.http_base, Some(&self.admin_token))
+    }
+
+    /// Gives the replica about to start on `to` what replicas share and a
+    /// data dir holds: the CA (`pki/`), the pipeline signing key (`keys/`)
+    /// and the admin token. An operator mounts the same secret in each.
+    pub fn share_secrets_with(&self, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for name in ["pki", "keys"] {
+            let from = self.data_dir.join(name);
+            if from.is_dir() {
+                let dest = to.join(name);
+                std::fs::create_dir_all(&dest).unwrap();
+                for f in std::fs::read_dir(&from).unwrap() {
+                    let f = f.unwrap();
+                    if f.file_type().unwrap().is_file() {
+                        std::fs::copy(f.path(), dest.join(f.file_name())).unwrap();
+                    }
+                }
+            }
+        }
+        std::fs::copy(self.data_dir.join("admin.token"), to.join("admin.token")).unwrap();
     }
 
     /// A bootstrap token, retried through faults and restarts.
@@ -306,13 +338,25 @@ impl AgentProcess {
         token: &str,
         key: &edgeloop_models::manifest::PublicKey,
     ) -> AgentProcess {
+        Self::start_at(&cp.grpc_url, name, dir, token, key).await
+    }
+
+    /// [`AgentProcess::start`] against `control_plane`: one gRPC URL, or
+    /// several replicas' separated by commas.
+    pub async fn start_at(
+        control_plane: &str,
+        name: &str,
+        dir: &Path,
+        token: &str,
+        key: &edgeloop_models::manifest::PublicKey,
+    ) -> AgentProcess {
         std::fs::create_dir_all(dir).unwrap();
         let args = [
             "run",
             "--data-dir",
             &dir.display().to_string(),
             "--control-plane",
-            &cp.grpc_url,
+            control_plane,
             "--bootstrap-token",
             token,
             "--inference-listen",

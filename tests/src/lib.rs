@@ -633,3 +633,26 @@ pub fn reference_trainer() -> PathBuf {
 pub fn edgeloop_bin() -> PathBuf {
     workspace_bin("edgeloop")
 }
+
+/// A prefix of this run's own under `$EDGELOOP_TEST_S3_URL` (the S3
+/// server `scripts/s3-up.sh` starts), or None, said loudly.
+pub fn s3_test_url() -> Option<String> {
+    let Ok(url) = std::env::var("EDGELOOP_TEST_S3_URL") else {
+        eprintln!(
+            "skipped: EDGELOOP_TEST_S3_URL is unset (run scripts/s3-up.sh and export its env \
+             file, as scripts/test.sh does)"
+        );
+        return None;
+    };
+    let loc: edgeloop_control_plane::registry::s3::S3Location = url.parse().unwrap();
+    let prefix = [
+        loc.prefix.as_str(),
+        &format!("i{:08x}", rand::random::<u32>()),
+    ]
+    .iter()
+    .filter(|p| !p.is_empty())
+    .copied()
+    .collect::<Vec<_>>()
+    .join("/");
+    Some(format!("s3://{}/{prefix}", loc.bucket))
+}

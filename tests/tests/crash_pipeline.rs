@@ -167,14 +167,58 @@ fn check_resumed(before: &Value, after: &Value, r: &mut Resumed) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
+    killed_mid_pipeline(None).await;
+}
+
+/// The same pipeline on two replicas sharing PostgreSQL and S3 (issue
+/// #17): each kill takes the replica that leads, the other takes the
+/// pipeline over once the lease lapses, and the killed one comes back as
+/// the follower. The same checks hold: the step goes on, no step or
+/// training job is run twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_pipeline_step_hands_the_same_step_to_the_other() {
+    let Some(db) = edgeloop_control_plane::store::TestDatabase::from_env("pipeline replicas")
+    else {
+        return;
+    };
+    let Some(s3) = edgeloop_tests::s3_test_url() else {
+        return;
+    };
+    killed_mid_pipeline(Some((db.url().expose().to_string(), s3))).await;
+    drop(db);
+}
+
+/// Which replica answers now: the one not killed last.
+fn live(cps: &[CpProcess], down: Option<usize>) -> &CpProcess {
+    &cps[match down {
+        Some(0) if cps.len() > 1 => 1,
+        _ => 0,
+    }]
+}
+
+/// `shared`: the store and artifact URLs of two replicas; `None`: one
+/// control plane on its data dir, killed and started again.
+async fn killed_mid_pipeline(shared: Option<(String, String)>) {
     let (seed, mut rng) = seeded("pipeline");
     let dir = tempfile::tempdir().unwrap();
     let cp_dir = dir.path().join("cp");
+    let env: Vec<(String, String)> = match &shared {
+        Some((store, artifacts)) => vec![
+            ("EDGELOOP_STORE_URL".into(), store.clone()),
+            ("EDGELOOP_ARTIFACT_URL".into(), artifacts.clone()),
+        ],
+        None => Vec::new(),
+    };
     // The model, its policy and the device's labelled samples, set up by
-    // a control plane in this process; the binary then takes the same data
-    // dir over.
+    // a control plane in this process; the binaries then take the same
+    // data dir (and store) over.
     {
-        let cp = ControlPlane::start_with(settings(&cp_dir)).await;
+        let mut first = settings(&cp_dir);
+        if let Some((store, artifacts)) = &shared {
+            first.store_url = Some(store.clone());
+            first.artifact_url = Some(artifacts.clone());
+        }
+        let cp = ControlPlane::start_with(first).await;
         let job = json!({
             "name": "retrain-rain",
             // The reference trainer, after a pause: it trains in well
@@ -193,8 +237,20 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
         edgeloop_tests::retrain::setup(&cp, dir.path(), MODEL, job, extra).await;
         cp.stop().await;
     }
-    let mut cp = CpProcess::start(&cp_dir, None).await;
-    let token = cp.token("cluster", "local-gpu").await;
+    let mut cps = vec![CpProcess::start_with_env(&cp_dir, None, env.clone()).await];
+    if shared.is_some() {
+        let b_dir = dir.path().join("cp-b");
+        cps[0].share_secrets_with(&b_dir);
+        cps.push(CpProcess::start_with_env(&b_dir, None, env).await);
+    }
+    // The replica killed last, down or back as the follower.
+    let mut down: Option<usize> = None;
+    let endpoints = cps
+        .iter()
+        .map(|c| c.grpc_url.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let token = cps[0].token("cluster", "local-gpu").await;
     let bridge_dir = dir.path().join("bridge");
     std::fs::create_dir_all(&bridge_dir).unwrap();
     let mut bridge = Proc::new(
@@ -204,7 +260,7 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
             "--data-dir".into(),
             bridge_dir.display().to_string(),
             "--control-plane".into(),
-            cp.grpc_url.clone(),
+            endpoints,
             "--bootstrap-token".into(),
             token,
         ],
@@ -214,7 +270,7 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
     bridge.spawn();
 
     let started = retry("retrain", || async {
-        let r = cp
+        let r = cps[0]
             .api()
             .request(Method::POST, &format!("/api/v1/models/{MODEL}/retrain"))
             .json(&json!({"reason": "crash"}))
@@ -250,7 +306,7 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
             started.clone()
         } else {
             let seen = eventually(WAIT, &format!("the pipeline reaches {from}"), || async {
-                let p = get(&cp, &path).await;
+                let p = get(live(&cps, down), &path).await;
                 let step = running(&p)?;
                 (index(step) >= index(from)).then_some(p)
             })
@@ -263,14 +319,14 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
                 // Killed while the job runs, not before the bridge leased it.
                 let job = format!("{id}-train-1");
                 let runs = eventually(WAIT, "the training job runs", || async {
-                    let j = get(&cp, "/api/v1/jobs").await;
+                    let j = get(live(&cps, down), "/api/v1/jobs").await;
                     if j.as_array()?
                         .iter()
                         .any(|j| j["id"] == job.as_str() && j["state"] == "running")
                     {
                         return Some(true);
                     }
-                    let p = get(&cp, &path).await;
+                    let p = get(live(&cps, down), &path).await;
                     (running(&p).is_none_or(|s| index(s) > index(to))).then_some(false)
                 })
                 .await;
@@ -280,18 +336,36 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
                 }
             }
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..=delay_ms))).await;
-            get(&cp, &path).await
+            get(live(&cps, down), &path).await
         };
-        let jobs_before = train_jobs(&cp, &id).await;
+        let jobs_before = train_jobs(live(&cps, down), &id).await;
         bridge.assert_running("bridge");
-        cp.kill().await;
         let step = running(&before).unwrap_or("ended").to_string();
         *killed_in.entry(step).or_default() += 1;
-        tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
-        cp.restart().await;
-        let after = get(&cp, &path).await;
+        if cps.len() == 1 {
+            cps[0].kill().await;
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
+            cps[0].restart().await;
+        } else {
+            // The leader: the one not killed last (the first at first).
+            let leader = usize::from(down == Some(0));
+            let other = 1 - leader;
+            let took = cps[other].proc.log_count("leadership changed");
+            cps[leader].kill().await;
+            down = Some(leader);
+            // The other takes the pipelines once the lease lapses; the
+            // killed one then comes back, as the follower.
+            eventually(WAIT, "the other replica takes the pipelines", || async {
+                let lines = cps[other].proc.log_lines("leadership changed");
+                (lines.len() > took && lines[took..].iter().any(|l| l.contains("pipelines")))
+                    .then_some(())
+            })
+            .await;
+            cps[leader].restart().await;
+        }
+        let after = get(live(&cps, down), &path).await;
         check_resumed(&before, &after, &mut resumed);
-        let jobs_after = train_jobs(&cp, &id).await;
+        let jobs_after = train_jobs(live(&cps, down), &id).await;
         for (job, created) in &jobs_before {
             assert_eq!(
                 jobs_after.get(job),
@@ -305,7 +379,7 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
     }
 
     let ended = eventually(Duration::from_secs(90), "the pipeline ends", || async {
-        let p = get(&cp, &path).await;
+        let p = get(live(&cps, down), &path).await;
         (p["status"] != "running").then_some(p)
     })
     .await;
@@ -329,13 +403,13 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
     assert_eq!(trains[0]["outcome"], "succeeded", "{ended}");
     let job = format!("{id}-train-1");
     assert_eq!(trains[0]["output"]["id"], job.as_str(), "{ended}");
-    let jobs = train_jobs(&cp, &id).await;
+    let jobs = train_jobs(live(&cps, down), &id).await;
     assert_eq!(jobs.keys().collect::<Vec<_>>(), vec![&job], "{jobs:?}");
     if let Some((seen, created)) = &job_seen {
         assert_eq!(jobs.get(seen), Some(created));
     }
     // At most one rollout per deploy attempt.
-    let deployments = get(&cp, "/api/v1/deployments").await;
+    let deployments = get(live(&cps, down), "/api/v1/deployments").await;
     let mut seeds: BTreeMap<String, u32> = BTreeMap::new();
     for d in deployments.as_array().unwrap() {
         let s = d["seed"].as_str().or(d["deployment"]["seed"].as_str());
@@ -345,7 +419,7 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
         let s = format!("{id}-deploy-{}", r["attempt"]);
         assert!(seeds.get(&s).copied().unwrap_or(0) <= 1, "{seeds:?}");
     }
-    let pipelines = get(&cp, "/api/v1/pipelines").await;
+    let pipelines = get(live(&cps, down), "/api/v1/pipelines").await;
     assert_eq!(pipelines.as_array().unwrap().len(), 1, "{pipelines}");
 
     let steps_checked: Vec<String> = records(&ended)
@@ -353,7 +427,7 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
         .map(|r| r["step"].as_str().unwrap().to_string())
         .collect();
     let mut tally = Tally {
-        kills: cp.proc.kills,
+        kills: cps.iter().map(|c| c.proc.kills).sum(),
         ..Tally::default()
     };
     tally.notes.push(format!(
@@ -367,7 +441,14 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
         ended["step"].as_str().unwrap_or("-"),
         seeds.len()
     ));
-    tally.print("pipeline", seed);
+    tally.print(
+        if cps.len() > 1 {
+            "pipeline_replicas"
+        } else {
+            "pipeline"
+        },
+        seed,
+    );
     bridge.kill().await;
     edgeloop_tests::kill_processes(|_, env| {
         env.contains(&format!("EDGELOOP_JOB_ID={job}").as_bytes())

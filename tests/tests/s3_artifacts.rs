@@ -9,7 +9,7 @@ use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::Role;
 use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
 use edgeloop_control_plane::registry::artifacts::ArtifactStore;
-use edgeloop_control_plane::registry::s3::{S3ArtifactStore, S3Location, PART_BYTES};
+use edgeloop_control_plane::registry::s3::{S3ArtifactStore, PART_BYTES};
 use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::agent::v1::FetchArtifactRequest;
@@ -23,27 +23,8 @@ use edgeloop_tests::{files_under, settings, ControlPlane};
 use reqwest::Method;
 use tonic::Code;
 
-/// A prefix of this run's own under `$EDGELOOP_TEST_S3_URL`, or None
-/// (said loudly).
 fn s3_url() -> Option<String> {
-    let Ok(url) = std::env::var("EDGELOOP_TEST_S3_URL") else {
-        eprintln!(
-            "skipped: EDGELOOP_TEST_S3_URL is unset (run scripts/s3-up.sh and export its env \
-             file, as scripts/test.sh does)"
-        );
-        return None;
-    };
-    let loc: S3Location = url.parse().unwrap();
-    let prefix = [
-        loc.prefix.as_str(),
-        &format!("i{:08x}", rand::random::<u32>()),
-    ]
-    .iter()
-    .filter(|p| !p.is_empty())
-    .copied()
-    .collect::<Vec<_>>()
-    .join("/");
-    Some(format!("s3://{}/{prefix}", loc.bucket))
+    edgeloop_tests::s3_test_url()
 }
 
 fn blob(len: usize, seed: u8) -> Vec<u8> {

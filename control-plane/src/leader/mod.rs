@@ -210,6 +210,31 @@ pub fn not_written(e: crate::store::NotWritten<crate::error::Error>) -> crate::e
     }
 }
 
+/// The store's key for the CA its fleet trusts.
+const SHARED_CA_KEY: &str = "~ca-fingerprint";
+
+/// On a shared store, every replica must present the same CA: members
+/// pin it at enrollment, and one that fails over to a replica with
+/// another CA cannot connect. The first replica records its CA's
+/// fingerprint; a later one with another CA refuses to start, saying what
+/// to do.
+pub fn check_shared_ca(store: &Store, ca: edgeloop_models::Digest) -> anyhow::Result<()> {
+    let mine = ca.to_string();
+    let recorded = store
+        .replica_settings
+        .update(SHARED_CA_KEY, |cur| {
+            Ok::<_, ()>(cur.unwrap_or_else(|| mine.clone()))
+        })?
+        .unwrap_or_default();
+    anyhow::ensure!(
+        recorded == mine,
+        "this replica's CA ({mine}) is not the CA the shared store's fleet trusts ({recorded}): \
+         replicas share one CA; copy pki/ca.crt and pki/ca.key (with keys/ and admin.token) \
+         from a running replica's data dir before starting this one"
+    );
+    Ok(())
+}
+
 /// This replica's name: `<data dir>/replica-id`, made once.
 pub fn replica_id(data_dir: &Path) -> anyhow::Result<String> {
     use anyhow::Context as _;

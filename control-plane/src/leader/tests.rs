@@ -139,3 +139,17 @@ fn fencing(store: &Store) {
         Err(NotWritten::Refused("no"))
     );
 }
+
+#[test]
+fn replicas_of_one_store_must_share_their_ca() {
+    for (store, _keep) in stores("shared ca") {
+        let (a, b) = (
+            edgeloop_models::Digest::of(b"ca a"),
+            edgeloop_models::Digest::of(b"ca b"),
+        );
+        check_shared_ca(&store, a).unwrap();
+        check_shared_ca(&store, a).expect("the same CA again");
+        let err = check_shared_ca(&store, b).unwrap_err().to_string();
+        assert!(err.contains("copy pki/ca.crt"), "{err}");
+    }
+}

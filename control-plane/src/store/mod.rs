@@ -160,6 +160,9 @@ pub struct Store {
     /// Background tasks' fencing tokens, by task (`leader`): raised before
     /// a new leader acts, checked by its writes.
     pub fences: Tree<u64>,
+    /// What every replica of a shared store must agree on, by name
+    /// (`leader::check_shared_ca`).
+    pub replica_settings: Tree<String>,
     /// Background tasks' leases, by task (`leader`).
     pub leases: Tree<crate::leader::decide::Lease>,
     /// API tokens, by the sha256 of their secret.
@@ -231,6 +234,7 @@ impl Store {
             accuracy_index: Tree::open(db_ref, "accuracy_index")?,
             fleet_events: Tree::open(db_ref, "fleet_events")?,
             fences: Tree::open(db_ref, "fences")?,
+            replica_settings: Tree::open(db_ref, "replica_settings")?,
             leases: Tree::open(db_ref, "leases")?,
             api_tokens: Tree::open(db_ref, "api_tokens")?,
             audit: Tree::open(db_ref, "audit")?,

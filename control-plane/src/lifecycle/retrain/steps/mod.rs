@@ -233,9 +233,16 @@ pub fn serving_version(core: &Core, model: &str) -> Result<Option<ModelVersionRe
 }
 
 fn serving_in(store: &Store, model: &str) -> Result<Option<ModelVersionRecord>, Error> {
-    let rolled = deployments::list(store)?
+    // Newest first, reading down only to the first match: a trigger tick
+    // asks this of every model, and deployments pile up for months.
+    let rolled = store
+        .deployments
+        .page_before("", None, 1, |_, d| {
+            d.deployment.model == model && d.deployment.state == RolloutState::Succeeded
+        })?
         .into_iter()
-        .find(|d| d.deployment.model == model && d.deployment.state == RolloutState::Succeeded);
+        .next()
+        .map(|(_, d)| d);
     if let Some(d) = rolled {
         return Ok(Some(models::get_version(
             store,
