@@ -261,22 +261,7 @@ async fn start_agents(
         let token = labelled_token(cp, "device", &name).await;
         agents.push(AgentProcess::start(cp, &name, &dir.join(&name), &token, &key.public()).await);
     }
-    eventually(WAIT, "agents online", || async {
-        let r = cp
-            .api()
-            .request(Method::GET, "/api/v1/devices?selector=site%3Dcrash")
-            .send()
-            .await
-            .ok()?;
-        let body: Value = r.json().await.ok()?;
-        let online = body
-            .as_array()?
-            .iter()
-            .filter(|d| d["status"] == "online")
-            .count();
-        (online == n).then_some(())
-    })
-    .await;
+    online(cp, n).await;
     agents
 }
 
