@@ -147,6 +147,16 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
             .compare_and_swap(key.as_bytes(), None, Some(&self.encode(value)?))
     }
 
+    /// What `key` holds now: the bytes (for compare-and-swap) and the value.
+    fn current(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<V>), StoreError> {
+        let raw = self.tree.get(key.as_bytes())?;
+        let value = raw
+            .as_ref()
+            .map(|raw| self.decode(key.as_bytes(), raw))
+            .transpose()?;
+        Ok((raw, value))
+    }
+
     /// Atomic read-modify-write. `f` sees the current value and returns the new
     /// one, or an error that aborts without writing. Retried on a race, so `f`
     /// must be pure.
@@ -156,11 +166,7 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         mut f: impl FnMut(Option<V>) -> Result<V, E>,
     ) -> Result<Result<V, E>, StoreError> {
         loop {
-            let old_raw = self.tree.get(key.as_bytes())?;
-            let old = old_raw
-                .as_ref()
-                .map(|raw| self.decode(key.as_bytes(), raw))
-                .transpose()?;
+            let (old_raw, old) = self.current(key)?;
             let new = match f(old) {
                 Ok(new) => new,
                 Err(e) => return Ok(Err(e)),
@@ -186,11 +192,7 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         mut f: impl FnMut(Option<V>) -> Result<V, E>,
     ) -> Result<Result<V, Option<E>>, StoreError> {
         loop {
-            let old_raw = self.tree.get(key.as_bytes())?;
-            let old = old_raw
-                .as_ref()
-                .map(|raw| self.decode(key.as_bytes(), raw))
-                .transpose()?;
+            let (old_raw, old) = self.current(key)?;
             let new = match f(old) {
                 Ok(new) => new,
                 Err(e) => return Ok(Err(Some(e))),
