@@ -5,6 +5,7 @@
 
 mod backend;
 mod pg;
+mod reads;
 mod sled_backend;
 #[cfg(test)]
 mod tests;
@@ -14,6 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use pg::{PostgresUrl, StoreUrlError, TestDatabase};
+pub use reads::{ReadCounts, TreeReads};
 pub use tree::Tree;
 
 use backend::{FenceCheck, KvBackend};
@@ -86,6 +88,7 @@ pub enum NotWritten<E> {
 #[derive(Clone)]
 pub struct Store {
     db: Arc<dyn KvBackend>,
+    reads: Arc<reads::ReadCounters>,
     pub devices: Tree<Member>,
     pub clusters: Tree<Member>,
     pub tokens: Tree<BootstrapTokenRecord>,
@@ -196,49 +199,51 @@ impl Store {
             Some(_) => {}
         }
         let db_ref: &dyn KvBackend = &*db;
+        let reads = Arc::new(reads::ReadCounters::default());
         Ok(Self {
-            devices: Tree::open(db_ref, "devices")?,
-            clusters: Tree::open(db_ref, "clusters")?,
-            tokens: Tree::open(db_ref, "bootstrap_tokens")?,
-            models: Tree::open(db_ref, "models")?,
-            model_versions: Tree::open(db_ref, "model_versions")?,
-            model_aliases: Tree::open(db_ref, "model_aliases")?,
-            assignments: Tree::open(db_ref, "assignments")?,
-            assignment_status: Tree::open(db_ref, "assignment_status")?,
-            telemetry: Tree::open(db_ref, "telemetry")?,
-            sketches: Tree::open(db_ref, "sketches")?,
-            samples: Tree::open(db_ref, "samples")?,
-            sample_index: Tree::open(db_ref, "sample_index")?,
-            sample_counts: Tree::open(db_ref, "sample_counts")?,
-            checkpoints: Tree::open(db_ref, "checkpoints")?,
-            jobs: Tree::open(db_ref, "jobs")?,
-            deployments: Tree::open(db_ref, "deployments")?,
-            deployment_events: Tree::open(db_ref, "deployment_events")?,
-            retraining: Tree::open(db_ref, "retraining")?,
-            pipelines: Tree::open(db_ref, "pipelines")?,
-            pipeline_active: Tree::open(db_ref, "pipeline_active")?,
-            drift_reference: Tree::open(db_ref, "drift_reference")?,
-            triggers: Tree::open(db_ref, "triggers")?,
-            trigger_state: Tree::open(db_ref, "trigger_state")?,
-            benchmarks: Tree::open(db_ref, "benchmarks")?,
-            assigned_history: Tree::open(db_ref, "assigned_history")?,
-            telemetry_epochs: Tree::open(db_ref, "telemetry_epochs")?,
-            agg_marks: Tree::open(db_ref, "agg_marks")?,
-            drift_windows: Tree::open(db_ref, "drift_windows")?,
-            drift_window_devices: Tree::open(db_ref, "drift_window_devices")?,
-            drift_runs: Tree::open(db_ref, "drift_runs")?,
-            drift_fold_points: Tree::open(db_ref, "drift_fold_points")?,
-            label_requests: Tree::open(db_ref, "label_requests")?,
-            label_index: Tree::open(db_ref, "label_index")?,
-            label_hours: Tree::open(db_ref, "label_hours")?,
-            accuracy_index: Tree::open(db_ref, "accuracy_index")?,
-            fleet_events: Tree::open(db_ref, "fleet_events")?,
-            fences: Tree::open(db_ref, "fences")?,
-            replica_settings: Tree::open(db_ref, "replica_settings")?,
-            leases: Tree::open(db_ref, "leases")?,
-            api_tokens: Tree::open(db_ref, "api_tokens")?,
-            audit: Tree::open(db_ref, "audit")?,
+            devices: Tree::open(db_ref, &reads, "devices")?,
+            clusters: Tree::open(db_ref, &reads, "clusters")?,
+            tokens: Tree::open(db_ref, &reads, "bootstrap_tokens")?,
+            models: Tree::open(db_ref, &reads, "models")?,
+            model_versions: Tree::open(db_ref, &reads, "model_versions")?,
+            model_aliases: Tree::open(db_ref, &reads, "model_aliases")?,
+            assignments: Tree::open(db_ref, &reads, "assignments")?,
+            assignment_status: Tree::open(db_ref, &reads, "assignment_status")?,
+            telemetry: Tree::open(db_ref, &reads, "telemetry")?,
+            sketches: Tree::open(db_ref, &reads, "sketches")?,
+            samples: Tree::open(db_ref, &reads, "samples")?,
+            sample_index: Tree::open(db_ref, &reads, "sample_index")?,
+            sample_counts: Tree::open(db_ref, &reads, "sample_counts")?,
+            checkpoints: Tree::open(db_ref, &reads, "checkpoints")?,
+            jobs: Tree::open(db_ref, &reads, "jobs")?,
+            deployments: Tree::open(db_ref, &reads, "deployments")?,
+            deployment_events: Tree::open(db_ref, &reads, "deployment_events")?,
+            retraining: Tree::open(db_ref, &reads, "retraining")?,
+            pipelines: Tree::open(db_ref, &reads, "pipelines")?,
+            pipeline_active: Tree::open(db_ref, &reads, "pipeline_active")?,
+            drift_reference: Tree::open(db_ref, &reads, "drift_reference")?,
+            triggers: Tree::open(db_ref, &reads, "triggers")?,
+            trigger_state: Tree::open(db_ref, &reads, "trigger_state")?,
+            benchmarks: Tree::open(db_ref, &reads, "benchmarks")?,
+            assigned_history: Tree::open(db_ref, &reads, "assigned_history")?,
+            telemetry_epochs: Tree::open(db_ref, &reads, "telemetry_epochs")?,
+            agg_marks: Tree::open(db_ref, &reads, "agg_marks")?,
+            drift_windows: Tree::open(db_ref, &reads, "drift_windows")?,
+            drift_window_devices: Tree::open(db_ref, &reads, "drift_window_devices")?,
+            drift_runs: Tree::open(db_ref, &reads, "drift_runs")?,
+            drift_fold_points: Tree::open(db_ref, &reads, "drift_fold_points")?,
+            label_requests: Tree::open(db_ref, &reads, "label_requests")?,
+            label_index: Tree::open(db_ref, &reads, "label_index")?,
+            label_hours: Tree::open(db_ref, &reads, "label_hours")?,
+            accuracy_index: Tree::open(db_ref, &reads, "accuracy_index")?,
+            fleet_events: Tree::open(db_ref, &reads, "fleet_events")?,
+            fences: Tree::open(db_ref, &reads, "fences")?,
+            replica_settings: Tree::open(db_ref, &reads, "replica_settings")?,
+            leases: Tree::open(db_ref, &reads, "leases")?,
+            api_tokens: Tree::open(db_ref, &reads, "api_tokens")?,
+            audit: Tree::open(db_ref, &reads, "audit")?,
             db,
+            reads,
         })
     }
 
@@ -293,6 +298,12 @@ impl Store {
 
     /// A number never handed out before by this store, increasing, also
     /// across restarts (sled persists its counter; PostgreSQL: a sequence).
+    /// What every tree has read from the backend so far (calls, records,
+    /// bytes): diff two snapshots to see what one piece of work read.
+    pub fn read_counts(&self) -> ReadCounts {
+        self.reads.snapshot()
+    }
+
     pub fn next_id(&self) -> Result<u64, StoreError> {
         self.db.next_id()
     }

@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::backend::{prefix_end, FenceCheck, FencedCas, KvBackend, KvTree, Range};
+use super::reads::ReadCounters;
 use super::StoreError;
 
 /// Records read per backend call by the scans that stop on a condition
@@ -38,10 +39,14 @@ fn key_string(k: &[u8]) -> String {
 }
 
 impl<V: Serialize + DeserializeOwned> Tree<V> {
-    pub(super) fn open(db: &dyn KvBackend, name: &str) -> Result<Self, StoreError> {
+    pub(super) fn open(
+        db: &dyn KvBackend,
+        reads: &ReadCounters,
+        name: &str,
+    ) -> Result<Self, StoreError> {
         Ok(Self {
             name: name.to_string(),
-            tree: db.open_tree(name)?,
+            tree: reads.wrap(name, db.open_tree(name)?),
             _value: PhantomData,
         })
     }
@@ -87,24 +92,30 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
     }
 
     /// Visits the records within the bounds in order (or reversed) until
-    /// `visit` says stop, reading [`CHUNK`] at a time: each call resumes
-    /// just past the last key seen, so nothing is held between calls.
+    /// `visit` says stop, reading [`CHUNK`] at a time (the first read at
+    /// most `wanted`, when the caller knows it wants fewer: a page of 50
+    /// reads 50, not 256): each call resumes just past the last key seen,
+    /// so nothing is held between calls.
     fn walk(
         &self,
         lower: Bound<Vec<u8>>,
         upper: Bound<Vec<u8>>,
         reverse: bool,
+        wanted: usize,
         mut visit: impl FnMut(String, V) -> bool,
     ) -> Result<(), StoreError> {
         let (mut lower, mut upper) = (lower, upper);
+        let mut limit = wanted.clamp(1, CHUNK);
         loop {
             let chunk = self.tree.range(Range {
                 lower: as_ref(&lower),
                 upper: as_ref(&upper),
                 reverse,
-                limit: CHUNK,
+                limit,
             })?;
-            let full = chunk.len() == CHUNK;
+            let full = chunk.len() == limit;
+            // A filter may drop records: read on at the full chunk size.
+            limit = CHUNK;
             let mut last = None;
             for (k, raw) in chunk {
                 let v = self.decode(&k, &raw)?;
@@ -297,6 +308,7 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
             Bound::Included(prefix.as_bytes().to_vec()),
             upper,
             true,
+            CHUNK,
             |_, v| {
                 if !keep(&v) {
                     return false;
@@ -329,7 +341,7 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         if n == 0 {
             return Ok(out);
         }
-        self.walk(lower, upper, false, |key, v| {
+        self.walk(lower, upper, false, n, |key, v| {
             if keep(&key, &v) {
                 out.push((key, v));
             }
@@ -380,7 +392,7 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
                 return Ok(out);
             }
         }
-        self.walk(Bound::Included(start), end, true, |key, v| {
+        self.walk(Bound::Included(start), end, true, n, |key, v| {
             if keep(&key, &v) {
                 out.push((key, v));
             }

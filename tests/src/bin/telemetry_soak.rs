@@ -3,8 +3,7 @@
 //! plane (`ControlPlane::start_with_clock`, the server the binary runs).
 //!
 //! Reports go through the same ingestion functions the gRPC
-//! `ReportTelemetry` handler calls (`fleet::telemetry::record_telemetry`,
-//! then `drift::retention::enforce`, then one flush per round), called
+//! `ReportTelemetry` handler calls (`edgeloop_tests::soak`), called
 //! directly: 1 000 devices over mTLS would measure the TLS stack on two
 //! cores, not the store. Each device sends `--reports-per-day` reports a
 //! day, each with one drift sketch, and now and then a labelled feedback
@@ -17,7 +16,9 @@
 //! (`lifecycle::triggers::runner::tick`) and the drift API
 //! (`GET /api/v1/models/rain/drift`, over HTTP) on day 1 against the last
 //! day, as a ratio (goal <= 1.5x); the same reads as the full scans they
-//! replaced, for scale; and the process's VmRSS at the end.
+//! replaced, for scale; what one tick read from the store per tree
+//! (calls, records, bytes, as `Store::read_counts` counts them); and the
+//! process's VmRSS at the end.
 //!
 //! `cargo run --release -p edgeloop-tests --bin telemetry-soak -- --devices 1000 --days 30`
 //! (a small run: `--devices 50 --days 3`).
@@ -28,16 +29,14 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use edgeloop_control_plane::drift::analysis;
-use edgeloop_control_plane::fleet::telemetry;
 use edgeloop_control_plane::lifecycle::triggers::runner;
 use edgeloop_control_plane::retention::{self, Retention};
-use edgeloop_control_plane::{Clock, Core};
-use edgeloop_models::manifest::ManifestKey;
-use edgeloop_proto::agent::v1 as pb;
-use edgeloop_tests::weather::{manifest, sketch};
+use edgeloop_control_plane::store::ReadCounts;
+use edgeloop_control_plane::{Clock, ServeSettings};
+use edgeloop_tests::soak::{self, at, register_rain, Fleet, BASE, DAY};
+use edgeloop_tests::weather::manifest;
 use edgeloop_tests::ControlPlane;
 use serde_json::json;
-use time::OffsetDateTime;
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -57,13 +56,6 @@ struct Args {
     /// Timed calls per measurement (after one untimed).
     #[arg(long, default_value_t = 5)]
     repeat: u32,
-}
-
-const BASE: i64 = 1_796_083_200; // 2026-12-01 00:00 UTC
-const DAY: i64 = 86_400;
-
-fn at(t: i64) -> OffsetDateTime {
-    OffsetDateTime::from_unix_timestamp(t).expect("a time")
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
@@ -86,83 +78,10 @@ fn vm_rss_mib() -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-/// One device's report at `t`: a sketch (hot in the second half of the
-/// run) and, every so many reports, a labelled row and a hard example.
-fn report(args: &Args, device: u32, seq: u64, t: i64, hot: bool) -> pb::TelemetryReport {
-    let (temp, classes) = if hot {
-        ([20, 80, 400], [100, 400])
-    } else {
-        ([150, 200, 150], [350, 150])
-    };
-    let mut samples = Vec::new();
-    let every = (args.reports_per_day / args.labels_per_day.max(1)).max(1) as u64;
-    if args.labels_per_day > 0 && (seq + u64::from(device)).is_multiple_of(every) {
-        let row = |kind: pb::SampleKind, label: Option<i64>| pb::Sample {
-            kind: kind as i32,
-            model_name: "rain".into(),
-            model_version: "1.0.0".into(),
-            request_id: format!("r{seq}"),
-            observed_at: edgeloop_tests::weather::at(t),
-            inputs: vec![pb::SampleTensor {
-                name: "temp".into(),
-                dtype: "float32".into(),
-                shape: vec![1, 16],
-                data: vec![7; 64],
-            }],
-            predicted_class: Some(1),
-            confidence: Some(0.4),
-            label,
-        };
-        samples.push(row(
-            pb::SampleKind::Feedback,
-            Some(i64::from(!seq.is_multiple_of(3))),
-        ));
-        samples.push(row(pb::SampleKind::HardExample, None));
-    }
-    pb::TelemetryReport {
-        sequence: seq,
-        sketches: vec![sketch(t, temp, classes)],
-        samples,
-        ..Default::default()
-    }
-}
-
-/// One round: every device reports at `t`, as the handler would, then one
-/// flush (the handler's flushes are group commits).
-async fn round(core: &Arc<Core>, args: &Arc<Args>, seq: u64, t: i64, hot: bool) {
-    let (core2, args) = (core.clone(), args.clone());
-    tokio::task::spawn_blocking(move || {
-        let admit = telemetry::Admission {
-            quota: core2.config.device_quota,
-            quotas: &core2.device_quotas,
-        };
-        for d in 0..args.devices {
-            let device = format!("dev-{d:05}");
-            let (_, models) = telemetry::record_telemetry(
-                &core2.store,
-                &admit,
-                &device,
-                report(&args, d, seq, t, hot),
-                at(t),
-            )
-            .expect("a report is stored");
-            for model in &models {
-                edgeloop_control_plane::drift::retention::enforce(
-                    &core2.store,
-                    model,
-                    core2.config.max_samples_per_model,
-                )
-                .expect("sample retention");
-            }
-        }
-    })
-    .await
-    .expect("a round");
-    core.store.flush().await.expect("flush");
-}
-
 struct Timings {
     tick: Duration,
+    /// What one tick read from the store, per tree.
+    tick_reads: ReadCounts,
     api: Duration,
     /// Windows in the drift API's answer.
     windows: usize,
@@ -197,6 +116,11 @@ async fn measure(cp: &ControlPlane, repeat: u32, now: i64) -> Timings {
         }
     })
     .await;
+    // One more tick, counted: a steady tick's reads (the first tick of a
+    // process builds the aggregates).
+    let before = core.store.read_counts();
+    runner::tick(&core, at(now)).await.expect("tick");
+    let tick_reads = core.store.read_counts().since(&before);
     let api = cp.api();
     let (_, body) = api.get("/api/v1/models/rain/drift").await;
     let windows = body["series"][0]["windows"]
@@ -268,6 +192,7 @@ async fn measure(cp: &ControlPlane, repeat: u32, now: i64) -> Timings {
     .await;
     Timings {
         tick,
+        tick_reads,
         api: api_whole,
         windows,
         api_day,
@@ -285,40 +210,30 @@ async fn main() -> anyhow::Result<()> {
     let args = Arc::new(Args::parse());
     let dir = tempfile::tempdir()?;
     let cp = ControlPlane::start_with_clock(
-        edgeloop_tests::settings(&dir.path().join("cp")),
+        ServeSettings {
+            // The server's own trigger loop would tick beside the timed
+            // ticks (every second by default): once a minute it stays out
+            // of their way.
+            rollout_tick_ms: Some(60_000),
+            ..edgeloop_tests::settings(&dir.path().join("cp"))
+        },
         Clock::manual(at(BASE)),
     )
     .await;
-    let api = cp.api();
-    let (status, body) = api.post("/api/v1/models", json!({"name": "rain"})).await;
-    anyhow::ensure!(status == 201, "{body}");
-    let model = b"rain".to_vec();
-    let signed = ManifestKey::generate()
-        .sign(manifest(&model))?
-        .to_json_pretty()?;
-    let artifact = cp.upload(&model).await;
-    let manifest_digest = cp.upload(signed.as_bytes()).await;
-    let (status, body) = api
-        .post(
-            "/api/v1/models/rain/versions",
-            json!({"version": "1.0.0", "artifact_digest": artifact.to_string(),
-                   "manifest_digest": manifest_digest.to_string()}),
-        )
-        .await;
-    anyhow::ensure!(status == 201, "{body}");
-    let (status, body) = api
-        .put(
-            "/api/v1/models/rain/triggers",
-            json!({"triggers": [
-                {"id": "drift", "kind": "drift", "min_severity": 1000.0},
-                {"id": "labels", "kind": "new_labels", "min": 100000000u64}
-            ]}),
-        )
-        .await;
-    anyhow::ensure!(status == 200, "{body}");
-    for d in 0..args.devices {
-        cp.assigned(&format!("dev-{d:05}"), "rain", "1.0.0");
-    }
+    let fleet = Fleet {
+        devices: args.devices,
+        reports_per_day: args.reports_per_day,
+        labels_per_day: args.labels_per_day,
+    };
+    register_rain(
+        &cp,
+        fleet,
+        json!({"triggers": [
+            {"id": "drift", "kind": "drift", "min_severity": 1000.0},
+            {"id": "labels", "kind": "new_labels", "min": 100000000u64}
+        ]}),
+    )
+    .await?;
     let r = Retention {
         telemetry: time::Duration::days(args.retention_days),
         sketches: time::Duration::days(args.retention_days),
@@ -330,19 +245,13 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("day  reports  store_MiB  ingest_s  prune_s");
     let started = Instant::now();
-    let step = DAY / i64::from(args.reports_per_day.max(1));
     let mut seq = 0u64;
     let mut first: Option<Timings> = None;
     let mut last_now = BASE;
     for day in 0..i64::from(args.days) {
         let t0 = Instant::now();
-        for r in 0..i64::from(args.reports_per_day) {
-            seq += 1;
-            let t = BASE + day * DAY + r * step;
-            cp.core.clock.set(at(t));
-            let hot = day >= i64::from(args.days) / 2;
-            round(&cp.core, &args, seq, t, hot).await;
-        }
+        let hot = day >= i64::from(args.days) / 2;
+        soak::day(&cp, fleet, day, &mut seq, hot).await;
         let ingest = t0.elapsed();
         let now = BASE + (day + 1) * DAY - 1;
         last_now = now;
@@ -386,6 +295,41 @@ async fn main() -> anyhow::Result<()> {
             b.as_secs_f64() / a.as_secs_f64().max(1e-9)
         );
     }
+    // The tick's work, as the store counts it: the same on day 1 and on
+    // the last day when it reads only what its design says (the fold's
+    // new windows, one label total, the newest labels, its state).
+    println!(
+        "\nwhat one trigger tick read (calls / records / bytes), day 1 -> day {}:",
+        args.days
+    );
+    let trees: std::collections::BTreeSet<&String> = first
+        .tick_reads
+        .0
+        .keys()
+        .chain(last.tick_reads.0.keys())
+        .collect();
+    for tree in trees {
+        let (a, b) = (
+            first.tick_reads.0.get(tree).copied().unwrap_or_default(),
+            last.tick_reads.0.get(tree).copied().unwrap_or_default(),
+        );
+        println!(
+            "  {tree:<22} {:>4} / {:>5} / {:>8}  ->  {:>4} / {:>5} / {:>8}",
+            a.calls, a.records, a.bytes, b.calls, b.records, b.bytes
+        );
+    }
+    let (a, b) = (first.tick_reads.total(), last.tick_reads.total());
+    println!(
+        "  {:<22} {:>4} / {:>5} / {:>8}  ->  {:>4} / {:>5} / {:>8}  (records {:.2}x)",
+        "total",
+        a.calls,
+        a.records,
+        a.bytes,
+        b.calls,
+        b.records,
+        b.bytes,
+        b.records as f64 / (a.records as f64).max(1.0)
+    );
     println!(
         "windows in the last day's answer: {} on day 1, {} on day {}",
         first.day_windows, last.day_windows, args.days

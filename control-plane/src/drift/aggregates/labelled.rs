@@ -305,14 +305,13 @@ pub fn online_accuracy(
     min: usize,
 ) -> Result<Option<f64>> {
     ensure(store, model)?;
-    let mut taken = 0;
-    let recent =
-        store
-            .accuracy_index
-            .scan_prefix_rev_while(&format!("{model}/{version}/"), |_| {
-                taken += 1;
-                taken <= window
-            })?;
+    // A page of exactly the window, newest first: no read past it.
+    let recent: Vec<bool> = store
+        .accuracy_index
+        .page_before(&format!("{model}/{version}/"), None, window, |_, _| true)?
+        .into_iter()
+        .map(|(_, correct)| correct)
+        .collect();
     if recent.len() < min.max(1) {
         return Ok(None);
     }
