@@ -243,25 +243,10 @@ impl CpProcess {
         Api::new(&self.http_base, Some(&self.admin_token))
     }
 
-    /// Gives the replica about to start on `to` what replicas share and a
-    /// data dir holds: the CA (`pki/`), the pipeline signing key (`keys/`)
-    /// and the admin token. An operator mounts the same secret in each.
+    /// Gives the replica about to start on `to` what replicas share
+    /// ([`crate::share_secrets`]).
     pub fn share_secrets_with(&self, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for name in ["pki", "keys"] {
-            let from = self.data_dir.join(name);
-            if from.is_dir() {
-                let dest = to.join(name);
-                std::fs::create_dir_all(&dest).unwrap();
-                for f in std::fs::read_dir(&from).unwrap() {
-                    let f = f.unwrap();
-                    if f.file_type().unwrap().is_file() {
-                        std::fs::copy(f.path(), dest.join(f.file_name())).unwrap();
-                    }
-                }
-            }
-        }
-        std::fs::copy(self.data_dir.join("admin.token"), to.join("admin.token")).unwrap();
+        crate::share_secrets(&self.data_dir, to);
     }
 
     /// A bootstrap token, retried through faults and restarts.

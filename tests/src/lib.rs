@@ -349,6 +349,28 @@ impl ControlPlane {
     }
 }
 
+/// Gives the replica about to start on data dir `to` what replicas share
+/// and a data dir holds (copied from `from`): the CA (`pki/`), the
+/// pipeline signing key (`keys/`) and the admin token. An operator mounts
+/// the same secret in each.
+pub fn share_secrets(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for name in ["pki", "keys"] {
+        let src = from.join(name);
+        if src.is_dir() {
+            let dest = to.join(name);
+            std::fs::create_dir_all(&dest).unwrap();
+            for f in std::fs::read_dir(&src).unwrap() {
+                let f = f.unwrap();
+                if f.file_type().unwrap().is_file() {
+                    std::fs::copy(f.path(), dest.join(f.file_name())).unwrap();
+                }
+            }
+        }
+    }
+    std::fs::copy(from.join("admin.token"), to.join("admin.token")).unwrap();
+}
+
 /// A minimal console API client.
 #[derive(Clone)]
 /// The console API for tests: the shared typed client
