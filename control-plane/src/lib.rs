@@ -51,6 +51,8 @@ pub struct Core {
     admin_token_hash: Digest,
     /// Refusals, for `/metrics`.
     pub security: auth::SecurityCounters,
+    /// How long device and bridge heartbeats took to answer, for `/metrics`.
+    pub heartbeat_latency: api::latency::Latency,
     /// What each device has left of its per-model telemetry quota.
     pub device_quotas: fleet::admission::Quotas,
     /// Cancelled at shutdown so long-lived streams end and the servers can drain.
@@ -186,6 +188,7 @@ impl Server {
                 events,
                 admin_token_hash,
                 security: Default::default(),
+                heartbeat_latency: Default::default(),
                 device_quotas: Default::default(),
                 clock,
                 shutdown: CancellationToken::new(),

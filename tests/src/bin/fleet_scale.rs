@@ -13,6 +13,17 @@
 //! RSS < 1 GiB) and against the same numbers measured with one agent in
 //! the same run (the baseline).
 //!
+//! Options separate the two sides and try the scale-out store:
+//! `--cp-cpus 0` pins the control plane (through `taskset`) to the CPUs
+//! given, so the agents' work can be pinned elsewhere (start the
+//! benchmark itself under `taskset -c 1`); `--postgres`/`--artifact-url`
+//! run it on PostgreSQL and S3, and `--replicas 2` starts a second
+//! control plane on the same store, with the agents split between them.
+//! Beside each client-side heartbeat figure it prints the control plane's
+//! own time to answer (`edgeloop_heartbeat_handling_seconds` in
+//! `/metrics`, as a bucket bound), so a slow figure says which side is
+//! slow.
+//!
 //! `cargo run --release -p edgeloop-tests --bin fleet-scale -- [agents]`
 //! (default 10 000; needs `ulimit -n` above twice that).
 
@@ -35,9 +46,34 @@ const MODEL: &str = "bench";
 const ARTIFACT_BYTES: usize = 1 << 20;
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 
+#[derive(clap::Parser, Debug, Clone)]
+struct Args {
+    /// Simulated agents in the measured run.
+    #[arg(default_value_t = 10_000)]
+    agents: usize,
+    /// CPUs for each control plane (`taskset -c`), e.g. `0`.
+    #[arg(long)]
+    cp_cpus: Option<String>,
+    /// A PostgreSQL server (an admin URL, e.g. `$EDGELOOP_TEST_POSTGRES_URL`):
+    /// each run gets a new database on it, as the control planes'
+    /// `--store-url`. Sled in each data dir when absent.
+    #[arg(long)]
+    postgres: Option<String>,
+    /// An S3 location (`s3://bucket/prefix`, with the AWS_* environment):
+    /// each run gets its own prefix under it, as the control planes'
+    /// `--artifact-url`. Each data dir when absent.
+    #[arg(long)]
+    artifact_url: Option<String>,
+    /// Control-plane replicas (more than one needs `--postgres` and
+    /// `--artifact-url`).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+}
+
 struct ControlPlaneProcess {
     child: std::process::Child,
     grpc_url: String,
+    http_base: String,
     api: Api,
 }
 
@@ -54,25 +90,59 @@ fn rss_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-async fn start_control_plane(dir: &Path) -> anyhow::Result<ControlPlaneProcess> {
+/// Stops the control plane however the benchmark ends (a failed run
+/// included), so none is left behind.
+impl Drop for ControlPlaneProcess {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+/// Where a run's control planes keep their records and artifacts.
+struct Stores {
+    store_url: Option<String>,
+    artifact_url: Option<String>,
+}
+
+async fn start_control_plane(
+    dir: &Path,
+    args: &Args,
+    stores: &Stores,
+) -> anyhow::Result<ControlPlaneProcess> {
     let exe = std::env::current_exe()?
         .parent()
         .context("exe dir")?
         .join("control-plane");
     let (grpc, http) = (free_port(), free_port());
-    let child = std::process::Command::new(&exe)
-        .args(["serve", "--data-dir"])
-        .arg(dir)
-        .args([
-            "--grpc-listen",
-            &format!("127.0.0.1:{grpc}"),
-            "--http-listen",
-            &format!("127.0.0.1:{http}"),
-            "--heartbeat-interval-secs",
-            "5",
-            "--rollout-tick-ms",
-            "500",
-        ])
+    let mut cmd = match &args.cp_cpus {
+        Some(cpus) => {
+            let mut c = std::process::Command::new("taskset");
+            c.args(["-c", cpus]).arg(&exe);
+            c
+        }
+        None => std::process::Command::new(&exe),
+    };
+    cmd.args(["serve", "--data-dir"]).arg(dir).args([
+        "--grpc-listen",
+        &format!("127.0.0.1:{grpc}"),
+        "--http-listen",
+        &format!("127.0.0.1:{http}"),
+        "--heartbeat-interval-secs",
+        "5",
+        "--rollout-tick-ms",
+        "500",
+    ]);
+    if let Some(url) = &stores.store_url {
+        cmd.args(["--store-url", url]);
+    }
+    if let Some(url) = &stores.artifact_url {
+        cmd.args(["--artifact-url", url]);
+    }
+    let child = cmd
         .env("EDGELOOP_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -80,12 +150,17 @@ async fn start_control_plane(dir: &Path) -> anyhow::Result<ControlPlaneProcess> 
     let token_path = dir.join("admin.token");
     let base = format!("http://127.0.0.1:{http}");
     for _ in 0..600 {
-        if let Ok(t) = std::fs::read_to_string(&token_path) {
+        // A replica's token file is there before it listens (copied).
+        let up = reqwest::get(format!("{base}/healthz"))
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if let (true, Ok(t)) = (up, std::fs::read_to_string(&token_path)) {
             let api = Api::new(&base, Some(t.trim()));
-            if api.get("/healthz").await.0 == 200 {
+            {
                 return Ok(ControlPlaneProcess {
                     child,
                     grpc_url: format!("https://localhost:{grpc}"),
+                    http_base: base,
                     api,
                 });
             }
@@ -93,6 +168,57 @@ async fn start_control_plane(dir: &Path) -> anyhow::Result<ControlPlaneProcess> 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     anyhow::bail!("control plane did not come up")
+}
+
+/// The heartbeat handling histogram's cumulative bucket counts, by bound
+/// (`f64::INFINITY` for `+Inf`), summed over the replicas.
+async fn handling_buckets(cps: &[ControlPlaneProcess]) -> anyhow::Result<Vec<(f64, u64)>> {
+    let mut sum: Vec<(f64, u64)> = Vec::new();
+    for cp in cps {
+        let text = reqwest::get(format!("{}/metrics", cp.http_base))
+            .await?
+            .text()
+            .await?;
+        let buckets: Vec<(f64, u64)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("edgeloop_heartbeat_handling_seconds_bucket{le=\""))
+            .filter_map(|l| {
+                let (le, rest) = l.split_once("\"} ")?;
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((le, rest.trim().parse().ok()?))
+            })
+            .collect();
+        anyhow::ensure!(!buckets.is_empty(), "no heartbeat histogram in /metrics");
+        if sum.is_empty() {
+            sum = buckets;
+        } else {
+            for (acc, (_, n)) in sum.iter_mut().zip(buckets) {
+                acc.1 += n;
+            }
+        }
+    }
+    Ok(sum)
+}
+
+/// The bucket bound under which `p` of the heartbeats between the two
+/// readings were answered.
+fn handling_quantile(before: &[(f64, u64)], after: &[(f64, u64)], p: f64) -> Duration {
+    let diff: Vec<(f64, u64)> = after
+        .iter()
+        .zip(before)
+        .map(|((le, a), (_, b))| (*le, a.saturating_sub(*b)))
+        .collect();
+    let total = diff.last().map_or(0, |(_, n)| *n);
+    let want = (total as f64 * p).ceil() as u64;
+    let le = diff
+        .iter()
+        .find(|(_, n)| *n >= want.max(1))
+        .map_or(f64::INFINITY, |(le, _)| *le);
+    Duration::from_secs_f64(le.min(3600.0))
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -226,11 +352,40 @@ struct Run {
     store_bytes_per_device: f64,
     rest_rss_mib: f64,
     rss_mib: f64,
+    /// The control plane's own time to answer a heartbeat during the
+    /// rollout (bucket bounds).
+    handled_p50: Duration,
+    handled_p99: Duration,
 }
 
-async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
-    let mut cp = start_control_plane(&dir.join("cp")).await?;
-    let api = &cp.api;
+async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
+    // A database of its own, dropped with the run.
+    let db = match &args.postgres {
+        Some(admin) => Some(tokio::task::block_in_place(|| {
+            edgeloop_control_plane::store::TestDatabase::create(
+                &edgeloop_control_plane::store::PostgresUrl::parse(admin)?,
+            )
+            .context("a database for the run")
+        })?),
+        None => None,
+    };
+    let stores = Stores {
+        store_url: db.as_ref().map(|d| d.url().expose().to_string()),
+        artifact_url: args.artifact_url.as_ref().map(|u| {
+            format!(
+                "{}/fleet-scale-{agents}-{}",
+                u.trim_end_matches('/'),
+                std::process::id()
+            )
+        }),
+    };
+    let mut cps = vec![start_control_plane(&dir.join("cp-0"), args, &stores).await?];
+    for r in 1..args.replicas {
+        let to = dir.join(format!("cp-{r}"));
+        edgeloop_tests::share_secrets(&dir.join("cp-0"), &to);
+        cps.push(start_control_plane(&to, args, &stores).await?);
+    }
+    let api = &cps[0].api.clone();
     let (s, b) = api.post("/api/v1/models", json!({"name": MODEL})).await;
     anyhow::ensure!(s == 201, "{b}");
     let artifact: Vec<u8> = (0..ARTIFACT_BYTES).map(|i| (i * 31 % 251) as u8).collect();
@@ -266,7 +421,8 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
             .await;
         anyhow::ensure!(s == 201, "{b}");
         set.spawn(agent(
-            cp.grpc_url.clone(),
+            // Split between the replicas.
+            cps[i % cps.len()].grpc_url.clone(),
             b["token"].as_str().context("token")?.to_string(),
             dir.join(&name),
             deployed_at.clone(),
@@ -297,8 +453,12 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
     samples.lock().await.heartbeats.clear();
     tokio::time::sleep(HEARTBEAT_EVERY * 2).await;
     let mut steady = std::mem::take(&mut samples.lock().await.heartbeats);
-    let rest_rss_mib = rss_kib(cp.child.id(), "VmRSS:") as f64 / 1024.0;
+    let rest_rss_mib = cps
+        .iter()
+        .map(|cp| rss_kib(cp.child.id(), "VmRSS:") as f64 / 1024.0)
+        .fold(0.0, f64::max);
     steady.sort();
+    let handled_before = handling_buckets(&cps).await?;
     *deployed_at.lock().await = Some(Instant::now());
     let t0 = Instant::now();
     let (s, b) = api
@@ -336,20 +496,24 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
     };
     // More heartbeats during and after the rollout.
     tokio::time::sleep(HEARTBEAT_EVERY).await;
-    let rss_mib = rss_kib(cp.child.id(), "VmHWM:") as f64 / 1024.0;
-    let store_read = api
-        .metric("edgeloop_artifact_store_read_bytes_total")
-        .await
-        .context("edgeloop_artifact_store_read_bytes_total in /metrics")?;
+    let handled_after = handling_buckets(&cps).await?;
+    let rss_mib = cps
+        .iter()
+        .map(|cp| rss_kib(cp.child.id(), "VmHWM:") as f64 / 1024.0)
+        .fold(0.0, f64::max);
+    let mut store_read = 0;
+    for cp in &cps {
+        store_read += cp
+            .api
+            .metric("edgeloop_artifact_store_read_bytes_total")
+            .await
+            .context("edgeloop_artifact_store_read_bytes_total in /metrics")?;
+    }
     done.cancel();
     while let Some(r) = set.join_next().await {
         r??;
     }
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(cp.child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let _ = cp.child.wait();
+    drop(cps);
     let mut s = std::mem::take(&mut *samples.lock().await);
     s.heartbeats.sort();
     s.delivered.sort();
@@ -366,6 +530,8 @@ async fn run(agents: usize, dir: &Path) -> anyhow::Result<Run> {
         store_bytes_per_device: store_read as f64 / agents as f64,
         rest_rss_mib,
         rss_mib,
+        handled_p50: handling_quantile(&handled_before, &handled_after, 0.5),
+        handled_p99: handling_quantile(&handled_before, &handled_after, 0.99),
     })
 }
 
@@ -376,15 +542,30 @@ fn ms(d: Duration) -> f64 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     edgeloop_client_core::install_crypto_provider();
-    let agents: usize = std::env::args()
-        .nth(1)
-        .map(|a| a.parse())
-        .transpose()
-        .context("usage: fleet-scale [agents]")?
-        .unwrap_or(10_000);
+    let args = <Args as clap::Parser>::parse();
+    anyhow::ensure!(
+        args.replicas >= 1
+            && (args.replicas == 1 || (args.postgres.is_some() && args.artifact_url.is_some())),
+        "--replicas above 1 needs --postgres and --artifact-url (a shared store and artifacts)"
+    );
+    println!(
+        "fleet scale: store {}, artifacts {}, {} replica(s), control plane on CPUs {}",
+        if args.postgres.is_some() {
+            "PostgreSQL"
+        } else {
+            "sled"
+        },
+        if args.artifact_url.is_some() {
+            "S3"
+        } else {
+            "local"
+        },
+        args.replicas,
+        args.cp_cpus.as_deref().unwrap_or("any"),
+    );
     let dir = tempfile::tempdir()?;
-    let base = run(1, &dir.path().join("baseline")).await?;
-    let fleet = run(agents, &dir.path().join("fleet")).await?;
+    let base = run(1, &dir.path().join("baseline"), &args).await?;
+    let fleet = run(args.agents, &dir.path().join("fleet"), &args).await?;
     println!(
         "| measure | 1 agent (baseline) | {} agents | ratio | goal |",
         fleet.agents
@@ -419,6 +600,18 @@ async fn main() -> anyhow::Result<()> {
         ms(base.heartbeat_p99),
         ms(fleet.heartbeat_p99),
         &format!("< 50 ms ({:.2}× of goal)", ms(fleet.heartbeat_p99) / 50.0),
+    );
+    row(
+        "heartbeat handled p50, during the rollout (ms, the control plane's own time, bucket bound)",
+        ms(base.handled_p50),
+        ms(fleet.handled_p50),
+        "",
+    );
+    row(
+        "heartbeat handled p99, during the rollout (ms, the control plane's own time, bucket bound)",
+        ms(base.handled_p99),
+        ms(fleet.handled_p99),
+        "",
     );
     row(
         "assignment delivered p50 (ms)",

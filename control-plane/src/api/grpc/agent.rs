@@ -73,6 +73,18 @@ pub(super) fn heartbeat<T>(
     req: Request<T>,
     caps: impl FnOnce(T) -> Option<edgeloop_proto::common::v1::Capabilities>,
 ) -> Result<HeartbeatResponse, Status> {
+    let started = std::time::Instant::now();
+    let answer = answer_heartbeat(core, kind, req, caps);
+    core.heartbeat_latency.observe(started.elapsed());
+    answer
+}
+
+fn answer_heartbeat<T>(
+    core: &Core,
+    kind: MemberKind,
+    req: Request<T>,
+    caps: impl FnOnce(T) -> Option<edgeloop_proto::common::v1::Capabilities>,
+) -> Result<HeartbeatResponse, Status> {
     let (member, presented) = caller_with_cert(core, &req, kind)?;
     let capabilities = caps(req.into_inner()).map(CapabilitiesRecord::from);
     let now = core.now();

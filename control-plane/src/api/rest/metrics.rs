@@ -1,4 +1,5 @@
-//! `GET /metrics`: Prometheus text. Counters only, no identities, so it is
+//! `GET /metrics`: Prometheus text. Counters, gauges and one latency
+//! histogram; no identities, so it is
 //! served without a token, like `/healthz`.
 
 use std::fmt::Write as _;
@@ -95,6 +96,11 @@ pub async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
          # TYPE edgeloop_artifact_cache_bytes gauge\n\
          edgeloop_artifact_cache_bytes {}",
         core.artifact_cache.held_bytes()
+    );
+    core.heartbeat_latency.write(
+        &mut out,
+        "edgeloop_heartbeat_handling_seconds",
+        "How long the control plane took to answer a device or bridge heartbeat, from the handler's start to its reply.",
     );
     ([(CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }
