@@ -64,6 +64,10 @@ struct Args {
     /// `--artifact-url`. Each data dir when absent.
     #[arg(long)]
     artifact_url: Option<String>,
+    /// More flags for each control plane, e.g.
+    /// `--cp-arg=--max-concurrent-downloads=8`.
+    #[arg(long = "cp-arg", allow_hyphen_values = true)]
+    cp_args: Vec<String>,
     /// Control-plane replicas (more than one needs `--postgres` and
     /// `--artifact-url`).
     #[arg(long, default_value_t = 1)]
@@ -139,6 +143,7 @@ async fn start_control_plane(
     if let Some(url) = &stores.store_url {
         cmd.args(["--store-url", url]);
     }
+    cmd.args(&args.cp_args);
     if let Some(url) = &stores.artifact_url {
         cmd.args(["--artifact-url", url]);
     }
@@ -339,6 +344,89 @@ async fn agent(
     Ok(())
 }
 
+/// Probe devices: enrolled like the others but outside the deployment's
+/// selector, heartbeating every second from a runtime on a thread of
+/// their own. A simulated agent's round trip also waits behind the other
+/// simulated agents' decryption in this process (a real device has its
+/// CPU to itself); a probe's waits for little but the control plane, so
+/// it is the fleet's heartbeat as a device would see it. Each sample is
+/// (when it was sent, since `epoch`; its round trip).
+fn start_probes(
+    count: usize,
+    urls: Vec<String>,
+    tokens: Vec<String>,
+    dir: PathBuf,
+    epoch: Instant,
+    done: tokio_util::sync::CancellationToken,
+) -> std::thread::JoinHandle<anyhow::Result<Vec<(Duration, Duration)>>> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let mut set = JoinSet::new();
+            for i in 0..count {
+                let (url, token) = (urls[i % urls.len()].clone(), tokens[i].clone());
+                let dir = dir.join(format!("probe-{i}"));
+                let done = done.clone();
+                set.spawn(async move {
+                    let token: BootstrapToken = token.parse()?;
+                    let identity = enroll(
+                        Role::Device,
+                        &url,
+                        &token,
+                        &IdentityStore::new(&dir),
+                        Default::default(),
+                    )
+                    .await
+                    .map_err(|e| anyhow::anyhow!("probe enroll: {e:?}"))?;
+                    let mut client =
+                        AgentServiceClient::new(mtls_endpoint(&url, &identity)?.connect().await?);
+                    let mut out = Vec::new();
+                    tokio::time::sleep(Duration::from_millis(37 * i as u64 % 1000)).await;
+                    while !done.is_cancelled() {
+                        let sent = Instant::now();
+                        if client
+                            .heartbeat(common::HeartbeatRequest::default())
+                            .await
+                            .is_ok()
+                        {
+                            out.push((sent - epoch, sent.elapsed()));
+                        }
+                        tokio::select! {
+                            _ = done.cancelled() => {}
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                    anyhow::Ok(out)
+                });
+            }
+            let mut all = Vec::new();
+            while let Some(r) = set.join_next().await {
+                all.extend(r??);
+            }
+            Ok(all)
+        })
+    })
+}
+
+/// The round trips of the probe samples sent within `from..until`, sorted.
+fn probe_window(
+    samples: &[(Duration, Duration)],
+    from: Duration,
+    until: Duration,
+) -> Vec<Duration> {
+    let mut v: Vec<Duration> = samples
+        .iter()
+        .filter(|(at, _)| *at >= from && *at < until)
+        .map(|(_, rt)| *rt)
+        .collect();
+    v.sort();
+    v
+}
+
+const PROBES: usize = 20;
+
 struct Run {
     agents: usize,
     steady_p50: Duration,
@@ -356,6 +444,10 @@ struct Run {
     /// rollout (bucket bounds).
     handled_p50: Duration,
     handled_p99: Duration,
+    /// The probe devices' round trips, at rest and during the rollout.
+    probe_steady_p99: Duration,
+    probe_p50: Duration,
+    probe_p99: Duration,
 }
 
 async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
@@ -434,6 +526,27 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+    let epoch = Instant::now();
+    let probes_done = tokio_util::sync::CancellationToken::new();
+    let mut probe_tokens = Vec::new();
+    for i in 0..PROBES {
+        let (s, b) = api
+            .post(
+                "/api/v1/tokens",
+                json!({"kind": "device", "name": format!("probe-{i:02}"), "labels": {"fleet": "probe"}}),
+            )
+            .await;
+        anyhow::ensure!(s == 201, "{b}");
+        probe_tokens.push(b["token"].as_str().context("token")?.to_string());
+    }
+    let probes = start_probes(
+        PROBES,
+        cps.iter().map(|cp| cp.grpc_url.clone()).collect(),
+        probe_tokens,
+        dir.to_path_buf(),
+        epoch,
+        probes_done.clone(),
+    );
     loop {
         let (_, body) = api.get("/api/v1/devices?selector=fleet%3Dbench").await;
         let online = body
@@ -451,7 +564,9 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
     eprintln!("{agents} agents online after {:?}", started.elapsed());
     // Heartbeats of the whole fleet at rest, then during the rollout.
     samples.lock().await.heartbeats.clear();
+    let steady_from = epoch.elapsed();
     tokio::time::sleep(HEARTBEAT_EVERY * 2).await;
+    let steady_until = epoch.elapsed();
     let mut steady = std::mem::take(&mut samples.lock().await.heartbeats);
     let rest_rss_mib = cps
         .iter()
@@ -461,6 +576,7 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
     let handled_before = handling_buckets(&cps).await?;
     *deployed_at.lock().await = Some(Instant::now());
     let t0 = Instant::now();
+    let rollout_from = epoch.elapsed();
     let (s, b) = api
         .post(
             "/api/v1/deployments",
@@ -496,6 +612,13 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
     };
     // More heartbeats during and after the rollout.
     tokio::time::sleep(HEARTBEAT_EVERY).await;
+    let rollout_until = epoch.elapsed();
+    probes_done.cancel();
+    let probe_samples = tokio::task::spawn_blocking(move || probes.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the probe thread panicked"))??;
+    let probe_steady = probe_window(&probe_samples, steady_from, steady_until);
+    let probe_rollout = probe_window(&probe_samples, rollout_from, rollout_until);
     let handled_after = handling_buckets(&cps).await?;
     let rss_mib = cps
         .iter()
@@ -532,6 +655,9 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
         rss_mib,
         handled_p50: handling_quantile(&handled_before, &handled_after, 0.5),
         handled_p99: handling_quantile(&handled_before, &handled_after, 0.99),
+        probe_steady_p99: percentile(&probe_steady, 0.99),
+        probe_p50: percentile(&probe_rollout, 0.5),
+        probe_p99: percentile(&probe_rollout, 0.99),
     })
 }
 
@@ -549,7 +675,7 @@ async fn main() -> anyhow::Result<()> {
         "--replicas above 1 needs --postgres and --artifact-url (a shared store and artifacts)"
     );
     println!(
-        "fleet scale: store {}, artifacts {}, {} replica(s), control plane on CPUs {}",
+        "fleet scale: store {}, artifacts {}, {} replica(s), control plane on CPUs {}, flags {:?}",
         if args.postgres.is_some() {
             "PostgreSQL"
         } else {
@@ -562,6 +688,7 @@ async fn main() -> anyhow::Result<()> {
         },
         args.replicas,
         args.cp_cpus.as_deref().unwrap_or("any"),
+        args.cp_args,
     );
     let dir = tempfile::tempdir()?;
     let base = run(1, &dir.path().join("baseline"), &args).await?;
@@ -600,6 +727,27 @@ async fn main() -> anyhow::Result<()> {
         ms(base.heartbeat_p99),
         ms(fleet.heartbeat_p99),
         &format!("< 50 ms ({:.2}× of goal)", ms(fleet.heartbeat_p99) / 50.0),
+    );
+    row(
+        "probe heartbeat p99, at rest (ms)",
+        ms(base.probe_steady_p99),
+        ms(fleet.probe_steady_p99),
+        &format!(
+            "< 50 ms ({:.2}× of goal)",
+            ms(fleet.probe_steady_p99) / 50.0
+        ),
+    );
+    row(
+        "probe heartbeat p50, during the rollout (ms)",
+        ms(base.probe_p50),
+        ms(fleet.probe_p50),
+        "",
+    );
+    row(
+        "probe heartbeat p99, during the rollout (ms)",
+        ms(base.probe_p99),
+        ms(fleet.probe_p99),
+        &format!("< 50 ms ({:.2}× of goal)", ms(fleet.probe_p99) / 50.0),
     );
     row(
         "heartbeat handled p50, during the rollout (ms, the control plane's own time, bucket bound)",
