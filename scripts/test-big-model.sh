@@ -9,6 +9,15 @@
 # free in $TMPDIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Say so plainly when the disk is too full, rather than fail half-way
+# through writing the weights (a CI run once did, ENOSPC at 2 GB).
+tmp="${TMPDIR:-/tmp}"
+free_kib="$(df -Pk "$tmp" | awk 'NR == 2 { print $4 }')"
+if [ "${free_kib:-0}" -lt $((5 * 1024 * 1024)) ]; then
+  echo "test-big-model: needs about 5 GB free in $tmp, has $((free_kib / 1024)) MiB" >&2
+  df -h "$tmp" "$(pwd)" >&2
+  exit 1
+fi
 cargo test -p edgeloop-edge-agent --test serve -- --ignored --exact --nocapture \
   big_model::a_model_over_2_gib_is_gated_signed_and_served_from_files
 # Then the same model through the CLI, the registry and a real agent

@@ -107,6 +107,10 @@ cargo test --workspace 2>&1 | tee "$log"
 echo "==> telemetry soak, small (about 10 s; the 30-day run: docs/reliability.md)"
 cargo run --quiet -p edgeloop-tests --bin telemetry-soak -- --devices 50 --days 3 2>&1 | tee -a "$log"
 
+echo "==> fleet scale, small (20 agents on two replicas over PostgreSQL and S3; the 10 000-agent runs: docs/fleet-scale.md)"
+cargo run --quiet -p edgeloop-tests --bin fleet-scale -- 20 --postgres "$EDGELOOP_TEST_POSTGRES_URL" \
+  --artifact-url "$EDGELOOP_TEST_S3_URL" --replicas 2 2>&1 | tee -a "$log"
+
 echo "==> a model over 2 GiB with external data (alone: 2.2 GB on disk, 11 GiB of memory, about 2 minutes)"
 scripts/test-big-model.sh 2>&1 | tee -a "$log"
 
