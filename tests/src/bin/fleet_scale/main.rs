@@ -27,17 +27,21 @@
 //! `cargo run --release -p edgeloop-tests --bin fleet-scale -- [agents]`
 //! (default 10 000; needs `ulimit -n` above twice that).
 
+mod control_plane;
+mod probes;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use control_plane::{handling_buckets, handling_quantile, rss_kib, start_control_plane, Stores};
 use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::{enroll, BootstrapToken, IdentityStore, Role};
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::common::v1 as common;
-use edgeloop_tests::{free_port, Api};
+use probes::{probe_window, start_probes, PROBES};
 use serde_json::json;
 use tokio::sync::Mutex;
 use tokio::task::JoinSet;
@@ -72,158 +76,6 @@ struct Args {
     /// `--artifact-url`).
     #[arg(long, default_value_t = 1)]
     replicas: usize,
-}
-
-struct ControlPlaneProcess {
-    child: std::process::Child,
-    grpc_url: String,
-    http_base: String,
-    api: Api,
-}
-
-/// `VmHWM` (peak) or `VmRSS` (now) of a process, in KiB.
-fn rss_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// Stops the control plane however the benchmark ends (a failed run
-/// included), so none is left behind.
-impl Drop for ControlPlaneProcess {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-    }
-}
-
-/// Where a run's control planes keep their records and artifacts.
-struct Stores {
-    store_url: Option<String>,
-    artifact_url: Option<String>,
-}
-
-async fn start_control_plane(
-    dir: &Path,
-    args: &Args,
-    stores: &Stores,
-) -> anyhow::Result<ControlPlaneProcess> {
-    let exe = std::env::current_exe()?
-        .parent()
-        .context("exe dir")?
-        .join("control-plane");
-    let (grpc, http) = (free_port(), free_port());
-    let mut cmd = match &args.cp_cpus {
-        Some(cpus) => {
-            let mut c = std::process::Command::new("taskset");
-            c.args(["-c", cpus]).arg(&exe);
-            c
-        }
-        None => std::process::Command::new(&exe),
-    };
-    cmd.args(["serve", "--data-dir"]).arg(dir).args([
-        "--grpc-listen",
-        &format!("127.0.0.1:{grpc}"),
-        "--http-listen",
-        &format!("127.0.0.1:{http}"),
-        "--heartbeat-interval-secs",
-        "5",
-        "--rollout-tick-ms",
-        "500",
-    ]);
-    if let Some(url) = &stores.store_url {
-        cmd.args(["--store-url", url]);
-    }
-    cmd.args(&args.cp_args);
-    if let Some(url) = &stores.artifact_url {
-        cmd.args(["--artifact-url", url]);
-    }
-    let child = cmd
-        .env("EDGELOOP_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting {} (build it first)", exe.display()))?;
-    let token_path = dir.join("admin.token");
-    let base = format!("http://127.0.0.1:{http}");
-    for _ in 0..600 {
-        // A replica's token file is there before it listens (copied).
-        let up = reqwest::get(format!("{base}/healthz"))
-            .await
-            .is_ok_and(|r| r.status().is_success());
-        if let (true, Ok(t)) = (up, std::fs::read_to_string(&token_path)) {
-            let api = Api::new(&base, Some(t.trim()));
-            {
-                return Ok(ControlPlaneProcess {
-                    child,
-                    grpc_url: format!("https://localhost:{grpc}"),
-                    http_base: base,
-                    api,
-                });
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    anyhow::bail!("control plane did not come up")
-}
-
-/// The heartbeat handling histogram's cumulative bucket counts, by bound
-/// (`f64::INFINITY` for `+Inf`), summed over the replicas.
-async fn handling_buckets(cps: &[ControlPlaneProcess]) -> anyhow::Result<Vec<(f64, u64)>> {
-    let mut sum: Vec<(f64, u64)> = Vec::new();
-    for cp in cps {
-        let text = reqwest::get(format!("{}/metrics", cp.http_base))
-            .await?
-            .text()
-            .await?;
-        let buckets: Vec<(f64, u64)> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("edgeloop_heartbeat_handling_seconds_bucket{le=\""))
-            .filter_map(|l| {
-                let (le, rest) = l.split_once("\"} ")?;
-                let le = if le == "+Inf" {
-                    f64::INFINITY
-                } else {
-                    le.parse().ok()?
-                };
-                Some((le, rest.trim().parse().ok()?))
-            })
-            .collect();
-        anyhow::ensure!(!buckets.is_empty(), "no heartbeat histogram in /metrics");
-        if sum.is_empty() {
-            sum = buckets;
-        } else {
-            for (acc, (_, n)) in sum.iter_mut().zip(buckets) {
-                acc.1 += n;
-            }
-        }
-    }
-    Ok(sum)
-}
-
-/// The bucket bound under which `p` of the heartbeats between the two
-/// readings were answered.
-fn handling_quantile(before: &[(f64, u64)], after: &[(f64, u64)], p: f64) -> Duration {
-    let diff: Vec<(f64, u64)> = after
-        .iter()
-        .zip(before)
-        .map(|((le, a), (_, b))| (*le, a.saturating_sub(*b)))
-        .collect();
-    let total = diff.last().map_or(0, |(_, n)| *n);
-    let want = (total as f64 * p).ceil() as u64;
-    let le = diff
-        .iter()
-        .find(|(_, n)| *n >= want.max(1))
-        .map_or(f64::INFINITY, |(le, _)| *le);
-    Duration::from_secs_f64(le.min(3600.0))
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -343,89 +195,6 @@ async fn agent(
     heartbeats.await?;
     Ok(())
 }
-
-/// Probe devices: enrolled like the others but outside the deployment's
-/// selector, heartbeating every second from a runtime on a thread of
-/// their own. A simulated agent's round trip also waits behind the other
-/// simulated agents' decryption in this process (a real device has its
-/// CPU to itself); a probe's waits for little but the control plane, so
-/// it is the fleet's heartbeat as a device would see it. Each sample is
-/// (when it was sent, since `epoch`; its round trip).
-fn start_probes(
-    count: usize,
-    urls: Vec<String>,
-    tokens: Vec<String>,
-    dir: PathBuf,
-    epoch: Instant,
-    done: tokio_util::sync::CancellationToken,
-) -> std::thread::JoinHandle<anyhow::Result<Vec<(Duration, Duration)>>> {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        rt.block_on(async move {
-            let mut set = JoinSet::new();
-            for i in 0..count {
-                let (url, token) = (urls[i % urls.len()].clone(), tokens[i].clone());
-                let dir = dir.join(format!("probe-{i}"));
-                let done = done.clone();
-                set.spawn(async move {
-                    let token: BootstrapToken = token.parse()?;
-                    let identity = enroll(
-                        Role::Device,
-                        &url,
-                        &token,
-                        &IdentityStore::new(&dir),
-                        Default::default(),
-                    )
-                    .await
-                    .map_err(|e| anyhow::anyhow!("probe enroll: {e:?}"))?;
-                    let mut client =
-                        AgentServiceClient::new(mtls_endpoint(&url, &identity)?.connect().await?);
-                    let mut out = Vec::new();
-                    tokio::time::sleep(Duration::from_millis(37 * i as u64 % 1000)).await;
-                    while !done.is_cancelled() {
-                        let sent = Instant::now();
-                        if client
-                            .heartbeat(common::HeartbeatRequest::default())
-                            .await
-                            .is_ok()
-                        {
-                            out.push((sent - epoch, sent.elapsed()));
-                        }
-                        tokio::select! {
-                            _ = done.cancelled() => {}
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        }
-                    }
-                    anyhow::Ok(out)
-                });
-            }
-            let mut all = Vec::new();
-            while let Some(r) = set.join_next().await {
-                all.extend(r??);
-            }
-            Ok(all)
-        })
-    })
-}
-
-/// The round trips of the probe samples sent within `from..until`, sorted.
-fn probe_window(
-    samples: &[(Duration, Duration)],
-    from: Duration,
-    until: Duration,
-) -> Vec<Duration> {
-    let mut v: Vec<Duration> = samples
-        .iter()
-        .filter(|(at, _)| *at >= from && *at < until)
-        .map(|(_, rt)| *rt)
-        .collect();
-    v.sort();
-    v
-}
-
-const PROBES: usize = 20;
 
 struct Run {
     agents: usize,

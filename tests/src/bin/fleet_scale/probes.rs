@@ -1,0 +1,94 @@
+//! Probe devices: the fleet's heartbeat as a device sees it, apart from
+//! the simulator's own queueing.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use edgeloop_client_core::tls::mtls_endpoint;
+use edgeloop_client_core::{enroll, BootstrapToken, IdentityStore, Role};
+use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+use edgeloop_proto::common::v1 as common;
+use tokio::task::JoinSet;
+
+/// Probe devices: enrolled like the others but outside the deployment's
+/// selector, heartbeating every second from a runtime on a thread of
+/// their own. A simulated agent's round trip also waits behind the other
+/// simulated agents' decryption in this process (a real device has its
+/// CPU to itself); a probe's waits for little but the control plane, so
+/// it is the fleet's heartbeat as a device would see it. Each sample is
+/// (when it was sent, since `epoch`; its round trip).
+pub fn start_probes(
+    count: usize,
+    urls: Vec<String>,
+    tokens: Vec<String>,
+    dir: PathBuf,
+    epoch: Instant,
+    done: tokio_util::sync::CancellationToken,
+) -> std::thread::JoinHandle<anyhow::Result<Vec<(Duration, Duration)>>> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let mut set = JoinSet::new();
+            for i in 0..count {
+                let (url, token) = (urls[i % urls.len()].clone(), tokens[i].clone());
+                let dir = dir.join(format!("probe-{i}"));
+                let done = done.clone();
+                set.spawn(async move {
+                    let token: BootstrapToken = token.parse()?;
+                    let identity = enroll(
+                        Role::Device,
+                        &url,
+                        &token,
+                        &IdentityStore::new(&dir),
+                        Default::default(),
+                    )
+                    .await
+                    .map_err(|e| anyhow::anyhow!("probe enroll: {e:?}"))?;
+                    let mut client =
+                        AgentServiceClient::new(mtls_endpoint(&url, &identity)?.connect().await?);
+                    let mut out = Vec::new();
+                    tokio::time::sleep(Duration::from_millis(37 * i as u64 % 1000)).await;
+                    while !done.is_cancelled() {
+                        let sent = Instant::now();
+                        if client
+                            .heartbeat(common::HeartbeatRequest::default())
+                            .await
+                            .is_ok()
+                        {
+                            out.push((sent - epoch, sent.elapsed()));
+                        }
+                        tokio::select! {
+                            _ = done.cancelled() => {}
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                    anyhow::Ok(out)
+                });
+            }
+            let mut all = Vec::new();
+            while let Some(r) = set.join_next().await {
+                all.extend(r??);
+            }
+            Ok(all)
+        })
+    })
+}
+
+/// The round trips of the probe samples sent within `from..until`, sorted.
+pub fn probe_window(
+    samples: &[(Duration, Duration)],
+    from: Duration,
+    until: Duration,
+) -> Vec<Duration> {
+    let mut v: Vec<Duration> = samples
+        .iter()
+        .filter(|(at, _)| *at >= from && *at < until)
+        .map(|(_, rt)| *rt)
+        .collect();
+    v.sort();
+    v
+}
+
+pub const PROBES: usize = 20;
