@@ -11,8 +11,15 @@
 # State: ${EDGELOOP_PG_DIR:-/tmp/edgeloop-pg}: the cluster (`data/`), its
 #        socket dir, the server log, the superuser's password (`password`,
 #        made once) and `env`, which holds
-#        EDGELOOP_TEST_POSTGRES_URL=postgres://edgeloop:PASSWORD@127.0.0.1:PORT/postgres.
-#        The path of `env` is printed on the last line.
+#        EDGELOOP_TEST_POSTGRES_URL=postgres://edgeloop:PASSWORD@127.0.0.1:PORT/postgres
+#        and EDGELOOP_TEST_POSTGRES_CA, the CA certificate of the server's TLS
+#        certificate (`tls/`, made once with the openssl command-line tool,
+#        which Debian's postgresql package depends on; the control plane
+#        itself links no OpenSSL). The path of `env` is printed on the last line.
+# TLS:   on, for clients that ask (`sslmode=require&sslrootcert=$EDGELOOP_TEST_POSTGRES_CA`);
+#        the certificate names localhost and 127.0.0.1. A server found
+#        running without TLS (started by an older version of this script)
+#        is restarted with it.
 # Port:  ${EDGELOOP_PG_PORT:-55432}, on 127.0.0.1 only, password auth
 #        (scram-sha-256) for TCP; the superuser `edgeloop` may create the
 #        per-test databases (`edgeloop_t_<random>`).
@@ -62,10 +69,38 @@ chmod 600 "$state/password"
 password="$(cat "$state/password")"
 url="postgres://edgeloop:$password@127.0.0.1:$port/postgres"
 
+tls="$state/tls"
 write_env() {
-  printf 'EDGELOOP_TEST_POSTGRES_URL=%s\n' "$url" >"$env_file.tmp"
+  printf 'EDGELOOP_TEST_POSTGRES_URL=%s\nEDGELOOP_TEST_POSTGRES_CA=%s\n' "$url" "$tls/ca.pem" >"$env_file.tmp"
   mv "$env_file.tmp" "$env_file"
 }
+
+# --- TLS certificate (made once: a CA, and a server certificate it signs) ----
+if [ ! -s "$tls/server.crt" ]; then
+  command -v openssl >/dev/null || {
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends openssl >/dev/null
+  }
+  log "making a test CA and server certificate in $tls"
+  rm -rf "$tls.tmp" && mkdir -p "$tls.tmp"
+  (
+    cd "$tls.tmp"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
+      -subj "/CN=edgeloop test PostgreSQL CA" -keyout ca.key -out ca.pem \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=localhost" \
+      -keyout server.key -out server.csr 2>/dev/null
+    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n' >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile server.ext -out server.crt 2>/dev/null
+    rm -f server.csr server.ext ca.srl ca.key
+  )
+  mv "$tls.tmp" "$tls"
+fi
+# The server refuses a key that others may read.
+chown -R "$user" "$tls"
+chmod 600 "$tls/server.key"
+chmod 644 "$tls/ca.pem" "$tls/server.crt"
 
 ready() { "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" >/dev/null 2>&1; }
 
@@ -82,6 +117,13 @@ if [ ! -s "$data/PG_VERSION" ]; then
 fi
 
 # --- server ------------------------------------------------------------------
+ssl_on() {
+  PGPASSWORD="$password" "$bin/psql" -h 127.0.0.1 -p "$port" -U edgeloop -d postgres -tAc 'SHOW ssl' 2>/dev/null | grep -qx on
+}
+if ready && ! ssl_on && [ -s "$data/postmaster.pid" ]; then
+  log "running without TLS: restarting it with TLS"
+  as_pg "$bin/pg_ctl" -D "$data" -m fast -w stop >&2 || true
+fi
 if ready; then
   log "already accepting connections on 127.0.0.1:$port"
   write_env
@@ -99,7 +141,7 @@ log "starting PostgreSQL 15 on 127.0.0.1:$port"
 # The socket lives in the state dir: /var/run/postgresql may not exist, and
 # another cluster on the machine may use it.
 if ! as_pg "$bin/pg_ctl" -D "$data" -l "$state/server.log" -w -t 60 start \
-  -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$state -c max_connections=300 -c fsync=on" >&2; then
+  -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$state -c max_connections=300 -c fsync=on -c ssl=on -c ssl_cert_file=$tls/server.crt -c ssl_key_file=$tls/server.key" >&2; then
   tail -n 30 "$state/server.log" >&2 || true
   log "pg_ctl start failed (log: $state/server.log)"
   exit 1

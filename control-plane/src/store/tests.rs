@@ -408,7 +408,11 @@ mod postgres_only {
     ) -> R {
         let url = url.clone();
         std::thread::spawn(move || {
-            let mut c = url.config().connect(::postgres::NoTls).unwrap();
+            let mut c = match url.tls() {
+                Some(tls) => url.config().connect(tls.clone()),
+                None => url.config().connect(::postgres::NoTls),
+            }
+            .unwrap();
             f(&mut c)
         })
         .join()
@@ -475,7 +479,11 @@ mod postgres_only {
             .map(|_| {
                 let url = db.url().clone();
                 std::thread::spawn(move || {
-                    let mut c = url.config().connect(::postgres::NoTls).unwrap();
+                    let mut c = match url.tls() {
+                        Some(tls) => url.config().connect(tls.clone()),
+                        None => url.config().connect(::postgres::NoTls),
+                    }
+                    .unwrap();
                     schema::migrate(&mut c).unwrap()
                 })
             })
@@ -548,6 +556,81 @@ mod postgres_only {
         }
         assert_eq!(store.label_hours.get("a").unwrap(), Some(2));
         store.check().unwrap();
+    }
+
+    /// `sslmode=require` with the server's CA: every connection the store
+    /// makes is TLS in the server's own view (`pg_stat_ssl`), and the store
+    /// works over them; a CA that did not sign the server's certificate is
+    /// refused at open, saying so.
+    #[test]
+    fn tls_connections_are_verified_and_encrypted() {
+        let Some(db) = TestDatabase::from_env("TLS") else {
+            return;
+        };
+        let Some(ca) = std::env::var_os("EDGELOOP_TEST_POSTGRES_CA") else {
+            eprintln!("skipped: TLS to PostgreSQL (EDGELOOP_TEST_POSTGRES_CA is unset; scripts/postgres-up.sh sets it)");
+            return;
+        };
+        let with_root = |root: &Path| {
+            let sep = if db.url().expose().contains('?') {
+                '&'
+            } else {
+                '?'
+            };
+            PostgresUrl::parse(&format!(
+                "{}{sep}sslmode=require&sslrootcert={}",
+                db.url().expose(),
+                root.display()
+            ))
+            .unwrap()
+        };
+        let store = Store::open_postgres(&with_root(Path::new(&ca))).unwrap();
+        store.label_hours.insert("a", &1).unwrap();
+        // Several at once, so that more than one pool connection opens.
+        std::thread::scope(|s| {
+            for _ in 0..pg::pool::POOL_SIZE {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        assert_eq!(store.label_hours.get("a").unwrap(), Some(1));
+                    }
+                });
+            }
+        });
+        store
+            .label_hours
+            .update::<()>("a", |v| Ok(v.unwrap() + 1))
+            .unwrap()
+            .unwrap();
+        let name = db.url().database();
+        let (encrypted, clear): (i64, i64) = with_client(db.url(), move |c| {
+            let row = c
+                .query_one(
+                    "SELECT count(*) FILTER (WHERE s.ssl), count(*) FILTER (WHERE NOT s.ssl)
+                     FROM pg_stat_activity a JOIN pg_stat_ssl s ON s.pid = a.pid
+                     WHERE a.datname = $1 AND a.pid <> pg_backend_pid()",
+                    &[&name],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        });
+        assert!(
+            encrypted >= 1,
+            "the store's connections: {encrypted} over TLS"
+        );
+        assert_eq!(clear, 0, "no store connection in clear");
+        assert_eq!(store.label_hours.get("a").unwrap(), Some(2));
+        drop(store);
+
+        // Another CA: the server's certificate does not chain to it.
+        let dir = tempfile::tempdir().unwrap();
+        let other = dir.path().join("other-ca.pem");
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        std::fs::write(&other, cert.cert.pem()).unwrap();
+        let err = Store::open_postgres(&with_root(&other))
+            .err()
+            .expect("refused");
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(err.to_string().contains("certificate"), "{err}");
     }
 
     #[test]

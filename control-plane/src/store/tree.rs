@@ -192,6 +192,34 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
         }
     }
 
+    /// [`Tree::update`] from a value the caller has just read: the first
+    /// swap expects that value's encoding, which saves the read (on
+    /// PostgreSQL, a round trip) when nothing changed it since. A value
+    /// changed meanwhile, or stored in an older encoding, falls back to
+    /// [`Tree::update`], so the result is the same.
+    pub fn update_from<E>(
+        &self,
+        key: &str,
+        known: &V,
+        mut f: impl FnMut(Option<V>) -> Result<V, E>,
+    ) -> Result<Result<V, E>, StoreError>
+    where
+        V: Clone,
+    {
+        let new = match f(Some(known.clone())) {
+            Ok(new) => new,
+            Err(e) => return Ok(Err(e)),
+        };
+        let (old_raw, new_raw) = (self.encode(known)?, self.encode(&new)?);
+        if self
+            .tree
+            .compare_and_swap(key.as_bytes(), Some(&old_raw), Some(&new_raw))?
+        {
+            return Ok(Ok(new));
+        }
+        self.update(key, f)
+    }
+
     /// [`Tree::update`], applied only while `fence` holds (a background
     /// task's fencing token, `leader`): `Ok(Err(None))` when it no longer
     /// does, and nothing was written.

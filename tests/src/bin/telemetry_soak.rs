@@ -107,6 +107,98 @@ where
     times[times.len() / 2]
 }
 
+/// Medians of `a` and `b` timed in turns, so both see the same process
+/// and the same moment of this shared machine: the baseline is measured
+/// in the same run, not an hour earlier.
+async fn interleaved<A, FA, B, FB>(repeat: u32, mut a: A, mut b: B) -> (Duration, Duration)
+where
+    A: FnMut() -> FA,
+    FA: std::future::Future<Output = ()>,
+    B: FnMut() -> FB,
+    FB: std::future::Future<Output = ()>,
+{
+    a().await;
+    b().await;
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for _ in 0..repeat.max(1) {
+        let t = Instant::now();
+        a().await;
+        ta.push(t.elapsed());
+        let t = Instant::now();
+        b().await;
+        tb.push(t.elapsed());
+    }
+    ta.sort();
+    tb.sort();
+    (ta[ta.len() / 2], tb[tb.len() / 2])
+}
+
+/// The day-1 store, copied while its control plane was stopped.
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// Times the tick and the drift API on the day-1 snapshot and on the last
+/// day's store in turns, both control planes in this process.
+async fn same_run(
+    day1: (&ControlPlane, i64),
+    last: (&ControlPlane, i64),
+    repeat: u32,
+) -> [(&'static str, Duration, Duration); 3] {
+    let tick = |cp: &ControlPlane, now: i64| {
+        let core = cp.core.clone();
+        move || {
+            let core = core.clone();
+            async move {
+                runner::tick(&core, at(now)).await.expect("tick");
+            }
+        }
+    };
+    let get = |cp: &ControlPlane, path: String| {
+        let api = cp.api();
+        move || {
+            let (api, path) = (api.clone(), path.clone());
+            async move {
+                let (status, body) = api.get(&path).await;
+                assert_eq!(status, 200, "{body}");
+            }
+        }
+    };
+    let (t1, t30) = interleaved(repeat, tick(day1.0, day1.1), tick(last.0, last.1)).await;
+    let (d1, d30) = interleaved(
+        repeat,
+        get(day1.0, day_path(day1.1)),
+        get(last.0, day_path(last.1)),
+    )
+    .await;
+    let whole = "/api/v1/models/rain/drift".to_string();
+    let (w1, w30) = interleaved(repeat, get(day1.0, whole.clone()), get(last.0, whole)).await;
+    [
+        ("trigger tick (ms)", t1, t30),
+        ("drift API, day (ms)", d1, d30),
+        ("drift API, whole (ms)", w1, w30),
+    ]
+}
+
+/// The drift API over the day before `now`, as a chart asks for it.
+fn day_path(now: i64) -> String {
+    let from = time::OffsetDateTime::from_unix_timestamp(now - 86_400)
+        .expect("a time")
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("RFC 3339");
+    format!("/api/v1/models/rain/drift?from={from}")
+}
+
 async fn measure(cp: &ControlPlane, repeat: u32, now: i64) -> Timings {
     let core = cp.core.clone();
     let tick = median(repeat, || {
@@ -136,11 +228,7 @@ async fn measure(cp: &ControlPlane, repeat: u32, now: i64) -> Timings {
     .await;
     // The last day, as a chart asks: its windows are the whole answer's
     // last ones, hysteresis included.
-    let from = time::OffsetDateTime::from_unix_timestamp(now - 86_400)
-        .expect("a time")
-        .format(&time::format_description::well_known::Rfc3339)
-        .expect("RFC 3339");
-    let day_path = format!("/api/v1/models/rain/drift?from={from}");
+    let day_path = day_path(now);
     let (status, day) = api.get(&day_path).await;
     assert_eq!(status, 200, "{day}");
     let day_windows = day["series"][0]["windows"]
@@ -209,17 +297,16 @@ fn ms(d: Duration) -> f64 {
 async fn main() -> anyhow::Result<()> {
     let args = Arc::new(Args::parse());
     let dir = tempfile::tempdir()?;
-    let cp = ControlPlane::start_with_clock(
-        ServeSettings {
-            // The server's own trigger loop would tick beside the timed
-            // ticks (every second by default): once a minute it stays out
-            // of their way.
-            rollout_tick_ms: Some(60_000),
-            ..edgeloop_tests::settings(&dir.path().join("cp"))
-        },
-        Clock::manual(at(BASE)),
-    )
-    .await;
+    let settings = |data_dir: &Path| ServeSettings {
+        // The server's own trigger loop would tick beside the timed ticks
+        // (every second by default): once a minute it stays out of their
+        // way.
+        rollout_tick_ms: Some(60_000),
+        ..edgeloop_tests::settings(data_dir)
+    };
+    let mut cp =
+        ControlPlane::start_with_clock(settings(&dir.path().join("cp")), Clock::manual(at(BASE)))
+            .await;
     let fleet = Fleet {
         devices: args.devices,
         reports_per_day: args.reports_per_day,
@@ -274,10 +361,25 @@ async fn main() -> anyhow::Result<()> {
         );
         if day == 0 {
             first = Some(measure(&cp, args.repeat, now).await);
+            // A copy of the day-1 store, the baseline the last day is timed
+            // against in turns at the end; its control plane is stopped
+            // meanwhile, as an operator's backup would be taken.
+            let data_dir = cp.data_dir.clone();
+            cp.stop().await;
+            copy_dir(&data_dir, &dir.path().join("day1"))?;
+            cp = ControlPlane::start_with_clock(settings(&data_dir), Clock::manual(at(now))).await;
         }
     }
     let last = measure(&cp, args.repeat, last_now).await;
     let first = first.expect("day 1 measured");
+    let day1_now = BASE + DAY - 1;
+    let day1 = ControlPlane::start_with_clock(
+        settings(&dir.path().join("day1")),
+        Clock::manual(at(day1_now)),
+    )
+    .await;
+    let same = same_run((&day1, day1_now), (&cp, last_now), args.repeat).await;
+    day1.stop().await;
     println!(
         "\n                      day 1      day {}    ratio",
         args.days
@@ -288,6 +390,18 @@ async fn main() -> anyhow::Result<()> {
         ("drift API, whole (ms)", first.api, last.api),
         ("full scan, before (ms)", first.full_scan, last.full_scan),
     ] {
+        println!(
+            "{what:<22} {:>8.2}  {:>8.2}  {:>6.2}x",
+            ms(a),
+            ms(b),
+            b.as_secs_f64() / a.as_secs_f64().max(1e-9)
+        );
+    }
+    println!(
+        "\nthe same, timed in turns at the end: the day-1 store (a copy taken then) against day {}",
+        args.days
+    );
+    for (what, a, b) in same {
         println!(
             "{what:<22} {:>8.2}  {:>8.2}  {:>6.2}x",
             ms(a),

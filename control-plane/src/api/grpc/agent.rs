@@ -88,7 +88,9 @@ fn answer_heartbeat<T>(
     let (member, presented) = caller_with_cert(core, &req, kind)?;
     let capabilities = caps(req.into_inner()).map(CapabilitiesRecord::from);
     let now = core.now();
-    members::heartbeat(&core.store, kind, &member.id, capabilities, now)?;
+    let interval = time::Duration::try_from(core.config.heartbeat_interval)
+        .unwrap_or(time::Duration::seconds(10));
+    members::heartbeat(&core.store, &member, capabilities, now, interval)?;
     // Only the current certificate is told to renew: one draining has a
     // successor already.
     let renew_certificate = presented == member.cert_fingerprint

@@ -44,6 +44,52 @@ fn status_table() {
 }
 
 #[test]
+fn heartbeat_write_table() {
+    let interval = Duration::seconds(10);
+    let gpu = CapabilitiesRecord {
+        hostname: "other".into(),
+        ..CapabilitiesRecord::default()
+    };
+    let same = CapabilitiesRecord::default();
+    let cases = [
+        // (last_seen, now, capabilities sent, writes)
+        (None, 100, None, true),
+        (Some(100), 100, None, false),
+        (Some(100), 110, None, false), // one interval: the next beat writes
+        (Some(100), 114, None, false),
+        (Some(100), 115, None, true), // an interval and a half
+        (Some(100), 200, None, true),
+        (Some(100), 101, Some(&same), false), // unchanged capabilities
+        (Some(100), 101, Some(&gpu), true),   // changed ones, at once
+        (Some(100), 90, None, false),         // a clock that went back
+    ];
+    for (seen, now, caps, want) in cases {
+        assert_eq!(
+            heartbeat_write_due(&member(seen, false), caps, at(now), interval),
+            want,
+            "{seen:?} {now} {caps:?}"
+        );
+    }
+    // Beats every interval, jittered by a second either way: a live member
+    // is written every other beat and never looks offline.
+    let mut m = member(Some(0), false);
+    let (mut writes, beats) = (0, 100);
+    for beat in 1..=beats {
+        let now = beat * 10 + if beat % 2 == 0 { 1 } else { -1 };
+        let age_before = now - m.last_seen.map_or(0, |s| (s - at(0)).whole_seconds());
+        assert!(age_before <= 30, "offline at beat {beat}: {age_before} s");
+        if heartbeat_write_due(&m, None, at(now), interval) {
+            m.last_seen = Some(at(now));
+            writes += 1;
+        }
+    }
+    assert!(
+        writes <= beats * 6 / 10,
+        "{writes} writes for {beats} beats"
+    );
+}
+
+#[test]
 fn token_refusal_table() {
     let secret = Digest::of(b"s");
     let record = |kind, expires, used: Option<i64>| BootstrapTokenRecord {

@@ -6,6 +6,7 @@
 pub(super) mod pool;
 pub mod schema;
 mod testdb;
+mod tls;
 mod url;
 
 use std::ops::Bound;

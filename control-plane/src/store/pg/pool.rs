@@ -24,6 +24,21 @@ pub const POOL_SIZE: usize = 8;
 const IDLE_CHECK: Duration = Duration::from_secs(5);
 const IDLE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// `e` and its causes: the driver's own message for a failed TLS
+/// handshake ("error performing TLS handshake") leaves out why.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// One pool thread's connection, made on first use and again after it broke.
 pub struct Session {
     url: PostgresUrl,
@@ -62,10 +77,14 @@ impl Session {
         }
         self.last_used = Instant::now();
         if self.client.is_none() {
-            let client =
-                self.url.config().connect(NoTls).map_err(|e| {
-                    StoreError::Unavailable(format!("connecting to {}: {e}", self.url))
-                })?;
+            let config = self.url.config();
+            let client = match self.url.tls() {
+                Some(tls) => config.connect(tls.clone()),
+                None => config.connect(NoTls),
+            }
+            .map_err(|e| {
+                StoreError::Unavailable(format!("connecting to {}: {}", self.url, with_causes(&e)))
+            })?;
             self.client = Some(client);
         }
         Ok(self.client.as_mut().expect("connected above"))
