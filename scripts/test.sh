@@ -84,7 +84,9 @@ EDGELOOP_RAY_ENV="$(scripts/ray-up.sh | tail -n 1)"
 # tests made by on_each_store!) each create a database on this server.
 pg_env="$(scripts/postgres-up.sh | tail -n 1)"
 EDGELOOP_TEST_POSTGRES_URL="$(sed -n 's/^EDGELOOP_TEST_POSTGRES_URL=//p' "$pg_env")"
-export EDGELOOP_TEST_POSTGRES_URL
+# The CA of the server's TLS certificate (store::tests' TLS case).
+EDGELOOP_TEST_POSTGRES_CA="$(sed -n 's/^EDGELOOP_TEST_POSTGRES_CA=//p' "$pg_env")"
+export EDGELOOP_TEST_POSTGRES_URL EDGELOOP_TEST_POSTGRES_CA
 # An S3 server (s3s-fs) for the S3 artifact store's tests, which read the
 # AWS_* settings and EDGELOOP_TEST_S3_URL from the environment.
 EDGELOOP_S3_ENV="$(scripts/s3-up.sh | tail -n 1)"
@@ -107,8 +109,9 @@ cargo test --workspace 2>&1 | tee "$log"
 echo "==> telemetry soak, small (about 10 s; the 30-day run: docs/reliability.md)"
 cargo run --quiet -p edgeloop-tests --bin telemetry-soak -- --devices 50 --days 3 2>&1 | tee -a "$log"
 
-echo "==> fleet scale, small (20 agents on two replicas over PostgreSQL and S3; the 10 000-agent runs: docs/fleet-scale.md)"
-cargo run --quiet -p edgeloop-tests --bin fleet-scale -- 20 --postgres "$EDGELOOP_TEST_POSTGRES_URL" \
+echo "==> fleet scale, small (20 agents on two replicas over PostgreSQL, by TLS, and S3; the 10 000-agent runs: docs/fleet-scale.md)"
+cargo run --quiet -p edgeloop-tests --bin fleet-scale -- 20 \
+  --postgres "$EDGELOOP_TEST_POSTGRES_URL?sslmode=require&sslrootcert=$EDGELOOP_TEST_POSTGRES_CA" \
   --artifact-url "$EDGELOOP_TEST_S3_URL" --replicas 2 2>&1 | tee -a "$log"
 
 echo "==> a model over 2 GiB with external data (alone: 2.2 GB on disk, 11 GiB of memory, about 2 minutes)"

@@ -89,6 +89,61 @@ fn heartbeat_write_table() {
     );
 }
 
+/// A beat that is not due touches nothing; a due one writes from the
+/// record the caller read, reading nothing more (on PostgreSQL, one
+/// statement); a caller's copy that is out of date still gets the right
+/// answer, a member revoked meanwhile included.
+#[test]
+fn heartbeats_write_when_due_from_the_record_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("db")).unwrap();
+    let interval = Duration::seconds(10);
+    let read = |m: &Member| get(&store, MemberKind::Device, &m.id).unwrap();
+    let m = member(Some(100), false);
+    store.members(MemberKind::Device).insert(&m.id, &m).unwrap();
+
+    let before = store.read_counts();
+    heartbeat(&store, &m, None, at(105), interval).unwrap();
+    let due = read(&m);
+    assert_eq!(due.last_seen, Some(at(100)), "not due: nothing written");
+    let before_due = store.read_counts();
+    heartbeat(&store, &due, None, at(115), interval).unwrap();
+    let after = store.read_counts();
+    assert_eq!(
+        before_due.since(&before).total().calls,
+        1,
+        "only the test's own read"
+    );
+    assert_eq!(
+        after.since(&before_due).total().calls,
+        0,
+        "a due beat reads nothing"
+    );
+    let written = read(&m);
+    assert_eq!(written.last_seen, Some(at(115)));
+
+    // An out-of-date copy (another replica wrote since): the swap misses,
+    // the write is made from what is stored.
+    let gpu = CapabilitiesRecord {
+        hostname: "moved".into(),
+        ..CapabilitiesRecord::default()
+    };
+    heartbeat(&store, &due, Some(gpu.clone()), at(116), interval).unwrap();
+    let moved = read(&m);
+    assert_eq!(moved.last_seen, Some(at(116)));
+    assert_eq!(moved.capabilities, gpu);
+
+    // Revoked meanwhile: refused, and nothing written.
+    let revoked = member(Some(100), true);
+    store
+        .members(MemberKind::Device)
+        .insert(&m.id, &revoked)
+        .unwrap();
+    let err = heartbeat(&store, &moved, None, at(200), interval).unwrap_err();
+    assert!(matches!(err, Error::PermissionDenied(_)), "{err:?}");
+    assert_eq!(read(&m).last_seen, Some(at(100)));
+}
+
 #[test]
 fn token_refusal_table() {
     let secret = Digest::of(b"s");
