@@ -103,6 +103,11 @@ impl Core {
     pub fn now(&self) -> time::OffsetDateTime {
         self.clock.now()
     }
+
+    /// How long a member may go unheard before it counts as offline.
+    pub fn offline_after(&self) -> time::Duration {
+        time::Duration::try_from(self.config.offline_after()).unwrap_or(time::Duration::MAX)
+    }
 }
 
 /// A control plane with its data dir open and its sockets bound, not yet serving.

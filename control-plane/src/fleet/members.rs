@@ -605,20 +605,21 @@ pub fn authorize(
 }
 
 /// Whether a heartbeat must write the member record: when its
-/// capabilities changed, or its `last_seen` is `interval` and a half old.
-/// Pure. The others write nothing, which halves the writes of a fleet
-/// heartbeating every `interval` (each one a round trip on PostgreSQL),
+/// capabilities changed, or its `last_seen` is half of `offline_after`
+/// old (an interval and a half, at three intervals to offline). Pure.
+/// The others write nothing, which halves the writes of a fleet
+/// heartbeating every interval (each one a round trip on PostgreSQL),
 /// while a live member's `last_seen` stays under 2.5 intervals old, inside
-/// the 3 that [`member_status`] allows before it says offline.
+/// the window that [`member_status`] allows before it says offline.
 pub fn heartbeat_write_due(
     stored: &Member,
     capabilities: Option<&CapabilitiesRecord>,
     now: OffsetDateTime,
-    interval: Duration,
+    offline_after: Duration,
 ) -> bool {
     let stale = match stored.last_seen {
         None => true,
-        Some(seen) => now - seen >= interval * 3 / 2,
+        Some(seen) => now - seen >= offline_after / 2,
     };
     stale || capabilities.is_some_and(|c| *c != stored.capabilities)
 }
@@ -631,9 +632,9 @@ pub fn heartbeat(
     member: &Member,
     capabilities: Option<CapabilitiesRecord>,
     now: OffsetDateTime,
-    interval: Duration,
+    offline_after: Duration,
 ) -> Result<()> {
-    if !heartbeat_write_due(member, capabilities.as_ref(), now, interval) {
+    if !heartbeat_write_due(member, capabilities.as_ref(), now, offline_after) {
         return Ok(());
     }
     let (kind, id) = (member.kind, member.id.as_str());

@@ -408,11 +408,7 @@ mod postgres_only {
     ) -> R {
         let url = url.clone();
         std::thread::spawn(move || {
-            let mut c = match url.tls() {
-                Some(tls) => url.config().connect(tls.clone()),
-                None => url.config().connect(::postgres::NoTls),
-            }
-            .unwrap();
+            let mut c = url.connect().unwrap();
             f(&mut c)
         })
         .join()
@@ -479,11 +475,7 @@ mod postgres_only {
             .map(|_| {
                 let url = db.url().clone();
                 std::thread::spawn(move || {
-                    let mut c = match url.tls() {
-                        Some(tls) => url.config().connect(tls.clone()),
-                        None => url.config().connect(::postgres::NoTls),
-                    }
-                    .unwrap();
+                    let mut c = url.connect().unwrap();
                     schema::migrate(&mut c).unwrap()
                 })
             })

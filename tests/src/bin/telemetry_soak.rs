@@ -103,6 +103,10 @@ where
         f().await;
         times.push(t.elapsed());
     }
+    middle(times)
+}
+
+fn middle(mut times: Vec<Duration>) -> Duration {
     times.sort();
     times[times.len() / 2]
 }
@@ -128,9 +132,7 @@ where
         b().await;
         tb.push(t.elapsed());
     }
-    ta.sort();
-    tb.sort();
-    (ta[ta.len() / 2], tb[tb.len() / 2])
+    (middle(ta), middle(tb))
 }
 
 /// The day-1 store, copied while its control plane was stopped.

@@ -104,17 +104,7 @@ async fn check_ledger(cp: &CpProcess, ledger: &[Acked]) {
     futures::stream::iter(artifacts)
         .for_each_concurrent(8, |(d, len)| async move {
             // Read errors are the unreliable store's; a 404 is a loss.
-            let bytes = retry(&format!("read artifact {d}"), || async {
-                let r = api
-                    .request(Method::GET, &format!("/api/v1/artifacts/{d}"))
-                    .send()
-                    .await
-                    .ok()?;
-                assert_ne!(r.status(), 404, "acked artifact {d} lost");
-                (r.status() == 200).then_some(())?;
-                r.bytes().await.ok()
-            })
-            .await;
+            let bytes = acked_artifact(api, d, &format!("acked artifact {d} lost")).await;
             assert_eq!((bytes.len(), Digest::of(&bytes)), (len, d));
         })
         .await;

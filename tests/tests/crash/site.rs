@@ -138,6 +138,22 @@ pub async fn deploy(cp: &CpProcess, k: u32, waves: &[u32]) -> String {
     body["id"].as_str().unwrap().to_string()
 }
 
+/// An acknowledged artifact's bytes through the console, retried past the
+/// unreliable store's errors; a 404 fails the test with `lost`.
+pub async fn acked_artifact(api: &edgeloop_tests::Api, d: Digest, lost: &str) -> bytes::Bytes {
+    retry(&format!("artifact {d}"), || async {
+        let r = api
+            .request(Method::GET, &format!("/api/v1/artifacts/{d}"))
+            .send()
+            .await
+            .ok()?;
+        assert_ne!(r.status(), 404, "{lost}");
+        (r.status() == 200).then_some(())?;
+        r.bytes().await.ok()
+    })
+    .await
+}
+
 /// The body of a 201 to POST `path`, or None (refused, or the control
 /// plane away) for `retry` to try again.
 pub async fn created(cp: &CpProcess, path: &str, body: &Value) -> Option<Value> {

@@ -76,18 +76,8 @@ async fn the_bridge_or_control_plane_killed_mid_upload_resumes_and_the_job_compl
         "checkpoint": {"every_steps": 5, "keep_last": 20},
         "restarts": {"max_restarts": 3, "backoff_seconds": 1, "backoff_max_seconds": 2}
     });
-    let job = retry("submit", || async {
-        let r = cp
-            .api()
-            .request(Method::POST, "/api/v1/jobs")
-            .json(&json!({"spec": spec}))
-            .send()
-            .await
-            .ok()?;
-        (r.status() == 201).then_some(())?;
-        r.json::<Value>().await.ok()
-    })
-    .await;
+    let body = json!({ "spec": spec });
+    let job = retry("submit", || created(&cp, "/api/v1/jobs", &body)).await;
     let id = job["id"].as_str().unwrap().to_string();
     let job_view = |cp: &CpProcess| {
         let (api, id) = (cp.api(), id.clone());
@@ -168,17 +158,11 @@ async fn the_bridge_or_control_plane_killed_mid_upload_resumes_and_the_job_compl
     );
     for c in checkpoints {
         let d: Digest = c["digest"].as_str().unwrap().parse().unwrap();
-        let bytes = retry(&format!("checkpoint {d}"), || async {
-            let r = cp
-                .api()
-                .request(Method::GET, &format!("/api/v1/artifacts/{d}"))
-                .send()
-                .await
-                .ok()?;
-            assert_ne!(r.status(), 404, "checkpoint {d} listed but not stored");
-            (r.status() == 200).then_some(())?;
-            r.bytes().await.ok()
-        })
+        let bytes = acked_artifact(
+            &cp.api(),
+            d,
+            &format!("checkpoint {d} listed but not stored"),
+        )
         .await;
         assert_eq!(
             (Digest::of(&bytes), bytes.len() as u64),

@@ -88,9 +88,13 @@ fn answer_heartbeat<T>(
     let (member, presented) = caller_with_cert(core, &req, kind)?;
     let capabilities = caps(req.into_inner()).map(CapabilitiesRecord::from);
     let now = core.now();
-    let interval = time::Duration::try_from(core.config.heartbeat_interval)
-        .unwrap_or(time::Duration::seconds(10));
-    members::heartbeat(&core.store, &member, capabilities, now, interval)?;
+    members::heartbeat(
+        &core.store,
+        &member,
+        capabilities,
+        now,
+        core.offline_after(),
+    )?;
     // Only the current certificate is told to renew: one draining has a
     // successor already.
     let renew_certificate = presented == member.cert_fingerprint

@@ -7,7 +7,6 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
-use time::Duration;
 
 use super::json::{OptionalJson, ValidJson, ValidPath};
 use super::paging::{limit_of, page_of};
@@ -45,13 +44,9 @@ pub async fn list_tokens(State(core): State<Arc<Core>>) -> Result<Json<Vec<Token
     Ok(Json(tokens))
 }
 
-fn offline_after(core: &Core) -> Duration {
-    Duration::try_from(core.config.offline_after()).unwrap_or(Duration::MAX)
-}
-
 fn list(core: &Core, kind: MemberKind) -> Result<Json<Vec<MemberView>>, Error> {
     let now = core.now();
-    let window = offline_after(core);
+    let window = core.offline_after();
     let views = core
         .store
         .members(kind)
@@ -82,7 +77,7 @@ fn show(core: &Core, kind: MemberKind, id: &str) -> Result<Json<MemberView>, Err
     Ok(Json(members::member_view(
         member,
         core.now(),
-        offline_after(core),
+        core.offline_after(),
     )))
 }
 
@@ -109,7 +104,7 @@ async fn revoke(
     Ok(Json(members::member_view(
         member,
         core.now(),
-        offline_after(core),
+        core.offline_after(),
     )))
 }
 
@@ -123,7 +118,7 @@ async fn set_labels(
     Ok(Json(members::member_view(
         member,
         core.now(),
-        offline_after(core),
+        core.offline_after(),
     )))
 }
 
@@ -149,7 +144,7 @@ pub async fn list_devices(
         .page_after("", q.after.as_deref(), limit, |_, m| {
             who.sees(&m.project) && selector.matches(&selector::facts(&m.labels, &m.capabilities))
         })?;
-    let (now, window) = (core.now(), offline_after(&core));
+    let (now, window) = (core.now(), core.offline_after());
     Ok(page_of(page, limit, |(_, m)| {
         members::member_view(m, now, window)
     }))

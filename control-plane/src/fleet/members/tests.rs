@@ -45,7 +45,8 @@ fn status_table() {
 
 #[test]
 fn heartbeat_write_table() {
-    let interval = Duration::seconds(10);
+    // Beats every 10 s, offline after three missed.
+    let offline_after = Duration::seconds(30);
     let gpu = CapabilitiesRecord {
         hostname: "other".into(),
         ..CapabilitiesRecord::default()
@@ -65,7 +66,7 @@ fn heartbeat_write_table() {
     ];
     for (seen, now, caps, want) in cases {
         assert_eq!(
-            heartbeat_write_due(&member(seen, false), caps, at(now), interval),
+            heartbeat_write_due(&member(seen, false), caps, at(now), offline_after),
             want,
             "{seen:?} {now} {caps:?}"
         );
@@ -78,7 +79,7 @@ fn heartbeat_write_table() {
         let now = beat * 10 + if beat % 2 == 0 { 1 } else { -1 };
         let age_before = now - m.last_seen.map_or(0, |s| (s - at(0)).whole_seconds());
         assert!(age_before <= 30, "offline at beat {beat}: {age_before} s");
-        if heartbeat_write_due(&m, None, at(now), interval) {
+        if heartbeat_write_due(&m, None, at(now), offline_after) {
             m.last_seen = Some(at(now));
             writes += 1;
         }
@@ -97,17 +98,18 @@ fn heartbeat_write_table() {
 fn heartbeats_write_when_due_from_the_record_read() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("db")).unwrap();
-    let interval = Duration::seconds(10);
+    // Beats every 10 s, offline after three missed.
+    let offline_after = Duration::seconds(30);
     let read = |m: &Member| get(&store, MemberKind::Device, &m.id).unwrap();
     let m = member(Some(100), false);
     store.members(MemberKind::Device).insert(&m.id, &m).unwrap();
 
     let before = store.read_counts();
-    heartbeat(&store, &m, None, at(105), interval).unwrap();
+    heartbeat(&store, &m, None, at(105), offline_after).unwrap();
     let due = read(&m);
     assert_eq!(due.last_seen, Some(at(100)), "not due: nothing written");
     let before_due = store.read_counts();
-    heartbeat(&store, &due, None, at(115), interval).unwrap();
+    heartbeat(&store, &due, None, at(115), offline_after).unwrap();
     let after = store.read_counts();
     assert_eq!(
         before_due.since(&before).total().calls,
@@ -128,7 +130,7 @@ fn heartbeats_write_when_due_from_the_record_read() {
         hostname: "moved".into(),
         ..CapabilitiesRecord::default()
     };
-    heartbeat(&store, &due, Some(gpu.clone()), at(116), interval).unwrap();
+    heartbeat(&store, &due, Some(gpu.clone()), at(116), offline_after).unwrap();
     let moved = read(&m);
     assert_eq!(moved.last_seen, Some(at(116)));
     assert_eq!(moved.capabilities, gpu);
@@ -139,7 +141,7 @@ fn heartbeats_write_when_due_from_the_record_read() {
         .members(MemberKind::Device)
         .insert(&m.id, &revoked)
         .unwrap();
-    let err = heartbeat(&store, &moved, None, at(200), interval).unwrap_err();
+    let err = heartbeat(&store, &moved, None, at(200), offline_after).unwrap_err();
     assert!(matches!(err, Error::PermissionDenied(_)), "{err:?}");
     assert_eq!(read(&m).last_seen, Some(at(100)));
 }

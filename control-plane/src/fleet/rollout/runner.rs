@@ -86,8 +86,7 @@ async fn advance(
     now: OffsetDateTime,
     fence: Option<Fence>,
 ) -> Result<()> {
-    let offline_after =
-        time::Duration::try_from(core.config.offline_after()).unwrap_or(time::Duration::MAX);
+    let offline_after = core.offline_after();
     // Reading a whole group and writing its assignments is blocking store
     // work that grows with the fleet; it must not hold up the runtime's
     // workers, which serve every device's heartbeats and streams.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use postgres::error::Severity;
-use postgres::{Client, NoTls, Statement};
+use postgres::{Client, Statement};
 
 use super::url::PostgresUrl;
 use crate::store::StoreError;
@@ -23,21 +23,6 @@ pub const POOL_SIZE: usize = 8;
 /// How long a connection may sit unused before it is checked before use.
 const IDLE_CHECK: Duration = Duration::from_secs(5);
 const IDLE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// `e` and its causes: the driver's own message for a failed TLS
-/// handshake ("error performing TLS handshake") leaves out why.
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let more = c.to_string();
-        if !text.contains(&more) {
-            text = format!("{text}: {more}");
-        }
-        cause = c.source();
-    }
-    text
-}
 
 /// One pool thread's connection, made on first use and again after it broke.
 pub struct Session {
@@ -77,13 +62,14 @@ impl Session {
         }
         self.last_used = Instant::now();
         if self.client.is_none() {
-            let config = self.url.config();
-            let client = match self.url.tls() {
-                Some(tls) => config.connect(tls.clone()),
-                None => config.connect(NoTls),
-            }
-            .map_err(|e| {
-                StoreError::Unavailable(format!("connecting to {}: {}", self.url, with_causes(&e)))
+            // With its causes (`{:#}`): the driver's own message for a
+            // failed TLS handshake leaves out why it failed.
+            let client = self.url.connect().map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "connecting to {}: {:#}",
+                    self.url,
+                    anyhow::Error::from(e)
+                ))
             })?;
             self.client = Some(client);
         }

@@ -73,12 +73,9 @@ impl Drop for TestDatabase {
 /// Runs one statement as the admin, on a thread of its own: the sync
 /// client must not run on a tokio worker, and tests call this from one.
 fn admin_statement(admin: &PostgresUrl, sql: String) -> Result<(), StoreError> {
-    let (config, tls) = (admin.config().clone(), admin.tls().cloned());
+    let admin = admin.clone();
     std::thread::spawn(move || -> Result<(), StoreError> {
-        let mut client = match tls {
-            Some(tls) => config.connect(tls)?,
-            None => config.connect(postgres::NoTls)?,
-        };
+        let mut client = admin.connect()?;
         client.batch_execute(&sql)?;
         Ok(())
     })

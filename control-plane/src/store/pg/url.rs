@@ -131,12 +131,22 @@ impl PostgresUrl {
         })
     }
 
-    pub(in crate::store) fn config(&self) -> &postgres::Config {
+    #[cfg(test)]
+    fn config(&self) -> &postgres::Config {
         &self.config
     }
 
-    /// The TLS connector, when the URL asks for TLS.
-    pub(in crate::store) fn tls(&self) -> Option<&RustlsTls> {
+    /// A new connection, over TLS when the URL asks for it. Blocking: not
+    /// for a tokio worker (the pool's threads and the tests' own call it).
+    pub(in crate::store) fn connect(&self) -> Result<postgres::Client, postgres::Error> {
+        match &self.tls {
+            Some(tls) => self.config.connect(tls.clone()),
+            None => self.config.connect(postgres::NoTls),
+        }
+    }
+
+    #[cfg(test)]
+    fn tls(&self) -> Option<&RustlsTls> {
         self.tls.as_ref()
     }
 
