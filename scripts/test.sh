@@ -109,6 +109,9 @@ cargo test --workspace 2>&1 | tee "$log"
 echo "==> telemetry soak, small (about 10 s; the 30-day run: docs/reliability.md)"
 cargo run --quiet -p edgeloop-tests --bin telemetry-soak -- --devices 50 --days 3 2>&1 | tee -a "$log"
 
+echo "==> a rollout wave's assignment writes, small (device by device against batched, on PostgreSQL; 1 000 devices: docs/fleet-scale.md)"
+cargo run --quiet -p edgeloop-tests --bin wave-writes -- --devices 50 --repeat 2 --postgres 2>&1 | tee -a "$log"
+
 echo "==> fleet scale, small (20 agents on two replicas over PostgreSQL, by TLS, and S3; the 10 000-agent runs: docs/fleet-scale.md)"
 cargo run --quiet -p edgeloop-tests --bin fleet-scale -- 20 \
   --postgres "$EDGELOOP_TEST_POSTGRES_URL?sslmode=require&sslrootcert=$EDGELOOP_TEST_POSTGRES_CA" \

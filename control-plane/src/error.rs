@@ -129,6 +129,7 @@ impl From<ArtifactError> for Error {
             },
             ArtifactError::Incomplete { .. } => Error::Unavailable(e.to_string()),
             ArtifactError::Offset { .. } => Error::bad_field("offset", e.to_string()),
+            ArtifactError::Superseded => Error::Conflict(e.to_string()),
             ArtifactError::Io(_) => Error::Internal(e.into()),
             ArtifactError::Backend(_) => Error::Unavailable(e.to_string()),
         }

@@ -29,6 +29,25 @@ pub fn remember(store: &Store, device: &str, model: &str, version: &str) -> Resu
     Ok(())
 }
 
+/// [`remember`] of many `(device, model, version)` at once: one read of
+/// them all, one write of those not yet remembered (a rollout wave).
+pub fn remember_many(store: &Store, assigned: &[(&str, &str, &str)]) -> Result<()> {
+    let keys: Vec<String> = assigned
+        .iter()
+        .map(|(d, m, v)| history_key(d, m, v))
+        .collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let known = store.assigned_history.get_many(&refs)?;
+    let new: Vec<(&str, &())> = refs
+        .iter()
+        .zip(known)
+        .filter(|(_, k)| k.is_none())
+        .map(|(key, _)| (*key, &()))
+        .collect();
+    store.assigned_history.insert_many(&new)?;
+    Ok(())
+}
+
 /// For a data dir from before the history existed: what devices are
 /// assigned now, and what they reported running, counts as assigned. Runs
 /// only while the history is empty. Returns the pairs written.

@@ -1,12 +1,14 @@
 //! What each device should run. A device's set carries a generation number
 //! that only grows, so an agent can ignore anything older than what it has.
 
+use std::collections::HashMap;
+
 use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1 as pb;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fleet::members::MemberKind;
+use crate::fleet::members::{Member, MemberKind};
 use crate::fleet::{Events, FleetEvent};
 use crate::registry::models::ModelVersionRecord;
 use crate::store::Store;
@@ -154,7 +156,7 @@ pub async fn replace(
     Ok(set)
 }
 
-/// What [`set_model`] did.
+/// What [`set_models`] did to one device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetOutcome {
     /// The set changed; its new generation.
@@ -167,54 +169,101 @@ pub enum SetOutcome {
     UnknownDevice,
 }
 
-/// Sets one model's entry on a device (`None` removes it), keeping its
-/// other models, unless a newer deployment (higher `seq`) owns the entry.
-/// Neither flushes nor wakes the device: a rollout writes many devices,
-/// then flushes once, then publishes [`FleetEvent::AssignmentsChanged`].
-pub fn set_model(
+/// Sets one model's entry on each of `devices` (distinct): the entry
+/// `entry_for` makes from the device's member record (`None` removes it),
+/// keeping the device's other models, unless a newer deployment (higher
+/// `seq`) owns the entry. A few store calls whatever the number of devices
+/// (on PostgreSQL, a few round trips instead of a few per device): one read
+/// of the members, the assignment history's read and write, then the sets'
+/// reads and one fenced transaction (again for sets another writer changed
+/// meanwhile). Per device, in order: what happened, and the entry it got.
+/// Neither flushes nor wakes the devices: a rollout writes many, then
+/// flushes once, then publishes [`FleetEvent::AssignmentsChanged`].
+pub fn set_models(
     store: &Store,
-    device: &str,
+    model: &str,
+    seq: u64,
+    fence: Option<crate::store::Fence>,
+    devices: &[&str],
+    entry_for: impl Fn(&Member) -> Option<AssignmentRecord>,
+) -> Result<Vec<(SetOutcome, Option<AssignmentRecord>)>> {
+    let members = store.members(MemberKind::Device).get_many(devices)?;
+    let mut entries: HashMap<&str, Option<AssignmentRecord>> = HashMap::new();
+    for (device, member) in devices.iter().zip(&members) {
+        if let Some(m) = member {
+            entries.insert(device, entry_for(m));
+        }
+    }
+    // The history before the sets, so a stored assignment always has its.
+    let remembered: Vec<(&str, &str, &str)> = entries
+        .iter()
+        .filter_map(|(d, e)| {
+            e.as_ref()
+                .map(|e| (*d, e.model_name.as_str(), e.model_version.as_str()))
+        })
+        .collect();
+    super::admission::remember_many(store, &remembered)?;
+    let enrolled: Vec<&str> = devices
+        .iter()
+        .copied()
+        .filter(|d| entries.contains_key(d))
+        .collect();
+    // What the last run of the update decided, per device: that run's
+    // value is the one written.
+    let mut decided: HashMap<String, SetOutcome> = HashMap::new();
+    // A rollout's write, fenced: a stale leader's never lands, so no
+    // generation is handed out twice.
+    let written =
+        store.update_many_fenced(&store.assignments, fence, &enrolled, |device, cur| {
+            let entry = entries.get(device).cloned().flatten();
+            let (outcome, set) = set_entry(cur.unwrap_or_default(), model, entry, seq);
+            decided.insert(device.to_string(), outcome);
+            Ok::<_, Error>(set)
+        })?;
+    for w in written {
+        w.map_err(crate::leader::not_written)?;
+    }
+    Ok(devices
+        .iter()
+        .map(|d| match entries.get(d) {
+            None => (SetOutcome::UnknownDevice, None),
+            Some(entry) => (
+                decided.get(*d).copied().unwrap_or(SetOutcome::Unchanged),
+                entry.clone(),
+            ),
+        })
+        .collect())
+}
+
+/// One device's set with `model`'s entry replaced by `entry` (removed when
+/// `None`), unless a newer deployment's entry is there.
+fn set_entry(
+    cur: AssignmentSetRecord,
     model: &str,
     entry: Option<AssignmentRecord>,
     seq: u64,
-    fence: Option<crate::store::Fence>,
-) -> Result<SetOutcome> {
-    if !store.members(MemberKind::Device).contains(device)? {
-        return Ok(SetOutcome::UnknownDevice);
+) -> (SetOutcome, AssignmentSetRecord) {
+    let existing = cur.assignments.iter().find(|a| a.model_name == model);
+    if existing.is_some_and(|a| a.deployment_seq > seq) {
+        return (SetOutcome::Stale, cur);
     }
-    if let Some(e) = &entry {
-        super::admission::remember(store, device, &e.model_name, &e.model_version)?;
+    if existing == entry.as_ref() {
+        return (SetOutcome::Unchanged, cur);
     }
-    let mut outcome = SetOutcome::Unchanged;
-    // A rollout's write, fenced: a stale leader's never lands, so no
-    // generation is handed out twice.
-    let written = store.update_fenced(&store.assignments, fence, device, |cur| {
-        let cur = cur.unwrap_or_default();
-        let existing = cur.assignments.iter().find(|a| a.model_name == model);
-        if existing.is_some_and(|a| a.deployment_seq > seq) {
-            outcome = SetOutcome::Stale;
-            return Ok::<_, Error>(cur);
-        }
-        if existing == entry.as_ref() {
-            outcome = SetOutcome::Unchanged;
-            return Ok(cur);
-        }
-        let mut assignments: Vec<AssignmentRecord> = cur
-            .assignments
-            .iter()
-            .filter(|a| a.model_name != model)
-            .cloned()
-            .collect();
-        assignments.extend(entry.clone());
-        assignments.sort_by(|a, b| a.model_name.cmp(&b.model_name));
-        outcome = SetOutcome::Changed(cur.generation + 1);
-        Ok(AssignmentSetRecord {
-            generation: cur.generation + 1,
+    let mut assignments: Vec<AssignmentRecord> = cur
+        .assignments
+        .iter()
+        .filter(|a| a.model_name != model)
+        .cloned()
+        .collect();
+    assignments.extend(entry);
+    assignments.sort_by(|a, b| a.model_name.cmp(&b.model_name));
+    let generation = cur.generation + 1;
+    (
+        SetOutcome::Changed(generation),
+        AssignmentSetRecord {
+            generation,
             assignments,
-        })
-    })?;
-    match written {
-        Ok(_) => Ok(outcome),
-        Err(e) => Err(crate::leader::not_written(e)),
-    }
+        },
+    )
 }

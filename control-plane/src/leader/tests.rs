@@ -102,6 +102,37 @@ fn a_stale_leaders_fenced_write_is_refused_and_the_new_leaders_applies() {
     }
 }
 
+/// A batch written under a stale fence is refused as a whole, key by key.
+#[test]
+fn a_stale_leaders_batch_is_refused_whole() {
+    for (store, _keep) in stores("leader fencing of batches") {
+        let t = &store.pipeline_active;
+        let a = Leadership::new("a".into());
+        a.round(&store, at(0)).unwrap();
+        let old = a.fence(Task::Rollouts).unwrap();
+        let write = |fence, v: &str| {
+            store
+                .update_many_fenced(t, Some(fence), &["x", "y"], |_, _| {
+                    Ok::<_, ()>(v.to_string())
+                })
+                .unwrap()
+        };
+        let ok = |v: &str| vec![Ok(v.to_string()), Ok(v.to_string())];
+        assert_eq!(write(old, "from a"), ok("from a"));
+        let b = Leadership::new("b".into());
+        b.round(&store, at(30)).unwrap();
+        let new = b.fence(Task::Rollouts).unwrap();
+        let refused = vec![Err(NotWritten::FencedOut(old)); 2];
+        assert_eq!(write(old, "stale a"), refused);
+        assert_eq!(
+            t.get_many(&["x", "y"]).unwrap(),
+            vec![Some("from a".to_string()); 2],
+            "nothing of the stale batch landed"
+        );
+        assert_eq!(write(new, "from b"), ok("from b"));
+    }
+}
+
 fn fencing(store: &Store) {
     let t = &store.pipeline_active;
     let a = Leadership::new("a".into());

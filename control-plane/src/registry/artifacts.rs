@@ -33,6 +33,12 @@ pub enum ArtifactError {
     Incomplete { received: u64, expected: u64 },
     #[error("cannot resume at offset {requested}: {held} bytes are held")]
     Offset { requested: u64, held: u64 },
+    /// A newer call for the same owner's upload of the same artifact took
+    /// it over (a retry beside a stalled try); this one wrote nothing more.
+    #[error(
+        "a newer upload of this artifact by the same uploader took over; ask where it stands and resume from there"
+    )]
+    Superseded,
     #[error("artifact store I/O: {0}")]
     Io(#[from] io::Error),
     /// The object store (S3) failed or could not be reached; a retry may
@@ -195,6 +201,8 @@ pub struct LocalArtifactStore {
     /// answered "stored" is never followed by its artifact's deletion.
     /// Held only for a few syscalls, never across an await.
     gate: std::sync::Arc<std::sync::Mutex<()>>,
+    /// Which call writes each partial file (see [`claims`]).
+    claims: std::sync::Arc<claims::Claims>,
 }
 
 impl LocalArtifactStore {
@@ -202,6 +210,7 @@ impl LocalArtifactStore {
         let store = Self {
             root: root.to_path_buf(),
             gate: Default::default(),
+            claims: Default::default(),
         };
         std::fs::create_dir_all(store.root.join("sha256"))?;
         let tmp = store.root.join("tmp");
@@ -472,6 +481,9 @@ impl ArtifactStore for LocalArtifactStore {
         // and hashed all the same (and `commit` then drops the copy), or a
         // caller could name any stored digest as its own upload.
         let partial = self.partial_path(owner, expected);
+        // Taken before the file is looked at: from here on, no earlier call
+        // for this upload writes to it.
+        let (claim, turn) = self.claims.take(&partial).await;
         let held = self.partial_len(owner, expected).await?;
         // Continue exactly where the held bytes end, or start over at 0.
         if offset != 0 && offset != held {
@@ -499,6 +511,7 @@ impl ArtifactStore for LocalArtifactStore {
                 .open(&partial)
                 .await?
         };
+        drop(turn);
         let mut broken = None;
         while let Some(chunk) = body.next().await {
             let chunk = match chunk {
@@ -508,6 +521,7 @@ impl ArtifactStore for LocalArtifactStore {
                     break;
                 }
             };
+            let _turn = claim.write_turn().await?;
             if hasher.len() + chunk.len() as u64 > size {
                 let actual = hasher.len() + chunk.len() as u64;
                 drop(file);
@@ -520,6 +534,9 @@ impl ArtifactStore for LocalArtifactStore {
             hasher.update(&chunk);
             file.write_all(&chunk).await?;
         }
+        // Held to the end: a newer call must not append to the file while
+        // it is synced, checked and moved into the store.
+        let _turn = claim.write_turn().await?;
         file.sync_all().await?;
         drop(file);
         if let Some(e) = broken {
@@ -566,5 +583,6 @@ impl ArtifactStore for LocalArtifactStore {
 }
 
 /// The behaviour every backend promises, run against each (`tests.rs`).
+mod claims;
 #[cfg(test)]
 mod tests;

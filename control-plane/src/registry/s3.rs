@@ -55,7 +55,7 @@ use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
 use object_store::{
     ClientConfigKey, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt,
-    PutPayload,
+    PutMode, PutPayload, UpdateVersion,
 };
 use serde::Serialize;
 
@@ -205,23 +205,65 @@ impl S3ArtifactStore {
         &self,
         key: &Path,
     ) -> Result<Option<T>, ArtifactError> {
-        let bytes = match self.s3.get(key).await {
-            Ok(r) => r.bytes().await.map_err(backend)?,
+        Ok(self.get_json_versioned(key).await?.map(|(v, _)| v))
+    }
+
+    /// The object and its version (ETag), for a write that must replace
+    /// exactly what was read ([`S3ArtifactStore::put_json_if`]).
+    async fn get_json_versioned<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &Path,
+    ) -> Result<Option<(T, UpdateVersion)>, ArtifactError> {
+        let got = match self.s3.get(key).await {
+            Ok(r) => r,
             Err(e) if is_not_found(&e) => return Ok(None),
             Err(e) => return Err(backend(e)),
         };
+        let version = UpdateVersion {
+            e_tag: got.meta.e_tag.clone(),
+            version: got.meta.version.clone(),
+        };
+        let bytes = got.bytes().await.map_err(backend)?;
         serde_json::from_slice(&bytes)
-            .map(Some)
+            .map(|v| Some((v, version)))
             .map_err(|e| ArtifactError::Backend(format!("{key}: {e}")))
     }
 
     async fn put_json<T: Serialize>(&self, key: &Path, value: &T) -> Result<(), ArtifactError> {
-        let json = serde_json::to_vec(value).map_err(|e| ArtifactError::Backend(e.to_string()))?;
-        self.s3
-            .put(key, PutPayload::from(json))
-            .await
-            .map_err(backend)?;
+        self.put_json_if(key, value, PutMode::Overwrite).await?;
         Ok(())
+    }
+
+    /// Writes `value` only as `mode` allows (`Create`: if absent;
+    /// `Update`: if it still holds that version), with S3's conditional
+    /// PUT (`If-None-Match: *`, `If-Match`); the version written. A lost
+    /// condition is [`ArtifactError::Superseded`]: another writer got
+    /// there first.
+    async fn put_json_if<T: Serialize>(
+        &self,
+        key: &Path,
+        value: &T,
+        mode: PutMode,
+    ) -> Result<UpdateVersion, ArtifactError> {
+        let json = serde_json::to_vec(value).map_err(|e| ArtifactError::Backend(e.to_string()))?;
+        match self
+            .s3
+            .put_opts(key, PutPayload::from(json), mode.into())
+            .await
+        {
+            Ok(put) => Ok(UpdateVersion {
+                e_tag: put.e_tag,
+                version: put.version,
+            }),
+            Err(
+                object_store::Error::Precondition { .. }
+                | object_store::Error::AlreadyExists { .. },
+            ) => Err(ArtifactError::Superseded),
+            // An `If-Match` on an object deleted meanwhile (the other
+            // writer finished) is answered 404 by some servers.
+            Err(e) if is_not_found(&e) => Err(ArtifactError::Superseded),
+            Err(e) => Err(backend(e)),
+        }
     }
 
     async fn delete_quietly(&self, key: &Path) {

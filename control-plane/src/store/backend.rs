@@ -46,6 +46,20 @@ pub trait KvTree: Send + Sync {
 
     fn range(&self, range: Range<'_>) -> Result<Vec<Entry>, StoreError>;
 
+    /// What each of `keys` holds, in their order: one call, so that
+    /// reading a rollout wave's records is one round trip on PostgreSQL
+    /// rather than one per device. A key may repeat.
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
+
+    /// [`KvTree::insert`] of every entry, as one call (a key that repeats
+    /// ends with its last value).
+    /// Not atomic as a whole: after an error, some may have been written.
+    fn insert_many(&self, entries: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
+        entries.iter().try_for_each(|(k, v)| self.insert(k, v))
+    }
+
     /// Records in the tree (may be O(n)).
     fn len(&self) -> Result<usize, StoreError>;
 }
@@ -57,6 +71,15 @@ pub struct FenceCheck<'a> {
     pub tree: &'a str,
     pub key: &'a [u8],
     pub value: &'a [u8],
+}
+
+/// One compare-and-swap of a batch: [`KvTree::compare_and_swap`]'s
+/// arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct Swap<'a> {
+    pub key: &'a [u8],
+    pub old: Option<&'a [u8]>,
+    pub new: Option<&'a [u8]>,
 }
 
 /// What a fenced compare-and-swap did.
@@ -86,6 +109,19 @@ pub trait KvBackend: Send + Sync {
         fence: FenceCheck<'_>,
     ) -> Result<FencedCas, StoreError>;
 
+    /// Compare-and-swaps of distinct keys of `tree`, each with its own
+    /// result, in their order, applied in one atomic step (one
+    /// transaction): with `fence`, only while the fence record holds its
+    /// value, checked once for the whole batch, so either every result is
+    /// [`FencedCas::Fenced`] and nothing was written, or none is. What a
+    /// rollout wave writes, in one transaction instead of one per device.
+    fn compare_and_swap_many(
+        &self,
+        tree: &str,
+        swaps: &[Swap<'_>],
+        fence: Option<FenceCheck<'_>>,
+    ) -> Result<Vec<FencedCas>, StoreError>;
+
     /// A number never handed out before by this store, increasing, also
     /// across restarts.
     fn next_id(&self) -> Result<u64, StoreError>;
@@ -114,4 +150,20 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
         }
     }
     None
+}
+
+/// Refuses a batch that names a key twice: a batch's swaps are each
+/// checked against the value before the batch, which a repeat would make
+/// ambiguous (and PostgreSQL's set-based writes apply one of the two).
+pub fn distinct_keys(tree: &str, swaps: &[Swap<'_>]) -> Result<(), StoreError> {
+    let mut seen = std::collections::HashSet::with_capacity(swaps.len());
+    for s in swaps {
+        if !seen.insert(s.key) {
+            return Err(StoreError::DuplicateKey {
+                tree: tree.to_string(),
+                key: String::from_utf8_lossy(s.key).into_owned(),
+            });
+        }
+    }
+    Ok(())
 }

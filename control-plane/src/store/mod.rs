@@ -61,6 +61,9 @@ pub enum StoreError {
         key: String,
         source: serde_json::Error,
     },
+    /// A batch named one key twice (see [`backend::Swap`]).
+    #[error("a batch of writes to {tree} names {key} twice")]
+    DuplicateKey { tree: String, key: String },
     #[error("encoding a record for {tree}: {source}")]
     Encode {
         tree: String,
@@ -74,6 +77,24 @@ pub struct Fence {
     /// The task's lease name (`leader::Task::name`).
     pub task: &'static str,
     pub token: u64,
+}
+
+impl Fence {
+    /// The value the fence record holds while this token is current.
+    fn encoded(self) -> Result<Vec<u8>, StoreError> {
+        serde_json::to_vec(&self.token).map_err(|source| StoreError::Encode {
+            tree: "fences".into(),
+            source,
+        })
+    }
+
+    fn check(self, encoded: &[u8]) -> FenceCheck<'_> {
+        FenceCheck {
+            tree: "fences",
+            key: self.task.as_bytes(),
+            value: encoded,
+        }
+    }
 }
 
 /// Why [`Store::update_fenced`] wrote nothing.
@@ -264,18 +285,29 @@ impl Store {
         let Some(fence) = fence else {
             return Ok(tree.update(key, f)?.map_err(NotWritten::Refused));
         };
-        let value = serde_json::to_vec(&fence.token).map_err(|source| StoreError::Encode {
-            tree: "fences".into(),
-            source,
-        })?;
-        let check = FenceCheck {
-            tree: "fences",
-            key: fence.task.as_bytes(),
-            value: &value,
-        };
+        let value = fence.encoded()?;
         Ok(tree
-            .update_fenced(&*self.db, check, key, f)?
+            .update_fenced(&*self.db, fence.check(&value), key, f)?
             .map_err(|e| e.map_or(NotWritten::FencedOut(fence), NotWritten::Refused)))
+    }
+
+    /// [`Store::update_fenced`] of many distinct keys of one tree in a few
+    /// backend calls instead of a few per key (see [`Tree::update_many`]):
+    /// a rollout wave's assignments. Per key, in `keys`' order.
+    #[allow(clippy::type_complexity)]
+    pub fn update_many_fenced<V, E>(
+        &self,
+        tree: &Tree<V>,
+        fence: Option<Fence>,
+        keys: &[&str],
+        f: impl FnMut(&str, Option<V>) -> Result<V, E>,
+    ) -> Result<Vec<Result<V, NotWritten<E>>>, StoreError>
+    where
+        V: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let value = fence.map(|f| f.encoded()).transpose()?;
+        let check = fence.zip(value.as_deref()).map(|(f, v)| (f, f.check(v)));
+        tree.update_many(&*self.db, check, keys, f)
     }
 
     pub fn members(&self, kind: MemberKind) -> &Tree<Member> {

@@ -141,8 +141,26 @@ impl KvTree for CountedTree {
         Ok(found)
     }
 
+    /// One call, however many keys: what it costs on PostgreSQL.
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let found = self.tree.get_many(keys)?;
+        let (mut records, mut bytes) = (0, 0);
+        for (k, v) in keys.iter().zip(&found) {
+            if let Some(v) = v {
+                records += 1;
+                bytes += (k.len() + v.len()) as u64;
+            }
+        }
+        self.counter.add(records, bytes);
+        Ok(found)
+    }
+
     fn insert(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         self.tree.insert(key, value)
+    }
+
+    fn insert_many(&self, entries: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
+        self.tree.insert_many(entries)
     }
 
     fn compare_and_swap(

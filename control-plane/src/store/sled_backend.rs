@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::backend::{Entry, FenceCheck, FencedCas, KvBackend, KvTree, Range};
+use super::backend::{distinct_keys, Entry, FenceCheck, FencedCas, KvBackend, KvTree, Range, Swap};
 use super::StoreError;
 
 /// Where sled keeps the schema version: its default tree, as before there
@@ -86,6 +86,52 @@ impl KvBackend for SledBackend {
         match r {
             Ok(()) => Ok(FencedCas::Swapped),
             Err(TransactionError::Abort(outcome)) => Ok(outcome),
+            Err(TransactionError::Storage(e)) => Err(e.into()),
+        }
+    }
+
+    /// One sled transaction over the tree and the fences: sled's
+    /// transactions are serializable, so the batch sees one state of both.
+    fn compare_and_swap_many(
+        &self,
+        tree: &str,
+        swaps: &[Swap<'_>],
+        fence: Option<FenceCheck<'_>>,
+    ) -> Result<Vec<FencedCas>, StoreError> {
+        use sled::transaction::{abort, TransactionError, TransactionalTree};
+        use sled::Transactional;
+        distinct_keys(tree, swaps)?;
+        let apply = |d: &TransactionalTree| {
+            let mut out = Vec::with_capacity(swaps.len());
+            for s in swaps {
+                if d.get(s.key)?.as_deref() != s.old {
+                    out.push(FencedCas::Changed);
+                    continue;
+                }
+                match s.new {
+                    Some(n) => d.insert(s.key, n)?,
+                    None => d.remove(s.key)?,
+                };
+                out.push(FencedCas::Swapped);
+            }
+            Ok(out)
+        };
+        let data = self.db.open_tree(tree)?;
+        let r = match fence {
+            None => data.transaction(|d| apply(d)),
+            Some(fence) => {
+                let fences = self.db.open_tree(fence.tree)?;
+                (&data, &fences).transaction(|(d, f)| {
+                    if f.get(fence.key)?.as_deref() != Some(fence.value) {
+                        return abort(());
+                    }
+                    apply(d)
+                })
+            }
+        };
+        match r {
+            Ok(out) => Ok(out),
+            Err(TransactionError::Abort(())) => Ok(vec![FencedCas::Fenced; swaps.len()]),
             Err(TransactionError::Storage(e)) => Err(e.into()),
         }
     }

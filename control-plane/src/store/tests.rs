@@ -244,6 +244,178 @@ fn single_records_read_write_and_compare_and_swap() {
     }
 }
 
+/// Batched reads, writes and swaps (a rollout wave's) give each key what
+/// one call per key would, and a batch's fence is checked once for all.
+#[test]
+fn batches_read_write_and_swap_per_key() {
+    use super::backend::{FenceCheck, FencedCas, Swap};
+    for case in cases("batched operations") {
+        let (t, b) = (&case.store.label_hours, case.backend);
+        t.insert_many(&[("a", &1), ("b", &2), ("e", &5), ("a", &1)])
+            .unwrap();
+        assert_eq!(
+            t.get_many(&["a", "zz", "b", "a"]).unwrap(),
+            vec![Some(1), None, Some(2), Some(1)],
+            "{b}: in order, absent keys as None, repeats answered"
+        );
+        assert_eq!(t.get_many(&[]).unwrap(), Vec::<Option<u64>>::new(), "{b}");
+        let j = |v: u64| serde_json::to_vec(&v).unwrap();
+        let (one, two, three, five, ten) = (j(1), j(2), j(3), j(5), j(10));
+        let swaps = [
+            // Each kind of swap, applying and not.
+            Swap {
+                key: b"a",
+                old: Some(&one),
+                new: Some(&ten),
+            },
+            Swap {
+                key: b"b",
+                old: Some(&three),
+                new: Some(&ten),
+            },
+            Swap {
+                key: b"c",
+                old: None,
+                new: Some(&three),
+            },
+            Swap {
+                key: b"e",
+                old: None,
+                new: Some(&three),
+            },
+            Swap {
+                key: b"f",
+                old: Some(&five),
+                new: None,
+            },
+            Swap {
+                key: b"g",
+                old: None,
+                new: None,
+            },
+        ];
+        let db = &*case.store.db;
+        use FencedCas::{Changed, Fenced, Swapped};
+        assert_eq!(
+            db.compare_and_swap_many("label_hours", &swaps, None)
+                .unwrap(),
+            vec![Swapped, Changed, Swapped, Changed, Changed, Swapped],
+            "{b}"
+        );
+        assert_eq!(
+            t.get_many(&["a", "b", "c", "e", "f"]).unwrap(),
+            vec![Some(10), Some(2), Some(3), Some(5), None],
+            "{b}: only the swaps that held applied"
+        );
+        let removal = [
+            Swap {
+                key: b"e",
+                old: Some(&five),
+                new: None,
+            },
+            Swap {
+                key: b"b",
+                old: Some(&two),
+                new: Some(&one),
+            },
+            Swap {
+                key: b"x",
+                old: None,
+                new: None,
+            },
+        ];
+        // A fence that holds lets the batch through; one that moved on
+        // stops all of it.
+        case.store.fences.insert("rollouts", &7).unwrap();
+        let (seven, eight) = (j(7), j(8));
+        let fence = |value| FenceCheck {
+            tree: "fences",
+            key: b"rollouts",
+            value,
+        };
+        assert_eq!(
+            db.compare_and_swap_many("label_hours", &removal, Some(fence(&eight)))
+                .unwrap(),
+            vec![Fenced, Fenced, Fenced],
+            "{b}"
+        );
+        assert_eq!(
+            t.get_many(&["e", "b"]).unwrap(),
+            vec![Some(5), Some(2)],
+            "{b}"
+        );
+        assert_eq!(
+            db.compare_and_swap_many("label_hours", &removal, Some(fence(&seven)))
+                .unwrap(),
+            vec![Swapped, Swapped, Swapped],
+            "{b}"
+        );
+        assert_eq!(t.get_many(&["e", "b"]).unwrap(), vec![None, Some(1)], "{b}");
+        let twice = [
+            Swap {
+                key: b"a",
+                old: None,
+                new: Some(&one),
+            },
+            Swap {
+                key: b"a",
+                old: Some(&ten),
+                new: Some(&one),
+            },
+        ];
+        assert!(
+            matches!(
+                db.compare_and_swap_many("label_hours", &twice, None),
+                Err(StoreError::DuplicateKey { .. })
+            ),
+            "{b}: a key twice in one batch is refused"
+        );
+        assert_eq!(t.get("a").unwrap(), Some(10), "{b}: and nothing written");
+        assert_eq!(
+            db.compare_and_swap_many("label_hours", &[], None).unwrap(),
+            vec![],
+            "{b}"
+        );
+    }
+}
+
+/// Threads add to the same counters with batched updates: the batch's
+/// re-reads and retries lose no increment on either backend.
+#[test]
+fn racing_batched_updates_lose_no_increment() {
+    const THREADS: u64 = 6;
+    const EACH: u64 = 25;
+    let keys = ["c0", "c1", "c2", "c3", "c4"];
+    for case in cases("racing batched updates") {
+        let store = Arc::new(case.store.clone());
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..EACH {
+                        let out = store
+                            .update_many_fenced(&store.label_hours, None, &keys, |_, v| {
+                                Ok::<_, ()>(v.unwrap_or(0) + 1)
+                            })
+                            .unwrap();
+                        assert!(out.iter().all(Result::is_ok));
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let got = store.label_hours.get_many(&keys).unwrap();
+        assert_eq!(
+            got,
+            vec![Some(THREADS * EACH); keys.len()],
+            "{}",
+            case.backend
+        );
+    }
+}
+
 /// Many threads add to one counter with `update`: the compare-and-swap
 /// loses no increment on either backend.
 #[test]

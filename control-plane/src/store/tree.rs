@@ -9,9 +9,9 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::backend::{prefix_end, FenceCheck, FencedCas, KvBackend, KvTree, Range};
+use super::backend::{prefix_end, FenceCheck, FencedCas, KvBackend, KvTree, Range, Swap};
 use super::reads::ReadCounters;
-use super::StoreError;
+use super::{Fence, NotWritten, StoreError};
 
 /// Records read per backend call by the scans that stop on a condition
 /// (a filter, a page's end): big enough that a page is one or two calls,
@@ -249,6 +249,92 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
                 FencedCas::Fenced => return Ok(Err(None)),
             }
         }
+    }
+
+    /// What each of `keys` holds, in their order, read in one backend call.
+    pub fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<V>>, StoreError> {
+        let raw: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+        self.tree
+            .get_many(&raw)?
+            .into_iter()
+            .zip(keys)
+            .map(|(v, k)| v.map(|v| self.decode(k.as_bytes(), &v)).transpose())
+            .collect()
+    }
+
+    /// Inserts every entry in one backend call; not atomic as a whole.
+    pub fn insert_many(&self, entries: &[(&str, &V)]) -> Result<(), StoreError> {
+        let encoded: Vec<(&[u8], Vec<u8>)> = entries
+            .iter()
+            .map(|(k, v)| Ok((k.as_bytes(), self.encode(v)?)))
+            .collect::<Result<_, StoreError>>()?;
+        let pairs: Vec<(&[u8], &[u8])> = encoded.iter().map(|(k, v)| (*k, &v[..])).collect();
+        self.tree.insert_many(&pairs)
+    }
+
+    /// [`Tree::update`] of many distinct keys as batches: one read of every
+    /// key still to write, then one atomic compare-and-swap of them all
+    /// (under `fence` when given), again for the keys another writer
+    /// changed meanwhile. `f(key, current)` as in `update`: pure, since it
+    /// may run again for a key. Per key, in `keys`' order: the value
+    /// written, or why nothing was: `f` refused, or the fence moved on
+    /// (and nothing of that batch was written).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn update_many<E>(
+        &self,
+        db: &dyn KvBackend,
+        fence: Option<(Fence, FenceCheck<'_>)>,
+        keys: &[&str],
+        mut f: impl FnMut(&str, Option<V>) -> Result<V, E>,
+    ) -> Result<Vec<Result<V, NotWritten<E>>>, StoreError> {
+        let mut out: Vec<Option<Result<V, NotWritten<E>>>> = keys.iter().map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        while !pending.is_empty() {
+            let wanted: Vec<&[u8]> = pending.iter().map(|&i| keys[i].as_bytes()).collect();
+            let current = self.tree.get_many(&wanted)?;
+            let mut writes: Vec<(usize, Option<Vec<u8>>, Vec<u8>, V)> = Vec::new();
+            for (&i, raw) in pending.iter().zip(current) {
+                let old = raw
+                    .as_ref()
+                    .map(|r| self.decode(keys[i].as_bytes(), r))
+                    .transpose()?;
+                match f(keys[i], old) {
+                    Ok(new) => writes.push((i, raw, self.encode(&new)?, new)),
+                    Err(e) => out[i] = Some(Err(NotWritten::Refused(e))),
+                }
+            }
+            let swaps: Vec<Swap<'_>> = writes
+                .iter()
+                .map(|(i, old, new, _)| Swap {
+                    key: keys[*i].as_bytes(),
+                    old: old.as_deref(),
+                    new: Some(new),
+                })
+                .collect();
+            let results = db.compare_and_swap_many(&self.name, &swaps, fence.map(|f| f.1))?;
+            drop(swaps);
+            let mut again = Vec::new();
+            for ((i, _, _, new), result) in writes.into_iter().zip(results) {
+                match result {
+                    FencedCas::Swapped => out[i] = Some(Ok(new)),
+                    FencedCas::Changed => again.push(i),
+                    FencedCas::Fenced => {
+                        let Some((token, _)) = fence else {
+                            return Err(StoreError::Unavailable(format!(
+                                "{}: the backend fenced out a write that had no fence",
+                                self.name
+                            )));
+                        };
+                        out[i] = Some(Err(NotWritten::FencedOut(token)));
+                    }
+                }
+            }
+            pending = again;
+        }
+        Ok(out
+            .into_iter()
+            .map(|r| r.expect("every key ends with a result"))
+            .collect())
     }
 
     /// Removes `key` only if it still holds `expected`; false otherwise.

@@ -18,7 +18,7 @@ use crate::drift::records::{SampleKind, SampleRecord};
 use crate::error::{Error, Result};
 use crate::fleet::assignments::{self, AssignmentRecord, SetOutcome};
 use crate::fleet::deployments::{self, DeploymentRecord};
-use crate::fleet::members::{member_status, MemberKind, MemberStatus};
+use crate::fleet::members::{member_status, MemberStatus};
 use crate::fleet::telemetry::{
     status_key, AssignmentState, AssignmentStatusRecord, TelemetryRecord,
 };
@@ -150,22 +150,27 @@ fn step_and_write(
     if next.deployment == record.deployment && next.actions.is_empty() {
         return Ok(None);
     }
-    let mut assigned_generation = record.assigned_generation.clone();
-    let mut assigned_variant = record.assigned_variant.clone();
-    let mut woken = BTreeSet::new();
+    let mut written = Written {
+        stepped: next.deployment,
+        assigned_generation: record.assigned_generation.clone(),
+        assigned_variant: record.assigned_variant.clone(),
+        woken: BTreeSet::new(),
+    };
     let mut versions: HashMap<String, Option<ModelVersionRecord>> = HashMap::new();
     let model = record.deployment.model.clone();
+    // Consecutive assignment actions are written as one batch; a device
+    // named twice starts the next batch, so the second write sees the first.
+    let mut batch: Vec<Planned> = Vec::new();
     for action in &next.actions {
-        match action {
+        let planned = match action {
             Action::Assign { device, version } => {
                 let v = version_record(store, &mut versions, &model, version)?
                     .ok_or_else(|| Error::not_found("model version", version))?;
-                let (outcome, variant) = set(store, record, device, Some(&v), fence)?;
-                match variant {
-                    Some(name) => assigned_variant.insert(device.clone(), name),
-                    None => assigned_variant.remove(device),
-                };
-                note(device, outcome, &mut assigned_generation, &mut woken, store)?;
+                Planned {
+                    device: device.clone(),
+                    version: Some(v),
+                    revert: false,
+                }
             }
             Action::Revert { device, version } => {
                 let v = match version {
@@ -175,60 +180,94 @@ fn step_and_write(
                 if version.is_some() && v.is_none() {
                     tracing::warn!(%device, ?version, "previous version is gone from the registry; removing the assignment instead");
                 }
-                let (outcome, _) = set(store, record, device, v.as_ref(), fence)?;
-                // Back on what it ran before: no variant of the target.
-                assigned_variant.remove(device);
-                if v.is_none() && matches!(outcome, SetOutcome::Changed(_)) {
-                    // The agent unloads an unassigned model and reports
-                    // nothing for it, so its old status would never clear.
-                    store
-                        .assignment_status
-                        .remove(&status_key(device, &model))?;
+                Planned {
+                    device: device.clone(),
+                    version: v,
+                    revert: true,
                 }
-                note(device, outcome, &mut assigned_generation, &mut woken, store)?;
             }
             Action::Record { event } => {
                 log_event(&record.id, event);
                 deployments::append_event(store, &record.id, event.clone(), now)?;
+                continue;
             }
+        };
+        if batch.iter().any(|p| p.device == planned.device) {
+            write_batch(
+                store,
+                record,
+                &std::mem::take(&mut batch),
+                fence,
+                &mut written,
+            )?;
         }
+        batch.push(planned);
     }
-    Ok(Some(Written {
-        stepped: next.deployment,
-        assigned_generation,
-        assigned_variant,
-        woken,
-    }))
+    write_batch(store, record, &batch, fence, &mut written)?;
+    Ok(Some(written))
 }
 
-/// Writes the device's assignment of `version` (the variant that fits its
-/// execution providers) or removes it; returns the variant it got.
-fn set(
+/// One device's assignment write of a tick: its new version (`None`: no
+/// assignment), and whether it goes back to what it ran before.
+struct Planned {
+    device: String,
+    version: Option<ModelVersionRecord>,
+    revert: bool,
+}
+
+/// Writes `batch`'s assignments (each the variant of its version that fits
+/// the device's execution providers) in a few store calls, and notes what
+/// each got in `written`.
+fn write_batch(
     store: &Store,
     record: &DeploymentRecord,
-    device: &str,
-    version: Option<&ModelVersionRecord>,
+    batch: &[Planned],
     fence: Option<Fence>,
-) -> Result<(SetOutcome, Option<String>)> {
-    let providers = store
-        .members(MemberKind::Device)
-        .get(device)?
-        .map(|m| m.capabilities.execution_providers)
-        .unwrap_or_default();
-    let entry = version.map(|v| AssignmentRecord {
-        deployment_seq: record.seq,
-        ..AssignmentRecord::for_device(v, &providers, &record.id, record.activation_timeout_seconds)
-    });
-    let variant = entry.as_ref().and_then(|e| e.variant.clone());
-    let outcome = assignments::set_model(
-        store,
-        device,
-        &record.deployment.model,
-        entry,
-        record.seq,
-        fence,
-    )?;
-    Ok((outcome, variant))
+    written: &mut Written,
+) -> Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let model = &record.deployment.model;
+    let devices: Vec<&str> = batch.iter().map(|p| p.device.as_str()).collect();
+    let targets: HashMap<&str, &ModelVersionRecord> = batch
+        .iter()
+        .filter_map(|p| Some((p.device.as_str(), p.version.as_ref()?)))
+        .collect();
+    let results = assignments::set_models(store, model, record.seq, fence, &devices, |m| {
+        let v = targets.get(m.id.as_str())?;
+        Some(AssignmentRecord {
+            deployment_seq: record.seq,
+            ..AssignmentRecord::for_device(
+                v,
+                &m.capabilities.execution_providers,
+                &record.id,
+                record.activation_timeout_seconds,
+            )
+        })
+    })?;
+    for (p, (outcome, entry)) in batch.iter().zip(results) {
+        // Back on what it ran before: no variant of the target.
+        match entry.and_then(|e| e.variant).filter(|_| !p.revert) {
+            Some(name) => written.assigned_variant.insert(p.device.clone(), name),
+            None => written.assigned_variant.remove(&p.device),
+        };
+        if p.revert && p.version.is_none() && matches!(outcome, SetOutcome::Changed(_)) {
+            // The agent unloads an unassigned model and reports nothing
+            // for it, so its old status would never clear.
+            store
+                .assignment_status
+                .remove(&status_key(&p.device, model))?;
+        }
+        note(
+            &p.device,
+            outcome,
+            &mut written.assigned_generation,
+            &mut written.woken,
+            store,
+        )?;
+    }
+    Ok(())
 }
 
 fn note(
@@ -328,8 +367,14 @@ pub fn observe(
     };
     let mut fleet = FleetState::default();
     let mut telemetry = Telemetry::default();
-    for m in members {
-        let status = store.assignment_status.get(&status_key(&m.id, &d.model))?;
+    // One read for the whole group's statuses (one round trip on PostgreSQL).
+    let keys: Vec<String> = members
+        .iter()
+        .map(|m| status_key(&m.id, &d.model))
+        .collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let statuses = store.assignment_status.get_many(&keys)?;
+    for (m, status) in members.into_iter().zip(statuses) {
         let (version, status) = device_status(record, &m.id, status.as_ref());
         fleet.devices.insert(
             m.id.clone(),
@@ -471,3 +516,6 @@ fn online_accuracy(
     let right = judged.iter().filter(|ok| **ok).count();
     Ok(Some(right as f64 / judged.len() as f64))
 }
+
+#[cfg(test)]
+mod tests;

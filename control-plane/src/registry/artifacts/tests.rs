@@ -135,6 +135,7 @@ both!(
     idle_partial_uploads_are_pruned_and_recent_ones_resume,
     gc_lists_whole_artifacts_deletes_old_ones_and_a_put_again_refreshes,
     a_put_racing_a_collection_never_answers_stored_over_nothing,
+    a_stale_try_beside_a_newer_one_stops_without_spoiling_it,
 );
 
 fn body(parts: &[&'static [u8]]) -> ByteStream {
@@ -691,4 +692,105 @@ async fn a_put_racing_a_collection_never_answers_stored_over_nothing(b: Backing)
             assert_eq!(store.head(d).await.unwrap(), Some(data.len() as u64));
         }
     }
+}
+
+/// `owner`'s held bytes once they stop growing and reach `at_least`.
+async fn settled_partial(store: &dyn ArtifactStore, owner: &str, d: Digest, at_least: u64) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut last = u64::MAX;
+    loop {
+        let held = store.partial_len(owner, d).await.unwrap();
+        if held >= at_least && held == last {
+            return held;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "held {held}, want {at_least}"
+        );
+        last = held;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// A client retries while its first try still streams (stalled): the
+/// newer call takes the upload over, and the older one stops at its next
+/// write instead of appending to the same file (local) or saving a state
+/// that forgets the newer one's parts (S3). Either would spoil the upload:
+/// locally, a file of two interleaved streams committed under a digest
+/// only one of them matched.
+async fn a_stale_try_beside_a_newer_one_stops_without_spoiling_it(b: Backing) {
+    // Room for a part from each try and a short last one.
+    let mut data = big(9);
+    data.extend(big(10));
+    data.truncate(3 * PART_BYTES + 1_000_003);
+    let (d, size) = (Digest::of(&data), data.len() as u64);
+    let max = 1 << 30;
+    let store = b.open().await;
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, ArtifactError>>();
+    let send = |from: usize, to: usize| {
+        for c in data[from..to].chunks((1 << 20) + 7) {
+            // Unsent once the stale try has stopped reading: that is the point.
+            let _ = tx.unbounded_send(Ok(Bytes::copy_from_slice(c)));
+        }
+    };
+    let sent = PART_BYTES + (2 << 20);
+    send(0, sent);
+    let stale = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .put_resumable("job-r", d, Box::pin(rx), size, max, 0)
+                .await
+        })
+    };
+    // The first try has a part held, then stalls.
+    let held = settled_partial(store.as_ref(), "job-r", d, PART_BYTES as u64).await as usize;
+    // The retry continues from there and adds a part, then breaks.
+    let upto = held + PART_BYTES + (1 << 20);
+    let err = store
+        .put_resumable(
+            "job-r",
+            d,
+            chunked(&data[held..upto], Some(broken())),
+            size,
+            max,
+            held as u64,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ArtifactError::Body(_)), "{err}");
+    let retried = store.partial_len("job-r", d).await.unwrap();
+    assert!(
+        retried > held as u64,
+        "the retry's bytes are held: {retried}"
+    );
+    // The stalled try wakes with enough for one more part: refused.
+    send(sent, sent + PART_BYTES);
+    drop(tx);
+    let err = tokio::time::timeout(std::time::Duration::from_secs(60), stale)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, ArtifactError::Superseded), "{err}");
+    assert_eq!(
+        store.partial_len("job-r", d).await.unwrap(),
+        retried,
+        "what the retry saved stands"
+    );
+    // The next try finishes from there, and the artifact is exactly `data`.
+    let put = store
+        .put_resumable(
+            "job-r",
+            d,
+            chunked(&data[retried as usize..], None),
+            size,
+            max,
+            retried,
+        )
+        .await
+        .unwrap();
+    assert!(put.created);
+    assert_eq!(read_from(store.as_ref(), d, 0).await, (size, data.clone()));
+    assert_eq!(store.partial_len("job-r", d).await.unwrap(), 0);
 }

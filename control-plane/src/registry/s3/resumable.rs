@@ -3,11 +3,20 @@
 //! under `partials/`, written after every part, so any replica continues
 //! it. Parts are [`PART_BYTES`] (whole hash blocks); bytes after the last
 //! full part are not held, so a broken body continues from that part.
+//!
+//! Every write of the state is conditional on the version the call read
+//! or wrote last (S3's `If-Match`, `If-None-Match: *`), and each call
+//! writes it first thing: so the newest call for an upload (a client's
+//! retry beside a stalled try, on this replica or another) holds it, and
+//! an older one stops at its next write with
+//! [`ArtifactError::Superseded`] instead of saving a state that forgets
+//! the newer one's parts. (A part it sends meanwhile cannot corrupt the
+//! artifact: completion names each part's ETag, which S3 checks.)
 
 use edgeloop_models::Digest;
 use futures::StreamExt;
 use object_store::multipart::MultipartStore;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{ObjectStoreExt, PutMode, PutPayload, UpdateVersion};
 use serde::{Deserialize, Serialize};
 
 use super::put::PartBuffer;
@@ -46,9 +55,22 @@ impl S3ArtifactStore {
         owner: &str,
         digest: Digest,
     ) -> Result<Option<PartialState>, ArtifactError> {
+        Ok(self
+            .load_partial_versioned(owner, digest)
+            .await?
+            .map(|(state, _)| state))
+    }
+
+    /// The state and the version of its object, for the next conditional
+    /// write.
+    async fn load_partial_versioned(
+        &self,
+        owner: &str,
+        digest: Digest,
+    ) -> Result<Option<(PartialState, UpdateVersion)>, ArtifactError> {
         let key = self.partial_key(owner, digest);
-        match self.get_json::<PartialState>(&key).await? {
-            Some(state) if state.consistent(digest) => Ok(Some(state)),
+        match self.get_json_versioned::<PartialState>(&key).await? {
+            Some((state, v)) if state.consistent(digest) => Ok(Some((state, v))),
             Some(_) => Err(ArtifactError::Backend(format!(
                 "{key}: the partial upload's state does not add up"
             ))),
@@ -79,10 +101,21 @@ impl S3ArtifactStore {
             return Err(ArtifactError::TooLarge { limit: max_bytes });
         }
         let state_key = self.partial_key(owner, expected);
-        let existing = match self.load_partial(owner, expected).await {
-            Ok(s) => s,
-            // Starting over needs nothing of a state that does not add up.
-            Err(_) if offset == 0 => None,
+        // How the first write of the state is conditioned: on the version
+        // read here, or on there being none.
+        let mut mode = PutMode::Create;
+        let existing = match self.load_partial_versioned(owner, expected).await {
+            Ok(Some((state, version))) => {
+                mode = PutMode::Update(version);
+                Some(state)
+            }
+            Ok(None) => None,
+            // Starting over needs nothing of a state that does not add up,
+            // and it is nobody's to keep.
+            Err(_) if offset == 0 => {
+                mode = PutMode::Overwrite;
+                None
+            }
             Err(e) => return Err(e),
         };
         let held = existing.as_ref().map_or(0, PartialState::held);
@@ -101,12 +134,14 @@ impl S3ArtifactStore {
                 });
             }
         }
-        let (mut state, mut hasher) = match existing {
+        let (mut state, mut hasher, mut version) = match existing {
             Some(state) if offset != 0 => {
                 let hasher = ResumableSha256::resume(state.sha256).ok_or_else(|| {
                     ArtifactError::Backend(format!("{state_key}: hash state off a block"))
                 })?;
-                (state, hasher)
+                // Rewritten as it is: from now on this call holds it.
+                let version = self.put_json_if(&state_key, &state, mode).await?;
+                (state, hasher, version)
             }
             old => {
                 if let Some(old) = old {
@@ -129,11 +164,14 @@ impl S3ArtifactStore {
                     }),
                 };
                 // Recorded before any part, so prune_partials can find it.
-                if let Err(e) = self.put_json(&state_key, &state).await {
-                    self.abort_quietly(expected, &state.upload_id).await;
-                    return Err(e);
-                }
-                (state, hasher)
+                let version = match self.put_json_if(&state_key, &state, mode).await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.abort_quietly(expected, &state.upload_id).await;
+                        return Err(e);
+                    }
+                };
+                (state, hasher, version)
             }
         };
         let mut buf = PartBuffer::default();
@@ -173,7 +211,9 @@ impl S3ArtifactStore {
                 saved.sha256 = next.save().ok_or_else(|| {
                     ArtifactError::Backend("a part ended off a hash block".into())
                 })?;
-                self.put_json(&state_key, &saved).await?;
+                version = self
+                    .put_json_if(&state_key, &saved, PutMode::Update(version))
+                    .await?;
                 (state, hasher) = (saved, next);
             }
         }
@@ -196,6 +236,10 @@ impl S3ArtifactStore {
             self.drop_partial(owner, &state).await;
             return Err(ArtifactError::DigestMismatch { expected, actual });
         }
+        // Still this call's upload (a newer call has not taken it over)
+        // before anything of it is completed or dropped.
+        self.put_json_if(&state_key, &state, PutMode::Update(version))
+            .await?;
         let key = self.artifact_key(expected);
         let created = self.head_meta(&key).await?.is_none();
         if size == 0 {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use postgres::types::ToSql;
 
-use super::backend::{Entry, FenceCheck, FencedCas, KvBackend, KvTree, Range};
+use super::backend::{distinct_keys, Entry, FenceCheck, FencedCas, KvBackend, KvTree, Range, Swap};
 use super::StoreError;
 use pool::Pool;
 
@@ -49,6 +49,109 @@ impl PostgresBackend {
 impl KvBackend for PostgresBackend {
     fn open_tree(&self, name: &str) -> Result<Arc<dyn KvTree>, StoreError> {
         Ok(Arc::new(self.tree(name)))
+    }
+
+    /// One transaction of at most five statements, whatever the batch's
+    /// size: the fence's row read `FOR SHARE` (so a change of the fence
+    /// waits for this commit, as in `compare_and_swap_fenced`), then one
+    /// set-based statement per kind of swap over `unnest`ed arrays. Each
+    /// statement returns the keys it applied to; the rest found another
+    /// value. Not retried after a lost connection: whether it committed is
+    /// unknown, and a blind retry would report its own swaps as lost.
+    fn compare_and_swap_many(
+        &self,
+        tree: &str,
+        swaps: &[Swap<'_>],
+        fence: Option<FenceCheck<'_>>,
+    ) -> Result<Vec<FencedCas>, StoreError> {
+        distinct_keys(tree, swaps)?;
+        if swaps.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch = Batch::of(swaps);
+        let tree = tree.to_string();
+        let fence = fence.map(|f| (f.tree.to_string(), f.key.to_vec(), f.value.to_vec()));
+        let n = swaps.len();
+        let applied: Option<std::collections::HashSet<Vec<u8>>> =
+            self.pool.call(false, move |s| {
+                const FENCE: &str =
+                    "SELECT 1 FROM kv WHERE tree = $1 AND key = $2 AND value = $3 FOR SHARE";
+                const UPDATE: &str = "UPDATE kv SET value = u.new, gen = kv.gen + 1 \
+                 FROM unnest($2::bytea[], $3::bytea[], $4::bytea[]) AS u(key, old, new) \
+                 WHERE kv.tree = $1 AND kv.key = u.key AND kv.value = u.old RETURNING kv.key";
+                const INSERT: &str = "INSERT INTO kv (tree, key, value, gen) \
+                 SELECT $1, u.key, u.new, 1 FROM unnest($2::bytea[], $3::bytea[]) AS u(key, new) \
+                 ON CONFLICT (tree, key) DO NOTHING RETURNING key";
+                const DELETE: &str =
+                    "DELETE FROM kv USING unnest($2::bytea[], $3::bytea[]) AS u(key, old) \
+                 WHERE kv.tree = $1 AND kv.key = u.key AND kv.value = u.old RETURNING kv.key";
+                const ABSENT: &str = "SELECT key FROM kv WHERE tree = $1 AND key = ANY($2)";
+                // Prepared (and cached) before the transaction borrows the client.
+                let statements = [FENCE, UPDATE, INSERT, DELETE, ABSENT]
+                    .map(|sql| s.prepared(sql).map(|(_, st)| st));
+                let [fence_st, update_st, insert_st, delete_st, absent_st] = statements;
+                let (fence_st, update_st, insert_st, delete_st, absent_st) =
+                    (fence_st?, update_st?, insert_st?, delete_st?, absent_st?);
+                let mut tx = s.client()?.transaction()?;
+                if let Some((ftree, fkey, fvalue)) = &fence {
+                    if tx
+                        .query_opt(&fence_st, &[&&ftree[..], fkey, fvalue])?
+                        .is_none()
+                    {
+                        return Ok(None);
+                    }
+                }
+                let tree: &str = &tree;
+                let mut applied = std::collections::HashSet::new();
+                let mut keys_of = |rows: Vec<postgres::Row>| -> Result<(), StoreError> {
+                    for row in rows {
+                        applied.insert(row.try_get::<_, Vec<u8>>(0)?);
+                    }
+                    Ok(())
+                };
+                if !batch.update.0.is_empty() {
+                    let (k, o, n) = &batch.update;
+                    keys_of(tx.query(&update_st, &[&tree, k, o, n])?)?;
+                }
+                if !batch.insert.0.is_empty() {
+                    let (k, n) = &batch.insert;
+                    keys_of(tx.query(&insert_st, &[&tree, k, n])?)?;
+                }
+                if !batch.delete.0.is_empty() {
+                    let (k, o) = &batch.delete;
+                    keys_of(tx.query(&delete_st, &[&tree, k, o])?)?;
+                }
+                if !batch.absent.is_empty() {
+                    // "Absent to absent" applies where the key is absent.
+                    let present: std::collections::HashSet<Vec<u8>> = tx
+                        .query(&absent_st, &[&tree, &batch.absent])?
+                        .into_iter()
+                        .map(|r| r.try_get(0))
+                        .collect::<Result<_, _>>()?;
+                    applied.extend(
+                        batch
+                            .absent
+                            .iter()
+                            .filter(|k| !present.contains(*k))
+                            .cloned(),
+                    );
+                }
+                tx.commit()?;
+                Ok(Some(applied))
+            })?;
+        Ok(match applied {
+            None => vec![FencedCas::Fenced; n],
+            Some(applied) => swaps
+                .iter()
+                .map(|s| {
+                    if applied.contains(s.key) {
+                        FencedCas::Swapped
+                    } else {
+                        FencedCas::Changed
+                    }
+                })
+                .collect(),
+        })
     }
 
     fn next_id(&self) -> Result<u64, StoreError> {
@@ -169,6 +272,48 @@ impl KvBackend for PostgresBackend {
     }
 }
 
+/// One column of a batch: the `bytea[]` a statement `unnest`s.
+type Column = Vec<Vec<u8>>;
+
+/// A batch of swaps as columns, one set per kind of swap.
+#[derive(Default)]
+struct Batch {
+    /// Keys, old values, new values.
+    update: (Column, Column, Column),
+    /// Keys, new values.
+    insert: (Column, Column),
+    /// Keys, old values.
+    delete: (Column, Column),
+    /// Keys that must be absent.
+    absent: Column,
+}
+
+impl Batch {
+    fn of(swaps: &[Swap<'_>]) -> Batch {
+        let mut b = Batch::default();
+        for s in swaps {
+            let key = s.key.to_vec();
+            match (s.old, s.new) {
+                (Some(old), Some(new)) => {
+                    b.update.0.push(key);
+                    b.update.1.push(old.to_vec());
+                    b.update.2.push(new.to_vec());
+                }
+                (None, Some(new)) => {
+                    b.insert.0.push(key);
+                    b.insert.1.push(new.to_vec());
+                }
+                (Some(old), None) => {
+                    b.delete.0.push(key);
+                    b.delete.1.push(old.to_vec());
+                }
+                (None, None) => b.absent.push(key),
+            }
+        }
+        b
+    }
+}
+
 struct PgTree {
     pool: Arc<Pool>,
     name: Arc<str>,
@@ -183,6 +328,49 @@ impl KvTree for PgTree {
                 Some(row) => Ok(Some(row.try_get(0)?)),
                 None => Ok(None),
             }
+        })
+    }
+
+    /// One statement for the whole list.
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tree = self.name.clone();
+        let wanted: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+        let found: std::collections::HashMap<Vec<u8>, Vec<u8>> =
+            self.pool.call(true, move |s| {
+                let (c, st) =
+                    s.prepared("SELECT key, value FROM kv WHERE tree = $1 AND key = ANY($2)")?;
+                c.query(&st, &[&&*tree, &wanted])?
+                    .into_iter()
+                    .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                    .collect()
+            })?;
+        Ok(keys.iter().map(|k| found.get(*k).cloned()).collect())
+    }
+
+    /// One statement for the whole list (an upsert, as `insert`).
+    fn insert_many(&self, entries: &[(&[u8], &[u8])]) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let tree = self.name.clone();
+        // A key twice in one upsert is an error in PostgreSQL; the last
+        // value wins, as it would insert by insert.
+        let last: std::collections::HashMap<&[u8], &[u8]> = entries.iter().copied().collect();
+        let (keys, values): (Vec<Vec<u8>>, Vec<Vec<u8>>) = last
+            .into_iter()
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .unzip();
+        self.pool.call(true, move |s| {
+            let (c, st) = s.prepared(
+                "INSERT INTO kv (tree, key, value, gen) \
+                 SELECT $1, u.key, u.value, 1 FROM unnest($2::bytea[], $3::bytea[]) AS u(key, value) \
+                 ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value, gen = kv.gen + 1",
+            )?;
+            c.execute(&st, &[&&*tree, &keys, &values])?;
+            Ok(())
         })
     }
 
