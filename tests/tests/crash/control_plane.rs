@@ -181,13 +181,26 @@ async fn check_telemetry(cp: &CpProcess, device: &str, epoch: u64, acked: u64, e
     acked
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_control_plane_killed_mid_writes_telemetry_and_rollouts_loses_nothing() {
+edgeloop_tests::on_each_store!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    the_control_plane_killed_mid_writes_telemetry_and_rollouts_loses_nothing
+);
+
+/// On sled and on PostgreSQL: on PostgreSQL a kill also drops the
+/// connections mid-statement, and the store outlives the process.
+async fn the_control_plane_killed_mid_writes_telemetry_and_rollouts_loses_nothing(
+    store: edgeloop_tests::TestStore,
+) {
     const ROUNDS: u32 = 8;
     let (seed, mut rng) = seeded("control plane");
     let dir = tempfile::tempdir().unwrap();
     let faults = format!("seed={seed},error=0.05,delay_ms=20,torn=0.05");
-    let mut cp = CpProcess::start(&dir.path().join("cp"), Some(&faults)).await;
+    let env = store
+        .url()
+        .map(|url| vec![("EDGELOOP_STORE_URL".to_string(), url)])
+        .unwrap_or_default();
+    let backend = if env.is_empty() { "sled" } else { "postgres" };
+    let mut cp = CpProcess::start_with_env(&dir.path().join("cp"), Some(&faults), env).await;
     let mut tally = Tally::default();
 
     create_model(&cp, MODEL).await;
@@ -297,5 +310,5 @@ async fn the_control_plane_killed_mid_writes_telemetry_and_rollouts_loses_nothin
         ledger.len()
     );
     assert!(reports >= 20, "too few reports to mean anything: {reports}");
-    tally.print("control_plane", seed);
+    tally.print(&format!("control_plane/{backend}"), seed);
 }
