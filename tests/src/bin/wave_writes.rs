@@ -69,6 +69,14 @@ fn version(v: usize) -> anyhow::Result<ModelVersionRecord> {
     }))?)
 }
 
+/// What a wave assigns to device `m`.
+fn entry(v: &ModelVersionRecord, m: &Member, seq: u64) -> AssignmentRecord {
+    AssignmentRecord {
+        deployment_seq: seq,
+        ..AssignmentRecord::for_device(v, &m.capabilities.execution_providers, "dep", 60)
+    }
+}
+
 /// The runner's writes before batching: device by device.
 fn one_by_one(
     store: &Store,
@@ -82,10 +90,7 @@ fn one_by_one(
             .devices
             .get(d)?
             .ok_or_else(|| anyhow::anyhow!("{d} is not enrolled"))?;
-        let entry = AssignmentRecord {
-            deployment_seq: seq,
-            ..AssignmentRecord::for_device(v, &m.capabilities.execution_providers, "dep", 60)
-        };
+        let entry = entry(v, &m, seq);
         admission::remember(store, d, MODEL, &v.version)?;
         store
             .update_fenced(&store.assignments, Some(fence), d, |cur| {
@@ -115,10 +120,7 @@ fn batched(
 ) -> anyhow::Result<()> {
     let ids: Vec<&str> = devices.iter().map(String::as_str).collect();
     let out = assignments::set_models(store, MODEL, seq, Some(fence), &ids, |m| {
-        Some(AssignmentRecord {
-            deployment_seq: seq,
-            ..AssignmentRecord::for_device(v, &m.capabilities.execution_providers, "dep", 60)
-        })
+        Some(entry(v, m, seq))
     })?;
     let changed = out
         .iter()
