@@ -3,6 +3,8 @@
 
 #![allow(clippy::all, clippy::unwrap_used, missing_docs, rust_2018_idioms)]
 
+pub mod codec;
+
 pub mod common {
     pub mod v1 {
         tonic::include_proto!("edgeloop.common.v1");

@@ -436,7 +436,7 @@ mod tests {
                 let end = (at + self.chunk).min(self.blob.len());
                 items.push(Ok(pb::ArtifactChunk {
                     offset: at as u64,
-                    data: self.blob[at..end].to_vec(),
+                    data: self.blob[at..end].to_vec().into(),
                     total_size: self.blob.len() as u64,
                 }));
                 sent += end - at;

@@ -376,7 +376,9 @@ impl BridgeService for BridgeApi {
             .map(|c| {
                 c.map(|c| edgeloop_proto::common::v1::Chunk {
                     offset: c.offset,
-                    data: c.data,
+                    // A chunk read from the store: its own allocation,
+                    // taken back without a copy.
+                    data: Vec::from(c.data),
                 })
             })
             .boxed();

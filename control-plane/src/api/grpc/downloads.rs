@@ -100,7 +100,8 @@ impl Drop for MemberSlot {
 /// One piece of an artifact read from an offset.
 pub(super) struct ArtifactPiece {
     pub offset: u64,
-    pub data: Vec<u8>,
+    /// A slice of the cached artifact, or a chunk read from the store.
+    pub data: bytes::Bytes,
     pub total_size: u64,
 }
 
@@ -217,11 +218,13 @@ fn spawn(
                         return;
                     }
                     let end = (start + chunk).min(bytes.len());
-                    bytes[start..end].to_vec()
+                    // Shares the cached bytes: a sending stream's queued
+                    // chunks cost no copies of their own.
+                    bytes.slice(start..end)
                 }
                 Source::Reader(reader) => match reader.read(&mut buf).await {
                     Ok(0) => return,
-                    Ok(n) => buf[..n].to_vec(),
+                    Ok(n) => bytes::Bytes::from(buf[..n].to_vec()),
                     Err(e) => {
                         let _ = tx
                             .send(Err(Error::ArtifactRead(e.to_string()).into()))
@@ -230,30 +233,59 @@ fn spawn(
                     }
                 },
             };
-            let n = data.len() as u64;
-            let piece = ArtifactPiece {
-                offset: at,
-                data,
-                total_size,
-            };
-            match tokio::time::timeout(deadline, tx.send(Ok(piece))).await {
-                Ok(Ok(())) => at += n,
-                // The reader went away.
-                Ok(Err(_)) => return,
-                Err(_) => {
-                    // A reader that takes nothing for this long holds a
-                    // permit others wait for: give it back, and end.
-                    hold.release();
-                    let _ = tx.try_send(Err(Status::deadline_exceeded(format!(
-                        "the download took no chunk for {}s; resume from offset {at}",
-                        deadline.as_secs()
-                    ))));
-                    return;
+            let (data, last) = split_last(data, at, total_size);
+            for data in std::iter::once(data).chain(last) {
+                let n = data.len() as u64;
+                let piece = ArtifactPiece {
+                    offset: at,
+                    data,
+                    total_size,
+                };
+                match tokio::time::timeout(deadline, tx.send(Ok(piece))).await {
+                    Ok(Ok(())) => at += n,
+                    // The reader went away.
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        // A reader that takes nothing for this long holds a
+                        // permit others wait for: give it back, and end.
+                        hold.release();
+                        let _ = tx.try_send(Err(Status::deadline_exceeded(format!(
+                            "the download took no chunk for {}s; resume from offset {at}",
+                            deadline.as_secs()
+                        ))));
+                        return;
+                    }
                 }
             }
         }
     });
     stream
+}
+
+/// The most bytes the last message of a download carries.
+const LAST_PIECE_BYTES: usize = 4 * 1024;
+
+/// `data` (the bytes at `at`), with its last [`LAST_PIECE_BYTES`] split
+/// off as a message of their own when it ends the artifact.
+///
+/// A stream's permit goes back once HTTP/2 has taken its last message, and
+/// HTTP/2 takes a message only when the one before has gone to the
+/// connection (see `MAX_SEND_BUFFER_BYTES` in the module above): so what a
+/// finished download leaves outside the permits is its last message. A
+/// small one leaves a few KiB behind a slow reader, not a whole chunk.
+/// A chunk may always be shorter than the device asked for.
+fn split_last(
+    data: bytes::Bytes,
+    at: u64,
+    total_size: u64,
+) -> (bytes::Bytes, Option<bytes::Bytes>) {
+    let n = data.len();
+    if at.saturating_add(n as u64) != total_size || n <= LAST_PIECE_BYTES {
+        return (data, None);
+    }
+    let mut head = data;
+    let last = head.split_off(n - LAST_PIECE_BYTES);
+    (head, Some(last))
 }
 
 /// What a sending stream holds: a permit, and its member's slot.
@@ -304,5 +336,51 @@ impl Stream for PermitStream {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
         Pin::new(&mut self.inner).poll_next(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_end_of_the_artifact_goes_as_a_small_last_message() {
+        let chunk = bytes::Bytes::from(vec![7u8; 10_000]);
+        // (at, total size) -> the lengths sent
+        let cases: [(u64, u64, &[usize]); 5] = [
+            // A middle chunk goes whole.
+            (0, 50_000, &[10_000]),
+            // The chunk that ends the artifact: its last 4 KiB apart.
+            (
+                40_000,
+                50_000,
+                &[10_000 - LAST_PIECE_BYTES, LAST_PIECE_BYTES],
+            ),
+            // Resumed at an offset, same.
+            (
+                5_000,
+                15_000,
+                &[10_000 - LAST_PIECE_BYTES, LAST_PIECE_BYTES],
+            ),
+            // A last chunk of 4 KiB or less is small already.
+            (0, 4_096, &[4_096]),
+            (0, 100, &[100]),
+        ];
+        for (at, total, want) in cases {
+            let len = usize::try_from(total - at).unwrap().min(chunk.len());
+            let data = chunk.slice(..len);
+            let (head, last) = split_last(data.clone(), at, total);
+            let got: Vec<usize> = std::iter::once(head.len())
+                .chain(last.as_ref().map(bytes::Bytes::len))
+                .collect();
+            assert_eq!(got, want, "at {at} of {total}");
+            let mut joined = head.to_vec();
+            joined.extend_from_slice(last.as_deref().unwrap_or_default());
+            assert_eq!(
+                joined,
+                data.to_vec(),
+                "at {at} of {total}: the bytes, in order"
+            );
+        }
     }
 }
