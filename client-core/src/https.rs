@@ -155,7 +155,41 @@ pub async fn serve(
     config: Arc<rustls::ServerConfig>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let mut connections = accept(listener, config, shutdown.clone());
+    let connections = accept(listener, config, shutdown.clone());
+    serve_connections(
+        app,
+        connections,
+        auto::Builder::new(TokioExecutor::new()),
+        |tls| {
+            ClientCertificate(
+                tls.get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| c.clone().into_owned()),
+            )
+        },
+        shutdown,
+    )
+    .await
+}
+
+/// Serves `app` on the TLS `connections` (from [`accept`]) with
+/// `builder`'s HTTP settings until `shutdown`, then lets open connections
+/// finish their requests. Each request carries `connection_info` of its
+/// connection as an extension: [`serve`]'s [`ClientCertificate`], or
+/// tonic's `TlsConnectInfo` for the control plane's gRPC services, where
+/// `Request::peer_certs` looks for it.
+pub async fn serve_connections<I>(
+    app: Router,
+    mut connections: ReceiverStream<std::io::Result<TlsStream<TcpStream>>>,
+    builder: auto::Builder<TokioExecutor>,
+    connection_info: impl Fn(&TlsStream<TcpStream>) -> I,
+    shutdown: CancellationToken,
+) -> std::io::Result<()>
+where
+    I: Clone + Send + Sync + 'static,
+{
     let graceful = GracefulShutdown::new();
     loop {
         let tls = tokio::select! {
@@ -166,26 +200,18 @@ pub async fn serve(
                 None => break,
             },
         };
+        let info = connection_info(&tls);
         let app = app.clone();
-        let watcher = graceful.watcher();
+        let service = tower::service_fn(move |mut req: axum::http::Request<_>| {
+            req.extensions_mut().insert(info.clone());
+            app.clone().oneshot(req)
+        });
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(service))
+            .into_owned();
+        let conn = graceful.watch(conn);
         tokio::spawn(async move {
-            let client = ClientCertificate(
-                tls.get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|c| c.first())
-                    .map(|c| c.clone().into_owned()),
-            );
-            let service = tower::service_fn(move |mut req: axum::http::Request<_>| {
-                req.extensions_mut().insert(client.clone());
-                app.clone().oneshot(req)
-            });
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection_with_upgrades(
-                TokioIo::new(tls),
-                TowerToHyperService::new(service),
-            );
-            if let Err(e) = watcher.watch(conn.into_owned()).await {
+            if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "TLS connection ended");
             }
         });

@@ -18,7 +18,7 @@ use tonic::codec::{BufferSettings, Codec};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 /// The first size of a call's encode and decode buffers.
-pub const FIRST_BUFFER_BYTES: usize = 512;
+const FIRST_BUFFER_BYTES: usize = 512;
 
 /// tonic's default: a stream's encoded messages are handed on once this
 /// many bytes are ready.

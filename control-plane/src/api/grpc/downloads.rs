@@ -209,7 +209,6 @@ fn spawn(
         hold.give(permit, slot);
         let mut at = offset;
         let mut source = source;
-        let mut buf = vec![0u8; chunk];
         loop {
             let data = match &mut source {
                 Source::Bytes(bytes) => {
@@ -222,16 +221,21 @@ fn spawn(
                     // chunks cost no copies of their own.
                     bytes.slice(start..end)
                 }
-                Source::Reader(reader) => match reader.read(&mut buf).await {
-                    Ok(0) => return,
-                    Ok(n) => bytes::Bytes::from(buf[..n].to_vec()),
-                    Err(e) => {
-                        let _ = tx
-                            .send(Err(Error::ArtifactRead(e.to_string()).into()))
-                            .await;
-                        return;
+                // Each chunk is read into its own buffer and handed on as
+                // it is: no copy, and no buffer for a cached artifact.
+                Source::Reader(reader) => {
+                    let mut buf = bytes::BytesMut::with_capacity(chunk);
+                    match reader.read_buf(&mut buf).await {
+                        Ok(0) => return,
+                        Ok(_) => buf.freeze(),
+                        Err(e) => {
+                            let _ = tx
+                                .send(Err(Error::ArtifactRead(e.to_string()).into()))
+                                .await;
+                            return;
+                        }
                     }
-                },
+                }
             };
             let (data, last) = split_last(data, at, total_size);
             for data in std::iter::once(data).chain(last) {

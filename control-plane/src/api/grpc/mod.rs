@@ -13,14 +13,11 @@ use std::sync::Arc;
 
 use edgeloop_proto::agent::v1::agent_service_server::AgentServiceServer;
 use edgeloop_proto::bridge::v1::bridge_service_server::BridgeServiceServer;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected as _;
-use tower::ServiceExt as _;
 
 use crate::Core;
 
@@ -58,7 +55,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let tls = Arc::new(tls::server_config(&core)?);
-    let mut incoming = edgeloop_client_core::https::accept(listener, tls, shutdown.clone());
+    let incoming = edgeloop_client_core::https::accept(listener, tls, shutdown.clone());
     let routes = tonic::service::Routes::new(
         AgentServiceServer::new(agent::AgentApi::new(core.clone()))
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
@@ -77,33 +74,14 @@ pub async fn serve(
         .keep_alive_interval(Some(edgeloop_client_core::tls::KEEPALIVE_INTERVAL))
         .keep_alive_timeout(edgeloop_client_core::tls::KEEPALIVE_TIMEOUT)
         .max_send_buf_size(MAX_SEND_BUFFER_BYTES);
-    let graceful = GracefulShutdown::new();
-    loop {
-        let tls = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            next = futures::StreamExt::next(&mut incoming) => match next {
-                Some(Ok(tls)) => tls,
-                Some(Err(_)) => continue,
-                None => break,
-            },
-        };
-        let connection = tls.connect_info();
-        let routes = routes.clone();
-        let service = tower::service_fn(move |mut req: http::Request<_>| {
-            req.extensions_mut().insert(connection.clone());
-            routes.clone().oneshot(req)
-        });
-        let conn = builder
-            .serve_connection(TokioIo::new(tls), TowerToHyperService::new(service))
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "gRPC connection ended");
-            }
-        });
-    }
-    graceful.shutdown().await;
+    edgeloop_client_core::https::serve_connections(
+        routes.into_axum_router(),
+        incoming,
+        builder,
+        |tls| tls.connect_info(),
+        shutdown,
+    )
+    .await?;
     Ok(())
 }
 
