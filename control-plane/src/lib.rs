@@ -48,6 +48,8 @@ pub struct Core {
     pub downloads: api::grpc::downloads::Downloads,
     pub pki: Pki,
     pub events: Events,
+    /// A rollout's woken devices, woken at the pace downloads start.
+    pub wakeups: fleet::wakeups::Wakeups,
     admin_token_hash: Digest,
     /// Refusals, for `/metrics`.
     pub security: auth::SecurityCounters,
@@ -191,6 +193,7 @@ impl Server {
                 downloads,
                 pki,
                 events,
+                wakeups: Default::default(),
                 admin_token_hash,
                 security: Default::default(),
                 heartbeat_latency: Default::default(),
@@ -280,6 +283,7 @@ impl Server {
             core.config.rollout_tick,
             core.shutdown.clone(),
         ));
+        let wakeups = tokio::spawn(fleet::wakeups::run(core.clone(), core.shutdown.clone()));
         let pipelines = tokio::spawn(lifecycle::retrain::runner::run(
             core.clone(),
             core.config.rollout_tick,
@@ -329,6 +333,9 @@ impl Server {
         // steps are idempotent, so one cut short simply runs again on start.
         if let Err(e) = reissue.await {
             tracing::warn!(error = %e, "server certificate task ended abnormally");
+        }
+        if let Err(e) = wakeups.await {
+            tracing::warn!(error = %e, "wake-up task ended abnormally");
         }
         if let Err(e) = compactor.await {
             tracing::warn!(error = %e, "retention task ended abnormally");

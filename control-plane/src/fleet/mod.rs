@@ -13,6 +13,7 @@ pub mod renewal;
 pub mod rollout;
 pub mod selector;
 pub mod telemetry;
+pub mod wakeups;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -30,6 +31,10 @@ pub const MAX_CHUNK: usize = 4 << 20;
 #[derive(Debug)]
 pub struct Downloads {
     permits: Arc<Semaphore>,
+    /// The permits there are, free or held.
+    capacity: usize,
+    /// Streams opened that wait for a permit.
+    waiting: Arc<AtomicUsize>,
     per_member: usize,
     send_timeout: Duration,
     open: Arc<Mutex<HashMap<String, usize>>>,
@@ -39,6 +44,8 @@ impl Downloads {
     pub fn new(sending: usize, per_member: usize, send_timeout: Duration) -> Downloads {
         Downloads {
             permits: Arc::new(Semaphore::new(sending)),
+            capacity: sending,
+            waiting: Arc::default(),
             per_member,
             send_timeout,
             open: Arc::default(),
@@ -75,6 +82,33 @@ impl Downloads {
     /// Permits free now.
     pub fn available(&self) -> usize {
         self.permits.available_permits()
+    }
+
+    /// The permits there are: how many streams may send at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Streams opened that wait for a permit now (the paced wake-ups read
+    /// it, and `/metrics`).
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+}
+
+/// Counts a stream among the waiting until dropped.
+struct Waiting(Arc<AtomicUsize>);
+
+impl Waiting {
+    fn new(count: &Arc<AtomicUsize>) -> Waiting {
+        count.fetch_add(1, Ordering::Relaxed);
+        Waiting(count.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -202,10 +236,12 @@ fn spawn(
     let (hold, stream) = PermitStream::new(rx);
     let permits = core.downloads.permits.clone();
     let deadline = core.downloads.send_timeout;
+    let waiting = Waiting::new(&core.downloads.waiting);
     tokio::spawn(async move {
         let Ok(permit) = permits.acquire_owned().await else {
             return;
         };
+        drop(waiting);
         hold.give(permit, slot);
         let mut at = offset;
         let mut source = source;

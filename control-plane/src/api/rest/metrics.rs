@@ -97,6 +97,17 @@ pub async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
          edgeloop_artifact_cache_bytes {}",
         core.artifact_cache.held_bytes()
     );
+    let _ = writeln!(
+        out,
+        "# HELP edgeloop_downloads_waiting Artifact streams open that wait for a download permit.\n\
+         # TYPE edgeloop_downloads_waiting gauge\n\
+         edgeloop_downloads_waiting {}\n\
+         # HELP edgeloop_rollout_wakeups_queued Devices a rollout has assigned and not yet woken (paced by the waiting downloads).\n\
+         # TYPE edgeloop_rollout_wakeups_queued gauge\n\
+         edgeloop_rollout_wakeups_queued {}",
+        core.downloads.waiting(),
+        core.wakeups.queued()
+    );
     core.heartbeat_latency.write(
         &mut out,
         "edgeloop_heartbeat_handling_seconds",

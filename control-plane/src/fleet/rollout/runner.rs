@@ -1,7 +1,7 @@
 //! The thin task around [`super::step`]: every tick it reads each unfinished
 //! deployment's group, statuses and telemetry from the store, runs the pure
 //! controller, applies the actions (assignment writes, one flush, then the
-//! devices' watch streams are woken) and only then persists the deployment.
+//! devices queued to be woken, `wakeups`) and only then persists the deployment.
 //! A crash between the two repeats idempotent writes on the next tick.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -22,7 +22,6 @@ use crate::fleet::members::{member_status, MemberStatus};
 use crate::fleet::telemetry::{
     status_key, AssignmentState, AssignmentStatusRecord, TelemetryRecord,
 };
-use crate::fleet::FleetEvent;
 use crate::registry::models::{self, ModelVersionRecord};
 use crate::store::{Fence, Store};
 use crate::Core;
@@ -111,10 +110,8 @@ async fn advance(
     // Durable before any device hears of it, and before the deployment
     // records that it happened.
     store.flush().await?;
-    for device in woken {
-        core.events
-            .publish(FleetEvent::AssignmentsChanged { device });
-    }
+    // Woken at the pace their downloads start, not all at once (`wakeups`).
+    core.wakeups.push(woken);
     store
         .update_fenced(&store.deployments, fence, &record_id, |cur| {
             let cur = cur.ok_or_else(|| Error::not_found("deployment", &record_id))?;

@@ -41,7 +41,7 @@ use edgeloop_client_core::{enroll, BootstrapToken, IdentityStore, Role};
 use edgeloop_proto::agent::v1 as pb;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::common::v1 as common;
-use probes::{probe_window, start_probes, PROBES};
+use probes::{probe_timeline, probe_window, start_probes, PROBES};
 use serde_json::json;
 use tokio::sync::Mutex;
 use tokio::task::JoinSet;
@@ -401,6 +401,16 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
         .map_err(|_| anyhow::anyhow!("the probe thread panicked"))??;
     let probe_steady = probe_window(&probe_samples, steady_from, steady_until);
     let probe_rollout = probe_window(&probe_samples, rollout_from, rollout_until);
+    if agents > 1 {
+        let line: Vec<String> = probe_timeline(&probe_samples, rollout_from, rollout_until)
+            .iter()
+            .map(|(s, max, n)| format!("{s}s:{:.0}ms/{n}", ms(*max)))
+            .collect();
+        eprintln!(
+            "probes' slowest round trip per second from the deployment (second:ms/samples): {}",
+            line.join(" ")
+        );
+    }
     let handled_after = handling_buckets(&cps).await?;
     let rss_mib = cps
         .iter()

@@ -92,3 +92,50 @@ pub fn probe_window(
 }
 
 pub const PROBES: usize = 20;
+
+/// The slowest probe round trip in each second of `from..until`, with the
+/// number of samples in it: where in the rollout the probes queue.
+pub fn probe_timeline(
+    samples: &[(Duration, Duration)],
+    from: Duration,
+    until: Duration,
+) -> Vec<(u64, Duration, usize)> {
+    let seconds = (until.saturating_sub(from)).as_secs() + 1;
+    let mut out: Vec<(u64, Duration, usize)> =
+        (0..seconds).map(|s| (s, Duration::ZERO, 0)).collect();
+    for (at, rt) in samples {
+        if *at < from || *at >= until {
+            continue;
+        }
+        let slot = &mut out[(*at - from).as_secs() as usize];
+        slot.1 = slot.1.max(*rt);
+        slot.2 += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timeline_keeps_each_seconds_slowest_round_trip() {
+        let ms = Duration::from_millis;
+        let samples = [
+            (ms(900), ms(5)),     // before the window
+            (ms(1_000), ms(7)),   // second 0
+            (ms(1_500), ms(30)),  // second 0, slower
+            (ms(3_200), ms(400)), // second 2
+            (ms(4_000), ms(1)),   // at the end: outside
+        ];
+        assert_eq!(
+            probe_timeline(&samples, ms(1_000), ms(4_000)),
+            vec![
+                (0, ms(30), 2),
+                (1, Duration::ZERO, 0),
+                (2, ms(400), 1),
+                (3, Duration::ZERO, 0)
+            ]
+        );
+    }
+}
