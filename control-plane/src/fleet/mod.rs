@@ -99,6 +99,18 @@ impl Events {
         self.publish_local(event);
     }
 
+    /// [`Events::publish`] for many events, logged for the other replicas
+    /// in one write. The log is a store write: on PostgreSQL, call it off
+    /// the runtime's workers.
+    pub fn publish_many(&self, events: Vec<FleetEvent>) {
+        if let Some(r) = &self.relay {
+            r.append_many(&events);
+        }
+        for event in events {
+            self.publish_local(event);
+        }
+    }
+
     /// Routes the event: a member's own changes to its signal, and
     /// everything but assignment changes to the broadcast too. Here only
     /// (an event another replica logged).

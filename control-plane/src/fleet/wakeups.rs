@@ -98,7 +98,8 @@ pub fn next_wake(
     waiting: usize,
     permits: usize,
 ) -> Option<Duration> {
-    let Some(last) = last else { return None };
+    // Nothing woken yet: at once.
+    let last = last?;
     let since = now.saturating_duration_since(last);
     if since < WAKE_SPACING {
         return Some(WAKE_SPACING - since);
@@ -140,8 +141,20 @@ async fn pump(
                 _ = tokio::time::sleep(wait) => {}
             }
         }
-        for device in wakeups.take(WAKE_BATCH) {
-            events.publish(FleetEvent::AssignmentsChanged { device });
+        let batch: Vec<FleetEvent> = wakeups
+            .take(WAKE_BATCH)
+            .into_iter()
+            .map(|device| FleetEvent::AssignmentsChanged { device })
+            .collect();
+        if events.is_relayed() {
+            // The log for the other replicas is a store write, which on
+            // PostgreSQL is a round trip: not on a runtime worker.
+            let events = events.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || events.publish_many(batch)).await {
+                tracing::error!(error = %e, "waking a batch of devices");
+            }
+        } else {
+            events.publish_many(batch);
         }
         last = Some(Instant::now());
     }
