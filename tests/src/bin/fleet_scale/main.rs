@@ -220,6 +220,9 @@ struct Run {
     probe_steady_p99: Duration,
     probe_p50: Duration,
     probe_p99: Duration,
+    /// Probe heartbeats that failed, at rest and during the rollout.
+    probe_failed_steady: usize,
+    probe_failed: usize,
 }
 
 async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
@@ -399,10 +402,10 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
     let probe_samples = tokio::task::spawn_blocking(move || probes.join())
         .await?
         .map_err(|_| anyhow::anyhow!("the probe thread panicked"))??;
-    let probe_steady = probe_window(&probe_samples, steady_from, steady_until);
-    let probe_rollout = probe_window(&probe_samples, rollout_from, rollout_until);
+    let probe_steady = probe_window(&probe_samples.ok, steady_from, steady_until);
+    let probe_rollout = probe_window(&probe_samples.ok, rollout_from, rollout_until);
     if agents > 1 {
-        let line: Vec<String> = probe_timeline(&probe_samples, rollout_from, rollout_until)
+        let line: Vec<String> = probe_timeline(&probe_samples.ok, rollout_from, rollout_until)
             .iter()
             .map(|(s, max, n)| format!("{s}s:{:.0}ms/{n}", ms(*max)))
             .collect();
@@ -451,6 +454,8 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
         probe_steady_p99: percentile(&probe_steady, 0.99),
         probe_p50: percentile(&probe_rollout, 0.5),
         probe_p99: percentile(&probe_rollout, 0.99),
+        probe_failed_steady: probe_samples.failed_within(steady_from, steady_until),
+        probe_failed: probe_samples.failed_within(rollout_from, rollout_until),
     })
 }
 
@@ -541,6 +546,18 @@ async fn main() -> anyhow::Result<()> {
         ms(base.probe_p99),
         ms(fleet.probe_p99),
         &format!("< 50 ms ({:.2}× of goal)", ms(fleet.probe_p99) / 50.0),
+    );
+    row(
+        "probe heartbeats failed, at rest",
+        base.probe_failed_steady as f64,
+        fleet.probe_failed_steady as f64,
+        "none",
+    );
+    row(
+        "probe heartbeats failed, during the rollout (the percentiles are of the answered ones)",
+        base.probe_failed as f64,
+        fleet.probe_failed as f64,
+        "none",
     );
     row(
         "heartbeat handled p50, during the rollout (ms, the control plane's own time, bucket bound)",

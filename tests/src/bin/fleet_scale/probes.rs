@@ -15,8 +15,7 @@ use tokio::task::JoinSet;
 /// their own. A simulated agent's round trip also waits behind the other
 /// simulated agents' decryption in this process (a real device has its
 /// CPU to itself); a probe's waits for little but the control plane, so
-/// it is the fleet's heartbeat as a device would see it. Each sample is
-/// (when it was sent, since `epoch`; its round trip).
+/// it is the fleet's heartbeat as a device would see it.
 pub fn start_probes(
     count: usize,
     urls: Vec<String>,
@@ -24,7 +23,7 @@ pub fn start_probes(
     dir: PathBuf,
     epoch: Instant,
     done: tokio_util::sync::CancellationToken,
-) -> std::thread::JoinHandle<anyhow::Result<Vec<(Duration, Duration)>>> {
+) -> std::thread::JoinHandle<anyhow::Result<ProbeSamples>> {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -48,16 +47,13 @@ pub fn start_probes(
                     .map_err(|e| anyhow::anyhow!("probe enroll: {e:?}"))?;
                     let mut client =
                         AgentServiceClient::new(mtls_endpoint(&url, &identity)?.connect().await?);
-                    let mut out = Vec::new();
+                    let mut out = ProbeSamples::default();
                     tokio::time::sleep(Duration::from_millis(37 * i as u64 % 1000)).await;
                     while !done.is_cancelled() {
                         let sent = Instant::now();
-                        if client
-                            .heartbeat(common::HeartbeatRequest::default())
-                            .await
-                            .is_ok()
-                        {
-                            out.push((sent - epoch, sent.elapsed()));
+                        match client.heartbeat(common::HeartbeatRequest::default()).await {
+                            Ok(_) => out.ok.push((sent - epoch, sent.elapsed())),
+                            Err(_) => out.failed.push(sent - epoch),
                         }
                         tokio::select! {
                             _ = done.cancelled() => {}
@@ -67,13 +63,36 @@ pub fn start_probes(
                     anyhow::Ok(out)
                 });
             }
-            let mut all = Vec::new();
+            let mut all = ProbeSamples::default();
             while let Some(r) = set.join_next().await {
-                all.extend(r??);
+                let one = r??;
+                all.ok.extend(one.ok);
+                all.failed.extend(one.failed);
             }
             Ok(all)
         })
     })
+}
+
+/// What the probes measured.
+#[derive(Debug, Default)]
+pub struct ProbeSamples {
+    /// Each answered heartbeat: (when it was sent, since `epoch`; its
+    /// round trip).
+    pub ok: Vec<(Duration, Duration)>,
+    /// When each heartbeat that failed was sent: a percentile of the
+    /// answered ones alone would hide them.
+    pub failed: Vec<Duration>,
+}
+
+impl ProbeSamples {
+    /// The heartbeats sent within `from..until` that failed.
+    pub fn failed_within(&self, from: Duration, until: Duration) -> usize {
+        self.failed
+            .iter()
+            .filter(|at| **at >= from && **at < until)
+            .count()
+    }
 }
 
 /// The round trips of the probe samples sent within `from..until`, sorted.
