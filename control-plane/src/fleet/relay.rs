@@ -78,7 +78,7 @@ fn key(seq: u64) -> String {
 /// The key of the `i`th event logged under one sequence number: after
 /// `key(seq)` and before `key(seq + 1)`, as the tail reads keys in order.
 fn batch_key(seq: u64, i: usize) -> String {
-    format!("{seq:020}.{i:06}")
+    format!("{}.{i:06}", key(seq))
 }
 
 /// Where a replica's events go in the shared store.
@@ -100,24 +100,9 @@ impl Relay {
     /// returned: the write that caused the event has succeeded, and the
     /// member's next resync picks the change up.
     pub fn append(&self, event: &FleetEvent) {
-        let r = self
-            .store
-            .next_id()
-            .map_err(crate::error::Error::from)
-            .and_then(|seq| {
-                let entry = Relayed {
-                    replica: self.replica.to_string(),
-                    event: event.into(),
-                };
-                Ok(self.store.fleet_events.insert(&key(seq), &entry)?)
-            });
-        if let Err(e) = r {
-            tracing::warn!(error = %e, ?event, "logging a fleet event for the other replicas");
-        }
+        self.append_many(std::slice::from_ref(event));
     }
-}
 
-impl Relay {
     /// Logs `events` for the other replicas in one write under one
     /// sequence number: a rollout's batch of wake-ups is two store calls
     /// (two round trips on PostgreSQL), not two per device. Failures as

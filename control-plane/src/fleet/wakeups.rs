@@ -14,9 +14,10 @@
 //! streams waiting for a download permit are fewer than the permits, and
 //! never more often than [`WAKE_SPACING`]. Stuck downloads hold the
 //! wake-ups back for at most [`MAX_HOLD`] a batch, so devices with nothing
-//! to download (and other deployments') still move. The waiting streams
-//! counted are this replica's: with several replicas, each paces by the
-//! devices connected to it that the leader's events reach.
+//! to download (and other deployments') still move. Only the rollout's
+//! leader queues wake-ups, and the waiting streams it counts are its own:
+//! with several replicas, a wave is paced by the downloads of the devices
+//! connected to the leader.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
