@@ -51,10 +51,12 @@ impl KvBackend for PostgresBackend {
         Ok(Arc::new(self.tree(name)))
     }
 
-    /// One transaction of at most five statements, whatever the batch's
+    /// One transaction of at most six statements, whatever the batch's
     /// size: the fence's row read `FOR SHARE` (so a change of the fence
-    /// waits for this commit, as in `compare_and_swap_fenced`), then one
-    /// set-based statement per kind of swap over `unnest`ed arrays. Each
+    /// waits for this commit, as in `compare_and_swap_fenced`), the batch's
+    /// existing rows locked in key order (so two batches over the same keys
+    /// queue instead of deadlocking, as a join's order would let them), then
+    /// one set-based statement per kind of swap over `unnest`ed arrays. Each
     /// statement returns the keys it applied to; the rest found another
     /// value. Not retried after a lost connection: whether it committed is
     /// unknown, and a blind retry would report its own swaps as lost.
@@ -86,12 +88,15 @@ impl KvBackend for PostgresBackend {
                     "DELETE FROM kv USING unnest($2::bytea[], $3::bytea[]) AS u(key, old) \
                  WHERE kv.tree = $1 AND kv.key = u.key AND kv.value = u.old RETURNING kv.key";
                 const ABSENT: &str = "SELECT key FROM kv WHERE tree = $1 AND key = ANY($2)";
+                const LOCK: &str = "SELECT 1 FROM kv WHERE tree = $1 AND key = ANY($2) \
+                 ORDER BY key FOR UPDATE";
                 // Prepared (and cached) before the transaction borrows the client.
-                let statements = [FENCE, UPDATE, INSERT, DELETE, ABSENT]
+                let statements = [FENCE, UPDATE, INSERT, DELETE, ABSENT, LOCK]
                     .map(|sql| s.prepared(sql).map(|(_, st)| st));
-                let [fence_st, update_st, insert_st, delete_st, absent_st] = statements;
-                let (fence_st, update_st, insert_st, delete_st, absent_st) =
-                    (fence_st?, update_st?, insert_st?, delete_st?, absent_st?);
+                let [fence_st, update_st, insert_st, delete_st, absent_st, lock_st] = statements;
+                let (fence_st, update_st, insert_st, delete_st, absent_st, lock_st) = (
+                    fence_st?, update_st?, insert_st?, delete_st?, absent_st?, lock_st?,
+                );
                 let mut tx = s.client()?.transaction()?;
                 if let Some((ftree, fkey, fvalue)) = &fence {
                     if tx
@@ -102,6 +107,9 @@ impl KvBackend for PostgresBackend {
                     }
                 }
                 let tree: &str = &tree;
+                if !batch.written.is_empty() {
+                    tx.query(&lock_st, &[&tree, &batch.written])?;
+                }
                 let mut applied = std::collections::HashSet::new();
                 let mut keys_of = |rows: Vec<postgres::Row>| -> Result<(), StoreError> {
                     for row in rows {
@@ -286,13 +294,22 @@ struct Batch {
     delete: (Column, Column),
     /// Keys that must be absent.
     absent: Column,
+    /// Keys of the updates, inserts and deletes, whose rows are locked first.
+    written: Column,
 }
 
 impl Batch {
+    /// Columns in key order, so two batches' inserts of the same new keys
+    /// also meet in one order.
     fn of(swaps: &[Swap<'_>]) -> Batch {
         let mut b = Batch::default();
-        for s in swaps {
+        let mut sorted: Vec<&Swap<'_>> = swaps.iter().collect();
+        sorted.sort_by_key(|s| s.key);
+        for s in sorted {
             let key = s.key.to_vec();
+            if s.old.is_some() || s.new.is_some() {
+                b.written.push(key.clone());
+            }
             match (s.old, s.new) {
                 (Some(old), Some(new)) => {
                     b.update.0.push(key);

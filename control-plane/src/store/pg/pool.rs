@@ -114,6 +114,23 @@ fn connection_lost(e: &StoreError) -> bool {
     }
 }
 
+/// The server rolled the statement's transaction back because it lost a
+/// deadlock or a serialization check: nothing of it was written, so running
+/// it again is safe whatever the operation.
+fn rolled_back_by_conflict(e: &StoreError) -> bool {
+    use postgres::error::SqlState;
+    match e {
+        StoreError::Postgres(e) => e.code().is_some_and(|c| {
+            *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
+        }),
+        _ => false,
+    }
+}
+
+/// Runs after a conflict the server rolled back; deadlocks are rare once
+/// rows are locked in key order, so a few tries always suffice in practice.
+const CONFLICT_RETRIES: u32 = 5;
+
 type Job = Box<dyn FnOnce(&mut Session) + Send>;
 
 pub struct Pool {
@@ -170,6 +187,13 @@ impl Pool {
         let (reply, answer) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |session: &mut Session| {
             let mut result = op(session);
+            let mut tries = 0;
+            while tries < CONFLICT_RETRIES && result.as_ref().is_err_and(rolled_back_by_conflict) {
+                tries += 1;
+                // Spread the losers so they do not meet again at once.
+                std::thread::sleep(Duration::from_millis(u64::from(tries) * 3));
+                result = op(session);
+            }
             if result.as_ref().is_err_and(connection_lost) {
                 session.reset();
                 if retry_safe {
