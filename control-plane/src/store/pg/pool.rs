@@ -133,6 +133,24 @@ const CONFLICT_RETRIES: u32 = 5;
 
 type Job = Box<dyn FnOnce(&mut Session) + Send>;
 
+/// Waits for a pool thread's answer: a PostgreSQL round trip, or a queue
+/// behind eight of them. On a multi-thread runtime's worker a wait that
+/// long stalls every task queued on that worker; on two cores a rollout's
+/// store calls held both workers and heartbeats waited seconds behind them.
+/// `block_in_place` hands the worker's queue to another thread for the
+/// wait. A current-thread runtime has no other thread to hand it to (it
+/// would panic), so there, and off any runtime, the wait is plain; on a
+/// blocking-pool thread `block_in_place` just runs the wait.
+fn wait_off_the_worker<R>(wait: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
+}
+
 pub struct Pool {
     jobs: mpsc::Sender<Job>,
     url: PostgresUrl,
@@ -209,7 +227,7 @@ impl Pool {
         self.jobs.send(job).map_err(|_| {
             StoreError::Unavailable(format!("the store threads for {} are gone", self.url))
         })?;
-        answer.recv().map_err(|_| {
+        wait_off_the_worker(|| answer.recv()).map_err(|_| {
             StoreError::Unavailable(format!(
                 "a store thread for {} failed during the call",
                 self.url

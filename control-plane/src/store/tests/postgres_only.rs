@@ -238,3 +238,59 @@ fn an_unreachable_server_is_a_clear_error() {
     assert!(err.to_string().contains("127.0.0.1:9/db"), "{err}");
     assert!(!err.to_string().contains(":p@"), "no password: {err}");
 }
+
+/// A store call that waits on the server (here, for a row another session
+/// holds locked for 300 ms) does not hold its runtime worker: on a runtime
+/// with one worker, another task keeps running during the wait. Held, the
+/// ticker would stop until the lock went, as heartbeats stopped behind a
+/// rollout's store calls.
+#[test]
+fn a_call_waiting_on_the_server_leaves_the_runtime_worker_to_other_tasks() {
+    let Some(db) = TestDatabase::from_env("waits off the runtime's worker") else {
+        return;
+    };
+    let store = Arc::new(Store::open_postgres(db.url()).unwrap());
+    store.label_hours.insert("held", &1).unwrap();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let url = db.url().clone();
+    let holder = std::thread::spawn(move || {
+        let mut c = url.connect().unwrap();
+        let mut tx = c.transaction().unwrap();
+        tx.query(
+            "SELECT 1 FROM kv WHERE tree = 'label_hours' AND key = 'held'::bytea FOR UPDATE",
+            &[],
+        )
+        .unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        tx.commit().unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let writer = store.clone();
+    let ticks_while_waiting = rt.block_on(async move {
+        let ticks = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = ticks.clone();
+        let ticker = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let write = tokio::spawn(async move { writer.label_hours.insert("held", &2) });
+        write.await.unwrap().unwrap();
+        let during = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        ticker.abort();
+        during
+    });
+    holder.join().unwrap();
+    assert_eq!(store.label_hours.get("held").unwrap(), Some(2));
+    assert!(
+        ticks_while_waiting >= 10,
+        "the other task ran {ticks_while_waiting} times while the write waited 300 ms"
+    );
+}
