@@ -14,7 +14,7 @@ mod tree;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use pg::{PostgresUrl, StoreUrlError, TestDatabase};
+pub use pg::{urgent, PostgresUrl, StoreUrlError, TestDatabase};
 pub use reads::{ReadCounts, TreeReads};
 pub use tree::Tree;
 

@@ -74,7 +74,9 @@ pub(super) fn heartbeat<T>(
     caps: impl FnOnce(T) -> Option<edgeloop_proto::common::v1::Capabilities>,
 ) -> Result<HeartbeatResponse, Status> {
     let started = std::time::Instant::now();
-    let answer = answer_heartbeat(core, kind, req, caps);
+    // Ahead of a rollout's queued store calls: a member whose heartbeats
+    // wait behind them looks offline.
+    let answer = crate::store::urgent(|| answer_heartbeat(core, kind, req, caps));
     core.heartbeat_latency.observe(started.elapsed());
     answer
 }

@@ -18,6 +18,7 @@ use super::backend::{distinct_keys, Entry, FenceCheck, FencedCas, KvBackend, KvT
 use super::StoreError;
 use pool::Pool;
 
+pub use pool::urgent;
 pub use testdb::TestDatabase;
 pub use url::{PostgresUrl, StoreUrlError};
 

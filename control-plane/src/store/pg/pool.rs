@@ -5,9 +5,10 @@
 //! no caller ever touches a client: it sends its operation here and blocks
 //! on the reply, as it blocks on sled's I/O.
 
-use std::collections::HashMap;
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use postgres::error::Severity;
@@ -151,46 +152,138 @@ fn wait_off_the_worker<R>(wait: impl FnOnce() -> R) -> R {
     }
 }
 
+thread_local! {
+    static URGENT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with its store calls ahead of every call queued for a
+/// PostgreSQL connection that was not made this way (sled has no queue;
+/// there it changes nothing). For the calls whose latency is what callers
+/// watch, heartbeats: during a rollout hundreds of status writes and
+/// assignment reads can wait for the pool's eight connections, and a
+/// heartbeat behind them waited as long. The flag is the calling thread's
+/// and `f` is synchronous, so it covers exactly `f`'s own calls.
+pub fn urgent<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            URGENT.with(|u| u.set(self.0));
+        }
+    }
+    let _restore = Restore(URGENT.with(|u| u.replace(true)));
+    f()
+}
+
+/// Jobs waiting for a connection, in two lanes: a pool thread takes the
+/// oldest urgent job before any other.
+#[derive(Default)]
+struct Queue {
+    lanes: Mutex<Lanes>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct Lanes {
+    urgent: VecDeque<Job>,
+    normal: VecDeque<Job>,
+    closed: bool,
+}
+
+impl Queue {
+    fn lanes(&self) -> std::sync::MutexGuard<'_, Lanes> {
+        // A poisoned lock still holds usable queues: pushes and pops do
+        // not panic between their reads and writes.
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `false` once the pool is closed.
+    fn push(&self, job: Job, urgent: bool) -> bool {
+        let mut lanes = self.lanes();
+        if lanes.closed {
+            return false;
+        }
+        if urgent {
+            lanes.urgent.push_back(job);
+        } else {
+            lanes.normal.push_back(job);
+        }
+        drop(lanes);
+        self.ready.notify_one();
+        true
+    }
+
+    /// The next job; `None` once the pool is closed and nothing is left.
+    fn pop(&self) -> Option<Job> {
+        let mut lanes = self.lanes();
+        loop {
+            if let Some(job) = lanes
+                .urgent
+                .pop_front()
+                .or_else(|| lanes.normal.pop_front())
+            {
+                return Some(job);
+            }
+            if lanes.closed {
+                return None;
+            }
+            lanes = self.ready.wait(lanes).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn close(&self) {
+        self.lanes().closed = true;
+        self.ready.notify_all();
+    }
+}
+
 pub struct Pool {
-    jobs: mpsc::Sender<Job>,
+    queue: Arc<Queue>,
     url: PostgresUrl,
+}
+
+/// The threads finish the queued jobs, then end.
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.queue.close();
+    }
 }
 
 impl Pool {
     /// Starts the threads; they connect on their first call and end when
     /// the pool is dropped.
     pub fn start(url: &PostgresUrl) -> Result<Self, StoreError> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new(Queue::default());
         for i in 0..POOL_SIZE {
-            let rx = rx.clone();
+            let jobs = queue.clone();
             let mut session = Session::new(url.clone());
-            std::thread::Builder::new()
+            let started = std::thread::Builder::new()
                 .name(format!("edgeloop-pg-{i}"))
-                .spawn(move || loop {
-                    // The lock is held only to take one job; a poisoned
-                    // lock still holds a usable receiver.
-                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    let Ok(job) = job else {
-                        return; // the pool is gone
-                    };
-                    // A panic in one call must not shrink the pool: its
-                    // caller sees the reply channel close ("gone"), and
-                    // the connection, in an unknown state, is replaced.
-                    let run = std::panic::AssertUnwindSafe(|| job(&mut session));
-                    if std::panic::catch_unwind(run).is_err() {
-                        session.reset();
+                .spawn(move || {
+                    while let Some(job) = jobs.pop() {
+                        // A panic in one call must not shrink the pool: its
+                        // caller sees the reply channel close ("gone"), and
+                        // the connection, in an unknown state, is replaced.
+                        let run = std::panic::AssertUnwindSafe(|| job(&mut session));
+                        if std::panic::catch_unwind(run).is_err() {
+                            session.reset();
+                        }
                     }
-                })
-                .map_err(|e| StoreError::Unavailable(format!("starting a store thread: {e}")))?;
+                });
+            if let Err(e) = started {
+                queue.close();
+                return Err(StoreError::Unavailable(format!(
+                    "starting a store thread: {e}"
+                )));
+            }
         }
         Ok(Self {
-            jobs: tx,
+            queue,
             url: url.clone(),
         })
     }
 
-    /// Runs `op` on a pool connection and waits for its answer.
+    /// Runs `op` on a pool connection and waits for its answer; inside
+    /// [`urgent`], ahead of the calls queued outside it.
     ///
     /// A connection that broke is dropped, and the next call reconnects.
     /// A `retry_safe` op (a read, or a write whose repeat is harmless)
@@ -224,14 +317,96 @@ impl Pool {
             // The caller may have gone (a cancelled task): nothing to do.
             let _ = reply.send(result);
         });
-        self.jobs.send(job).map_err(|_| {
-            StoreError::Unavailable(format!("the store threads for {} are gone", self.url))
-        })?;
+        if !self.queue.push(job, URGENT.with(Cell::get)) {
+            return Err(StoreError::Unavailable(format!(
+                "the store threads for {} are gone",
+                self.url
+            )));
+        }
         wait_off_the_worker(|| answer.recv()).map_err(|_| {
             StoreError::Unavailable(format!(
                 "a store thread for {} failed during the call",
                 self.url
             ))
         })?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job that records its name when run.
+    fn job(name: &'static str, ran: &Arc<Mutex<Vec<&'static str>>>) -> Job {
+        let ran = ran.clone();
+        Box::new(move |_| ran.lock().unwrap().push(name))
+    }
+
+    #[test]
+    fn urgent_jobs_go_first_each_lane_in_order_and_a_closed_queue_drains() {
+        let q = Queue::default();
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        assert!(q.push(job("n1", &ran), false));
+        assert!(q.push(job("n2", &ran), false));
+        assert!(q.push(job("u1", &ran), true));
+        assert!(q.push(job("u2", &ran), true));
+        q.close();
+        assert!(!q.push(job("late", &ran), true), "closed: refused");
+        let mut session = Session::new(PostgresUrl::parse("postgres://u@127.0.0.1:1/db").unwrap());
+        while let Some(j) = q.pop() {
+            j(&mut session);
+        }
+        assert_eq!(*ran.lock().unwrap(), ["u1", "u2", "n1", "n2"]);
+    }
+
+    #[test]
+    fn urgent_marks_only_the_calls_inside_it_and_nests() {
+        let now = || URGENT.with(Cell::get);
+        assert!(!now());
+        urgent(|| {
+            assert!(now());
+            urgent(|| assert!(now()));
+            assert!(now(), "the inner scope restores the outer's flag");
+        });
+        assert!(!now());
+        let caught = std::panic::catch_unwind(|| urgent(|| panic!("in the scope")));
+        assert!(caught.is_err());
+        assert!(!now(), "a panic inside does not leave the flag set");
+    }
+
+    /// A blocked pool thread takes a waiting urgent job before the normal
+    /// ones queued earlier.
+    #[test]
+    fn a_pool_thread_waiting_for_jobs_takes_the_urgent_one_first() {
+        let q = Arc::new(Queue::default());
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        let (took_tx, took_rx) = mpsc::channel::<()>();
+        let worker = {
+            let q = q.clone();
+            std::thread::spawn(move || {
+                let mut session =
+                    Session::new(PostgresUrl::parse("postgres://u@127.0.0.1:1/db").unwrap());
+                while let Some(j) = q.pop() {
+                    took_tx.send(()).unwrap();
+                    gate_rx.recv().unwrap();
+                    j(&mut session);
+                }
+            })
+        };
+        for name in ["n1", "n2", "n3"] {
+            q.push(job(name, &ran), false);
+        }
+        // The thread holds n1 at the gate; u1 arrives behind n2 and n3.
+        took_rx.recv().unwrap();
+        q.push(job("u1", &ran), true);
+        for _ in 0..4 {
+            gate_tx.send(()).unwrap();
+        }
+        q.close();
+        worker.join().unwrap();
+        let ran = ran.lock().unwrap();
+        assert_eq!(ran.len(), 4);
+        assert_eq!(ran[1], "u1", "{ran:?}");
     }
 }
