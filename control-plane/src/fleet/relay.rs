@@ -212,18 +212,21 @@ impl Tail {
         let Some(upto) = std::mem::replace(&mut self.old_mark, newest) else {
             return Ok(0);
         };
+        // A page of keys per call: on PostgreSQL a wave's 10 000 entries
+        // are ten statements, not 10 000 round trips.
         let mut dropped = 0;
         loop {
-            let batch = store.fleet_events.first_with_prefix("", 1024)?;
-            let n = batch.len();
-            for (k, _) in batch {
-                if k > upto {
-                    return Ok(dropped);
-                }
-                store.fleet_events.remove(&k)?;
-                dropped += 1;
-            }
-            if n < 1024 {
+            let page = store.fleet_events.first_with_prefix("", 1024)?;
+            let full = page.len() == 1024;
+            let old: Vec<&str> = page
+                .iter()
+                .map(|(k, _)| k.as_str())
+                .take_while(|k| *k <= upto.as_str())
+                .collect();
+            let reached_upto = old.len() < page.len();
+            store.fleet_events.remove_many(&old)?;
+            dropped += old.len() as u64;
+            if reached_upto || !full {
                 return Ok(dropped);
             }
         }
@@ -359,6 +362,47 @@ mod tests {
             }]
         );
         assert!(tail.poll(store).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_prune_drops_what_was_seen_a_keep_ago_and_keeps_the_rest() {
+        for (store, _keep) in stores("relay prune") {
+            prune(&store);
+        }
+    }
+
+    fn prune(store: &Store) {
+        let a = Events::relayed(Relay::new(store.clone(), "a"));
+        let mut tail = Tail::new(store, "b").unwrap();
+        let changed = |i: usize| FleetEvent::AssignmentsChanged {
+            device: format!("d{i}"),
+        };
+        let keep_ago = || Instant::now().checked_sub(KEEP).unwrap();
+        // More than a page of old entries, then a poll that sees them.
+        a.publish_many((0..1500).map(changed).collect());
+        assert_eq!(tail.poll(store).unwrap().len(), 1500);
+        assert_eq!(tail.prune(store).unwrap(), 0, "not before a KEEP");
+        tail.pruned_at = keep_ago();
+        // The first prune only marks what it has seen: old by the next.
+        assert_eq!(tail.prune(store).unwrap(), 0);
+        a.publish_many((1500..1510).map(changed).collect());
+        tail.pruned_at = keep_ago();
+        assert_eq!(tail.prune(store).unwrap(), 1500);
+        assert_eq!(
+            store.fleet_events.len().unwrap(),
+            10,
+            "the unseen entries stay"
+        );
+        assert_eq!(tail.poll(store).unwrap().len(), 10, "and are heard");
+        tail.pruned_at = keep_ago();
+        assert_eq!(
+            tail.prune(store).unwrap(),
+            0,
+            "seen at this prune: old by the next"
+        );
+        tail.pruned_at = keep_ago();
+        assert_eq!(tail.prune(store).unwrap(), 10);
+        assert!(store.fleet_events.is_empty().unwrap());
     }
 
     #[test]

@@ -53,6 +53,18 @@ pub trait KvTree: Send + Sync {
         keys.iter().map(|k| self.get(k)).collect()
     }
 
+    /// [`KvTree::remove`] of every key, as one call; how many of them were
+    /// there. Not atomic as a whole: after an error, some may be gone.
+    fn remove_many(&self, keys: &[&[u8]]) -> Result<u64, StoreError> {
+        let mut removed = 0;
+        for k in keys {
+            if self.remove(k)?.is_some() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// [`KvTree::insert`] of every entry, as one call (a key that repeats
     /// ends with its last value).
     /// Not atomic as a whole: after an error, some may have been written.

@@ -570,3 +570,28 @@ async fn store_calls_work_on_a_current_thread_runtime() {
 
 /// Migrations, reconnection, TLS and connection errors.
 mod postgres_only;
+
+/// `remove_many` removes the keys that are there, counts them, and leaves
+/// the rest, on either backend.
+#[test]
+fn remove_many_removes_and_counts_the_keys_there() {
+    for case in cases("remove_many") {
+        let t = &case.store.label_hours;
+        for k in ["a", "b", "c"] {
+            t.insert(k, &1).unwrap();
+        }
+        assert_eq!(
+            t.remove_many(&["a", "c", "missing"]).unwrap(),
+            2,
+            "{}",
+            case.backend
+        );
+        assert_eq!(t.remove_many(&[]).unwrap(), 0, "{}", case.backend);
+        assert_eq!(
+            t.get_many(&["a", "b", "c"]).unwrap(),
+            vec![None, Some(1), None],
+            "{}",
+            case.backend
+        );
+    }
+}

@@ -359,6 +359,13 @@ impl<V: Serialize + DeserializeOwned> Tree<V> {
             .transpose()
     }
 
+    /// Removes every one of `keys` in one backend call; how many were
+    /// there. Not atomic as a whole.
+    pub fn remove_many(&self, keys: &[&str]) -> Result<u64, StoreError> {
+        let raw: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+        self.tree.remove_many(&raw)
+    }
+
     /// All records whose key starts with `prefix`, in key order.
     pub fn scan_prefix(&self, prefix: &str) -> Result<Vec<(String, V)>, StoreError> {
         self.first_with_prefix(prefix, usize::MAX)

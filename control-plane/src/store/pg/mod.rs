@@ -467,6 +467,21 @@ impl KvTree for PgTree {
         })
     }
 
+    /// One statement. Retried after a lost connection (removing twice
+    /// leaves what once would), so the count may then miss the keys the
+    /// lost try removed.
+    fn remove_many(&self, keys: &[&[u8]]) -> Result<u64, StoreError> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let tree = self.name.clone();
+        let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+        self.pool.call(true, move |s| {
+            let (c, st) = s.prepared("DELETE FROM kv WHERE tree = $1 AND key = ANY($2)")?;
+            Ok(c.execute(&st, &[&&*tree, &keys])?)
+        })
+    }
+
     fn range(&self, r: Range<'_>) -> Result<Vec<Entry>, StoreError> {
         let mut sql = String::from("SELECT key, value FROM kv WHERE tree = $1");
         let mut keys: Vec<Vec<u8>> = Vec::new();
