@@ -268,6 +268,13 @@ mod tests {
 
     use crate::leader::tests::stores;
 
+    /// The `i`th device's wake-up.
+    fn changed(i: usize) -> FleetEvent {
+        FleetEvent::AssignmentsChanged {
+            device: format!("d{i}"),
+        }
+    }
+
     #[test]
     fn an_event_published_on_one_replica_wakes_a_stream_on_the_other() {
         for (store, _keep) in stores("relay wakes") {
@@ -313,9 +320,6 @@ mod tests {
     fn batch(store: &Store) {
         let a = Events::relayed(Relay::new(store.clone(), "a"));
         let mut tail_b = Tail::new(store, "b").unwrap();
-        let changed = |i: usize| FleetEvent::AssignmentsChanged {
-            device: format!("d{i}"),
-        };
         a.publish(changed(0));
         a.publish_many((1..=11).map(changed).collect());
         a.publish(changed(12));
@@ -374,9 +378,6 @@ mod tests {
     fn prune(store: &Store) {
         let a = Events::relayed(Relay::new(store.clone(), "a"));
         let mut tail = Tail::new(store, "b").unwrap();
-        let changed = |i: usize| FleetEvent::AssignmentsChanged {
-            device: format!("d{i}"),
-        };
         let keep_ago = || Instant::now().checked_sub(KEEP).unwrap();
         // More than a page of old entries, then a poll that sees them.
         a.publish_many((0..1500).map(changed).collect());
