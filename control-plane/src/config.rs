@@ -108,6 +108,11 @@ pub struct ServeSettings {
     /// DEADLINE_EXCEEDED and gives its turn back (default 60 s).
     #[arg(long, env = "EDGELOOP_DOWNLOAD_SEND_TIMEOUT_SECS")]
     pub download_send_timeout_secs: Option<u64>,
+    /// The artifact bytes a second this replica's downloads send together,
+    /// shared turn by turn (default: no cap). A rollout otherwise sends as
+    /// fast as the cores encrypt, and heartbeats queue behind it.
+    #[arg(long, env = "EDGELOOP_MAX_DOWNLOAD_BYTES_PER_SEC")]
+    pub max_download_bytes_per_sec: Option<u64>,
     /// Sketches each device may send per model per hour; past it they are
     /// refused and counted (default 3600).
     #[arg(long, env = "EDGELOOP_DEVICE_SKETCHES_PER_MODEL_PER_HOUR")]
@@ -337,6 +342,9 @@ impl ServeSettings {
             download_send_timeout_secs: self
                 .download_send_timeout_secs
                 .or(lower.download_send_timeout_secs),
+            max_download_bytes_per_sec: self
+                .max_download_bytes_per_sec
+                .or(lower.max_download_bytes_per_sec),
             device_sketches_per_model_per_hour: self
                 .device_sketches_per_model_per_hour
                 .or(lower.device_sketches_per_model_per_hour),
@@ -396,6 +404,8 @@ pub struct Config {
     pub max_concurrent_downloads: usize,
     pub max_downloads_per_member: usize,
     pub download_send_timeout: Duration,
+    /// The downloads' shared byte rate; `None`: no cap.
+    pub max_download_bytes_per_sec: Option<u64>,
     /// Samples kept per model (retention).
     pub max_samples_per_model: u64,
     /// What each device may send per model per hour.
@@ -497,6 +507,13 @@ impl Config {
             (1..=86_400).contains(&send_timeout),
             "download-send-timeout-secs must be 1..=86400"
         );
+        // Below 64 KiB/s one default chunk would take seconds.
+        if let Some(rate) = s.max_download_bytes_per_sec {
+            anyhow::ensure!(
+                rate >= 64 * 1024,
+                "max-download-bytes-per-sec must be at least 65536 (64 KiB/s)"
+            );
+        }
         let cost = s.cost.prices()?;
         let default_audit = crate::auth::audit::Retention::default();
         let audit_days = s
@@ -620,6 +637,7 @@ impl Config {
             max_concurrent_downloads: downloads,
             max_downloads_per_member: per_member,
             download_send_timeout: Duration::from_secs(send_timeout),
+            max_download_bytes_per_sec: s.max_download_bytes_per_sec,
             device_quota,
             audit_retention: crate::auth::audit::Retention {
                 max_age: time::Duration::days(audit_days),

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod console;
 pub mod datadir;
 pub mod drift;
 pub mod error;
@@ -119,6 +120,9 @@ pub struct Server {
     http: TcpListener,
     new_admin_token: Option<String>,
     admin_token_path: PathBuf,
+    /// This replica's place in the other replicas' event log, taken before
+    /// it serves anything (see `serve`); `None` on one replica.
+    relay_tail: Option<fleet::relay::Tail>,
 }
 
 impl Server {
@@ -155,6 +159,7 @@ impl Server {
             config.max_concurrent_downloads,
             config.max_downloads_per_member,
             config.download_send_timeout,
+            config.max_download_bytes_per_sec,
         );
         let backfilled =
             fleet::admission::backfill(&store).context("backfilling assignment history")?;
@@ -172,10 +177,18 @@ impl Server {
         let replica = leader::replica_id(&config.data_dir)?;
         // A shared store may have other replicas: they hear this one's
         // fleet events, and it theirs.
-        let events = if config.store_url.is_some() {
-            Events::relayed(fleet::relay::Relay::new(store.clone(), &replica))
+        let (events, relay_tail) = if config.store_url.is_some() {
+            // Where this replica starts hearing the others: now, before it
+            // serves. Taken later, a stream opened in between would miss
+            // what was logged meanwhile, for good.
+            let tail = fleet::relay::Tail::new(&store, &replica)
+                .context("reading the fleet event log's end")?;
+            (
+                Events::relayed(fleet::relay::Relay::new(store.clone(), &replica)),
+                Some(tail),
+            )
         } else {
-            Events::default()
+            (Events::default(), None)
         };
         let leader = leader::Leadership::new(replica);
         let grpc = TcpListener::bind(config.grpc_listen)
@@ -206,6 +219,7 @@ impl Server {
             http,
             new_admin_token,
             admin_token_path: dir.admin_token(),
+            relay_tail,
         })
     }
 
@@ -270,13 +284,12 @@ impl Server {
         let leases = leader::spawn(core.clone(), core.shutdown.clone())
             .context("starting the lease thread")?;
         // Other replicas' fleet events, where there are other replicas.
-        let relay = if core.events.is_relayed() {
-            Some(
-                fleet::relay::spawn(core.clone(), core.shutdown.clone())
+        let relay = match self.relay_tail {
+            Some(tail) => Some(
+                fleet::relay::spawn(core.clone(), tail, core.shutdown.clone())
                     .context("starting the fleet event relay")?,
-            )
-        } else {
-            None
+            ),
+            None => None,
         };
         let rollouts = tokio::spawn(fleet::rollout::runner::run(
             core.clone(),

@@ -2,6 +2,7 @@
 //! client, and helpers to enroll agents and bridges against it.
 #![allow(clippy::unwrap_used)]
 
+pub mod browser;
 pub mod crash;
 pub mod fake_k8s;
 pub mod manifests;

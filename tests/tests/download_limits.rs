@@ -126,3 +126,58 @@ async fn a_stalled_reader_gives_its_turn_back_and_one_member_holds_only_so_many(
     assert_eq!(first.offset, 0);
     cp.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_share_the_replicas_byte_rate_turn_by_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(edgeloop_control_plane::ServeSettings {
+        max_download_bytes_per_sec: Some(1 << 20),
+        ..settings(&dir.path().join("cp"))
+    })
+    .await;
+    // 1 MiB each, two at once, at 1 MiB/s together: four 256 KiB chunks
+    // each, taking turns, so the pair needs about 2 s and neither can end
+    // before about 1.4 s. Uncapped they take milliseconds; one after the
+    // other, the first would end at about 0.65 s.
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let digest = cp.upload(&data).await.to_string();
+    let (mut a, a_job) = bridge_with_job(&cp, dir.path(), "farm-a", &digest).await;
+    let (mut b, b_job) = bridge_with_job(&cp, dir.path(), "farm-b", &digest).await;
+    let t0 = std::time::Instant::now();
+    let streams = [
+        fetch(&mut a, &a_job, &digest).await.unwrap(),
+        fetch(&mut b, &b_job, &digest).await.unwrap(),
+    ];
+    let mut readers = Vec::new();
+    for mut stream in streams {
+        readers.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(c) = stream.message().await.unwrap() {
+                assert_eq!(c.offset, got.len() as u64);
+                got.extend_from_slice(&c.data);
+            }
+            (got, t0.elapsed())
+        }));
+    }
+    let mut ended = Vec::new();
+    for r in readers {
+        let (got, at) = tokio::time::timeout(Duration::from_secs(30), r)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(got == data, "a download's bytes differ");
+        ended.push(at);
+    }
+    ended.sort();
+    assert!(
+        ended[0] >= Duration::from_millis(1200),
+        "a download ended at {:?}: not sharing the rate, or not capped",
+        ended[0]
+    );
+    assert!(
+        ended[1] >= Duration::from_millis(1600),
+        "2 MiB at 1 MiB/s ended at {:?}",
+        ended[1]
+    );
+    cp.stop().await;
+}

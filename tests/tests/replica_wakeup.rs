@@ -12,10 +12,13 @@ use std::time::{Duration, Instant};
 
 use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::Role;
-use edgeloop_control_plane::fleet::assignments;
+use edgeloop_control_plane::fleet::members::MemberKind;
+use edgeloop_control_plane::fleet::{assignments, FleetEvent};
+use edgeloop_control_plane::{Clock, Config, Server};
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::agent::v1::WatchAssignmentsRequest;
 use edgeloop_tests::{share_secrets, ControlPlane, TestStore};
+use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_assignment_written_on_one_replica_wakes_a_device_watching_on_the_other() {
@@ -77,5 +80,42 @@ async fn an_assignment_written_on_one_replica_wakes_a_device_watching_on_the_oth
     );
     drop(watch);
     b.stop().await;
+    a.stop().await;
+}
+
+/// A replica hears what the others log from the moment it has started,
+/// not from whenever its relay thread got going: a device's stream may be
+/// opened as soon as the replica serves, and an event logged before the
+/// relay read the log's end would never reach it. (Seen once as a flaky
+/// failure of the test above under a loaded suite.) Here A logs its event
+/// between B's start and B's serving, deterministically.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_hears_events_logged_after_it_started_before_it_served() {
+    let Some(store) = TestStore::postgres("replica_relay_start") else {
+        eprintln!(
+            "skipped: no PostgreSQL named (scripts/postgres-up.sh; EDGELOOP_TEST_POSTGRES_URL)"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let a = ControlPlane::start_with(store.settings(&dir.path().join("a"))).await;
+    share_secrets(&a.data_dir, &dir.path().join("b"));
+    let config = Config::from_settings(store.settings(&dir.path().join("b"))).unwrap();
+    let b = Server::start_with_clock(config, Clock::system())
+        .await
+        .unwrap();
+    let mut signal = b.core().events.member(MemberKind::Device, "edge-early");
+    a.core.events.publish(FleetEvent::AssignmentsChanged {
+        device: "edge-early".into(),
+    });
+    let shutdown = CancellationToken::new();
+    let serving = tokio::spawn(b.serve(shutdown.clone()));
+    tokio::time::timeout(Duration::from_secs(10), signal.changed())
+        .await
+        .expect("B hears the event A logged after B started")
+        .unwrap();
+    assert_eq!(signal.borrow().assignments, 1);
+    shutdown.cancel();
+    serving.await.unwrap().unwrap();
     a.stop().await;
 }

@@ -61,6 +61,12 @@ impl Principal {
     }
 }
 
+/// A console API request the web console makes in-process for a session's
+/// principal: `authorize` takes it instead of a bearer token, and checks
+/// the role, the projects and the audit log exactly as for one.
+#[derive(Debug, Clone)]
+pub struct ConsoleCaller(pub Principal);
+
 /// What `/metrics` reports about refusals (counts only, no identities).
 #[derive(Debug, Default)]
 pub struct SecurityCounters {

@@ -66,12 +66,27 @@ fn key(secret: &str) -> String {
     Digest::of(secret.as_bytes()).to_hex()
 }
 
+/// The store key of a secret's record (its sha256): what a console session
+/// keeps to find its token again without keeping the secret.
+pub fn record_key(secret: &str) -> String {
+    key(secret)
+}
+
 /// The principal a presented secret stands for, if it is a live API token.
 pub fn authenticate(store: &Store, secret: &str, now: OffsetDateTime) -> Result<Option<Principal>> {
     if !secret.starts_with(SECRET_PREFIX) {
         return Ok(None);
     }
-    let Some(record) = store.api_tokens.get(&key(secret))? else {
+    principal_by_key(store, &key(secret), now)
+}
+
+/// The principal of the token stored under `key`, if it is still live.
+pub fn principal_by_key(
+    store: &Store,
+    key: &str,
+    now: OffsetDateTime,
+) -> Result<Option<Principal>> {
+    let Some(record) = store.api_tokens.get(key)? else {
         return Ok(None);
     };
     Ok(match state(&record, now) {

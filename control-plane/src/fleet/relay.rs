@@ -233,14 +233,15 @@ impl Tail {
     }
 }
 
-/// Tails the log every [`POLL`] until shutdown, publishing the other
-/// replicas' events here. On a thread of its own, as the leases are.
+/// Tails the log from `tail` every [`POLL`] until shutdown, publishing the
+/// other replicas' events here. On a thread of its own, as the leases are.
+/// `tail` is taken before the replica serves: a device's stream opened
+/// before it would not hear what was logged in between.
 pub fn spawn(
     core: Arc<crate::Core>,
+    mut tail: Tail,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let mut tail = Tail::new(&core.store, core.leader.replica())
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
     std::thread::Builder::new()
         .name("fleet-relay".into())
         .spawn(move || {

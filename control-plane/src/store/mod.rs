@@ -191,6 +191,8 @@ pub struct Store {
     pub leases: Tree<crate::leader::decide::Lease>,
     /// API tokens, by the sha256 of their secret.
     pub api_tokens: Tree<crate::auth::tokens::ApiTokenRecord>,
+    /// Console sessions, by the sha256 of their id.
+    pub console_sessions: Tree<crate::console::session::SessionRecord>,
     /// The console audit log, by zero-padded sequence (append-only).
     pub audit: Tree<edgeloop_api::access::AuditEntry>,
 }
@@ -262,6 +264,7 @@ impl Store {
             replica_settings: Tree::open(db_ref, &reads, "replica_settings")?,
             leases: Tree::open(db_ref, &reads, "leases")?,
             api_tokens: Tree::open(db_ref, &reads, "api_tokens")?,
+            console_sessions: Tree::open(db_ref, &reads, "console_sessions")?,
             audit: Tree::open(db_ref, &reads, "audit")?,
             db,
             reads,

@@ -5,7 +5,9 @@
 //! member, and a stream whose reader takes no chunk for
 //! `download_send_timeout` gives its permit and its member slot back and
 //! ends. Without the deadline, a device that opens streams and never reads
-//! them keeps their permits for as long as its connection lives.
+//! them keeps their permits for as long as its connection lives. With
+//! `max_download_bytes_per_sec`, the sending streams share that byte rate
+//! (`egress`).
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -20,6 +22,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
+use super::egress::Egress;
 use crate::error::Error;
 use crate::registry::artifacts::ArtifactError;
 use crate::Core;
@@ -38,10 +41,16 @@ pub struct Downloads {
     per_member: usize,
     send_timeout: Duration,
     open: Arc<Mutex<HashMap<String, usize>>>,
+    egress: Arc<Egress>,
 }
 
 impl Downloads {
-    pub fn new(sending: usize, per_member: usize, send_timeout: Duration) -> Downloads {
+    pub fn new(
+        sending: usize,
+        per_member: usize,
+        send_timeout: Duration,
+        bytes_per_sec: Option<u64>,
+    ) -> Downloads {
         Downloads {
             permits: Arc::new(Semaphore::new(sending)),
             capacity: sending,
@@ -49,6 +58,7 @@ impl Downloads {
             per_member,
             send_timeout,
             open: Arc::default(),
+            egress: Arc::new(Egress::new(bytes_per_sec)),
         }
     }
 
@@ -236,6 +246,7 @@ fn spawn(
     let (hold, stream) = PermitStream::new(rx);
     let permits = core.downloads.permits.clone();
     let deadline = core.downloads.send_timeout;
+    let egress = core.downloads.egress.clone();
     let waiting = Waiting::new(&core.downloads.waiting);
     tokio::spawn(async move {
         let Ok(permit) = permits.acquire_owned().await else {
@@ -276,6 +287,7 @@ fn spawn(
             let (data, last) = split_last(data, at, total_size);
             for data in std::iter::once(data).chain(last) {
                 let n = data.len() as u64;
+                egress.pace(n).await;
                 let piece = ArtifactPiece {
                     offset: at,
                     data,

@@ -7,6 +7,7 @@ mod agent;
 pub mod auth;
 mod bridge;
 pub mod downloads;
+mod egress;
 mod tls;
 
 use std::sync::Arc;

@@ -16,7 +16,7 @@ pub mod json;
 mod metrics;
 mod models;
 pub mod openapi;
-mod paging;
+pub(crate) mod paging;
 mod pipelines;
 pub mod scope;
 mod telemetry;
@@ -34,7 +34,13 @@ use tokio_util::sync::CancellationToken;
 use crate::error::Error;
 use crate::Core;
 
+/// The console API and the web console (`/ui/`, which calls the API
+/// in-process and is not behind `authorize`: it has its own sessions).
 pub fn router(core: Arc<Core>) -> Router {
+    api_router(core.clone()).merge(crate::console::router(core.clone(), api_router(core)))
+}
+
+fn api_router(core: Arc<Core>) -> Router {
     Router::new()
         .route("/api/v1/api-tokens", post(access::create).get(access::list))
         .route("/api/v1/api-tokens/{id}", delete(access::revoke))

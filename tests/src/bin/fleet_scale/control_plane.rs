@@ -18,7 +18,8 @@ pub struct ControlPlaneProcess {
     pub api: Api,
 }
 
-/// `VmHWM` (peak) or `VmRSS` (now) of a process, in KiB.
+/// A number field of a process's `/proc/<pid>/status`: `VmHWM` (peak)
+/// or `VmRSS` (now) in KiB, or `Threads`.
 pub fn rss_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -85,6 +86,7 @@ pub async fn start_control_plane(
         cmd.args(["--artifact-url", url]);
     }
     let child = cmd
+        .envs(args.cp_env.iter().map(|(k, v)| (k, v)))
         .env("EDGELOOP_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .spawn()

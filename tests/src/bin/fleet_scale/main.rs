@@ -76,6 +76,17 @@ struct Args {
     /// `--artifact-url`).
     #[arg(long, default_value_t = 1)]
     replicas: usize,
+    /// Environment for each control plane only, e.g.
+    /// `--cp-env MALLOC_ARENA_MAX=2`.
+    #[arg(long = "cp-env", value_parser = parse_env_pair)]
+    cp_env: Vec<(String, String)>,
+}
+
+fn parse_env_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("`{s}` is not KEY=VALUE")),
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -212,6 +223,10 @@ struct Run {
     enroll_peak_mib: f64,
     /// The peak from the deployment's creation on (`VmHWM` reset then).
     rss_mib: f64,
+    /// OS threads of the (larger) control plane at rest, and the most
+    /// sampled during the rollout.
+    rest_threads: u64,
+    peak_threads: u64,
     /// The control plane's own time to answer a heartbeat during the
     /// rollout (bucket bounds).
     handled_p50: Duration,
@@ -347,6 +362,26 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
         .iter()
         .map(|cp| rss_kib(cp.child.id(), "VmRSS:") as f64 / 1024.0)
         .fold(0.0, f64::max);
+    let pids: Vec<u32> = cps.iter().map(|cp| cp.child.id()).collect();
+    let rest_threads = pids
+        .iter()
+        .map(|p| rss_kib(*p, "Threads:"))
+        .max()
+        .unwrap_or(0);
+    let thread_sampler = tokio::spawn({
+        let done = probes_done.clone();
+        async move {
+            let mut peak = 0;
+            while !done.is_cancelled() {
+                peak = pids
+                    .iter()
+                    .map(|p| rss_kib(*p, "Threads:"))
+                    .fold(peak, u64::max);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            peak
+        }
+    });
     let enroll_peak_mib = cps
         .iter()
         .map(|cp| rss_kib(cp.child.id(), "VmHWM:") as f64 / 1024.0)
@@ -399,6 +434,7 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
     tokio::time::sleep(HEARTBEAT_EVERY).await;
     let rollout_until = epoch.elapsed();
     probes_done.cancel();
+    let peak_threads = thread_sampler.await?;
     let probe_samples = tokio::task::spawn_blocking(move || probes.join())
         .await?
         .map_err(|_| anyhow::anyhow!("the probe thread panicked"))??;
@@ -449,6 +485,8 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
         rest_rss_mib,
         enroll_peak_mib,
         rss_mib,
+        rest_threads,
+        peak_threads,
         handled_p50: handling_quantile(&handled_before, &handled_after, 0.5),
         handled_p99: handling_quantile(&handled_before, &handled_after, 0.99),
         probe_steady_p99: percentile(&probe_steady, 0.99),
@@ -618,6 +656,18 @@ async fn main() -> anyhow::Result<()> {
         base.rss_mib,
         fleet.rss_mib,
         &format!("< 1024 MiB ({:.2}× of goal)", fleet.rss_mib / 1024.0),
+    );
+    row(
+        "control-plane threads, fleet at rest",
+        base.rest_threads as f64,
+        fleet.rest_threads as f64,
+        "",
+    );
+    row(
+        "control-plane threads, most during the rollout",
+        base.peak_threads as f64,
+        fleet.peak_threads as f64,
+        "",
     );
     Ok(())
 }

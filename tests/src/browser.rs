@@ -1,0 +1,321 @@
+//! A real browser for the console's tests: Debian's `chromium`, headless,
+//! driven through `chromedriver` over the W3C WebDriver protocol (JSON over
+//! HTTP on loopback, so a thin client on `reqwest` is all it takes).
+//! `scripts/fetch-chromium.sh` installs both; without them a test says it
+//! skipped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+/// The key W3C WebDriver names an element reference by.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// `chromedriver` on a free port, stopped when dropped.
+pub struct Driver {
+    child: Child,
+    base: String,
+    http: reqwest::Client,
+}
+
+/// Where `chromium` and `chromedriver` are, if installed.
+pub fn installed() -> Option<(PathBuf, PathBuf)> {
+    let find = |names: &[&str]| {
+        names.iter().find_map(|n| {
+            ["/usr/bin", "/usr/lib/chromium"]
+                .iter()
+                .map(|d| Path::new(d).join(n))
+                .find(|p| p.exists())
+        })
+    };
+    Some((
+        find(&["chromium", "chromium-browser"])?,
+        find(&["chromedriver"])?,
+    ))
+}
+
+impl Driver {
+    pub async fn start(chromedriver: &Path) -> anyhow::Result<Driver> {
+        let port = crate::free_port();
+        let child = Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", chromedriver.display()))?;
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let started = Instant::now();
+        loop {
+            if let Ok(r) = http.get(format!("{base}/status")).send().await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                bail!("chromedriver did not answer on {base} within 20 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(Driver { child, base, http })
+    }
+
+    /// A headless browser session.
+    pub async fn browser(&self, chromium: &Path) -> anyhow::Result<Browser> {
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1400,1000",
+                         "--no-first-run", "--no-default-browser-check"]
+            }
+        }}});
+        let v = call(
+            &self.http,
+            reqwest::Method::POST,
+            &format!("{}/session", self.base),
+            Some(caps),
+        )
+        .await
+        .context("starting a chromium session")?;
+        let id = v["sessionId"]
+            .as_str()
+            .context("no sessionId in the new session")?
+            .to_string();
+        Ok(Browser {
+            http: self.http.clone(),
+            session: format!("{}/session/{id}", self.base),
+        })
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One WebDriver call; the `value` of its answer, or the driver's error.
+async fn call(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<Value>,
+) -> anyhow::Result<Value> {
+    let post = method == reqwest::Method::POST;
+    let mut req = http.request(method, url);
+    // WebDriver wants a JSON body on every POST, empty or not.
+    if post {
+        req = req.json(&body.unwrap_or_else(|| json!({})));
+    }
+    let res = req.send().await.with_context(|| url.to_string())?;
+    let status = res.status();
+    let v: Value = res.json().await.with_context(|| format!("{url}: answer"))?;
+    if !status.is_success() {
+        bail!(
+            "{url}: {} {}",
+            v["value"]["error"].as_str().unwrap_or("error"),
+            v["value"]["message"].as_str().unwrap_or("")
+        );
+    }
+    Ok(v["value"].clone())
+}
+
+/// A browser session. Closed with [`Browser::close`].
+pub struct Browser {
+    http: reqwest::Client,
+    session: String,
+}
+
+/// An element of the current page.
+pub struct Element {
+    id: String,
+}
+
+impl Browser {
+    async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+        call(
+            &self.http,
+            reqwest::Method::POST,
+            &format!("{}{path}", self.session),
+            Some(body),
+        )
+        .await
+    }
+
+    async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        call(
+            &self.http,
+            reqwest::Method::GET,
+            &format!("{}{path}", self.session),
+            None,
+        )
+        .await
+    }
+
+    pub async fn goto(&self, url: &str) -> anyhow::Result<()> {
+        self.post("/url", json!({"url": url})).await.map(drop)
+    }
+
+    pub async fn url(&self) -> anyhow::Result<String> {
+        Ok(self
+            .get("/url")
+            .await?
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    pub async fn title(&self) -> anyhow::Result<String> {
+        Ok(self
+            .get("/title")
+            .await?
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    /// Elements matching a CSS selector, now.
+    pub async fn find_all(&self, css: &str) -> anyhow::Result<Vec<Element>> {
+        let v = self
+            .post("/elements", json!({"using": "css selector", "value": css}))
+            .await?;
+        Ok(v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e[ELEMENT].as_str())
+                    .map(|id| Element { id: id.to_string() })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// The first element matching `css`, waiting up to `within` for it.
+    pub async fn find(&self, css: &str, within: Duration) -> anyhow::Result<Element> {
+        let started = Instant::now();
+        loop {
+            if let Some(e) = self.find_all(css).await?.into_iter().next() {
+                return Ok(e);
+            }
+            if started.elapsed() > within {
+                let mut says = String::new();
+                if let Some(body) = self.find_all("body").await?.into_iter().next() {
+                    says = self.element_text(&body).await.unwrap_or_default();
+                }
+                bail!(
+                    "no `{css}` on {} within {within:?}; the page says: {says}",
+                    self.url().await.unwrap_or_default(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the text of `css` contains `want`.
+    pub async fn wait_for_text(
+        &self,
+        css: &str,
+        want: &str,
+        within: Duration,
+    ) -> anyhow::Result<String> {
+        let started = Instant::now();
+        loop {
+            let text = self.text(css).await.unwrap_or_default();
+            if text.contains(want) {
+                return Ok(text);
+            }
+            if started.elapsed() > within {
+                bail!("`{css}` did not say {want:?} within {within:?}; it says: {text}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The rendered text of the first element matching `css`.
+    pub async fn text(&self, css: &str) -> anyhow::Result<String> {
+        let e = self.find(css, Duration::ZERO).await?;
+        self.element_text(&e).await
+    }
+
+    pub async fn element_text(&self, e: &Element) -> anyhow::Result<String> {
+        Ok(self
+            .get(&format!("/element/{}/text", e.id))
+            .await?
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    pub async fn attribute(&self, e: &Element, name: &str) -> anyhow::Result<Option<String>> {
+        Ok(self
+            .get(&format!("/element/{}/attribute/{name}", e.id))
+            .await?
+            .as_str()
+            .map(str::to_string))
+    }
+
+    pub async fn click(&self, e: &Element) -> anyhow::Result<()> {
+        self.post(&format!("/element/{}/click", e.id), json!({}))
+            .await
+            .map(drop)
+    }
+
+    pub async fn clear(&self, e: &Element) -> anyhow::Result<()> {
+        self.post(&format!("/element/{}/clear", e.id), json!({}))
+            .await
+            .map(drop)
+    }
+
+    /// Types `text` into an element (WebDriver's key codes, e.g. `\u{E007}`
+    /// for Enter, work too).
+    pub async fn type_into(&self, e: &Element, text: &str) -> anyhow::Result<()> {
+        self.post(&format!("/element/{}/value", e.id), json!({"text": text}))
+            .await
+            .map(drop)
+    }
+
+    /// Presses keys on whatever has the focus (Tab, Enter, letters).
+    pub async fn keys(&self, keys: &str) -> anyhow::Result<()> {
+        let mut actions = Vec::new();
+        for k in keys.chars() {
+            actions.push(json!({"type": "keyDown", "value": k.to_string()}));
+            actions.push(json!({"type": "keyUp", "value": k.to_string()}));
+        }
+        self.post(
+            "/actions",
+            json!({"actions": [{"type": "key", "id": "keyboard", "actions": actions}]}),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Runs a script in the page and returns what it returns.
+    pub async fn script(&self, script: &str) -> anyhow::Result<Value> {
+        self.post("/execute/sync", json!({"script": script, "args": []}))
+            .await
+    }
+
+    /// A PNG of the viewport, saved at `path`.
+    pub async fn screenshot(&self, path: &Path) -> anyhow::Result<()> {
+        let b64 = self.get("/screenshot").await?;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(b64.as_str().unwrap_or_default())
+            .context("screenshot: not base64")?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, png).with_context(|| path.display().to_string())
+    }
+
+    pub async fn close(self) -> anyhow::Result<()> {
+        call(&self.http, reqwest::Method::DELETE, &self.session, None)
+            .await
+            .map(drop)
+    }
+}
