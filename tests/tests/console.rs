@@ -189,6 +189,49 @@ async fn the_console_in_a_real_browser() {
         .unwrap();
     assert_eq!(focused, json!("skip"));
 
+    // Models: the version, its lineage (an uploaded version: no job or
+    // dataset), the deployments that carry it.
+    b.goto(&format!("{base}/ui/models")).await.unwrap();
+    let link = b.find("a[href='/ui/models/digits']", WAIT).await.unwrap();
+    b.click(&link).await.unwrap();
+    let lineage = b.text("ol.lineage").await.unwrap();
+    for want in [
+        "dataset snapshot",
+        "training job",
+        "artifacts",
+        &first,
+        "wave",
+    ] {
+        assert!(
+            lineage.contains(want),
+            "{want} missing from the lineage:\n{lineage}"
+        );
+    }
+    b.screenshot(&shots.join("model.png")).await.unwrap();
+    // Its drift page says why there is nothing to chart: the API's reason.
+    b.goto(&format!("{base}/ui/models/digits/drift"))
+        .await
+        .unwrap();
+    b.wait_for_text("p.error", "no reference statistics", WAIT)
+        .await
+        .unwrap();
+
+    // Pipelines and jobs: a job waiting for a bridge, and its page.
+    let job = cp
+        .submit_job(json!({"name": "train-digits", "command": ["true"]}))
+        .await;
+    b.goto(&format!("{base}/ui/pipelines")).await.unwrap();
+    let link = b
+        .find(&format!("a[href='/ui/jobs/{job}']"), WAIT)
+        .await
+        .unwrap();
+    assert!(b.text("main").await.unwrap().contains("train-digits"));
+    b.click(&link).await.unwrap();
+    b.wait_for_text("main", "queued", WAIT).await.unwrap();
+    b.wait_for_text("main", "No metrics reported yet", WAIT)
+        .await
+        .unwrap();
+
     // A deployment, live, and cancelled from its page.
     b.goto(&format!("{base}/ui/deployments")).await.unwrap();
     let link = b

@@ -16,6 +16,8 @@ use crate::auth::permissions;
 const SECTIONS: &[(&str, &str)] = &[
     ("/ui/fleet", "Fleet"),
     ("/ui/bridges", "Bridges"),
+    ("/ui/models", "Models"),
+    ("/ui/pipelines", "Pipelines"),
     ("/ui/deployments", "Deployments"),
 ];
 

@@ -13,6 +13,7 @@
 //!   Content-Security-Policy says so to the browser.
 
 pub mod api;
+pub mod chart;
 pub mod html;
 mod pages;
 pub mod session;

@@ -1,7 +1,9 @@
 //! The console's pages, one module per section.
 
-mod deployments;
+pub mod deployments;
 mod fleet;
+mod models;
+mod training;
 
 use axum::routing::{get, post};
 use axum::Router;
@@ -12,6 +14,12 @@ pub fn routes() -> Router<Console> {
     Router::new()
         .route("/ui/fleet", get(fleet::devices))
         .route("/ui/bridges", get(fleet::bridges))
+        .route("/ui/models", get(models::list))
+        .route("/ui/models/{name}", get(models::show))
+        .route("/ui/models/{name}/drift", get(models::drift))
+        .route("/ui/pipelines", get(training::pipelines))
+        .route("/ui/pipelines/{id}", get(training::pipeline))
+        .route("/ui/jobs/{id}", get(training::job))
         .route("/ui/deployments", get(deployments::list))
         .route("/ui/deployments/{id}", get(deployments::show))
         .route("/ui/deployments/{id}/live", get(deployments::live))

@@ -1,0 +1,360 @@
+//! Models: the list; one model's versions with their lineage (dataset
+//! snapshot → job → checkpoint → artifacts → deployments → devices) and
+//! the quantization gate's evidence per version; and its drift over time.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use edgeloop_api::deployments::{DeploymentState, DeploymentView};
+use edgeloop_api::drift::DriftView;
+use edgeloop_api::registry::{ModelVersionView, ModelView};
+use maud::{html, Markup};
+use serde::Deserialize;
+
+use super::deployments::state_badge;
+use super::{plain_id, with_query};
+use crate::console::chart::{self, line_chart, Mark, Series, Style, Threshold};
+use crate::console::html::{failure, page, time};
+use crate::console::Console;
+
+pub async fn list(State(c): State<Console>, headers: HeaderMap) -> Response {
+    let s = match c.session(&headers, "/ui/models").await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let models = match c
+        .api
+        .get::<Vec<ModelView>>(&s.principal, "/api/v1/models")
+        .await
+    {
+        Ok(a) => a.body,
+        Err(f) => return failure(Some(&s), "/ui/models", &f),
+    };
+    let body = html! {
+        @if models.is_empty() { p { "No models yet." } }
+        @else {
+            table.data {
+                caption { "Models" }
+                thead { tr {
+                    th scope="col" { "Model" } th scope="col" { "Project" }
+                    th scope="col" { "Task" } th scope="col" { "Created" } th scope="col" { "Drift" }
+                } }
+                tbody {
+                    @for m in &models {
+                        tr {
+                            th scope="row" { a href={"/ui/models/" (m.name)} { (m.name) } }
+                            td { (m.project) }
+                            td { (m.task.as_deref().unwrap_or("—")) }
+                            td { (time(m.created_at)) }
+                            td { a href={"/ui/models/" (m.name) "/drift"} { "drift" } }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    page("Models", "/ui/models", Some(&s), body).into_response()
+}
+
+/// The gate's evidence as the pipeline signs it (`models::quantize::gate`),
+/// read leniently: the API carries it as free-form JSON.
+#[derive(Debug, Deserialize, Default)]
+struct Evidence {
+    #[serde(default)]
+    metric: MetricRecord,
+    float: Option<Measurement>,
+    #[serde(default)]
+    candidates: Vec<Measurement>,
+    #[serde(default)]
+    chosen: String,
+    #[serde(default)]
+    reason: String,
+}
+
+#[derive(Debug, Deserialize, Default)]
+struct MetricRecord {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    unit: String,
+    budget: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Measurement {
+    name: String,
+    metric: Option<f64>,
+    loss: Option<f64>,
+    size_bytes: Option<u64>,
+    latency_ms: Option<f64>,
+    #[serde(default)]
+    verdict: String,
+    #[serde(default)]
+    accepted: bool,
+}
+
+fn evidence_of(v: &ModelVersionView) -> Option<Evidence> {
+    let e = v.lineage.quantization.as_ref()?.get("evidence")?;
+    serde_json::from_value(e.clone()).ok()
+}
+
+fn gate_table(e: &Evidence) -> Markup {
+    let rows: Vec<&Measurement> = e.float.iter().chain(e.candidates.iter()).collect();
+    let f2 = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.2}"));
+    html! {
+        table.data.gate {
+            caption {
+                "Gate: " (e.metric.name) @if !e.metric.unit.is_empty() { " (" (e.metric.unit) ")" }
+                @if let Some(b) = e.metric.budget { ", budget " (format!("{b}")) }
+                ". Chose " strong { (e.chosen) } ": " (e.reason)
+            }
+            thead { tr {
+                th scope="col" { "Candidate" } th scope="col" { "Metric" } th scope="col" { "Loss" }
+                th scope="col" { "Size" } th scope="col" { "Latency" } th scope="col" { "Verdict" }
+            } }
+            tbody {
+                @for m in rows {
+                    tr.chosen[m.name == e.chosen] {
+                        th scope="row" { (m.name) @if m.name == e.chosen { " ✔" } }
+                        td { (f2(m.metric)) }
+                        td { (f2(m.loss)) }
+                        td { (m.size_bytes.map_or("—".to_string(), |b| format!("{:.1} KiB", b as f64 / 1024.0))) }
+                        td { (m.latency_ms.map_or("—".to_string(), |l| format!("{l:.3} ms"))) }
+                        td { @if m.accepted { "accepted" } @else { "refused" } ": " (m.verdict) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A short form of a digest for a box; the whole one is its title.
+fn short(d: &impl std::fmt::Display) -> String {
+    let s = d.to_string();
+    let hex = s.strip_prefix("sha256:").unwrap_or(&s);
+    format!("sha256:{}…", &hex[..hex.len().min(12)])
+}
+
+fn lineage(v: &ModelVersionView, deployments: &[&DeploymentView]) -> Markup {
+    let l = &v.lineage;
+    let serving: usize = deployments
+        .iter()
+        .filter(|d| d.state == DeploymentState::Succeeded)
+        .map(|d| d.deployment.moved.len())
+        .sum();
+    html! {
+        ol.lineage aria-label={"Lineage of " (v.version)} {
+            li { span.kind { "dataset snapshot" }
+                @match &l.dataset { Some(d) => { code title=(d) { (short(d)) } } None => { "—" } } }
+            li { span.kind { "training job" }
+                @match &l.job { Some(j) => { a href={"/ui/jobs/" (j)} { (j) } } None => { "—" } } }
+            li { span.kind { "checkpoint" }
+                @match &l.checkpoint { Some(d) => { code title=(d) { (short(d)) } } None => { "—" } } }
+            li { span.kind { "artifacts" }
+                code title=(v.artifact_digest) { (short(&v.artifact_digest)) } " (" (v.format) ")"
+                @for var in &v.variants { br; code title=(var.artifact_digest) { (short(&var.artifact_digest)) } " (" (var.name) ")" } }
+            li { span.kind { "deployments" }
+                @if deployments.is_empty() { "—" }
+                @for d in deployments { a href={"/ui/deployments/" (d.id)} { (d.id) } " " (state_badge(d.state)) br; } }
+            li { span.kind { "devices" } (serving) " moved by succeeded rollouts" }
+        }
+    }
+}
+
+pub async fn show(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    let here = format!("/ui/models/{name}");
+    let s = match c.session(&headers, &here).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if !plain_id(&name) {
+        return (StatusCode::NOT_FOUND, "no such model").into_response();
+    }
+    let versions = match c
+        .api
+        .get::<Vec<ModelVersionView>>(&s.principal, &format!("/api/v1/models/{name}/versions"))
+        .await
+    {
+        Ok(a) => a.body,
+        Err(f) => return failure(Some(&s), "/ui/models", &f),
+    };
+    // The model's deployments, newest first, from the first pages.
+    let mut by_version: BTreeMap<String, Vec<DeploymentView>> = BTreeMap::new();
+    if let Ok(a) = c
+        .api
+        .get::<Vec<DeploymentView>>(&s.principal, "/api/v1/deployments?limit=1000")
+        .await
+    {
+        for d in a.body.into_iter().filter(|d| d.deployment.model == name) {
+            by_version
+                .entry(d.deployment.target_version.clone())
+                .or_default()
+                .push(d);
+        }
+    }
+    let body = html! {
+        p { a href={"/ui/models/" (name) "/drift"} { "Drift over time" } }
+        @if versions.is_empty() { p { "No versions yet." } }
+        @for v in versions.iter().rev() {
+            @let deps: Vec<&DeploymentView> = by_version.get(&v.version).map(|d| d.iter().collect()).unwrap_or_default();
+            section.card aria-labelledby={"v-" (v.version)} {
+                h2 #{"v-" (v.version)} { "Version " (v.version) }
+                p {
+                    (time(v.created_at))
+                    @if let Some(t) = &v.lineage.trigger { " · trigger: " (t) }
+                    @if let Some(p) = &v.lineage.parent_version { " · from " (p) }
+                    @if let Some(h) = v.lineage.hard_examples { " · " (h) " labelled hard examples" }
+                    @for (k, m) in &v.metrics { " · " (k) " " (format!("{m:.4}")) }
+                }
+                (lineage(v, &deps))
+                @match evidence_of(v) {
+                    Some(e) => { (gate_table(&e)) }
+                    None => { p.hint { "No quantization evidence (an uploaded version)." } }
+                }
+            }
+        }
+    };
+    page(&format!("Model {name}"), "/ui/models", Some(&s), body).into_response()
+}
+
+#[derive(Deserialize)]
+pub struct DriftQuery {
+    #[serde(default)]
+    version: String,
+    #[serde(default)]
+    group_by: String,
+}
+
+pub async fn drift(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<DriftQuery>,
+) -> Response {
+    let here = with_query(
+        &format!("/ui/models/{name}/drift"),
+        &[("version", &q.version), ("group_by", &q.group_by)],
+    );
+    let s = match c.session(&headers, &here).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if !plain_id(&name) {
+        return (StatusCode::NOT_FOUND, "no such model").into_response();
+    }
+    let path = with_query(
+        &format!("/api/v1/models/{name}/drift"),
+        &[("version", &q.version), ("group_by", &q.group_by)],
+    );
+    let view = match c.api.get::<DriftView>(&s.principal, &path).await {
+        Ok(a) => a.body,
+        Err(f) => return failure(Some(&s), "/ui/models", &f),
+    };
+    // Versions created after the first window: when each began, on the
+    // same axis (the retrain's result starting to serve).
+    let marks: Vec<Mark> = match c
+        .api
+        .get::<Vec<ModelVersionView>>(&s.principal, &format!("/api/v1/models/{name}/versions"))
+        .await
+    {
+        Ok(a) => a
+            .body
+            .iter()
+            .map(|v| Mark {
+                x: v.created_at.unix_timestamp() as f64,
+                label: format!("v{}", v.version),
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let cfg = view.config;
+    let body = html! {
+        form.filter method="get" action={"/ui/models/" (name) "/drift"} {
+            label for="group_by" { "Group by device label" }
+            input #group_by type="text" name="group_by" value=(q.group_by) placeholder="site";
+            input type="hidden" name="version" value=(q.version);
+            button type="submit" { "Show" }
+        }
+        p { "Version " (view.version) ", windows of " (cfg.window_seconds) " s. PSI watch "
+            (cfg.psi_watch) ", act " (cfg.psi_act) "; JS act " (cfg.js_act) "." }
+        @for series in &view.series {
+            @let span: Vec<&Mark> = {
+                let (lo, hi) = (series.windows.first().map(|w| w.start), series.windows.last().map(|w| w.start));
+                marks.iter().filter(|m| lo.zip(hi).is_some_and(|(lo, hi)| m.x >= lo as f64 && m.x <= (hi + cfg.window_seconds) as f64)).collect()
+            };
+            section.card {
+                h2 { "Group " (series.group) }
+                @if series.windows.is_empty() { p { "No windows yet." } }
+                @else {
+                    @let feature_names: Vec<String> = series.windows.iter()
+                        .flat_map(|w| w.features.iter().map(|f| f.name.clone()))
+                        .collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+                    @for f in &feature_names {
+                        @let pick = |get: &dyn Fn(&edgeloop_api::drift::FeatureDrift) -> Option<f64>| -> Vec<(f64, Option<f64>)> {
+                            series.windows.iter().map(|w| (w.start as f64,
+                                w.features.iter().find(|x| &x.name == f).and_then(get))).collect()
+                        };
+                        (line_chart(
+                            &format!("Feature {f}"),
+                            &[
+                                Series { name: "PSI", points: pick(&|x| x.psi), style: Style::Solid(chart::BLUE) },
+                                Series { name: "KS statistic", points: pick(&|x| x.ks_statistic), style: Style::Dashed(chart::ORANGE) },
+                                Series { name: "JS distance", points: pick(&|x| x.js_distance), style: Style::Dashed(chart::PURPLE) },
+                            ],
+                            &[Threshold { name: "PSI watch", y: cfg.psi_watch }, Threshold { name: "PSI act", y: cfg.psi_act }],
+                            &span.iter().map(|m| Mark { x: m.x, label: m.label.clone() }).collect::<Vec<_>>(),
+                            axis_time,
+                        ))
+                    }
+                    (line_chart(
+                        "Online accuracy",
+                        &[Series {
+                            name: "accuracy of labelled predictions",
+                            points: series.windows.iter().map(|w| (w.start as f64, w.accuracy)).collect(),
+                            style: Style::Solid(chart::GREEN),
+                        }],
+                        &[],
+                        &span.iter().map(|m| Mark { x: m.x, label: m.label.clone() }).collect::<Vec<_>>(),
+                        axis_time,
+                    ))
+                    table.data {
+                        caption { "Windows where drift was flagged" }
+                        thead { tr { th scope="col" { "Window" } th scope="col" { "Requests" } th scope="col" { "Severity (max PSI)" } th scope="col" { "Drifting" } } }
+                        tbody {
+                            @for w in series.windows.iter().filter(|w| w.drifting || w.over == Some(true)) {
+                                tr {
+                                    th scope="row" { (axis_time(w.start as f64)) }
+                                    td { (w.requests) }
+                                    td { (format!("{:.3}", w.severity)) }
+                                    td { @if w.drifting { "yes" } @else { "over, not yet set" } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    page(&format!("Drift of {name}"), "/ui/models", Some(&s), body).into_response()
+}
+
+/// A chart's time label: UTC, to the minute.
+fn axis_time(x: f64) -> String {
+    match time::OffsetDateTime::from_unix_timestamp(x as i64) {
+        Ok(t) => format!(
+            "{:04}-{:02}-{:02} {:02}:{:02}",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute()
+        ),
+        Err(_) => format!("{x}"),
+    }
+}
