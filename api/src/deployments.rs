@@ -291,6 +291,44 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// One line for a person: what the CLI and the web console print.
+    pub fn summary(&self) -> String {
+        match self {
+            Event::WaveStarted {
+                index,
+                assigned,
+                skipped,
+            } => {
+                let mut s = format!("wave {} started: {} devices", index + 1, assigned.len());
+                if !skipped.is_empty() {
+                    s.push_str(&format!(", {} skipped", skipped.len()));
+                }
+                s
+            }
+            Event::WaveHealthy { index, evidence } => format!(
+                "wave {} healthy: {} requests, {} errors",
+                index + 1,
+                evidence.requests,
+                evidence.errors
+            ),
+            Event::RollbackStarted { reason, reverted } => {
+                format!("rolling back {} devices: {reason}", reverted.len())
+            }
+            Event::Finished { state, unconfirmed } => {
+                let mut s = format!("finished: {}", state.name().as_str());
+                if let Some(r) = state.reason() {
+                    s.push_str(&format!(" ({r})"));
+                }
+                if !unconfirmed.is_empty() {
+                    s.push_str(&format!(", {} devices unconfirmed", unconfirmed.len()));
+                }
+                s
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EventEntry {

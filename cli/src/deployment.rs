@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use edgeloop_api::aliases::AliasName;
 use edgeloop_api::deployments::{
-    CreateDeployment, DeploymentState, DeploymentView, Event, GatesRequest, RolloutState,
-    StrategyRequest, Waves, DEFAULT_WAVES,
+    CreateDeployment, DeploymentState, DeploymentView, GatesRequest, RolloutState, StrategyRequest,
+    Waves, DEFAULT_WAVES,
 };
 
 use super::api::{block_on, client, segment, wait_for, CliError, Client, Reply, ServerArgs};
@@ -224,21 +224,7 @@ fn render(d: &DeploymentView) -> String {
     }
     let mut out = fields(&pairs);
     for e in &d.events {
-        let what = match &e.event {
-            Event::WaveStarted {
-                index, assigned, ..
-            } => format!("wave {} started: {} devices", index + 1, assigned.len()),
-            Event::WaveHealthy { index, evidence } => format!(
-                "wave {} healthy: {} requests, {} errors",
-                index + 1,
-                evidence.requests,
-                evidence.errors
-            ),
-            Event::RollbackStarted { reason, reverted } => {
-                format!("rolling back {} devices: {reason}", reverted.len())
-            }
-            Event::Finished { state, .. } => format!("finished: {}", state.name().as_str()),
-        };
+        let what = e.event.summary();
         out.push_str(&format!("  {}  {what}\n", when(&e.at)));
     }
     out

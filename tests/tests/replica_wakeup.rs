@@ -20,12 +20,21 @@ use edgeloop_proto::agent::v1::WatchAssignmentsRequest;
 use edgeloop_tests::{share_secrets, ControlPlane, TestStore};
 use tokio_util::sync::CancellationToken;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_assignment_written_on_one_replica_wakes_a_device_watching_on_the_other() {
-    let Some(store) = TestStore::postgres("replica_wakeup") else {
+/// A database on the test PostgreSQL server, or a line saying why the
+/// test skipped.
+fn postgres(what: &str) -> Option<TestStore> {
+    let store = TestStore::postgres(what);
+    if store.is_none() {
         eprintln!(
             "skipped: no PostgreSQL named (scripts/postgres-up.sh; EDGELOOP_TEST_POSTGRES_URL)"
         );
+    }
+    store
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assignment_written_on_one_replica_wakes_a_device_watching_on_the_other() {
+    let Some(store) = postgres("replica_wakeup") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -91,10 +100,7 @@ async fn an_assignment_written_on_one_replica_wakes_a_device_watching_on_the_oth
 /// between B's start and B's serving, deterministically.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_hears_events_logged_after_it_started_before_it_served() {
-    let Some(store) = TestStore::postgres("replica_relay_start") else {
-        eprintln!(
-            "skipped: no PostgreSQL named (scripts/postgres-up.sh; EDGELOOP_TEST_POSTGRES_URL)"
-        );
+    let Some(store) = postgres("replica_relay_start") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

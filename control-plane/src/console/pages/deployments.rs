@@ -90,15 +90,23 @@ pub async fn list(
     page("Deployments", "/ui/deployments", Some(&s), body).into_response()
 }
 
-async fn fetch(c: &Console, s: &Session, id: &str) -> Result<DeploymentView, Response> {
+/// The session and the deployment a page of it is about.
+async fn session_and_deployment(
+    c: &Console,
+    headers: &HeaderMap,
+    id: &str,
+) -> Result<(Session, DeploymentView), Response> {
+    let s = c.session(headers, &format!("/ui/deployments/{id}")).await?;
     if !plain_id(id) {
         return Err((StatusCode::NOT_FOUND, "no such deployment").into_response());
     }
-    c.api
+    let d = c
+        .api
         .get::<DeploymentView>(&s.principal, &format!("/api/v1/deployments/{id}"))
         .await
-        .map(|a| a.body)
-        .map_err(|f| failure(Some(s), "/ui/deployments", &f))
+        .map_err(|f| failure(Some(&s), "/ui/deployments", &f))?
+        .body;
+    Ok((s, d))
 }
 
 pub async fn show(
@@ -106,13 +114,8 @@ pub async fn show(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let here = format!("/ui/deployments/{id}");
-    let s = match c.session(&headers, &here).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let d = match fetch(&c, &s, &id).await {
-        Ok(d) => d,
+    let (s, d) = match session_and_deployment(&c, &headers, &id).await {
+        Ok(found) => found,
         Err(r) => return r,
     };
     let dep = &d.deployment;
@@ -144,13 +147,8 @@ pub async fn live(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let here = format!("/ui/deployments/{id}");
-    let s = match c.session(&headers, &here).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    match fetch(&c, &s, &id).await {
-        Ok(d) => live_part(&s, &d).into_response(),
+    match session_and_deployment(&c, &headers, &id).await {
+        Ok((s, d)) => live_part(&s, &d).into_response(),
         Err(r) => r,
     }
 }
@@ -278,7 +276,7 @@ fn live_part(s: &Session, d: &DeploymentView) -> Markup {
             h2 { "Events" }
             ol.events {
                 @for e in &d.events {
-                    li { (time(e.at)) " " (event_text(&e.event)) }
+                    li { (time(e.at)) " " (e.event.summary()) }
                 }
             }
         }
@@ -315,40 +313,6 @@ fn gates(d: &DeploymentView, evidence: Option<&Evidence>) -> Markup {
                          td { "≥ " (pct(Some(min))) } }
                 }
             }
-        }
-    }
-}
-
-fn event_text(e: &Event) -> String {
-    match e {
-        Event::WaveStarted {
-            index,
-            assigned,
-            skipped,
-        } => format!(
-            "wave {} started: {} devices assigned, {} skipped",
-            index + 1,
-            assigned.len(),
-            skipped.len()
-        ),
-        Event::WaveHealthy { index, evidence } => format!(
-            "wave {} healthy ({} devices, {} requests)",
-            index + 1,
-            evidence.moved_devices,
-            evidence.requests
-        ),
-        Event::RollbackStarted { reason, reverted } => {
-            format!("rollback started ({} devices): {reason}", reverted.len())
-        }
-        Event::Finished { state, unconfirmed } => {
-            let mut s = format!("finished: {}", state.name().as_str());
-            if let Some(r) = state.reason() {
-                s.push_str(&format!(" — {r}"));
-            }
-            if !unconfirmed.is_empty() {
-                s.push_str(&format!(" ({} devices unconfirmed)", unconfirmed.len()));
-            }
-            s
         }
     }
 }
