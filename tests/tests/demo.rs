@@ -31,10 +31,13 @@ fn demo_in(dir: &std::path::Path, args: &[&str]) -> Value {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // A loop that did not close exits 1 with its summary on stdout: show
+    // both, or the failure says nothing about which check failed.
     assert!(
         out.status.success(),
-        "edgeloop demo failed ({}):\n{stderr}",
-        out.status
+        "edgeloop demo failed ({}):\n{stderr}\nsummary: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
     );
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}\n{stderr}", String::from_utf8_lossy(&out.stdout)))
