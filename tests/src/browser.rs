@@ -4,6 +4,7 @@
 //! `scripts/fetch-chromium.sh` installs both; without them a test says it
 //! skipped.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -41,7 +42,11 @@ pub fn installed() -> Option<(PathBuf, PathBuf)> {
 impl Driver {
     pub async fn start(chromedriver: &Path) -> anyhow::Result<Driver> {
         let port = crate::free_port();
+        // A process group of its own: the browsers it starts stay in it,
+        // so dropping the driver ends them too, even when a test panics
+        // before it closes its session.
         let child = Command::new(chromedriver)
+            .process_group(0)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -96,6 +101,12 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
