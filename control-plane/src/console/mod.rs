@@ -120,6 +120,21 @@ impl Console {
         Ok(s)
     }
 
+    /// An API answer's body for a page, or the page that shows the API's
+    /// refusal or failure in `section`.
+    pub async fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        s: &Session,
+        path: &str,
+        section: &str,
+    ) -> Result<T, Response> {
+        self.api
+            .get::<T>(&s.principal, path)
+            .await
+            .map(|a| a.body)
+            .map_err(|f| html::failure(Some(s), section, &f))
+    }
+
     pub fn secure_cookies(&self) -> bool {
         self.core.config.http_tls != crate::config::HttpTls::Off
     }
@@ -217,9 +232,10 @@ async fn login(State(c): State<Console>, Form(f): Form<LoginForm>) -> Response {
     }
 }
 
+/// A form that changes something and carries nothing but its CSRF value.
 #[derive(serde::Deserialize)]
-struct CsrfForm {
-    csrf: String,
+pub(crate) struct CsrfForm {
+    pub csrf: String,
 }
 
 async fn logout(State(c): State<Console>, headers: HeaderMap, Form(f): Form<CsrfForm>) -> Response {

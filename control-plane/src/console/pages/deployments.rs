@@ -14,7 +14,7 @@ use maud::{html, Markup};
 use super::{plain_id, query};
 use crate::console::html::{badge, csrf_field, failure, may, page, time};
 use crate::console::session::Session;
-use crate::console::{redirect, Console};
+use crate::console::{redirect, Console, CsrfForm};
 
 const PAGE: usize = 50;
 const CANCEL_ROUTE: &str = "/api/v1/deployments/{id}/cancel";
@@ -39,11 +39,8 @@ pub async fn list(
     State(c): State<Console>,
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
-) -> Response {
-    let s = match c.session(&headers, "/ui/deployments").await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+) -> Result<Response, Response> {
+    let s = c.session(&headers, "/ui/deployments").await?;
     let limit = PAGE.to_string();
     let path = format!(
         "/api/v1/deployments?{}",
@@ -51,7 +48,7 @@ pub async fn list(
     );
     let answer = match c.api.get::<Vec<DeploymentView>>(&s.principal, &path).await {
         Ok(a) => a,
-        Err(f) => return failure(Some(&s), "/ui/deployments", &f),
+        Err(f) => return Err(failure(Some(&s), "/ui/deployments", &f)),
     };
     let body = html! {
         @if answer.body.is_empty() {
@@ -87,7 +84,7 @@ pub async fn list(
             }
         }
     };
-    page("Deployments", "/ui/deployments", Some(&s), body).into_response()
+    Ok(page("Deployments", "/ui/deployments", Some(&s), body).into_response())
 }
 
 /// The session and the deployment a page of it is about.
@@ -113,11 +110,8 @@ pub async fn show(
     State(c): State<Console>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Response {
-    let (s, d) = match session_and_deployment(&c, &headers, &id).await {
-        Ok(found) => found,
-        Err(r) => return r,
-    };
+) -> Result<Response, Response> {
+    let (s, d) = session_and_deployment(&c, &headers, &id).await?;
     let dep = &d.deployment;
     let body = html! {
         dl.facts {
@@ -132,13 +126,13 @@ pub async fn show(
             (live_part(&s, &d))
         }
     };
-    page(
+    Ok(page(
         &format!("Deployment {}", d.id),
         "/ui/deployments",
         Some(&s),
         body,
     )
-    .into_response()
+    .into_response())
 }
 
 /// The live part alone, for the page's script to swap in.
@@ -146,11 +140,9 @@ pub async fn live(
     State(c): State<Console>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Response {
-    match session_and_deployment(&c, &headers, &id).await {
-        Ok((s, d)) => live_part(&s, &d).into_response(),
-        Err(r) => r,
-    }
+) -> Result<Response, Response> {
+    let (s, d) = session_and_deployment(&c, &headers, &id).await?;
+    Ok(live_part(&s, &d).into_response())
 }
 
 fn waves_text(w: &Waves) -> String {
@@ -317,24 +309,16 @@ fn gates(d: &DeploymentView, evidence: Option<&Evidence>) -> Markup {
     }
 }
 
-#[derive(serde::Deserialize)]
-pub struct CsrfForm {
-    csrf: String,
-}
-
 pub async fn cancel(
     State(c): State<Console>,
     headers: HeaderMap,
     Path(id): Path<String>,
     Form(f): Form<CsrfForm>,
-) -> Response {
+) -> Result<Response, Response> {
     let here = format!("/ui/deployments/{id}");
-    let s = match c.acting_session(&headers, &here, &f.csrf).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let s = c.acting_session(&headers, &here, &f.csrf).await?;
     if !plain_id(&id) {
-        return (StatusCode::NOT_FOUND, "no such deployment").into_response();
+        return Err((StatusCode::NOT_FOUND, "no such deployment").into_response());
     }
     match c
         .api
@@ -345,8 +329,8 @@ pub async fn cancel(
         )
         .await
     {
-        Ok(_) => redirect(&here),
-        Err(f) => failure(Some(&s), "/ui/deployments", &f),
+        Ok(_) => Ok(redirect(&here)),
+        Err(f) => Err(failure(Some(&s), "/ui/deployments", &f)),
     }
 }
 

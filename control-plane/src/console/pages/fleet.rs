@@ -27,15 +27,12 @@ pub async fn devices(
     State(c): State<Console>,
     headers: HeaderMap,
     Query(q): Query<FleetQuery>,
-) -> Response {
+) -> Result<Response, Response> {
     let here = with_query(
         "/ui/fleet",
         &[("selector", &q.selector), ("after", &q.after)],
     );
-    let s = match c.session(&headers, &here).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let s = c.session(&headers, &here).await?;
     let limit = PAGE.to_string();
     let path = format!(
         "/api/v1/devices?{}",
@@ -54,9 +51,9 @@ pub async fn devices(
                     (filter(&q.selector))
                     p.error role="alert" { (f.message) }
                 };
-                return (f.status, page("Fleet", "/ui/fleet", Some(&s), body)).into_response();
+                return Err((f.status, page("Fleet", "/ui/fleet", Some(&s), body)).into_response());
             }
-            return failure(Some(&s), "/ui/fleet", &f);
+            return Err(failure(Some(&s), "/ui/fleet", &f));
         }
     };
     let now = c.core.now();
@@ -106,7 +103,7 @@ pub async fn devices(
             }
         }
     };
-    page("Fleet", "/ui/fleet", Some(&s), body).into_response()
+    Ok(page("Fleet", "/ui/fleet", Some(&s), body).into_response())
 }
 
 fn filter(selector: &str) -> Markup {
@@ -158,19 +155,11 @@ fn gpus(d: &MemberView) -> Markup {
     }
 }
 
-pub async fn bridges(State(c): State<Console>, headers: HeaderMap) -> Response {
-    let s = match c.session(&headers, "/ui/bridges").await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let clusters = match c
-        .api
-        .get::<Vec<MemberView>>(&s.principal, "/api/v1/clusters")
-        .await
-    {
-        Ok(a) => a.body,
-        Err(f) => return failure(Some(&s), "/ui/bridges", &f),
-    };
+pub async fn bridges(State(c): State<Console>, headers: HeaderMap) -> Result<Response, Response> {
+    let s = c.session(&headers, "/ui/bridges").await?;
+    let clusters = c
+        .get::<Vec<MemberView>>(&s, "/api/v1/clusters", "/ui/bridges")
+        .await?;
     let now = c.core.now();
     let body = html! {
         @if clusters.is_empty() {
@@ -221,5 +210,5 @@ pub async fn bridges(State(c): State<Console>, headers: HeaderMap) -> Response {
             }
         }
     };
-    page("Bridges", "/ui/bridges", Some(&s), body).into_response()
+    Ok(page("Bridges", "/ui/bridges", Some(&s), body).into_response())
 }

@@ -16,22 +16,14 @@ use serde::Deserialize;
 use super::deployments::state_badge;
 use super::{plain_id, with_query};
 use crate::console::chart::{self, line_chart, Mark, Series, Style, Threshold};
-use crate::console::html::{failure, page, time};
+use crate::console::html::{page, time};
 use crate::console::Console;
 
-pub async fn list(State(c): State<Console>, headers: HeaderMap) -> Response {
-    let s = match c.session(&headers, "/ui/models").await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let models = match c
-        .api
-        .get::<Vec<ModelView>>(&s.principal, "/api/v1/models")
-        .await
-    {
-        Ok(a) => a.body,
-        Err(f) => return failure(Some(&s), "/ui/models", &f),
-    };
+pub async fn list(State(c): State<Console>, headers: HeaderMap) -> Result<Response, Response> {
+    let s = c.session(&headers, "/ui/models").await?;
+    let models = c
+        .get::<Vec<ModelView>>(&s, "/api/v1/models", "/ui/models")
+        .await?;
     let body = html! {
         @if models.is_empty() { p { "No models yet." } }
         @else {
@@ -55,7 +47,7 @@ pub async fn list(State(c): State<Console>, headers: HeaderMap) -> Response {
             }
         }
     };
-    page("Models", "/ui/models", Some(&s), body).into_response()
+    Ok(page("Models", "/ui/models", Some(&s), body).into_response())
 }
 
 /// The gate's evidence as the pipeline signs it (`models::quantize::gate`),
@@ -167,23 +159,15 @@ pub async fn show(
     State(c): State<Console>,
     headers: HeaderMap,
     Path(name): Path<String>,
-) -> Response {
+) -> Result<Response, Response> {
     let here = format!("/ui/models/{name}");
-    let s = match c.session(&headers, &here).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let s = c.session(&headers, &here).await?;
     if !plain_id(&name) {
-        return (StatusCode::NOT_FOUND, "no such model").into_response();
+        return Err((StatusCode::NOT_FOUND, "no such model").into_response());
     }
-    let versions = match c
-        .api
-        .get::<Vec<ModelVersionView>>(&s.principal, &format!("/api/v1/models/{name}/versions"))
-        .await
-    {
-        Ok(a) => a.body,
-        Err(f) => return failure(Some(&s), "/ui/models", &f),
-    };
+    let versions = c
+        .get::<Vec<ModelVersionView>>(&s, &format!("/api/v1/models/{name}/versions"), "/ui/models")
+        .await?;
     // The model's deployments, newest first, from the first pages.
     let mut by_version: BTreeMap<String, Vec<DeploymentView>> = BTreeMap::new();
     if let Ok(a) = c
@@ -220,7 +204,7 @@ pub async fn show(
             }
         }
     };
-    page(&format!("Model {name}"), "/ui/models", Some(&s), body).into_response()
+    Ok(page(&format!("Model {name}"), "/ui/models", Some(&s), body).into_response())
 }
 
 #[derive(Deserialize)]
@@ -236,26 +220,20 @@ pub async fn drift(
     headers: HeaderMap,
     Path(name): Path<String>,
     Query(q): Query<DriftQuery>,
-) -> Response {
+) -> Result<Response, Response> {
     let here = with_query(
         &format!("/ui/models/{name}/drift"),
         &[("version", &q.version), ("group_by", &q.group_by)],
     );
-    let s = match c.session(&headers, &here).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let s = c.session(&headers, &here).await?;
     if !plain_id(&name) {
-        return (StatusCode::NOT_FOUND, "no such model").into_response();
+        return Err((StatusCode::NOT_FOUND, "no such model").into_response());
     }
     let path = with_query(
         &format!("/api/v1/models/{name}/drift"),
         &[("version", &q.version), ("group_by", &q.group_by)],
     );
-    let view = match c.api.get::<DriftView>(&s.principal, &path).await {
-        Ok(a) => a.body,
-        Err(f) => return failure(Some(&s), "/ui/models", &f),
-    };
+    let view = c.get::<DriftView>(&s, &path, "/ui/models").await?;
     // Versions created after the first window: when each began, on the
     // same axis (the retrain's result starting to serve).
     let marks: Vec<Mark> = match c
@@ -341,7 +319,7 @@ pub async fn drift(
             }
         }
     };
-    page(&format!("Drift of {name}"), "/ui/models", Some(&s), body).into_response()
+    Ok(page(&format!("Drift of {name}"), "/ui/models", Some(&s), body).into_response())
 }
 
 /// A chart's time label: UTC, to the minute.

@@ -13,7 +13,7 @@ use maud::{html, Markup};
 
 use super::plain_id;
 use crate::console::chart::{self, line_chart, Series, Style};
-use crate::console::html::{badge, failure, page, time};
+use crate::console::html::{badge, page, time};
 use crate::console::Console;
 
 const COLOURS: [&str; 4] = [chart::BLUE, chart::ORANGE, chart::GREEN, chart::PURPLE];
@@ -53,27 +53,14 @@ fn unix(t: i64) -> Markup {
     }
 }
 
-pub async fn pipelines(State(c): State<Console>, headers: HeaderMap) -> Response {
-    let s = match c.session(&headers, "/ui/pipelines").await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let list = match c
-        .api
-        .get::<Vec<PipelineView>>(&s.principal, "/api/v1/pipelines?limit=100")
-        .await
-    {
-        Ok(a) => a.body,
-        Err(f) => return failure(Some(&s), "/ui/pipelines", &f),
-    };
-    let jobs = match c
-        .api
-        .get::<Vec<Job>>(&s.principal, "/api/v1/jobs?limit=100")
-        .await
-    {
-        Ok(a) => a.body,
-        Err(f) => return failure(Some(&s), "/ui/pipelines", &f),
-    };
+pub async fn pipelines(State(c): State<Console>, headers: HeaderMap) -> Result<Response, Response> {
+    let s = c.session(&headers, "/ui/pipelines").await?;
+    let list = c
+        .get::<Vec<PipelineView>>(&s, "/api/v1/pipelines?limit=100", "/ui/pipelines")
+        .await?;
+    let jobs = c
+        .get::<Vec<Job>>(&s, "/api/v1/jobs?limit=100", "/ui/pipelines")
+        .await?;
     let body = html! {
         h2 { "Retraining pipelines" }
         @if list.is_empty() { p { "No pipeline has run." } }
@@ -115,7 +102,7 @@ pub async fn pipelines(State(c): State<Console>, headers: HeaderMap) -> Response
             }
         }
     };
-    page("Pipelines and jobs", "/ui/pipelines", Some(&s), body).into_response()
+    Ok(page("Pipelines and jobs", "/ui/pipelines", Some(&s), body).into_response())
 }
 
 fn output(o: &Output) -> Markup {
@@ -133,22 +120,14 @@ pub async fn pipeline(
     State(c): State<Console>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Response {
-    let s = match c.session(&headers, &format!("/ui/pipelines/{id}")).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+) -> Result<Response, Response> {
+    let s = c.session(&headers, &format!("/ui/pipelines/{id}")).await?;
     if !plain_id(&id) {
-        return (StatusCode::NOT_FOUND, "no such pipeline").into_response();
+        return Err((StatusCode::NOT_FOUND, "no such pipeline").into_response());
     }
-    let p = match c
-        .api
-        .get::<PipelineView>(&s.principal, &format!("/api/v1/pipelines/{id}"))
-        .await
-    {
-        Ok(a) => a.body,
-        Err(f) => return failure(Some(&s), "/ui/pipelines", &f),
-    };
+    let p = c
+        .get::<PipelineView>(&s, &format!("/api/v1/pipelines/{id}"), "/ui/pipelines")
+        .await?;
     let now = c.core.now().unix_timestamp();
     // The timeline's scale: from the first step's start to the last end.
     let start = p.history.iter().map(|h| h.started_at).min().unwrap_or(now);
@@ -183,31 +162,27 @@ pub async fn pipeline(
             }
         }
     };
-    page(
+    Ok(page(
         &format!("Pipeline {}", p.id),
         "/ui/pipelines",
         Some(&s),
         body,
     )
-    .into_response()
+    .into_response())
 }
 
-pub async fn job(State(c): State<Console>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let s = match c.session(&headers, &format!("/ui/jobs/{id}")).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+pub async fn job(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, Response> {
+    let s = c.session(&headers, &format!("/ui/jobs/{id}")).await?;
     if !plain_id(&id) {
-        return (StatusCode::NOT_FOUND, "no such job").into_response();
+        return Err((StatusCode::NOT_FOUND, "no such job").into_response());
     }
-    let v = match c
-        .api
-        .get::<JobView>(&s.principal, &format!("/api/v1/jobs/{id}"))
-        .await
-    {
-        Ok(a) => a.body,
-        Err(f) => return failure(Some(&s), "/ui/pipelines", &f),
-    };
+    let v = c
+        .get::<JobView>(&s, &format!("/api/v1/jobs/{id}"), "/ui/pipelines")
+        .await?;
     let j = &v.job;
     let metrics: BTreeSet<&String> = j.history.iter().flat_map(|e| e.metrics.keys()).collect();
     let series: Vec<Series<'_>> = metrics
@@ -264,5 +239,5 @@ pub async fn job(State(c): State<Console>, headers: HeaderMap, Path(id): Path<St
             }
         }
     };
-    page(&format!("Job {}", j.id), "/ui/pipelines", Some(&s), body).into_response()
+    Ok(page(&format!("Job {}", j.id), "/ui/pipelines", Some(&s), body).into_response())
 }

@@ -20,7 +20,7 @@ pub struct ControlPlaneProcess {
 
 /// A number field of a process's `/proc/<pid>/status`: `VmHWM` (peak)
 /// or `VmRSS` (now) in KiB, or `Threads`.
-pub fn rss_kib(pid: u32, field: &str) -> u64 {
+pub fn proc_status(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {

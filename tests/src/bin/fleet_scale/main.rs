@@ -35,7 +35,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use control_plane::{handling_buckets, handling_quantile, rss_kib, start_control_plane, Stores};
+use control_plane::{
+    handling_buckets, handling_quantile, proc_status, start_control_plane, Stores,
+};
 use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::{enroll, BootstrapToken, IdentityStore, Role};
 use edgeloop_proto::agent::v1 as pb;
@@ -360,12 +362,12 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
     let mut steady = std::mem::take(&mut samples.lock().await.heartbeats);
     let rest_rss_mib = cps
         .iter()
-        .map(|cp| rss_kib(cp.child.id(), "VmRSS:") as f64 / 1024.0)
+        .map(|cp| proc_status(cp.child.id(), "VmRSS:") as f64 / 1024.0)
         .fold(0.0, f64::max);
     let pids: Vec<u32> = cps.iter().map(|cp| cp.child.id()).collect();
     let rest_threads = pids
         .iter()
-        .map(|p| rss_kib(*p, "Threads:"))
+        .map(|p| proc_status(*p, "Threads:"))
         .max()
         .unwrap_or(0);
     let thread_sampler = tokio::spawn({
@@ -375,7 +377,7 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
             while !done.is_cancelled() {
                 peak = pids
                     .iter()
-                    .map(|p| rss_kib(*p, "Threads:"))
+                    .map(|p| proc_status(*p, "Threads:"))
                     .fold(peak, u64::max);
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -384,7 +386,7 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
     });
     let enroll_peak_mib = cps
         .iter()
-        .map(|cp| rss_kib(cp.child.id(), "VmHWM:") as f64 / 1024.0)
+        .map(|cp| proc_status(cp.child.id(), "VmHWM:") as f64 / 1024.0)
         .fold(0.0, f64::max);
     // From here `VmHWM` is the rollout's own peak (Linux: writing 5 to
     // clear_refs resets it to the current RSS).
@@ -453,7 +455,7 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
     let handled_after = handling_buckets(&cps).await?;
     let rss_mib = cps
         .iter()
-        .map(|cp| rss_kib(cp.child.id(), "VmHWM:") as f64 / 1024.0)
+        .map(|cp| proc_status(cp.child.id(), "VmHWM:") as f64 / 1024.0)
         .fold(0.0, f64::max);
     let mut store_read = 0;
     for cp in &cps {
