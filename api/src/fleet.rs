@@ -177,6 +177,87 @@ pub struct MemberView {
     pub revoked_reason: Option<String>,
     #[serde(with = "time::serde::rfc3339")]
     pub cert_not_after: OffsetDateTime,
+    /// A device's models as it reported them, one per assigned model:
+    /// `GET /api/v1/devices/{id}` always, a listing with
+    /// `include=serving`; absent otherwise and for clusters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<Vec<ServingView>>,
+    /// When the device's last telemetry report arrived, with it `serving`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<TelemetrySeen>,
+}
+
+/// A model assigned to a device and what the device says of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ServingView {
+    pub model: String,
+    /// The version its assignment names.
+    pub assigned_version: String,
+    /// The version's variant it was given (e.g. `fp16-gpu`); absent: the
+    /// version's own artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    /// What the device last said serves; absent before its first `active`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving_version: Option<String>,
+    /// Its last status report on the assignment; absent before any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<AssignmentState>,
+    /// The execution provider the session runs on, as reported.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub execution_provider: String,
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub reported_at: Option<OffsetDateTime>,
+}
+
+/// A device's last telemetry report: when it arrived, and how long after
+/// the device recorded it (store-and-forward holds reports while offline).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TelemetrySeen {
+    #[serde(with = "time::serde::rfc3339")]
+    pub received_at: OffsetDateTime,
+    /// `received_at` less the device's own recording time; absent when
+    /// the report did not say when it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<f64>,
+}
+
+/// A device's state of one assignment, as it reported it. Written in
+/// snake case (`"rolled_back"`). Records written before this type hold the
+/// protobuf enum names (`"ASSIGNMENT_STATE_ROLLED_BACK"`); the aliases read
+/// them, so no rewrite of the tree is needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum AssignmentState {
+    #[serde(alias = "ASSIGNMENT_STATE_DOWNLOADING")]
+    Downloading,
+    #[serde(alias = "ASSIGNMENT_STATE_ACTIVATING")]
+    Activating,
+    #[serde(alias = "ASSIGNMENT_STATE_ACTIVE")]
+    Active,
+    #[serde(alias = "ASSIGNMENT_STATE_FAILED")]
+    Failed,
+    #[serde(alias = "ASSIGNMENT_STATE_ROLLED_BACK")]
+    RolledBack,
+}
+
+impl AssignmentState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Downloading => "downloading",
+            Self::Activating => "activating",
+            Self::Active => "active",
+            Self::Failed => "failed",
+            Self::RolledBack => "rolled_back",
+        }
+    }
 }
 
 /// A bootstrap token, never its secret.

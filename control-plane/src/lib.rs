@@ -13,6 +13,7 @@ pub mod datadir;
 pub mod drift;
 pub mod error;
 pub mod fleet;
+pub mod latency;
 pub mod leader;
 pub mod lifecycle;
 pub mod registry;
@@ -55,7 +56,7 @@ pub struct Core {
     /// Refusals, for `/metrics`.
     pub security: auth::SecurityCounters,
     /// How long device and bridge heartbeats took to answer, for `/metrics`.
-    pub heartbeat_latency: api::latency::Latency,
+    pub heartbeat_latency: latency::Latency,
     /// What each device has left of its per-model telemetry quota.
     pub device_quotas: fleet::admission::Quotas,
     /// Cancelled at shutdown so long-lived streams end and the servers can drain.

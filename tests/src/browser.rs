@@ -41,6 +41,9 @@ pub fn installed() -> Option<(PathBuf, PathBuf)> {
 
 impl Driver {
     pub async fn start(chromedriver: &Path) -> anyhow::Result<Driver> {
+        // Before the child exists: nothing between its start and the
+        // guard that kills it may fail or panic.
+        let http = reqwest::Client::new();
         let port = crate::free_port();
         // A process group of its own: the browsers it starts stay in it,
         // so dropping the driver ends them too, even when a test panics
@@ -53,20 +56,21 @@ impl Driver {
             .spawn()
             .with_context(|| format!("starting {}", chromedriver.display()))?;
         let base = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
+        let driver = Driver { child, base, http };
         let started = Instant::now();
         loop {
-            if let Ok(r) = http.get(format!("{base}/status")).send().await {
+            let status = driver.http.get(format!("{}/status", driver.base)).send();
+            if let Ok(r) = status.await {
                 if r.status().is_success() {
                     break;
                 }
             }
             if started.elapsed() > Duration::from_secs(20) {
-                bail!("chromedriver did not answer on {base} within 20 s");
+                bail!("chromedriver did not answer on {} within 20 s", driver.base);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Ok(Driver { child, base, http })
+        Ok(driver)
     }
 
     /// A headless browser session.

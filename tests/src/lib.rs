@@ -9,6 +9,7 @@ pub mod manifests;
 pub mod mnist;
 pub mod retrain;
 pub mod rows;
+pub mod seed;
 pub mod soak;
 pub mod test_pki;
 pub mod weather;

@@ -21,9 +21,12 @@ use serde_json::json;
 const WAIT: Duration = Duration::from_secs(20);
 
 /// Three devices that have enrolled and beaten once (two in Berlin, one in
-/// Paris), a model version, and a deployment to Berlin that stays in its
-/// first wave (no agent runs to take it). Returns the deployment's id.
+/// Paris), a model version, its hard examples (four real MNIST digits and
+/// a tabular row, reported by edge-berlin-1), and a deployment to Berlin
+/// that stays in its first wave (no agent runs to take it). Returns the
+/// deployment's id.
 async fn fleet(cp: &ControlPlane, dir: &std::path::Path) -> String {
+    let mut agents = Vec::new();
     for (name, site) in [
         ("edge-berlin-1", "berlin"),
         ("edge-berlin-2", "berlin"),
@@ -54,6 +57,7 @@ async fn fleet(cp: &ControlPlane, dir: &std::path::Path) -> String {
             })
             .await
             .unwrap();
+        agents.push(agent);
     }
     let api = cp.api();
     let digest = cp.upload(&[7u8; 1024]).await;
@@ -66,8 +70,60 @@ async fn fleet(cp: &ControlPlane, dir: &std::path::Path) -> String {
         )
         .await;
     assert_eq!(s, 201, "{b}");
+    report_hard_examples(cp, &mut agents[0]).await;
     deploy(cp, "berlin").await
 }
+
+/// Hard examples the model was unsure of, as edge-berlin-1 reports them:
+/// [`DIGITS`] real MNIST digits (`[1, 784]` float32, predicted 0..3 at
+/// 31 %) and one tabular row of 8 features.
+async fn report_hard_examples(
+    cp: &ControlPlane,
+    agent: &mut AgentServiceClient<tonic::transport::Channel>,
+) {
+    use edgeloop_proto::agent::v1 as pb;
+    cp.assigned("edge-berlin-1", "digits", "1.0.0");
+    let digits = edgeloop_tests::mnist::digits(DIGITS);
+    let sample = |i: usize, shape: Vec<u64>, data: Vec<u8>| pb::Sample {
+        kind: pb::SampleKind::HardExample as i32,
+        model_name: "digits".into(),
+        model_version: "1.0.0".into(),
+        request_id: format!("r{i}"),
+        observed_at: Some(edgeloop_proto::Timestamp {
+            seconds: 1_796_083_200 + i as i64,
+            nanos: 0,
+        }),
+        inputs: vec![pb::SampleTensor {
+            name: "input".into(),
+            dtype: "float32".into(),
+            shape,
+            data,
+        }],
+        predicted_class: Some(i as i64),
+        confidence: Some(0.31),
+        label: None,
+    };
+    let mut samples: Vec<pb::Sample> = digits
+        .outer_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let bytes = d.iter().flat_map(|v| v.to_le_bytes()).collect();
+            sample(i, vec![1, 784], bytes)
+        })
+        .collect();
+    let row = (0..8u8).flat_map(|v| f32::from(v).to_le_bytes()).collect();
+    samples.push(sample(DIGITS, vec![1, 8], row));
+    agent
+        .report_telemetry(pb::TelemetryReport {
+            sequence: 1,
+            samples,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+const DIGITS: usize = 4;
 
 /// A deployment to one site's devices. A newer one to the same devices
 /// supersedes an unfinished one, so each test's live deployments go to
@@ -131,6 +187,7 @@ async fn the_console_in_a_real_browser() {
     let second = deploy(&cp, "paris").await;
     let deployer = api_token(&cp, "ui-deployer", "deployer").await;
     let viewer = api_token(&cp, "ui-viewer", "viewer").await;
+    let trainer = api_token(&cp, "ui-trainer", "trainer").await;
     let base = cp.api().url("");
     let base = base.trim_end_matches('/');
     let shots = screenshots();
@@ -317,6 +374,104 @@ async fn the_console_in_a_real_browser() {
     b.screenshot(&shots.join("viewer-deployment.png"))
         .await
         .unwrap();
+    // The viewer sees the labelling queue but no field or button, and
+    // its POST is refused.
+    b.goto(&format!("{base}/ui/models/digits/labelling"))
+        .await
+        .unwrap();
+    b.find("img.sample-image", WAIT).await.unwrap();
+    assert!(b.find_all("input[type=number]").await.unwrap().is_empty());
+    assert!(b.find_all("button[value=accept]").await.unwrap().is_empty());
+    let status = b
+        .script(
+            "const csrf = document.querySelector('input[name=csrf]').value;
+             return fetch('/ui/models/digits/labelling', {method: 'POST',
+               headers: {'content-type': 'application/x-www-form-urlencoded'},
+               body: 'action=accept&predicted.x=1&csrf=' + encodeURIComponent(csrf)}).then(r => r.status);",
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, json!(403), "a viewer's labels are refused");
+
+    // Labelling, as a trainer: the digits as images, the row as a table;
+    // one class typed with the keyboard, then the rest accepted as
+    // predicted in bulk.
+    let logout = b.find("header form button", WAIT).await.unwrap();
+    b.click(&logout).await.unwrap();
+    b.find("#token", WAIT).await.unwrap();
+    log_in(&b, base, &trainer).await;
+    b.goto(&format!("{base}/ui/models/digits")).await.unwrap();
+    let link = b
+        .find("a[href='/ui/models/digits/labelling']", WAIT)
+        .await
+        .unwrap();
+    b.click(&link).await.unwrap();
+    b.find("ol.samples", WAIT).await.unwrap();
+    let images = b
+        .script(
+            "return Array.from(document.querySelectorAll('img.sample-image'))
+               .map(i => [i.complete, i.naturalWidth, i.naturalHeight]);",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        images,
+        json!(vec![json!([true, 28, 28]); DIGITS]),
+        "each digit is a decoded 28×28 image"
+    );
+    let row = b.text("ol.samples table.row").await.unwrap();
+    assert!(row.contains("7.0000"), "the tabular row's values: {row}");
+    // The first field has the focus: type, Tab past nothing but fields.
+    let focused = b.script("return document.activeElement.id").await.unwrap();
+    assert_eq!(focused, json!("label-0"));
+    b.keys("9\u{E004}").await.unwrap(); // 9, Tab
+    let focused = b.script("return document.activeElement.id").await.unwrap();
+    assert_eq!(focused, json!("label-1"), "Tab goes to the next sample");
+    b.screenshot(&shots.join("labelling.png")).await.unwrap();
+    let accept = b.find("button[value='accept']", WAIT).await.unwrap();
+    b.click(&accept).await.unwrap();
+    b.wait_for_text("p.notice", "Labelled 5 samples", WAIT)
+        .await
+        .unwrap();
+    b.wait_for_text("main", "No unlabelled hard examples", WAIT)
+        .await
+        .unwrap();
+    let (_, labelled) = cp
+        .api()
+        .get("/api/v1/models/digits/samples?state=labelled")
+        .await;
+    let mut got: Vec<(String, i64, String)> = labelled
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["request_id"].as_str().unwrap().to_string(),
+                s["label"].as_i64().unwrap(),
+                s["labelled_by"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    // Labelled by the trainer's token (its id, as the API records it).
+    let (_, tokens) = cp.api().get("/api/v1/api-tokens").await;
+    let trainer_id = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "ui-trainer")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let want: Vec<(String, i64, String)> = (0..=DIGITS)
+        .map(|i| {
+            // The typed class wins over the first digit's prediction (0).
+            let label = if i == 0 { 9 } else { i as i64 };
+            (format!("r{i}"), label, trainer_id.clone())
+        })
+        .collect();
+    assert_eq!(got, want);
 
     b.close().await.unwrap();
     drop(driver);

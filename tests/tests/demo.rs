@@ -5,6 +5,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[path = "demo/console.rs"]
+mod console;
+
 use std::process::Command;
 use std::sync::Mutex;
 
@@ -43,20 +46,116 @@ fn demo_in(dir: &std::path::Path, args: &[&str]) -> Value {
         .unwrap_or_else(|e| panic!("{e}: {}\n{stderr}", String::from_utf8_lossy(&out.stdout)))
 }
 
+/// `edgeloop demo --keep-running` in `dir`: its JSON summary, read from
+/// stdout as soon as it is printed, and the demo, still serving its
+/// console until the guard is dropped (SIGTERM, which stops its processes).
+fn demo_kept_running(dir: &std::path::Path, args: &[&str]) -> (KeptRunning, Value) {
+    use std::io::BufRead as _;
+    let one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let stderr_path = dir.join("demo-stderr.log");
+    let mut child = Command::new(edgeloop_tests::edgeloop_bin())
+        .arg("demo")
+        .arg("--json")
+        .arg("--keep-running")
+        .arg("--workdir")
+        .arg(dir.join("demo"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let kept = KeptRunning { child, _one: one };
+    let mut text = String::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        text.push_str(&line.unwrap());
+        text.push('\n');
+        if let Ok(v) = serde_json::from_str::<Value>(&text) {
+            return (kept, v);
+        }
+    }
+    drop(kept);
+    panic!(
+        "edgeloop demo ended without a summary:\n{}\nstdout: {text}",
+        std::fs::read_to_string(&stderr_path).unwrap_or_default()
+    );
+}
+
+/// A demo left running: stopped with SIGTERM when dropped (a panicking
+/// test included), as a person stops it with Ctrl-C.
+struct KeptRunning {
+    child: std::process::Child,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+impl KeptRunning {
+    /// SIGTERM, and how the demo exited.
+    fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                return self.child.wait().unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for KeptRunning {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.terminate();
+        }
+    }
+}
+
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
 }
 
+/// The loop, and then its web console in a real browser while the demo
+/// keeps running (`--keep-running`), as a person would look at it.
 #[test]
 fn the_loop_notices_the_shift_retrains_once_and_v2_recovers() {
-    let s = demo(&[
-        "--from-row",
-        "11500",
-        "--to-row",
-        "14500",
-        "--rows-per-second",
-        "60",
-    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let (demo, s) = demo_kept_running(
+        dir.path(),
+        &[
+            "--from-row",
+            "11500",
+            "--to-row",
+            "14500",
+            "--rows-per-second",
+            "60",
+        ],
+    );
+    loop_closed(&s);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(console::over_the_demo(&dir.path().join("demo")));
+    let status = demo.stop();
+    assert!(
+        status.success(),
+        "the demo stopped by SIGTERM after a closed loop exits 0: {status}"
+    );
+}
+
+fn loop_closed(s: &Value) {
     let shift = s["shift_row"].as_u64().unwrap();
     assert_eq!(shift, 12_000);
     // Drift is flagged (a retrain triggered) after the shift, never before.

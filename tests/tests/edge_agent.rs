@@ -180,6 +180,17 @@ async fn an_assigned_model_is_synced_served_swapped_under_load_and_served_from_d
         status["execution_provider"], "CPUExecutionProvider",
         "{status}"
     );
+    // The console API tells what the device serves.
+    let (_, device) = cp.api().get("/api/v1/devices/edge-1").await;
+    assert_eq!(
+        device["serving"],
+        json!([{"model": "digits", "assigned_version": "1.0.0", "serving_version": "1.0.0",
+                "state": "active", "execution_provider": "CPUExecutionProvider",
+                "reported_at": device["serving"][0]["reported_at"]}]),
+        "{device}"
+    );
+    let (status, body) = cp.api().get("/api/v1/devices?include=everything").await;
+    assert_eq!(status, 400, "{body}");
 
     // The agent answers what ONNX Runtime answers for the same model and inputs.
     let url = inference_url(&device_dir).await;
@@ -340,6 +351,30 @@ async fn an_assigned_model_is_synced_served_swapped_under_load_and_served_from_d
         },
     )
     .await;
+    // The listing tells it too, on request, with when its last telemetry
+    // report arrived and how long after the device recorded it.
+    let (_, listed) = cp
+        .api()
+        .get("/api/v1/devices?include=serving&limit=10")
+        .await;
+    assert_eq!(
+        listed[0]["serving"][0]["serving_version"], "2.0.0",
+        "{listed}"
+    );
+    assert_eq!(listed[0]["serving"][0]["state"], "active", "{listed}");
+    assert!(
+        listed[0]["telemetry"]["received_at"].is_string(),
+        "{listed}"
+    );
+    assert!(
+        listed[0]["telemetry"]["lag_seconds"].as_f64().unwrap() >= 0.0,
+        "{listed}"
+    );
+    let (_, plain) = cp.api().get("/api/v1/devices").await;
+    assert!(
+        plain[0].get("serving").is_none(),
+        "only on request: {plain}"
+    );
 
     stop.cancel();
     agent.await.unwrap().unwrap();

@@ -1071,3 +1071,61 @@ async fn jobs_deployments_and_pipelines_page_by_key_range(store: TestStore) {
     }
     cp.stop().await;
 }
+
+on_each_store!(
+    #[tokio::test]
+    store_call_times_are_in_the_metrics_by_lane
+);
+/// On PostgreSQL, `/metrics` tells how long store calls waited for a
+/// connection, ran, and took in all, apart for the urgent lane (a
+/// heartbeat's calls) and the rest; sled has no queue and no such series.
+async fn store_call_times_are_in_the_metrics_by_lane(store: TestStore) {
+    use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(store.settings(&dir.path().join("cp"))).await;
+    let token = cp.labelled_token("device", "m-1", json!({})).await;
+    let mut agent = AgentServiceClient::new(
+        cp.connect(
+            edgeloop_client_core::Role::Device,
+            &token,
+            &dir.path().join("m-1"),
+        )
+        .await,
+    );
+    agent
+        .heartbeat(edgeloop_proto::common::v1::HeartbeatRequest::default())
+        .await
+        .unwrap();
+    let text = reqwest::get(format!("{}/metrics", cp.http_base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |name: &str, lane: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}_count{{lane=\"{lane}\"}} ")))
+            .map(|v| v.parse().unwrap())
+    };
+    for name in [
+        "edgeloop_store_wait_seconds",
+        "edgeloop_store_run_seconds",
+        "edgeloop_store_call_seconds",
+    ] {
+        if store.url().is_some() {
+            for lane in ["urgent", "normal"] {
+                assert!(
+                    count(name, lane).is_some_and(|n| n >= 1),
+                    "{name} {lane}: {text}"
+                );
+            }
+            assert!(
+                text.contains(&format!("{name}_bucket{{lane=\"urgent\",le=\"+Inf\"}}")),
+                "{text}"
+            );
+        } else {
+            assert!(!text.contains(name), "sled has no store queue: {text}");
+        }
+    }
+    cp.stop().await;
+}

@@ -11,17 +11,24 @@ use edgeloop_api::client::poll_until;
 #[derive(Clone)]
 pub struct Console {
     client: edgeloop_api::Client,
+    base: String,
 }
 
 impl Console {
     pub fn new(base: String, token: String) -> anyhow::Result<Console> {
         Ok(Console {
+            base: base.clone(),
             client: edgeloop_api::Client::new(
                 &base,
                 Some(token),
                 std::time::Duration::from_secs(60),
             )?,
         })
+    }
+
+    /// The control plane's HTTP base URL (the web console is under `/ui/`).
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// A GET decoded into its view.

@@ -90,6 +90,10 @@ pub struct DemoArgs {
     /// `$EDGELOOP_TORCH_PYTHON`, else scripts/torch-env.sh's).
     #[arg(long)]
     pub torch_python: Option<PathBuf>,
+    /// After the summary, keep the processes running (the web console
+    /// stays at the URL printed at the start) until Ctrl-C or SIGTERM.
+    #[arg(long)]
+    pub keep_running: bool,
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
@@ -98,12 +102,30 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let json_out = args.json;
+    let keep_running = args.keep_running;
     match runtime.block_on(demo(args)) {
-        Ok((summary, ok)) => {
+        Ok((summary, ok, mut running)) => {
             if json_out {
                 println!("{}", summary.json());
             } else {
                 print!("{}", summary.table());
+            }
+            if keep_running {
+                use std::io::Write as _;
+                // Whoever reads the summary from a pipe sees it now, not
+                // when the demo ends.
+                std::io::stdout().flush()?;
+                say(&format!(
+                    "the demo keeps running: the console is at {} (log in with the token in {}); Ctrl-C or SIGTERM stops it",
+                    running.console_url,
+                    running.token_file.display()
+                ));
+                let stopped = runtime.block_on(async { running.watch_until_stopped().await });
+                running.procs.stop();
+                if let Err(e) = stopped {
+                    eprintln!("demo failed while it kept running: {e:#}");
+                    return Ok(ExitCode::FAILURE);
+                }
             }
             Ok(if ok {
                 ExitCode::SUCCESS
@@ -114,6 +136,28 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         Err(e) => {
             eprintln!("demo failed: {e:#}");
             Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// The demo's processes after its summary, and where its console is.
+struct Running {
+    procs: Procs,
+    console_url: String,
+    token_file: PathBuf,
+}
+
+impl Running {
+    /// Waits for Ctrl-C or SIGTERM; fails if a process exits meanwhile.
+    async fn watch_until_stopped(&mut self) -> anyhow::Result<()> {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => return r.context("waiting for Ctrl-C"),
+                _ = term.recv() => return Ok(()),
+                _ = tick.tick() => self.procs.check().context("a process died while the demo kept running")?,
+            }
         }
     }
 }
@@ -156,7 +200,8 @@ fn rollout_template() -> Value {
     })
 }
 
-/// Starts the processes; returns the console and the agents' base URLs.
+/// Starts the processes; returns the console API and the agents' base
+/// URLs.
 async fn start(
     procs: &mut Procs,
     work: &Path,
@@ -202,8 +247,13 @@ async fn start(
         },
     )
     .await?;
-    let token = std::fs::read_to_string(cp_dir.join("admin.token"))
-        .context("reading the control plane's admin token")?;
+    let token_file = cp_dir.join("admin.token");
+    let token =
+        std::fs::read_to_string(&token_file).context("reading the control plane's admin token")?;
+    say(&format!(
+        "the web console: {base}/ui/ (log in with the token in {})",
+        token_file.display()
+    ));
     let console = Console::new(base, token.trim().to_string())?;
     let endpoint = format!("https://localhost:{grpc}");
 
@@ -566,7 +616,7 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[i.min(sorted.len() - 1)])
 }
 
-async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
+async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool, Running)> {
     anyhow::ensure!(
         args.rows_per_second.is_finite() && args.rows_per_second > 0.0,
         "--rows-per-second must be positive"
@@ -694,7 +744,9 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
         .get(&format!("/api/v1/models/{MODEL}/versions"))
         .await?;
     procs.check().context("a process died during the demo")?;
-    procs.stop();
+    if !args.keep_running {
+        procs.stop();
+    }
 
     let shift = data::SHIFT_ROW;
     let v2_row = watch.new_version_row;
@@ -773,5 +825,10 @@ async fn demo(args: DemoArgs) -> anyhow::Result<(Summary, bool)> {
         trainer: trainer.kind().name(),
         goals: summary::Goals::of(shift, watch.retrain_row, baseline, recovered, v1_on_v2_days),
     };
-    Ok((summary, failed.is_empty()))
+    let running = Running {
+        procs,
+        console_url: format!("{}/ui/", console.base()),
+        token_file: work.join("control-plane").join("admin.token"),
+    };
+    Ok((summary, failed.is_empty(), running))
 }

@@ -2,5 +2,4 @@
 //! Handlers parse and authorise, then call into `fleet` and `registry`.
 
 pub mod grpc;
-pub mod latency;
 pub mod rest;

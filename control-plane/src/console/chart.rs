@@ -153,11 +153,18 @@ pub fn line_chart(
                         stroke="#8a1111" stroke-width="1" stroke-dasharray="2 3" {}
                     text x=(W - RIGHT - 2.0) y=(format!("{:.1}", y - 3.0)) text-anchor="end" font-size="11" fill="#8a1111" { (t.name) }
                 }
-                @for m in marks {
+                @for (i, m) in marks.iter().enumerate() {
                     @let x = scale(m.x, xr, LEFT, plot_w);
+                    // Marks close together (drift flagged, the retrain, the
+                    // new version serving) would print over each other:
+                    // their labels step down, and near the right edge they
+                    // end at their line instead of starting there.
+                    @let y = TOP + 11.0 + 12.0 * (i % 3) as f64;
+                    @let right = x > W - RIGHT - 100.0;
                     line x1=(format!("{x:.1}")) x2=(format!("{x:.1}")) y1=(TOP) y2=(H - BOTTOM)
                         stroke="#3b4350" stroke-width="1" {}
-                    text x=(format!("{:.1}", x + 3.0)) y=(TOP + 11.0) font-size="11" fill="#3b4350" { (m.label) }
+                    text x=(format!("{:.1}", if right { x - 3.0 } else { x + 3.0 })) y=(format!("{y:.1}"))
+                        text-anchor=(if right { "end" } else { "start" }) font-size="11" fill="#3b4350" { (m.label) }
                 }
                 @for s in series {
                     path d=(path(&s.points, xr, yr)) fill="none" stroke=(s.style.colour())

@@ -166,6 +166,37 @@ pub struct Member {
     pub token_id: String,
 }
 
+impl Member {
+    /// A member enrolled `now` with the certificate `fingerprint` (valid
+    /// until `cert_not_after`), seen `now`, in the default project, with
+    /// no labels or capabilities yet and no token named.
+    pub fn enrolled(
+        id: &str,
+        kind: MemberKind,
+        fingerprint: Digest,
+        cert_not_after: OffsetDateTime,
+        now: OffsetDateTime,
+    ) -> Member {
+        Member {
+            id: id.to_string(),
+            kind,
+            project: edgeloop_api::access::default_project(),
+            labels: BTreeMap::new(),
+            capabilities: CapabilitiesRecord::default(),
+            cert_fingerprint: fingerprint,
+            cert_not_after,
+            cert_not_before: Some(now),
+            pending_cert: None,
+            previous_cert: None,
+            enrolled_at: now,
+            last_seen: Some(now),
+            revoked_at: None,
+            revoked_reason: None,
+            token_id: String::new(),
+        }
+    }
+}
+
 /// Online means a heartbeat arrived within `offline_after`.
 pub fn member_status(
     member: &Member,
@@ -224,6 +255,8 @@ pub fn member_view(m: Member, now: OffsetDateTime, offline_after: Duration) -> M
         revoked_at: m.revoked_at,
         revoked_reason: m.revoked_reason,
         cert_not_after: m.cert_not_after,
+        serving: None,
+        telemetry: None,
     }
 }
 
@@ -478,21 +511,17 @@ fn new_member(
     now: OffsetDateTime,
 ) -> Member {
     Member {
-        id: record.member_id.clone(),
-        kind,
         project: record.project.clone(),
         labels: record.labels.clone(),
         capabilities,
-        cert_fingerprint: enrolled.fingerprint,
-        cert_not_after: enrolled.not_after,
-        cert_not_before: Some(now),
-        pending_cert: None,
-        previous_cert: None,
-        enrolled_at: now,
-        last_seen: Some(now),
-        revoked_at: None,
-        revoked_reason: None,
         token_id: record.id.clone(),
+        ..Member::enrolled(
+            &record.member_id,
+            kind,
+            enrolled.fingerprint,
+            enrolled.not_after,
+            now,
+        )
     }
 }
 

@@ -12,6 +12,7 @@ pub mod relay;
 pub mod renewal;
 pub mod rollout;
 pub mod selector;
+pub mod serving;
 pub mod telemetry;
 pub mod wakeups;
 

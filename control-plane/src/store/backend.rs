@@ -149,6 +149,10 @@ pub trait KvBackend: Send + Sync {
 
     /// Records the record schema version, durably.
     fn set_schema_version(&self, version: u32) -> Result<(), StoreError>;
+
+    /// Appends the backend's own statistics to `/metrics` text; nothing
+    /// for one without any (sled has no queue in front of its calls).
+    fn write_metrics(&self, _out: &mut String) {}
 }
 
 /// The smallest key above every key that starts with `prefix`; `None` when

@@ -339,6 +339,12 @@ impl Store {
         self.reads.snapshot()
     }
 
+    /// Appends the backend's statistics (PostgreSQL: how long store calls
+    /// waited for a connection and ran, by lane) to `/metrics` text.
+    pub fn write_metrics(&self, out: &mut String) {
+        self.db.write_metrics(out);
+    }
+
     pub fn next_id(&self) -> Result<u64, StoreError> {
         self.db.next_id()
     }

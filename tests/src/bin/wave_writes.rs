@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use edgeloop_control_plane::fleet::admission;
 use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord, AssignmentSetRecord};
-use edgeloop_control_plane::fleet::members::{CapabilitiesRecord, Member, MemberKind};
+use edgeloop_control_plane::fleet::members::Member;
 use edgeloop_control_plane::registry::models::ModelVersionRecord;
 use edgeloop_control_plane::store::{Fence, Store, TestDatabase};
 use edgeloop_models::Digest;
@@ -42,23 +42,7 @@ struct Args {
 }
 
 fn member(id: &str, now: OffsetDateTime) -> Member {
-    Member {
-        project: "default".into(),
-        id: id.into(),
-        kind: MemberKind::Device,
-        labels: BTreeMap::new(),
-        capabilities: CapabilitiesRecord::default(),
-        cert_fingerprint: Digest::of(id.as_bytes()),
-        cert_not_after: now + time::Duration::days(365),
-        cert_not_before: Some(now),
-        pending_cert: None,
-        previous_cert: None,
-        enrolled_at: now,
-        last_seen: Some(now),
-        revoked_at: None,
-        revoked_reason: None,
-        token_id: "t".into(),
-    }
+    edgeloop_tests::seed::device(id, BTreeMap::new(), now)
 }
 
 fn version(v: usize) -> anyhow::Result<ModelVersionRecord> {

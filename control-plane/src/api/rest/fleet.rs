@@ -70,15 +70,37 @@ pub struct DeviceQuery {
     /// At most this many devices (1 to 1000); without it, every device.
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
+    /// `serving`: each device with what it serves per model and its last
+    /// telemetry report (reads per device: use it with a `limit`).
+    #[param(inline)]
+    pub include: Option<Include>,
+}
+
+/// What a device listing adds to each device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Include {
+    Serving,
 }
 
 fn show(core: &Core, kind: MemberKind, id: &str) -> Result<Json<MemberView>, Error> {
     let member = members::get(&core.store, kind, id)?;
-    Ok(Json(members::member_view(
-        member,
-        core.now(),
-        core.offline_after(),
-    )))
+    let mut view = members::member_view(member, core.now(), core.offline_after());
+    if kind == MemberKind::Device {
+        with_serving(core, std::slice::from_mut(&mut view))?;
+    }
+    Ok(Json(view))
+}
+
+/// Fills in what each device serves and its last telemetry report.
+fn with_serving(core: &Core, views: &mut [MemberView]) -> Result<(), Error> {
+    let ids: Vec<&str> = views.iter().map(|v| v.id.as_str()).collect();
+    let found = crate::fleet::serving::serving_of(&core.store, &ids)?;
+    for (v, (serving, seen)) in views.iter_mut().zip(found) {
+        v.serving = Some(serving);
+        v.telemetry = seen;
+    }
+    Ok(())
 }
 
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
@@ -145,6 +167,18 @@ pub async fn list_devices(
             who.sees(&m.project) && selector.matches(&selector::facts(&m.labels, &m.capabilities))
         })?;
     let (now, window) = (core.now(), core.offline_after());
+    if q.include == Some(Include::Serving) {
+        let (keys, mut views): (Vec<String>, Vec<MemberView>) = page
+            .into_iter()
+            .map(|(k, m)| (k, members::member_view(m, now, window)))
+            .unzip();
+        with_serving(&core, &mut views)?;
+        return Ok(page_of(
+            keys.into_iter().zip(views).collect(),
+            limit,
+            |(_, v)| v,
+        ));
+    }
     Ok(page_of(page, limit, |(_, m)| {
         members::member_view(m, now, window)
     }))

@@ -5,7 +5,7 @@
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use edgeloop_api::fleet::{MemberStatus, MemberView};
+use edgeloop_api::fleet::{AssignmentState, MemberStatus, MemberView};
 use maud::{html, Markup};
 
 use super::{query, with_query};
@@ -39,7 +39,8 @@ pub async fn devices(
         query(&[
             ("limit", &limit),
             ("selector", &q.selector),
-            ("after", &q.after)
+            ("after", &q.after),
+            ("include", "serving")
         ])
     );
     let answer = match c.api.get::<Vec<MemberView>>(&s.principal, &path).await {
@@ -70,9 +71,11 @@ pub async fn devices(
                     th scope="col" { "Status" }
                     th scope="col" { "Project" }
                     th scope="col" { "Labels" }
+                    th scope="col" { "Serving" }
                     th scope="col" { "Runtime" }
                     th scope="col" { "GPU" }
                     th scope="col" { "Last seen" }
+                    th scope="col" { "Telemetry" }
                 } }
                 tbody {
                     @for d in &devices {
@@ -81,12 +84,22 @@ pub async fn devices(
                             td { (status(d.status)) }
                             td { (d.project) }
                             td { (labels(d)) }
+                            td { (serving(d)) }
                             td { (runtime(d)) }
                             td { (gpus(d)) }
                             td {
                                 @match d.last_seen {
                                     Some(t) => { (ago(t, now)) br; small { (time(t)) } }
                                     None => { "never" }
+                                }
+                            }
+                            td {
+                                @match &d.telemetry {
+                                    Some(t) => {
+                                        "last report " (ago(t.received_at, now))
+                                        @if let Some(lag) = t.lag_seconds { br; small { "arrived " (lag_text(lag)) " after it was recorded" } }
+                                    }
+                                    None => { "none yet" }
                                 }
                             }
                         }
@@ -104,6 +117,43 @@ pub async fn devices(
         }
     };
     Ok(page("Fleet", "/ui/fleet", Some(&s), body).into_response())
+}
+
+/// Each assigned model: what serves, and the assignment when it differs
+/// (a rollout on its way, or a failed one with the old version serving).
+fn serving(d: &MemberView) -> Markup {
+    let models = d.serving.as_deref().unwrap_or_default();
+    html! {
+        @if models.is_empty() { "—" }
+        @for m in models {
+            div {
+                (m.model) " "
+                @match &m.serving_version {
+                    Some(v) => { strong { (v) } }
+                    None => { "nothing yet" }
+                }
+                @if let Some(variant) = &m.variant { " (" (variant) ")" }
+                @if m.serving_version.as_deref() != Some(m.assigned_version.as_str()) || m.state != Some(AssignmentState::Active) {
+                    " " small { "→ " (m.assigned_version) ": "
+                        (m.state.map_or("no report yet", AssignmentState::as_str)) }
+                }
+            }
+        }
+    }
+}
+
+/// Seconds as people read them: `0.4 s`, `12 s`, `3 min`, `2 h`.
+fn lag_text(s: f64) -> String {
+    let s = s.max(0.0);
+    if s < 10.0 {
+        format!("{s:.1} s")
+    } else if s < 120.0 {
+        format!("{s:.0} s")
+    } else if s < 7200.0 {
+        format!("{:.0} min", s / 60.0)
+    } else {
+        format!("{:.0} h", s / 3600.0)
+    }
 }
 
 fn filter(selector: &str) -> Markup {

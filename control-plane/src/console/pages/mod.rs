@@ -2,6 +2,7 @@
 
 pub mod deployments;
 mod fleet;
+mod labelling;
 mod models;
 mod training;
 
@@ -17,6 +18,10 @@ pub fn routes() -> Router<Console> {
         .route("/ui/models", get(models::list))
         .route("/ui/models/{name}", get(models::show))
         .route("/ui/models/{name}/drift", get(models::drift))
+        .route(
+            "/ui/models/{name}/labelling",
+            get(labelling::queue).post(labelling::save),
+        )
         .route("/ui/pipelines", get(training::pipelines))
         .route("/ui/pipelines/{id}", get(training::pipeline))
         .route("/ui/jobs/{id}", get(training::job))

@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use edgeloop_api::cost::{CostView, Venue};
 use edgeloop_api::deployments::{DeploymentState, DeploymentView};
 use edgeloop_api::drift::DriftView;
+use edgeloop_api::pipelines::PipelineView;
 use edgeloop_api::registry::{ModelVersionView, ModelView};
 use maud::{html, Markup};
 use serde::Deserialize;
@@ -17,6 +19,7 @@ use super::deployments::state_badge;
 use super::{plain_id, with_query};
 use crate::console::chart::{self, line_chart, Mark, Series, Style, Threshold};
 use crate::console::html::{page, time};
+use crate::console::session::Session;
 use crate::console::Console;
 
 pub async fn list(State(c): State<Console>, headers: HeaderMap) -> Result<Response, Response> {
@@ -168,22 +171,23 @@ pub async fn show(
     let versions = c
         .get::<Vec<ModelVersionView>>(&s, &format!("/api/v1/models/{name}/versions"), "/ui/models")
         .await?;
-    // The model's deployments, newest first, from the first pages.
     let mut by_version: BTreeMap<String, Vec<DeploymentView>> = BTreeMap::new();
-    if let Ok(a) = c
-        .api
-        .get::<Vec<DeploymentView>>(&s.principal, "/api/v1/deployments?limit=1000")
-        .await
-    {
-        for d in a.body.into_iter().filter(|d| d.deployment.model == name) {
-            by_version
-                .entry(d.deployment.target_version.clone())
-                .or_default()
-                .push(d);
-        }
+    for d in model_deployments(&c, &s, &name).await {
+        by_version
+            .entry(d.deployment.target_version.clone())
+            .or_default()
+            .push(d);
     }
+    let cost = c
+        .api
+        .get::<CostView>(&s.principal, &format!("/api/v1/models/{name}/cost"))
+        .await
+        .ok()
+        .map(|a| a.body);
     let body = html! {
-        p { a href={"/ui/models/" (name) "/drift"} { "Drift over time" } }
+        p { a href={"/ui/models/" (name) "/drift"} { "Drift over time" } " · "
+            a href={"/ui/models/" (name) "/labelling"} { "Label hard examples" } " · "
+            a href={"/ui/models/" (name) "#cost"} { "Cost" } }
         @if versions.is_empty() { p { "No versions yet." } }
         @for v in versions.iter().rev() {
             @let deps: Vec<&DeploymentView> = by_version.get(&v.version).map(|d| d.iter().collect()).unwrap_or_default();
@@ -203,8 +207,120 @@ pub async fn show(
                 }
             }
         }
+        @if let Some(cost) = &cost { (cost_section(cost)) }
     };
     Ok(page(&format!("Model {name}"), "/ui/models", Some(&s), body).into_response())
+}
+
+/// The model's deployments, newest first, from the first page of a
+/// thousand (the API filters deployments by nothing but their page).
+async fn model_deployments(c: &Console, s: &Session, name: &str) -> Vec<DeploymentView> {
+    match c
+        .api
+        .get::<Vec<DeploymentView>>(&s.principal, "/api/v1/deployments?limit=1000")
+        .await
+    {
+        Ok(a) => a
+            .body
+            .into_iter()
+            .filter(|d| d.deployment.model == name)
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The loop's decisions on the drift charts' time axis: each retrain's
+/// start (with its trigger), and each rollout: when it began, or when it
+/// succeeded (the version serving). Drift flagged is marked per series,
+/// from its own windows. Pure.
+pub fn loop_marks(pipelines: &[PipelineView], deployments: &[DeploymentView]) -> Vec<Mark> {
+    let mut marks: Vec<Mark> = pipelines
+        .iter()
+        .filter_map(|p| {
+            let started = p.history.first()?.started_at;
+            let trigger = p.trigger.split([':', ' ']).next().unwrap_or("manual");
+            Some(Mark {
+                x: started as f64,
+                label: format!("retrain ({trigger})"),
+            })
+        })
+        .collect();
+    for d in deployments {
+        let v = &d.deployment.target_version;
+        marks.push(if d.state == DeploymentState::Succeeded {
+            Mark {
+                x: d.updated_at.unix_timestamp() as f64,
+                label: format!("v{v} serving"),
+            }
+        } else {
+            Mark {
+                x: d.created_at.unix_timestamp() as f64,
+                label: format!("v{v} rollout"),
+            }
+        });
+    }
+    marks.sort_by(|a, b| a.x.total_cmp(&b.x));
+    marks
+}
+
+/// The marks a series' chart shows: those within its windows' span, and
+/// the first one after it (what ended this version's windows, usually the
+/// next version starting to serve), but none later, which would squash
+/// the chart. Pure.
+pub fn marks_in_span(marks: &[Mark], span: Option<(f64, f64)>) -> Vec<&Mark> {
+    let Some((lo, hi)) = span else {
+        return Vec::new();
+    };
+    let mut shown: Vec<&Mark> = marks.iter().filter(|m| m.x >= lo && m.x <= hi).collect();
+    shown.extend(
+        marks
+            .iter()
+            .filter(|m| m.x > hi)
+            .min_by(|a, b| a.x.total_cmp(&b.x)),
+    );
+    shown
+}
+
+/// Where drift was first flagged in a series' windows, as a mark.
+fn drift_flagged(windows: &[edgeloop_api::drift::WindowDrift]) -> Option<Mark> {
+    windows.iter().find(|w| w.drifting).map(|w| Mark {
+        x: w.start as f64,
+        label: "drift flagged".into(),
+    })
+}
+
+/// The model's cost report: its measured traffic a month at the edge,
+/// against cloud instances and serverless (`GET .../cost`).
+fn cost_section(c: &CostView) -> Markup {
+    let usd = |x: f64| format!("${x:.2}");
+    html! {
+        section.card #cost aria-labelledby="cost-h" {
+            h2 #cost-h { "Cost" }
+            p { "Traffic of the last " (c.days) " days (since " (time(c.since)) "): "
+                (c.traffic.requests) " requests from " (c.traffic.devices) " devices, mean "
+                (format!("{:.2}", c.traffic.mean_rps)) " and peak " (format!("{:.2}", c.traffic.peak_rps)) " requests/s." }
+            @match &c.estimate {
+                None => { p { "No requests were reported in the period, so there is nothing to price." } }
+                Some(e) => {
+                    table.data {
+                        caption { "A month of this traffic (" (format!("{:.0}", e.monthly_requests)) " requests)" }
+                        thead { tr { th scope="col" { "Where" } th scope="col" { "Per month" } th scope="col" { "Per million requests" } th scope="col" { "How" } } }
+                        tbody {
+                            tr { th scope="row" { "Edge (these devices)" } td { (usd(e.edge.total_usd)) } td { (usd(e.edge.usd_per_million_requests)) }
+                                 td { (format!("{:.1} kWh", e.edge.energy_kwh)) " for " (usd(e.edge.energy_usd)) ", hardware " (usd(e.edge.hardware_usd)) } }
+                            tr { th scope="row" { "Cloud instances" } td { (usd(e.cloud_instances.total_usd)) } td { (usd(e.cloud_instances.usd_per_million_requests)) }
+                                 td { (e.cloud_instances.instances) " instances" } }
+                            tr { th scope="row" { "Cloud serverless" } td { (usd(e.cloud_serverless.total_usd)) } td { (usd(e.cloud_serverless.usd_per_million_requests)) }
+                                 td { (format!("{:.0}", e.cloud_serverless.gb_seconds)) " GB-s" } }
+                        }
+                    }
+                    p { "Cheapest: " strong { (match e.cheapest { Venue::Edge => "the edge", Venue::CloudInstances => "cloud instances", Venue::CloudServerless => "cloud serverless" }) }
+                        @if e.edge_saves_usd >= 0.0 { "; the edge saves " (usd(e.edge_saves_usd)) " a month." }
+                        @else { "; the cloud would save " (usd(-e.edge_saves_usd)) " a month." } }
+                }
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -234,24 +350,36 @@ pub async fn drift(
         &[("version", &q.version), ("group_by", &q.group_by)],
     );
     let view = c.get::<DriftView>(&s, &path, "/ui/models").await?;
-    // Versions created after the first window: when each began, on the
-    // same axis (the retrain's result starting to serve).
-    let marks: Vec<Mark> = match c
+    let pipelines = c
         .api
-        .get::<Vec<ModelVersionView>>(&s.principal, &format!("/api/v1/models/{name}/versions"))
+        .get::<Vec<PipelineView>>(&s.principal, &format!("/api/v1/pipelines?model={name}"))
         .await
-    {
-        Ok(a) => a
-            .body
-            .iter()
-            .map(|v| Mark {
-                x: v.created_at.unix_timestamp() as f64,
-                label: format!("v{}", v.version),
-            })
-            .collect(),
-        Err(_) => Vec::new(),
-    };
+        .map(|a| a.body)
+        .unwrap_or_default();
+    let marks = loop_marks(&pipelines, &model_deployments(&c, &s, &name).await);
+    // Online accuracy is drawn against the version's evaluated accuracy.
+    let evaluated = c
+        .api
+        .get::<ModelVersionView>(
+            &s.principal,
+            &format!("/api/v1/models/{name}/versions/{}", view.version),
+        )
+        .await
+        .ok()
+        .and_then(|a| a.body.metrics.get("eval_accuracy").copied());
     let cfg = view.config;
+    let flagged: BTreeMap<String, Mark> = view
+        .series
+        .iter()
+        .filter_map(|s| Some((s.group.clone(), drift_flagged(&s.windows)?)))
+        .collect();
+    let accuracy_thresholds: Vec<Threshold<'_>> = evaluated
+        .map(|y| Threshold {
+            name: "evaluated accuracy",
+            y,
+        })
+        .into_iter()
+        .collect();
     let body = html! {
         form.filter method="get" action={"/ui/models/" (name) "/drift"} {
             label for="group_by" { "Group by device label" }
@@ -264,7 +392,10 @@ pub async fn drift(
         @for series in &view.series {
             @let span: Vec<&Mark> = {
                 let (lo, hi) = (series.windows.first().map(|w| w.start), series.windows.last().map(|w| w.start));
-                marks.iter().filter(|m| lo.zip(hi).is_some_and(|(lo, hi)| m.x >= lo as f64 && m.x <= (hi + cfg.window_seconds) as f64)).collect()
+                let mut span = marks_in_span(&marks, lo.zip(hi).map(|(lo, hi)| (lo as f64, (hi + cfg.window_seconds) as f64)));
+                span.extend(flagged.get(&series.group));
+                span.sort_by(|a, b| a.x.total_cmp(&b.x));
+                span
             };
             section.card {
                 h2 { "Group " (series.group) }
@@ -297,7 +428,7 @@ pub async fn drift(
                             points: series.windows.iter().map(|w| (w.start as f64, w.accuracy)).collect(),
                             style: Style::Solid(chart::GREEN),
                         }],
-                        &[],
+                        &accuracy_thresholds,
                         &span.iter().map(|m| Mark { x: m.x, label: m.label.clone() }).collect::<Vec<_>>(),
                         axis_time,
                     ))
@@ -334,5 +465,41 @@ fn axis_time(x: f64) -> String {
             t.minute()
         ),
         Err(_) => format!("{x}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(x: f64, label: &str) -> Mark {
+        Mark {
+            x,
+            label: label.into(),
+        }
+    }
+
+    #[test]
+    fn a_chart_shows_the_marks_in_its_span_and_the_first_after_it() {
+        let marks = [
+            mark(5.0, "before"),
+            mark(10.0, "start"),
+            mark(20.0, "retrain (drift)"),
+            mark(35.0, "v2 serving"),
+            mark(90.0, "v3 serving"),
+        ];
+        let labels = |span| -> Vec<String> {
+            marks_in_span(&marks, span)
+                .iter()
+                .map(|m| m.label.clone())
+                .collect()
+        };
+        assert_eq!(
+            labels(Some((10.0, 30.0))),
+            ["start", "retrain (drift)", "v2 serving"]
+        );
+        assert_eq!(labels(Some((0.0, 100.0))).len(), 5);
+        assert_eq!(labels(Some((95.0, 99.0))), Vec::<String>::new());
+        assert_eq!(labels(None), Vec::<String>::new(), "no windows: no marks");
     }
 }

@@ -2,7 +2,6 @@
 //! and requests.
 
 use super::*;
-use crate::fleet::members::CapabilitiesRecord;
 
 fn at(s: i64) -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp(1_800_000_000 + s).unwrap()
@@ -62,21 +61,16 @@ fn an_unfinished_benchmark_fails_at_its_deadline_saying_how_far_it_got() {
 
 fn member(id: &str, seen: Option<i64>, revoked: bool) -> Member {
     Member {
-        project: "default".into(),
-        id: id.into(),
-        kind: MemberKind::Device,
-        labels: Default::default(),
-        capabilities: CapabilitiesRecord::default(),
-        cert_fingerprint: Digest::of(id.as_bytes()),
-        cert_not_after: at(1_000_000),
         cert_not_before: None,
-        pending_cert: None,
-        previous_cert: None,
-        enrolled_at: at(-1_000),
         last_seen: seen.map(at),
         revoked_at: revoked.then(|| at(-1)),
-        revoked_reason: None,
-        token_id: "t".into(),
+        ..Member::enrolled(
+            id,
+            MemberKind::Device,
+            Digest::of(id.as_bytes()),
+            at(1_000_000),
+            at(-1_000),
+        )
     }
 }
 

@@ -6,21 +6,15 @@ fn at(secs: i64) -> OffsetDateTime {
 
 fn member(last_seen: Option<i64>, revoked: bool) -> Member {
     Member {
-        project: "default".into(),
-        id: "d".into(),
-        kind: MemberKind::Device,
-        labels: BTreeMap::new(),
-        capabilities: CapabilitiesRecord::default(),
-        cert_fingerprint: Digest::of(b"c"),
-        cert_not_after: at(1_000_000),
-        cert_not_before: Some(at(0)),
-        pending_cert: None,
-        previous_cert: None,
-        enrolled_at: at(0),
         last_seen: last_seen.map(at),
         revoked_at: revoked.then(|| at(5)),
-        revoked_reason: None,
-        token_id: "t".into(),
+        ..Member::enrolled(
+            "d",
+            MemberKind::Device,
+            Digest::of(b"c"),
+            at(1_000_000),
+            at(0),
+        )
     }
 }
 

@@ -1,5 +1,3 @@
-use std::collections::BTreeMap;
-
 use rcgen::{CertificateParams, KeyPair};
 
 use super::*;
@@ -12,21 +10,15 @@ fn at(days: i64) -> OffsetDateTime {
 
 fn record(fingerprint: &[u8], not_before: i64, not_after: i64) -> Member {
     Member {
-        project: "default".into(),
-        id: "cam".into(),
-        kind: MemberKind::Device,
-        labels: BTreeMap::new(),
-        capabilities: CapabilitiesRecord::default(),
-        cert_fingerprint: Digest::of(fingerprint),
-        cert_not_after: at(not_after),
         cert_not_before: Some(at(not_before)),
-        pending_cert: None,
-        previous_cert: None,
-        enrolled_at: at(0),
         last_seen: None,
-        revoked_at: None,
-        revoked_reason: None,
-        token_id: "t".into(),
+        ..Member::enrolled(
+            "cam",
+            MemberKind::Device,
+            Digest::of(fingerprint),
+            at(not_after),
+            at(0),
+        )
     }
 }
 

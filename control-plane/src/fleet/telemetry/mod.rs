@@ -90,40 +90,22 @@ pub struct EventRecord {
     pub attributes: BTreeMap<String, String>,
 }
 
+pub use edgeloop_api::fleet::AssignmentState;
+
+/// The reported state; `None` for `UNSPECIFIED`, which is not a state.
+fn state_from_proto(state: pb::AssignmentState) -> Option<AssignmentState> {
+    use AssignmentState as S;
+    Some(match state {
+        pb::AssignmentState::Unspecified => return None,
+        pb::AssignmentState::Downloading => S::Downloading,
+        pb::AssignmentState::Activating => S::Activating,
+        pb::AssignmentState::Active => S::Active,
+        pb::AssignmentState::Failed => S::Failed,
+        pb::AssignmentState::RolledBack => S::RolledBack,
+    })
+}
+
 /// The state a device last reported for one assignment, as stored.
-///
-/// Written in snake case (`"rolled_back"`). Records written before this type
-/// hold the protobuf enum names (`"ASSIGNMENT_STATE_ROLLED_BACK"`); the
-/// aliases read them, so no rewrite of the tree is needed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AssignmentState {
-    #[serde(alias = "ASSIGNMENT_STATE_DOWNLOADING")]
-    Downloading,
-    #[serde(alias = "ASSIGNMENT_STATE_ACTIVATING")]
-    Activating,
-    #[serde(alias = "ASSIGNMENT_STATE_ACTIVE")]
-    Active,
-    #[serde(alias = "ASSIGNMENT_STATE_FAILED")]
-    Failed,
-    #[serde(alias = "ASSIGNMENT_STATE_ROLLED_BACK")]
-    RolledBack,
-}
-
-impl AssignmentState {
-    /// The reported state; `None` for `UNSPECIFIED`, which is not a state.
-    pub fn from_proto(state: pb::AssignmentState) -> Option<Self> {
-        Some(match state {
-            pb::AssignmentState::Unspecified => return None,
-            pb::AssignmentState::Downloading => Self::Downloading,
-            pb::AssignmentState::Activating => Self::Activating,
-            pb::AssignmentState::Active => Self::Active,
-            pb::AssignmentState::Failed => Self::Failed,
-            pb::AssignmentState::RolledBack => Self::RolledBack,
-        })
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AssignmentStatusRecord {
     pub device: String,
@@ -524,7 +506,7 @@ pub fn record_status(
             format!("unknown assignment state {}", report.state),
         )
     })?;
-    let Some(state) = AssignmentState::from_proto(state) else {
+    let Some(state) = state_from_proto(state) else {
         return Err(Error::bad_field("state", "must be set"));
     };
     if report.model_name.is_empty() {

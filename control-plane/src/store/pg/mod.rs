@@ -279,6 +279,10 @@ impl KvBackend for PostgresBackend {
         self.tree(META_TREE)
             .insert(SCHEMA_KEY, &version.to_be_bytes())
     }
+
+    fn write_metrics(&self, out: &mut String) {
+        self.pool.stats().write(out);
+    }
 }
 
 /// One column of a batch: the `bytea[]` a statement `unnest`s.

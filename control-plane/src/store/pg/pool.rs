@@ -12,6 +12,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use postgres::error::Severity;
+
+use crate::latency::{self, Latency};
 use postgres::{Client, Statement};
 
 use super::url::PostgresUrl;
@@ -134,6 +136,56 @@ const CONFLICT_RETRIES: u32 = 5;
 
 type Job = Box<dyn FnOnce(&mut Session) + Send>;
 
+/// How long store calls took, by lane: waiting for a pool thread, running
+/// on its connection, and in all as their caller saw it. The call less the
+/// other two is the caller's own wake-up after the answer (its thread
+/// waiting for a core). Statistics for `/metrics`, never decisions.
+#[derive(Default)]
+pub struct PoolStats {
+    /// Index 0: normal; 1: urgent.
+    lanes: [LaneStats; 2],
+}
+
+#[derive(Default)]
+struct LaneStats {
+    wait: Latency,
+    run: Latency,
+    call: Latency,
+}
+
+impl PoolStats {
+    fn lane(&self, urgent: bool) -> &LaneStats {
+        &self.lanes[usize::from(urgent)]
+    }
+
+    pub fn write(&self, out: &mut String) {
+        type Pick = fn(&LaneStats) -> &Latency;
+        let histograms: [(&str, &str, Pick); 3] = [
+            (
+                "edgeloop_store_wait_seconds",
+                "How long PostgreSQL store calls waited for a pool connection, by lane.",
+                |l| &l.wait,
+            ),
+            (
+                "edgeloop_store_run_seconds",
+                "How long PostgreSQL store calls ran on their connection (retries included), by lane.",
+                |l| &l.run,
+            ),
+            (
+                "edgeloop_store_call_seconds",
+                "How long PostgreSQL store calls took as their callers saw them, by lane.",
+                |l| &l.call,
+            ),
+        ];
+        for (name, help, pick) in histograms {
+            latency::write_header(out, name, help);
+            for (lane, urgent) in [("normal", false), ("urgent", true)] {
+                pick(self.lane(urgent)).write_series(out, name, &format!("lane=\"{lane}\""));
+            }
+        }
+    }
+}
+
 /// Waits for a pool thread's answer: a PostgreSQL round trip, or a queue
 /// behind eight of them. On a multi-thread runtime's worker a wait that
 /// long stalls every task queued on that worker; on two cores a rollout's
@@ -239,6 +291,7 @@ impl Queue {
 pub struct Pool {
     queue: Arc<Queue>,
     url: PostgresUrl,
+    stats: Arc<PoolStats>,
 }
 
 /// The threads finish the queued jobs, then end.
@@ -279,7 +332,12 @@ impl Pool {
         Ok(Self {
             queue,
             url: url.clone(),
+            stats: Arc::default(),
         })
+    }
+
+    pub fn stats(&self) -> &PoolStats {
+        &self.stats
     }
 
     /// Runs `op` on a pool connection and waits for its answer; inside
@@ -296,7 +354,12 @@ impl Pool {
         op: impl Fn(&mut Session) -> Result<R, StoreError> + Send + 'static,
     ) -> Result<R, StoreError> {
         let (reply, answer) = mpsc::sync_channel(1);
+        let urgent = URGENT.with(Cell::get);
+        let queued = Instant::now();
+        let stats = self.stats.clone();
         let job: Job = Box::new(move |session: &mut Session| {
+            let started = Instant::now();
+            stats.lane(urgent).wait.observe(started - queued);
             let mut result = op(session);
             let mut tries = 0;
             while tries < CONFLICT_RETRIES && result.as_ref().is_err_and(rolled_back_by_conflict) {
@@ -314,16 +377,19 @@ impl Pool {
                     }
                 }
             }
+            stats.lane(urgent).run.observe(started.elapsed());
             // The caller may have gone (a cancelled task): nothing to do.
             let _ = reply.send(result);
         });
-        if !self.queue.push(job, URGENT.with(Cell::get)) {
+        if !self.queue.push(job, urgent) {
             return Err(StoreError::Unavailable(format!(
                 "the store threads for {} are gone",
                 self.url
             )));
         }
-        wait_off_the_worker(|| answer.recv()).map_err(|_| {
+        let answer = wait_off_the_worker(|| answer.recv());
+        self.stats.lane(urgent).call.observe(queued.elapsed());
+        answer.map_err(|_| {
             StoreError::Unavailable(format!(
                 "a store thread for {} failed during the call",
                 self.url

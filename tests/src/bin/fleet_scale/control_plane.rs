@@ -114,9 +114,42 @@ pub async fn start_control_plane(
     anyhow::bail!("control plane did not come up")
 }
 
-/// The heartbeat handling histogram's cumulative bucket counts, by bound
-/// (`f64::INFINITY` for `+Inf`), summed over the replicas.
-pub async fn handling_buckets(cps: &[ControlPlaneProcess]) -> anyhow::Result<Vec<(f64, u64)>> {
+/// The heartbeat handling histogram's series in `/metrics`.
+pub const HEARTBEAT_HANDLING: &str = "edgeloop_heartbeat_handling_seconds_bucket{";
+
+/// The store-call histograms' series (PostgreSQL only): what they measure,
+/// and the series' prefix in `/metrics`.
+pub const STORE_SERIES: [(&str, &str); 5] = [
+    (
+        "store call, urgent lane (heartbeats)",
+        "edgeloop_store_call_seconds_bucket{lane=\"urgent\",",
+    ),
+    (
+        "  of it waiting for a connection",
+        "edgeloop_store_wait_seconds_bucket{lane=\"urgent\",",
+    ),
+    (
+        "  of it running on the connection",
+        "edgeloop_store_run_seconds_bucket{lane=\"urgent\",",
+    ),
+    (
+        "store call, normal lane",
+        "edgeloop_store_call_seconds_bucket{lane=\"normal\",",
+    ),
+    (
+        "  of it waiting for a connection",
+        "edgeloop_store_wait_seconds_bucket{lane=\"normal\",",
+    ),
+];
+
+/// A histogram's cumulative bucket counts, by bound (`f64::INFINITY` for
+/// `+Inf`), summed over the replicas; `None` when `/metrics` has no such
+/// series (the store histograms on sled). `series` is the bucket lines'
+/// prefix up to `le`, e.g. [`HEARTBEAT_HANDLING`].
+pub async fn histogram_buckets(
+    cps: &[ControlPlaneProcess],
+    series: &str,
+) -> anyhow::Result<Option<Vec<(f64, u64)>>> {
     let mut sum: Vec<(f64, u64)> = Vec::new();
     for cp in cps {
         let text = reqwest::get(format!("{}/metrics", cp.http_base))
@@ -125,7 +158,7 @@ pub async fn handling_buckets(cps: &[ControlPlaneProcess]) -> anyhow::Result<Vec
             .await?;
         let buckets: Vec<(f64, u64)> = text
             .lines()
-            .filter_map(|l| l.strip_prefix("edgeloop_heartbeat_handling_seconds_bucket{le=\""))
+            .filter_map(|l| l.strip_prefix(series)?.strip_prefix("le=\""))
             .filter_map(|l| {
                 let (le, rest) = l.split_once("\"} ")?;
                 let le = if le == "+Inf" {
@@ -136,7 +169,9 @@ pub async fn handling_buckets(cps: &[ControlPlaneProcess]) -> anyhow::Result<Vec
                 Some((le, rest.trim().parse().ok()?))
             })
             .collect();
-        anyhow::ensure!(!buckets.is_empty(), "no heartbeat histogram in /metrics");
+        if buckets.is_empty() {
+            return Ok(None);
+        }
         if sum.is_empty() {
             sum = buckets;
         } else {
@@ -145,7 +180,7 @@ pub async fn handling_buckets(cps: &[ControlPlaneProcess]) -> anyhow::Result<Vec
             }
         }
     }
-    Ok(sum)
+    Ok(Some(sum))
 }
 
 /// The bucket bound under which `p` of the heartbeats between the two

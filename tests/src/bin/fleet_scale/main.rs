@@ -36,7 +36,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use control_plane::{
-    handling_buckets, handling_quantile, proc_status, start_control_plane, Stores,
+    handling_quantile, histogram_buckets, proc_status, start_control_plane, Stores,
+    HEARTBEAT_HANDLING, STORE_SERIES,
 };
 use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::{enroll, BootstrapToken, IdentityStore, Role};
@@ -233,6 +234,9 @@ struct Run {
     /// rollout (bucket bounds).
     handled_p50: Duration,
     handled_p99: Duration,
+    /// PostgreSQL store calls during the rollout, from the pool's
+    /// histograms: what, p50 and p99 (bucket bounds). Empty on sled.
+    store_calls: Vec<(&'static str, Duration, Duration)>,
     /// The probe devices' round trips, at rest and during the rollout.
     probe_steady_p99: Duration,
     probe_p50: Duration,
@@ -395,7 +399,13 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
             .context("resetting the control plane's peak RSS")?;
     }
     steady.sort();
-    let handled_before = handling_buckets(&cps).await?;
+    let handled_before = histogram_buckets(&cps, HEARTBEAT_HANDLING)
+        .await?
+        .context("no heartbeat histogram in /metrics")?;
+    let mut store_before = Vec::new();
+    for (_, series) in STORE_SERIES {
+        store_before.push(histogram_buckets(&cps, series).await?);
+    }
     *deployed_at.lock().await = Some(Instant::now());
     let t0 = Instant::now();
     let rollout_from = epoch.elapsed();
@@ -452,7 +462,19 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
             line.join(" ")
         );
     }
-    let handled_after = handling_buckets(&cps).await?;
+    let handled_after = histogram_buckets(&cps, HEARTBEAT_HANDLING)
+        .await?
+        .context("no heartbeat histogram in /metrics")?;
+    let mut store_calls = Vec::new();
+    for ((what, series), before) in STORE_SERIES.into_iter().zip(store_before) {
+        if let (Some(before), Some(after)) = (before, histogram_buckets(&cps, series).await?) {
+            store_calls.push((
+                what,
+                handling_quantile(&before, &after, 0.5),
+                handling_quantile(&before, &after, 0.99),
+            ));
+        }
+    }
     let rss_mib = cps
         .iter()
         .map(|cp| proc_status(cp.child.id(), "VmHWM:") as f64 / 1024.0)
@@ -491,6 +513,7 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
         peak_threads,
         handled_p50: handling_quantile(&handled_before, &handled_after, 0.5),
         handled_p99: handling_quantile(&handled_before, &handled_after, 0.99),
+        store_calls,
         probe_steady_p99: percentile(&probe_steady, 0.99),
         probe_p50: percentile(&probe_rollout, 0.5),
         probe_p99: percentile(&probe_rollout, 0.99),
@@ -611,6 +634,22 @@ async fn main() -> anyhow::Result<()> {
         ms(fleet.handled_p99),
         "",
     );
+    for ((what, base_p50, base_p99), (_, p50, p99)) in
+        base.store_calls.iter().zip(&fleet.store_calls)
+    {
+        row(
+            &format!("{what} p50, during the rollout (ms, bucket bound)"),
+            ms(*base_p50),
+            ms(*p50),
+            "",
+        );
+        row(
+            &format!("{what} p99, during the rollout (ms, bucket bound)"),
+            ms(*base_p99),
+            ms(*p99),
+            "",
+        );
+    }
     row(
         "assignment delivered p50 (ms)",
         ms(base.delivered_p50),

@@ -23,25 +23,19 @@ fn now() -> OffsetDateTime {
 
 fn member(id: &str, providers: &[&str]) -> Member {
     Member {
-        project: "default".into(),
-        id: id.into(),
-        kind: MemberKind::Device,
         labels: BTreeMap::from([("site".into(), "lab".into())]),
         capabilities: CapabilitiesRecord {
             execution_providers: providers.iter().map(|p| p.to_string()).collect(),
             free_disk_bytes: 1 << 30,
             ..CapabilitiesRecord::default()
         },
-        cert_fingerprint: Digest::of(id.as_bytes()),
-        cert_not_after: now() + time::Duration::days(365),
-        cert_not_before: Some(now()),
-        pending_cert: None,
-        previous_cert: None,
-        enrolled_at: now(),
-        last_seen: Some(now()),
-        revoked_at: None,
-        revoked_reason: None,
-        token_id: "t".into(),
+        ..Member::enrolled(
+            id,
+            MemberKind::Device,
+            Digest::of(id.as_bytes()),
+            now() + time::Duration::days(365),
+            now(),
+        )
     }
 }
 

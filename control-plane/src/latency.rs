@@ -1,6 +1,7 @@
 //! A fixed-bucket latency histogram for `/metrics` (Prometheus
 //! `histogram`): how long the control plane itself took to answer, from
-//! the handler's start to its reply. A client's round trip adds the
+//! the handler's start to its reply, and how long its store calls waited
+//! and ran (`store::pg::pool`). A client's round trip adds the
 //! network, both TLS stacks and the queues in front of the handler; the
 //! fleet-scale benchmark prints both, so a slow figure says which side is
 //! slow. Relaxed atomics: a statistic, never a decision.
@@ -36,18 +37,39 @@ impl Latency {
 
     /// Appends the histogram as Prometheus text.
     pub fn write(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} histogram");
+        write_header(out, name, help);
+        self.write_series(out, name, "");
+    }
+
+    /// Appends one series of the histogram `name`, under `labels` (e.g.
+    /// `lane="urgent"`, or empty), without the `HELP` and `TYPE` lines
+    /// that [`write_header`] writes once for all of its series.
+    pub fn write_series(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
         let mut cumulative = 0u64;
         for (i, bucket) in self.buckets.iter().enumerate() {
             cumulative += bucket.load(Ordering::Relaxed);
             let le = BOUNDS.get(i).map_or("+Inf".to_string(), |b| b.to_string());
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
+            );
         }
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {cumulative}");
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_count{braces} {cumulative}");
     }
+}
+
+/// The `HELP` and `TYPE` lines of a histogram with several series.
+pub fn write_header(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
 }
 
 #[cfg(test)]
@@ -78,5 +100,22 @@ mod tests {
         assert_eq!(line("+Inf"), "5");
         assert!(out.contains("x_seconds_count 5"), "{out}");
         assert!(out.contains("# TYPE x_seconds histogram"), "{out}");
+    }
+
+    #[test]
+    fn a_labelled_series_puts_its_labels_before_le() {
+        let h = Latency::default();
+        h.observe(Duration::from_millis(3));
+        let mut out = String::new();
+        h.write_series(&mut out, "y_seconds", "lane=\"urgent\"");
+        assert!(
+            out.contains("y_seconds_bucket{lane=\"urgent\",le=\"0.005\"} 1"),
+            "{out}"
+        );
+        assert!(out.contains("y_seconds_count{lane=\"urgent\"} 1"), "{out}");
+        assert!(
+            !out.contains("# TYPE"),
+            "the header is written once, apart: {out}"
+        );
     }
 }
