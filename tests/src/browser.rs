@@ -116,6 +116,48 @@ impl Drop for Driver {
     }
 }
 
+/// [`Browser::contrast_failures`] in the page: WCAG's relative luminance
+/// of sRGB colours and their contrast ratio.
+const CONTRAST_CHECK: &str = r#"
+const rgba = s => {
+  const m = s.match(/rgba?\(([^)]+)\)/);
+  if (!m) return null;
+  const p = m[1].split(',').map(x => parseFloat(x));
+  return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+};
+const lum = c => {
+  const [r, g, b] = c.slice(0, 3).map(v => {
+    v /= 255;
+    return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4);
+  });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+};
+const background = el => {
+  for (; el; el = el.parentElement) {
+    const c = rgba(getComputedStyle(el).backgroundColor);
+    if (c && c[3] > 0.99) return c;
+  }
+  return [255, 255, 255, 1];
+};
+const out = [];
+for (const el of document.querySelectorAll('body *')) {
+  if (el instanceof SVGElement) continue;
+  const own = Array.from(el.childNodes).some(n => n.nodeType === 3 && n.textContent.trim());
+  if (!own || el.getClientRects().length === 0) continue;
+  const cs = getComputedStyle(el);
+  if (cs.visibility === 'hidden') continue;
+  const fg = rgba(cs.color), bg = background(el);
+  const [hi, lo] = [lum(fg), lum(bg)].sort((a, b) => b - a);
+  const ratio = (hi + 0.05) / (lo + 0.05);
+  const size = parseFloat(cs.fontSize), bold = parseInt(cs.fontWeight) >= 700;
+  const need = size >= 24 || (bold && size >= 18.66) ? 3 : 4.5;
+  if (ratio < need) {
+    out.push(el.tagName.toLowerCase() + ' "' + el.textContent.trim().slice(0, 40) + '": ' + ratio.toFixed(2) + ' < ' + need);
+  }
+}
+return out;
+"#;
+
 /// One WebDriver call; the `value` of its answer, or the driver's error.
 async fn call(
     http: &reqwest::Client,
@@ -314,6 +356,17 @@ impl Browser {
     pub async fn script(&self, script: &str) -> anyhow::Result<Value> {
         self.post("/execute/sync", json!({"script": script, "args": []}))
             .await
+    }
+
+    /// Text on the page whose contrast with its background is under WCAG
+    /// 2.x AA (4.5:1, or 3:1 for large text: 24 px, or 18.66 px bold), as
+    /// the browser computes the colours: each element that holds text of
+    /// its own, its colour against the first opaque background at or above
+    /// it. Each failure names the element, its text and the ratio. SVG text
+    /// (the charts, drawn with fills of their own) is left out.
+    pub async fn contrast_failures(&self) -> anyhow::Result<Vec<String>> {
+        let found = self.script(CONTRAST_CHECK).await?;
+        serde_json::from_value(found).context("the contrast check's answer")
     }
 
     /// A PNG of the viewport, saved at `path`.

@@ -165,6 +165,12 @@ fn screenshots() -> PathBuf {
         })
 }
 
+/// Every text on the page meets WCAG AA contrast.
+async fn contrast_holds(b: &Browser, page: &str) {
+    let failures = b.contrast_failures().await.unwrap();
+    assert!(failures.is_empty(), "{page}: {failures:#?}");
+}
+
 async fn log_in(b: &Browser, base: &str, token: &str) {
     b.goto(&format!("{base}/ui/fleet")).await.unwrap();
     // Not logged in: the login page, which comes back here afterwards.
@@ -213,6 +219,22 @@ async fn the_console_in_a_real_browser() {
     }
     assert_eq!(b.find_all("tbody .badge.good").await.unwrap().len(), 3);
     b.screenshot(&shots.join("fleet.png")).await.unwrap();
+    contrast_holds(&b, "fleet.png").await;
+    // The check finds what it is for: grey text on white (2.3:1).
+    b.script(
+        "const p = document.createElement('p'); p.id = 'faint'; p.style.color = '#aaaaaa';
+         p.textContent = 'faint text'; document.querySelector('main').append(p);",
+    )
+    .await
+    .unwrap();
+    let failures = b.contrast_failures().await.unwrap();
+    assert!(
+        failures.len() == 1 && failures[0].starts_with("p \"faint text\": 2.32"),
+        "{failures:?}"
+    );
+    b.script("document.getElementById('faint').remove()")
+        .await
+        .unwrap();
     // The session is not the token, and no script can read it.
     let cookies = b.script("return document.cookie").await.unwrap();
     assert_eq!(cookies, json!(""), "the session cookie is HttpOnly");
@@ -246,11 +268,26 @@ async fn the_console_in_a_real_browser() {
         .unwrap();
     assert_eq!(focused, json!("skip"));
 
-    // Models: the version, its lineage (an uploaded version: no job or
-    // dataset), the deployments that carry it.
+    // Models: the version, its aliases, its lineage (an uploaded version:
+    // no job or dataset), the deployments that carry it.
+    let (st, body) = cp
+        .api()
+        .put(
+            "/api/v1/models/digits/aliases/production",
+            json!({"version": "1.0.0"}),
+        )
+        .await;
+    assert_eq!(st, 201, "{body}");
     b.goto(&format!("{base}/ui/models")).await.unwrap();
     let link = b.find("a[href='/ui/models/digits']", WAIT).await.unwrap();
     b.click(&link).await.unwrap();
+    let aliases = b.text("table.data").await.unwrap();
+    assert!(
+        aliases.contains("production") && aliases.contains("1.0.0"),
+        "{aliases}"
+    );
+    let heading = b.text("[id='v-1.0.0']").await.unwrap();
+    assert!(heading.contains("production"), "{heading}");
     let lineage = b.text("ol.lineage").await.unwrap();
     for want in [
         "dataset snapshot",
@@ -265,6 +302,7 @@ async fn the_console_in_a_real_browser() {
         );
     }
     b.screenshot(&shots.join("model.png")).await.unwrap();
+    contrast_holds(&b, "model.png").await;
     // Its drift page says why there is nothing to chart: the API's reason.
     b.goto(&format!("{base}/ui/models/digits/drift"))
         .await
@@ -305,6 +343,7 @@ async fn the_console_in_a_real_browser() {
     b.screenshot(&shots.join("deployment-live.png"))
         .await
         .unwrap();
+    contrast_holds(&b, "deployment-live.png").await;
     let cancel = b.find("button.danger", WAIT).await.unwrap();
     b.click(&cancel).await.unwrap();
     b.wait_for_text("#live .state", "cancelled", WAIT)
@@ -314,6 +353,7 @@ async fn the_console_in_a_real_browser() {
     b.screenshot(&shots.join("deployment-cancelled.png"))
         .await
         .unwrap();
+    contrast_holds(&b, "deployment-cancelled.png").await;
     let (_, d) = cp.api().get(&format!("/api/v1/deployments/{first}")).await;
     assert_eq!(d["state"], "cancelled", "{d}");
     // The cancel is in the audit log under the deployer's token.
@@ -374,6 +414,7 @@ async fn the_console_in_a_real_browser() {
     b.screenshot(&shots.join("viewer-deployment.png"))
         .await
         .unwrap();
+    contrast_holds(&b, "viewer-deployment.png").await;
     // The viewer sees the labelling queue but no field or button, and
     // its POST is refused.
     b.goto(&format!("{base}/ui/models/digits/labelling"))
@@ -428,6 +469,7 @@ async fn the_console_in_a_real_browser() {
     let focused = b.script("return document.activeElement.id").await.unwrap();
     assert_eq!(focused, json!("label-1"), "Tab goes to the next sample");
     b.screenshot(&shots.join("labelling.png")).await.unwrap();
+    contrast_holds(&b, "labelling.png").await;
     let accept = b.find("button[value='accept']", WAIT).await.unwrap();
     b.click(&accept).await.unwrap();
     b.wait_for_text("p.notice", "Labelled 5 samples", WAIT)

@@ -83,6 +83,7 @@ pub async fn over_the_demo(work: &Path) {
     }
     assert_eq!(b.find_all("tbody .badge.good").await.unwrap().len(), 3);
     b.screenshot(&shots.join("demo-fleet.png")).await.unwrap();
+    contrast_holds(&b, "demo-fleet.png").await;
 
     // The model: v2's lineage back to its dataset and job, and its gate.
     b.goto(&format!("{base}/ui/models/rainfall")).await.unwrap();
@@ -107,6 +108,7 @@ pub async fn over_the_demo(work: &Path) {
         "v2 shows its gate's evidence"
     );
     b.screenshot(&shots.join("demo-model.png")).await.unwrap();
+    contrast_holds(&b, "demo-model.png").await;
 
     // The retrain's rollout, succeeded, every wave healthy.
     let deployments = api(&base, token, "/api/v1/deployments").await;
@@ -134,6 +136,7 @@ pub async fn over_the_demo(work: &Path) {
     b.screenshot(&shots.join("demo-deployment.png"))
         .await
         .unwrap();
+    contrast_holds(&b, "demo-deployment.png").await;
 
     // v1's drift: flagged after the shift, with the retrain and v2's start
     // marked on the same axis, and the windows that rose past the line.
@@ -180,9 +183,16 @@ pub async fn over_the_demo(work: &Path) {
         "{drift}"
     );
     b.screenshot(&shots.join("demo-drift.png")).await.unwrap();
+    contrast_holds(&b, "demo-drift.png").await;
 
     b.close().await.unwrap();
     drop(driver);
+}
+
+/// Every text on the page meets WCAG AA contrast.
+async fn contrast_holds(b: &Browser, page: &str) {
+    let failures = b.contrast_failures().await.unwrap();
+    assert!(failures.is_empty(), "{page}: {failures:#?}");
 }
 
 async fn log_in(b: &Browser, base: &str, token: &str) {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use edgeloop_api::aliases::AliasView;
 use edgeloop_api::cost::{CostView, Venue};
 use edgeloop_api::deployments::{DeploymentState, DeploymentView};
 use edgeloop_api::drift::DriftView;
@@ -18,7 +19,7 @@ use serde::Deserialize;
 use super::deployments::state_badge;
 use super::{plain_id, with_query};
 use crate::console::chart::{self, line_chart, Mark, Series, Style, Threshold};
-use crate::console::html::{page, time};
+use crate::console::html::{badge, page, time};
 use crate::console::session::Session;
 use crate::console::Console;
 
@@ -178,6 +179,12 @@ pub async fn show(
             .or_default()
             .push(d);
     }
+    let aliases = c
+        .api
+        .get::<Vec<AliasView>>(&s.principal, &format!("/api/v1/models/{name}/aliases"))
+        .await
+        .map(|a| a.body)
+        .unwrap_or_default();
     let cost = c
         .api
         .get::<CostView>(&s.principal, &format!("/api/v1/models/{name}/cost"))
@@ -188,11 +195,27 @@ pub async fn show(
         p { a href={"/ui/models/" (name) "/drift"} { "Drift over time" } " · "
             a href={"/ui/models/" (name) "/labelling"} { "Label hard examples" } " · "
             a href={"/ui/models/" (name) "#cost"} { "Cost" } }
+        @if !aliases.is_empty() {
+            table.data {
+                caption { "Aliases" }
+                thead { tr { th scope="col" { "Alias" } th scope="col" { "Version" } th scope="col" { "Moved" } } }
+                tbody {
+                    @for a in &aliases {
+                        tr {
+                            th scope="row" { (a.alias) }
+                            td { a href={"#v-" (a.version)} { (a.version) } }
+                            td { (time(a.updated_at)) " by " (a.updated_by) }
+                        }
+                    }
+                }
+            }
+        }
         @if versions.is_empty() { p { "No versions yet." } }
         @for v in versions.iter().rev() {
             @let deps: Vec<&DeploymentView> = by_version.get(&v.version).map(|d| d.iter().collect()).unwrap_or_default();
             section.card aria-labelledby={"v-" (v.version)} {
-                h2 #{"v-" (v.version)} { "Version " (v.version) }
+                h2 #{"v-" (v.version)} { "Version " (v.version)
+                    @for a in aliases.iter().filter(|a| a.version == v.version) { " " (badge(a.alias.as_str(), "busy")) } }
                 p {
                     (time(v.created_at))
                     @if let Some(t) = &v.lineage.trigger { " · trigger: " (t) }
