@@ -23,6 +23,16 @@ pub struct Driver {
     http: reqwest::Client,
 }
 
+/// Where the console tests put their screenshots: `$EDGELOOP_SCREENSHOTS`,
+/// or `target/console-screenshots`.
+pub fn screenshot_dir() -> PathBuf {
+    std::env::var_os("EDGELOOP_SCREENSHOTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots")
+        })
+}
+
 /// Where `chromium` and `chromedriver` are, if installed.
 pub fn installed() -> Option<(PathBuf, PathBuf)> {
     let find = |names: &[&str]| {
@@ -367,6 +377,30 @@ impl Browser {
     pub async fn contrast_failures(&self) -> anyhow::Result<Vec<String>> {
         let found = self.script(CONTRAST_CHECK).await?;
         serde_json::from_value(found).context("the contrast check's answer")
+    }
+
+    /// Logs in at the console on `base` with an API token, from its login
+    /// page (where a page that needs a session sends the browser), and
+    /// waits for the page it comes back to.
+    pub async fn log_in(&self, base: &str, token: &str) -> anyhow::Result<()> {
+        self.goto(&format!("{base}/ui/fleet")).await?;
+        let field = self.find("#token", Duration::from_secs(20)).await?;
+        let url = self.url().await?;
+        anyhow::ensure!(url.contains("/ui/login?next="), "not the login page: {url}");
+        self.type_into(&field, token).await?;
+        self.type_into(&field, "\u{E007}").await?; // Enter
+        self.find("table.data, p.error", Duration::from_secs(20))
+            .await
+            .map(drop)
+    }
+
+    /// A screenshot of the page as `name` in [`screenshot_dir`], after
+    /// checking that its text meets WCAG AA contrast
+    /// ([`Browser::contrast_failures`]).
+    pub async fn page_shot(&self, name: &str) -> anyhow::Result<()> {
+        let failures = self.contrast_failures().await?;
+        anyhow::ensure!(failures.is_empty(), "{name}: {failures:#?}");
+        self.screenshot(&screenshot_dir().join(name)).await
     }
 
     /// A PNG of the viewport, saved at `path`.

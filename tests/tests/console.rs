@@ -8,13 +8,12 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use edgeloop_client_core::Role;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::common::v1::{Capabilities, HeartbeatRequest};
-use edgeloop_tests::browser::{self, Browser};
+use edgeloop_tests::browser;
 use edgeloop_tests::{eventually, ControlPlane};
 use serde_json::json;
 
@@ -157,30 +156,6 @@ fn form(pairs: &[(&str, &str)]) -> String {
         .finish()
 }
 
-fn screenshots() -> PathBuf {
-    std::env::var_os("EDGELOOP_SCREENSHOTS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots")
-        })
-}
-
-/// Every text on the page meets WCAG AA contrast.
-async fn contrast_holds(b: &Browser, page: &str) {
-    let failures = b.contrast_failures().await.unwrap();
-    assert!(failures.is_empty(), "{page}: {failures:#?}");
-}
-
-async fn log_in(b: &Browser, base: &str, token: &str) {
-    b.goto(&format!("{base}/ui/fleet")).await.unwrap();
-    // Not logged in: the login page, which comes back here afterwards.
-    let field = b.find("#token", WAIT).await.unwrap();
-    assert!(b.url().await.unwrap().contains("/ui/login?next="));
-    b.type_into(&field, token).await.unwrap();
-    b.type_into(&field, "\u{E007}").await.unwrap(); // Enter
-    b.find("table.data, p.error", WAIT).await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_in_a_real_browser() {
     let Some((chromium, chromedriver)) = browser::installed() else {
@@ -196,11 +171,10 @@ async fn the_console_in_a_real_browser() {
     let trainer = api_token(&cp, "ui-trainer", "trainer").await;
     let base = cp.api().url("");
     let base = base.trim_end_matches('/');
-    let shots = screenshots();
 
     let driver = browser::Driver::start(&chromedriver).await.unwrap();
     let b = driver.browser(&chromium).await.unwrap();
-    log_in(&b, base, &deployer).await;
+    b.log_in(base, &deployer).await.unwrap();
 
     // The fleet: every device, online, with its labels and runtime.
     assert!(b.url().await.unwrap().ends_with("/ui/fleet"));
@@ -218,8 +192,7 @@ async fn the_console_in_a_real_browser() {
         );
     }
     assert_eq!(b.find_all("tbody .badge.good").await.unwrap().len(), 3);
-    b.screenshot(&shots.join("fleet.png")).await.unwrap();
-    contrast_holds(&b, "fleet.png").await;
+    b.page_shot("fleet.png").await.unwrap();
     // The check finds what it is for: grey text on white (2.3:1).
     b.script(
         "const p = document.createElement('p'); p.id = 'faint'; p.style.color = '#aaaaaa';
@@ -301,8 +274,7 @@ async fn the_console_in_a_real_browser() {
             "{want} missing from the lineage:\n{lineage}"
         );
     }
-    b.screenshot(&shots.join("model.png")).await.unwrap();
-    contrast_holds(&b, "model.png").await;
+    b.page_shot("model.png").await.unwrap();
     // Its drift page says why there is nothing to chart: the API's reason.
     b.goto(&format!("{base}/ui/models/digits/drift"))
         .await
@@ -340,20 +312,14 @@ async fn the_console_in_a_real_browser() {
         waves.contains("moving") || waves.contains("waiting"),
         "{waves}"
     );
-    b.screenshot(&shots.join("deployment-live.png"))
-        .await
-        .unwrap();
-    contrast_holds(&b, "deployment-live.png").await;
+    b.page_shot("deployment-live.png").await.unwrap();
     let cancel = b.find("button.danger", WAIT).await.unwrap();
     b.click(&cancel).await.unwrap();
     b.wait_for_text("#live .state", "cancelled", WAIT)
         .await
         .unwrap();
     assert!(b.find_all("button.danger").await.unwrap().is_empty());
-    b.screenshot(&shots.join("deployment-cancelled.png"))
-        .await
-        .unwrap();
-    contrast_holds(&b, "deployment-cancelled.png").await;
+    b.page_shot("deployment-cancelled.png").await.unwrap();
     let (_, d) = cp.api().get(&format!("/api/v1/deployments/{first}")).await;
     assert_eq!(d["state"], "cancelled", "{d}");
     // The cancel is in the audit log under the deployer's token.
@@ -390,7 +356,7 @@ async fn the_console_in_a_real_browser() {
 
     // A viewer sees no action, and is refused if it tries anyway.
     let third = deploy(&cp, "berlin").await;
-    log_in(&b, base, &viewer).await;
+    b.log_in(base, &viewer).await.unwrap();
     b.goto(&format!("{base}/ui/deployments/{third}"))
         .await
         .unwrap();
@@ -411,10 +377,7 @@ async fn the_console_in_a_real_browser() {
     assert_eq!(status, json!(403), "a viewer's cancel is refused");
     let (_, d) = cp.api().get(&format!("/api/v1/deployments/{third}")).await;
     assert_ne!(d["state"], "cancelled");
-    b.screenshot(&shots.join("viewer-deployment.png"))
-        .await
-        .unwrap();
-    contrast_holds(&b, "viewer-deployment.png").await;
+    b.page_shot("viewer-deployment.png").await.unwrap();
     // The viewer sees the labelling queue but no field or button, and
     // its POST is refused.
     b.goto(&format!("{base}/ui/models/digits/labelling"))
@@ -440,7 +403,7 @@ async fn the_console_in_a_real_browser() {
     let logout = b.find("header form button", WAIT).await.unwrap();
     b.click(&logout).await.unwrap();
     b.find("#token", WAIT).await.unwrap();
-    log_in(&b, base, &trainer).await;
+    b.log_in(base, &trainer).await.unwrap();
     b.goto(&format!("{base}/ui/models/digits")).await.unwrap();
     let link = b
         .find("a[href='/ui/models/digits/labelling']", WAIT)
@@ -468,8 +431,7 @@ async fn the_console_in_a_real_browser() {
     b.keys("9\u{E004}").await.unwrap(); // 9, Tab
     let focused = b.script("return document.activeElement.id").await.unwrap();
     assert_eq!(focused, json!("label-1"), "Tab goes to the next sample");
-    b.screenshot(&shots.join("labelling.png")).await.unwrap();
-    contrast_holds(&b, "labelling.png").await;
+    b.page_shot("labelling.png").await.unwrap();
     let accept = b.find("button[value='accept']", WAIT).await.unwrap();
     b.click(&accept).await.unwrap();
     b.wait_for_text("p.notice", "Labelled 5 samples", WAIT)

@@ -4,21 +4,13 @@
 //! rising after the shift with the loop's decisions on the chart.
 //! Screenshots go where the console test puts its own, named `demo-*`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use edgeloop_tests::browser::{self, Browser};
+use edgeloop_tests::browser;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn screenshots() -> PathBuf {
-    std::env::var_os("EDGELOOP_SCREENSHOTS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots")
-        })
-}
 
 /// The console's base URL, from the demo's own log line.
 fn base_of(work: &Path) -> String {
@@ -54,10 +46,9 @@ pub async fn over_the_demo(work: &Path) {
     let base = base_of(work);
     let token = std::fs::read_to_string(work.join("control-plane/admin.token")).unwrap();
     let token = token.trim();
-    let shots = screenshots();
     let driver = browser::Driver::start(&chromedriver).await.unwrap();
     let b = driver.browser(&chromium).await.unwrap();
-    log_in(&b, &base, token).await;
+    b.log_in(&base, token).await.unwrap();
 
     // The fleet: the three agents, online, each serving v2 and
     // reporting telemetry.
@@ -82,8 +73,7 @@ pub async fn over_the_demo(work: &Path) {
         );
     }
     assert_eq!(b.find_all("tbody .badge.good").await.unwrap().len(), 3);
-    b.screenshot(&shots.join("demo-fleet.png")).await.unwrap();
-    contrast_holds(&b, "demo-fleet.png").await;
+    b.page_shot("demo-fleet.png").await.unwrap();
 
     // The model: v2's lineage back to its dataset and job, and its gate.
     b.goto(&format!("{base}/ui/models/rainfall")).await.unwrap();
@@ -107,8 +97,7 @@ pub async fn over_the_demo(work: &Path) {
             .is_empty(),
         "v2 shows its gate's evidence"
     );
-    b.screenshot(&shots.join("demo-model.png")).await.unwrap();
-    contrast_holds(&b, "demo-model.png").await;
+    b.page_shot("demo-model.png").await.unwrap();
 
     // The retrain's rollout, succeeded, every wave healthy.
     let deployments = api(&base, token, "/api/v1/deployments").await;
@@ -133,10 +122,7 @@ pub async fn over_the_demo(work: &Path) {
         waves.contains("healthy") && !waves.contains("failed"),
         "{waves}"
     );
-    b.screenshot(&shots.join("demo-deployment.png"))
-        .await
-        .unwrap();
-    contrast_holds(&b, "demo-deployment.png").await;
+    b.page_shot("demo-deployment.png").await.unwrap();
 
     // v1's drift: flagged after the shift, with the retrain and v2's start
     // marked on the same axis, and the windows that rose past the line.
@@ -182,23 +168,8 @@ pub async fn over_the_demo(work: &Path) {
         windows[first]["severity"].as_f64().unwrap() >= act,
         "{drift}"
     );
-    b.screenshot(&shots.join("demo-drift.png")).await.unwrap();
-    contrast_holds(&b, "demo-drift.png").await;
+    b.page_shot("demo-drift.png").await.unwrap();
 
     b.close().await.unwrap();
     drop(driver);
-}
-
-/// Every text on the page meets WCAG AA contrast.
-async fn contrast_holds(b: &Browser, page: &str) {
-    let failures = b.contrast_failures().await.unwrap();
-    assert!(failures.is_empty(), "{page}: {failures:#?}");
-}
-
-async fn log_in(b: &Browser, base: &str, token: &str) {
-    b.goto(&format!("{base}/ui/fleet")).await.unwrap();
-    let field = b.find("#token", WAIT).await.unwrap();
-    b.type_into(&field, token).await.unwrap();
-    b.type_into(&field, "\u{E007}").await.unwrap(); // Enter
-    b.find("table.data", WAIT).await.unwrap();
 }
