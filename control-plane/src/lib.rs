@@ -57,6 +57,8 @@ pub struct Core {
     pub security: auth::SecurityCounters,
     /// How long device and bridge heartbeats took to answer, for `/metrics`.
     pub heartbeat_latency: latency::Latency,
+    /// Heartbeats' `last_seen` refreshes waiting for their batched write.
+    pub presence: Arc<fleet::presence::Presence>,
     /// What each device has left of its per-model telemetry quota.
     pub device_quotas: fleet::admission::Quotas,
     /// Cancelled at shutdown so long-lived streams end and the servers can drain.
@@ -211,6 +213,7 @@ impl Server {
                 admin_token_hash,
                 security: Default::default(),
                 heartbeat_latency: Default::default(),
+                presence: Default::default(),
                 device_quotas: Default::default(),
                 clock,
                 shutdown: CancellationToken::new(),
@@ -313,6 +316,11 @@ impl Server {
             core.shutdown.clone(),
         ));
         let compactor = tokio::spawn(retention::run(core.clone(), core.shutdown.clone()));
+        let presence = tokio::spawn(fleet::presence::run(
+            core.store.clone(),
+            core.presence.clone(),
+            core.shutdown.clone(),
+        ));
         let reissue = tokio::spawn(fleet::pki::run_reissue(core.clone(), core.shutdown.clone()));
         let mut grpc = std::pin::pin!(grpc);
         let mut http = std::pin::pin!(http);
@@ -353,6 +361,10 @@ impl Server {
         }
         if let Err(e) = compactor.await {
             tracing::warn!(error = %e, "retention task ended abnormally");
+        }
+        // After the servers drained: no heartbeat notes a refresh anymore.
+        if let Err(e) = presence.await {
+            tracing::warn!(error = %e, "last_seen writer ended abnormally");
         }
         if let Err(e) = audit.await {
             tracing::warn!(error = %e, "audit retention task ended abnormally");

@@ -1129,3 +1129,71 @@ async fn store_call_times_are_in_the_metrics_by_lane(store: TestStore) {
     }
     cp.stop().await;
 }
+
+on_each_store!(
+    #[tokio::test]
+    heartbeats_move_last_seen_through_the_batched_writer_and_a_stop_keeps_them
+);
+/// A heartbeat whose only change is a stale `last_seen` is written with the
+/// next batch (within a quarter of a second), and one noted just before a
+/// graceful stop is not lost: the restarted control plane shows it.
+async fn heartbeats_move_last_seen_through_the_batched_writer_and_a_stop_keeps_them(
+    store: TestStore,
+) {
+    use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = store.settings(&dir.path().join("cp"));
+    let cp = ControlPlane::start_with(settings.clone()).await;
+    let token = cp.labelled_token("device", "hb-1", json!({})).await;
+    let channel = cp
+        .connect(
+            edgeloop_client_core::Role::Device,
+            &token,
+            &dir.path().join("hb-1"),
+        )
+        .await;
+    let seen = |body: &Value| {
+        time::OffsetDateTime::parse(
+            body["last_seen"].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap()
+    };
+    let beat = || {
+        let mut agent = AgentServiceClient::new(channel.clone());
+        async move {
+            agent
+                .heartbeat(edgeloop_proto::common::v1::HeartbeatRequest::default())
+                .await
+                .unwrap();
+        }
+    };
+    let (_, enrolled) = cp.api().get("/api/v1/devices/hb-1").await;
+    // Past half the offline window (3 intervals of 1 s): the write is due.
+    tokio::time::sleep(std::time::Duration::from_millis(1600)).await;
+    let sent = time::OffsetDateTime::now_utc();
+    beat().await;
+    let refreshed = edgeloop_tests::eventually(
+        std::time::Duration::from_secs(5),
+        "last_seen written by the batch",
+        || async {
+            let (_, d) = cp.api().get("/api/v1/devices/hb-1").await;
+            (seen(&d) > seen(&enrolled)).then_some(d)
+        },
+    )
+    .await;
+    assert!(
+        seen(&refreshed) >= sent - time::Duration::seconds(1),
+        "{refreshed}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1600)).await;
+    let sent = time::OffsetDateTime::now_utc();
+    beat().await;
+    let cp = cp.restart(settings).await;
+    let (_, after) = cp.api().get("/api/v1/devices/hb-1").await;
+    assert!(
+        seen(&after) >= sent - time::Duration::seconds(1),
+        "the last refresh survived the stop: {after}"
+    );
+    cp.stop().await;
+}

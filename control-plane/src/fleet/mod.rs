@@ -8,6 +8,7 @@ pub mod cost;
 pub mod deployments;
 pub mod members;
 pub mod pki;
+pub mod presence;
 pub mod relay;
 pub mod renewal;
 pub mod rollout;
