@@ -48,6 +48,7 @@ DUPLICATES_ALLOWED = {
     "prettyplease": "tonic-build 0.2; prost-build 0.3 (build time only)",
     "getrandom": "ring and rand_core 0.6 on 0.2, ahash 0.3, rand 0.10 on 0.4",
     "r-efi": "follows getrandom (UEFI only)",
+    "miniz_oxide": "png 0.18 (the console's sample images) 0.8; flate2 (zip) 0.9: deflate inside each, no types cross",
     "hashbrown": "petgraph, safetensors and indexmap each pin their own",
     "foldhash": "follows hashbrown",
     "cpufeatures": "sha2 and curve25519-dalek 0.2; chacha20 0.3",
