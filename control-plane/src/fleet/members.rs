@@ -737,4 +737,4 @@ pub async fn set_labels(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

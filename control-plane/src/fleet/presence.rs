@@ -142,26 +142,8 @@ pub async fn run(store: Store, presence: std::sync::Arc<Presence>, shutdown: Can
 
 #[cfg(test)]
 mod tests {
-    use edgeloop_models::Digest;
-
     use super::*;
-
-    fn at(secs: i64) -> OffsetDateTime {
-        OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(secs)
-    }
-
-    fn member(last_seen: Option<i64>) -> Member {
-        Member {
-            last_seen: last_seen.map(at),
-            ..Member::enrolled(
-                "d",
-                MemberKind::Device,
-                Digest::of(b"c"),
-                at(1_000_000),
-                at(0),
-            )
-        }
-    }
+    use crate::fleet::members::tests::{at, member};
 
     #[test]
     fn a_heartbeat_batches_a_stale_last_seen_and_writes_new_capabilities_now() {
@@ -184,7 +166,7 @@ mod tests {
         ];
         for (seen, caps, now, want) in cases {
             assert_eq!(
-                heartbeat_write(&member(seen), caps, at(now), window),
+                heartbeat_write(&member(seen, false), caps, at(now), window),
                 want,
                 "{seen:?} {caps:?} {now}"
             );
@@ -198,16 +180,15 @@ mod tests {
         let devices = store.members(MemberKind::Device);
         let fresh = Member {
             id: "fresh".into(),
-            ..member(Some(500))
+            ..member(Some(500), false)
         };
         let stale = Member {
             id: "stale".into(),
-            ..member(Some(100))
+            ..member(Some(100), false)
         };
         let revoked = Member {
             id: "revoked".into(),
-            revoked_at: Some(at(150)),
-            ..member(Some(100))
+            ..member(Some(100), true)
         };
         for m in [&fresh, &stale, &revoked] {
             devices.insert(&m.id, m).unwrap();

@@ -1,10 +1,12 @@
 use super::*;
 
-fn at(secs: i64) -> OffsetDateTime {
+pub(crate) fn at(secs: i64) -> OffsetDateTime {
     OffsetDateTime::UNIX_EPOCH + Duration::seconds(secs)
 }
 
-fn member(last_seen: Option<i64>, revoked: bool) -> Member {
+/// A device enrolled at 0, its certificate valid until 1 000 000, and
+/// revoked at 5 when `revoked`.
+pub(crate) fn member(last_seen: Option<i64>, revoked: bool) -> Member {
     Member {
         last_seen: last_seen.map(at),
         revoked_at: revoked.then(|| at(5)),
