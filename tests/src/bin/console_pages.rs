@@ -219,29 +219,18 @@ fn seed(
             })
             .collect();
         let status_keys: Vec<String> = chunk.iter().map(|id| format!("{id}/bench")).collect();
-        store.devices.insert_many(
-            &chunk
-                .iter()
-                .map(String::as_str)
-                .zip(&members)
-                .collect::<Vec<_>>(),
-        )?;
-        store.assignments.insert_many(
-            &chunk
-                .iter()
-                .map(String::as_str)
-                .zip(&sets)
-                .collect::<Vec<_>>(),
-        )?;
-        store.assignment_status.insert_many(
-            &status_keys
-                .iter()
-                .map(String::as_str)
-                .zip(&statuses)
-                .collect::<Vec<_>>(),
-        )?;
+        store.devices.insert_many(&keyed(chunk, &members))?;
+        store.assignments.insert_many(&keyed(chunk, &sets))?;
+        store
+            .assignment_status
+            .insert_many(&keyed(&status_keys, &statuses))?;
     }
     Ok(())
+}
+
+/// `keys[i]` beside `values[i]`, as `insert_many` takes them.
+fn keyed<'a, T>(keys: &'a [String], values: &'a [T]) -> Vec<(&'a str, &'a T)> {
+    keys.iter().map(String::as_str).zip(values).collect()
 }
 
 /// Logs in at `base` with `token` and loads each page `repeat` times (after
