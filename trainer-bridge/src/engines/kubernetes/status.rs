@@ -1,0 +1,228 @@
+//! The bridge's [`EngineState`] of an attempt, read off its Job (and, for a
+//! failed Job, its pods): pure functions of the objects, so the whole mapping
+//! is pinned by a table of Job statuses without an API server. Kept apart
+//! from the engine, which only fetches the objects, because this is where
+//! Kubernetes' many Job conditions become the bridge's five states.
+//!
+//! Condition `Complete` is success; `Failed` is a failure whose reason is the
+//! condition's, with the exit code of the pod that failed first. Otherwise
+//! the attempt is running once a pod is ready (or has ended), and pending
+//! before (the Job's `active` count also holds unscheduled pods, so it is not
+//! used). A pod that can never start (a bad image) keeps the attempt
+//! pending; cancelling it ends it.
+
+use k8s_openapi::api::batch::v1::{Job, JobCondition};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::CONTAINER_NAME;
+use crate::engines::EngineState;
+
+pub(super) fn condition<'a>(job: &'a Job, kind: &str) -> Option<&'a JobCondition> {
+    job.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == kind && c.status == "True")
+}
+
+/// The trainer container's exit code in a pod, when it ended with one.
+fn exit_code_of(pod: &Pod) -> Option<(i32, Option<Time>)> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    let st = statuses.iter().find(|s| s.name == CONTAINER_NAME)?;
+    let term = st.state.as_ref()?.terminated.as_ref()?;
+    Some((term.exit_code, term.finished_at.clone()))
+}
+
+/// The exit code behind a failed Job: the pod the condition's message
+/// names, else the code the message gives, else the pod that failed first
+/// (the others are often killed because of it).
+pub fn failure_exit_code(message: &str, pods: &[Pod]) -> Option<i32> {
+    let failed: Vec<(&Pod, i32, Option<_>)> = pods
+        .iter()
+        .filter_map(|p| exit_code_of(p).map(|(c, t)| (p, c, t)))
+        .filter(|(_, c, _)| *c != 0)
+        .collect();
+    for (pod, code, _) in &failed {
+        if let Some(name) = pod.metadata.name.as_deref() {
+            if message.contains(&format!("/{name} ")) {
+                return Some(*code);
+            }
+        }
+    }
+    if let Some(rest) = message.split("exit code ").nth(1) {
+        let digits: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '-')
+            .collect();
+        if let Ok(code) = digits.parse() {
+            return Some(code);
+        }
+    }
+    failed
+        .iter()
+        .min_by_key(|(_, _, finished)| (finished.is_none(), finished.clone()))
+        .map(|(_, code, _)| *code)
+}
+
+/// The Job's state; `pods` are its pods (only read for a failed Job).
+pub fn map_status(job: &Job, pods: &[Pod]) -> EngineState {
+    if condition(job, "Complete").is_some() {
+        return EngineState::Succeeded;
+    }
+    if let Some(c) = condition(job, "Failed") {
+        let message = c.message.clone().unwrap_or_default();
+        let reason = match (c.reason.as_deref(), message.is_empty()) {
+            (Some(r), false) => format!("Kubernetes Job failed ({r}): {message}"),
+            (Some(r), true) => format!("Kubernetes Job failed ({r})"),
+            (None, false) => format!("Kubernetes Job failed: {message}"),
+            (None, true) => "Kubernetes Job failed".to_string(),
+        };
+        return EngineState::Failed {
+            exit_code: failure_exit_code(&message, pods),
+            reason,
+        };
+    }
+    let status = job.status.clone().unwrap_or_default();
+    let started = status.ready.unwrap_or(0) > 0
+        || status.succeeded.unwrap_or(0) > 0
+        || status.failed.unwrap_or(0) > 0
+        || condition(job, "FailureTarget").is_some();
+    if started {
+        EngineState::Running
+    } else {
+        EngineState::Pending
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    fn job_with_status(status: Value) -> Job {
+        serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "j-1"},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn failed_pod(name: &str, code: i32, finished: &str) -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name},
+            "status": {"phase": "Failed", "containerStatuses": [{
+                "name": CONTAINER_NAME, "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": code, "finishedAt": finished}}
+            }]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn status_mapping_table() {
+        let pods = vec![
+            failed_pod("j-1-1-bbbbb", 143, "2026-01-01T00:00:09Z"),
+            failed_pod("j-1-0-aaaaa", 3, "2026-01-01T00:00:05Z"),
+        ];
+        let cond = |t: &str, reason: &str, message: &str| json!({"conditions": [{"type": t, "status": "True", "reason": reason, "message": message}]});
+        let cases: Vec<(Value, &[Pod], EngineState)> = vec![
+            (json!({}), &[], EngineState::Pending),
+            (json!({"active": 2, "ready": 0}), &[], EngineState::Pending),
+            (json!({"active": 2, "ready": 1}), &[], EngineState::Running),
+            (json!({"active": 1, "succeeded": 1}), &[], EngineState::Running),
+            (
+                json!({"active": 1, "conditions": [{"type": "FailureTarget", "status": "True"}]}),
+                &[],
+                EngineState::Running,
+            ),
+            (
+                json!({"conditions": [{"type": "Suspended", "status": "True"}]}),
+                &[],
+                EngineState::Pending,
+            ),
+            (
+                json!({"succeeded": 2, "conditions": [
+                    {"type": "SuccessCriteriaMet", "status": "True"},
+                    {"type": "Complete", "status": "True"}]}),
+                &[],
+                EngineState::Succeeded,
+            ),
+            (
+                json!({"conditions": [{"type": "Complete", "status": "False"}], "ready": 1}),
+                &[],
+                EngineState::Running,
+            ),
+            (
+                cond(
+                    "Failed",
+                    "PodFailurePolicy",
+                    "Container trainer for pod ml/j-1-0-aaaaa failed with exit code 3 matching FailJob rule at index 1",
+                ),
+                &pods,
+                EngineState::Failed {
+                    exit_code: Some(3),
+                    reason: "Kubernetes Job failed (PodFailurePolicy): Container trainer for pod ml/j-1-0-aaaaa failed with exit code 3 matching FailJob rule at index 1".into(),
+                },
+            ),
+            (
+                cond("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
+                &pods,
+                EngineState::Failed {
+                    exit_code: Some(3),
+                    reason: "Kubernetes Job failed (BackoffLimitExceeded): Job has reached the specified backoff limit".into(),
+                },
+            ),
+            (
+                cond(
+                    "Failed",
+                    "PodFailurePolicy",
+                    "Pod ml/j-1-0-aaaaa has condition DisruptionTarget matching FailJob rule at index 0",
+                ),
+                &[],
+                EngineState::Failed {
+                    exit_code: None,
+                    reason: "Kubernetes Job failed (PodFailurePolicy): Pod ml/j-1-0-aaaaa has condition DisruptionTarget matching FailJob rule at index 0".into(),
+                },
+            ),
+            (
+                cond(
+                    "Failed",
+                    "PodFailurePolicy",
+                    "Container trainer for pod ml/gone failed with exit code 42 matching FailJob rule at index 1",
+                ),
+                &[],
+                EngineState::Failed {
+                    exit_code: Some(42),
+                    reason: "Kubernetes Job failed (PodFailurePolicy): Container trainer for pod ml/gone failed with exit code 42 matching FailJob rule at index 1".into(),
+                },
+            ),
+        ];
+        for (status, pods, want) in cases {
+            let job = job_with_status(status.clone());
+            assert_eq!(map_status(&job, pods), want, "{status}");
+        }
+    }
+
+    #[test]
+    fn the_pod_named_in_the_message_wins_over_the_first_to_fail() {
+        let pods = vec![
+            failed_pod("j-1-0-aaaaa", 137, "2026-01-01T00:00:01Z"),
+            failed_pod("j-1-1-bbbbb", 5, "2026-01-01T00:00:09Z"),
+        ];
+        assert_eq!(
+            failure_exit_code(
+                "Container trainer for pod ml/j-1-1-bbbbb failed with exit code 5 matching",
+                &pods
+            ),
+            Some(5)
+        );
+        assert_eq!(failure_exit_code("", &pods), Some(137));
+        assert_eq!(failure_exit_code("", &[]), None);
+    }
+}
