@@ -10,6 +10,7 @@ pub mod auth;
 pub mod config;
 pub mod console;
 pub mod datadir;
+pub(crate) mod device_counts;
 pub mod drift;
 pub mod error;
 pub mod fleet;
