@@ -127,6 +127,15 @@ mod tests {
         assert_eq!(refused_total(), before, "a full total is still a total");
         assert_eq!(total_or_refuse([u64::MAX, 1]), None);
         assert!(refused_total() > before);
+        let mut metrics = String::new();
+        write_metrics(&mut metrics);
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("edgeloop_device_counts_refused_total "))
+            .unwrap();
+        let shown: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(shown > before, "{line}");
+        assert!(metrics.contains("\nedgeloop_device_counts_saturated_total "));
     }
 
     proptest! {
