@@ -10,6 +10,7 @@ pub mod auth;
 pub mod config;
 pub mod console;
 pub mod datadir;
+pub(crate) mod device_counts;
 pub mod drift;
 pub mod error;
 pub mod fleet;
@@ -20,6 +21,7 @@ pub mod registry;
 pub mod retention;
 pub mod store;
 pub mod strict_json;
+pub(crate) mod supervisor;
 pub mod validate;
 
 use std::net::SocketAddr;
@@ -67,6 +69,8 @@ pub struct Core {
     pub clock: Clock,
     /// Which background tasks this replica runs now (`leader`).
     pub leader: leader::Leadership,
+    /// Background tasks restarted by their supervisor, for `/metrics`.
+    pub(crate) task_restarts: Arc<supervisor::Restarts>,
 }
 
 /// The control plane's clock: the system's, or one a test sets (to send a
@@ -218,6 +222,7 @@ impl Server {
                 clock,
                 shutdown: CancellationToken::new(),
                 leader,
+                task_restarts: Default::default(),
             }),
             grpc,
             http,
@@ -285,43 +290,59 @@ impl Server {
             .context("taking leases")?
             .context("taking leases")?;
         tracing::info!(replica = core.leader.replica(), leads = ?led, "background leases");
-        let leases = leader::spawn(core.clone(), core.shutdown.clone())
-            .context("starting the lease thread")?;
+        // Every background task runs under the supervisor: a panic or an
+        // early return is logged, counted and restarted with backoff.
+        let tasks = supervisor::Supervisor::new(
+            core.task_restarts.clone(),
+            core.shutdown.clone(),
+            supervisor::Backoff::default(),
+        );
+        let leases = tasks.spawn_thread("leases", {
+            let core = core.clone();
+            move || leader::renew_until(&core, &core.shutdown)
+        });
         // Other replicas' fleet events, where there are other replicas.
-        let relay = match self.relay_tail {
-            Some(tail) => Some(
-                fleet::relay::spawn(core.clone(), tail, core.shutdown.clone())
-                    .context("starting the fleet event relay")?,
-            ),
-            None => None,
-        };
-        let rollouts = tokio::spawn(fleet::rollout::runner::run(
-            core.clone(),
-            core.config.rollout_tick,
-            core.shutdown.clone(),
-        ));
-        let wakeups = tokio::spawn(fleet::wakeups::run(core.clone(), core.shutdown.clone()));
-        let pipelines = tokio::spawn(lifecycle::retrain::runner::run(
-            core.clone(),
-            core.config.rollout_tick,
-            core.shutdown.clone(),
-        ));
-        let triggers = tokio::spawn(lifecycle::triggers::runner::run(
-            core.clone(),
-            core.config.rollout_tick,
-            core.shutdown.clone(),
-        ));
-        let audit = tokio::spawn(auth::audit::run_retention(
-            core.clone(),
-            core.shutdown.clone(),
-        ));
-        let compactor = tokio::spawn(retention::run(core.clone(), core.shutdown.clone()));
-        let presence = tokio::spawn(fleet::presence::run(
-            core.store.clone(),
-            core.presence.clone(),
-            core.shutdown.clone(),
-        ));
-        let reissue = tokio::spawn(fleet::pki::run_reissue(core.clone(), core.shutdown.clone()));
+        let relay = self.relay_tail.map(|tail| {
+            // The place in the log outlives a run: a restart reads on from it.
+            let tail = std::sync::Mutex::new(tail);
+            let core = core.clone();
+            tasks.spawn_thread("fleet-relay", move || {
+                fleet::relay::tail_until(&core, &tail, &core.shutdown)
+            })
+        });
+        let tick = core.config.rollout_tick;
+        let rollouts = tasks.spawn("rollouts", {
+            let core = core.clone();
+            move || fleet::rollout::runner::run(core.clone(), tick, core.shutdown.clone())
+        });
+        let wakeups = tasks.spawn("wakeups", with_core(&core, fleet::wakeups::run));
+        let pipelines = tasks.spawn("pipelines", {
+            let core = core.clone();
+            move || lifecycle::retrain::runner::run(core.clone(), tick, core.shutdown.clone())
+        });
+        let triggers = tasks.spawn("triggers", {
+            let core = core.clone();
+            move || lifecycle::triggers::runner::run(core.clone(), tick, core.shutdown.clone())
+        });
+        let audit = tasks.spawn(
+            "audit-retention",
+            with_core(&core, auth::audit::run_retention),
+        );
+        let compactor = tasks.spawn("retention", with_core(&core, retention::run));
+        let presence = tasks.spawn("presence", {
+            let core = core.clone();
+            move || {
+                fleet::presence::run(
+                    core.store.clone(),
+                    core.presence.clone(),
+                    core.shutdown.clone(),
+                )
+            }
+        });
+        let reissue = tasks.spawn(
+            "server-certificate",
+            with_core(&core, fleet::pki::run_reissue),
+        );
         let mut grpc = std::pin::pin!(grpc);
         let mut http = std::pin::pin!(http);
         // A server that dies on its own is an error; otherwise wait for the signal.
@@ -348,52 +369,22 @@ impl Server {
             }
         }
         // A tick in progress finishes its writes before the store is flushed.
-        if let Err(e) = rollouts.await {
-            tracing::warn!(error = %e, "rollout task ended abnormally");
-        }
+        rollouts.join().await;
         // A pipeline step may be mid-way through minutes of quantization;
         // steps are idempotent, so one cut short simply runs again on start.
-        if let Err(e) = reissue.await {
-            tracing::warn!(error = %e, "server certificate task ended abnormally");
-        }
-        if let Err(e) = wakeups.await {
-            tracing::warn!(error = %e, "wake-up task ended abnormally");
-        }
-        if let Err(e) = compactor.await {
-            tracing::warn!(error = %e, "retention task ended abnormally");
-        }
+        reissue.join().await;
+        wakeups.join().await;
+        compactor.join().await;
         // After the servers drained: no heartbeat notes a refresh anymore.
-        if let Err(e) = presence.await {
-            tracing::warn!(error = %e, "last_seen writer ended abnormally");
-        }
-        if let Err(e) = audit.await {
-            tracing::warn!(error = %e, "audit retention task ended abnormally");
-        }
-        if let Err(e) = triggers.await {
-            tracing::warn!(error = %e, "trigger task ended abnormally");
-        }
-        if !matches!(
-            tokio::task::spawn_blocking(move || leases.join()).await,
-            Ok(Ok(()))
-        ) {
-            tracing::warn!("lease thread ended abnormally");
-        }
+        presence.join().await;
+        audit.join().await;
+        triggers.join().await;
+        leases.join().await;
         if let Some(relay) = relay {
-            if !matches!(
-                tokio::task::spawn_blocking(move || relay.join()).await,
-                Ok(Ok(()))
-            ) {
-                tracing::warn!("fleet event relay ended abnormally");
-            }
+            relay.join().await;
         }
-        let mut pipelines = pipelines;
-        match tokio::time::timeout(core.config.drain_timeout, &mut pipelines).await {
-            Ok(Err(e)) => tracing::warn!(error = %e, "pipeline task ended abnormally"),
-            Ok(Ok(())) => {}
-            Err(_) => {
-                tracing::warn!("a pipeline step outlasted the drain timeout; it reruns on start");
-                pipelines.abort();
-            }
+        if !pipelines.join_within(core.config.drain_timeout).await {
+            tracing::warn!("a pipeline step outlasted the drain timeout; it reruns on start");
         }
         // Every leased task has stopped: another replica may take over now.
         let c = core.clone();
@@ -406,6 +397,15 @@ impl Server {
         tracing::info!("control plane stopped");
         Ok(())
     }
+}
+
+/// A supervised task's start: `run` with the core and its shutdown.
+fn with_core<Fut: 'static>(
+    core: &Arc<Core>,
+    run: fn(Arc<Core>, CancellationToken) -> Fut,
+) -> impl FnMut() -> Fut + Send + 'static {
+    let core = core.clone();
+    move || run(core.clone(), core.shutdown.clone())
 }
 
 /// The console's TLS identity: the PKI's server certificate (with the CA

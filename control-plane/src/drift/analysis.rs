@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hysteresis::{self, DriftState, Hysteresis};
 use super::stats;
+use crate::device_counts::Adder;
 use crate::drift::records::SketchRecord;
 
 /// The thresholds and the series are what the console API shows.
@@ -124,25 +125,27 @@ pub struct Binned {
 
 impl WindowSum {
     /// Adds the sketch stored under `key` (not its device: the caller
-    /// counts distinct devices).
+    /// counts distinct devices). Device-reported counts: held at
+    /// `u64::MAX` (see [`crate::device_counts`]).
     pub fn add_sketch(&mut self, key: &str, s: &SketchRecord) {
-        self.requests += s.requests;
+        let mut sum = Adder::default();
+        sum.add(&mut self.requests, s.requests);
         for f in &s.features {
             let folded = f.folded_counts();
-            self.add_binned(&f.name, key, &folded);
+            self.add_binned(&mut sum, &f.name, key, &folded);
         }
         for c in &s.classes {
-            *self.classes.entry(c.class).or_default() += c.count;
+            sum.add(self.classes.entry(c.class).or_default(), c.count);
         }
-        self.add_confidence(&s.confidence_counts);
+        self.add_confidence(&mut sum, &s.confidence_counts);
     }
 
-    fn add_binned(&mut self, name: &str, first: &str, counts: &[u64]) {
+    fn add_binned(&mut self, sum: &mut Adder, name: &str, first: &str, counts: &[u64]) {
         let binnings = self.features.entry(name.to_string()).or_default();
         match binnings.iter_mut().find(|b| b.counts.len() == counts.len()) {
             Some(b) => {
-                for (a, c) in b.counts.iter_mut().zip(counts) {
-                    *a += c;
+                for (a, &c) in b.counts.iter_mut().zip(counts) {
+                    sum.add(a, c);
                 }
                 if first < b.first.as_str() {
                     b.first = first.to_string();
@@ -155,28 +158,29 @@ impl WindowSum {
         }
     }
 
-    fn add_confidence(&mut self, counts: &[u64]) {
+    fn add_confidence(&mut self, sum: &mut Adder, counts: &[u64]) {
         if self.confidence.len() < counts.len() {
             self.confidence.resize(counts.len(), 0);
         }
-        for (a, c) in self.confidence.iter_mut().zip(counts) {
-            *a += c;
+        for (a, &c) in self.confidence.iter_mut().zip(counts) {
+            sum.add(a, c);
         }
     }
 
     /// Adds another sum (another device's, for a group).
     pub fn merge(&mut self, other: &WindowSum) {
-        self.requests += other.requests;
-        self.devices += other.devices;
+        let mut sum = Adder::default();
+        sum.add(&mut self.requests, other.requests);
+        sum.add(&mut self.devices, other.devices);
         for (name, binnings) in &other.features {
             for b in binnings {
-                self.add_binned(name, &b.first, &b.counts);
+                self.add_binned(&mut sum, name, &b.first, &b.counts);
             }
         }
-        for (class, n) in &other.classes {
-            *self.classes.entry(*class).or_default() += n;
+        for (class, &n) in &other.classes {
+            sum.add(self.classes.entry(*class).or_default(), n);
         }
-        self.add_confidence(&other.confidence);
+        self.add_confidence(&mut sum, &other.confidence);
     }
 
     fn to_sum(&self) -> Sum {
@@ -217,6 +221,8 @@ pub fn analyze(
     let window = config.window_seconds.max(1);
     type Sums = BTreeMap<String, BTreeMap<i64, (Sum, std::collections::BTreeSet<String>)>>;
     let mut sums: Sums = BTreeMap::new();
+    // Device-reported counts: held at `u64::MAX` (crate::device_counts).
+    let mut add = Adder::default();
     for s in sketches {
         let Some(end) = s.window_time() else {
             continue;
@@ -225,7 +231,7 @@ pub fn analyze(
         let start = t - t.rem_euclid(window);
         let group = group_of(&s.device).unwrap_or_else(|| "all".into());
         let (sum, devices) = sums.entry(group).or_default().entry(start).or_default();
-        sum.requests += s.requests;
+        add.add(&mut sum.requests, s.requests);
         devices.insert(s.device.clone());
         for f in &s.features {
             let folded = f.folded_counts();
@@ -236,18 +242,18 @@ pub fn analyze(
             // A sketch binned differently from the others is skipped.
             if acc.len() == folded.len() {
                 for (a, c) in acc.iter_mut().zip(folded) {
-                    *a += c;
+                    add.add(a, c);
                 }
             }
         }
         for c in &s.classes {
-            *sum.classes.entry(c.class).or_default() += c.count;
+            add.add(sum.classes.entry(c.class).or_default(), c.count);
         }
         if sum.confidence.len() < s.confidence_counts.len() {
             sum.confidence.resize(s.confidence_counts.len(), 0);
         }
-        for (a, c) in sum.confidence.iter_mut().zip(&s.confidence_counts) {
-            *a += c;
+        for (a, &c) in sum.confidence.iter_mut().zip(&s.confidence_counts) {
+            add.add(a, c);
         }
     }
     let sums = sums
@@ -387,10 +393,15 @@ fn judge(reference: &ReferenceStats, start: i64, sum: &Sum, config: &DriftConfig
             .collect();
         stats::js_distance(&r, &w).ok()
     };
-    let total_confidence: u64 = sum.confidence.iter().sum();
-    let low_confidence_share = (total_confidence > 0).then(|| {
+    // In floating point: a window's counts may total past `u64::MAX`.
+    let total_confidence: f64 = sum.confidence.iter().map(|&c| c as f64).sum();
+    let low_confidence_share = (total_confidence > 0.0).then(|| {
         let half = sum.confidence.len() / 2;
-        sum.confidence[..half].iter().sum::<u64>() as f64 / total_confidence as f64
+        sum.confidence[..half]
+            .iter()
+            .map(|&c| c as f64)
+            .sum::<f64>()
+            / total_confidence
     });
     let severity = features.iter().filter_map(|f| f.psi).fold(0.0f64, f64::max);
     let over = (sum.requests >= config.min_requests)
@@ -601,5 +612,104 @@ mod tests {
             (series[1].windows[0].labelled, series[1].windows[0].accuracy),
             (1, Some(0.0))
         );
+    }
+
+    /// `sketch` with arbitrary counts from a device: its requests as sent,
+    /// not their sum.
+    fn raw_sketch(
+        device: &str,
+        requests: u64,
+        counts: [u64; 3],
+        classes: [u64; 2],
+    ) -> SketchRecord {
+        let mut s = sketch(device, 50, [0; 3], [0; 2]);
+        s.requests = requests;
+        s.features[0].counts = counts.to_vec();
+        s.classes[0].count = classes[0];
+        s.classes[1].count = classes[1];
+        s.confidence_counts = counts.to_vec();
+        s
+    }
+
+    #[test]
+    fn huge_counts_hold_at_the_maximum_and_are_counted() {
+        let before = crate::device_counts::saturated_total();
+        let big = raw_sketch("a", u64::MAX, [u64::MAX, 1, 0], [u64::MAX, 2]);
+        let more = raw_sketch("b", 7, [9, 1, 0], [1, 2]);
+        let config = DriftConfig {
+            window_seconds: 100,
+            ..DriftConfig::default()
+        };
+        let series = analyze(
+            &reference(),
+            &[big.clone(), more.clone()],
+            &|_| None,
+            &config,
+        );
+        let w = &series[0].windows[0];
+        assert_eq!(w.requests, u64::MAX, "held, not wrapped to 6");
+        assert!(w.low_confidence_share.is_some_and(f64::is_finite));
+        let mut a = WindowSum::default();
+        a.add_sketch("k1", &big);
+        a.add_sketch("k2", &more);
+        let mut group = WindowSum::default();
+        group.merge(&a);
+        group.merge(&a);
+        assert_eq!(group.requests, u64::MAX);
+        assert_eq!(group.features["temp"][0].counts, vec![u64::MAX, 4, 0]);
+        assert_eq!(group.classes[&0], u64::MAX);
+        assert!(crate::device_counts::saturated_total() > before);
+    }
+
+    proptest::proptest! {
+        /// Whatever counts devices sent: adding and merging window sums
+        /// never panics and no total goes down, and the full scan agrees
+        /// with the kept sums.
+        #[test]
+        fn arbitrary_counts_never_panic_and_totals_never_go_down(
+            reports in proptest::collection::vec(
+                (
+                    proptest::prelude::any::<u64>(),
+                    proptest::prelude::any::<[u64; 3]>(),
+                    proptest::prelude::any::<[u64; 2]>(),
+                ),
+                1..8,
+            ),
+        ) {
+            let sketches: Vec<SketchRecord> = reports
+                .iter()
+                .enumerate()
+                .map(|(i, &(r, c, k))| raw_sketch(&format!("d{i}"), r, c, k))
+                .collect();
+            let mut kept = WindowSum::default();
+            let mut group = WindowSum::default();
+            for (i, s) in sketches.iter().enumerate() {
+                let before = kept.clone();
+                kept.add_sketch(&format!("k{i}"), s);
+                proptest::prop_assert!(kept.requests >= before.requests);
+                let bins = |w: &WindowSum| w.features.get("temp").map(|b| b[0].counts.clone());
+                if let (Some(old), Some(new)) = (bins(&before), bins(&kept)) {
+                    proptest::prop_assert!(old.iter().zip(&new).all(|(o, n)| n >= o));
+                }
+                for (class, n) in &before.classes {
+                    proptest::prop_assert!(kept.classes[class] >= *n);
+                }
+                proptest::prop_assert!(
+                    before.confidence.iter().zip(&kept.confidence).all(|(o, n)| n >= o)
+                );
+                let merged = group.requests;
+                group.merge(&kept);
+                proptest::prop_assert!(group.requests >= merged);
+            }
+            let config = DriftConfig {
+                window_seconds: 100,
+                ..DriftConfig::default()
+            };
+            let scanned = analyze(&reference(), &sketches, &|_| None, &config);
+            let groups = BTreeMap::from([("all".to_string(), BTreeMap::from([(0, kept.clone())]))]);
+            let summed = analyze_sums(&reference(), &groups, &config);
+            proptest::prop_assert_eq!(scanned[0].windows[0].requests, kept.requests);
+            proptest::prop_assert_eq!(summed[0].windows[0].requests, kept.requests);
+        }
     }
 }

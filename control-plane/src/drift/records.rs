@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 
+use crate::device_counts;
 use crate::error::{Error, Result};
 use crate::fleet::telemetry::to_time;
 use crate::validate;
@@ -72,14 +73,17 @@ pub struct FeatureHistogramRecord {
 
 impl FeatureHistogramRecord {
     /// The counts with underflow added to the first bin and overflow to the
-    /// last: comparable bin for bin with the reference histogram.
+    /// last: comparable bin for bin with the reference histogram. Held at
+    /// `u64::MAX`: records stored before [`sketch`] refused counts that
+    /// cannot be totalled may still hold some.
     pub fn folded_counts(&self) -> Vec<u64> {
+        let mut sum = device_counts::Adder::default();
         let mut c = self.counts.clone();
         if let Some(first) = c.first_mut() {
-            *first += self.underflow;
+            sum.add(first, self.underflow);
         }
         if let Some(last) = c.last_mut() {
-            *last += self.overflow;
+            sum.add(last, self.overflow);
         }
         c
     }
@@ -208,6 +212,18 @@ fn feature(at: &str, f: pb::FeatureHistogram) -> Result<FeatureHistogramRecord> 
             ),
         ));
     }
+    // Every sum of them (folded bins, windows) starts from their total.
+    let all = f
+        .counts
+        .iter()
+        .copied()
+        .chain([f.underflow, f.overflow, f.non_finite]);
+    if device_counts::total_or_refuse(all).is_none() {
+        return Err(Error::bad_field(
+            format!("{at}.counts"),
+            "counts, underflow, overflow and non_finite must total at most 2^64-1",
+        ));
+    }
     Ok(FeatureHistogramRecord {
         name: f.name,
         bin_edges: f.bin_edges,
@@ -251,6 +267,18 @@ pub fn sketch(at: &str, device: &str, sequence: u64, s: pb::ModelSketch) -> Resu
         .enumerate()
         .map(|(i, f)| feature(&format!("{at}.features[{i}]"), f))
         .collect::<Result<Vec<_>>>()?;
+    if device_counts::total_or_refuse(s.classes.iter().map(|c| c.count)).is_none() {
+        return Err(Error::bad_field(
+            format!("{at}.classes"),
+            "class counts must total at most 2^64-1",
+        ));
+    }
+    if device_counts::total_or_refuse(s.confidence_counts.iter().copied()).is_none() {
+        return Err(Error::bad_field(
+            format!("{at}.confidence_counts"),
+            "must total at most 2^64-1",
+        ));
+    }
     Ok(SketchRecord {
         device: device.to_string(),
         sequence,
@@ -470,6 +498,33 @@ mod tests {
                 |s| s.features[0].counts = vec![1],
                 "sketches[0].features[0].counts",
             ),
+            (
+                |s| s.features[0].counts = vec![u64::MAX, 1],
+                "sketches[0].features[0].counts",
+            ),
+            (
+                |s| s.features[0].overflow = u64::MAX,
+                "sketches[0].features[0].counts",
+            ),
+            (
+                |s| {
+                    s.classes = vec![
+                        pb::ClassCount {
+                            class: 0,
+                            count: u64::MAX,
+                        },
+                        pb::ClassCount { class: 1, count: 1 },
+                    ]
+                },
+                "sketches[0].classes",
+            ),
+            (
+                |s| {
+                    s.confidence_counts[8] = u64::MAX;
+                    s.confidence_counts[9] = 1;
+                },
+                "sketches[0].confidence_counts",
+            ),
         ];
         for (edit, want) in table {
             let mut s = good_sketch();
@@ -478,6 +533,61 @@ mod tests {
                 field_of(sketch("sketches[0]", "d", 1, s).unwrap_err()),
                 want
             );
+        }
+    }
+
+    #[test]
+    fn sketches_with_counts_past_u64_are_refused_and_counted() {
+        let before = device_counts::refused_total();
+        let mut s = good_sketch();
+        s.features[0].underflow = u64::MAX;
+        assert!(sketch("sketches[0]", "d", 1, s).is_err());
+        assert!(device_counts::refused_total() > before);
+        // At the limit exactly: a total, so stored.
+        let mut s = good_sketch();
+        s.features[0].counts = vec![u64::MAX - 7, 0];
+        assert!(sketch("sketches[0]", "d", 1, s).is_ok());
+    }
+
+    #[test]
+    fn an_old_record_with_huge_counts_folds_without_wrapping() {
+        let f = FeatureHistogramRecord {
+            name: "x".into(),
+            bin_edges: vec![0.0, 1.0, 2.0],
+            counts: vec![u64::MAX, 5],
+            underflow: 10,
+            overflow: u64::MAX,
+            non_finite: 0,
+        };
+        assert_eq!(f.folded_counts(), vec![u64::MAX, u64::MAX]);
+    }
+
+    proptest::proptest! {
+        /// Arbitrary counts from a device: a sketch is accepted or refused
+        /// with a field, never a panic, and an accepted one folds.
+        #[test]
+        fn arbitrary_counts_never_panic(
+            counts in proptest::collection::vec(proptest::prelude::any::<u64>(), 2),
+            outer in proptest::collection::vec(proptest::prelude::any::<u64>(), 3),
+            classes in proptest::collection::vec(proptest::prelude::any::<u64>(), 0..4),
+            confidence in proptest::collection::vec(proptest::prelude::any::<u64>(), 10),
+        ) {
+            let mut s = good_sketch();
+            s.features[0].counts = counts;
+            s.features[0].underflow = outer[0];
+            s.features[0].overflow = outer[1];
+            s.features[0].non_finite = outer[2];
+            s.classes = classes
+                .into_iter()
+                .enumerate()
+                .map(|(i, count)| pb::ClassCount { class: i as i64, count })
+                .collect();
+            s.confidence_counts = confidence;
+            if let Ok(r) = sketch("sketches[0]", "d", 1, s) {
+                let folded = r.features[0].folded_counts();
+                proptest::prop_assert!(folded[0] >= r.features[0].counts[0]);
+                proptest::prop_assert!(folded[1] >= r.features[0].counts[1]);
+            }
         }
     }
 

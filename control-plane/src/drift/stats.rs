@@ -91,10 +91,9 @@ pub fn ks_test(reference: &[u64], window: &[u64]) -> Result<KsTest, StatsError> 
         cw += w;
         d = d.max((cr - cw).abs());
     }
-    let (n, m) = (
-        reference.iter().sum::<u64>() as f64,
-        window.iter().sum::<u64>() as f64,
-    );
+    // In floating point: device-reported counts may total past `u64::MAX`.
+    let total = |c: &[u64]| c.iter().map(|&v| v as f64).sum::<f64>();
+    let (n, m) = (total(reference), total(window));
     let effective = n * m / (n + m);
     Ok(KsTest {
         statistic: d,

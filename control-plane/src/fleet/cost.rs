@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use time::OffsetDateTime;
 
+use crate::device_counts::Adder;
+
 pub use edgeloop_api::cost::{
     EdgeCost, Estimate, InstanceCost, PriceError, Prices, ServerlessCost, Traffic, Venue,
     HOURS_PER_MONTH, SECONDS_PER_MONTH,
@@ -27,7 +29,8 @@ pub struct Observation {
 }
 
 /// Sums the observations. Spans shorter than a second count as a second,
-/// so a lone burst cannot divide by zero.
+/// so a lone burst cannot divide by zero. The counts are the devices':
+/// their sums hold at `u64::MAX` (see [`crate::device_counts`]).
 pub fn traffic(observations: &[Observation]) -> Traffic {
     let served: Vec<&Observation> = observations.iter().filter(|o| o.requests > 0).collect();
     let (Some(first), Some(last)) = (
@@ -36,8 +39,9 @@ pub fn traffic(observations: &[Observation]) -> Traffic {
     ) else {
         return Traffic::default();
     };
-    let requests: u64 = served.iter().map(|o| o.requests).sum();
-    let errors: u64 = served.iter().map(|o| o.errors).sum();
+    let mut add = Adder::default();
+    let requests = add.sum(served.iter().map(|o| o.requests));
+    let errors = add.sum(served.iter().map(|o| o.errors));
     let devices: BTreeSet<&str> = served.iter().map(|o| o.device.as_str()).collect();
     let observed_seconds = (last - first).as_seconds_f64().max(1.0);
     let mean_rps = requests as f64 / observed_seconds;
@@ -49,7 +53,7 @@ pub fn traffic(observations: &[Observation]) -> Traffic {
         let e = hours
             .entry((hour, o.device.as_str()))
             .or_insert((0, start, o.end));
-        e.0 += o.requests;
+        add.add(&mut e.0, o.requests);
         e.1 = e.1.min(start);
         e.2 = e.2.max(o.end);
     }
@@ -441,5 +445,42 @@ mod tests {
         let json = serde_json::to_value(&e).unwrap();
         assert!(!json.to_string().contains("null"), "{json}");
         assert_eq!(e.cloud_instances.instances, 1);
+    }
+
+    #[test]
+    fn huge_counts_hold_at_the_maximum_instead_of_wrapping() {
+        let before = crate::device_counts::saturated_total();
+        let mut a = obs("a", T0, 60, u64::MAX, 10.0);
+        a.errors = u64::MAX;
+        let b = obs("b", T0, 60, 5, 10.0);
+        let t = traffic(&[a, b]);
+        assert_eq!(t.requests, u64::MAX, "not wrapped to 4");
+        assert_eq!(t.errors, u64::MAX);
+        assert!(t.mean_rps.is_finite() && t.peak_rps >= t.mean_rps);
+        assert!(crate::device_counts::saturated_total() > before);
+    }
+
+    proptest::proptest! {
+        /// Whatever the devices reported: no panic, and adding an
+        /// observation never makes the totals go down.
+        #[test]
+        fn arbitrary_counts_never_panic_and_totals_never_go_down(
+            counts in proptest::collection::vec(
+                (proptest::prelude::any::<u64>(), proptest::prelude::any::<u64>()),
+                1..16,
+            ),
+        ) {
+            let mut seen = vec![];
+            let mut last = Traffic::default();
+            for (i, (requests, errors)) in counts.into_iter().enumerate() {
+                let mut o = obs(if i % 2 == 0 { "a" } else { "b" }, T0 + Duration::minutes(i as i64), 60, requests, 5.0);
+                o.errors = errors;
+                seen.push(o);
+                let t = traffic(&seen);
+                proptest::prop_assert!(t.requests >= last.requests);
+                proptest::prop_assert!(t.errors >= last.errors);
+                last = t;
+            }
+        }
     }
 }

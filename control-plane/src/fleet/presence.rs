@@ -1,10 +1,13 @@
-//! Heartbeats' `last_seen` refreshes, written in batches. A heartbeat
-//! whose only change is a stale `last_seen` (the common case: a member
-//! with the same capabilities, every other beat) notes it here and answers
-//! at once; [`run`] writes what was noted every [`FLUSH_EVERY`] in one
-//! batched compare-and-swap per member kind (a few statements on
-//! PostgreSQL instead of one round trip per heartbeat). A heartbeat that
-//! changes the capabilities still writes at once ([`members::heartbeat`]).
+//! Heartbeats: what one writes, and when. A member authorised (see
+//! [`super::members::authorize`]) hands its heartbeat to
+//! [`Presence::heartbeat`], which decides from the record just read: a
+//! fresh `last_seen` writes nothing; a stale one (the common case: a
+//! member with the same capabilities, every other beat) is noted here and
+//! answered at once, and [`run`] writes what was noted every
+//! [`FLUSH_EVERY`] in one batched compare-and-swap per member kind (a few
+//! statements on PostgreSQL instead of one round trip per heartbeat); a
+//! heartbeat that changes the capabilities writes at once
+//! ([`write_now`]).
 //!
 //! Measured at 10 000 agents (docs/fleet-scale.md): a heartbeat's store
 //! calls waited little for a connection; their tail was the handler's
@@ -23,8 +26,8 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use super::members::{self, Member, MemberKind};
-use crate::error::Result;
+use super::members::{CapabilitiesRecord, Member, MemberKind};
+use crate::error::{Error, Result};
 use crate::store::Store;
 
 /// How often noted refreshes are written.
@@ -41,16 +44,65 @@ pub enum HeartbeatWrite {
     Now,
 }
 
-/// Pure: see [`HeartbeatWrite`] and [`members::heartbeat_write_due`].
+/// Whether a heartbeat must write the member record: when its
+/// capabilities changed, or its `last_seen` is half of `offline_after`
+/// old (an interval and a half, at three intervals to offline). Pure.
+/// The others write nothing, which halves the writes of a fleet
+/// heartbeating every interval (each one a round trip on PostgreSQL),
+/// while a live member's `last_seen` stays under 2.5 intervals old, inside
+/// the window that [`super::members::member_status`] allows before it says offline.
+pub fn heartbeat_write_due(
+    stored: &Member,
+    capabilities: Option<&CapabilitiesRecord>,
+    now: OffsetDateTime,
+    offline_after: time::Duration,
+) -> bool {
+    let stale = match stored.last_seen {
+        None => true,
+        Some(seen) => now - seen >= offline_after / 2,
+    };
+    stale || capabilities.is_some_and(|c| *c != stored.capabilities)
+}
+
+/// Writes a heartbeat of `member`, as the caller has just read it: when
+/// [`heartbeat_write_due`] says so, `last_seen` and the capabilities are
+/// written, still refused for a member revoked meanwhile.
+pub fn write_now(
+    store: &Store,
+    member: &Member,
+    capabilities: Option<CapabilitiesRecord>,
+    now: OffsetDateTime,
+    offline_after: time::Duration,
+) -> Result<()> {
+    if !heartbeat_write_due(member, capabilities.as_ref(), now, offline_after) {
+        return Ok(());
+    }
+    let (kind, id) = (member.kind, member.id.as_str());
+    store.members(kind).update_from(id, member, |m| match m {
+        Some(m) if m.revoked_at.is_none() => Ok(Member {
+            last_seen: Some(now),
+            capabilities: capabilities.clone().unwrap_or(m.capabilities.clone()),
+            ..m
+        }),
+        Some(_) => Err(Error::PermissionDenied(format!(
+            "{} has been revoked",
+            kind.identity(id)
+        ))),
+        None => Err(Error::not_found(kind.as_str(), id)),
+    })??;
+    Ok(())
+}
+
+/// Pure: see [`HeartbeatWrite`] and [`heartbeat_write_due`].
 pub fn heartbeat_write(
     stored: &Member,
-    capabilities: Option<&members::CapabilitiesRecord>,
+    capabilities: Option<&CapabilitiesRecord>,
     now: OffsetDateTime,
     offline_after: time::Duration,
 ) -> HeartbeatWrite {
     if capabilities.is_some_and(|c| *c != stored.capabilities) {
         HeartbeatWrite::Now
-    } else if members::heartbeat_write_due(stored, capabilities, now, offline_after) {
+    } else if heartbeat_write_due(stored, capabilities, now, offline_after) {
         HeartbeatWrite::Batched
     } else {
         HeartbeatWrite::Nothing
@@ -64,6 +116,27 @@ pub struct Presence {
 }
 
 impl Presence {
+    /// Records a heartbeat of `member`, as authorisation just read it:
+    /// nothing, a refresh noted for the next batch, or a write now (see
+    /// [`heartbeat_write`]). What it did.
+    pub fn heartbeat(
+        &self,
+        store: &Store,
+        member: &Member,
+        capabilities: Option<CapabilitiesRecord>,
+        now: OffsetDateTime,
+        offline_after: time::Duration,
+    ) -> Result<HeartbeatWrite> {
+        let write = heartbeat_write(member, capabilities.as_ref(), now, offline_after);
+        match write {
+            HeartbeatWrite::Nothing => {}
+            // One store call fewer for most heartbeats.
+            HeartbeatWrite::Batched => self.note(member.kind, &member.id, now),
+            HeartbeatWrite::Now => write_now(store, member, capabilities, now, offline_after)?,
+        }
+        Ok(write)
+    }
+
     pub fn note(&self, kind: MemberKind, id: &str, at: OffsetDateTime) {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let seen = pending.entry((kind, id.to_string())).or_insert(at);
@@ -141,77 +214,4 @@ pub async fn run(store: Store, presence: std::sync::Arc<Presence>, shutdown: Can
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fleet::members::tests::{at, member};
-
-    #[test]
-    fn a_heartbeat_batches_a_stale_last_seen_and_writes_new_capabilities_now() {
-        use HeartbeatWrite as W;
-        let window = time::Duration::seconds(30);
-        let gpu = members::CapabilitiesRecord {
-            execution_providers: vec!["CUDAExecutionProvider".into()],
-            ..Default::default()
-        };
-        let same = members::CapabilitiesRecord::default();
-        // (last seen, capabilities sent, now, want)
-        let cases = [
-            (Some(100), None, 110, W::Nothing),
-            (Some(100), Some(&same), 114, W::Nothing),
-            (Some(100), None, 115, W::Batched),
-            (Some(100), Some(&same), 200, W::Batched),
-            (None, None, 100, W::Batched),
-            (Some(100), Some(&gpu), 101, W::Now),
-            (Some(100), Some(&gpu), 200, W::Now),
-        ];
-        for (seen, caps, now, want) in cases {
-            assert_eq!(
-                heartbeat_write(&member(seen, false), caps, at(now), window),
-                want,
-                "{seen:?} {caps:?} {now}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_flush_moves_last_seen_forward_only_and_skips_revoked_and_unknown_members() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        let devices = store.members(MemberKind::Device);
-        let fresh = Member {
-            id: "fresh".into(),
-            ..member(Some(500), false)
-        };
-        let stale = Member {
-            id: "stale".into(),
-            ..member(Some(100), false)
-        };
-        let revoked = Member {
-            id: "revoked".into(),
-            ..member(Some(100), true)
-        };
-        for m in [&fresh, &stale, &revoked] {
-            devices.insert(&m.id, m).unwrap();
-        }
-        let p = Presence::default();
-        p.note(MemberKind::Device, "stale", at(200));
-        p.note(MemberKind::Device, "stale", at(190)); // older: kept at 200
-        p.note(MemberKind::Device, "fresh", at(300)); // older than stored
-        p.note(MemberKind::Device, "revoked", at(200));
-        p.note(MemberKind::Device, "gone", at(200));
-        p.note(MemberKind::Cluster, "stale", at(200)); // no such cluster
-        assert_eq!(p.pending(), 5);
-        assert_eq!(p.flush(&store).unwrap(), 2, "stale and fresh");
-        assert_eq!(p.pending(), 0);
-        let seen = |id: &str| devices.get(id).unwrap().and_then(|m| m.last_seen);
-        assert_eq!(seen("stale"), Some(at(200)));
-        assert_eq!(seen("fresh"), Some(at(500)), "never backwards");
-        assert_eq!(seen("revoked"), Some(at(100)), "a revoked member is left");
-        assert!(devices.get("gone").unwrap().is_none(), "nothing created");
-        assert!(store
-            .members(MemberKind::Cluster)
-            .get("stale")
-            .unwrap()
-            .is_none());
-    }
-}
+mod tests;

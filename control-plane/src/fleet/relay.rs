@@ -234,32 +234,34 @@ impl Tail {
 }
 
 /// Tails the log from `tail` every [`POLL`] until shutdown, publishing the
-/// other replicas' events here. On a thread of its own, as the leases are.
-/// `tail` is taken before the replica serves: a device's stream opened
-/// before it would not hear what was logged in between.
-pub fn spawn(
-    core: Arc<crate::Core>,
-    mut tail: Tail,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("fleet-relay".into())
-        .spawn(move || {
-            while !shutdown.is_cancelled() {
-                std::thread::sleep(POLL);
-                match tail.poll(&core.store) {
-                    Ok(events) => {
-                        for e in events {
-                            core.events.publish_local(e);
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "reading other replicas' fleet events"),
-                }
-                if let Err(e) = tail.prune(&core.store) {
-                    tracing::warn!(error = %e, "pruning the fleet event log");
+/// other replicas' events here. Blocking: on a thread of its own, as the
+/// leases are. `tail` is taken before the replica serves (a device's
+/// stream opened before it would not hear what was logged in between),
+/// and kept by the caller across restarts.
+pub fn tail_until(
+    core: &crate::Core,
+    tail: &std::sync::Mutex<Tail>,
+    shutdown: &tokio_util::sync::CancellationToken,
+) {
+    while !shutdown.is_cancelled() {
+        std::thread::sleep(POLL);
+        // A run that panicked mid-poll leaves a usable place: re-reads are
+        // told apart by the keys seen.
+        let mut tail = tail
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match tail.poll(&core.store) {
+            Ok(events) => {
+                for e in events {
+                    core.events.publish_local(e);
                 }
             }
-        })
+            Err(e) => tracing::warn!(error = %e, "reading other replicas' fleet events"),
+        }
+        if let Err(e) = tail.prune(&core.store) {
+            tracing::warn!(error = %e, "pruning the fleet event log");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -129,6 +129,40 @@ pub fn promote(m: Member, now: OffsetDateTime) -> Member {
     }
 }
 
+/// Applies [`admit`] to `member` as read from the store: the member as
+/// the caller may act, a renewed certificate's first use promoted (see
+/// [`promote_in_store`]), or the refusal. Revocation is checked before
+/// this, by the caller.
+pub fn admit_in_store(
+    store: &Store,
+    member: Member,
+    fingerprint: Digest,
+    now: OffsetDateTime,
+) -> Result<Member> {
+    let identity = member.kind.identity(&member.id);
+    match admit(&member, fingerprint, now) {
+        Admission::Current | Admission::Draining => Ok(member),
+        Admission::FirstUseOfRenewed => {
+            let member = promote_in_store(store, member.kind, &member.id, fingerprint, now)?;
+            tracing::info!(%identity, "renewed certificate in use; the old one drains");
+            Ok(member)
+        }
+        Admission::Refused(Refusal::Expired) => Err(Error::Unauthenticated(format!(
+            "this certificate for {identity} has expired"
+        ))),
+        Admission::Refused(Refusal::Superseded) => Err(Error::Unauthenticated(format!(
+            "this certificate is no longer valid for {identity}"
+        ))),
+    }
+}
+
+/// Whether a heartbeat made with the certificate `presented` tells `m`
+/// to renew at `now`. Only the current certificate is told: one draining
+/// has a successor already. Pure.
+pub fn renew_hint(m: &Member, presented: Digest, now: OffsetDateTime) -> bool {
+    presented == m.cert_fingerprint && renewal_due(cert_not_before(m), m.cert_not_after, now)
+}
+
 /// Signs a new certificate for the key in `csr_pem`, as the pending one of
 /// `member`, who called with its current certificate `presented`. Flushed
 /// before the reply: a member holding a certificate the store forgot would

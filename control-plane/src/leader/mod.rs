@@ -24,7 +24,7 @@
 pub mod decide;
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
@@ -252,28 +252,23 @@ pub fn replica_id(data_dir: &Path) -> anyhow::Result<String> {
 }
 
 /// Renews the leases every [`RENEW_EVERY`] until shutdown (the server
-/// lets them go once its background tasks have stopped). On a thread of
-/// its own, not the async runtime: a runtime saturated by a rollout to
-/// thousands of devices must not stall the renewals and so pause the
-/// rollout itself.
-pub fn spawn(
-    core: Arc<Core>,
-    shutdown: CancellationToken,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("leases".into())
-        .spawn(move || loop {
-            let next = Instant::now() + RENEW_EVERY;
-            while Instant::now() < next {
-                if shutdown.is_cancelled() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
+/// lets them go once its background tasks have stopped). Blocking: run on
+/// a thread of its own, not the async runtime (the server's supervisor
+/// does): a runtime saturated by a rollout to thousands of devices must
+/// not stall the renewals and so pause the rollout itself.
+pub fn renew_until(core: &Core, shutdown: &CancellationToken) {
+    loop {
+        let next = Instant::now() + RENEW_EVERY;
+        while Instant::now() < next {
+            if shutdown.is_cancelled() {
+                return;
             }
-            if let Err(e) = core.leader.round(&core.store, core.now()) {
-                tracing::warn!(error = %e, "renewing leases");
-            }
-        })
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if let Err(e) = core.leader.round(&core.store, core.now()) {
+            tracing::warn!(error = %e, "renewing leases");
+        }
+    }
 }
 
 #[cfg(test)]

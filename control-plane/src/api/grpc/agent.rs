@@ -18,8 +18,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{caller, caller_with_cert};
 use crate::error::Error;
-use crate::fleet::members::{self, CapabilitiesRecord, MemberKind};
-use crate::fleet::presence::{self, HeartbeatWrite};
+use crate::fleet::members::{self, Authorized, CapabilitiesRecord, MemberKind};
 use crate::fleet::renewal;
 use crate::fleet::{assignments, benchmarks, telemetry};
 use crate::Core;
@@ -88,33 +87,21 @@ fn answer_heartbeat<T>(
     req: Request<T>,
     caps: impl FnOnce(T) -> Option<edgeloop_proto::common::v1::Capabilities>,
 ) -> Result<HeartbeatResponse, Status> {
-    let (member, presented) = caller_with_cert(core, &req, kind)?;
+    // The path enters each room once: authorisation (which asks renewal
+    // whether to renew), then presence (which writes or batches).
+    let caller = caller_with_cert(core, &req, kind)?;
     let capabilities = caps(req.into_inner()).map(CapabilitiesRecord::from);
-    let now = core.now();
-    match presence::heartbeat_write(&member, capabilities.as_ref(), now, core.offline_after()) {
-        HeartbeatWrite::Nothing => {}
-        // One store call fewer for most heartbeats (fleet/presence.rs).
-        HeartbeatWrite::Batched => core.presence.note(kind, &member.id, now),
-        HeartbeatWrite::Now => members::heartbeat(
-            &core.store,
-            &member,
-            capabilities,
-            now,
-            core.offline_after(),
-        )?,
-    }
-    // Only the current certificate is told to renew: one draining has a
-    // successor already.
-    let renew_certificate = presented == member.cert_fingerprint
-        && renewal::renewal_due(
-            renewal::cert_not_before(&member),
-            member.cert_not_after,
-            now,
-        );
+    core.presence.heartbeat(
+        &core.store,
+        &caller.member,
+        capabilities,
+        core.now(),
+        core.offline_after(),
+    )?;
     Ok(HeartbeatResponse {
         server_time: Some(SystemTime::now().into()),
         heartbeat_interval_seconds: core.config.heartbeat_interval.as_secs() as u32,
-        renew_certificate,
+        renew_certificate: caller.renew_certificate,
     })
 }
 
@@ -124,12 +111,16 @@ pub(super) async fn renew(
     kind: MemberKind,
     req: Request<RenewRequest>,
 ) -> Result<RenewResponse, Status> {
-    let (member, presented) = caller_with_cert(core, &req, kind)?;
+    let Authorized {
+        member,
+        fingerprint,
+        ..
+    } = caller_with_cert(core, &req, kind)?;
     let cert = renewal::renew(
         &core.store,
         &core.pki,
         &member,
-        presented,
+        fingerprint,
         &req.get_ref().csr_pem,
         cert_lifetime(core),
         core.now(),

@@ -6,21 +6,21 @@ use tonic::Request;
 
 use crate::error::Error;
 
-use crate::fleet::members::{self, Member, MemberKind};
+use crate::fleet::members::{self, Authorized, Member, MemberKind};
 use crate::fleet::pki::identity_of;
 use crate::Core;
 
 pub fn caller<T>(core: &Core, req: &Request<T>, kind: MemberKind) -> Result<Member, Error> {
-    caller_with_cert(core, req, kind).map(|(member, _)| member)
+    caller_with_cert(core, req, kind).map(|a| a.member)
 }
 
-/// [`caller`] and the sha256 of the certificate it called with: renewal
-/// and the heartbeat's renewal hint depend on which one it was.
+/// [`caller`], with the certificate it called with and whether that one
+/// is due for renewal: renewal and the heartbeat's answer depend on them.
 pub fn caller_with_cert<T>(
     core: &Core,
     req: &Request<T>,
     kind: MemberKind,
-) -> Result<(Member, Digest), Error> {
+) -> Result<Authorized, Error> {
     let certs = req.peer_certs().filter(|c| !c.is_empty()).ok_or_else(|| {
         Error::Unauthenticated("a client certificate is required; enroll first".into())
     })?;
@@ -28,12 +28,11 @@ pub fn caller_with_cert<T>(
     let leaf = &certs[0];
     let identity = identity_of(leaf.as_ref());
     let fingerprint = Digest::of(leaf.as_ref());
-    let member = members::authorize(
+    members::authorize(
         &core.store,
         kind,
         identity.as_deref(),
         fingerprint,
         core.now(),
-    )?;
-    Ok((member, fingerprint))
+    )
 }

@@ -55,6 +55,32 @@ fn renewal_is_due_from_two_thirds_of_the_lifetime() {
 }
 
 #[test]
+fn only_the_current_certificate_past_two_thirds_is_told_to_renew() {
+    let current = b"current".as_slice();
+    let m = Member {
+        previous_cert: Some(PreviousCert {
+            fingerprint: Digest::of(b"old"),
+            valid_until: at(300),
+        }),
+        ..record(current, 0, 365)
+    };
+    // (presented, day, told to renew)
+    let cases: [(&[u8], i64, bool); 4] = [
+        (current, 243, false),
+        (current, 244, true),
+        (b"old", 244, false), // draining: its successor exists
+        (b"other", 300, false),
+    ];
+    for (presented, day, want) in cases {
+        assert_eq!(
+            renew_hint(&m, Digest::of(presented), at(day)),
+            want,
+            "{presented:?} day {day}"
+        );
+    }
+}
+
+#[test]
 fn admission_table() {
     let current = b"current".as_slice();
     let new = b"new".as_slice();
@@ -221,7 +247,7 @@ async fn a_member_renews_twice_and_a_revoked_one_cannot() {
     .unwrap();
     let identity = Some("device/cam");
     let authorize = |fp: Digest, now: OffsetDateTime| {
-        members::authorize(&store, MemberKind::Device, identity, fp, now)
+        members::authorize(&store, MemberKind::Device, identity, fp, now).map(|a| a.member)
     };
     let renew_as = |member: &Member, presented: Digest, csr_pem: &str, now: OffsetDateTime| {
         let (store, pki, member, csr_pem) = (&store, &pki, member.clone(), csr_pem.to_string());

@@ -311,18 +311,21 @@ struct Traffic {
 }
 
 impl Traffic {
+    /// The counts are the devices': held at `u64::MAX`
+    /// (crate::device_counts).
     fn add(&mut self, new: &WindowStats, base: Option<&WindowStats>) {
-        self.requests += new.requests;
-        self.errors += new.errors;
+        let mut sum = crate::device_counts::Adder::default();
+        sum.add(&mut self.requests, new.requests);
+        sum.add(&mut self.errors, new.errors);
         if let Some(a) = new.online_accuracy {
             self.acc_sum += a * new.requests as f64;
-            self.acc_n += new.requests;
+            sum.add(&mut self.acc_n, new.requests);
         }
         if let Some(base) = base {
             if new.requests > 0 && base.requests > 0 {
                 self.p99_sum += new.p99_latency_ms * new.requests as f64;
                 self.base_sum += base.p99_latency_ms * new.requests as f64;
-                self.paired += new.requests;
+                sum.add(&mut self.paired, new.requests);
             }
         }
     }

@@ -442,14 +442,16 @@ fn device_windows(
         .telemetry
         .scan_prefix_rev_while(&format!("{device}/"), |r| r.received_at >= since)?;
     let mut sums: BTreeMap<String, (u64, u64, f64)> = BTreeMap::new();
+    // The devices' counts: held at `u64::MAX` (crate::device_counts).
+    let mut add = crate::device_counts::Adder::default();
     for r in &reports {
         for m in r.models.iter().filter(|m| m.model_name == d.model) {
             if m.model_version == d.target_version && r.received_at < record.created_at {
                 continue;
             }
             let e = sums.entry(m.model_version.clone()).or_default();
-            e.0 += m.requests;
-            e.1 += m.errors;
+            add.add(&mut e.0, m.requests);
+            add.add(&mut e.1, m.errors);
             e.2 += m.latency_p99_ms * m.requests as f64;
         }
     }
