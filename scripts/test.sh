@@ -6,41 +6,17 @@ cd "$(dirname "$0")/.."
 echo "==> rustfmt"
 cargo fmt --all -- --check
 
-echo "==> no OpenSSL, no aws-lc in the dependency graph"
-for crate in openssl-sys aws-lc-sys aws-lc-rs; do
-  if cargo tree --workspace -i "$crate" >/dev/null 2>&1; then
-    echo "error: $crate is in the dependency graph:" >&2
-    cargo tree --workspace -i "$crate" >&2
-    exit 1
-  fi
-done
-
-echo "==> dependency graph: licences, banned crates, duplicate majors (tools/check_deps.py, offline)"
-python3 tools/check_deps.py --self-test
-python3 tools/check_deps.py
-
-echo "==> dependency direction (ARCHITECTURE.md): the server links no cluster client or CLI crate, the CLI no server crate"
-forbid() { # forbid <package> <crate>...
-  local pkg="$1"; shift
-  for crate in "$@"; do
-    # Empty output (or an error: the crate is in no graph at all) means absent.
-    if [ -n "$(cargo tree -p "$pkg" -e normal -i "$crate" 2>/dev/null)" ]; then
-      echo "error: $pkg depends on $crate:" >&2
-      cargo tree -p "$pkg" -e normal -i "$crate" >&2
-      exit 1
-    fi
-  done
-}
-forbid edgeloop-control-plane kube k8s-openapi indicatif edgeloop-trainer-bridge edgeloop-cli
+echo "==> dependency graph: licences, banned crates, duplicate majors, the direction between our crates (cargo-deny, deny.toml)"
+cargo_deny="$(scripts/cargo-deny.sh | tail -n 1)"
+"$cargo_deny" --offline --log-level error check --deny warnings bans licenses sources
 # reqwest is in the server's graph only as the S3 artifact store's transport
-# (object_store; ARCHITECTURE.md); the console API's client is not.
+# (object_store; ARCHITECTURE.md); the console API's client is not. (A
+# feature enabled for one dependent only is beyond deny.toml's bans.)
 if cargo tree -p edgeloop-control-plane -e normal,features -i edgeloop-api 2>/dev/null | grep -q 'feature "client"'; then
   echo "error: edgeloop-control-plane enables edgeloop-api's client feature:" >&2
   cargo tree -p edgeloop-control-plane -e normal,features -i edgeloop-api >&2
   exit 1
 fi
-forbid edgeloop-cli sled postgres axum rcgen tonic edgeloop-control-plane edgeloop-client-core
-forbid edgeloop-api sled postgres axum tonic
 
 echo "==> only control-plane/src/store/ uses sled and postgres (the store's backends; ARCHITECTURE.md)"
 # One test reads an old record that it wrote with sled itself.

@@ -159,7 +159,17 @@ impl Server {
             ),
         };
         // Faults only when a crash test's environment asks for them.
+        #[cfg(feature = "testing")]
         let artifacts = registry::unreliable::UnreliableArtifactStore::from_env(artifacts)?;
+        #[cfg(not(feature = "testing"))]
+        if std::env::var_os(registry::FAULT_INJECTION_ENV).is_some() {
+            anyhow::bail!(
+                "{} is set, but this control plane was built without fault injection \
+                 (the `testing` feature, which `cargo build --workspace` turns on for the tests); \
+                 unset it, or build with --features testing",
+                registry::FAULT_INJECTION_ENV
+            );
+        }
         let artifact_cache =
             registry::artifact_cache::ArtifactCache::new(config.artifact_cache_bytes);
         let downloads = api::grpc::downloads::Downloads::new(

@@ -184,7 +184,7 @@ fn login_form(status: StatusCode, next: &str, error: Option<&str>) -> Response {
             input type="hidden" name="next" value=(next);
             label for="token" { "API token" }
             input #token type="password" name="token" autocomplete="off" required autofocus;
-            p.hint { "An API token from " code { "edgeloop token create" } " or the data dir's admin token. The browser keeps a session, not the token." }
+            p.hint { "An API token from " code { "edgeloop api-token create" } " or the data dir's admin token. The browser keeps a session, not the token." }
             button type="submit" { "Log in" }
         }
     };

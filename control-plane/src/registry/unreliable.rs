@@ -30,7 +30,7 @@ use super::artifacts::{
 };
 
 /// The test-only switch: unset (the default) means the real store alone.
-pub const ENV: &str = "EDGELOOP_FAULT_ARTIFACT_STORE";
+pub const ENV: &str = super::FAULT_INJECTION_ENV;
 
 /// What to inject, parsed from `seed=7,error=0.1,delay_ms=50,torn=0.05`
 /// (every field optional; rates are probabilities per call).

@@ -461,10 +461,24 @@ fn choose(
             "float".to_string(),
             format!(
                 "no candidate qualified, keeping float: {}",
-                candidates.iter().map(|c| format!("{}: {}", c.name, c.verdict)).collect::<Vec<_>>().join("; ")
+                candidates.iter().map(|c| why_not(c, float)).collect::<Vec<_>>().join("; ")
             ),
             float_model.clone(),
         ),
+    }
+}
+
+/// Why `candidate` was not chosen over `float`: its verdict, and for one the
+/// budget accepted, that it is no smaller (a gate keeps float then, and
+/// "within budget" alone would not say why).
+fn why_not(candidate: &Measurement, float: &Measurement) -> String {
+    if candidate.accepted && candidate.size_bytes >= float.size_bytes {
+        format!(
+            "{}: {}, but not smaller than float ({} vs {} bytes)",
+            candidate.name, candidate.verdict, candidate.size_bytes, float.size_bytes
+        )
+    } else {
+        format!("{}: {}", candidate.name, candidate.verdict)
     }
 }
 

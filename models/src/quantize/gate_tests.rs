@@ -186,3 +186,51 @@ fn every_candidate_is_named_by_its_label() {
     }
     assert_eq!(Candidate::from_label("int4"), None);
 }
+
+/// A small model whose candidates are all within budget but none smaller
+/// than float: the reason says so for each, not just "within budget".
+#[test]
+fn keeping_float_says_when_candidates_are_not_smaller() {
+    let candidates = vec![
+        measured("int8-dynamic", 140, 0.1, 1.0),
+        measured("fp16", 100, 0.0, 1.0),
+        measured("int8-static-entropy", 90, 5.0, 1.0),
+    ];
+    let float = measured("float", 100, 0.0, 1.0);
+    let models: Vec<_> = candidates.iter().map(|c| Some(tagged(&c.name))).collect();
+    let (chosen, reason, _) = choose(
+        &float,
+        &candidates,
+        &models,
+        &tagged("float"),
+        MetricKind::Top1Accuracy,
+        1.0,
+    );
+    assert_eq!(chosen, "float");
+    assert!(
+        reason.starts_with("no candidate qualified, keeping float: "),
+        "{reason}"
+    );
+    let part = |name: &str| {
+        reason
+            .split("; ")
+            .find(|p| p.contains(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("{name} is not in {reason}"))
+            .to_string()
+    };
+    let dynamic = part("int8-dynamic");
+    assert!(dynamic.contains("within budget"), "{dynamic}");
+    assert!(
+        dynamic.ends_with("but not smaller than float (140 vs 100 bytes)"),
+        "{dynamic}"
+    );
+    let fp16 = part("fp16");
+    assert!(
+        fp16.ends_with("but not smaller than float (100 vs 100 bytes)"),
+        "{fp16}"
+    );
+    // Refused by the budget: its verdict alone is the reason.
+    let entropy = part("int8-static-entropy");
+    assert!(entropy.contains("exceeds the budget"), "{entropy}");
+    assert!(!entropy.contains("not smaller"), "{entropy}");
+}
