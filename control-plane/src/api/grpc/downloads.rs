@@ -79,16 +79,6 @@ impl Downloads {
         })
     }
 
-    /// Streams open per member now (for tests and `/metrics`).
-    pub fn open_streams(&self, member: &str) -> usize {
-        self.open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(member)
-            .copied()
-            .unwrap_or(0)
-    }
-
     /// Permits free now.
     pub fn available(&self) -> usize {
         self.permits.available_permits()
