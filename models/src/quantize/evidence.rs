@@ -160,7 +160,11 @@ fn before_tasks(mut e: Map<String, Value>) -> Map<String, Value> {
             (Some(float), Some(value)) => json!(kind.loss(float, value)),
             _ => Value::Null,
         };
-        let details: Map<String, Value> = m.remove("agreement").map(|a| ("agreement".into(), a)).into_iter().collect();
+        let details: Map<String, Value> = m
+            .remove("agreement")
+            .map(|a| ("agreement".into(), a))
+            .into_iter()
+            .collect();
         m.insert("metric".into(), accuracy.unwrap_or(Value::Null));
         m.insert("loss".into(), loss);
         m.insert("details".into(), Value::Object(details));
@@ -237,7 +241,10 @@ mod tests {
     #[test]
     fn a_lineage_quantization_gives_its_evidence() {
         let q = json!({"method": "int8-dynamic", "evidence": serde_json::from_str::<Value>(TODAY).unwrap()});
-        assert_eq!(GateOutcome::in_quantization(&q).unwrap().chosen, "int8-dynamic");
+        assert_eq!(
+            GateOutcome::in_quantization(&q).unwrap().chosen,
+            "int8-dynamic"
+        );
         // Free-form quantization someone uploaded: not the gate's.
         assert!(GateOutcome::in_quantization(&json!({"chosen": "int8-static"})).is_none());
         assert!(GateOutcome::in_quantization(&json!({"evidence": {}})).is_none());
@@ -294,7 +301,10 @@ mod tests {
     #[test]
     fn evidence_that_is_not_the_gates_is_an_error_naming_the_field() {
         let mut stored: Value = serde_json::from_str(TODAY).unwrap();
-        stored["float"].as_object_mut().unwrap().remove("size_bytes");
+        stored["float"]
+            .as_object_mut()
+            .unwrap()
+            .remove("size_bytes");
         let e = GateOutcome::from_evidence(&stored).unwrap_err();
         assert!(e.to_string().contains("size_bytes"), "{e}");
     }

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use super::calibrate::{calibrate, CalibrationMethod, Observed};
 pub use super::evaluate::median_latency_ms;
-pub use super::evidence::{GateOutcome, LatencyRecord, Measurement, MetricRecord};
 use super::evaluate::{collect, Outputs};
+pub use super::evidence::{GateOutcome, LatencyRecord, Measurement, MetricRecord};
 use super::task::{score, top1, MetricKind, Task, Truth};
 use super::{
     calibration_targets, convert_fp16, hoist_constants, quantize_dynamic, quantize_static,
