@@ -27,7 +27,7 @@ fn version(model: &str, artifact: &str) -> ModelVersionRecord {
         version: "1".into(),
         artifact_digest: d(artifact),
         artifact_size: 1,
-        format: "onnx".into(),
+        format: crate::registry::models::ArtifactFormat::Onnx,
         manifest_digest: None,
         probe_inputs_digest: None,
         metrics: BTreeMap::new(),

@@ -171,7 +171,7 @@ async fn old_jobs_and_surplus_checkpoints_go_and_what_is_named_stays() {
         version: "1".into(),
         artifact_digest: Digest::of(b"model"),
         artifact_size: 1,
-        format: "onnx".into(),
+        format: crate::registry::models::ArtifactFormat::Onnx,
         manifest_digest: None,
         probe_inputs_digest: None,
         metrics: BTreeMap::new(),
