@@ -231,7 +231,7 @@ pub fn render(v: &TriggersView) -> String {
     } else {
         let mut t = Table::new(&["ID", "KIND", "CONDITION"]);
         for tr in &c.triggers {
-            t.row(vec![text(&tr.id), text(&tr.kind), condition(tr)]);
+            t.row(vec![text(&tr.id), text(tr.condition.kind()), condition(tr)]);
         }
         out.push_str(&t.render());
     }
