@@ -394,6 +394,13 @@ mod tests {
         assert_eq!(job.spec.resources.nodes, 2);
         assert_eq!(job.state, JobState::Running);
         let mut written = serde_json::to_value(&job).unwrap();
+        assert_eq!(
+            serde_json::from_value::<JobRecord>(written.clone()).unwrap(),
+            job
+        );
+        // What a bridge is handed (`spec_json`) passes its validation.
+        let spec_json = serde_json::to_vec(&job.spec).unwrap();
+        assert_eq!(JobSpec::from_json(&spec_json).unwrap(), job.spec);
         let resources = written["spec"]
             .as_object_mut()
             .unwrap()
