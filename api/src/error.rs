@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
+use serde::{de, Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -29,4 +29,19 @@ impl fmt::Display for ErrorDetail {
             None => f.write_str(&self.message),
         }
     }
+}
+
+/// A deserializer's refusal of one field of the object it reads, for a
+/// check serde cannot place on the field itself (one that depends on a
+/// sibling, such as a trigger's `kind`). Its message is `` field `name`:
+/// why ``: the server's body parser reads the name back ([`field_of`]) to
+/// name the field in its 400, as it does for serde's `` missing field
+/// `name` ``.
+pub fn field_error<E: de::Error>(field: &str, why: impl fmt::Display) -> E {
+    E::custom(format_args!("field `{field}`: {why}"))
+}
+
+/// The field and the reason of a [`field_error`]'s message.
+pub fn field_of(message: &str) -> Option<(&str, &str)> {
+    message.strip_prefix("field `")?.split_once("`: ")
 }

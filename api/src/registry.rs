@@ -3,6 +3,8 @@
 //! records are in `control-plane/src/registry/models.rs`.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
 
 use edgeloop_models::manifest::Lineage as ManifestLineage;
 use edgeloop_models::Digest;
@@ -25,6 +27,68 @@ pub struct ModelView {
     pub labels: BTreeMap<String, String>,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+}
+
+/// The artifact formats the registry knows.
+// Written in lowercase (`onnx`, ...); a name not among them is refused
+// with the list (the doc comment above is the OpenAPI description).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum ArtifactFormat {
+    #[default]
+    Onnx,
+    Torchscript,
+    Safetensors,
+    Checkpoint,
+}
+
+impl ArtifactFormat {
+    pub const ALL: [ArtifactFormat; 4] = [
+        ArtifactFormat::Onnx,
+        ArtifactFormat::Torchscript,
+        ArtifactFormat::Safetensors,
+        ArtifactFormat::Checkpoint,
+    ];
+
+    /// As the JSON writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArtifactFormat::Onnx => "onnx",
+            ArtifactFormat::Torchscript => "torchscript",
+            ArtifactFormat::Safetensors => "safetensors",
+            ArtifactFormat::Checkpoint => "checkpoint",
+        }
+    }
+}
+
+impl fmt::Display for ArtifactFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ArtifactFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        ArtifactFormat::ALL
+            .into_iter()
+            .find(|f| f.as_str() == s)
+            .ok_or_else(|| {
+                let names = ArtifactFormat::ALL.map(ArtifactFormat::as_str);
+                format!("unknown format {s:?}; expected one of {names:?}")
+            })
+    }
+}
+
+/// By name, with [`FromStr`]'s message for a name not among them (serde's
+/// would not say it is a format).
+impl<'de> Deserialize<'de> for ArtifactFormat {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// Where a model version came from. Every field is optional: a hand-uploaded
@@ -144,7 +208,8 @@ pub struct ModelVersionView {
     #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub artifact_digest: Digest,
     pub artifact_size: u64,
-    pub format: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub format: ArtifactFormat,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub manifest_digest: Option<Digest>,
@@ -287,8 +352,7 @@ pub struct CreateModelVersion {
     pub artifact_digest: Digest,
     /// Defaults to "onnx".
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<ArtifactFormat>))]
-    pub format: Option<String>,
+    pub format: Option<ArtifactFormat>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
     pub manifest_digest: Option<Digest>,
@@ -349,6 +413,20 @@ mod tests {
     }
 
     #[test]
+    fn formats_read_and_write_their_names() {
+        for f in ArtifactFormat::ALL {
+            let json = serde_json::to_value(f).unwrap();
+            assert_eq!(json, f.as_str());
+            assert_eq!(serde_json::from_value::<ArtifactFormat>(json).unwrap(), f);
+        }
+        let e = serde_json::from_value::<ArtifactFormat>(serde_json::json!("pt")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"unknown format "pt"; expected one of ["onnx", "torchscript", "safetensors", "checkpoint"]"#
+        );
+    }
+
+    #[test]
     fn lineage_reads_the_old_names_and_writes_the_manifest_names() {
         let digest = format!("sha256:{}", "ab".repeat(32));
         let old: Lineage = serde_json::from_value(serde_json::json!({
@@ -365,17 +443,4 @@ mod tests {
         let typo = serde_json::from_value::<Lineage>(serde_json::json!({"jobs": "j"}));
         assert!(typo.unwrap_err().to_string().contains("jobs"));
     }
-}
-
-/// The artifact formats the registry knows, for the OpenAPI document
-/// (`FORMATS` in `control-plane/src/registry/models.rs` checks them).
-#[cfg(feature = "openapi")]
-#[derive(utoipa::ToSchema)]
-#[schema(rename_all = "lowercase")]
-#[allow(dead_code)]
-pub enum ArtifactFormat {
-    Onnx,
-    Torchscript,
-    Safetensors,
-    Checkpoint,
 }

@@ -62,10 +62,14 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::working_dir))]
     pub working_dir: Option<PathBuf>,
-    #[serde(default, deserialize_with = "mapping")]
+    #[serde(
+        default,
+        deserialize_with = "mapping",
+        skip_serializing_if = "is_default"
+    )]
     #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::ResourcesSchema))]
     pub resources: Resources,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::LauncherSpecSchema))]
     pub launcher: LauncherSpec,
     /// Passed through to the training processes' environment. Only the NCCL
@@ -83,10 +87,18 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::hyperparameters))]
     pub hyperparameters: BTreeMap<String, serde_json::Value>,
-    #[serde(default, deserialize_with = "mapping")]
+    #[serde(
+        default,
+        deserialize_with = "mapping",
+        skip_serializing_if = "is_default"
+    )]
     #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::CheckpointPolicySchema))]
     pub checkpoint: CheckpointPolicy,
-    #[serde(default, deserialize_with = "mapping")]
+    #[serde(
+        default,
+        deserialize_with = "mapping",
+        skip_serializing_if = "is_default"
+    )]
     pub restarts: RestartPolicy,
     /// Framework requirements such as `torch>=2.0` or `cuda>=11.8`; the
     /// pre-flight check holds them against the cluster.
@@ -903,6 +915,13 @@ where
         }
     }
     deserializer.deserialize_seq(Entries)
+}
+
+/// A section left out when written: what reading leaves out gets the
+/// default, so a spec is written as it is usually submitted (the job
+/// records store it so, and the API shows it so).
+fn is_default<T: Default + PartialEq>(section: &T) -> bool {
+    *section == T::default()
 }
 
 /// Reads a struct from a mapping only: serde's derived structs also take a

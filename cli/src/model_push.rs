@@ -20,7 +20,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 use edgeloop_api::registry::{
-    is_valid_version, CreateModel, CreateModelVersion, Lineage, ModelVersionView, VERSION_RULE,
+    is_valid_version, ArtifactFormat, CreateModel, CreateModelVersion, Lineage, ModelVersionView,
+    VERSION_RULE,
 };
 use edgeloop_api::ErrorKind;
 use edgeloop_models::manifest::{SignedManifest, MAX_SIGNED_MANIFEST_BYTES};
@@ -254,7 +255,7 @@ fn check(args: &PushArgs) -> Result<Checked, CliError> {
     };
     let request = CreateModelVersion {
         version: Some(args.version.clone()),
-        format: Some("onnx".into()),
+        format: Some(ArtifactFormat::Onnx),
         manifest_digest,
         lineage: (lineage != Lineage::default()).then_some(lineage),
         ..CreateModelVersion::new(digest)

@@ -9,7 +9,9 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use edgeloop_api::drift::DriftConfig;
-use edgeloop_api::triggers::{DecisionKind, Evaluation, TriggerSpec, TriggersView};
+use edgeloop_api::triggers::{
+    DecisionKind, Evaluation, TriggerCondition, TriggerSpec, TriggersView,
+};
 
 use super::api::{block_on, client, read_json, segment, CliError, Reply, ServerArgs};
 use super::drift::at;
@@ -82,34 +84,39 @@ fn percent(v: Option<f64>) -> String {
 /// When a trigger fires, in words, e.g. `drift >= 0.2 for 60 s and
 /// accuracy down >= 5 points` or `cron 0 2 * * * within 02:00-04:00 UTC`.
 pub fn condition(t: &TriggerSpec) -> String {
-    match t.kind.as_str() {
-        "drift" => {
+    match &t.condition {
+        TriggerCondition::Drift {
+            min_severity,
+            min_duration_seconds,
+            min_accuracy_drop_points,
+        } => {
             // An absent severity is the server's default
             // (`lifecycle/triggers/config.rs`).
-            let severity = number(Some(t.min_severity.unwrap_or(0.2)));
+            let severity = number(Some(min_severity.unwrap_or(0.2)));
             let mut out = format!("drift >= {severity}");
-            if let Some(s) = t.min_duration_seconds.filter(|s| *s > 0) {
+            if let Some(s) = min_duration_seconds.filter(|s| *s > 0) {
                 out.push_str(&format!(" for {s} s"));
             }
-            if t.min_accuracy_drop_points.is_some() {
+            if min_accuracy_drop_points.is_some() {
                 out.push_str(&format!(
                     " and accuracy down >= {} points",
-                    number(t.min_accuracy_drop_points)
+                    number(*min_accuracy_drop_points)
                 ));
             }
             out
         }
-        "accuracy_drop" => format!("accuracy down >= {} points", number(t.points)),
-        "new_labels" => format!(">= {} new labels", number(t.min)),
-        "schedule" => {
-            let mut out = format!("cron {}", text(&t.cron));
-            if let Some(w) = &t.window {
+        TriggerCondition::AccuracyDrop { points } => {
+            format!("accuracy down >= {} points", number(Some(points)))
+        }
+        TriggerCondition::NewLabels { min } => format!(">= {} new labels", number(Some(min))),
+        TriggerCondition::Schedule { cron, window } => {
+            let mut out = format!("cron {cron}");
+            if let Some(w) = window {
                 out.push_str(&format!(" within {w}"));
             }
             out.push_str(" UTC");
             out
         }
-        _ => serde_json::to_value(t).map_or_else(|_| "-".into(), |v| text(&v)),
     }
 }
 
@@ -224,7 +231,7 @@ pub fn render(v: &TriggersView) -> String {
     } else {
         let mut t = Table::new(&["ID", "KIND", "CONDITION"]);
         for tr in &c.triggers {
-            t.row(vec![text(&tr.id), text(&tr.kind), condition(tr)]);
+            t.row(vec![text(&tr.id), text(tr.condition.kind()), condition(tr)]);
         }
         out.push_str(&t.render());
     }

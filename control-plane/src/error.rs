@@ -35,6 +35,14 @@ pub enum Error {
     PayloadTooLarge { limit: u64 },
     #[error("{0}")]
     Unavailable(String),
+    /// A limit on what one caller may hold or send is reached (open
+    /// downloads, telemetry per hour); the caller retries later.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// The caller did not keep up within a deadline the server sets (a
+    /// download whose reader took no chunk for too long).
+    #[error("{0}")]
+    DeadlineExceeded(String),
     /// A read offset past the end of an artifact. Over HTTP a bodyless 416
     /// with `Content-Range: bytes */{size}`, as RFC 9110 asks.
     #[error("offset {offset} is past the end ({size} bytes)")]
@@ -86,6 +94,8 @@ impl Error {
             Error::MethodNotAllowed { .. } => "method_not_allowed",
             Error::PayloadTooLarge { .. } => "payload_too_large",
             Error::Unavailable(_) => "unavailable",
+            Error::ResourceExhausted(_) => "resource_exhausted",
+            Error::DeadlineExceeded(_) => "deadline_exceeded",
             Error::RangeNotSatisfiable { .. } => "range_not_satisfiable",
             Error::ArtifactRead(_) | Error::Internal(_) => "internal",
             Error::Head(inner) => inner.code(),
@@ -102,6 +112,8 @@ impl Error {
             Error::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Error::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Error::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
+            Error::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
             Error::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
             Error::ArtifactRead(_) | Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Error::Head(inner) => inner.http_status(),
@@ -211,6 +223,8 @@ impl From<Error> for tonic::Status {
             e @ Error::MethodNotAllowed { .. } => Status::unimplemented(e.to_string()),
             e @ Error::PayloadTooLarge { .. } => Status::resource_exhausted(e.to_string()),
             Error::Unavailable(m) => Status::unavailable(m),
+            Error::ResourceExhausted(m) => Status::resource_exhausted(m),
+            Error::DeadlineExceeded(m) => Status::deadline_exceeded(m),
             e @ Error::RangeNotSatisfiable { .. } => Status::out_of_range(e.to_string()),
             e @ Error::ArtifactRead(_) => Status::internal(e.to_string()),
             Error::Internal(e) => {
@@ -270,6 +284,16 @@ mod tests {
                 tonic::Code::NotFound,
             ),
             (
+                Error::ResourceExhausted("r".into()),
+                StatusCode::TOO_MANY_REQUESTS,
+                tonic::Code::ResourceExhausted,
+            ),
+            (
+                Error::DeadlineExceeded("d".into()),
+                StatusCode::GATEWAY_TIMEOUT,
+                tonic::Code::DeadlineExceeded,
+            ),
+            (
                 Error::RangeNotSatisfiable { offset: 2, size: 1 },
                 StatusCode::RANGE_NOT_SATISFIABLE,
                 tonic::Code::OutOfRange,
@@ -325,6 +349,8 @@ mod tests {
             ),
             (Error::ArtifactRead("eof".into()), "reading artifact: eof"),
             (Error::Absent("gone".into()), "gone"),
+            (Error::ResourceExhausted("slow down".into()), "slow down"),
+            (Error::DeadlineExceeded("too slow".into()), "too slow"),
         ];
         for (err, message) in cases {
             let status: tonic::Status = err.into();

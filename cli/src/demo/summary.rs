@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use edgeloop_api::pipelines::{PipelineStatus, Step};
 use edgeloop_api::registry::{Lineage, ModelVersionView};
 use edgeloop_api::triggers::FeatureMove;
+use edgeloop_models::quantize::evidence::GateOutcome;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -131,20 +132,14 @@ pub struct VersionSummary {
 impl VersionSummary {
     pub fn new(v: ModelVersionView) -> VersionSummary {
         let mut lineage = v.lineage;
-        // The evidence is long; the summary keeps its verdict. The
-        // evidence is free-form JSON in the registry (the gate's outcome).
+        // The evidence is long; the summary keeps its verdict: what was
+        // chosen, and where its latency was judged (on a device, for a
+        // version the retraining policy benchmarked).
         if let Some(q) = &mut lineage.quantization {
-            let evidence = q.get("evidence");
-            let chosen = evidence
-                .and_then(|e| e.get("chosen"))
-                .cloned()
-                .unwrap_or(Value::Null);
-            // Where its latency was judged: on a device, for a version the
-            // retraining policy benchmarked.
-            let timed_on = evidence
-                .and_then(|e| e.pointer("/latency/timed_on"))
-                .cloned()
-                .unwrap_or(Value::Null);
+            let (chosen, timed_on) = match GateOutcome::in_quantization(q) {
+                Some(o) => (Value::from(o.chosen), Value::from(o.latency.timed_on)),
+                None => (Value::Null, Value::Null),
+            };
             *q = serde_json::json!({ "chosen": chosen, "latency_timed_on": timed_on });
         }
         let variants = v

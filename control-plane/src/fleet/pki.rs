@@ -50,7 +50,6 @@ struct ServerCert {
     /// Server certificate followed by the CA, so that a device holding only
     /// the CA fingerprint can find and check the CA during the handshake.
     chain_pem: String,
-    key_pem: String,
     not_after: OffsetDateTime,
     certified: Arc<rustls::sign::CertifiedKey>,
 }
@@ -287,10 +286,6 @@ impl Pki {
         self.server.get().chain_pem
     }
 
-    pub fn server_key_pem(&self) -> String {
-        self.server.get().key_pem
-    }
-
     /// Signs the public key in `csr_pem` as `identity` (e.g. `device/cam-01`).
     /// The CSR's signature is checked (proof the caller holds the key); its
     /// requested subject and extensions are ignored.
@@ -368,7 +363,6 @@ fn server_cert(chain_pem: String, key_pem: String) -> anyhow::Result<ServerCert>
     let not_after = not_after_of(&chain_pem).context("the server certificate")?;
     Ok(ServerCert {
         chain_pem,
-        key_pem,
         not_after,
         certified: Arc::new(certified),
     })

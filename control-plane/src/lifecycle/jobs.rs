@@ -24,12 +24,14 @@ pub const HISTORY_LIMIT: usize = 200;
 
 /// The job's state and progress events are the console API's types.
 pub use edgeloop_api::jobs::{CreateJob, JobState, ProgressEvent};
+pub use edgeloop_api::spec::JobSpec;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRecord {
     pub id: String,
-    /// The engine-neutral job spec (trainer-bridge's `JobSpec`), as submitted.
-    pub spec: serde_json::Value,
+    /// The engine-neutral job spec, as submitted (its sections left out
+    /// when they are the defaults, as a spec is usually written).
+    pub spec: JobSpec,
     #[serde(default = "edgeloop_api::access::default_project")]
     pub project: String,
     /// Only this cluster may lease the job, when set.
@@ -56,7 +58,7 @@ impl JobRecord {
     /// A job as submitted: queued, never leased, no attempt yet.
     pub fn queued(
         id: &str,
-        spec: serde_json::Value,
+        spec: JobSpec,
         project: String,
         cluster: Option<String>,
         now: OffsetDateTime,
@@ -83,16 +85,12 @@ impl JobRecord {
 }
 
 /// How many of its newest checkpoints the job's spec keeps (its bridge
-/// keeps as many on its disk), read as the bridge reads it: an absent
-/// section or field is the default. `None` when the stored spec does not
-/// say in a way this binary reads: then every checkpoint is kept.
+/// keeps as many on its disk). `None` for 0, which the spec's validation
+/// refuses but a record may hold: then every checkpoint is kept.
 pub fn keep_last(job: &JobRecord) -> Option<usize> {
-    use edgeloop_api::spec::CheckpointPolicy;
-    let policy = match job.spec.get("checkpoint") {
-        None => CheckpointPolicy::default(),
-        Some(section) => serde_json::from_value::<CheckpointPolicy>(section.clone()).ok()?,
-    };
-    usize::try_from(policy.keep_last).ok().filter(|&n| n > 0)
+    usize::try_from(job.spec.checkpoint.keep_last)
+        .ok()
+        .filter(|&n| n > 0)
 }
 
 /// Whether the lease on `job` has lapsed at `now` (its bridge went away).
@@ -225,18 +223,18 @@ pub fn apply_report(
     Ok(next)
 }
 
-/// Validates a job spec; the rules live with the spec, in trainer-bridge.
-pub fn validate_spec(spec: &serde_json::Value) -> Result<String> {
+/// Reads and validates a submitted job spec; the rules live with the spec,
+/// in the API crate.
+pub fn validate_spec(spec: &serde_json::Value) -> Result<JobSpec> {
     let bytes = serde_json::to_vec(spec).map_err(|e| Error::bad_field("spec", e.to_string()))?;
-    let parsed = edgeloop_api::spec::JobSpec::from_json(&bytes).map_err(|e| match e.field() {
+    JobSpec::from_json(&bytes).map_err(|e| match e.field() {
         Some(f) => Error::bad_field(format!("spec.{f}"), e.to_string()),
         None => Error::bad_field("spec", e.to_string()),
-    })?;
-    Ok(parsed.name.clone())
+    })
 }
 
 pub async fn create(store: &Store, req: CreateJob, now: OffsetDateTime) -> Result<JobRecord> {
-    let name = validate_spec(&req.spec)?;
+    let name = validate_spec(&req.spec)?.name;
     let id = format!("{name}-{:08x}", rand::random::<u32>());
     match create_with_id(store, &id, req, now).await? {
         (job, true) => Ok(job),
@@ -252,12 +250,12 @@ pub async fn create_with_id(
     req: CreateJob,
     now: OffsetDateTime,
 ) -> Result<(JobRecord, bool)> {
-    validate_spec(&req.spec)?;
+    let spec = validate_spec(&req.spec)?;
     if let Some(c) = &req.cluster {
         crate::validate::name("cluster", c)?;
     }
     let project = crate::validate::project(req.project)?;
-    let job = JobRecord::queued(id, req.spec, project, req.cluster, now);
+    let job = JobRecord::queued(id, spec, project, req.cluster, now);
     if !store.jobs.insert_new(id, &job)? {
         return Ok((get(store, id)?, false));
     }
@@ -363,13 +361,55 @@ mod tests {
     }
 
     fn job(id: &str, created: i64) -> JobRecord {
-        JobRecord::queued(
-            id,
-            serde_json::json!({}),
-            "default".into(),
-            None,
-            at(created),
-        )
+        JobRecord::queued(id, spec("train"), "default".into(), None, at(created))
+    }
+
+    /// The smallest spec: a name and a command.
+    pub(crate) fn spec(name: &str) -> JobSpec {
+        let json = serde_json::json!({"name": name, "command": ["python", "train.py"]});
+        JobSpec::from_json(json.to_string().as_bytes()).unwrap()
+    }
+
+    /// A job record as stored before its spec was typed: the spec is the
+    /// JSON as submitted. It reads back, and writes the same JSON but for
+    /// a section given in part, which is written whole.
+    #[test]
+    fn a_stored_job_record_reads_its_spec() {
+        let data = format!("edgeloop-artifact://sha256:{}", "ab".repeat(32));
+        let stored = serde_json::json!({
+            "id": "mnist-0000abcd",
+            "spec": {
+                "name": "mnist", "image": "ghcr.io/acme/train:1", "command": ["python", "train.py"],
+                "datasets": [data], "hyperparameters": {"lr": 0.01, "layers": [64, 32]},
+                "resources": {"nodes": 2}
+            },
+            "project": "default", "cluster": null, "state": "running",
+            "leased_by": "gpu-a", "lease_expires_at": "2026-12-01T00:05:00Z",
+            "attempt": 1, "step": 120, "engine_job_id": "slurm-77", "exit_code": null,
+            "cancel_requested": false, "last_message": "", "history": [],
+            "created_at": "2026-12-01T00:00:00Z", "updated_at": "2026-12-01T00:01:00Z"
+        });
+        let job: JobRecord = serde_json::from_value(stored.clone()).unwrap();
+        assert_eq!(job.spec.name, "mnist");
+        assert_eq!(job.spec.resources.nodes, 2);
+        assert_eq!(job.state, JobState::Running);
+        let mut written = serde_json::to_value(&job).unwrap();
+        assert_eq!(
+            serde_json::from_value::<JobRecord>(written.clone()).unwrap(),
+            job
+        );
+        // What a bridge is handed (`spec_json`) passes its validation.
+        let spec_json = serde_json::to_vec(&job.spec).unwrap();
+        assert_eq!(JobSpec::from_json(&spec_json).unwrap(), job.spec);
+        let resources = written["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("resources")
+            .unwrap();
+        assert_eq!(resources["nodes"], 2);
+        let mut stored = stored;
+        stored["spec"].as_object_mut().unwrap().remove("resources");
+        assert_eq!(written, stored);
     }
 
     #[test]

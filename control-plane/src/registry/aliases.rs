@@ -262,7 +262,7 @@ mod tests {
                 version: v.into(),
                 artifact_digest: edgeloop_models::Digest::of(v.as_bytes()),
                 artifact_size: 1,
-                format: "onnx".into(),
+                format: crate::registry::models::ArtifactFormat::Onnx,
                 manifest_digest: None,
                 probe_inputs_digest: None,
                 metrics: Default::default(),

@@ -34,7 +34,7 @@ pub struct ModelRecord {
 /// The version's lineage is the console API's type (the records store it
 /// as the API shows it).
 pub use edgeloop_api::registry::{
-    CreateModel, CreateModelVersion, CreateVariant, Lineage, VariantView,
+    ArtifactFormat, CreateModel, CreateModelVersion, CreateVariant, Lineage, VariantView,
 };
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -43,7 +43,7 @@ pub struct ModelVersionRecord {
     pub version: String,
     pub artifact_digest: Digest,
     pub artifact_size: u64,
-    pub format: String,
+    pub format: ArtifactFormat,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_digest: Option<Digest>,
     /// The health probe's inputs (`.npz`), named by the manifest's
@@ -66,8 +66,6 @@ pub struct ModelVersionRecord {
     #[serde(default)]
     pub variants: Vec<VariantView>,
 }
-
-const FORMATS: &[&str] = &["onnx", "torchscript", "safetensors", "checkpoint"];
 
 pub fn version_key(model: &str, version: &str) -> String {
     // '/' cannot occur in a model name, so prefixes never collide.
@@ -169,13 +167,7 @@ pub async fn create_version(
             )));
         }
     }
-    let format = req.format.unwrap_or_else(|| "onnx".to_string());
-    if !FORMATS.contains(&format.as_str()) {
-        return Err(Error::bad_field(
-            "format",
-            format!("unknown format {format:?}; expected one of {FORMATS:?}"),
-        ));
-    }
+    let format = req.format.unwrap_or_default();
     let artifact_size = uploaded_size(artifacts, req.artifact_digest).await?;
     let (probe_inputs_digest, manifest_version) = match req.manifest_digest {
         Some(m) => {
@@ -220,7 +212,7 @@ pub async fn create_version(
             version: version.clone(),
             artifact_digest: req.artifact_digest,
             artifact_size,
-            format: format.clone(),
+            format,
             manifest_digest: req.manifest_digest,
             probe_inputs_digest,
             metrics: metrics.clone(),
@@ -260,7 +252,7 @@ pub async fn add_variant(
     let current = get_version(store, model, version)?;
     validate::name("name", &req.name)?;
     validate::execution_providers("providers", &req.providers)?;
-    if current.format != "onnx" {
+    if current.format != ArtifactFormat::Onnx {
         return Err(Error::bad_field(
             "artifact_digest",
             format!(
@@ -480,4 +472,32 @@ pub async fn read_manifest_bytes(
         .await
         .map_err(|e| Error::Internal(anyhow::Error::new(e).context("reading the manifest")))?;
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version record as stored before formats were typed: the format
+    /// is the same string, and the record writes back the same JSON.
+    #[test]
+    fn a_stored_version_record_reads_its_format() {
+        let digest = "ab".repeat(32);
+        let stored = serde_json::json!({
+            "model": "digits", "version": "3", "artifact_digest": digest,
+            "artifact_size": 2048, "format": "checkpoint",
+            "metrics": {"eval_accuracy": 0.97}, "lineage": {"trigger": "manual"},
+            "created_at": "2026-12-01T00:00:00Z", "variants": []
+        });
+        let record: ModelVersionRecord = serde_json::from_value(stored.clone()).unwrap();
+        assert_eq!(record.format, ArtifactFormat::Checkpoint);
+        assert_eq!(serde_json::to_value(&record).unwrap(), stored);
+        let mut unknown = stored;
+        unknown["format"] = serde_json::json!("pickle");
+        let e = serde_json::from_value::<ModelVersionRecord>(unknown).unwrap_err();
+        assert!(
+            e.to_string().starts_with("unknown format \"pickle\""),
+            "{e}"
+        );
+    }
 }

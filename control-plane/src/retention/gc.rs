@@ -338,8 +338,9 @@ pub fn benchmark_digests(
     out
 }
 
-/// A job's digests: the artifact URIs of its spec. Pure.
-pub fn job_digests(j: &JobRecord) -> Vec<Digest> {
+/// A job's digests: the artifact URIs of its spec (read from its JSON, so
+/// that a field added to the spec is searched too). Pure.
+pub fn job_digests(j: &JobRecord) -> Result<Vec<Digest>, serde_json::Error> {
     let JobRecord {
         spec,
         id: _,
@@ -358,7 +359,7 @@ pub fn job_digests(j: &JobRecord) -> Vec<Digest> {
         created_at: _,
         updated_at: _,
     } = j;
-    artifact_uris(spec)
+    Ok(artifact_uris(&serde_json::to_value(spec)?))
 }
 
 /// A checkpoint's digest (its record is kept or dropped whole). Pure.
@@ -475,7 +476,7 @@ pub fn mark(store: &Store, artifacts: &dyn ArtifactStore) -> Result<Marked> {
     }
     let mut live = pinned(store)?.digests;
     each(&store.jobs, |_, j| {
-        live.extend(job_digests(&j));
+        live.extend(job_digests(&j).map_err(|e| crate::error::Error::Internal(e.into()))?);
         Ok(())
     })?;
     each(&store.checkpoints, |_, c| {

@@ -13,11 +13,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::calibrate::{calibrate, CalibrationMethod, Observed};
 pub use super::evaluate::median_latency_ms;
 use super::evaluate::{collect, Outputs};
+pub use super::evidence::{GateOutcome, LatencyRecord, Measurement, MetricRecord};
 use super::task::{score, top1, MetricKind, Task, Truth};
 use super::{
     calibration_targets, convert_fp16, hoist_constants, quantize_dynamic, quantize_static,
@@ -96,7 +97,7 @@ impl Candidate {
 }
 
 /// Whether, and against what, latency measured here gates a candidate.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "policy", rename_all = "snake_case")]
 pub enum LatencyGate {
     /// Measured and recorded, never a reason to refuse (the default: the
@@ -134,74 +135,6 @@ impl Default for GateOptions {
             latency: LatencyGate::Report,
             static_options: StaticOptions::default(),
         }
-    }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Measurement {
-    pub name: String,
-    /// The task metric's value ([`GateOutcome::metric`]).
-    pub metric: f64,
-    /// How much worse than float, in the metric's unit (0 for float).
-    pub loss: f64,
-    /// Numbers behind the metric (agreement, boxes matched, cosine...).
-    pub details: BTreeMap<String, f64>,
-    pub size_bytes: u64,
-    /// Median single-call latency on the quantizing host.
-    pub latency_ms: f64,
-    pub quantize_ms: f64,
-    /// Within the metric's budget (whatever its latency says).
-    pub within_budget: bool,
-    pub accepted: bool,
-    pub verdict: String,
-    pub report: Report,
-}
-
-/// The metric the gate decided by, recorded in the signed evidence.
-#[derive(Debug, Clone, Serialize)]
-pub struct MetricRecord {
-    pub name: MetricKind,
-    pub unit: &'static str,
-    pub higher_is_better: bool,
-    pub budget: f64,
-    /// Float's value: the baseline every loss is taken against.
-    pub float_value: f64,
-}
-
-/// Where latency was measured and whether it gated.
-#[derive(Debug, Clone, Serialize)]
-pub struct LatencyRecord {
-    #[serde(flatten)]
-    pub gate: LatencyGate,
-    pub timed_on: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct GateOutcome {
-    pub task: Task,
-    pub metric: MetricRecord,
-    pub latency: LatencyRecord,
-    pub float: Measurement,
-    pub candidates: Vec<Measurement>,
-    /// Name of the shipped model ("float" when nothing qualified).
-    pub chosen: String,
-    pub reason: String,
-    #[serde(skip)]
-    pub chosen_model: ir::ModelProto,
-    /// Each candidate's model, in `candidates`' order (`None` when it
-    /// could not be made or run), so the choice can be made again with
-    /// latencies measured elsewhere ([`judge_latency_on`]).
-    #[serde(skip)]
-    pub candidate_models: Vec<Option<ir::ModelProto>>,
-}
-
-impl GateOutcome {
-    /// The chosen candidate's (or float's) measurement.
-    pub fn chosen_measurement(&self) -> &Measurement {
-        self.candidates
-            .iter()
-            .find(|m| m.name == self.chosen)
-            .unwrap_or(&self.float)
     }
 }
 
@@ -401,16 +334,9 @@ pub fn run_gate(
         candidates.push(m);
         models.push(Some(q));
     }
-    let unit = kind.unit();
     let (chosen, reason, chosen_model) = choose(&float, &candidates, &models, model, kind, budget);
     Ok(GateOutcome {
-        metric: MetricRecord {
-            name: kind,
-            unit,
-            higher_is_better: kind.higher_is_better(),
-            budget,
-            float_value: float.metric,
-        },
+        metric: MetricRecord::new(kind, budget, float.metric),
         latency: LatencyRecord {
             gate: opts.latency,
             timed_on: this_host(),

@@ -48,13 +48,7 @@ fn outcome() -> GateOutcome {
     );
     GateOutcome {
         task: Task::Classification,
-        metric: MetricRecord {
-            name: MetricKind::Top1Accuracy,
-            unit: MetricKind::Top1Accuracy.unit(),
-            higher_is_better: true,
-            budget: 1.0,
-            float_value: 90.0,
-        },
+        metric: MetricRecord::new(MetricKind::Top1Accuracy, 1.0, 90.0),
         latency: LatencyRecord {
             gate: LatencyGate::Report,
             timed_on: "here".into(),

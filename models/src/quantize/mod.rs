@@ -6,6 +6,7 @@ mod constants;
 pub mod detect;
 mod dynamic;
 pub mod evaluate;
+pub mod evidence;
 mod fp16;
 pub mod gate;
 mod graph;
@@ -13,7 +14,7 @@ pub mod params;
 mod qdq;
 pub mod task;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use calibrate::{calibrate, CalibrationMethod};
 pub use constants::hoist_constants;
@@ -22,7 +23,7 @@ pub use fp16::{convert_fp16, Fp16Options, KEEP_FP32};
 pub use qdq::{calibration_targets, quantize_static, StaticOptions};
 
 /// A node that stayed in float, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FloatNode {
     pub node: String,
     pub op_type: String,
@@ -30,7 +31,7 @@ pub struct FloatNode {
 }
 
 /// What a quantizer did.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub quantized_nodes: Vec<String>,
     pub left_in_float: Vec<FloatNode>,

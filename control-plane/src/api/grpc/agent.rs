@@ -256,10 +256,11 @@ impl AgentService for AgentApi {
                 .security
                 .device_telemetry_throttled
                 .fetch_add(1, Ordering::Relaxed);
-            return Err(Status::resource_exhausted(format!(
+            return Err(Error::ResourceExhausted(format!(
                 "device/{device} sent more than {} MiB of telemetry in the last hour; retry later",
                 self.core.config.device_quota.telemetry_bytes_per_hour >> 20
-            )));
+            ))
+            .into());
         }
         let admit = telemetry::Admission {
             quota: self.core.config.device_quota,

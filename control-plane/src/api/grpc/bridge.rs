@@ -153,7 +153,9 @@ impl BridgeService for BridgeApi {
                 return Ok(Response::new(pb::LeaseJobResponse {
                     job: Some(pb::Job {
                         id: job.id.clone(),
-                        spec_json: job.spec.to_string(),
+                        spec_json: serde_json::to_string(&job.spec).map_err(|e| {
+                            Error::Internal(anyhow::Error::new(e).context("writing the job spec"))
+                        })?,
                         attempt: job.attempt,
                         resume_from_checkpoint: resume
                             .as_ref()
@@ -343,13 +345,10 @@ impl BridgeService for BridgeApi {
         }
         // A job's own checkpoints, and the datasets its spec names in the
         // artifact store (a retraining pipeline's snapshot), and nothing else.
-        let names_dataset = job.spec["datasets"].as_array().is_some_and(|d| {
-            d.iter().any(|u| {
-                u.as_str()
-                    .and_then(|u| u.strip_prefix("edgeloop-artifact://"))
-                    .and_then(|d| d.parse::<Digest>().ok())
-                    == Some(digest)
-            })
+        let names_dataset = job.spec.datasets.iter().any(|u| {
+            u.strip_prefix("edgeloop-artifact://")
+                .and_then(|d| d.parse::<Digest>().ok())
+                == Some(digest)
         });
         let known = names_dataset
             || checkpoints::list(&self.core.store, &job.id)

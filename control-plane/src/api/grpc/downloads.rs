@@ -62,12 +62,13 @@ impl Downloads {
         }
     }
 
-    /// A slot for one more open stream of `member`, or RESOURCE_EXHAUSTED.
-    fn open_slot(&self, member: &str) -> Result<MemberSlot, Status> {
+    /// A slot for one more open stream of `member`, or
+    /// [`Error::ResourceExhausted`].
+    fn open_slot(&self, member: &str) -> Result<MemberSlot, Error> {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         let n = open.entry(member.to_string()).or_default();
         if *n >= self.per_member {
-            return Err(Status::resource_exhausted(format!(
+            return Err(Error::ResourceExhausted(format!(
                 "{member} has {} downloads open, the most one member may; finish or drop one first",
                 self.per_member
             )));
@@ -77,16 +78,6 @@ impl Downloads {
             open: self.open.clone(),
             member: member.to_string(),
         })
-    }
-
-    /// Streams open per member now (for tests and `/metrics`).
-    pub fn open_streams(&self, member: &str) -> usize {
-        self.open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(member)
-            .copied()
-            .unwrap_or(0)
     }
 
     /// Permits free now.
@@ -301,10 +292,11 @@ fn spawn(
                         // A reader that takes nothing for this long holds a
                         // permit others wait for: give it back, and end.
                         hold.release();
-                        let _ = tx.try_send(Err(Status::deadline_exceeded(format!(
+                        let _ = tx.try_send(Err(Error::DeadlineExceeded(format!(
                             "the download took no chunk for {}s; resume from offset {at}",
                             deadline.as_secs()
-                        ))));
+                        ))
+                        .into()));
                         return;
                     }
                 }

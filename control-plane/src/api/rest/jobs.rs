@@ -36,12 +36,13 @@ impl From<&CheckpointRecord> for CheckpointView {
     }
 }
 
-/// The job as the API shows it. The spec was validated when the job was
-/// created, so it is an object; its name is read once, here.
+/// The job as the API shows it, its spec as the record writes it.
 pub fn job_view(j: JobRecord) -> Result<Job, Error> {
-    let spec: SubmittedSpec = serde_json::from_value(j.spec).map_err(|e| {
-        Error::Internal(anyhow::Error::new(e).context(format!("job {:?}: stored spec", j.id)))
-    })?;
+    let spec: SubmittedSpec = serde_json::to_value(&j.spec)
+        .and_then(serde_json::from_value)
+        .map_err(|e| {
+            Error::Internal(anyhow::Error::new(e).context(format!("job {:?}: stored spec", j.id)))
+        })?;
     Ok(Job {
         id: j.id,
         spec,

@@ -28,12 +28,19 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
         let inner = e.into_inner();
         let message = inner.to_string();
         // serde reports a missing field at its parent's path, with the
-        // field's name in backticks; name the field itself.
-        let named = message
-            .split('`')
-            .nth(1)
-            .filter(|_| message.starts_with("missing field"));
-        let field = match (path.as_str(), named) {
+        // field's name in backticks, and so does a type that checks its
+        // own fields (`field_error`); name the field itself.
+        let (named, message) = match edgeloop_api::error::field_of(&message) {
+            Some((name, why)) => (Some(name.to_string()), why.to_string()),
+            None => {
+                let missing = message
+                    .strip_prefix("missing field `")
+                    .and_then(|rest| rest.split('`').next())
+                    .map(str::to_string);
+                (missing, message)
+            }
+        };
+        let field = match (path.as_str(), named.as_deref()) {
             (".", Some(name)) => Some(name.to_string()),
             (parent, Some(name)) => Some(format!("{parent}.{name}")),
             (".", None) => None,

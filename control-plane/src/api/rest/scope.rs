@@ -108,17 +108,6 @@ fn device_project(core: &Core, device: &str) -> Result<String> {
         .unwrap_or_else(edgeloop_api::access::default_project))
 }
 
-/// For handlers: model `name`, if `who` sees it; else the same 404 as a
-/// model that does not exist.
-pub fn visible_model(core: &Core, who: &Principal, name: &str) -> Result<models::ModelRecord> {
-    let m = models::get_model(&core.store, name)?;
-    if who.sees(&m.project) {
-        Ok(m)
-    } else {
-        Err(Error::not_found("model", name))
-    }
-}
-
 /// For list handlers: whether `who` sees records of model `name`.
 pub fn sees_model(core: &Core, who: &Principal, name: &str) -> Result<bool> {
     Ok(who.projects.is_none() || who.sees(&model_project(core, name)?))

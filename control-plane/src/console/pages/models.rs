@@ -13,6 +13,7 @@ use edgeloop_api::deployments::{DeploymentState, DeploymentView};
 use edgeloop_api::drift::DriftView;
 use edgeloop_api::pipelines::PipelineView;
 use edgeloop_api::registry::{ModelVersionView, ModelView};
+use edgeloop_models::quantize::evidence::GateOutcome;
 use maud::{html, Markup};
 use serde::Deserialize;
 
@@ -54,56 +55,18 @@ pub async fn list(State(c): State<Console>, headers: HeaderMap) -> Result<Respon
     Ok(page("Models", "/ui/models", Some(&s), body).into_response())
 }
 
-/// The gate's evidence as the pipeline signs it (`models::quantize::gate`),
-/// read leniently: the API carries it as free-form JSON.
-#[derive(Debug, Deserialize, Default)]
-struct Evidence {
-    #[serde(default)]
-    metric: MetricRecord,
-    float: Option<Measurement>,
-    #[serde(default)]
-    candidates: Vec<Measurement>,
-    #[serde(default)]
-    chosen: String,
-    #[serde(default)]
-    reason: String,
+fn evidence_of(v: &ModelVersionView) -> Option<GateOutcome> {
+    GateOutcome::in_quantization(v.lineage.quantization.as_ref()?)
 }
 
-#[derive(Debug, Deserialize, Default)]
-struct MetricRecord {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    unit: String,
-    budget: Option<f64>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Measurement {
-    name: String,
-    metric: Option<f64>,
-    loss: Option<f64>,
-    size_bytes: Option<u64>,
-    latency_ms: Option<f64>,
-    #[serde(default)]
-    verdict: String,
-    #[serde(default)]
-    accepted: bool,
-}
-
-fn evidence_of(v: &ModelVersionView) -> Option<Evidence> {
-    let e = v.lineage.quantization.as_ref()?.get("evidence")?;
-    serde_json::from_value(e.clone()).ok()
-}
-
-fn gate_table(e: &Evidence) -> Markup {
-    let rows: Vec<&Measurement> = e.float.iter().chain(e.candidates.iter()).collect();
-    let f2 = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.2}"));
+fn gate_table(e: &GateOutcome) -> Markup {
+    let rows = std::iter::once(&e.float).chain(&e.candidates);
+    let metric = &e.metric;
     html! {
         table.data.gate {
             caption {
-                "Gate: " (e.metric.name) @if !e.metric.unit.is_empty() { " (" (e.metric.unit) ")" }
-                @if let Some(b) = e.metric.budget { ", budget " (format!("{b}")) }
+                "Gate: " (metric.name.name()) @if !metric.unit.is_empty() { " (" (metric.unit) ")" }
+                ", budget " (format!("{}", metric.budget))
                 ". Chose " strong { (e.chosen) } ": " (e.reason)
             }
             thead { tr {
@@ -114,10 +77,10 @@ fn gate_table(e: &Evidence) -> Markup {
                 @for m in rows {
                     tr.chosen[m.name == e.chosen] {
                         th scope="row" { (m.name) @if m.name == e.chosen { " ✔" } }
-                        td { (f2(m.metric)) }
-                        td { (f2(m.loss)) }
-                        td { (m.size_bytes.map_or("—".to_string(), |b| format!("{:.1} KiB", b as f64 / 1024.0))) }
-                        td { (m.latency_ms.map_or("—".to_string(), |l| format!("{l:.3} ms"))) }
+                        td { (format!("{:.2}", m.metric)) }
+                        td { (format!("{:.2}", m.loss)) }
+                        td { (format!("{:.1} KiB", m.size_bytes as f64 / 1024.0)) }
+                        td { (format!("{:.3} ms", m.latency_ms)) }
                         td { @if m.accepted { "accepted" } @else { "refused" } ": " (m.verdict) }
                     }
                 }

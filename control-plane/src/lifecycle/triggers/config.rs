@@ -4,16 +4,10 @@
 use super::{CronExpr, Trigger, TriggerKind};
 use crate::error::{Error, Result};
 
-/// The request body, stored as is: a console API type.
-pub use edgeloop_api::triggers::{TriggerSpec, TriggersConfig};
-
-/// The kinds' names, in the console API's order.
-fn kinds() -> Vec<&'static str> {
-    edgeloop_api::triggers::TRIGGER_KINDS
-        .iter()
-        .map(|(kind, _, _)| *kind)
-        .collect()
-}
+/// The request body, stored as is: a console API type. Reading it checks
+/// each trigger's fields against its kind (which apply, which are
+/// required); the values are checked here.
+pub use edgeloop_api::triggers::{TriggerCondition, TriggerSpec, TriggersConfig};
 
 fn points_field(field: String, v: f64) -> Result<f64> {
     if !(v.is_finite() && (0.0..=100.0).contains(&v)) {
@@ -82,93 +76,52 @@ impl TriggerPolicy for TriggersConfig {
                     format!("{:?} is used twice", t.id),
                 ));
             }
-            let need = |v: bool, f: &str| {
-                if v {
-                    Ok(())
-                } else {
-                    Err(Error::bad_field(
-                        at(f),
-                        format!("is required for kind {:?}", t.kind),
-                    ))
-                }
-            };
-            let unused = [
-                ("min_severity", t.min_severity.is_some(), "drift"),
-                (
-                    "min_duration_seconds",
-                    t.min_duration_seconds.is_some(),
-                    "drift",
-                ),
-                (
-                    "min_accuracy_drop_points",
-                    t.min_accuracy_drop_points.is_some(),
-                    "drift",
-                ),
-                ("points", t.points.is_some(), "accuracy_drop"),
-                ("min", t.min.is_some(), "new_labels"),
-                ("cron", t.cron.is_some(), "schedule"),
-                ("window", t.window.is_some(), "schedule"),
-            ];
-            if let Some((f, _, kind)) = unused.iter().find(|(_, set, kind)| *set && *kind != t.kind)
-            {
-                return Err(Error::bad_field(
-                    at(f),
-                    format!("applies to kind {kind:?} only"),
-                ));
-            }
-            let kind = match t.kind.as_str() {
-                "drift" => {
-                    let min_severity = t.min_severity.unwrap_or(0.2);
+            let kind = match &t.condition {
+                TriggerCondition::Drift {
+                    min_severity,
+                    min_duration_seconds,
+                    min_accuracy_drop_points,
+                } => {
+                    let min_severity = min_severity.unwrap_or(0.2);
                     if !(min_severity.is_finite() && min_severity > 0.0) {
                         return Err(Error::bad_field(at("min_severity"), "must be positive"));
                     }
-                    let min_duration_seconds = t.min_duration_seconds.unwrap_or(0);
+                    let min_duration_seconds = min_duration_seconds.unwrap_or(0);
                     if !(0..=90 * 86_400).contains(&min_duration_seconds) {
-                        return Err(Error::bad_field(at("min_duration_seconds"), "must be 0 to 90 days"));
+                        return Err(Error::bad_field(
+                            at("min_duration_seconds"),
+                            "must be 0 to 90 days",
+                        ));
                     }
                     TriggerKind::Drift {
                         min_severity,
                         min_duration_seconds,
-                        min_accuracy_drop_points: t
-                            .min_accuracy_drop_points
+                        min_accuracy_drop_points: min_accuracy_drop_points
                             .map(|p| points_field(at("min_accuracy_drop_points"), p))
                             .transpose()?,
                     }
                 }
-                "accuracy_drop" => {
-                    need(t.points.is_some(), "points")?;
-                    TriggerKind::AccuracyDrop {
-                        points: points_field(at("points"), t.points.unwrap_or_default())?,
+                TriggerCondition::AccuracyDrop { points } => TriggerKind::AccuracyDrop {
+                    points: points_field(at("points"), *points)?,
+                },
+                TriggerCondition::NewLabels { min } => {
+                    if *min == 0 {
+                        return Err(Error::bad_field(
+                            at("min"),
+                            format!("is required for kind {:?}", t.condition.kind()),
+                        ));
                     }
+                    TriggerKind::NewLabels { min: *min }
                 }
-                "new_labels" => {
-                    need(t.min.is_some_and(|m| m > 0), "min")?;
-                    TriggerKind::NewLabels {
-                        min: t.min.unwrap_or_default(),
-                    }
-                }
-                "schedule" => {
-                    need(t.cron.is_some(), "cron")?;
-                    let cron: CronExpr = t
-                        .cron
-                        .as_deref()
-                        .unwrap_or_default()
-                        .parse()
-                        .map_err(|e: super::CronError| {
-                            Error::bad_field(at(&format!("cron.{}", e.field)), e.message)
-                        })?;
-                    let window = t
-                        .window
+                TriggerCondition::Schedule { cron, window } => {
+                    let cron: CronExpr = cron.parse().map_err(|e: super::CronError| {
+                        Error::bad_field(at(&format!("cron.{}", e.field)), e.message)
+                    })?;
+                    let window = window
                         .as_deref()
                         .map(|w| parse_window(&at("window"), w))
                         .transpose()?;
                     TriggerKind::Schedule { cron, window }
-                }
-                other => {
-                    return Err(Error::bad_field(
-                        at("kind"),
-                        format!("unknown kind {other:?}; expected one of {:?} (a manual retrain is POST /api/v1/models/{{name}}/retrain)", kinds()),
-                    ))
                 }
             };
             out.push(Trigger {
@@ -184,9 +137,17 @@ impl TriggerPolicy for TriggersConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::rest::json::parse_body;
 
     fn config(triggers: serde_json::Value) -> TriggersConfig {
         serde_json::from_value(serde_json::json!({ "triggers": triggers })).unwrap()
+    }
+
+    /// `triggers` as the API takes them: the body read (which checks the
+    /// fields each kind has), then the values checked.
+    fn checked(triggers: serde_json::Value) -> Result<Vec<Trigger>> {
+        let body = serde_json::json!({ "triggers": triggers }).to_string();
+        parse_body::<TriggersConfig>(body.as_bytes())?.triggers_for("m")
     }
 
     #[test]
@@ -234,10 +195,52 @@ mod tests {
             ),
         ];
         for (triggers, field) in cases {
-            let e = config(triggers.clone()).triggers_for("m").unwrap_err();
+            let e = checked(triggers.clone()).unwrap_err();
             match e {
                 Error::BadRequest { field: Some(f), .. } => assert_eq!(f, field, "{triggers}"),
                 other => panic!("{triggers}: {other}"),
+            }
+        }
+    }
+
+    /// The refusals that reading a trigger makes say what they said when
+    /// the checks were here.
+    #[test]
+    fn the_refusals_read_as_before() {
+        let cases = [
+            (
+                serde_json::json!([{"id": "a", "kind": "sometimes"}]),
+                "triggers[0].kind",
+                "unknown kind \"sometimes\"; expected one of [\"drift\", \"accuracy_drop\", \"new_labels\", \"schedule\"] (a manual retrain is POST /api/v1/models/{name}/retrain)",
+            ),
+            (
+                serde_json::json!([{"id": "a", "kind": "drift", "cron": "0 * * * *"}]),
+                "triggers[0].cron",
+                "applies to kind \"schedule\" only",
+            ),
+            (
+                serde_json::json!([{"id": "a", "kind": "accuracy_drop"}]),
+                "triggers[0].points",
+                "is required for kind \"accuracy_drop\"",
+            ),
+            (
+                serde_json::json!([{"id": "a", "kind": "new_labels", "min": 0}]),
+                "triggers[0].min",
+                "is required for kind \"new_labels\"",
+            ),
+            (
+                serde_json::json!([{"id": "a", "kind": "accuracy_drop", "points": "five"}]),
+                "triggers[0].points",
+                "invalid type: string \"five\", expected f64",
+            ),
+        ];
+        for (triggers, field, message) in cases {
+            match checked(triggers.clone()) {
+                Err(Error::BadRequest {
+                    field: Some(f),
+                    message: m,
+                }) => assert_eq!((f.as_str(), m.as_str()), (field, message), "{triggers}"),
+                other => panic!("{triggers}: {other:?}"),
             }
         }
     }
@@ -257,21 +260,17 @@ mod tests {
             for f in required.iter().chain(optional) {
                 t[*f] = value(f);
             }
-            config(serde_json::json!([t.clone()]))
-                .triggers_for("m")
-                .unwrap_or_else(|e| panic!("{t}: {e}"));
+            checked(serde_json::json!([t.clone()])).unwrap_or_else(|e| panic!("{t}: {e}"));
             for f in required.iter() {
                 let mut without = t.clone();
                 without.as_object_mut().unwrap().remove(*f);
-                assert!(config(serde_json::json!([without]))
-                    .triggers_for("m")
-                    .is_err());
+                assert!(checked(serde_json::json!([without])).is_err());
             }
             for (other, r, o) in edgeloop_api::triggers::TRIGGER_KINDS {
                 for f in r.iter().chain(o).filter(|_| other != kind) {
                     let mut extra = t.clone();
                     extra[*f] = value(f);
-                    match config(serde_json::json!([extra])).triggers_for("m") {
+                    match checked(serde_json::json!([extra])) {
                         Err(Error::BadRequest {
                             field: Some(at), ..
                         }) => {
@@ -336,12 +335,12 @@ mod tests {
                 }
             }
             let body = serde_json::json!({"cooldown_seconds": cooldown, "triggers": [t]});
-            if let Ok(c) = serde_json::from_value::<TriggersConfig>(body) {
-                match c.triggers_for("m") {
-                    Ok(t) => proptest::prop_assert_eq!(t.len(), 1),
-                    Err(Error::BadRequest { field: Some(_), .. }) => {}
-                    Err(other) => proptest::prop_assert!(false, "{other}"),
-                }
+            let checked = parse_body::<TriggersConfig>(body.to_string().as_bytes())
+                .and_then(|c| c.triggers_for("m"));
+            match checked {
+                Ok(t) => proptest::prop_assert_eq!(t.len(), 1),
+                Err(Error::BadRequest { field: Some(_), .. }) => {}
+                Err(other) => proptest::prop_assert!(false, "{other}"),
             }
         }
     }

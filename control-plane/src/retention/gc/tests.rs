@@ -27,7 +27,7 @@ fn version(model: &str, artifact: &str) -> ModelVersionRecord {
         version: "1".into(),
         artifact_digest: d(artifact),
         artifact_size: 1,
-        format: "onnx".into(),
+        format: crate::registry::models::ArtifactFormat::Onnx,
         manifest_digest: None,
         probe_inputs_digest: None,
         metrics: BTreeMap::new(),
@@ -505,7 +505,9 @@ async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artif
     finished.results.clear();
     store.benchmarks.insert("b-0", &finished).unwrap();
     let now = OffsetDateTime::now_utc();
-    let spec = json!({"name": "t", "datasets": [format!("edgeloop-artifact://{}", d("job-data"))]});
+    let spec = json!({"name": "t", "command": ["train"],
+                      "datasets": [format!("edgeloop-artifact://{}", d("job-data"))]});
+    let spec = serde_json::from_value(spec).unwrap();
     let job = crate::lifecycle::jobs::JobRecord::queued("t-1", spec, "default".into(), None, now);
     store.jobs.insert("t-1", &job).unwrap();
     let ckpt = CheckpointRecord {

@@ -15,7 +15,7 @@ use edgeloop_models::dataset::Dataset;
 use edgeloop_models::manifest::{DimSpec, Lineage as ManifestLineage, SignedManifest};
 use edgeloop_models::npz::Npz;
 use edgeloop_models::onnx;
-use edgeloop_models::quantize::gate::{predictions, Candidate, GateOptions};
+use edgeloop_models::quantize::gate::{predictions, Candidate, GateOptions, GateOutcome};
 use edgeloop_models::quantize::task::Task;
 use edgeloop_models::runtime::OrtRuntime;
 use edgeloop_models::Digest;
@@ -434,7 +434,12 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
         .as_ref()
         .map(|q| serde_json::to_value(q).unwrap_or_default());
     let mut metrics = BTreeMap::new();
-    if let Some(acc) = evidence.as_ref().and_then(chosen_accuracy) {
+    let accuracy = m
+        .quantization
+        .as_ref()
+        .and_then(|q| GateOutcome::from_evidence(&q.evidence).ok())
+        .and_then(|o| o.chosen_top1_accuracy());
+    if let Some(acc) = accuracy {
         metrics.insert("eval_accuracy".to_string(), acc / 100.0);
     }
     let data = snapshot_of(p)?;
@@ -508,23 +513,6 @@ async fn add_variants(
         .await?;
     }
     Ok(())
-}
-
-/// The chosen candidate's top-1 accuracy (percent) in the quantization
-/// evidence: its `metric` when the gate measured top-1 against labels (as
-/// the pipeline's gate does), or the `accuracy` that evidence written
-/// before task-aware gating carries. `None` for any other metric.
-fn chosen_accuracy(evidence: &serde_json::Value) -> Option<f64> {
-    let e = &evidence["evidence"];
-    let chosen = e["chosen"].as_str()?;
-    let m = std::iter::once(&e["float"])
-        .chain(e["candidates"].as_array().into_iter().flatten())
-        .find(|m| m["name"].as_str() == Some(chosen))?;
-    match e["metric"]["name"].as_str() {
-        Some("top1_accuracy") => m["metric"].as_f64(),
-        Some(_) => None,
-        None => m["accuracy"].as_f64(),
-    }
 }
 
 /// Top-1 accuracy (0..1) of an ONNX artifact on the snapshot's eval part.
@@ -715,30 +703,6 @@ mod tests {
         assert!(e.reason.contains("not a zip"), "{}", e.reason);
     }
 
-    #[test]
-    fn the_chosen_accuracy_is_read_from_either_evidence_layout() {
-        use serde_json::json;
-        let today = json!({"evidence": {
-            "chosen": "int8-dynamic",
-            "metric": {"name": "top1_accuracy"},
-            "float": {"name": "float", "metric": 97.5},
-            "candidates": [{"name": "int8-dynamic", "metric": 97.25}],
-        }});
-        assert_eq!(chosen_accuracy(&today), Some(97.25));
-        let before_tasks = json!({"evidence": {
-            "chosen": "float",
-            "float": {"name": "float", "accuracy": 96.0},
-            "candidates": [],
-        }});
-        assert_eq!(chosen_accuracy(&before_tasks), Some(96.0));
-        // Agreement with float is not an accuracy.
-        let unlabelled = json!({"evidence": {
-            "chosen": "float",
-            "metric": {"name": "top1_agreement"},
-            "float": {"name": "float", "metric": 100.0},
-        }});
-        assert_eq!(chosen_accuracy(&unlabelled), None);
-    }
     use crate::registry::models::{version_key, CreateModel};
 
     #[tokio::test]
@@ -762,7 +726,7 @@ mod tests {
                 version: v.into(),
                 artifact_digest: Digest::of(v.as_bytes()),
                 artifact_size: 1,
-                format: "onnx".into(),
+                format: crate::registry::models::ArtifactFormat::Onnx,
                 manifest_digest: None,
                 probe_inputs_digest: None,
                 metrics: Default::default(),
