@@ -27,6 +27,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use edgeloop_control_plane;
+/// What a test does when a service it needs is missing: a skip (a line in
+/// `$EDGELOOP_SKIP_LOG` and on stderr), or a failure under
+/// `EDGELOOP_REQUIRE_SERVICES=1`, which `scripts/test.sh` sets.
+pub use edgeloop_control_plane::skip_or_fail;
 
 /// A bridge's progress report for `job`, as the local engine sends one.
 pub fn progress(
@@ -62,7 +66,7 @@ impl TestStore {
         Self { db: None }
     }
 
-    /// A fresh database, or `None` (and "skipped: ..." on stderr) when
+    /// A fresh database, or `None` ([`skip_or_fail!`]) when
     /// `EDGELOOP_TEST_POSTGRES_URL` is unset.
     pub fn postgres(what: &str) -> Option<Self> {
         edgeloop_control_plane::store::TestDatabase::from_env(what).map(|db| Self { db: Some(db) })
@@ -84,7 +88,8 @@ impl TestStore {
 
 /// A test per store backend from one `async fn NAME(store: TestStore)`:
 /// `on_each_store!(#[tokio::test] NAME);` makes `NAME::sled` and
-/// `NAME::postgres` (which says it skipped when no server is named).
+/// `NAME::postgres` (which skips, or fails under
+/// `EDGELOOP_REQUIRE_SERVICES=1`, when no server is named).
 #[macro_export]
 macro_rules! on_each_store {
     ($(#[$attr:meta])* $name:ident) => {
@@ -660,11 +665,11 @@ pub fn edgeloop_bin() -> PathBuf {
 }
 
 /// A prefix of this run's own under `$EDGELOOP_TEST_S3_URL` (the S3
-/// server `scripts/s3-up.sh` starts), or None, said loudly.
+/// server `scripts/s3-up.sh` starts), or None ([`skip_or_fail!`]).
 pub fn s3_test_url() -> Option<String> {
     let Ok(url) = std::env::var("EDGELOOP_TEST_S3_URL") else {
-        eprintln!(
-            "skipped: EDGELOOP_TEST_S3_URL is unset (run scripts/s3-up.sh and export its env \
+        skip_or_fail!(
+            "S3: EDGELOOP_TEST_S3_URL is unset (run scripts/s3-up.sh and export its env \
              file, as scripts/test.sh does)"
         );
         return None;

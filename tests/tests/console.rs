@@ -158,8 +158,7 @@ fn form(pairs: &[(&str, &str)]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_in_a_real_browser() {
-    let Some((chromium, chromedriver)) = browser::installed() else {
-        eprintln!("skipped: no chromium and chromedriver (scripts/fetch-chromium.sh)");
+    let Some((chromium, chromedriver)) = browser::required("the console") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -14,7 +14,9 @@
 //!   deployment per deploy attempt.
 //!
 //! The seed is printed (`EDGELOOP_CRASH_SEED=<n>` replays the kill points)
-//! with a `crash summary:` line.
+//! with a `crash summary:` line. At least [`MIN_KILLS`] of the five planned
+//! kills must land: the training job waits for a gate the test opens only
+//! after its two training kills, so those never miss their step.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -28,6 +30,13 @@ use serde_json::{json, Value};
 
 const MODEL: &str = "rain";
 const WAIT: Duration = Duration::from_secs(60);
+/// Of the five planned kills, the dataset one and the two training ones
+/// (the job is gated) always land, and so does the compute one (export to
+/// deploy: the rollout alone lasts its 4 s deadline). Only the last may
+/// find the pipeline ended: when the compute kill lands in the rollout and
+/// the restart (or, on two replicas, the lease's lapse, about 10 s)
+/// outlasts the deadline.
+const MIN_KILLS: u32 = 4;
 /// The steps in the order a pipeline signed by the control plane runs them.
 const ORDER: [&str; 8] = [
     "build_dataset",
@@ -202,6 +211,7 @@ async fn killed_mid_pipeline(shared: Option<(String, String)>) {
     let (seed, mut rng) = seeded("pipeline");
     let dir = tempfile::tempdir().unwrap();
     let cp_dir = dir.path().join("cp");
+    let train_gate = dir.path().join("train-gate");
     let env: Vec<(String, String)> = match &shared {
         Some((store, artifacts)) => vec![
             ("EDGELOOP_STORE_URL".into(), store.clone()),
@@ -221,9 +231,14 @@ async fn killed_mid_pipeline(shared: Option<(String, String)>) {
         let cp = ControlPlane::start_with(first).await;
         let job = json!({
             "name": "retrain-rain",
-            // The reference trainer, after a pause: it trains in well
-            // under a second, and the kills need the job to be running.
-            "command": ["sh", "-c", format!("sleep 5; exec {}",
+            // The reference trainer, once the test opens the gate: it
+            // trains in well under a second, and both training kills need
+            // the job to be running (a fixed pause was too short for the
+            // second on two replicas, whose takeover waits for the lease to
+            // lapse). At most 2 minutes, should the test die first.
+            "command": ["sh", "-c", format!(
+                "i=0; while [ ! -e '{}' ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done; exec {}",
+                train_gate.display(),
                 edgeloop_tests::reference_trainer().display())],
             "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
             "hyperparameters": {"workload": "rainfall-mlp", "steps": 60, "batch_size": 16},
@@ -286,6 +301,7 @@ async fn killed_mid_pipeline(shared: Option<(String, String)>) {
     let mut resumed = Resumed::default();
     let mut killed_in: BTreeMap<String, u32> = BTreeMap::new();
     let mut job_seen: Option<(String, String)> = None;
+    let mut kills = 0u32;
 
     // Kill points: (the earliest step to wait for, the latest at which the
     // kill still counts for it, the seeded delay's bound in ms).
@@ -299,6 +315,10 @@ async fn killed_mid_pipeline(shared: Option<(String, String)>) {
         ("deploy", "deploy", 1500),
     ];
     for (from, to, delay_ms) in plan {
+        if index(from) > index("train") {
+            // The training kills are done: let the job train.
+            std::fs::write(&train_gate, b"").unwrap();
+        }
         let before = if from == "build_dataset" {
             // Right after the 201, whose answer is the pipeline as saved:
             // the dataset step ends within a tick or two.
@@ -307,12 +327,15 @@ async fn killed_mid_pipeline(shared: Option<(String, String)>) {
         } else {
             let seen = eventually(WAIT, &format!("the pipeline reaches {from}"), || async {
                 let p = get(live(&cps, down), &path).await;
-                let step = running(&p)?;
-                (index(step) >= index(from)).then_some(p)
+                match running(&p) {
+                    Some(step) => (index(step) >= index(from)).then_some(p),
+                    // Ended: there is nothing left to kill it in.
+                    None => Some(p),
+                }
             })
             .await;
-            if index(running(&seen).unwrap()) > index(to) {
-                eprintln!("pipeline: past {to} before the kill; skipped");
+            if running(&seen).is_none_or(|step| index(step) > index(to)) {
+                eprintln!("pipeline: past {to} before the kill; not killed there");
                 continue;
             }
             if from == "train" {
@@ -331,7 +354,7 @@ async fn killed_mid_pipeline(shared: Option<(String, String)>) {
                 })
                 .await;
                 if !runs {
-                    eprintln!("pipeline: past {to} before the kill; skipped");
+                    eprintln!("pipeline: past {to} before the kill; not killed there");
                     continue;
                 }
             }
@@ -342,6 +365,7 @@ async fn killed_mid_pipeline(shared: Option<(String, String)>) {
         bridge.assert_running("bridge");
         let step = running(&before).unwrap_or("ended").to_string();
         *killed_in.entry(step).or_default() += 1;
+        kills += 1;
         if cps.len() == 1 {
             cps[0].kill().await;
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
@@ -377,6 +401,13 @@ async fn killed_mid_pipeline(shared: Option<(String, String)>) {
             job_seen = Some((job.clone(), created.clone()));
         }
     }
+
+    std::fs::write(&train_gate, b"").unwrap();
+    assert!(
+        kills >= MIN_KILLS,
+        "{kills} of {} planned kills landed (at least {MIN_KILLS} must): killed in {killed_in:?}",
+        plan.len()
+    );
 
     let ended = eventually(Duration::from_secs(90), "the pipeline ends", || async {
         let p = get(live(&cps, down), &path).await;

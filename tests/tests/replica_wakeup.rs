@@ -4,7 +4,8 @@
 //! `assignments::replace` a rollout's writes end in, which publishes the
 //! change) reaches the device's stream on B within a second, through the
 //! fleet event relay (`fleet/relay.rs`). Needs PostgreSQL
-//! (`scripts/postgres-up.sh`); says it skipped without one.
+//! (`scripts/postgres-up.sh`); skips without one, or fails under
+//! `EDGELOOP_REQUIRE_SERVICES=1`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -20,21 +21,9 @@ use edgeloop_proto::agent::v1::WatchAssignmentsRequest;
 use edgeloop_tests::{share_secrets, ControlPlane, TestStore};
 use tokio_util::sync::CancellationToken;
 
-/// A database on the test PostgreSQL server, or a line saying why the
-/// test skipped.
-fn postgres(what: &str) -> Option<TestStore> {
-    let store = TestStore::postgres(what);
-    if store.is_none() {
-        eprintln!(
-            "skipped: no PostgreSQL named (scripts/postgres-up.sh; EDGELOOP_TEST_POSTGRES_URL)"
-        );
-    }
-    store
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_assignment_written_on_one_replica_wakes_a_device_watching_on_the_other() {
-    let Some(store) = postgres("replica_wakeup") else {
+    let Some(store) = TestStore::postgres("replica_wakeup") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -100,7 +89,7 @@ async fn an_assignment_written_on_one_replica_wakes_a_device_watching_on_the_oth
 /// between B's start and B's serving, deterministically.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_hears_events_logged_after_it_started_before_it_served() {
-    let Some(store) = postgres("replica_relay_start") else {
+    let Some(store) = TestStore::postgres("replica_relay_start") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

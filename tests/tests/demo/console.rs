@@ -38,8 +38,7 @@ async fn api(base: &str, token: &str, path: &str) -> Value {
 }
 
 pub async fn over_the_demo(work: &Path) {
-    let Some((chromium, chromedriver)) = browser::installed() else {
-        eprintln!("console part skipped: no chromium and chromedriver (scripts/fetch-chromium.sh)");
+    let Some((chromium, chromedriver)) = browser::required("the demo's console part") else {
         return;
     };
     edgeloop_client_core::install_crypto_provider();
