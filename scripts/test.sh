@@ -162,7 +162,7 @@ summary="$(awk -v skip_lines="$skip_lines" -v elsewhere="$elsewhere" '
   END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, ig - ran_alone + skip_lines }' "$log")"
 skipped="$(echo "$summary" | sed -n 's/.*, \([0-9]*\) skipped$/\1/p')"
 if [ "$skipped" -ne 0 ]; then
-  echo "error: $skipped test(s) skipped; the suite runs every test (the ignored ones are named above with \"... ignored\")" >&2
+  echo "error: $skipped test(s) skipped, and the suite runs every test: see cargo's \"... ignored\" lines, test_contract.py's \"SKIP\" lines and the skip log above" >&2
 fi
 echo "$summary"
 [ "$skipped" -eq 0 ]

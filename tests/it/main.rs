@@ -7,7 +7,10 @@
 //! `... --test it -- --exact rollout::<name>`. The tests run side by side on
 //! the test threads of one process, so a test that changes what the process
 //! shares (its environment, its peak memory) runs in a process of its own
-//! (`edgeloop_tests::in_own_process`).
+//! (`edgeloop_tests::in_own_process`). A test that needs a service it does
+//! not find (PostgreSQL, S3, Chromium) skips through
+//! `edgeloop_tests::skip_or_fail!`, which fails it instead under
+//! `EDGELOOP_REQUIRE_SERVICES=1`, as `scripts/test.sh` runs the suite.
 #![allow(clippy::unwrap_used)]
 
 mod access;
