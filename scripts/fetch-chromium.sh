@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Debian's `chromium` and `chromium-driver` for the web console's browser
-# tests (tests/tests/console.rs), installed with apt-get only when missing.
+# tests (tests/it/console.rs), installed with apt-get only when missing.
 # Idempotent. The tests find /usr/bin/chromium and /usr/bin/chromedriver
 # (tests/src/browser.rs) and say they skipped without them.
 set -euo pipefail

@@ -3,7 +3,7 @@
 # console API's OpenAPI document against the running control plane:
 # `openapi-spec-validator` (is the document valid OpenAPI) and
 # `schemathesis` (does the API do what the document says), run by
-# tests/tests/openapi_conformance.rs.
+# tests/it/openapi_conformance.rs.
 #
 #   scripts/python-apitest.sh
 #

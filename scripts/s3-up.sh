@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs s3s-fs (an S3-compatible server over a directory) and starts it on
 # 127.0.0.1 for the S3 artifact store's tests (control-plane
-# registry/artifacts/tests.rs, tests/tests/s3_artifacts.rs).
+# registry/artifacts/tests.rs, tests/it/s3_artifacts.rs).
 #
 #   scripts/s3-up.sh           # start (or find running) and print the env file
 #   scripts/s3-down.sh         # stop it

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The model-over-2-GiB tests (edge-agent/tests/serve/big_model.rs, then
-# tests/tests/big_model_loop.rs), run by
+# tests/it/big_model_loop.rs), run by
 # scripts/test.sh after the rest of the suite, on its own: it writes ≈2.2 GB
 # of weights into a temporary directory (removed at the end), peaks at
 # ≈11 GiB of memory and keeps both cores busy for about two minutes, which
@@ -21,6 +21,6 @@ fi
 cargo test -p edgeloop-edge-agent --test serve -- --ignored --exact --nocapture \
   big_model::a_model_over_2_gib_is_gated_signed_and_served_from_files
 # Then the same model through the CLI, the registry and a real agent
-# (tests/tests/big_model_loop.rs), which runs the `edgeloop` binary.
+# (tests/it/big_model_loop.rs), which runs the `edgeloop` binary.
 cargo build --bins
-cargo test -p edgeloop-tests --test big_model_loop -- --ignored --nocapture
+cargo test -p edgeloop-tests --test it -- --ignored --nocapture big_model_loop::

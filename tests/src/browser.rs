@@ -1,8 +1,8 @@
 //! A real browser for the console's tests: Debian's `chromium`, headless,
 //! driven through `chromedriver` over the W3C WebDriver protocol (JSON over
 //! HTTP on loopback, so a thin client on `reqwest` is all it takes).
-//! `scripts/fetch-chromium.sh` installs both; without them a test says it
-//! skipped.
+//! `scripts/fetch-chromium.sh` installs both; without them a test skips, or
+//! fails under `EDGELOOP_REQUIRE_SERVICES=1` ([`required`]).
 
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -33,8 +33,22 @@ pub fn screenshot_dir() -> PathBuf {
         })
 }
 
+/// Where `chromium` and `chromedriver` are, or `None` when they are not
+/// installed (through [`crate::skip_or_fail!`], naming `what` would have
+/// run in the browser).
+pub fn required(what: &str) -> Option<(PathBuf, PathBuf)> {
+    let found = installed();
+    if found.is_none() {
+        crate::skip_or_fail!(
+            "{what}: no chromium and chromedriver in /usr/bin or /usr/lib/chromium \
+             (scripts/fetch-chromium.sh installs them; scripts/test.sh does)"
+        );
+    }
+    found
+}
+
 /// Where `chromium` and `chromedriver` are, if installed.
-pub fn installed() -> Option<(PathBuf, PathBuf)> {
+fn installed() -> Option<(PathBuf, PathBuf)> {
     let find = |names: &[&str]| {
         names.iter().find_map(|n| {
             ["/usr/bin", "/usr/lib/chromium"]

@@ -5,6 +5,7 @@
 pub mod browser;
 pub mod crash;
 pub mod fake_k8s;
+mod isolation;
 pub mod manifests;
 pub mod mnist;
 pub mod retrain;
@@ -12,6 +13,7 @@ pub mod rows;
 pub mod seed;
 pub mod soak;
 pub mod test_pki;
+mod versions;
 pub mod weather;
 
 use std::net::SocketAddr;
@@ -27,6 +29,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use edgeloop_control_plane;
+/// What a test does when a service it needs is missing: a skip (a line in
+/// `$EDGELOOP_SKIP_LOG` and on stderr), or a failure under
+/// `EDGELOOP_REQUIRE_SERVICES=1`, which `scripts/test.sh` sets.
+pub use edgeloop_control_plane::skip_or_fail;
+pub use isolation::{in_own_process, set_env};
 
 /// A bridge's progress report for `job`, as the local engine sends one.
 pub fn progress(
@@ -62,7 +69,7 @@ impl TestStore {
         Self { db: None }
     }
 
-    /// A fresh database, or `None` (and "skipped: ..." on stderr) when
+    /// A fresh database, or `None` ([`skip_or_fail!`]) when
     /// `EDGELOOP_TEST_POSTGRES_URL` is unset.
     pub fn postgres(what: &str) -> Option<Self> {
         edgeloop_control_plane::store::TestDatabase::from_env(what).map(|db| Self { db: Some(db) })
@@ -84,7 +91,8 @@ impl TestStore {
 
 /// A test per store backend from one `async fn NAME(store: TestStore)`:
 /// `on_each_store!(#[tokio::test] NAME);` makes `NAME::sled` and
-/// `NAME::postgres` (which says it skipped when no server is named).
+/// `NAME::postgres` (which skips, or fails under
+/// `EDGELOOP_REQUIRE_SERVICES=1`, when no server is named).
 #[macro_export]
 macro_rules! on_each_store {
     ($(#[$attr:meta])* $name:ident) => {
@@ -221,7 +229,32 @@ impl ControlPlane {
         &self,
         dir: &Path,
     ) -> (CancellationToken, JoinHandle<anyhow::Result<()>>) {
-        let token = self.token("cluster", "local-gpu").await;
+        self.start_bridge_named(dir, "local-gpu").await
+    }
+
+    /// A trainer bridge (cluster `name`, with the engines and GPUs the
+    /// process's environment gives it) in this process, once the control
+    /// plane lists it online; with its cluster record as the API shows it.
+    pub async fn start_online_bridge(
+        &self,
+        dir: &Path,
+        name: &str,
+    ) -> (CancellationToken, JoinHandle<anyhow::Result<()>>, Value) {
+        let (stop, bridge) = self.start_bridge_named(dir, name).await;
+        let cluster = eventually(Duration::from_secs(20), "bridge online", || async {
+            let (_, c) = self.api().get(&format!("/api/v1/clusters/{name}")).await;
+            Some(c).filter(|c| c["status"] == "online")
+        })
+        .await;
+        (stop, bridge, cluster)
+    }
+
+    async fn start_bridge_named(
+        &self,
+        dir: &Path,
+        name: &str,
+    ) -> (CancellationToken, JoinHandle<anyhow::Result<()>>) {
+        let token = self.token("cluster", name).await;
         let config = self.member_config(dir, Some(token));
         let stop = CancellationToken::new();
         (
@@ -255,21 +288,24 @@ impl ControlPlane {
         Api::new(&self.http_base, Some(&self.admin_token))
     }
 
-    /// `edgeloop <args>` (the built CLI) as this control plane's admin.
+    /// The built `edgeloop` CLI as this control plane's admin
+    /// (`EDGELOOP_SERVER`, `EDGELOOP_TOKEN`), with none of the caller's own
+    /// CLI settings (a token file, a signing key) let in.
+    pub fn edgeloop_command(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(edgeloop_bin());
+        cmd.env("EDGELOOP_SERVER", &self.http_base)
+            .env("EDGELOOP_TOKEN", &self.admin_token)
+            .env_remove("EDGELOOP_TOKEN_FILE")
+            .env_remove("EDGELOOP_MANIFEST_SIGNING_KEY");
+        cmd
+    }
+
+    /// `edgeloop <args>` as this control plane's admin
+    /// ([`Self::edgeloop_command`]).
     pub async fn edgeloop(&self, args: &[&str]) -> std::process::Output {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        let (server, token) = (self.http_base.clone(), self.admin_token.clone());
-        tokio::task::spawn_blocking(move || {
-            std::process::Command::new(edgeloop_bin())
-                .args(&args)
-                .env("EDGELOOP_SERVER", server)
-                .env("EDGELOOP_TOKEN", token)
-                .env_remove("EDGELOOP_TOKEN_FILE")
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap()
+        let mut cmd = self.edgeloop_command();
+        cmd.args(args);
+        output_of(cmd).await
     }
 
     /// Uploads an artifact through the console API; returns its digest.
@@ -508,8 +544,9 @@ where
 }
 
 /// Loads `KEY=VALUE` lines from an engine's env file (the one
-/// `scripts/slurm-up.sh` or `scripts/ray-up.sh` writes) into this process.
-/// Engines read their settings from the environment when a bridge starts.
+/// `scripts/slurm-up.sh` or `scripts/ray-up.sh` writes) into this process,
+/// which must be the test's own ([`in_own_process`], [`set_env`]). Engines
+/// read their settings from the environment when a bridge starts.
 pub fn load_env_file(var: &str, default: &str, script: &str) {
     let path = std::env::var_os(var)
         .map(PathBuf::from)
@@ -522,7 +559,7 @@ pub fn load_env_file(var: &str, default: &str, script: &str) {
     });
     for line in text.lines() {
         if let Some((k, v)) = line.split_once('=') {
-            std::env::set_var(k.trim(), v.trim());
+            set_env(k.trim(), v.trim());
         }
     }
 }
@@ -629,6 +666,14 @@ pub fn torch_python() -> PathBuf {
     python
 }
 
+/// `cmd` run to its end on the blocking pool (a control plane may be
+/// serving on the caller's runtime); what it printed and how it exited.
+pub async fn output_of(mut cmd: std::process::Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap()
+}
+
 /// A workspace binary beside the running test (`target/<profile>/`).
 ///
 /// # Panics
@@ -654,17 +699,27 @@ pub fn reference_trainer() -> PathBuf {
     workspace_bin("edgeloop-train")
 }
 
+/// `fixtures/contract_trainer.sh`: a shell trainer that keeps the
+/// checkpoint contract (a job's command is `["sh", <this>]`; `TOTAL`,
+/// `EVERY` and `STEP_SECONDS` in its env shape the run).
+pub fn contract_trainer() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/contract_trainer.sh")
+        .display()
+        .to_string()
+}
+
 /// The `edgeloop` CLI, for the tests that run it as a user does.
 pub fn edgeloop_bin() -> PathBuf {
     workspace_bin("edgeloop")
 }
 
 /// A prefix of this run's own under `$EDGELOOP_TEST_S3_URL` (the S3
-/// server `scripts/s3-up.sh` starts), or None, said loudly.
+/// server `scripts/s3-up.sh` starts), or None ([`skip_or_fail!`]).
 pub fn s3_test_url() -> Option<String> {
     let Ok(url) = std::env::var("EDGELOOP_TEST_S3_URL") else {
-        eprintln!(
-            "skipped: EDGELOOP_TEST_S3_URL is unset (run scripts/s3-up.sh and export its env \
+        skip_or_fail!(
+            "S3: EDGELOOP_TEST_S3_URL is unset (run scripts/s3-up.sh and export its env \
              file, as scripts/test.sh does)"
         );
         return None;

@@ -25,3 +25,11 @@ pub fn digits(n: usize) -> ndarray::ArrayD<f32> {
     all.slice_axis(ndarray::Axis(0), ndarray::Slice::from(0..n))
         .to_owned()
 }
+
+/// The first `n` eval digits as a health probe's inputs: an `.npz` with
+/// `input`, `[n, 784]`.
+pub fn probe_npz(n: usize) -> Vec<u8> {
+    let mut probe = Npz::new();
+    probe.insert("input", Tensor::F32(digits(n)));
+    probe.to_bytes().unwrap()
+}

@@ -1,7 +1,7 @@
 //! The setup of a retraining pipeline, shared by the tests that drive one:
 //! a model, its base dataset, a retraining policy, and labelled samples
 //! reported by a device over the agents' gRPC API (as
-//! `tests/tests/retrain.rs` sets them up).
+//! `tests/it/retrain.rs` sets them up).
 
 use std::path::Path;
 

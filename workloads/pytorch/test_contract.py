@@ -11,7 +11,9 @@ trainer under torchrun (2 processes, gloo on the CPU) on a small synthetic
 digit set: an uninterrupted run, a run SIGKILLed mid-way, and its resume,
 whose losses must equal the uninterrupted run's bit for bit. They run only
 where `import torch` works in the interpreter named by EDGELOOP_TORCH_PYTHON
-(default: this one) and are reported as skipped, with the reason, otherwise.
+(default: this one) and are reported as skipped, with the reason, otherwise;
+under EDGELOOP_REQUIRE_SERVICES=1 (scripts/test.sh, which provides torch) a
+missing torch fails them instead (`skip_or_fail`).
 
 The last line is cargo's `test result: ... N passed; M failed; K ignored`,
 so scripts/test.sh counts these tests with cargo's.
@@ -35,6 +37,16 @@ import contract  # noqa: E402
 
 TRAINER = os.path.join(HERE, "train_ddp.py")
 TORCH_PYTHON = os.environ.get("EDGELOOP_TORCH_PYTHON") or sys.executable
+REQUIRE_SERVICES = os.environ.get("EDGELOOP_REQUIRE_SERVICES") == "1"
+
+
+def skip_or_fail(test, reason):
+    """`test` lacks something it needs: skipped with the reason (counted as
+    ignored on the closing line), or failed under EDGELOOP_REQUIRE_SERVICES=1,
+    so that the suite cannot pass without running it."""
+    if REQUIRE_SERVICES:
+        test.fail(f"missing, and EDGELOOP_REQUIRE_SERVICES=1: {reason}")
+    test.skipTest(reason)
 
 
 def torch_missing_reason(python):
@@ -45,7 +57,8 @@ def torch_missing_reason(python):
         return f"{python} cannot be run: {e}"
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["?"])[-1]
-        return f"`import torch, numpy` fails in {python} ({last}); set EDGELOOP_TORCH_PYTHON to an interpreter with torch"
+        return (f"`import torch, numpy` fails in {python} ({last}); set EDGELOOP_TORCH_PYTHON to an interpreter "
+                "with torch (scripts/torch-env.sh installs one)")
     return None
 
 
@@ -310,7 +323,7 @@ class SnapshotTests(TempDirTest):
         try:
             import numpy as np
         except ImportError:
-            self.skipTest("numpy is not installed")
+            skip_or_fail(self, "numpy is not installed (scripts/python-env.sh installs it)")
         path = os.path.join(self.tmp, "np.npz")
         x = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
         np.savez(path, input=x, label=np.array([0, 1, 2]), eval_input=x[:1], eval_label=np.array([2]))
@@ -425,15 +438,17 @@ class TrainerConfigErrorTests(TempDirTest):
 TORCH_MISSING = torch_missing_reason(TORCH_PYTHON)
 
 
-@unittest.skipIf(TORCH_MISSING, f"full DDP run: {TORCH_MISSING}")
 def contract_manifest(checkpoint_dir, step):
     return contract.verify_checkpoint(os.path.join(checkpoint_dir, f"step-{step}"))
 
 
 class DdpRunTests(TempDirTest):
-    """The real trainer under torchrun, 2 processes, gloo on the CPU."""
+    """The real trainer under torchrun, 2 processes, gloo on the CPU: every
+    test of the class skips (or fails) without torch."""
 
     def setUp(self):
+        if TORCH_MISSING:
+            skip_or_fail(self, f"full DDP run: {TORCH_MISSING}")
         super().setUp()
         self.digits = os.path.join(self.tmp, "digits")
         write_synthetic_digits(self.digits)

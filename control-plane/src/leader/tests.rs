@@ -1,6 +1,7 @@
 //! Two replicas' leaderships over one store, as two processes on one
 //! PostgreSQL database share it: on sled, and on PostgreSQL when
-//! `EDGELOOP_TEST_POSTGRES_URL` names a server (`scripts/test.sh` sets it).
+//! `EDGELOOP_TEST_POSTGRES_URL` names a server (`scripts/test.sh` sets it;
+//! without it the PostgreSQL half skips or fails: [`crate::skip_or_fail!`]).
 
 use std::time::Duration;
 

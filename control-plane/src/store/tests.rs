@@ -2,7 +2,8 @@
 //! from [`cases`], sled in a temporary directory and, when
 //! `EDGELOOP_TEST_POSTGRES_URL` names a server, PostgreSQL on a fresh
 //! database (dropped afterwards). Without the variable the PostgreSQL cases
-//! say on stderr that they were skipped; `scripts/test.sh` always sets it.
+//! are skipped ([`crate::skip_or_fail!`]: a failure under
+//! `EDGELOOP_REQUIRE_SERVICES=1`); `scripts/test.sh` always sets it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -2,7 +2,8 @@
 //! is one `async fn(Backing)`, and [`both!`] makes a `local` and an `s3`
 //! test of it. The S3 ones run against `$EDGELOOP_TEST_S3_URL` (with the
 //! `AWS_*` environment `scripts/s3-up.sh` writes), each under a prefix of
-//! its own, and say "skipped" loudly when it is unset.
+//! its own; when it is unset they skip or fail through
+//! [`skip_or_fail!`](crate::skip_or_fail).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -23,11 +24,12 @@ impl Backing {
         Some(Backing::Local(tempfile::tempdir().unwrap()))
     }
 
-    /// A fresh prefix under `$EDGELOOP_TEST_S3_URL`, or None (said loudly).
+    /// A fresh prefix under `$EDGELOOP_TEST_S3_URL`, or None (through
+    /// [`skip_or_fail!`](crate::skip_or_fail)).
     fn s3(test: &str) -> Option<Backing> {
         let Ok(url) = std::env::var("EDGELOOP_TEST_S3_URL") else {
-            eprintln!(
-                "skipped: {test} on S3: EDGELOOP_TEST_S3_URL is unset (run scripts/s3-up.sh \
+            crate::skip_or_fail!(
+                "{test} on S3: EDGELOOP_TEST_S3_URL is unset (run scripts/s3-up.sh \
                  and export its env file, as scripts/test.sh does)"
             );
             return None;

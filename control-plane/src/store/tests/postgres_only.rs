@@ -1,5 +1,6 @@
 //! What only the PostgreSQL backend has: migrations, reconnection, TLS,
-//! and its errors. Each test says it skipped without a server.
+//! and its errors. Without a server each test skips, or fails under
+//! `EDGELOOP_REQUIRE_SERVICES=1` (`crate::skip_or_fail!`).
 
 use super::*;
 use crate::store::pg;
@@ -164,7 +165,10 @@ fn tls_connections_are_verified_and_encrypted() {
         return;
     };
     let Some(ca) = std::env::var_os("EDGELOOP_TEST_POSTGRES_CA") else {
-        eprintln!("skipped: TLS to PostgreSQL (EDGELOOP_TEST_POSTGRES_CA is unset; scripts/postgres-up.sh sets it)");
+        crate::skip_or_fail!(
+            "TLS to PostgreSQL: EDGELOOP_TEST_POSTGRES_CA is unset (scripts/postgres-up.sh \
+             prints it in its env file; scripts/test.sh exports it)"
+        );
         return;
     };
     let with_root = |root: &Path| {
