@@ -120,12 +120,18 @@ EDGELOOP_HOME="$smoke" EDGELOOP_GRPC_LISTEN=127.0.0.1:17443 EDGELOOP_HTTP_LISTEN
 # test_contract.py prints one in cargo's format). Skipped: the ignored tests
 # plus the skip log's lines, except the #[ignore]d tests that are run on
 # their own: the big-model ones (scripts/test-big-model.sh, above; counted
-# there) and the GPU build check, which needs a GPU and its 2.4 GB runtime
-# (scripts/gpu-check.sh runs it on a GPU machine; said on a line of its own).
-elsewhere='ignored, .*scripts/(test-big-model|gpu-check)\.sh'
+# there), the GPU build check, which needs a GPU and its 2.4 GB runtime
+# (scripts/gpu-check.sh runs it on a GPU machine), and the Kubernetes engine
+# against a real cluster (the fake API server's tests run here instead); the
+# last two are said on lines of their own.
+elsewhere='ignored, (.*scripts/(test-big-model|gpu-check)\.sh|needs a real Kubernetes cluster)'
 gpu_only="$(grep -cE "^test .* \.\.\. ignored, .*scripts/gpu-check\.sh" "$log" || true)"
 if [ "$gpu_only" -gt 0 ]; then
   echo "not run here: $gpu_only test(s) that need a GPU (scripts/gpu-check.sh runs them on a GPU machine)"
+fi
+cluster_only="$(grep -cE "^test .* \.\.\. ignored, needs a real Kubernetes cluster" "$log" || true)"
+if [ "$cluster_only" -gt 0 ]; then
+  echo "not run here: $cluster_only test(s) that need a real Kubernetes cluster (the fake API server's tests ran instead)"
 fi
 skip_lines="$(wc -l <"$EDGELOOP_SKIP_LOG")"
 if [ "$skip_lines" -gt 0 ]; then

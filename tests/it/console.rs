@@ -40,20 +40,7 @@ async fn fleet(cp: &ControlPlane, dir: &std::path::Path) -> String {
                 .await
                 .unwrap(),
         );
-        agent
-            .heartbeat(HeartbeatRequest {
-                sent_at: None,
-                capabilities: Some(Capabilities {
-                    agent_version: "0.1.0".into(),
-                    execution_providers: vec!["CPUExecutionProvider".into()],
-                    // Room for the version: the compatibility check
-                    // would skip a device without it.
-                    free_disk_bytes: 1 << 30,
-                    ..Default::default()
-                }),
-            })
-            .await
-            .unwrap();
+        agent.heartbeat(beat()).await.unwrap();
         agents.push(agent);
     }
     let api = cp.api();
@@ -68,7 +55,32 @@ async fn fleet(cp: &ControlPlane, dir: &std::path::Path) -> String {
         .await;
     assert_eq!(s, 201, "{b}");
     report_hard_examples(cp, &mut agents[0]).await;
+    // The devices stay online as agents do, by heartbeating every interval
+    // (1 s here; offline after 3): one beat, then the slow set-up of a
+    // loaded machine, had the fleet page show them offline.
+    tokio::spawn(async move {
+        loop {
+            for agent in &mut agents {
+                let _ = agent.heartbeat(beat()).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
     deploy(cp, "berlin").await
+}
+
+/// An agent's heartbeat: CPU only, with room for the version (the
+/// compatibility check would skip a device without it).
+fn beat() -> HeartbeatRequest {
+    HeartbeatRequest {
+        sent_at: None,
+        capabilities: Some(Capabilities {
+            agent_version: "0.1.0".into(),
+            execution_providers: vec!["CPUExecutionProvider".into()],
+            free_disk_bytes: 1 << 30,
+            ..Default::default()
+        }),
+    }
 }
 
 /// Hard examples the model was unsure of, as edge-berlin-1 reports them:
