@@ -1,4 +1,4 @@
-//! Named crash points for the crash tests (`tests/tests/crash.rs`): with
+//! Named crash points for the crash tests (`tests/it/crash/`): with
 //! `EDGELOOP_CRASH_AT=<name>` in its environment, the agent aborts the
 //! moment it reaches `<name>`: no destructors, no flush, as a power cut
 //! between two durable steps would leave it. A kill from outside can only

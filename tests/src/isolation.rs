@@ -21,7 +21,7 @@ fn current_test() -> String {
 /// such as its environment (which every bridge started in the process
 /// reads: [`set_env`]) or its peak memory (which it measures):
 ///
-/// ```ignore
+/// ```text
 /// if !edgeloop_tests::in_own_process() {
 ///     return;
 /// }

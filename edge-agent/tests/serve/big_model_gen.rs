@@ -2,7 +2,7 @@
 //! (`model.onnx` + `model.onnx.data`), for the big-model tests: this
 //! crate's (`big_model.rs`: the library path, gate to served answer) and
 //! the integration test of the whole registry path
-//! (`tests/tests/big_model_loop.rs` includes this file by path, so both
+//! (`tests/it/big_model_loop.rs` includes this file by path, so both
 //! test the very same model).
 
 use std::io::Write;
