@@ -281,18 +281,13 @@ fn upload(
 async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
-    let identity = cp
-        .enroll(
+    let channel = cp
+        .connect(
             Role::Cluster,
             &cp.token("cluster", "gpu-1").await,
             &dir.path().join("b"),
         )
         .await;
-    let channel = mtls_endpoint(&cp.grpc_url, &identity)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
     let mut client = BridgeServiceClient::new(channel);
     // Checkpoints belong to a job this bridge has leased.
     let (status, job) = cp
@@ -466,19 +461,13 @@ async fn an_interrupted_checkpoint_upload_resumes_where_it_stopped() {
     use edgeloop_proto::bridge::v1::{CheckpointUploadOffsetRequest, LeaseJobRequest};
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
-    let identity = cp
-        .enroll(
+    let mut client = BridgeServiceClient::new(
+        cp.connect(
             Role::Cluster,
             &cp.token("cluster", "gpu-r").await,
             &dir.path().join("b"),
         )
-        .await;
-    let mut client = BridgeServiceClient::new(
-        mtls_endpoint(&cp.grpc_url, &identity)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
+        .await,
     );
     let (_, job) = cp
         .api()
@@ -606,19 +595,13 @@ async fn a_bridge_cannot_borrow_a_stored_artifact_as_its_checkpoint() {
                     "checkpoint": {"every_steps": 1}}, "cluster": name}),
             )
             .await;
-        let identity = cp
-            .enroll(
+        let mut client = BridgeServiceClient::new(
+            cp.connect(
                 Role::Cluster,
                 &cp.token("cluster", name).await,
                 &dir.path().join(name),
             )
-            .await;
-        let mut client = BridgeServiceClient::new(
-            mtls_endpoint(&cp.grpc_url, &identity)
-                .unwrap()
-                .connect()
-                .await
-                .unwrap(),
+            .await,
         );
         client
             .lease_job(LeaseJobRequest {

@@ -4,7 +4,6 @@
 //! upload, go through S3 end to end, and a second control plane with
 //! another data dir serves what the first stored.
 
-use edgeloop_client_core::tls::mtls_endpoint;
 use edgeloop_client_core::Role;
 use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
 use edgeloop_control_plane::registry::artifacts::ArtifactStore;
@@ -131,15 +130,9 @@ async fn a_control_plane_on_s3_stores_verifies_and_serves_artifacts_there() {
 /// Uploads `data` as a leased job's checkpoint: cut after one part and a
 /// half, then resumed. Returns the offset held after the cut.
 async fn resumable_checkpoint_upload(cp: &ControlPlane, dir: &std::path::Path, data: &[u8]) -> u64 {
-    let identity = cp
-        .enroll(Role::Cluster, &cp.token("cluster", "gpu-s3").await, dir)
-        .await;
     let mut client = BridgeServiceClient::new(
-        mtls_endpoint(&cp.grpc_url, &identity)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
+        cp.connect(Role::Cluster, &cp.token("cluster", "gpu-s3").await, dir)
+            .await,
     );
     let (_, job) = cp
         .api()
@@ -315,15 +308,9 @@ async fn a_large_artifact_streams_through_s3_in_bounded_memory() {
 /// from an offset: the cache reads it from S3 once, then serves it.
 async fn device_fetches(cp: &ControlPlane, dir: &std::path::Path, data: &[u8]) {
     use std::sync::atomic::Ordering::Relaxed;
-    let identity = cp
-        .enroll(Role::Device, &cp.token("device", "edge-s3").await, dir)
-        .await;
     let mut client = AgentServiceClient::new(
-        mtls_endpoint(&cp.grpc_url, &identity)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
+        cp.connect(Role::Device, &cp.token("device", "edge-s3").await, dir)
+            .await,
     );
     let digest = Digest::of(data);
     let assignment = AssignmentRecord {
