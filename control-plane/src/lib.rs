@@ -10,6 +10,7 @@ pub mod auth;
 pub mod config;
 pub mod console;
 pub mod datadir;
+pub mod db;
 pub(crate) mod device_counts;
 pub mod drift;
 pub mod error;
@@ -36,15 +37,15 @@ use tokio_util::sync::CancellationToken;
 pub use config::{Config, ServeSettings};
 
 use datadir::DataDir;
+use db::Db;
 use fleet::pki::Pki;
 use fleet::Events;
 use registry::artifacts::{ArtifactStore, LocalArtifactStore};
-use store::Store;
 
 /// Everything a request handler needs. Shared by the REST and gRPC servers.
 pub struct Core {
     pub config: Config,
-    pub store: Store,
+    pub store: Db,
     pub artifacts: Arc<dyn ArtifactStore>,
     /// Whole artifacts in memory for device downloads (see `artifact_cache`).
     pub artifact_cache: registry::artifact_cache::ArtifactCache,
@@ -143,9 +144,9 @@ impl Server {
         edgeloop_client_core::install_crypto_provider();
         let dir = DataDir::create(&config.data_dir)?;
         let store = match &config.store_url {
-            Some(url) => Store::open_postgres(url)
+            Some(url) => Db::open_postgres(url)
                 .with_context(|| format!("opening the PostgreSQL store {url}"))?,
-            None => Store::open(&dir.db())
+            None => Db::open(&dir.db())
                 .with_context(|| format!("opening store {}", dir.db().display()))?,
         };
         let artifacts: Arc<dyn ArtifactStore> = match &config.artifact_url {

@@ -39,9 +39,9 @@ pub mod gc;
 pub mod history;
 pub mod jobs;
 
+use crate::db::Db;
 use crate::error::Result;
 use crate::fleet::members::BootstrapTokenRecord;
-use crate::store::Store;
 use crate::Core;
 
 /// How long each kind is kept.
@@ -144,7 +144,7 @@ fn prune_prefix<V: serde::Serialize + serde::de::DeserializeOwned>(
 /// are [`gc::sweep`]'s, once what went here is durable. Blocking; the
 /// caller flushes.
 pub fn prune(
-    store: &Store,
+    store: &Db,
     artifacts: &dyn crate::registry::artifacts::ArtifactStore,
     r: Retention,
     now: OffsetDateTime,
@@ -160,7 +160,7 @@ pub fn prune(
 
 /// Telemetry, sketches, tokens and partial uploads. Blocking.
 fn prune_records(
-    store: &Store,
+    store: &Db,
     artifacts: &dyn crate::registry::artifacts::ArtifactStore,
     r: Retention,
     now: OffsetDateTime,
@@ -171,12 +171,12 @@ fn prune_records(
     // Each device with reports (`<device>/...`), found by seeking past the
     // one before: a member deleted since still has its reports pruned.
     let mut from = String::new();
-    while let Some(key) = store.telemetry.first_key_from(&from)? {
+    while let Some(key) = store.fleet.telemetry.first_key_from(&from)? {
         let Some((device, _)) = key.split_once('/') else {
             break;
         };
         d.telemetry += prune_prefix(
-            &store.telemetry,
+            &store.fleet.telemetry,
             &format!("{device}/"),
             |t| t.received_at,
             now,
@@ -187,14 +187,14 @@ fn prune_records(
         from = format!("{device}0");
     }
     // Every (device, model, version) that may have sketches.
-    for (key, ()) in store.assigned_history.scan_prefix("")? {
+    for (key, ()) in store.fleet.assigned_history.scan_prefix("")? {
         let mut parts = key.splitn(3, '/');
         let (Some(device), Some(model), Some(version)) = (parts.next(), parts.next(), parts.next())
         else {
             continue;
         };
         d.sketches += prune_prefix(
-            &store.sketches,
+            &store.drift.sketches,
             &format!("{model}/{version}/{device}/"),
             |s| s.window_time().unwrap_or(now),
             now,
@@ -204,9 +204,9 @@ fn prune_records(
     }
     // Window sums go with their windows' sketches (drift::aggregates).
     crate::drift::aggregates::prune(store, now, r.sketches)?;
-    for (id, t) in store.tokens.scan_prefix("")? {
+    for (id, t) in store.fleet.tokens.scan_prefix("")? {
         if token_done(&t, now, r.tokens) {
-            store.tokens.remove(&id)?;
+            store.fleet.tokens.remove(&id)?;
             d.tokens += 1;
         }
     }

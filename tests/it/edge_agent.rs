@@ -59,6 +59,7 @@ async fn wait_active(cp: &ControlPlane, version: &str) -> Value {
     eventually(WAIT, &format!("digits {version} active"), || async {
         cp.core
             .store
+            .fleet
             .assignment_status
             .get("edge-1/digits")
             .unwrap()

@@ -283,6 +283,7 @@ async fn a_token_works_once_expires_and_enrolls_only_its_kind() {
     let stale_id = stale.parse::<BootstrapToken>().unwrap().id;
     cp.core
         .store
+        .fleet
         .tokens
         .update(&stale_id, |t| {
             let mut t = t.unwrap();

@@ -206,6 +206,7 @@ async fn a_long_poll_wakes_when_a_job_is_queued_and_a_restarted_bridge_readopts(
     // job, same attempt, to re-adopt rather than relaunch.
     cp.core
         .store
+        .lifecycle
         .jobs
         .update(id, |j| {
             let mut j = j.unwrap();

@@ -519,6 +519,7 @@ impl Env {
         self.cp
             .core
             .store
+            .fleet
             .assignment_status
             .get(&format!("edge-1/{model}"))
             .unwrap()

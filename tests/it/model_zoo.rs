@@ -396,6 +396,7 @@ async fn real_models_quantize_deploy_and_serve_what_onnxruntime_answers() {
             let status = cp
                 .core
                 .store
+                .fleet
                 .assignment_status
                 .get(&format!("edge-1/{name}"))
                 .unwrap();

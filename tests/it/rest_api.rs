@@ -1054,7 +1054,7 @@ async fn jobs_deployments_and_pipelines_page_by_key_range(store: TestStore) {
         p.state = PipelineState::Cancelled {
             step: Step::BuildDataset,
         };
-        cp.core.store.pipelines.insert(id, &p).unwrap();
+        cp.core.store.lifecycle.pipelines.insert(id, &p).unwrap();
     }
     let (paged, _) = all_pages(&api, "/api/v1/pipelines?model=m", "id").await;
     assert_eq!(paged, ["p-00000004", "p-00000003", "p-00000001"]);

@@ -84,8 +84,9 @@ async fn a_finished_jobs_checkpoints_age_out_but_the_registered_versions_stays()
         let store = store.clone();
         let id = id.clone();
         async move {
-            let gone = store.jobs.get(&id).unwrap().is_none();
+            let gone = store.lifecycle.jobs.get(&id).unwrap().is_none();
             let left: Vec<Digest> = store
+                .registry
                 .checkpoints
                 .scan_prefix(&format!("{id}/"))
                 .unwrap()

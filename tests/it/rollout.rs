@@ -165,6 +165,7 @@ fn serving(cp: &ControlPlane, devices: &[String]) -> BTreeMap<String, Option<Str
             let s = cp
                 .core
                 .store
+                .fleet
                 .assignment_status
                 .get(&format!("{d}/{MODEL}"))
                 .unwrap();
@@ -187,6 +188,7 @@ fn assigned_version(cp: &ControlPlane, device: &str) -> (u64, Option<String>) {
     let set = cp
         .core
         .store
+        .fleet
         .assignments
         .get(device)
         .unwrap()
@@ -409,6 +411,7 @@ async fn twenty_agents_good_rollout_succeeds_bad_one_rolls_back_wave_one_and_res
             .map(|d| cp
                 .core
                 .store
+                .fleet
                 .assignment_status
                 .get(&format!("{d}/{MODEL}"))
                 .unwrap())

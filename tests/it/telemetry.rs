@@ -77,6 +77,7 @@ fn stored(cp: &ControlPlane) -> (Vec<u64>, u64) {
     let records = cp
         .core
         .store
+        .fleet
         .telemetry
         .scan_prefix(&format!("{DEVICE}/"))
         .unwrap();
@@ -89,6 +90,7 @@ fn stored(cp: &ControlPlane) -> (Vec<u64>, u64) {
 fn stored_requests(cp: &ControlPlane) -> u64 {
     cp.core
         .store
+        .drift
         .sketches
         .scan_prefix("m/1/")
         .unwrap()
@@ -181,7 +183,7 @@ async fn telemetry_recorded_offline_arrives_exactly_once_after_the_control_plane
         sent,
         "every request counted exactly once"
     );
-    let samples = cp.core.store.samples.scan_prefix("m/1/").unwrap();
+    let samples = cp.core.store.drift.samples.scan_prefix("m/1/").unwrap();
     let mut labels: Vec<_> = samples
         .iter()
         .map(|(_, s)| (s.request_id.clone(), s.label))

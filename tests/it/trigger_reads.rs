@@ -57,7 +57,7 @@ async fn a_trigger_tick_reads_as_much_on_day_four_as_on_day_one() {
     }
     let day_four = steady_tick_reads(&cp, BASE + 4 * DAY - 1).await;
 
-    let stored = cp.core.store.samples.len().unwrap();
+    let stored = cp.core.store.drift.samples.len().unwrap();
     assert!(stored > 300, "the store keeps the samples: {stored}");
     for raw in [
         "samples",

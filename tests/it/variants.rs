@@ -231,7 +231,14 @@ async fn each_device_gets_the_variant_that_fits_its_providers() {
         "{ended}"
     );
     for (device, want) in [("edge-gpu", gpu_artifact), ("edge-cpu", artifact)] {
-        let set = cp.core.store.assignments.get(device).unwrap().unwrap();
+        let set = cp
+            .core
+            .store
+            .fleet
+            .assignments
+            .get(device)
+            .unwrap()
+            .unwrap();
         let a = set
             .assignments
             .iter()
@@ -245,6 +252,7 @@ async fn each_device_gets_the_variant_that_fits_its_providers() {
         let status = cp
             .core
             .store
+            .fleet
             .assignment_status
             .get(&format!("{device}/{MODEL}"))
             .unwrap()

@@ -6,8 +6,8 @@
 use edgeloop_api::access::{AuditEntry, AuditResult};
 use time::{Duration, OffsetDateTime};
 
+use crate::db::Db;
 use crate::error::Result;
-use crate::store::Store;
 
 /// How long and how many entries are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +43,7 @@ pub struct Call<'a> {
 
 /// Appends one entry and makes it durable before the call is answered, so
 /// an acknowledged change is never missing from the log.
-pub async fn record(store: &Store, call: Call<'_>, now: OffsetDateTime) -> Result<()> {
+pub async fn record(store: &Db, call: Call<'_>, now: OffsetDateTime) -> Result<()> {
     let seq = store.next_id()?;
     let entry = AuditEntry {
         seq,
@@ -56,7 +56,7 @@ pub async fn record(store: &Store, call: Call<'_>, now: OffsetDateTime) -> Resul
         status: call.status,
         result: AuditResult::of_status(call.status),
     };
-    store.audit.insert(&key(seq), &entry)?;
+    store.auth.audit.insert(&key(seq), &entry)?;
     store.flush().await?;
     Ok(())
 }
@@ -65,7 +65,7 @@ pub async fn record(store: &Store, call: Call<'_>, now: OffsetDateTime) -> Resul
 /// one token only. Reads pages of the log until the page is full, so a
 /// filter over a long log costs what it skips, not the whole log.
 pub fn list(
-    store: &Store,
+    store: &Db,
     before: Option<u64>,
     token_id: Option<&str>,
     limit: usize,
@@ -73,7 +73,7 @@ pub fn list(
     let mut out = Vec::new();
     let mut cursor = before.map(key);
     loop {
-        let page = store.audit.page_rev_before(cursor.as_deref(), 512)?;
+        let page = store.auth.audit.page_rev_before(cursor.as_deref(), 512)?;
         let Some((last, _)) = page.last() else {
             return Ok(out);
         };
@@ -103,19 +103,19 @@ pub fn to_drop(oldest: &[OffsetDateTime], len: u64, now: OffsetDateTime, r: Rete
 /// One retention pass: drops what [`to_drop`] says, in batches. Returns
 /// how many entries went. Blocking (it counts the log); the caller
 /// flushes.
-pub fn prune(store: &Store, r: Retention, now: OffsetDateTime) -> Result<u64> {
+pub fn prune(store: &Db, r: Retention, now: OffsetDateTime) -> Result<u64> {
     const BATCH: usize = 1024;
     let mut dropped = 0;
     loop {
-        let len = store.audit.len()? as u64;
-        let oldest = store.audit.first(BATCH)?;
+        let len = store.auth.audit.len()? as u64;
+        let oldest = store.auth.audit.first(BATCH)?;
         let times: Vec<_> = oldest.iter().map(|(_, e)| e.at).collect();
         let n = to_drop(&times, len, now, r).min(BATCH as u64);
         if n == 0 {
             break;
         }
         for (k, _) in oldest.iter().take(n as usize) {
-            store.audit.remove(k)?;
+            store.auth.audit.remove(k)?;
         }
         dropped += n;
     }
@@ -186,7 +186,7 @@ mod tests {
     #[tokio::test]
     async fn entries_page_newest_first_and_retention_keeps_the_newest() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db")).unwrap();
+        let store = Db::open(&dir.path().join("db")).unwrap();
         let t0 = datetime!(2026-01-01 0:00 UTC);
         for i in 0..20i64 {
             let token = if i % 2 == 0 { "k-1" } else { "k-2" };

@@ -6,6 +6,9 @@
 pub mod audit;
 pub mod permissions;
 pub mod tokens;
+mod trees;
+
+pub use trees::Trees;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicU64;

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
 use super::Principal;
+use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::store::Store;
 use crate::validate;
 
 /// What distinguishes an API token from the bootstrap admin token (`ela1_`)
@@ -73,7 +73,7 @@ pub fn record_key(secret: &str) -> String {
 }
 
 /// The principal a presented secret stands for, if it is a live API token.
-pub fn authenticate(store: &Store, secret: &str, now: OffsetDateTime) -> Result<Option<Principal>> {
+pub fn authenticate(store: &Db, secret: &str, now: OffsetDateTime) -> Result<Option<Principal>> {
     if !secret.starts_with(SECRET_PREFIX) {
         return Ok(None);
     }
@@ -81,12 +81,8 @@ pub fn authenticate(store: &Store, secret: &str, now: OffsetDateTime) -> Result<
 }
 
 /// The principal of the token stored under `key`, if it is still live.
-pub fn principal_by_key(
-    store: &Store,
-    key: &str,
-    now: OffsetDateTime,
-) -> Result<Option<Principal>> {
-    let Some(record) = store.api_tokens.get(key)? else {
+pub fn principal_by_key(store: &Db, key: &str, now: OffsetDateTime) -> Result<Option<Principal>> {
+    let Some(record) = store.auth.api_tokens.get(key)? else {
         return Ok(None);
     };
     Ok(match state(&record, now) {
@@ -142,7 +138,7 @@ fn check(req: &CreateApiToken) -> Result<Option<BTreeSet<String>>> {
 }
 
 pub async fn create(
-    store: &Store,
+    store: &Db,
     by: &Principal,
     req: CreateApiToken,
     ca_fingerprint: Digest,
@@ -162,7 +158,7 @@ pub async fn create(
             .map(|s| now + Duration::seconds(s as i64)),
         revoked_at: None,
     };
-    if !store.api_tokens.insert_new(&key(&secret), &record)? {
+    if !store.auth.api_tokens.insert_new(&key(&secret), &record)? {
         // 256 random bits collided: not in this universe, but never overwrite.
         return Err(Error::Conflict("token secret collision; retry".into()));
     }
@@ -174,8 +170,8 @@ pub async fn create(
     })
 }
 
-pub fn list(store: &Store, now: OffsetDateTime) -> Result<Vec<ApiTokenView>> {
-    let mut all: Vec<_> = store.api_tokens.values()?;
+pub fn list(store: &Db, now: OffsetDateTime) -> Result<Vec<ApiTokenView>> {
+    let mut all: Vec<_> = store.auth.api_tokens.values()?;
     // Ids are `k-<seq>`: order by the number, i.e. by creation.
     all.sort_by_key(|r| id_number(&r.id));
     Ok(all.iter().map(|r| view(r, now)).collect())
@@ -189,8 +185,9 @@ fn id_number(id: &str) -> u64 {
 
 /// Revokes at once: the next request with the token is refused. Revoking a
 /// revoked token answers its view again (idempotent).
-pub async fn revoke(store: &Store, id: &str, now: OffsetDateTime) -> Result<ApiTokenView> {
+pub async fn revoke(store: &Db, id: &str, now: OffsetDateTime) -> Result<ApiTokenView> {
     let found = store
+        .auth
         .api_tokens
         .scan_prefix("")?
         .into_iter()
@@ -198,7 +195,7 @@ pub async fn revoke(store: &Store, id: &str, now: OffsetDateTime) -> Result<ApiT
     let Some((key, _)) = found else {
         return Err(Error::not_found("api token", id));
     };
-    let r = store.api_tokens.update(&key, |r| -> Result<_> {
+    let r = store.auth.api_tokens.update(&key, |r| -> Result<_> {
         let mut r = r.ok_or_else(|| Error::not_found("api token", id))?;
         r.revoked_at.get_or_insert(now);
         Ok(r)
@@ -294,7 +291,7 @@ mod tests {
     #[tokio::test]
     async fn a_revoked_or_expired_token_no_longer_authenticates() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db")).unwrap();
+        let store = Db::open(&dir.path().join("db")).unwrap();
         let t0 = datetime!(2026-01-01 0:00 UTC);
         let admin = Principal::bootstrap_admin();
         let a = create(

@@ -17,6 +17,9 @@ pub mod chart;
 pub mod html;
 mod pages;
 pub mod session;
+mod trees;
+
+pub use trees::Trees;
 
 use std::sync::Arc;
 

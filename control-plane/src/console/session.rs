@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
 use crate::auth::{tokens, Principal};
+use crate::db::Db;
 use crate::error::Result;
-use crate::store::Store;
 use crate::Core;
 
 /// The session cookie's name.
@@ -75,7 +75,7 @@ pub fn login(core: &Core, secret: &str) -> Result<Option<String>> {
         csrf: random_hex(),
         expires_at: now + LIFETIME,
     };
-    core.store.console_sessions.insert(&key(&id), &record)?;
+    core.store.console.sessions.insert(&key(&id), &record)?;
     forget_expired(&core.store, now)?;
     Ok(Some(id))
 }
@@ -87,11 +87,11 @@ pub fn lookup(core: &Core, id: &str) -> Result<Option<Session>> {
         return Ok(None);
     }
     let now = core.now();
-    let Some(record) = core.store.console_sessions.get(&key(id))? else {
+    let Some(record) = core.store.console.sessions.get(&key(id))? else {
         return Ok(None);
     };
     if now >= record.expires_at {
-        core.store.console_sessions.remove(&key(id))?;
+        core.store.console.sessions.remove(&key(id))?;
         return Ok(None);
     }
     let principal = match &record.caller {
@@ -107,7 +107,7 @@ pub fn lookup(core: &Core, id: &str) -> Result<Option<Session>> {
 /// Ends a session (logout).
 pub fn logout(core: &Core, id: &str) -> Result<()> {
     if id.len() == 64 {
-        core.store.console_sessions.remove(&key(id))?;
+        core.store.console.sessions.remove(&key(id))?;
     }
     Ok(())
 }
@@ -120,16 +120,17 @@ pub fn csrf_matches(session: &Session, presented: &str) -> bool {
 
 /// Drops sessions past their end, so logins that never log out do not
 /// pile up. Sessions are few (people, not devices): a scan is fine.
-fn forget_expired(store: &Store, now: OffsetDateTime) -> Result<()> {
+fn forget_expired(store: &Db, now: OffsetDateTime) -> Result<()> {
     let expired: Vec<String> = store
-        .console_sessions
+        .console
+        .sessions
         .scan_prefix("")?
         .into_iter()
         .filter(|(_, r)| now >= r.expires_at)
         .map(|(k, _)| k)
         .collect();
     let keys: Vec<&str> = expired.iter().map(String::as_str).collect();
-    store.console_sessions.remove_many(&keys)?;
+    store.console.sessions.remove_many(&keys)?;
     Ok(())
 }
 

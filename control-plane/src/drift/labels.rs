@@ -11,8 +11,8 @@ use edgeloop_api::samples::{
 use time::OffsetDateTime;
 
 use super::records::{record_key, SampleRecord};
+use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::store::Store;
 
 /// The store key of sample `id` of `model`, or a 404 naming it (a
 /// malformed id names no sample).
@@ -77,9 +77,10 @@ fn check_label(field: &str, label: i64) -> Result<()> {
     Ok(())
 }
 
-pub fn get(store: &Store, model: &str, id: &str) -> Result<SampleView> {
+pub fn get(store: &Db, model: &str, id: &str) -> Result<SampleView> {
     let key = key_of(model, id)?;
     let r = store
+        .drift
         .samples
         .get(&key)?
         .ok_or_else(|| Error::not_found("sample", id))?;
@@ -89,7 +90,7 @@ pub fn get(store: &Store, model: &str, id: &str) -> Result<SampleView> {
 /// Labels one sample (relabelling replaces the label, and records who and
 /// when). Not durable until the caller flushes.
 pub fn label(
-    store: &Store,
+    store: &Db,
     model: &str,
     id: &str,
     label: i64,
@@ -98,7 +99,7 @@ pub fn label(
 ) -> Result<SampleView> {
     check_label("label", label)?;
     let key = key_of(model, id)?;
-    let stored = store.samples.update(&key, |old| {
+    let stored = store.drift.samples.update(&key, |old| {
         let mut r = old.ok_or_else(|| Error::not_found("sample", id))?;
         r.label = Some(label);
         r.labelled_at = Some(now);
@@ -112,7 +113,7 @@ pub fn label(
 /// Labels every entry, or none: each id must name a sample of `model` and
 /// each label be a class index, checked before anything is written.
 pub fn label_all(
-    store: &Store,
+    store: &Db,
     model: &str,
     entries: &[LabelEntry],
     by: &str,
@@ -129,7 +130,7 @@ pub fn label_all(
         check_label(&format!("labels[{i}].label"), e.label)?;
         let key = key_of(model, &e.id)
             .ok()
-            .filter(|k| store.samples.contains(k).unwrap_or(false))
+            .filter(|k| store.drift.samples.contains(k).unwrap_or(false))
             .ok_or_else(|| {
                 Error::bad_field(
                     format!("labels[{i}].id"),
@@ -141,7 +142,7 @@ pub fn label_all(
     for (key, e) in keys.iter().zip(entries) {
         // Checked above; a sample deleted since (retention) is skipped,
         // not an error: its label has nothing left to label.
-        let stored = store.samples.update(key, |old| {
+        let stored = store.drift.samples.update(key, |old| {
             let mut r = old.ok_or(())?;
             r.label = Some(e.label);
             r.labelled_at = Some(now);

@@ -15,3 +15,6 @@ pub mod labels;
 pub mod records;
 pub mod retention;
 pub mod stats;
+mod trees;
+
+pub use trees::Trees;

@@ -10,8 +10,8 @@ use std::sync::Mutex;
 
 use time::OffsetDateTime;
 
+use crate::db::Db;
 use crate::error::Result;
-use crate::store::Store;
 
 /// `<device>/<model>/<version>`: the history of assignments, which only
 /// grows (a version rolled away from still gets its late reports).
@@ -21,48 +21,48 @@ pub fn history_key(device: &str, model: &str, version: &str) -> String {
 
 /// Records that `device` was assigned `model` `version`. Written before
 /// the assignment itself, so a stored assignment always has its history.
-pub fn remember(store: &Store, device: &str, model: &str, version: &str) -> Result<()> {
+pub fn remember(store: &Db, device: &str, model: &str, version: &str) -> Result<()> {
     let key = history_key(device, model, version);
-    if !store.assigned_history.contains(&key)? {
-        store.assigned_history.insert(&key, &())?;
+    if !store.fleet.assigned_history.contains(&key)? {
+        store.fleet.assigned_history.insert(&key, &())?;
     }
     Ok(())
 }
 
 /// [`remember`] of many `(device, model, version)` at once: one read of
 /// them all, one write of those not yet remembered (a rollout wave).
-pub fn remember_many(store: &Store, assigned: &[(&str, &str, &str)]) -> Result<()> {
+pub fn remember_many(store: &Db, assigned: &[(&str, &str, &str)]) -> Result<()> {
     let keys: Vec<String> = assigned
         .iter()
         .map(|(d, m, v)| history_key(d, m, v))
         .collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let known = store.assigned_history.get_many(&refs)?;
+    let known = store.fleet.assigned_history.get_many(&refs)?;
     let new: Vec<(&str, &())> = refs
         .iter()
         .zip(known)
         .filter(|(_, k)| k.is_none())
         .map(|(key, _)| (*key, &()))
         .collect();
-    store.assigned_history.insert_many(&new)?;
+    store.fleet.assigned_history.insert_many(&new)?;
     Ok(())
 }
 
 /// For a data dir from before the history existed: what devices are
 /// assigned now, and what they reported running, counts as assigned. Runs
 /// only while the history is empty. Returns the pairs written.
-pub fn backfill(store: &Store) -> Result<usize> {
-    if !store.assigned_history.is_empty()? {
+pub fn backfill(store: &Db) -> Result<usize> {
+    if !store.fleet.assigned_history.is_empty()? {
         return Ok(0);
     }
     let mut n = 0;
-    for (device, set) in store.assignments.scan_prefix("")? {
+    for (device, set) in store.fleet.assignments.scan_prefix("")? {
         for a in set.assignments {
             remember(store, &device, &a.model_name, &a.model_version)?;
             n += 1;
         }
     }
-    for (_, s) in store.assignment_status.scan_prefix("")? {
+    for (_, s) in store.fleet.assignment_status.scan_prefix("")? {
         for v in std::iter::once(&s.model_version).chain(s.running_version.as_ref()) {
             if !v.is_empty() {
                 remember(store, &s.device, &s.model_name, v)?;
@@ -76,13 +76,13 @@ pub fn backfill(store: &Store) -> Result<usize> {
 /// Whether `device` was ever assigned `model` `version`; memoised per
 /// report, since a report names few pairs many times.
 pub struct Assigned<'a> {
-    store: &'a Store,
+    store: &'a Db,
     device: &'a str,
     seen: BTreeMap<(String, String), bool>,
 }
 
 impl<'a> Assigned<'a> {
-    pub fn new(store: &'a Store, device: &'a str) -> Self {
+    pub fn new(store: &'a Db, device: &'a str) -> Self {
         Assigned {
             store,
             device,
@@ -95,10 +95,11 @@ impl<'a> Assigned<'a> {
         if let Some(&v) = self.seen.get(&k) {
             return Ok(v);
         }
-        let v = self
-            .store
-            .assigned_history
-            .contains(&history_key(self.device, model, version))?;
+        let v = self.store.fleet.assigned_history.contains(&history_key(
+            self.device,
+            model,
+            version,
+        ))?;
         self.seen.insert(k, v);
         Ok(v)
     }
@@ -108,6 +109,7 @@ impl<'a> Assigned<'a> {
     pub fn any_version(&self, model: &str) -> Result<bool> {
         Ok(!self
             .store
+            .fleet
             .assigned_history
             .first_with_prefix(&format!("{}/{model}/", self.device), 1)?
             .is_empty())

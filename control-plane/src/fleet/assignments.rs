@@ -7,11 +7,11 @@ use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1 as pb;
 use serde::{Deserialize, Serialize};
 
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::fleet::members::{Member, MemberKind};
 use crate::fleet::{Events, FleetEvent};
 use crate::registry::models::ModelVersionRecord;
-use crate::store::Store;
 use edgeloop_api::registry::variant_for;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -124,25 +124,25 @@ impl AssignmentSetRecord {
     }
 }
 
-pub fn current(store: &Store, device: &str) -> Result<AssignmentSetRecord> {
-    Ok(store.assignments.get(device)?.unwrap_or_default())
+pub fn current(store: &Db, device: &str) -> Result<AssignmentSetRecord> {
+    Ok(store.fleet.assignments.get(device)?.unwrap_or_default())
 }
 
 /// Replaces a device's assignments, bumping the generation, and wakes its
 /// watch stream. Rollouts (a later wing) are the callers.
 pub async fn replace(
-    store: &Store,
+    store: &Db,
     events: &Events,
     device: &str,
     assignments: Vec<AssignmentRecord>,
 ) -> Result<AssignmentSetRecord> {
-    if !store.members(MemberKind::Device).contains(device)? {
+    if !store.fleet.members(MemberKind::Device).contains(device)? {
         return Err(Error::not_found("device", device));
     }
     for a in &assignments {
         super::admission::remember(store, device, &a.model_name, &a.model_version)?;
     }
-    let set = store.assignments.update(device, |cur| {
+    let set = store.fleet.assignments.update(device, |cur| {
         let generation = cur.map_or(0, |c| c.generation) + 1;
         Ok::<_, Error>(AssignmentSetRecord {
             generation,
@@ -180,14 +180,14 @@ pub enum SetOutcome {
 /// Neither flushes nor wakes the devices: a rollout writes many, then
 /// flushes once, then publishes [`FleetEvent::AssignmentsChanged`].
 pub fn set_models(
-    store: &Store,
+    store: &Db,
     model: &str,
     seq: u64,
     fence: Option<crate::store::Fence>,
     devices: &[&str],
     entry_for: impl Fn(&Member) -> Option<AssignmentRecord>,
 ) -> Result<Vec<(SetOutcome, Option<AssignmentRecord>)>> {
-    let members = store.members(MemberKind::Device).get_many(devices)?;
+    let members = store.fleet.members(MemberKind::Device).get_many(devices)?;
     let mut entries: HashMap<&str, Option<AssignmentRecord>> = HashMap::new();
     for (device, member) in devices.iter().zip(&members) {
         if let Some(m) = member {
@@ -214,7 +214,7 @@ pub fn set_models(
     // A rollout's write, fenced: a stale leader's never lands, so no
     // generation is handed out twice.
     let written =
-        store.update_many_fenced(&store.assignments, fence, &enrolled, |device, cur| {
+        store.update_many_fenced(&store.fleet.assignments, fence, &enrolled, |device, cur| {
             let entry = entries.get(device).cloned().flatten();
             let (outcome, set) = set_entry(cur.unwrap_or_default(), model, entry, seq);
             decided.insert(device.to_string(), outcome);

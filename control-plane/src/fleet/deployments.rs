@@ -13,11 +13,11 @@ use super::rollout::{
     self, Compatibility, Deployment, Event, Gates, RolloutState, Strategy, Waves,
 };
 use super::selector::{self, Selector};
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::registry::aliases::{self, AliasName};
 use crate::registry::artifacts::ArtifactStore;
 use crate::registry::models;
-use crate::store::Store;
 use crate::validate;
 pub use edgeloop_api::deployments::{
     CreateDeployment, DeploymentState, DeploymentView, EventEntry, GatesRequest, Requirements,
@@ -159,11 +159,12 @@ fn gates(req: Option<GatesRequest>) -> Gates {
 /// accepts, matching `selector`. A deployment's group is always within its
 /// model's project: a project's models never reach another's devices.
 pub fn group(
-    store: &Store,
+    store: &Db,
     in_project: impl Fn(&str) -> bool,
     selector: &Selector,
 ) -> Result<Vec<super::members::Member>> {
     Ok(store
+        .fleet
         .members(MemberKind::Device)
         .values()?
         .into_iter()
@@ -243,7 +244,7 @@ pub fn check_request(req: &CreateDeployment) -> Result<Checked> {
 /// Validates and stores a deployment, and marks any unfinished deployment
 /// of the same model to the same group as superseded by it.
 pub async fn create(
-    store: &Store,
+    store: &Db,
     artifacts: &dyn ArtifactStore,
     req: CreateDeployment,
     now: OffsetDateTime,
@@ -351,16 +352,16 @@ pub async fn create(
         created_at: now,
         updated_at: now,
     };
-    if !store.deployments.insert_new(&id, &record)? {
+    if !store.fleet.deployments.insert_new(&id, &record)? {
         return Err(Error::Conflict(format!(
             "deployment id {id:?} collided; retry"
         )));
     }
-    for older in store.deployments.values()? {
+    for older in store.fleet.deployments.values()? {
         let same_group = older.deployment.model == record.deployment.model
             && older.deployment.group == record.deployment.group;
         if older.seq < seq && same_group && !older.is_terminal() {
-            store.deployments.update(&older.id, |cur| {
+            store.fleet.deployments.update(&older.id, |cur| {
                 let mut cur = cur.ok_or_else(|| Error::not_found("deployment", &older.id))?;
                 if cur.deployment.superseded_by.is_none() {
                     cur.deployment.superseded_by = Some(id.clone());
@@ -374,22 +375,24 @@ pub async fn create(
     Ok(record)
 }
 
-pub fn get(store: &Store, id: &str) -> Result<DeploymentRecord> {
+pub fn get(store: &Db, id: &str) -> Result<DeploymentRecord> {
     store
+        .fleet
         .deployments
         .get(id)?
         .ok_or_else(|| Error::not_found("deployment", id))
 }
 
 /// Newest first.
-pub fn list(store: &Store) -> Result<Vec<DeploymentRecord>> {
-    let mut all = store.deployments.values()?;
+pub fn list(store: &Db) -> Result<Vec<DeploymentRecord>> {
+    let mut all = store.fleet.deployments.values()?;
     all.sort_by_key(|d| std::cmp::Reverse(d.seq));
     Ok(all)
 }
 
-pub fn events(store: &Store, id: &str) -> Result<Vec<EventEntry>> {
+pub fn events(store: &Db, id: &str) -> Result<Vec<EventEntry>> {
     Ok(store
+        .fleet
         .deployment_events
         .scan_prefix(&format!("{id}/"))?
         .into_iter()
@@ -397,9 +400,10 @@ pub fn events(store: &Store, id: &str) -> Result<Vec<EventEntry>> {
         .collect())
 }
 
-pub fn append_event(store: &Store, id: &str, event: Event, at: OffsetDateTime) -> Result<()> {
+pub fn append_event(store: &Db, id: &str, event: Event, at: OffsetDateTime) -> Result<()> {
     let n = store.next_id()?;
     store
+        .fleet
         .deployment_events
         .insert(&format!("{id}/{n:020}"), &EventEntry { at, event })?;
     Ok(())
@@ -407,8 +411,8 @@ pub fn append_event(store: &Store, id: &str, event: Event, at: OffsetDateTime) -
 
 /// Asks the rollout to stop; the runner reverts the moved devices and ends
 /// it `Cancelled`. A finished deployment cannot be cancelled (409).
-pub async fn cancel(store: &Store, id: &str, now: OffsetDateTime) -> Result<DeploymentRecord> {
-    let record = store.deployments.update(id, |cur| {
+pub async fn cancel(store: &Db, id: &str, now: OffsetDateTime) -> Result<DeploymentRecord> {
+    let record = store.fleet.deployments.update(id, |cur| {
         let mut cur = cur.ok_or_else(|| Error::not_found("deployment", id))?;
         if cur.is_terminal() {
             return Err(Error::Conflict(format!(

@@ -15,7 +15,10 @@ pub mod rollout;
 pub mod selector;
 pub mod serving;
 pub mod telemetry;
+mod trees;
 pub mod wakeups;
+
+pub use trees::Trees;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -27,8 +27,8 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use super::members::{CapabilitiesRecord, Member, MemberKind};
+use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::store::Store;
 
 /// How often noted refreshes are written.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(250);
@@ -68,7 +68,7 @@ pub fn heartbeat_write_due(
 /// [`heartbeat_write_due`] says so, `last_seen` and the capabilities are
 /// written, still refused for a member revoked meanwhile.
 pub fn write_now(
-    store: &Store,
+    store: &Db,
     member: &Member,
     capabilities: Option<CapabilitiesRecord>,
     now: OffsetDateTime,
@@ -78,18 +78,21 @@ pub fn write_now(
         return Ok(());
     }
     let (kind, id) = (member.kind, member.id.as_str());
-    store.members(kind).update_from(id, member, |m| match m {
-        Some(m) if m.revoked_at.is_none() => Ok(Member {
-            last_seen: Some(now),
-            capabilities: capabilities.clone().unwrap_or(m.capabilities.clone()),
-            ..m
-        }),
-        Some(_) => Err(Error::PermissionDenied(format!(
-            "{} has been revoked",
-            kind.identity(id)
-        ))),
-        None => Err(Error::not_found(kind.as_str(), id)),
-    })??;
+    store
+        .fleet
+        .members(kind)
+        .update_from(id, member, |m| match m {
+            Some(m) if m.revoked_at.is_none() => Ok(Member {
+                last_seen: Some(now),
+                capabilities: capabilities.clone().unwrap_or(m.capabilities.clone()),
+                ..m
+            }),
+            Some(_) => Err(Error::PermissionDenied(format!(
+                "{} has been revoked",
+                kind.identity(id)
+            ))),
+            None => Err(Error::not_found(kind.as_str(), id)),
+        })??;
     Ok(())
 }
 
@@ -121,7 +124,7 @@ impl Presence {
     /// [`heartbeat_write`]). What it did.
     pub fn heartbeat(
         &self,
-        store: &Store,
+        store: &Db,
         member: &Member,
         capabilities: Option<CapabilitiesRecord>,
         now: OffsetDateTime,
@@ -152,7 +155,7 @@ impl Presence {
     /// member revoked or removed meanwhile is left as it is. How many
     /// records were written. On a store error the refreshes are noted
     /// again for the next flush.
-    pub fn flush(&self, store: &Store) -> Result<usize> {
+    pub fn flush(&self, store: &Db) -> Result<usize> {
         let taken = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
         let mut written = 0;
         for kind in [MemberKind::Device, MemberKind::Cluster] {
@@ -166,16 +169,17 @@ impl Presence {
             }
             let at: HashMap<&str, OffsetDateTime> = batch.iter().copied().collect();
             let keys: Vec<&str> = batch.iter().map(|(id, _)| *id).collect();
-            let results = store.update_many_fenced(store.members(kind), None, &keys, |id, m| {
-                let seen = at.get(id).copied();
-                match (m, seen) {
-                    (Some(m), Some(seen)) if m.revoked_at.is_none() => Ok(Member {
-                        last_seen: m.last_seen.max(Some(seen)),
-                        ..m
-                    }),
-                    _ => Err(()),
-                }
-            });
+            let results =
+                store.update_many_fenced(store.fleet.members(kind), None, &keys, |id, m| {
+                    let seen = at.get(id).copied();
+                    match (m, seen) {
+                        (Some(m), Some(seen)) if m.revoked_at.is_none() => Ok(Member {
+                            last_seen: m.last_seen.max(Some(seen)),
+                            ..m
+                        }),
+                        _ => Err(()),
+                    }
+                });
             match results {
                 Ok(results) => written += results.iter().filter(|r| r.is_ok()).count(),
                 Err(e) => {
@@ -191,7 +195,7 @@ impl Presence {
 }
 
 /// Flushes `presence` every [`FLUSH_EVERY`] until `shutdown`, then once more.
-pub async fn run(store: Store, presence: std::sync::Arc<Presence>, shutdown: CancellationToken) {
+pub async fn run(store: Db, presence: std::sync::Arc<Presence>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(FLUSH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

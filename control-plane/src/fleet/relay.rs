@@ -22,8 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use super::members::MemberKind;
 use super::FleetEvent;
+use crate::db::Db;
 use crate::error::Result;
-use crate::store::Store;
 
 /// How often a replica reads the other replicas' events.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -84,12 +84,12 @@ fn batch_key(seq: u64, i: usize) -> String {
 /// Where a replica's events go in the shared store.
 #[derive(Clone)]
 pub struct Relay {
-    store: Store,
+    store: Db,
     replica: Arc<str>,
 }
 
 impl Relay {
-    pub fn new(store: Store, replica: &str) -> Relay {
+    pub fn new(store: Db, replica: &str) -> Relay {
         Relay {
             store,
             replica: replica.into(),
@@ -129,7 +129,7 @@ impl Relay {
                     .collect();
                 let refs: Vec<(&str, &Relayed)> =
                     entries.iter().map(|(k, v)| (k.as_str(), v)).collect();
-                Ok(self.store.fleet_events.insert_many(&refs)?)
+                Ok(self.store.fleet.fleet_events.insert_many(&refs)?)
             });
         if let Err(e) = r {
             tracing::warn!(error = %e, events = events.len(), "logging fleet events for the other replicas");
@@ -152,8 +152,12 @@ pub struct Tail {
 impl Tail {
     /// Starts at the log's end: what was logged before this replica
     /// started is not news to any stream it serves.
-    pub fn new(store: &Store, replica: &str) -> Result<Tail> {
-        let end = store.fleet_events.last_with_prefix("")?.map(|(k, _)| k);
+    pub fn new(store: &Db, replica: &str) -> Result<Tail> {
+        let end = store
+            .fleet
+            .fleet_events
+            .last_with_prefix("")?
+            .map(|(k, _)| k);
         Ok(Tail {
             replica: replica.to_string(),
             seen: BTreeSet::new(),
@@ -164,7 +168,7 @@ impl Tail {
     }
 
     /// One poll: the other replicas' events not seen yet, in log order.
-    pub fn poll(&mut self, store: &Store) -> Result<Vec<FleetEvent>> {
+    pub fn poll(&mut self, store: &Db) -> Result<Vec<FleetEvent>> {
         let now = Instant::now();
         // Re-read from where this replica stood LAG ago.
         while self.marks.len() > 1 && now.duration_since(self.marks[1].0) >= LAG {
@@ -178,9 +182,11 @@ impl Tail {
         let mut after = from;
         let mut highest = self.marks.back().and_then(|(_, k)| k.clone());
         loop {
-            let page = store
-                .fleet_events
-                .page_after("", after.as_deref(), 1024, |_, _| true)?;
+            let page =
+                store
+                    .fleet
+                    .fleet_events
+                    .page_after("", after.as_deref(), 1024, |_, _| true)?;
             let full = page.len() == 1024;
             for (k, r) in page {
                 after = Some(k.clone());
@@ -203,7 +209,7 @@ impl Tail {
     /// replica had seen at the previous prune, so each entry lives from
     /// one to two [`KEEP`]s (any replica may drop it; all of them read it
     /// long before). Returns how many.
-    pub fn prune(&mut self, store: &Store) -> Result<u64> {
+    pub fn prune(&mut self, store: &Db) -> Result<u64> {
         if self.pruned_at.elapsed() < KEEP {
             return Ok(0);
         }
@@ -216,7 +222,7 @@ impl Tail {
         // are ten statements, not 10 000 round trips.
         let mut dropped = 0;
         loop {
-            let page = store.fleet_events.first_with_prefix("", 1024)?;
+            let page = store.fleet.fleet_events.first_with_prefix("", 1024)?;
             let full = page.len() == 1024;
             let old: Vec<&str> = page
                 .iter()
@@ -224,7 +230,7 @@ impl Tail {
                 .take_while(|k| *k <= upto.as_str())
                 .collect();
             let reached_upto = old.len() < page.len();
-            store.fleet_events.remove_many(&old)?;
+            store.fleet.fleet_events.remove_many(&old)?;
             dropped += old.len() as u64;
             if reached_upto || !full {
                 return Ok(dropped);
@@ -285,7 +291,7 @@ mod tests {
         }
     }
 
-    fn wakes(store: &Store) {
+    fn wakes(store: &Db) {
         let a = Events::relayed(Relay::new(store.clone(), "a"));
         let b = Events::relayed(Relay::new(store.clone(), "b"));
         let mut tail_a = Tail::new(store, "a").unwrap();
@@ -320,7 +326,7 @@ mod tests {
         }
     }
 
-    fn batch(store: &Store) {
+    fn batch(store: &Db) {
         let a = Events::relayed(Relay::new(store.clone(), "a"));
         let mut tail_b = Tail::new(store, "b").unwrap();
         a.publish(changed(0));
@@ -342,7 +348,7 @@ mod tests {
         }
     }
 
-    fn late_entry(store: &Store) {
+    fn late_entry(store: &Db) {
         let mut tail = Tail::new(store, "b").unwrap();
         let entry = |device: &str| Relayed {
             replica: "a".into(),
@@ -353,11 +359,13 @@ mod tests {
         // Sequence 2 commits first; 1, taken earlier, lands after the poll.
         let (one, two) = (store.next_id().unwrap(), store.next_id().unwrap());
         store
+            .fleet
             .fleet_events
             .insert(&key(two), &entry("late-second"))
             .unwrap();
         assert_eq!(tail.poll(store).unwrap().len(), 1);
         store
+            .fleet
             .fleet_events
             .insert(&key(one), &entry("first"))
             .unwrap();
@@ -378,7 +386,7 @@ mod tests {
         }
     }
 
-    fn prune(store: &Store) {
+    fn prune(store: &Db) {
         let a = Events::relayed(Relay::new(store.clone(), "a"));
         let mut tail = Tail::new(store, "b").unwrap();
         let keep_ago = || Instant::now().checked_sub(KEEP).unwrap();
@@ -393,7 +401,7 @@ mod tests {
         tail.pruned_at = keep_ago();
         assert_eq!(tail.prune(store).unwrap(), 1500);
         assert_eq!(
-            store.fleet_events.len().unwrap(),
+            store.fleet.fleet_events.len().unwrap(),
             10,
             "the unseen entries stay"
         );
@@ -406,7 +414,7 @@ mod tests {
         );
         tail.pruned_at = keep_ago();
         assert_eq!(tail.prune(store).unwrap(), 10);
-        assert!(store.fleet_events.is_empty().unwrap());
+        assert!(store.fleet.fleet_events.is_empty().unwrap());
     }
 
     #[test]

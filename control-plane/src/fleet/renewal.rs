@@ -15,10 +15,10 @@ use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::fleet::members::{Member, MemberKind};
 use crate::fleet::pki::{self, Pki, SignedCert};
-use crate::store::Store;
 
 /// How long a replaced certificate still works after its successor's first
 /// use: long enough for a call that left on an old connection just before
@@ -134,7 +134,7 @@ pub fn promote(m: Member, now: OffsetDateTime) -> Member {
 /// [`promote_in_store`]), or the refusal. Revocation is checked before
 /// this, by the caller.
 pub fn admit_in_store(
-    store: &Store,
+    store: &Db,
     member: Member,
     fingerprint: Digest,
     now: OffsetDateTime,
@@ -168,7 +168,7 @@ pub fn renew_hint(m: &Member, presented: Digest, now: OffsetDateTime) -> bool {
 /// before the reply: a member holding a certificate the store forgot would
 /// be locked out once its old one ended.
 pub async fn renew(
-    store: &Store,
+    store: &Db,
     pki: &Pki,
     member: &Member,
     presented: Digest,
@@ -187,7 +187,7 @@ pub async fn renew(
     let key = pki::csr_key(csr_pem)?;
     // The store's record, not the caller's copy: a retry must see the
     // pending certificate its lost first call left there.
-    let stored = store.members(kind).get(&member.id)?;
+    let stored = store.fleet.members(kind).get(&member.id)?;
     if let Some(p) = stored
         .as_ref()
         .and_then(|m| m.pending_cert.as_ref())
@@ -203,7 +203,7 @@ pub async fn renew(
         not_before: now,
         not_after: cert.not_after,
     };
-    store.members(kind).update(&member.id, |m| match m {
+    store.fleet.members(kind).update(&member.id, |m| match m {
         Some(m) if m.revoked_at.is_some() => Err(Error::PermissionDenied(format!(
             "{identity} has been revoked"
         ))),
@@ -235,13 +235,13 @@ fn signed(p: &PendingCert) -> SignedCert {
 /// once). Not flushed: lost in a crash, the next call with the new
 /// certificate promotes it again.
 pub fn promote_in_store(
-    store: &Store,
+    store: &Db,
     kind: MemberKind,
     id: &str,
     fingerprint: Digest,
     now: OffsetDateTime,
 ) -> Result<Member> {
-    store.members(kind).update(id, |m| match m {
+    store.fleet.members(kind).update(id, |m| match m {
         Some(m)
             if m.pending_cert
                 .as_ref()

@@ -8,15 +8,15 @@ use edgeloop_api::fleet::{ServingView, TelemetrySeen};
 
 use super::assignments::AssignmentRecord;
 use super::telemetry::{status_key, AssignmentStatusRecord};
+use crate::db::Db;
 use crate::error::Result;
-use crate::store::Store;
 
 /// For each of `devices`, in order: its models and its last report.
 pub fn serving_of(
-    store: &Store,
+    store: &Db,
     devices: &[&str],
 ) -> Result<Vec<(Vec<ServingView>, Option<TelemetrySeen>)>> {
-    let sets = store.assignments.get_many(devices)?;
+    let sets = store.fleet.assignments.get_many(devices)?;
     let assigned: Vec<(&str, AssignmentRecord)> = devices
         .iter()
         .zip(sets)
@@ -32,7 +32,7 @@ pub fn serving_of(
         .map(|(d, a)| status_key(d, &a.model_name))
         .collect();
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let statuses = store.assignment_status.get_many(&keys)?;
+    let statuses = store.fleet.assignment_status.get_many(&keys)?;
     let mut models = assigned.into_iter().zip(statuses).peekable();
     let mut out = Vec::with_capacity(devices.len());
     for d in devices {
@@ -41,6 +41,7 @@ pub fn serving_of(
             serving.push(view(a, status));
         }
         let seen = store
+            .fleet
             .telemetry
             .last_with_prefix(&format!("{d}/"))?
             .map(|(_, r)| TelemetrySeen {

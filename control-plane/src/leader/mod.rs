@@ -22,6 +22,9 @@
 //! that renews every [`RENEW_EVERY`].
 
 pub mod decide;
+mod trees;
+
+pub use trees::Trees;
 
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
@@ -30,8 +33,8 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
+use crate::db::Db;
 use crate::error::Result;
-use crate::store::Store;
 use crate::Core;
 use decide::{Lease, Me};
 
@@ -135,11 +138,11 @@ impl Leadership {
 
     /// One round: takes or renews every lease it can. Blocking (store
     /// reads and writes). Returns the tasks it leads after the round.
-    pub fn round(&self, store: &Store, now: OffsetDateTime) -> Result<Vec<Task>> {
+    pub fn round(&self, store: &Db, now: OffsetDateTime) -> Result<Vec<Task>> {
         let mut led = Vec::new();
         for task in Task::ALL {
             let started = Instant::now();
-            let taken = store.leases.update(task.name(), |cur| {
+            let taken = store.leader.leases.update(task.name(), |cur| {
                 decide::next(cur.as_ref(), &self.me, now).ok_or(())
             })?;
             if let Ok(Lease { token, .. }) = &taken {
@@ -175,13 +178,13 @@ impl Leadership {
 
     /// Lets go of every lease (a clean shutdown), so another replica takes
     /// them at once instead of after they expire.
-    pub fn release(&self, store: &Store, now: OffsetDateTime) {
+    pub fn release(&self, store: &Db, now: OffsetDateTime) {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         for task in Task::ALL {
             if held[task as usize].take().is_none() {
                 continue;
             }
-            let r = store.leases.update(task.name(), |cur| match cur {
+            let r = store.leader.leases.update(task.name(), |cur| match cur {
                 Some(l) if l.holder == self.me.replica && l.incarnation == self.me.incarnation => {
                     Ok(Lease {
                         expires_at: now,
@@ -218,9 +221,10 @@ const SHARED_CA_KEY: &str = "~ca-fingerprint";
 /// another CA cannot connect. The first replica records its CA's
 /// fingerprint; a later one with another CA refuses to start, saying what
 /// to do.
-pub fn check_shared_ca(store: &Store, ca: edgeloop_models::Digest) -> anyhow::Result<()> {
+pub fn check_shared_ca(store: &Db, ca: edgeloop_models::Digest) -> anyhow::Result<()> {
     let mine = ca.to_string();
     let recorded = store
+        .leader
         .replica_settings
         .update(SHARED_CA_KEY, |cur| {
             Ok::<_, ()>(cur.unwrap_or_else(|| mine.clone()))

@@ -17,12 +17,12 @@ fn at(s: i64) -> OffsetDateTime {
 }
 
 /// A store per backend, with what keeps its data alive (dropped after it).
-pub(crate) fn stores(what: &str) -> Vec<(Store, Box<dyn std::any::Any>)> {
+pub(crate) fn stores(what: &str) -> Vec<(Db, Box<dyn std::any::Any>)> {
     let dir = tempfile::tempdir().unwrap();
-    let mut out: Vec<(Store, Box<dyn std::any::Any>)> =
-        vec![(Store::open(&dir.path().join("db")).unwrap(), Box::new(dir))];
+    let mut out: Vec<(Db, Box<dyn std::any::Any>)> =
+        vec![(Db::open(&dir.path().join("db")).unwrap(), Box::new(dir))];
     if let Some(db) = crate::store::TestDatabase::from_env(what) {
-        out.push((Store::open_postgres(db.url()).unwrap(), Box::new(db)));
+        out.push((Db::open_postgres(db.url()).unwrap(), Box::new(db)));
     }
     out
 }
@@ -34,7 +34,7 @@ fn one_replica_leads_each_task_and_the_other_takes_over_with_a_new_token() {
     }
 }
 
-fn takeover(store: &Store) {
+fn takeover(store: &Db) {
     let a = Leadership::new("a".into());
     let b = Leadership::new("b".into());
     assert_eq!(a.round(store, at(0)).unwrap(), Task::ALL);
@@ -59,7 +59,7 @@ fn a_restarted_replica_takes_its_own_lease_at_once_and_a_release_frees_it() {
     }
 }
 
-fn restart(store: &Store) {
+fn restart(store: &Db) {
     let first = Leadership::new("a".into());
     first.round(store, at(0)).unwrap();
     // The same replica (its data dir) in a new process, before expiry.
@@ -107,7 +107,7 @@ fn a_stale_leaders_fenced_write_is_refused_and_the_new_leaders_applies() {
 #[test]
 fn a_stale_leaders_batch_is_refused_whole() {
     for (store, _keep) in stores("leader fencing of batches") {
-        let t = &store.pipeline_active;
+        let t = &store.lifecycle.pipeline_active;
         let a = Leadership::new("a".into());
         a.round(&store, at(0)).unwrap();
         let old = a.fence(Task::Rollouts).unwrap();
@@ -134,8 +134,8 @@ fn a_stale_leaders_batch_is_refused_whole() {
     }
 }
 
-fn fencing(store: &Store) {
-    let t = &store.pipeline_active;
+fn fencing(store: &Db) {
+    let t = &store.lifecycle.pipeline_active;
     let a = Leadership::new("a".into());
     a.round(store, at(0)).unwrap();
     let old = a.fence(Task::Pipelines).unwrap();

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
+use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::store::Store;
 
 /// The lease the table tests use. The running value comes from the config
 /// (`job_lease_secs`, 5 minutes by default): generous, because a bridge that
@@ -233,7 +233,7 @@ pub fn validate_spec(spec: &serde_json::Value) -> Result<JobSpec> {
     })
 }
 
-pub async fn create(store: &Store, req: CreateJob, now: OffsetDateTime) -> Result<JobRecord> {
+pub async fn create(store: &Db, req: CreateJob, now: OffsetDateTime) -> Result<JobRecord> {
     let name = validate_spec(&req.spec)?.name;
     let id = format!("{name}-{:08x}", rand::random::<u32>());
     match create_with_id(store, &id, req, now).await? {
@@ -245,7 +245,7 @@ pub async fn create(store: &Store, req: CreateJob, now: OffsetDateTime) -> Resul
 /// Creates job `id` unless it exists; returns the job and whether this call
 /// created it (an idempotent create, for callers that retry after a crash).
 pub async fn create_with_id(
-    store: &Store,
+    store: &Db,
     id: &str,
     req: CreateJob,
     now: OffsetDateTime,
@@ -256,15 +256,16 @@ pub async fn create_with_id(
     }
     let project = crate::validate::project(req.project)?;
     let job = JobRecord::queued(id, spec, project, req.cluster, now);
-    if !store.jobs.insert_new(id, &job)? {
+    if !store.lifecycle.jobs.insert_new(id, &job)? {
         return Ok((get(store, id)?, false));
     }
     store.flush().await?;
     Ok((job, true))
 }
 
-pub fn get(store: &Store, id: &str) -> Result<JobRecord> {
+pub fn get(store: &Db, id: &str) -> Result<JobRecord> {
     store
+        .lifecycle
         .jobs
         .get(id)?
         .ok_or_else(|| Error::not_found("job", id))
@@ -272,19 +273,19 @@ pub fn get(store: &Store, id: &str) -> Result<JobRecord> {
 
 /// Leases the next job for `cluster`, if any, atomically.
 pub async fn lease(
-    store: &Store,
+    store: &Db,
     cluster: &str,
     running: &[String],
     now: OffsetDateTime,
     lease: Duration,
 ) -> Result<Option<JobRecord>> {
     loop {
-        let jobs = store.jobs.values()?;
+        let jobs = store.lifecycle.jobs.values()?;
         let Some(candidate) = pick(&jobs, cluster, running, now) else {
             return Ok(None);
         };
         let id = candidate.id.clone();
-        let taken = store.jobs.update(&id, |cur| match cur {
+        let taken = store.lifecycle.jobs.update(&id, |cur| match cur {
             Some(j) if leasable_by(&j, cluster, running, now) => {
                 // Re-adoption by the same cluster keeps the attempt (the engine may
                 // still be running it); anything else starts a new one.
@@ -315,14 +316,14 @@ pub async fn lease(
 }
 
 pub async fn report(
-    store: &Store,
+    store: &Db,
     id: &str,
     cluster: &str,
     report: &Report,
     now: OffsetDateTime,
     lease: Duration,
 ) -> Result<JobRecord> {
-    let job = store.jobs.update(id, |cur| match cur {
+    let job = store.lifecycle.jobs.update(id, |cur| match cur {
         Some(j) => apply_report(&j, cluster, report, now, lease),
         None => Err(Error::not_found("job", id)),
     })??;
@@ -332,8 +333,8 @@ pub async fn report(
 
 /// Requests cancellation. A queued job ends at once; a leased or running one
 /// is stopped by its bridge, which then reports `cancelled`.
-pub async fn cancel(store: &Store, id: &str, now: OffsetDateTime) -> Result<JobRecord> {
-    let job = store.jobs.update(id, |cur| match cur {
+pub async fn cancel(store: &Db, id: &str, now: OffsetDateTime) -> Result<JobRecord> {
+    let job = store.lifecycle.jobs.update(id, |cur| match cur {
         Some(j) if j.state.is_terminal() => Ok(j),
         Some(j) if j.state == JobState::Queued => Ok(JobRecord {
             state: JobState::Cancelled,

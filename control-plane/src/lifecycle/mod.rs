@@ -4,4 +4,7 @@
 pub mod jobs;
 pub mod pipeline;
 pub mod retrain;
+mod trees;
 pub mod triggers;
+
+pub use trees::Trees;

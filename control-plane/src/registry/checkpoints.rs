@@ -8,7 +8,7 @@ use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::store::Store;
+use crate::db::Db;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointRecord {
@@ -32,11 +32,9 @@ pub fn key(job_id: &str, step: u64) -> String {
 }
 
 /// Every checkpoint of a job, oldest step first.
-pub fn list(
-    store: &Store,
-    job_id: &str,
-) -> Result<Vec<CheckpointRecord>, crate::store::StoreError> {
+pub fn list(store: &Db, job_id: &str) -> Result<Vec<CheckpointRecord>, crate::store::StoreError> {
     Ok(store
+        .registry
         .checkpoints
         .scan_prefix(&format!("{job_id}/"))?
         .into_iter()
@@ -46,10 +44,11 @@ pub fn list(
 
 /// The newest checkpoint of a job: the one to resume from.
 pub fn latest(
-    store: &Store,
+    store: &Db,
     job_id: &str,
 ) -> Result<Option<CheckpointRecord>, crate::store::StoreError> {
     Ok(store
+        .registry
         .checkpoints
         .last_with_prefix(&format!("{job_id}/"))?
         .map(|(_, v)| v))

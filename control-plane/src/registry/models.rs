@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use tokio::io::AsyncReadExt;
 
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::registry::aliases;
 use crate::registry::artifacts::ArtifactStore;
-use crate::store::Store;
 use crate::validate;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -73,7 +73,7 @@ pub fn version_key(model: &str, version: &str) -> String {
 }
 
 pub async fn create_model(
-    store: &Store,
+    store: &Db,
     req: CreateModel,
     now: OffsetDateTime,
 ) -> Result<ModelRecord> {
@@ -94,7 +94,7 @@ pub async fn create_model(
         labels,
         created_at: now,
     };
-    if !store.models.insert_new(&record.name, &record)? {
+    if !store.registry.models.insert_new(&record.name, &record)? {
         return Err(Error::Conflict(format!(
             "model {:?} already exists",
             record.name
@@ -104,8 +104,9 @@ pub async fn create_model(
     Ok(record)
 }
 
-pub fn get_model(store: &Store, name: &str) -> Result<ModelRecord> {
+pub fn get_model(store: &Db, name: &str) -> Result<ModelRecord> {
     store
+        .registry
         .models
         .get(name)?
         .ok_or_else(|| Error::not_found("model", name))
@@ -114,8 +115,9 @@ pub fn get_model(store: &Store, name: &str) -> Result<ModelRecord> {
 /// The project of model `name`, or the default one when it is gone: a
 /// record naming a deleted model (a deployment, a pipeline) still belongs
 /// somewhere, where only unscoped and `default` tokens see it.
-pub fn project_or_default(store: &Store, name: &str) -> Result<String> {
+pub fn project_or_default(store: &Db, name: &str) -> Result<String> {
     Ok(store
+        .registry
         .models
         .get(name)?
         .map(|m| m.project)
@@ -123,13 +125,14 @@ pub fn project_or_default(store: &Store, name: &str) -> Result<String> {
 }
 
 /// The project model `name` belongs to (404 when there is no such model).
-pub fn project_of(store: &Store, name: &str) -> Result<String> {
+pub fn project_of(store: &Db, name: &str) -> Result<String> {
     Ok(get_model(store, name)?.project)
 }
 
-pub fn list_versions(store: &Store, model: &str) -> Result<Vec<ModelVersionRecord>> {
+pub fn list_versions(store: &Db, model: &str) -> Result<Vec<ModelVersionRecord>> {
     get_model(store, model)?;
     let mut versions: Vec<_> = store
+        .registry
         .model_versions
         .scan_prefix(&format!("{model}/"))?
         .into_iter()
@@ -143,16 +146,17 @@ pub fn list_versions(store: &Store, model: &str) -> Result<Vec<ModelVersionRecor
     Ok(versions)
 }
 
-pub fn get_version(store: &Store, model: &str, version: &str) -> Result<ModelVersionRecord> {
+pub fn get_version(store: &Db, model: &str, version: &str) -> Result<ModelVersionRecord> {
     get_model(store, model)?;
     store
+        .registry
         .model_versions
         .get(&version_key(model, version))?
         .ok_or_else(|| Error::not_found("model version", format!("{model}:{version}")))
 }
 
 pub async fn create_version(
-    store: &Store,
+    store: &Db,
     artifacts: &dyn ArtifactStore,
     model: &str,
     req: CreateModelVersion,
@@ -189,7 +193,11 @@ pub async fn create_version(
     }
     let lineage = req.lineage.unwrap_or_default();
     if let Some(parent) = &lineage.parent_version {
-        if !store.model_versions.contains(&version_key(model, parent))? {
+        if !store
+            .registry
+            .model_versions
+            .contains(&version_key(model, parent))?
+        {
             return Err(Error::bad_field(
                 "lineage.parent_version",
                 format!("version {parent:?} of model {model:?} does not exist"),
@@ -201,6 +209,7 @@ pub async fn create_version(
     }
     let explicit = version_asked.is_some();
     let mut next = store
+        .registry
         .model_versions
         .scan_prefix(&format!("{model}/"))?
         .len()
@@ -221,6 +230,7 @@ pub async fn create_version(
             variants: Vec::new(),
         };
         if store
+            .registry
             .model_versions
             .insert_new(&version_key(model, &version), &record)?
         {
@@ -242,7 +252,7 @@ const MAX_VARIANTS: usize = 8;
 /// Adds a variant to a version. The variant is immutable once added, like
 /// the version: a second variant of the same name is a conflict.
 pub async fn add_variant(
-    store: &Store,
+    store: &Db,
     artifacts: &dyn ArtifactStore,
     model: &str,
     version: &str,
@@ -321,6 +331,7 @@ pub async fn add_variant(
         created_at: now,
     };
     let record = store
+        .registry
         .model_versions
         .update(&version_key(model, version), |cur| {
             let mut cur =

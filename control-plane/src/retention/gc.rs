@@ -48,6 +48,7 @@ use edgeloop_api::registry::{Lineage, VariantView};
 use edgeloop_models::Digest;
 use time::{Duration, OffsetDateTime};
 
+use crate::db::Db;
 use crate::error::Result;
 use crate::fleet::assignments::AssignmentRecord;
 use crate::fleet::benchmarks::{BenchmarkRecord, ModelEntry};
@@ -58,7 +59,7 @@ use crate::registry::artifact_cache::ArtifactCache;
 use crate::registry::artifacts::{ArtifactStore, StoredArtifact};
 use crate::registry::checkpoints::CheckpointRecord;
 use crate::registry::models::ModelVersionRecord;
-use crate::store::{Store, Tree};
+use crate::store::Tree;
 
 /// What records other than jobs and checkpoints hold on to: the digests,
 /// and the jobs (a version's lineage, an unfinished pipeline's training).
@@ -417,14 +418,14 @@ pub(super) fn each<V: serde::Serialize + serde::de::DeserializeOwned>(
 
 /// Reads what every record but jobs and checkpoints holds on to, in the
 /// order digests flow (see the module's doc). Blocking.
-pub fn pinned(store: &Store) -> Result<Pinned> {
+pub fn pinned(store: &Db) -> Result<Pinned> {
     let mut pins = Pinned::default();
     let mut unfinished = BTreeSet::new();
-    each(&store.retraining, |_, c| {
+    each(&store.lifecycle.retraining, |_, c| {
         pins.digests.extend(retraining_digests(&c));
         Ok(())
     })?;
-    each(&store.pipelines, |_, p| {
+    each(&store.lifecycle.pipelines, |_, p| {
         if !p.state.is_terminal() {
             unfinished.insert(p.id.clone());
         }
@@ -433,16 +434,16 @@ pub fn pinned(store: &Store) -> Result<Pinned> {
         pins.jobs.extend(jobs);
         Ok(())
     })?;
-    each(&store.benchmarks, |_, b| {
+    each(&store.fleet.benchmarks, |_, b| {
         pins.digests.extend(benchmark_digests(&b, &unfinished));
         Ok(())
     })?;
-    each(&store.model_versions, |_, v| {
+    each(&store.registry.model_versions, |_, v| {
         pins.digests.extend(version_digests(&v));
         pins.jobs.extend(v.lineage.job.clone());
         Ok(())
     })?;
-    each(&store.assignments, |_, set| {
+    each(&store.fleet.assignments, |_, set| {
         for a in &set.assignments {
             pins.digests.extend(assignment_digests(a));
         }
@@ -469,17 +470,17 @@ pub struct Marked {
 /// retention kept. Blocking. The caller makes what it read durable (a
 /// store flush) before [`sweep`], so a crash cannot bring back a record
 /// older than the sweep, naming what it deleted.
-pub fn mark(store: &Store, artifacts: &dyn ArtifactStore) -> Result<Marked> {
+pub fn mark(store: &Db, artifacts: &dyn ArtifactStore) -> Result<Marked> {
     let stored = artifacts.list()?;
     if stored.is_empty() {
         return Ok(Marked::default());
     }
     let mut live = pinned(store)?.digests;
-    each(&store.jobs, |_, j| {
+    each(&store.lifecycle.jobs, |_, j| {
         live.extend(job_digests(&j).map_err(|e| crate::error::Error::Internal(e.into()))?);
         Ok(())
     })?;
-    each(&store.checkpoints, |_, c| {
+    each(&store.registry.checkpoints, |_, c| {
         live.insert(checkpoint_digest(&c));
         Ok(())
     })?;
@@ -515,7 +516,7 @@ pub fn sweep(
 /// [`mark`] then [`sweep`], with no flush between: for a store whose
 /// writes are durable already (tests, tools). Blocking.
 pub fn collect(
-    store: &Store,
+    store: &Db,
     artifacts: &dyn ArtifactStore,
     cache: Option<&ArtifactCache>,
     grace: Duration,

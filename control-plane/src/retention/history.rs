@@ -22,11 +22,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use edgeloop_api::deployments::RolloutState;
 use time::{Duration, OffsetDateTime};
 
+use crate::db::Db;
 use crate::error::Result;
 use crate::fleet::benchmarks::BenchmarkRecord;
 use crate::fleet::deployments::DeploymentRecord;
 use crate::lifecycle::pipeline::{Output, Pipeline};
-use crate::store::Store;
 
 /// When a pipeline ended: its last step's end (an ended pipeline's last
 /// step has one), else that step's start. None while it runs. Pure.
@@ -146,32 +146,36 @@ pub struct DroppedHistory {
 
 /// One pass. Pipelines, deployments and benchmarks are bounded by this
 /// very retention, so each is read whole. Blocking; the caller flushes.
-pub fn prune(store: &Store, now: OffsetDateTime, max_age: Duration) -> Result<DroppedHistory> {
+pub fn prune(store: &Db, now: OffsetDateTime, max_age: Duration) -> Result<DroppedHistory> {
     let mut d = DroppedHistory::default();
-    let pipelines = store.pipelines.values()?;
+    let pipelines = store.lifecycle.pipelines.values()?;
     let live = Live::of(&pipelines);
     for id in pipelines_to_drop(&pipelines, now, max_age) {
         // Only if it is still the record decided on (a cancel or a restart
         // of its step cannot revive an ended pipeline, but stay exact).
         if let Some(p) = pipelines.iter().find(|p| p.id == id) {
-            if store.pipelines.remove_if_eq(&id, p)? {
+            if store.lifecycle.pipelines.remove_if_eq(&id, p)? {
                 d.pipelines += 1;
             }
         }
     }
-    let deployments = store.deployments.values()?;
+    let deployments = store.fleet.deployments.values()?;
     for id in deployments_to_drop(&deployments, &live, now, max_age) {
         // The log first: a crash between leaves a record without its
         // events, never events without a record that no pass would find.
-        for (key, _) in store.deployment_events.scan_prefix(&format!("{id}/"))? {
-            store.deployment_events.remove(&key)?;
+        for (key, _) in store
+            .fleet
+            .deployment_events
+            .scan_prefix(&format!("{id}/"))?
+        {
+            store.fleet.deployment_events.remove(&key)?;
         }
-        store.deployments.remove(&id)?;
+        store.fleet.deployments.remove(&id)?;
         d.deployments += 1;
     }
-    for (id, b) in store.benchmarks.scan_prefix("")? {
+    for (id, b) in store.fleet.benchmarks.scan_prefix("")? {
         if benchmark_expired(&b, &live, now, max_age) {
-            store.benchmarks.remove(&id)?;
+            store.fleet.benchmarks.remove(&id)?;
             d.benchmarks += 1;
         }
     }

@@ -19,10 +19,10 @@ use edgeloop_models::Digest;
 use time::{Duration, OffsetDateTime};
 
 use super::gc::{checkpoint_digest, each, Pinned};
+use crate::db::Db;
 use crate::error::Result;
 use crate::lifecycle::jobs::{keep_last, JobRecord};
 use crate::registry::checkpoints::{self, CheckpointRecord};
-use crate::store::Store;
 
 /// Whether `job` goes: ended more than `max_age` before `now` (by its last
 /// change, which for an ended job is when it ended), and not pinned. Pure.
@@ -78,7 +78,7 @@ fn job_of(key: &str) -> Option<&str> {
 /// Drops expired jobs and the checkpoints no job keeps; returns how many
 /// of each went. Blocking; the caller flushes.
 pub fn prune(
-    store: &Store,
+    store: &Db,
     pins: &Pinned,
     now: OffsetDateTime,
     max_age: Duration,
@@ -88,11 +88,11 @@ pub fn prune(
     // the one before; a job gone since (an earlier pass kept a pinned
     // checkpoint of it) is walked too.
     let mut from = String::new();
-    while let Some(key) = store.checkpoints.first_key_from(&from)? {
+    while let Some(key) = store.registry.checkpoints.first_key_from(&from)? {
         let Some(id) = job_of(&key).map(str::to_string) else {
             break;
         };
-        let job = store.jobs.get(&id)?;
+        let job = store.lifecycle.jobs.get(&id)?;
         let expired = job
             .as_ref()
             .is_some_and(|j| job_expired(j, pins, now, max_age));
@@ -101,6 +101,7 @@ pub fn prune(
             let held = checkpoints::list(store, &id)?;
             for c in checkpoints_to_drop(&held, keep, &pins.digests) {
                 store
+                    .registry
                     .checkpoints
                     .remove(&checkpoints::key(&c.job_id, c.step))?;
                 dropped_checkpoints += 1;
@@ -112,7 +113,7 @@ pub fn prune(
     // The jobs themselves, after their checkpoints: a crash between leaves
     // a job with fewer checkpoints, which the next pass finishes.
     let mut expired = Vec::new();
-    each(&store.jobs, |_, j| {
+    each(&store.lifecycle.jobs, |_, j| {
         if job_expired(&j, pins, now, max_age) {
             expired.push(j);
         }
@@ -121,7 +122,7 @@ pub fn prune(
     let mut dropped_jobs = 0;
     for j in expired {
         // Only as read: a job changed since is judged again next pass.
-        if store.jobs.remove_if_eq(&j.id, &j)? {
+        if store.lifecycle.jobs.remove_if_eq(&j.id, &j)? {
             dropped_jobs += 1;
         }
     }

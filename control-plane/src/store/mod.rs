@@ -1,7 +1,11 @@
-//! The store: one typed tree per record kind and a schema version, over a
-//! byte-level key-value backend ([`backend::KvBackend`]): embedded sled
-//! under `--data-dir` by default, or PostgreSQL with `--store-url`. Values
-//! are JSON so that fields can be added without a migration.
+//! The store: typed trees of JSON values, fences, ids and a schema version,
+//! over a byte-level key-value backend ([`backend::KvBackend`]): embedded
+//! sled under `--data-dir` by default, or PostgreSQL with `--store-url`.
+//! Values are JSON so that fields can be added without a migration.
+//!
+//! The store names no record type: each wing opens the trees it owns
+//! ([`Store::tree`], e.g. `fleet::Trees`), and the control plane's `db::Db`
+//! holds them all.
 
 mod backend;
 mod pg;
@@ -19,16 +23,6 @@ pub use reads::{ReadCounts, TreeReads};
 pub use tree::Tree;
 
 use backend::{FenceCheck, KvBackend};
-
-use crate::drift::records::{SampleRecord, SketchRecord};
-use crate::fleet::assignments::AssignmentSetRecord;
-use crate::fleet::deployments::{DeploymentRecord, EventEntry};
-use crate::fleet::members::{BootstrapTokenRecord, Member, MemberKind};
-use crate::fleet::telemetry::{AssignmentStatusRecord, TelemetryRecord};
-use crate::lifecycle::jobs::JobRecord;
-use crate::registry::aliases::AliasRecord;
-use crate::registry::checkpoints::CheckpointRecord;
-use crate::registry::models::{ModelRecord, ModelVersionRecord};
 
 /// The record schema this binary reads and writes. Bump it with a migration
 /// in [`Store::open_backend`] when a change is not additive. (PostgreSQL's
@@ -110,91 +104,9 @@ pub enum NotWritten<E> {
 pub struct Store {
     db: Arc<dyn KvBackend>,
     reads: Arc<reads::ReadCounters>,
-    pub devices: Tree<Member>,
-    pub clusters: Tree<Member>,
-    pub tokens: Tree<BootstrapTokenRecord>,
-    pub models: Tree<ModelRecord>,
-    pub model_versions: Tree<ModelVersionRecord>,
-    /// Each model's aliases with their history, by `<model>/<alias>`.
-    pub model_aliases: Tree<AliasRecord>,
-    pub assignments: Tree<AssignmentSetRecord>,
-    pub assignment_status: Tree<AssignmentStatusRecord>,
-    pub telemetry: Tree<TelemetryRecord>,
-    /// Drift sketches, by model/version/device/sequence.
-    pub sketches: Tree<SketchRecord>,
-    /// Hard examples and labelled feedback, keyed like sketches.
-    pub samples: Tree<SampleRecord>,
-    /// The samples by when they were observed, per model (retention).
-    pub sample_index: Tree<String>,
-    /// Each model's stored and dropped sample counts (retention).
-    pub sample_counts: Tree<crate::drift::retention::SampleCounts>,
-    pub checkpoints: Tree<CheckpointRecord>,
-    pub jobs: Tree<JobRecord>,
-    /// Rollouts, by id (`d-<seq>`, so key order is creation order).
-    pub deployments: Tree<DeploymentRecord>,
-    /// Each deployment's event log, by `<id>/<n>`.
-    pub deployment_events: Tree<EventEntry>,
-    /// Each model's retraining policy, by model.
-    pub retraining: Tree<crate::lifecycle::retrain::RetrainingConfig>,
-    /// Retraining pipelines, by id (`p-<seq>`).
-    pub pipelines: Tree<crate::lifecycle::pipeline::Pipeline>,
-    /// The pipeline that holds each model's one retraining slot, by model.
-    pub pipeline_active: Tree<String>,
-    /// Each model's retraining triggers, by model.
-    pub triggers: Tree<crate::lifecycle::triggers::config::TriggersConfig>,
-    /// What the trigger task last saw and decided, by model.
-    pub trigger_state: Tree<crate::lifecycle::triggers::runner::TriggerStateRecord>,
-    /// Device benchmarks, by id (`b-<seq>`, so key order is creation order).
-    pub benchmarks: Tree<crate::fleet::benchmarks::BenchmarkRecord>,
-    /// What each model's drift is measured against, by model.
-    pub drift_reference: Tree<crate::lifecycle::retrain::ReferenceRecord>,
-    /// Every (model, version) each device was ever assigned, by
-    /// `<device>/<model>/<version>`: what its reports may name.
-    pub assigned_history: Tree<()>,
-    /// Where each agent telemetry epoch's sequences start in its device's
-    /// one sequence space, by `<device>/<epoch as 16 hex>`
-    /// (`fleet::telemetry`).
-    pub telemetry_epochs: Tree<u64>,
-    /// Which drift aggregates this process keeps, and in which format
-    /// (`drift::aggregates`): a stale mark means rebuild from the raw records.
-    pub agg_marks: Tree<crate::drift::aggregates::AggMark>,
-    /// Each drift window's sum of sketches over all devices, by
-    /// `<model>/<version>/<window seconds>/<start>`.
-    pub drift_windows: Tree<crate::drift::analysis::WindowSum>,
-    /// The same per device: `<model>/<version>/<window seconds>/<start>/<device>`.
-    pub drift_window_devices: Tree<crate::drift::analysis::WindowSum>,
-    /// The trigger tick's drift fold over each version's closed windows,
-    /// by `<model>/<version>/<window seconds>`.
-    pub drift_runs: Tree<crate::drift::aggregates::run::RunCache>,
-    /// The fold's hysteresis state after each closed window, keyed like
-    /// `drift_windows`.
-    pub drift_fold_points: Tree<crate::drift::aggregates::run::FoldPoint>,
-    /// The labelled samples of each request, by `<model>/<device>/<request id>`.
-    pub label_requests: Tree<Vec<crate::drift::aggregates::labelled::LabelledSample>>,
-    /// The counted labels by time, `<model>/<time>/<sample key>`.
-    pub label_index: Tree<()>,
-    /// Counted labels per hour, by `<model>/<hour>`.
-    pub label_hours: Tree<u64>,
-    /// Whether each counted prediction was right, by
-    /// `<model>/<version>/<time>/<sample key>`.
-    pub accuracy_index: Tree<bool>,
-    /// Fleet events for the other replicas, by store sequence
-    /// (`fleet::relay`).
-    pub fleet_events: Tree<crate::fleet::relay::Relayed>,
     /// Background tasks' fencing tokens, by task (`leader`): raised before
-    /// a new leader acts, checked by its writes.
+    /// a new leader acts, checked by its writes ([`Store::update_fenced`]).
     pub fences: Tree<u64>,
-    /// What every replica of a shared store must agree on, by name
-    /// (`leader::check_shared_ca`).
-    pub replica_settings: Tree<String>,
-    /// Background tasks' leases, by task (`leader`).
-    pub leases: Tree<crate::leader::decide::Lease>,
-    /// API tokens, by the sha256 of their secret.
-    pub api_tokens: Tree<crate::auth::tokens::ApiTokenRecord>,
-    /// Console sessions, by the sha256 of their id.
-    pub console_sessions: Tree<crate::console::session::SessionRecord>,
-    /// The console audit log, by zero-padded sequence (append-only).
-    pub audit: Tree<edgeloop_api::access::AuditEntry>,
 }
 
 impl Store {
@@ -224,48 +136,7 @@ impl Store {
         let db_ref: &dyn KvBackend = &*db;
         let reads = Arc::new(reads::ReadCounters::default());
         Ok(Self {
-            devices: Tree::open(db_ref, &reads, "devices")?,
-            clusters: Tree::open(db_ref, &reads, "clusters")?,
-            tokens: Tree::open(db_ref, &reads, "bootstrap_tokens")?,
-            models: Tree::open(db_ref, &reads, "models")?,
-            model_versions: Tree::open(db_ref, &reads, "model_versions")?,
-            model_aliases: Tree::open(db_ref, &reads, "model_aliases")?,
-            assignments: Tree::open(db_ref, &reads, "assignments")?,
-            assignment_status: Tree::open(db_ref, &reads, "assignment_status")?,
-            telemetry: Tree::open(db_ref, &reads, "telemetry")?,
-            sketches: Tree::open(db_ref, &reads, "sketches")?,
-            samples: Tree::open(db_ref, &reads, "samples")?,
-            sample_index: Tree::open(db_ref, &reads, "sample_index")?,
-            sample_counts: Tree::open(db_ref, &reads, "sample_counts")?,
-            checkpoints: Tree::open(db_ref, &reads, "checkpoints")?,
-            jobs: Tree::open(db_ref, &reads, "jobs")?,
-            deployments: Tree::open(db_ref, &reads, "deployments")?,
-            deployment_events: Tree::open(db_ref, &reads, "deployment_events")?,
-            retraining: Tree::open(db_ref, &reads, "retraining")?,
-            pipelines: Tree::open(db_ref, &reads, "pipelines")?,
-            pipeline_active: Tree::open(db_ref, &reads, "pipeline_active")?,
-            drift_reference: Tree::open(db_ref, &reads, "drift_reference")?,
-            triggers: Tree::open(db_ref, &reads, "triggers")?,
-            trigger_state: Tree::open(db_ref, &reads, "trigger_state")?,
-            benchmarks: Tree::open(db_ref, &reads, "benchmarks")?,
-            assigned_history: Tree::open(db_ref, &reads, "assigned_history")?,
-            telemetry_epochs: Tree::open(db_ref, &reads, "telemetry_epochs")?,
-            agg_marks: Tree::open(db_ref, &reads, "agg_marks")?,
-            drift_windows: Tree::open(db_ref, &reads, "drift_windows")?,
-            drift_window_devices: Tree::open(db_ref, &reads, "drift_window_devices")?,
-            drift_runs: Tree::open(db_ref, &reads, "drift_runs")?,
-            drift_fold_points: Tree::open(db_ref, &reads, "drift_fold_points")?,
-            label_requests: Tree::open(db_ref, &reads, "label_requests")?,
-            label_index: Tree::open(db_ref, &reads, "label_index")?,
-            label_hours: Tree::open(db_ref, &reads, "label_hours")?,
-            accuracy_index: Tree::open(db_ref, &reads, "accuracy_index")?,
-            fleet_events: Tree::open(db_ref, &reads, "fleet_events")?,
             fences: Tree::open(db_ref, &reads, "fences")?,
-            replica_settings: Tree::open(db_ref, &reads, "replica_settings")?,
-            leases: Tree::open(db_ref, &reads, "leases")?,
-            api_tokens: Tree::open(db_ref, &reads, "api_tokens")?,
-            console_sessions: Tree::open(db_ref, &reads, "console_sessions")?,
-            audit: Tree::open(db_ref, &reads, "audit")?,
             db,
             reads,
         })
@@ -313,11 +184,14 @@ impl Store {
         tree.update_many(&*self.db, check, keys, f)
     }
 
-    pub fn members(&self, kind: MemberKind) -> &Tree<Member> {
-        match kind {
-            MemberKind::Device => &self.devices,
-            MemberKind::Cluster => &self.clusters,
-        }
+    /// The tree `name` of values `V`, created when new. A wing opens its
+    /// trees once (e.g. `fleet::Trees::open`); the name is part of the
+    /// on-disk format.
+    pub fn tree<V>(&self, name: &str) -> Result<Tree<V>, StoreError>
+    where
+        V: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        Tree::open(&*self.db, &self.reads, name)
     }
 
     /// Makes every write so far durable. Called before acknowledging a write

@@ -170,11 +170,7 @@ async fn seeded_run(devices: usize, args: &Args) -> anyhow::Result<Vec<(&'static
 
 /// `n` devices (`site=site-<i % 100>`), each assigned `bench` 1.0.0 and
 /// reporting it active; written a thousand at a time.
-fn seed(
-    store: &edgeloop_control_plane::store::Store,
-    n: usize,
-    digest: Digest,
-) -> anyhow::Result<()> {
+fn seed(store: &edgeloop_control_plane::db::Db, n: usize, digest: Digest) -> anyhow::Result<()> {
     let now = OffsetDateTime::now_utc();
     let ids: Vec<String> = (0..n).map(|i| format!("d-{i:06}")).collect();
     for chunk in ids.chunks(1000) {
@@ -219,9 +215,10 @@ fn seed(
             })
             .collect();
         let status_keys: Vec<String> = chunk.iter().map(|id| format!("{id}/bench")).collect();
-        store.devices.insert_many(&keyed(chunk, &members))?;
-        store.assignments.insert_many(&keyed(chunk, &sets))?;
+        store.fleet.devices.insert_many(&keyed(chunk, &members))?;
+        store.fleet.assignments.insert_many(&keyed(chunk, &sets))?;
         store
+            .fleet
             .assignment_status
             .insert_many(&keyed(&status_keys, &statuses))?;
     }

@@ -263,8 +263,9 @@ async fn measure(cp: &ControlPlane, repeat: u32, now: i64) -> Timings {
         let (store, reference) = (store.clone(), reference.clone());
         async move {
             tokio::task::spawn_blocking(move || {
-                let samples = store.samples.scan_prefix("rain/").expect("samples");
+                let samples = store.drift.samples.scan_prefix("rain/").expect("samples");
                 let sketches: Vec<_> = store
+                    .drift
                     .sketches
                     .scan_prefix("rain/1.0.0/")
                     .expect("sketches")

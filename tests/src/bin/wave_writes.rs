@@ -17,11 +17,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use edgeloop_control_plane::db::Db;
 use edgeloop_control_plane::fleet::admission;
 use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord, AssignmentSetRecord};
 use edgeloop_control_plane::fleet::members::Member;
 use edgeloop_control_plane::registry::models::ModelVersionRecord;
-use edgeloop_control_plane::store::{Fence, Store, TestDatabase};
+use edgeloop_control_plane::store::{Fence, TestDatabase};
 use edgeloop_models::Digest;
 use serde_json::json;
 use time::OffsetDateTime;
@@ -63,7 +64,7 @@ fn entry(v: &ModelVersionRecord, m: &Member, seq: u64) -> AssignmentRecord {
 
 /// The runner's writes before batching: device by device.
 fn one_by_one(
-    store: &Store,
+    store: &Db,
     fence: Fence,
     devices: &[String],
     v: &ModelVersionRecord,
@@ -71,13 +72,14 @@ fn one_by_one(
 ) -> anyhow::Result<()> {
     for d in devices {
         let m = store
+            .fleet
             .devices
             .get(d)?
             .ok_or_else(|| anyhow::anyhow!("{d} is not enrolled"))?;
         let entry = entry(v, &m, seq);
         admission::remember(store, d, MODEL, &v.version)?;
         store
-            .update_fenced(&store.assignments, Some(fence), d, |cur| {
+            .update_fenced(&store.fleet.assignments, Some(fence), d, |cur| {
                 let cur = cur.unwrap_or_default();
                 let mut assignments: Vec<AssignmentRecord> = cur
                     .assignments
@@ -96,7 +98,7 @@ fn one_by_one(
 }
 
 fn batched(
-    store: &Store,
+    store: &Db,
     fence: Fence,
     devices: &[String],
     v: &ModelVersionRecord,
@@ -134,14 +136,14 @@ fn main() -> anyhow::Result<()> {
         let db = TestDatabase::from_env("wave-writes").ok_or_else(|| {
             anyhow::anyhow!("--postgres needs EDGELOOP_TEST_POSTGRES_URL (scripts/postgres-up.sh)")
         })?;
-        (Store::open_postgres(db.url())?, "postgres", Some(db))
+        (Db::open_postgres(db.url())?, "postgres", Some(db))
     } else {
-        (Store::open(&dir.path().join("db"))?, "sled", None)
+        (Db::open(&dir.path().join("db"))?, "sled", None)
     };
     let now = OffsetDateTime::now_utc();
     let devices: Vec<String> = (0..args.devices).map(|i| format!("dev-{i:05}")).collect();
     for d in &devices {
-        store.devices.insert(d, &member(d, now))?;
+        store.fleet.devices.insert(d, &member(d, now))?;
     }
     store.fences.insert("rollouts", &1)?;
     let fence = Fence {

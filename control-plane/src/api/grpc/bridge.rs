@@ -206,7 +206,7 @@ impl BridgeService for BridgeApi {
             // Cancellations already pending when the watch starts count too.
             let mut announced = std::collections::HashSet::new();
             loop {
-                if let Ok(all) = core.store.jobs.values() {
+                if let Ok(all) = core.store.lifecycle.jobs.values() {
                     for j in all.iter().filter(|j| {
                         j.cancel_requested
                             && !j.state.is_terminal()
@@ -467,6 +467,7 @@ impl BridgeService for BridgeApi {
         };
         self.core
             .store
+            .registry
             .checkpoints
             .insert(&checkpoints::key(&record.job_id, record.step), &record)
             .map_err(Error::from)?;

@@ -111,7 +111,7 @@ pub(crate) async fn revoked(core: Arc<Core>, kind: crate::fleet::members::Member
 }
 
 fn revoked_in_store(core: &Core, kind: crate::fleet::members::MemberKind, id: &str) -> bool {
-    match core.store.members(kind).get(id) {
+    match core.store.fleet.members(kind).get(id) {
         Ok(Some(m)) => m.revoked_at.is_some(),
         // Gone is as good as revoked; a store error is not proof of either,
         // and the next check comes a heartbeat later.

@@ -68,7 +68,7 @@ pub async fn model_cost(
     // Telemetry is keyed by device and sequence, not by model: every
     // report is read once and its models filtered here.
     let mut observations = vec![];
-    for (_, r) in core.store.telemetry.scan_prefix("")? {
+    for (_, r) in core.store.fleet.telemetry.scan_prefix("")? {
         // A report cannot end after it arrived: a device clock running
         // ahead must not stretch the measured period.
         let end = r

@@ -76,9 +76,12 @@ pub async fn list(
     let limit = limit_of(q.limit, q.after.as_deref())?;
     // Ids are `d-<seq>`, so key order is creation order: newest first is
     // the keys read downwards.
-    let page = newest_first(&core.store.deployments, q.after.as_deref(), limit, |r| {
-        super::scope::sees_model(&core, &who, &r.deployment.model)
-    })?;
+    let page = newest_first(
+        &core.store.fleet.deployments,
+        q.after.as_deref(),
+        limit,
+        |r| super::scope::sees_model(&core, &who, &r.deployment.model),
+    )?;
     try_page_of(page, limit, |(_, r)| view(&core, r, false))
 }
 

@@ -84,6 +84,7 @@ pub async fn model_drift(
     models::get_model(&core.store, &name)?;
     let model_config = core
         .store
+        .lifecycle
         .triggers
         .get(&name)?
         .and_then(|t| t.drift)
@@ -126,6 +127,7 @@ pub async fn model_drift(
         let groups: Option<BTreeMap<String, String>> = match &group_by {
             Some(key) => Some(
                 store
+                    .fleet
                     .members(MemberKind::Device)
                     .values()?
                     .into_iter()
@@ -151,6 +153,7 @@ pub async fn model_drift(
             s
         } else {
             let sketches: Vec<_> = store
+                .drift
                 .sketches
                 .scan_prefix(&format!("{model}/{v}/"))?
                 .into_iter()

@@ -36,6 +36,7 @@ pub async fn list_tokens(State(core): State<Arc<Core>>) -> Result<Json<Vec<Token
     let now = core.now();
     let tokens = core
         .store
+        .fleet
         .tokens
         .values()?
         .into_iter()
@@ -49,6 +50,7 @@ fn list(core: &Core, kind: MemberKind) -> Result<Json<Vec<MemberView>>, Error> {
     let window = core.offline_after();
     let views = core
         .store
+        .fleet
         .members(kind)
         .values()?
         .into_iter()
@@ -162,6 +164,7 @@ pub async fn list_devices(
     let limit = limit_of(q.limit, q.after.as_deref())?;
     let page = core
         .store
+        .fleet
         .devices
         .page_after("", q.after.as_deref(), limit, |_, m| {
             who.sees(&m.project) && selector.matches(&selector::facts(&m.labels, &m.capabilities))

@@ -123,13 +123,14 @@ pub async fn list(
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
     let limit = limit_of(q.limit, q.after.as_deref())?;
     if q.limit.is_some() || q.after.is_some() {
-        let page = core
-            .store
-            .jobs
-            .page_after("", q.after.as_deref(), limit, |_, j| who.sees(&j.project))?;
+        let page =
+            core.store
+                .lifecycle
+                .jobs
+                .page_after("", q.after.as_deref(), limit, |_, j| who.sees(&j.project))?;
         return try_page_of(page, limit, |(_, j)| job_view(j));
     }
-    let mut all = core.store.jobs.values()?;
+    let mut all = core.store.lifecycle.jobs.values()?;
     all.retain(|j| who.sees(&j.project));
     all.sort_by_key(|j| j.created_at);
     let all: Vec<Job> = all.into_iter().map(job_view).collect::<Result<_, _>>()?;

@@ -72,6 +72,7 @@ pub async fn list_models(
 ) -> Result<Json<Vec<ModelView>>, Error> {
     Ok(Json(
         core.store
+            .registry
             .models
             .values()?
             .into_iter()

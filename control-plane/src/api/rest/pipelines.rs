@@ -234,12 +234,17 @@ pub async fn list(
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
     let limit = limit_of(q.limit, q.after.as_deref())?;
     // Ids are `p-<seq>`: newest first is the keys read downwards.
-    let page = newest_first(&core.store.pipelines, q.after.as_deref(), limit, |p| {
-        if q.model.as_deref().is_some_and(|m| p.model != m) {
-            return Ok(false);
-        }
-        super::scope::sees_model(&core, &who, &p.model)
-    })?;
+    let page = newest_first(
+        &core.store.lifecycle.pipelines,
+        q.after.as_deref(),
+        limit,
+        |p| {
+            if q.model.as_deref().is_some_and(|m| p.model != m) {
+                return Ok(false);
+            }
+            super::scope::sees_model(&core, &who, &p.model)
+        },
+    )?;
     Ok(page_of(page, limit, |(_, p)| view(p, false)))
 }
 

@@ -59,33 +59,36 @@ fn resolve(
         Scope::Model => {
             let name = param(params, "name").unwrap_or_default();
             store
+                .registry
                 .models
                 .get(name)?
                 .map(|m| (m.project, Error::not_found("model", name)))
         }
         Scope::Device => store
+            .fleet
             .members(MemberKind::Device)
             .get(id())?
             .map(|m| (m.project, Error::not_found("device", id()))),
         Scope::Job => store
+            .lifecycle
             .jobs
             .get(id())?
             .map(|j| (j.project, Error::not_found("job", id()))),
-        Scope::Deployment => match store.deployments.get(id())? {
+        Scope::Deployment => match store.fleet.deployments.get(id())? {
             Some(d) => Some((
                 model_project(core, &d.deployment.model)?,
                 Error::not_found("deployment", id()),
             )),
             None => None,
         },
-        Scope::Pipeline => match store.pipelines.get(id())? {
+        Scope::Pipeline => match store.lifecycle.pipelines.get(id())? {
             Some(p) => Some((
                 model_project(core, &p.model)?,
                 Error::not_found("pipeline", id()),
             )),
             None => None,
         },
-        Scope::Benchmark => match store.benchmarks.get(id())? {
+        Scope::Benchmark => match store.fleet.benchmarks.get(id())? {
             Some(b) => Some((
                 device_project(core, &b.device)?,
                 Error::not_found("benchmark", id()),
@@ -102,6 +105,7 @@ fn model_project(core: &Core, model: &str) -> Result<String> {
 fn device_project(core: &Core, device: &str) -> Result<String> {
     Ok(core
         .store
+        .fleet
         .members(MemberKind::Device)
         .get(device)?
         .map(|m| m.project)

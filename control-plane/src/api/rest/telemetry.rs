@@ -96,12 +96,12 @@ pub async fn device_telemetry(
     let q = query(q)?;
     members::get(&core.store, MemberKind::Device, &id)?;
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    let page =
-        core.store
-            .telemetry
-            .page_after(&format!("{id}/"), q.after.as_deref(), limit, |_, r| {
-                keep(&q, &r.device, r.sequence)
-            })?;
+    let page = core.store.fleet.telemetry.page_after(
+        &format!("{id}/"),
+        q.after.as_deref(),
+        limit,
+        |_, r| keep(&q, &r.device, r.sequence),
+    )?;
     Ok(page_of(page, limit, |(_, r)| r))
 }
 
@@ -120,12 +120,12 @@ pub async fn model_sketches(
     let q = query(q)?;
     models::get_model(&core.store, &name)?;
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    let page =
-        core.store
-            .sketches
-            .page_after(&prefix(&name, &q), q.after.as_deref(), limit, |_, r| {
-                keep(&q, &r.device, r.sequence)
-            })?;
+    let page = core.store.drift.sketches.page_after(
+        &prefix(&name, &q),
+        q.after.as_deref(),
+        limit,
+        |_, r| keep(&q, &r.device, r.sequence),
+    )?;
     Ok(page_of(page, limit, |(_, r)| r))
 }
 
@@ -145,12 +145,12 @@ pub async fn model_samples(
     let q = query(q)?;
     models::get_model(&core.store, &name)?;
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    let page =
-        core.store
-            .samples
-            .page_after(&prefix(&name, &q), q.after.as_deref(), limit, |_, r| {
-                keep(&q, &r.device, r.sequence) && labels::wanted(r, q.kind, q.state)
-            })?;
+    let page = core.store.drift.samples.page_after(
+        &prefix(&name, &q),
+        q.after.as_deref(),
+        limit,
+        |_, r| keep(&q, &r.device, r.sequence) && labels::wanted(r, q.kind, q.state),
+    )?;
     Ok(page_of(page, limit, |(k, r)| labels::view(&k, r)))
 }
 

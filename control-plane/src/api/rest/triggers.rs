@@ -55,7 +55,12 @@ pub fn state_view(r: TriggerStateRecord) -> TriggerState {
 }
 
 fn view(core: &Core, name: String, config: TriggersConfig) -> Result<TriggersView, Error> {
-    let state = core.store.trigger_state.get(&name)?.unwrap_or_default();
+    let state = core
+        .store
+        .lifecycle
+        .trigger_state
+        .get(&name)?
+        .unwrap_or_default();
     Ok(TriggersView {
         model: name,
         config,
@@ -75,7 +80,7 @@ pub async fn put(
 ) -> Result<Json<TriggersView>, Error> {
     models::get_model(&core.store, &name)?;
     config.triggers_for(&name)?;
-    core.store.triggers.insert(&name, &config)?;
+    core.store.lifecycle.triggers.insert(&name, &config)?;
     core.store.flush().await?;
     Ok(Json(view(&core, name, config)?))
 }
@@ -91,6 +96,7 @@ pub async fn get(
     models::get_model(&core.store, &name)?;
     let config = core
         .store
+        .lifecycle
         .triggers
         .get(&name)?
         .ok_or_else(|| Error::not_found("triggers of model", &name))?;

@@ -35,8 +35,8 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
+use crate::db::Db;
 use crate::error::Result;
-use crate::store::Store;
 
 /// Bump when an aggregate's format or meaning changes: every mark goes
 /// stale and each aggregate is rebuilt once from the raw records.
@@ -63,19 +63,19 @@ fn current() -> AggMark {
     }
 }
 
-fn is_current(store: &Store, mark: &str) -> Result<bool> {
-    Ok(store.agg_marks.get(mark)? == Some(current()))
+fn is_current(store: &Db, mark: &str) -> Result<bool> {
+    Ok(store.drift.agg_marks.get(mark)? == Some(current()))
 }
 
-fn set_current(store: &Store, mark: &str) -> Result<()> {
-    store.agg_marks.insert(mark, &current())?;
+fn set_current(store: &Db, mark: &str) -> Result<()> {
+    store.drift.agg_marks.insert(mark, &current())?;
     Ok(())
 }
 
 /// Makes the aggregate behind `mark` rebuild on its next read (a write to
 /// it failed half way).
-fn invalidate(store: &Store, mark: &str) {
-    if let Err(e) = store.agg_marks.remove(mark) {
+fn invalidate(store: &Db, mark: &str) {
+    if let Err(e) = store.drift.agg_marks.remove(mark) {
         tracing::warn!(mark, error = %e, "could not invalidate a drift aggregate");
     }
 }

@@ -18,9 +18,9 @@ use crate::lifecycle::triggers::runner;
 
 const T0: i64 = 1_700_000_000;
 
-fn store() -> (tempfile::TempDir, Store) {
+fn store() -> (tempfile::TempDir, Db) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     (dir, store)
 }
 
@@ -151,6 +151,7 @@ fn window_sums_judge_exactly_like_the_full_scan() {
             windows::store_sketch(&store, k, s).unwrap();
         }
         let scanned: Vec<SketchRecord> = store
+            .drift
             .sketches
             .scan_prefix("m/1/")
             .unwrap()
@@ -159,7 +160,7 @@ fn window_sums_judge_exactly_like_the_full_scan() {
             .collect();
         let reference = reference();
         let by_site = |d: &str| Some(if d < "d3" { "a" } else { "b" }.to_string());
-        let check = |store: &Store| {
+        let check = |store: &Db| {
             let kept = windows::series(store, &reference, "m", "1", &config, None).unwrap();
             let full = analysis::analyze(&reference, &scanned, &|_| None, &config);
             assert!(
@@ -183,6 +184,7 @@ fn window_sums_judge_exactly_like_the_full_scan() {
             process: process().wrapping_add(1),
         };
         store
+            .drift
             .agg_marks
             .insert(&format!("windows/m/1/{ws:010}"), &stale)
             .unwrap();
@@ -201,7 +203,7 @@ fn retention_drops_whole_windows_past_the_sketch_age() {
         s.received_at = at(t);
         windows::store_sketch(&store, &record_key("m", "1", "d", seq, 0), &s).unwrap();
     }
-    let starts = |store: &Store| -> Vec<i64> {
+    let starts = |store: &Db| -> Vec<i64> {
         windows::all_windows(store, "m", "1", 100)
             .unwrap()
             .into_keys()
@@ -216,7 +218,11 @@ fn retention_drops_whole_windows_past_the_sketch_age() {
     assert_eq!(dropped as usize, before.len() - after.len());
     assert!(after.iter().all(|s| s + 100 > T0 + 500), "{after:?}");
     assert_eq!(after.first().copied(), Some(T0 + 500 - (T0 + 500) % 100));
-    let devices = store.drift_window_devices.scan_prefix("m/1/").unwrap();
+    let devices = store
+        .drift
+        .drift_window_devices
+        .scan_prefix("m/1/")
+        .unwrap();
     assert_eq!(devices.len(), after.len(), "per-device sums go too");
 }
 
@@ -284,9 +290,10 @@ fn label_counts_and_online_accuracy_match_the_full_scan() {
         }
         // Sample retention drops the oldest.
         crate::drift::retention::enforce(&store, "m", 300).unwrap();
-        let check = |store: &Store| {
+        let check = |store: &Db| {
             let all = runner::labelled(
                 store
+                    .drift
                     .samples
                     .scan_prefix("m/")
                     .unwrap()
@@ -350,7 +357,7 @@ fn label_counts_and_online_accuracy_match_the_full_scan() {
         };
         check(&store);
         // Another process rebuilds the indexes, to the same.
-        store.agg_marks.remove("labels/m").unwrap();
+        store.drift.agg_marks.remove("labels/m").unwrap();
         check(&store);
     }
 }
@@ -403,6 +410,7 @@ fn the_ticks_fold_sees_the_same_drifting_run_as_the_full_series() {
             if rng.random_bool(0.3) {
                 let seen = run::observe(&store, &reference, "ref", "m", "1", &config).unwrap();
                 let scanned: Vec<SketchRecord> = store
+                    .drift
                     .sketches
                     .scan_prefix("m/1/")
                     .unwrap()

@@ -22,8 +22,8 @@ use time::{Duration, OffsetDateTime};
 
 use super::members::{member_status, Member, MemberKind, MemberStatus};
 use super::{deployments, Events, FleetEvent};
+use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::store::Store;
 use crate::Core;
 
 /// Largest inputs file a benchmark sends (one call's tensors).
@@ -454,7 +454,7 @@ pub async fn create(
         timed_on: None,
         results: vec![],
     };
-    core.store.benchmarks.insert(&record.id, &record)?;
+    core.store.fleet.benchmarks.insert(&record.id, &record)?;
     core.store.flush().await?;
     core.events.publish(FleetEvent::BenchmarkQueued {
         device: record.device.clone(),
@@ -465,19 +465,20 @@ pub async fn create(
 
 /// The benchmark as it stands at `now` (an expired one is failed, and
 /// stored so).
-pub fn get(store: &Store, id: &str, now: OffsetDateTime) -> Result<BenchmarkRecord> {
+pub fn get(store: &Db, id: &str, now: OffsetDateTime) -> Result<BenchmarkRecord> {
     let record = store
+        .fleet
         .benchmarks
         .get(id)?
         .ok_or_else(|| Error::not_found("benchmark", id))?;
     settle(store, record, now)
 }
 
-fn settle(store: &Store, record: BenchmarkRecord, now: OffsetDateTime) -> Result<BenchmarkRecord> {
+fn settle(store: &Db, record: BenchmarkRecord, now: OffsetDateTime) -> Result<BenchmarkRecord> {
     if expire(&record, now).is_none() {
         return Ok(record);
     }
-    let settled = store.benchmarks.update(&record.id, |old| {
+    let settled = store.fleet.benchmarks.update(&record.id, |old| {
         let old = old.ok_or(())?;
         Ok::<_, ()>(expire(&old, now).unwrap_or(old))
     })?;
@@ -485,8 +486,8 @@ fn settle(store: &Store, record: BenchmarkRecord, now: OffsetDateTime) -> Result
 }
 
 /// Every benchmark, newest first, at most `limit`.
-pub fn list(store: &Store, now: OffsetDateTime, limit: usize) -> Result<Vec<BenchmarkRecord>> {
-    let mut all = store.benchmarks.values()?;
+pub fn list(store: &Db, now: OffsetDateTime, limit: usize) -> Result<Vec<BenchmarkRecord>> {
+    let mut all = store.fleet.benchmarks.values()?;
     all.reverse();
     all.truncate(limit);
     all.into_iter().map(|r| settle(store, r, now)).collect()
@@ -494,11 +495,12 @@ pub fn list(store: &Store, now: OffsetDateTime, limit: usize) -> Result<Vec<Benc
 
 /// The benchmark `origin` asked for, as it stands at `now`.
 pub fn find_by_origin(
-    store: &Store,
+    store: &Db,
     origin: &str,
     now: OffsetDateTime,
 ) -> Result<Option<BenchmarkRecord>> {
     match store
+        .fleet
         .benchmarks
         .values()?
         .into_iter()
@@ -512,12 +514,12 @@ pub fn find_by_origin(
 
 /// The device's unfinished, unexpired benchmarks, oldest first.
 pub fn unfinished_for(
-    store: &Store,
+    store: &Db,
     device: &str,
     now: OffsetDateTime,
 ) -> Result<Vec<BenchmarkRecord>> {
     let mut out = vec![];
-    for r in store.benchmarks.values()? {
+    for r in store.fleet.benchmarks.values()? {
         if r.device != device || r.state.is_finished() {
             continue;
         }
@@ -530,8 +532,9 @@ pub fn unfinished_for(
 }
 
 /// Marks a benchmark as received by its device (pending → running).
-pub fn delivered(store: &Store, id: &str, now: OffsetDateTime) -> Result<()> {
+pub fn delivered(store: &Db, id: &str, now: OffsetDateTime) -> Result<()> {
     store
+        .fleet
         .benchmarks
         .update(id, |old| {
             let mut r = old.ok_or(())?;
@@ -547,12 +550,12 @@ pub fn delivered(store: &Store, id: &str, now: OffsetDateTime) -> Result<()> {
 
 /// Stores `device`'s report (see [`accept_report`]) and flushes.
 pub async fn report(
-    store: &Store,
+    store: &Db,
     device: &str,
     report: &pb::BenchmarkReport,
     now: OffsetDateTime,
 ) -> Result<BenchmarkRecord> {
-    let stored = store.benchmarks.update(&report.id, |old| {
+    let stored = store.fleet.benchmarks.update(&report.id, |old| {
         let old = old.ok_or_else(|| Error::not_found("benchmark", &report.id))?;
         accept_report(&old, device, report, now)
     })??;

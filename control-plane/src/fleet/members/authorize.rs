@@ -6,9 +6,9 @@ use edgeloop_models::Digest;
 use time::OffsetDateTime;
 
 use super::{Member, MemberKind};
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::fleet::renewal;
-use crate::store::Store;
 
 /// A certificate allowed to act as its member.
 #[derive(Debug, Clone)]
@@ -27,7 +27,7 @@ pub struct Authorized {
 /// `now` (see [`renewal::admit_in_store`]: a renewed certificate's first
 /// use makes it the member's current one).
 pub fn authorize(
-    store: &Store,
+    store: &Db,
     kind: MemberKind,
     cert_identity: Option<&str>,
     cert_fingerprint: Digest,
@@ -44,6 +44,7 @@ pub fn authorize(
         )));
     }
     let member = store
+        .fleet
         .members(kind)
         .get(id)?
         .ok_or_else(|| Error::Unauthenticated(format!("{identity} is not enrolled")))?;

@@ -7,9 +7,9 @@ use time::{Duration, OffsetDateTime};
 
 use super::tokens::token_refusal;
 use super::{BootstrapTokenRecord, CapabilitiesRecord, EnrolledKey, Member, MemberKind};
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::fleet::pki::{self, Pki, SignedCert};
-use crate::store::Store;
 
 /// What an Enroll call presents.
 pub struct Enrollment<'a> {
@@ -22,7 +22,7 @@ pub struct Enrollment<'a> {
 /// Consumes a bootstrap token and signs the caller's CSR. The token is spent
 /// only after the CSR is known to be good, so a malformed request can be retried.
 pub async fn enroll(
-    store: &Store,
+    store: &Db,
     pki: &Pki,
     req: Enrollment<'_>,
     cert_lifetime: Duration,
@@ -38,6 +38,7 @@ pub async fn enroll(
         .parse()
         .map_err(|e| Error::Unauthenticated(format!("malformed bootstrap token: {e}")))?;
     let record = store
+        .fleet
         .tokens
         .get(&token.id)?
         .ok_or_else(|| Error::Unauthenticated("unknown bootstrap token".into()))?;
@@ -59,19 +60,22 @@ pub async fn enroll(
     // The compare-and-swap makes "works once" hold under concurrent
     // enrollments; the key and certificate go with it, so a retry of this
     // one (its reply lost) is told apart from another key.
-    let spent = store.tokens.update(&token.id, |current| match current {
-        Some(t) if t.used_at.is_none() => Ok(BootstrapTokenRecord {
-            used_at: Some(now),
-            enrolled: Some(enrolled.clone()),
-            ..t
-        }),
-        _ => Err(Error::Unauthenticated(
-            "bootstrap token was already used".into(),
-        )),
-    })?;
+    let spent = store
+        .fleet
+        .tokens
+        .update(&token.id, |current| match current {
+            Some(t) if t.used_at.is_none() => Ok(BootstrapTokenRecord {
+                used_at: Some(now),
+                enrolled: Some(enrolled.clone()),
+                ..t
+            }),
+            _ => Err(Error::Unauthenticated(
+                "bootstrap token was already used".into(),
+            )),
+        })?;
     spent?;
     let member = new_member(&record, kind, capabilities, &enrolled, now);
-    if !store.members(kind).insert_new(&member.id, &member)? {
+    if !store.fleet.members(kind).insert_new(&member.id, &member)? {
         return Err(Error::Conflict(format!("{identity} is already enrolled")));
     }
     store.flush().await?;
@@ -122,7 +126,7 @@ pub fn retried(
 /// time, completing the member record if the first call stopped before
 /// it. A member revoked since is refused.
 async fn finish_retry(
-    store: &Store,
+    store: &Db,
     record: &BootstrapTokenRecord,
     enrolled: EnrolledKey,
     capabilities: CapabilitiesRecord,
@@ -130,7 +134,7 @@ async fn finish_retry(
 ) -> Result<(Member, SignedCert)> {
     let kind = record.kind;
     let identity = kind.identity(&record.member_id);
-    let member = match store.members(kind).get(&record.member_id)? {
+    let member = match store.fleet.members(kind).get(&record.member_id)? {
         Some(m) if m.revoked_at.is_some() => {
             return Err(Error::PermissionDenied(format!(
                 "{identity} has been revoked"
@@ -145,7 +149,7 @@ async fn finish_retry(
         }
         None => {
             let m = new_member(record, kind, capabilities, &enrolled, now);
-            if !store.members(kind).insert_new(&m.id, &m)? {
+            if !store.fleet.members(kind).insert_new(&m.id, &m)? {
                 return Err(Error::Conflict(format!("{identity} is already enrolled")));
             }
             store.flush().await?;

@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
 use super::{MemberKind, MemberStatus, MemberView};
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::fleet::renewal::{PendingCert, PreviousCert};
-use crate::store::Store;
 use crate::validate;
 
 /// What a member reported about itself (from the gRPC `Capabilities`).
@@ -253,21 +253,22 @@ pub fn member_view(m: Member, now: OffsetDateTime, offline_after: Duration) -> M
     }
 }
 
-pub fn get(store: &Store, kind: MemberKind, id: &str) -> Result<Member> {
+pub fn get(store: &Db, kind: MemberKind, id: &str) -> Result<Member> {
     store
+        .fleet
         .members(kind)
         .get(id)?
         .ok_or_else(|| Error::not_found(kind.as_str(), id))
 }
 
 pub async fn set_labels(
-    store: &Store,
+    store: &Db,
     kind: MemberKind,
     id: &str,
     labels: BTreeMap<String, String>,
 ) -> Result<Member> {
     validate::labels("labels", &labels)?;
-    let member = store.members(kind).update(id, |m| match m {
+    let member = store.fleet.members(kind).update(id, |m| match m {
         Some(m) => Ok(Member {
             labels: labels.clone(),
             ..m

@@ -4,13 +4,13 @@
 use time::OffsetDateTime;
 
 use super::{Member, MemberKind};
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::fleet::{Events, FleetEvent};
-use crate::store::Store;
 use crate::validate;
 
 pub async fn revoke(
-    store: &Store,
+    store: &Db,
     events: &Events,
     kind: MemberKind,
     id: &str,
@@ -20,7 +20,7 @@ pub async fn revoke(
     if let Some(r) = &reason {
         validate::text("reason", r, 1024)?;
     }
-    let member = store.members(kind).update(id, |m| match m {
+    let member = store.fleet.members(kind).update(id, |m| match m {
         // Revoking twice keeps the first time and reason.
         Some(m) if m.revoked_at.is_some() => Ok(m),
         Some(m) => Ok(Member {

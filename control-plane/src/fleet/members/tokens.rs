@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
 use super::{CreateToken, CreatedToken, MemberKind, TokenState, TokenView};
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::fleet::pki::Pki;
-use crate::store::Store;
 use crate::validate;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -80,7 +80,7 @@ pub const MAX_TOKEN_TTL: u64 = 30 * 24 * 3600;
 pub const DEFAULT_TOKEN_TTL: u64 = 24 * 3600;
 
 pub async fn create_token(
-    store: &Store,
+    store: &Db,
     pki: &Pki,
     req: CreateToken,
     now: OffsetDateTime,
@@ -115,7 +115,7 @@ pub async fn create_token(
             format!("must be between {MIN_TOKEN_TTL} and {MAX_TOKEN_TTL}"),
         ));
     }
-    if let Some(existing) = store.members(req.kind).get(&member_id)? {
+    if let Some(existing) = store.fleet.members(req.kind).get(&member_id)? {
         // Ids are never reused, so a revoked certificate can never come back
         // to life under a new enrollment.
         let why = if existing.revoked_at.is_some() {
@@ -128,7 +128,7 @@ pub async fn create_token(
             req.kind.as_str()
         )));
     }
-    let pending = store.tokens.values()?.into_iter().any(|t| {
+    let pending = store.fleet.tokens.values()?.into_iter().any(|t| {
         t.kind == req.kind && t.member_id == member_id && token_state(&t, now) == TokenState::Unused
     });
     if pending {
@@ -150,7 +150,7 @@ pub async fn create_token(
         used_at: None,
         enrolled: None,
     };
-    if !store.tokens.insert_new(&record.id, &record)? {
+    if !store.fleet.tokens.insert_new(&record.id, &record)? {
         return Err(Error::Internal(anyhow::anyhow!("token id collision")));
     }
     store.flush().await?;

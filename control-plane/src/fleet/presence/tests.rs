@@ -35,8 +35,8 @@ fn a_heartbeat_batches_a_stale_last_seen_and_writes_new_capabilities_now() {
 #[test]
 fn a_flush_moves_last_seen_forward_only_and_skips_revoked_and_unknown_members() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    let devices = store.members(MemberKind::Device);
+    let store = Db::open(dir.path()).unwrap();
+    let devices = store.fleet.members(MemberKind::Device);
     let fresh = Member {
         id: "fresh".into(),
         ..member(Some(500), false)
@@ -68,6 +68,7 @@ fn a_flush_moves_last_seen_forward_only_and_skips_revoked_and_unknown_members() 
     assert_eq!(seen("revoked"), Some(at(100)), "a revoked member is left");
     assert!(devices.get("gone").unwrap().is_none(), "nothing created");
     assert!(store
+        .fleet
         .members(MemberKind::Cluster)
         .get("stale")
         .unwrap()
@@ -128,12 +129,16 @@ fn heartbeat_write_table() {
 #[test]
 fn heartbeats_write_when_due_from_the_record_read() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     // Beats every 10 s, offline after three missed.
     let offline_after = Span::seconds(30);
     let read = |m: &Member| members::get(&store, MemberKind::Device, &m.id).unwrap();
     let m = member(Some(100), false);
-    store.members(MemberKind::Device).insert(&m.id, &m).unwrap();
+    store
+        .fleet
+        .members(MemberKind::Device)
+        .insert(&m.id, &m)
+        .unwrap();
 
     let before = store.read_counts();
     write_now(&store, &m, None, at(105), offline_after).unwrap();
@@ -169,6 +174,7 @@ fn heartbeats_write_when_due_from_the_record_read() {
     // Revoked meanwhile: refused, and nothing written.
     let revoked = member(Some(100), true);
     store
+        .fleet
         .members(MemberKind::Device)
         .insert(&m.id, &revoked)
         .unwrap();
@@ -182,17 +188,21 @@ fn heartbeats_write_when_due_from_the_record_read() {
 #[test]
 fn a_heartbeat_notes_or_writes_as_decided() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     let window = Span::seconds(30);
     let m = member(Some(100), false);
-    store.members(MemberKind::Device).insert(&m.id, &m).unwrap();
+    store
+        .fleet
+        .members(MemberKind::Device)
+        .insert(&m.id, &m)
+        .unwrap();
     let p = Presence::default();
     let beat = |caps, now| p.heartbeat(&store, &m, caps, at(now), window).unwrap();
     assert_eq!(beat(None, 101), HeartbeatWrite::Nothing);
     assert_eq!(p.pending(), 0);
     assert_eq!(beat(None, 120), HeartbeatWrite::Batched);
     assert_eq!(p.pending(), 1);
-    let stored = |store: &Store| members::get(store, MemberKind::Device, "d").unwrap();
+    let stored = |store: &Db| members::get(store, MemberKind::Device, "d").unwrap();
     assert_eq!(stored(&store).last_seen, Some(at(100)), "not written yet");
     let gpu = CapabilitiesRecord {
         hostname: "moved".into(),

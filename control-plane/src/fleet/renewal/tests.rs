@@ -211,7 +211,7 @@ fn der(pem: &str) -> rustls::pki_types::CertificateDer<'static> {
 #[tokio::test]
 async fn a_member_renews_twice_and_a_revoked_one_cannot() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     let pki = Pki::load_or_init(&dir.path().join("pki"), &["localhost".into()]).unwrap();
     let lifetime = Duration::days(365);
     let day0 = OffsetDateTime::now_utc();
@@ -314,6 +314,7 @@ async fn a_member_renews_twice_and_a_revoked_one_cannot() {
 
     // Revoked: neither the certificate nor a renewal works.
     let stale = store
+        .fleet
         .members(MemberKind::Device)
         .get("cam")
         .unwrap()

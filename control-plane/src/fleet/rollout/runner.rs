@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     step, Action, AssignmentStatus, DeviceState, Event, FleetState, Telemetry, WindowStats,
 };
+use crate::db::Db;
 use crate::drift::records::{SampleKind, SampleRecord};
 use crate::error::{Error, Result};
 use crate::fleet::assignments::{self, AssignmentRecord, SetOutcome};
@@ -23,7 +24,7 @@ use crate::fleet::telemetry::{
     status_key, AssignmentState, AssignmentStatusRecord, TelemetryRecord,
 };
 use crate::registry::models::{self, ModelVersionRecord};
-use crate::store::{Fence, Store};
+use crate::store::Fence;
 use crate::Core;
 
 /// How far before a deployment's start the previous version's latency is
@@ -53,6 +54,7 @@ pub async fn run(core: Arc<Core>, interval: Duration, shutdown: CancellationToke
 pub async fn tick(core: &Core, now: OffsetDateTime) -> Result<()> {
     let mut open: Vec<DeploymentRecord> = core
         .store
+        .fleet
         .deployments
         .values()?
         .into_iter()
@@ -113,7 +115,7 @@ async fn advance(
     // Woken at the pace their downloads start, not all at once (`wakeups`).
     core.wakeups.push(woken);
     store
-        .update_fenced(&store.deployments, fence, &record_id, |cur| {
+        .update_fenced(&store.fleet.deployments, fence, &record_id, |cur| {
             let cur = cur.ok_or_else(|| Error::not_found("deployment", &record_id))?;
             let mut new = cur.clone();
             new.deployment = stepped.clone();
@@ -136,7 +138,7 @@ async fn advance(
 /// The synchronous half of a tick: observe, step, apply the actions to
 /// the store (not yet flushed). `None` when nothing changed.
 fn step_and_write(
-    store: &Store,
+    store: &Db,
     record: &DeploymentRecord,
     now: OffsetDateTime,
     offline_after: time::Duration,
@@ -216,7 +218,7 @@ struct Planned {
 /// the device's execution providers) in a few store calls, and notes what
 /// each got in `written`.
 fn write_batch(
-    store: &Store,
+    store: &Db,
     record: &DeploymentRecord,
     batch: &[Planned],
     fence: Option<Fence>,
@@ -253,6 +255,7 @@ fn write_batch(
             // The agent unloads an unassigned model and reports nothing
             // for it, so its old status would never clear.
             store
+                .fleet
                 .assignment_status
                 .remove(&status_key(&p.device, model))?;
         }
@@ -272,7 +275,7 @@ fn note(
     outcome: SetOutcome,
     assigned_generation: &mut BTreeMap<String, u64>,
     woken: &mut BTreeSet<String>,
-    store: &Store,
+    store: &Db,
 ) -> Result<()> {
     match outcome {
         SetOutcome::Changed(g) => {
@@ -298,7 +301,7 @@ fn note(
 }
 
 fn version_record(
-    store: &Store,
+    store: &Db,
     cache: &mut HashMap<String, Option<ModelVersionRecord>>,
     model: &str,
     version: &str,
@@ -347,7 +350,7 @@ fn log_event(id: &str, event: &Event) {
 
 /// The controller's inputs for one deployment, read from the store.
 pub fn observe(
-    store: &Store,
+    store: &Db,
     record: &DeploymentRecord,
     now: OffsetDateTime,
     offline_after: time::Duration,
@@ -370,7 +373,7 @@ pub fn observe(
         .map(|m| status_key(&m.id, &d.model))
         .collect();
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let statuses = store.assignment_status.get_many(&keys)?;
+    let statuses = store.fleet.assignment_status.get_many(&keys)?;
     for (m, status) in members.into_iter().zip(statuses) {
         let (version, status) = device_status(record, &m.id, status.as_ref());
         fleet.devices.insert(
@@ -432,13 +435,14 @@ pub fn device_status(
 /// reports: the target version since the deployment began, the others
 /// (the baseline) since [`BASELINE_LOOKBACK`] before it.
 fn device_windows(
-    store: &Store,
+    store: &Db,
     record: &DeploymentRecord,
     device: &str,
 ) -> Result<BTreeMap<String, WindowStats>> {
     let d = &record.deployment;
     let since = record.created_at - BASELINE_LOOKBACK;
     let reports: Vec<TelemetryRecord> = store
+        .fleet
         .telemetry
         .scan_prefix_rev_while(&format!("{device}/"), |r| r.received_at >= since)?;
     let mut sums: BTreeMap<String, (u64, u64, f64)> = BTreeMap::new();
@@ -490,20 +494,20 @@ fn device_windows(
 /// The share of labelled feedback the target version got right, over the
 /// device's most recent labels since the deployment began.
 fn online_accuracy(
-    store: &Store,
+    store: &Db,
     model: &str,
     version: &str,
     device: &str,
     since: OffsetDateTime,
 ) -> Result<Option<f64>> {
     let mut read = 0usize;
-    let samples: Vec<SampleRecord> =
-        store
-            .samples
-            .scan_prefix_rev_while(&format!("{model}/{version}/{device}/"), |s| {
-                read += 1;
-                read <= MAX_FEEDBACK_PER_DEVICE && s.at().is_none_or(|t| t >= since)
-            })?;
+    let samples: Vec<SampleRecord> = store.drift.samples.scan_prefix_rev_while(
+        &format!("{model}/{version}/{device}/"),
+        |s| {
+            read += 1;
+            read <= MAX_FEEDBACK_PER_DEVICE && s.at().is_none_or(|t| t >= since)
+        },
+    )?;
     let judged: Vec<bool> = samples
         .iter()
         .filter(|s| s.kind == SampleKind::Feedback)

@@ -23,9 +23,9 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use super::admission;
+use crate::db::Db;
 use crate::drift::records::{self as drift, record_key};
 use crate::error::{Error, Result};
-use crate::store::Store;
 
 pub const MAX_MODELS_PER_REPORT: usize = 256;
 pub const MAX_EVENTS_PER_REPORT: usize = 1024;
@@ -140,20 +140,22 @@ pub const EPOCH_SPAN: u64 = 1 << 32;
 
 /// Where `epoch`'s sequences start for `device`: found, or given the span
 /// above everything the device stored and every span already given.
-fn epoch_base(store: &Store, device: &str, epoch: u64) -> Result<u64> {
+fn epoch_base(store: &Db, device: &str, epoch: u64) -> Result<u64> {
     if epoch == 0 {
         return Ok(0);
     }
     let key = format!("{device}/{epoch:016x}");
     loop {
-        if let Some(base) = store.telemetry_epochs.get(&key)? {
+        if let Some(base) = store.fleet.telemetry_epochs.get(&key)? {
             return Ok(base);
         }
         let stored = store
+            .fleet
             .telemetry
             .last_with_prefix(&format!("{device}/"))?
             .map_or(0, |(k, _)| key_sequence(&k));
         let given = store
+            .fleet
             .telemetry_epochs
             .scan_prefix(&format!("{device}/"))?
             .into_iter()
@@ -165,7 +167,7 @@ fn epoch_base(store: &Store, device: &str, epoch: u64) -> Result<u64> {
             .and_then(|n| n.checked_mul(EPOCH_SPAN))
             .ok_or_else(|| Error::Conflict(format!("device {device} has no epoch span left")))?;
         // Lost a race with the device's other connection: read theirs.
-        if store.telemetry_epochs.insert_new(&key, &base)? {
+        if store.fleet.telemetry_epochs.insert_new(&key, &base)? {
             return Ok(base);
         }
     }
@@ -173,9 +175,10 @@ fn epoch_base(store: &Store, device: &str, epoch: u64) -> Result<u64> {
 
 /// The highest sequence stored in the span at `base` (0 if none), as the
 /// epoch counts it.
-fn acked_in_span(store: &Store, device: &str, base: u64) -> Result<u64> {
+fn acked_in_span(store: &Db, device: &str, base: u64) -> Result<u64> {
     let end = base.saturating_add(EPOCH_SPAN);
     Ok(store
+        .fleet
         .telemetry
         .last_in_range(&telemetry_key(device, base), &telemetry_key(device, end))?
         .map_or(0, |(k, _)| key_sequence(&k).saturating_sub(base)))
@@ -210,7 +213,7 @@ pub struct Recorded {
 /// what the device may report about ([`admission`]). Also returns the
 /// models whose samples were stored (for sample retention).
 pub fn record_telemetry(
-    store: &Store,
+    store: &Db,
     admit: &Admission<'_>,
     device: &str,
     report: pb::TelemetryReport,
@@ -228,7 +231,7 @@ pub fn record_telemetry(
     let base = epoch_base(store, device, report.epoch)?;
     let key = telemetry_key(device, base + report.sequence);
     // A replayed sequence is a duplicate: keep the first copy.
-    let (mut recorded, models) = if store.telemetry.contains(&key)? {
+    let (mut recorded, models) = if store.fleet.telemetry.contains(&key)? {
         (Recorded::default(), Vec::new())
     } else {
         store_new(store, admit, device, &key, base, report, now)?
@@ -346,7 +349,7 @@ fn check_event(at: &str, e: &pb::Event) -> Result<()> {
 }
 
 fn store_new(
-    store: &Store,
+    store: &Db,
     admit: &Admission<'_>,
     device: &str,
     key: &str,
@@ -490,12 +493,12 @@ fn store_new(
         }
     }
     // Last: this record is what marks the sequence as stored.
-    store.telemetry.insert_new(key, &record)?;
+    store.fleet.telemetry.insert_new(key, &record)?;
     Ok((recorded, sample_models))
 }
 
 pub fn record_status(
-    store: &Store,
+    store: &Db,
     device: &str,
     report: pb::AssignmentStatusReport,
     now: OffsetDateTime,
@@ -530,7 +533,7 @@ pub fn record_status(
         running_version: None,
     };
     let key = status_key(device, &record.model_name);
-    store.assignment_status.update(&key, |current| {
+    store.fleet.assignment_status.update(&key, |current| {
         Ok::<_, Error>(match current {
             // A retried report of an older set arrives after a newer one's:
             // the newer state stands.

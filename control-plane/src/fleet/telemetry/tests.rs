@@ -34,7 +34,7 @@ fn report(sequence: u64) -> pb::TelemetryReport {
 /// Records a report as the gRPC handler does, for a device assigned
 /// `m` versions 0 to 9, with the default quota; the ack.
 fn ingest(
-    store: &Store,
+    store: &Db,
     device: &str,
     report: pb::TelemetryReport,
     now: OffsetDateTime,
@@ -50,7 +50,7 @@ fn ingest(
         .acked)
 }
 
-fn assign_m(store: &Store, device: &str) {
+fn assign_m(store: &Db, device: &str) {
     for v in 0..10 {
         admission::remember(store, device, "m", &v.to_string()).unwrap();
     }
@@ -79,13 +79,13 @@ fn status(
 #[test]
 fn a_new_epoch_starts_its_own_span_and_acks_only_its_own_reports() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     let now = OffsetDateTime::now_utc();
     let at = |epoch: u64, seq: u64| pb::TelemetryReport {
         epoch,
         ..report(seq)
     };
-    let stored = || store.telemetry.scan_prefix("d/").unwrap().len();
+    let stored = || store.fleet.telemetry.scan_prefix("d/").unwrap().len();
     // The old buffer sent five.
     for seq in 1..=5 {
         assert_eq!(ingest(&store, "d", at(0xa, seq), now).unwrap(), seq);
@@ -100,6 +100,7 @@ fn a_new_epoch_starts_its_own_span_and_acks_only_its_own_reports() {
     assert_eq!(stored(), 7);
     // Each epoch has its own span, above the ones before.
     let stored_at: Vec<(u64, u64, u64)> = store
+        .fleet
         .telemetry
         .scan_prefix("d/")
         .unwrap()
@@ -120,11 +121,13 @@ fn a_new_epoch_starts_its_own_span_and_acks_only_its_own_reports() {
         ]
     );
     // Samples and sketches of both epochs are all kept.
-    assert_eq!(store.samples.scan_prefix("m/").unwrap().len(), 7);
+    assert_eq!(store.drift.samples.scan_prefix("m/").unwrap().len(), 7);
     // Before epochs: the span at 0, as such reports were always stored.
     assert_eq!(ingest(&store, "old", report(1), now).unwrap(), 1);
     assert_eq!(
-        store.telemetry.scan_prefix("old/").unwrap()[0].1.sequence,
+        store.fleet.telemetry.scan_prefix("old/").unwrap()[0]
+            .1
+            .sequence,
         1
     );
     // Another device's epoch is its own.
@@ -142,7 +145,7 @@ fn a_new_epoch_starts_its_own_span_and_acks_only_its_own_reports() {
 #[test]
 fn retention_drops_old_reports_and_sketches_but_keeps_each_devices_newest() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     let t0 = OffsetDateTime::now_utc() - time::Duration::days(45);
     let day = |n: i64| t0 + time::Duration::days(n);
     for (seq, at) in [(1, day(0)), (2, day(20)), (3, day(35))] {
@@ -161,6 +164,7 @@ fn retention_drops_old_reports_and_sketches_but_keeps_each_devices_newest() {
     assert_eq!((dropped.telemetry, dropped.sketches), (1, 3));
     let seqs = |device: &str| -> Vec<u64> {
         store
+            .fleet
             .telemetry
             .scan_prefix(&format!("{device}/"))
             .unwrap()
@@ -171,7 +175,7 @@ fn retention_drops_old_reports_and_sketches_but_keeps_each_devices_newest() {
     assert_eq!(seqs("d"), vec![2, 3], "the 45-day-old report went");
     assert_eq!(seqs("lone"), vec![1], "a device's newest report stays");
     // Sketches older than 20 days went (d's first two, lone's one).
-    assert_eq!(store.sketches.scan_prefix("m/").unwrap().len(), 1);
+    assert_eq!(store.drift.sketches.scan_prefix("m/").unwrap().len(), 1);
     // The ack still counts from what is kept.
     assert_eq!(ingest(&store, "d", report(4), now).unwrap(), 4);
     // A second pass finds nothing more.
@@ -183,9 +187,9 @@ fn retention_drops_old_reports_and_sketches_but_keeps_each_devices_newest() {
 fn status_keeps_what_serves_and_ignores_older_generations() {
     use pb::AssignmentState as S;
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     let now = OffsetDateTime::now_utc();
-    let get = || store.assignment_status.get("d/m").unwrap().unwrap();
+    let get = || store.fleet.assignment_status.get("d/m").unwrap().unwrap();
     assign_m(&store, "d");
     record_status(&store, "d", status(1, "1", S::Active, "1"), now).unwrap();
     assert_eq!(get().running_version.as_deref(), Some("1"));
@@ -215,7 +219,7 @@ fn status_keeps_what_serves_and_ignores_older_generations() {
 #[test]
 fn a_device_reports_only_on_what_it_was_assigned_within_its_quota() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     let now = OffsetDateTime::now_utc();
     admission::remember(&store, "d", "m", "1").unwrap();
     let quotas = admission::Quotas::default();
@@ -258,11 +262,17 @@ fn a_device_reports_only_on_what_it_was_assigned_within_its_quota() {
         }
     );
     assert_eq!(models, ["m"]);
-    assert_eq!(store.sketches.scan_prefix("").unwrap().len(), 1);
-    assert!(store.samples.scan_prefix("victim/").unwrap().is_empty());
-    assert!(store.samples.scan_prefix("m/2/").unwrap().is_empty());
-    assert_eq!(store.samples.scan_prefix("m/1/d/").unwrap().len(), 3);
+    assert_eq!(store.drift.sketches.scan_prefix("").unwrap().len(), 1);
+    assert!(store
+        .drift
+        .samples
+        .scan_prefix("victim/")
+        .unwrap()
+        .is_empty());
+    assert!(store.drift.samples.scan_prefix("m/2/").unwrap().is_empty());
+    assert_eq!(store.drift.samples.scan_prefix("m/1/d/").unwrap().len(), 3);
     let stored = store
+        .fleet
         .telemetry
         .get("d/00000000000000000001")
         .unwrap()
@@ -276,13 +286,18 @@ fn a_device_reports_only_on_what_it_was_assigned_within_its_quota() {
         record_status(&store, "d", foreign, now),
         Err(Error::PermissionDenied(_))
     ));
-    assert!(store.assignment_status.get("d/victim").unwrap().is_none());
+    assert!(store
+        .fleet
+        .assignment_status
+        .get("d/victim")
+        .unwrap()
+        .is_none());
 }
 
 #[test]
 fn a_replayed_report_is_stored_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     let now = OffsetDateTime::now_utc();
     assert_eq!(ingest(&store, "d", report(1), now).unwrap(), 1);
     // The replay differs (a bug on the device): the first copy stays.
@@ -292,11 +307,12 @@ fn a_replayed_report_is_stored_exactly_once() {
     assert_eq!(ingest(&store, "d", report(2), now).unwrap(), 2);
     assert_eq!(ingest(&store, "other", report(1), now).unwrap(), 1);
 
-    let sketches = store.sketches.scan_prefix("m/1/d/").unwrap();
+    let sketches = store.drift.sketches.scan_prefix("m/1/d/").unwrap();
     assert_eq!(sketches.len(), 2);
     assert_eq!(sketches[0].1.requests, 2);
-    assert_eq!(store.samples.scan_prefix("m/").unwrap().len(), 3);
+    assert_eq!(store.drift.samples.scan_prefix("m/").unwrap().len(), 3);
     let rec = store
+        .fleet
         .telemetry
         .get("d/00000000000000000001")
         .unwrap()
@@ -310,7 +326,7 @@ fn a_replayed_report_is_stored_exactly_once() {
 #[test]
 fn an_invalid_report_stores_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     let mut bad = report(1);
     bad.samples[0].kind = 0;
     let err = ingest(&store, "d", bad, OffsetDateTime::now_utc()).unwrap_err();
@@ -318,8 +334,8 @@ fn an_invalid_report_stores_nothing() {
         matches!(&err, Error::BadRequest { field: Some(f), .. } if f == "samples[0].kind"),
         "{err}"
     );
-    assert!(store.sketches.scan_prefix("").unwrap().is_empty());
-    assert!(store.telemetry.scan_prefix("").unwrap().is_empty());
+    assert!(store.drift.sketches.scan_prefix("").unwrap().is_empty());
+    assert!(store.fleet.telemetry.scan_prefix("").unwrap().is_empty());
     let err = ingest(&store, "d", report(0), OffsetDateTime::now_utc()).unwrap_err();
     assert!(err.to_string().contains("start at 1"));
     let mut bad = report(1);
@@ -388,7 +404,7 @@ fn the_store_reads_an_old_status_record() {
             .unwrap();
         db.flush().unwrap();
     }
-    let store = Store::open(&path).unwrap();
-    let got = store.assignment_status.get("d/m").unwrap().unwrap();
+    let store = Db::open(&path).unwrap();
+    let got = store.fleet.assignment_status.get("d/m").unwrap().unwrap();
     assert_eq!(got.state, AssignmentState::Active);
 }

@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::fleet::deployments::CreateDeployment;
 use crate::lifecycle::pipeline::{self, Pipeline, PipelineState};
-use crate::store::Store;
 use crate::validate;
 
 /// How a model is retrained: the console API's request body, stored as is.
@@ -193,16 +193,17 @@ impl RetrainingPolicy for RetrainingConfig {
 }
 
 /// Sets `model`'s retraining policy.
-pub async fn put_config(store: &Store, model: &str, config: RetrainingConfig) -> Result<()> {
+pub async fn put_config(store: &Db, model: &str, config: RetrainingConfig) -> Result<()> {
     crate::registry::models::get_model(store, model)?;
     config.validate()?;
-    store.retraining.insert(model, &config)?;
+    store.lifecycle.retraining.insert(model, &config)?;
     store.flush().await?;
     Ok(())
 }
 
-pub fn get_config(store: &Store, model: &str) -> Result<RetrainingConfig> {
+pub fn get_config(store: &Db, model: &str) -> Result<RetrainingConfig> {
     store
+        .lifecycle
         .retraining
         .get(model)?
         .ok_or_else(|| Error::not_found("retraining policy of model", model))
@@ -220,12 +221,7 @@ pub enum Started {
 /// Starts a retrain of `model` because of `trigger`, unless one is already
 /// running: never two at once (the per-model `pipeline_active` key is taken
 /// atomically).
-pub async fn start(
-    store: &Store,
-    model: &str,
-    trigger: &str,
-    now: OffsetDateTime,
-) -> Result<Started> {
+pub async fn start(store: &Db, model: &str, trigger: &str, now: OffsetDateTime) -> Result<Started> {
     let config = get_config(store, model).map_err(|_| {
         Error::Conflict(format!(
             "model {model:?} has no retraining policy; PUT /api/v1/models/{model}/retraining first"
@@ -234,13 +230,13 @@ pub async fn start(
     validate::text("trigger", trigger, 512)?;
     let id = format!("p-{:08}", store.next_id()?);
     loop {
-        if store.pipeline_active.insert_new(model, &id)? {
+        if store.lifecycle.pipeline_active.insert_new(model, &id)? {
             break;
         }
-        let Some(running) = store.pipeline_active.get(model)? else {
+        let Some(running) = store.lifecycle.pipeline_active.get(model)? else {
             continue;
         };
-        match store.pipelines.get(&running)? {
+        match store.lifecycle.pipelines.get(&running)? {
             Some(p) if !p.state.is_terminal() => {
                 let p = coalesce(store, &running, trigger, now)?;
                 store.flush().await?;
@@ -249,11 +245,14 @@ pub async fn start(
             // The runner ended it but had not released the key yet (or
             // crashed in between): take it over.
             _ => {
-                let _ = store.pipeline_active.update(model, |cur| match cur {
-                    Some(c) if c == running => Ok(id.clone()),
-                    _ => Err(()),
-                })?;
-                if store.pipeline_active.get(model)?.as_deref() == Some(id.as_str()) {
+                let _ = store
+                    .lifecycle
+                    .pipeline_active
+                    .update(model, |cur| match cur {
+                        Some(c) if c == running => Ok(id.clone()),
+                        _ => Err(()),
+                    })?;
+                if store.lifecycle.pipeline_active.get(model)?.as_deref() == Some(id.as_str()) {
                     break;
                 }
             }
@@ -269,13 +268,13 @@ pub async fn start(
     p.step_timeout_seconds = config.step_timeout_seconds;
     p.min_gain_points = config.min_gain_points;
     p.signing = config.signing.clone();
-    store.pipelines.insert(&id, &p)?;
+    store.lifecycle.pipelines.insert(&id, &p)?;
     store.flush().await?;
     Ok(Started::Started(p))
 }
 
-fn coalesce(store: &Store, id: &str, trigger: &str, now: OffsetDateTime) -> Result<Pipeline> {
-    store.pipelines.update(id, |cur| {
+fn coalesce(store: &Db, id: &str, trigger: &str, now: OffsetDateTime) -> Result<Pipeline> {
+    store.lifecycle.pipelines.update(id, |cur| {
         let mut p = cur.ok_or_else(|| Error::not_found("pipeline", id))?;
         p.coalesced.push(pipeline::Coalesced {
             trigger: trigger.to_string(),
@@ -289,16 +288,18 @@ fn coalesce(store: &Store, id: &str, trigger: &str, now: OffsetDateTime) -> Resu
     })?
 }
 
-pub fn get(store: &Store, id: &str) -> Result<Pipeline> {
+pub fn get(store: &Db, id: &str) -> Result<Pipeline> {
     store
+        .lifecycle
         .pipelines
         .get(id)?
         .ok_or_else(|| Error::not_found("pipeline", id))
 }
 
 /// Newest first; only `model`'s when given.
-pub fn list(store: &Store, model: Option<&str>) -> Result<Vec<Pipeline>> {
+pub fn list(store: &Db, model: Option<&str>) -> Result<Vec<Pipeline>> {
     let mut all: Vec<Pipeline> = store
+        .lifecycle
         .pipelines
         .values()?
         .into_iter()
@@ -309,8 +310,8 @@ pub fn list(store: &Store, model: Option<&str>) -> Result<Vec<Pipeline>> {
 }
 
 /// Cancels a running pipeline; the runner aborts what its step started.
-pub async fn cancel(store: &Store, id: &str, now: OffsetDateTime) -> Result<Pipeline> {
-    let p = store.pipelines.update(id, |cur| {
+pub async fn cancel(store: &Db, id: &str, now: OffsetDateTime) -> Result<Pipeline> {
+    let p = store.lifecycle.pipelines.update(id, |cur| {
         let p = cur.ok_or_else(|| Error::not_found("pipeline", id))?;
         if p.state.is_terminal() {
             return Err(Error::Conflict(format!(
@@ -336,14 +337,14 @@ pub struct ReferenceRecord {
     pub pipeline: Option<String>,
 }
 
-pub async fn set_reference(store: &Store, model: &str, r: ReferenceRecord) -> Result<()> {
-    store.drift_reference.insert(model, &r)?;
+pub async fn set_reference(store: &Db, model: &str, r: ReferenceRecord) -> Result<()> {
+    store.lifecycle.drift_reference.insert(model, &r)?;
     store.flush().await?;
     Ok(())
 }
 
-pub fn reference(store: &Store, model: &str) -> Result<Option<ReferenceRecord>> {
-    Ok(store.drift_reference.get(model)?)
+pub fn reference(store: &Db, model: &str) -> Result<Option<ReferenceRecord>> {
+    Ok(store.lifecycle.drift_reference.get(model)?)
 }
 
 pub fn state_name(s: &PipelineState) -> &'static str {

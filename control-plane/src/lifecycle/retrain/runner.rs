@@ -39,7 +39,7 @@ pub async fn tick(core: &Core, now: OffsetDateTime) -> Result<()> {
     // Taken once: a tick that outlives this replica's lease saves nothing
     // over the new leader's work.
     let fence = core.leader.fence(crate::leader::Task::Pipelines);
-    for p in core.store.pipelines.values()? {
+    for p in core.store.lifecycle.pipelines.values()? {
         let id = p.id.clone();
         let result = if p.state.is_terminal() {
             release(core, &p, now).await
@@ -74,15 +74,19 @@ async fn step(
     if next == p {
         return Ok(());
     }
-    let saved = core
-        .store
-        .update_fenced(&core.store.pipelines, fence, &p.id, |cur| match cur {
-            Some(cur) if cur == p => Ok(next.clone()),
-            // Cancelled (or otherwise changed) while the step ran: what the
-            // step found no longer applies; the next tick starts from the
-            // new state.
-            _ => Err(()),
-        })?;
+    let saved =
+        core.store.update_fenced(
+            &core.store.lifecycle.pipelines,
+            fence,
+            &p.id,
+            |cur| match cur {
+                Some(cur) if cur == p => Ok(next.clone()),
+                // Cancelled (or otherwise changed) while the step ran: what the
+                // step found no longer applies; the next tick starts from the
+                // new state.
+                _ => Err(()),
+            },
+        )?;
     match saved {
         Ok(_) => {}
         Err(crate::store::NotWritten::Refused(())) => return Ok(()),
@@ -118,7 +122,14 @@ async fn step(
 /// For an ended pipeline: stops what its last step started (a cancel
 /// through the API only recorded the decision) and frees the model's slot.
 async fn release(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<()> {
-    if core.store.pipeline_active.get(&p.model)?.as_deref() != Some(p.id.as_str()) {
+    if core
+        .store
+        .lifecycle
+        .pipeline_active
+        .get(&p.model)?
+        .as_deref()
+        != Some(p.id.as_str())
+    {
         return Ok(());
     }
     let last = match &p.state {
@@ -132,7 +143,12 @@ async fn release(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<()> {
     }
     // Only while it is still this pipeline's: a new retrain may have taken
     // the slot over already.
-    if core.store.pipeline_active.remove_if_eq(&p.model, &p.id)? {
+    if core
+        .store
+        .lifecycle
+        .pipeline_active
+        .remove_if_eq(&p.model, &p.id)?
+    {
         core.store.flush().await?;
     }
     Ok(())

@@ -225,17 +225,21 @@ pub async fn sign(
     };
     // Only from the state the signatures were checked against: a cancel
     // that landed meanwhile wins.
-    let next = core.store.pipelines.update(id, |cur| match cur {
-        Some(cur) if cur == p => Ok(pipeline::advance(
-            &cur,
-            pipeline::Event::Succeeded(output.clone()),
-            now.unix_timestamp(),
-        )
-        .0),
-        _ => Err(Error::Conflict(format!(
-            "pipeline {id:?} changed while its signatures were checked; look again"
-        ))),
-    })??;
+    let next = core
+        .store
+        .lifecycle
+        .pipelines
+        .update(id, |cur| match cur {
+            Some(cur) if cur == p => Ok(pipeline::advance(
+                &cur,
+                pipeline::Event::Succeeded(output.clone()),
+                now.unix_timestamp(),
+            )
+            .0),
+            _ => Err(Error::Conflict(format!(
+                "pipeline {id:?} changed while its signatures were checked; look again"
+            ))),
+        })??;
     core.store.flush().await?;
     tracing::info!(pipeline = %id, manifests = signed.len(), "offline signatures accepted");
     Ok(next)

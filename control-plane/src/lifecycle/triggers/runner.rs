@@ -71,7 +71,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 
 pub async fn tick(core: &Arc<Core>, now: OffsetDateTime) -> Result<()> {
     let store = core.store.clone();
-    let models = blocking(move || Ok(store.triggers.scan_prefix("")?)).await?;
+    let models = blocking(move || Ok(store.lifecycle.triggers.scan_prefix("")?)).await?;
     for (model, config) in models {
         if let Err(e) = evaluate(core, &model, &config, now).await {
             tracing::error!(%model, error = %e, "evaluating triggers");
@@ -167,9 +167,14 @@ fn observe_store(
     config: &TriggersConfig,
 ) -> Result<(TriggerStateRecord, ModelState, Option<ModelVersionRecord>)> {
     let store = &core.store;
-    let saved = store.trigger_state.get(model)?.unwrap_or_default();
-    let running = match store.pipeline_active.get(model)? {
+    let saved = store
+        .lifecycle
+        .trigger_state
+        .get(model)?
+        .unwrap_or_default();
+    let running = match store.lifecycle.pipeline_active.get(model)? {
         Some(id) => store
+            .lifecycle
             .pipelines
             .get(&id)?
             .filter(|p| !p.state.is_terminal())
@@ -300,7 +305,7 @@ async fn evaluate(
     }
     let fence = core.leader.fence(crate::leader::Task::Triggers);
     core.store
-        .update_fenced(&core.store.trigger_state, fence, model, |_| {
+        .update_fenced(&core.store.lifecycle.trigger_state, fence, model, |_| {
             Ok::<_, Error>(next.clone())
         })?
         .map_err(crate::leader::not_written)?;

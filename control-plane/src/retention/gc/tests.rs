@@ -395,7 +395,7 @@ fn age_all(root: &Path, age: std::time::Duration) {
 #[tokio::test]
 async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artifacts() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     let root = dir.path().join("artifacts");
     let artifacts = LocalArtifactStore::open(&root).unwrap();
     let kept = [
@@ -445,10 +445,11 @@ async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artif
     v.lineage.dataset = Some(d("snapshot"));
     v.lineage.checkpoint = Some(d("lineage-ckpt"));
     v.variants = vec![variant("fp16", Some("fp16.probe"))];
-    store.model_versions.insert("m/1", &v).unwrap();
+    store.registry.model_versions.insert("m/1", &v).unwrap();
     let mut assigned = AssignmentRecord::for_version(&version("m", "assigned-only"), "d-1", 60);
     assigned.model_version = "0".into();
     store
+        .fleet
         .assignments
         .insert(
             "edge-1",
@@ -460,6 +461,7 @@ async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artif
         .unwrap();
     let extra = format!("edgeloop-artifact://{}", d("policy-extra"));
     store
+        .lifecycle
         .retraining
         .insert(
             "m",
@@ -482,7 +484,11 @@ async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artif
         running(Step::Export),
         vec![(Step::BuildDataset, snap), (Step::Train, job_out)],
     );
-    store.pipelines.insert("p-1", &live_pipeline).unwrap();
+    store
+        .lifecycle
+        .pipelines
+        .insert("p-1", &live_pipeline)
+        .unwrap();
     let done = pipeline(
         "p-0",
         PipelineState::Succeeded,
@@ -493,8 +499,9 @@ async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artif
             },
         )],
     );
-    store.pipelines.insert("p-0", &done).unwrap();
+    store.lifecycle.pipelines.insert("p-0", &done).unwrap();
     store
+        .fleet
         .benchmarks
         .insert("b-1", &benchmark(BenchmarkState::Running, None))
         .unwrap();
@@ -503,13 +510,13 @@ async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artif
     finished.inputs_digest = d("done-bench-inputs");
     finished.models.clear();
     finished.results.clear();
-    store.benchmarks.insert("b-0", &finished).unwrap();
+    store.fleet.benchmarks.insert("b-0", &finished).unwrap();
     let now = OffsetDateTime::now_utc();
     let spec = json!({"name": "t", "command": ["train"],
                       "datasets": [format!("edgeloop-artifact://{}", d("job-data"))]});
     let spec = serde_json::from_value(spec).unwrap();
     let job = crate::lifecycle::jobs::JobRecord::queued("t-1", spec, "default".into(), None, now);
-    store.jobs.insert("t-1", &job).unwrap();
+    store.lifecycle.jobs.insert("t-1", &job).unwrap();
     let ckpt = CheckpointRecord {
         job_id: "t-1".into(),
         attempt: 1,
@@ -522,6 +529,7 @@ async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artif
         uploaded_at: now,
     };
     store
+        .registry
         .checkpoints
         .insert(&crate::registry::checkpoints::key("t-1", 10), &ckpt)
         .unwrap();
@@ -564,7 +572,7 @@ async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artif
     // Once the pipeline ends, what only it held goes.
     let mut ended = live_pipeline;
     ended.state = PipelineState::Succeeded;
-    store.pipelines.insert("p-1", &ended).unwrap();
+    store.lifecycle.pipelines.insert("p-1", &ended).unwrap();
     let swept = collect(&store, &artifacts, None, grace, now).unwrap();
     assert_eq!(
         set(swept.deleted),

@@ -227,27 +227,36 @@ fn finished_benchmarks_go_unless_a_live_pipeline_asked_for_them() {
 #[test]
 fn a_pass_drops_old_history_with_its_events_and_keeps_the_rest() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     for p in [
         pipeline("p-00000001", "m", Some(400)),
         pipeline("p-00000002", "m", Some(300)),
         // A live pipeline whose deploy step named d-00000003.
         pipeline("p-00000003", "n", None),
     ] {
-        store.pipelines.insert(&p.id.clone(), &p).unwrap();
+        store.lifecycle.pipelines.insert(&p.id.clone(), &p).unwrap();
     }
-    let mut live = store.pipelines.get("p-00000003").unwrap().unwrap();
+    let mut live = store
+        .lifecycle
+        .pipelines
+        .get("p-00000003")
+        .unwrap()
+        .unwrap();
     live.history[0].output = Some(Output::Deployment {
         id: "d-00000003".into(),
     });
-    store.pipelines.insert("p-00000003", &live).unwrap();
+    store
+        .lifecycle
+        .pipelines
+        .insert("p-00000003", &live)
+        .unwrap();
     for d in [
         deployment(1, "m", failed(), 400),
         deployment(2, "m", RolloutState::Succeeded, 400),
         deployment(3, "n", failed(), 400),
         deployment(4, "n", failed(), 10),
     ] {
-        store.deployments.insert(&d.id.clone(), &d).unwrap();
+        store.fleet.deployments.insert(&d.id.clone(), &d).unwrap();
         for index in 0..3 {
             let event = crate::fleet::rollout::Event::WaveStarted {
                 index,
@@ -258,7 +267,11 @@ fn a_pass_drops_old_history_with_its_events_and_keeps_the_rest() {
         }
     }
     let old = benchmark(BenchmarkState::Succeeded, None, 400);
-    store.benchmarks.insert(&old.id.clone(), &old).unwrap();
+    store
+        .fleet
+        .benchmarks
+        .insert(&old.id.clone(), &old)
+        .unwrap();
 
     let d = prune(&store, NOW, AGE).unwrap();
     assert_eq!(
@@ -270,6 +283,7 @@ fn a_pass_drops_old_history_with_its_events_and_keeps_the_rest() {
         }
     );
     let pipelines: Vec<String> = store
+        .lifecycle
         .pipelines
         .scan_prefix("")
         .unwrap()
@@ -278,6 +292,7 @@ fn a_pass_drops_old_history_with_its_events_and_keeps_the_rest() {
         .collect();
     assert_eq!(pipelines, ["p-00000002", "p-00000003"]);
     let deployments: Vec<String> = store
+        .fleet
         .deployments
         .scan_prefix("")
         .unwrap()
@@ -297,7 +312,7 @@ fn a_pass_drops_old_history_with_its_events_and_keeps_the_rest() {
             .len(),
         3
     );
-    assert!(store.benchmarks.is_empty().unwrap());
+    assert!(store.fleet.benchmarks.is_empty().unwrap());
     // A second pass finds nothing more.
     assert_eq!(prune(&store, NOW, AGE).unwrap(), DroppedHistory::default());
 }

@@ -126,7 +126,7 @@ fn past_keep_last_checkpoints_go_unless_pinned() {
 #[tokio::test]
 async fn old_jobs_and_surplus_checkpoints_go_and_what_is_named_stays() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     let root = dir.path().join("artifacts");
     let artifacts = LocalArtifactStore::open(&root).unwrap();
     let keep2 = json!({"name": "t", "checkpoint": {"every_steps": 5, "keep_last": 2}});
@@ -152,10 +152,11 @@ async fn old_jobs_and_surplus_checkpoints_go_and_what_is_named_stays() {
         ),
     ];
     for j in &jobs {
-        store.jobs.insert(&j.id, j).unwrap();
+        store.lifecycle.jobs.insert(&j.id, j).unwrap();
         for step in [5, 10, 15, 20] {
             let c = ckpt(&j.id, step);
             store
+                .registry
                 .checkpoints
                 .insert(&checkpoints::key(&j.id, step), &c)
                 .unwrap();
@@ -169,6 +170,7 @@ async fn old_jobs_and_surplus_checkpoints_go_and_what_is_named_stays() {
     // A checkpoint left from a job an earlier pass dropped.
     let orphan = ckpt("gone", 5);
     store
+        .registry
         .checkpoints
         .insert(&checkpoints::key("gone", 5), &orphan)
         .unwrap();
@@ -187,16 +189,16 @@ async fn old_jobs_and_surplus_checkpoints_go_and_what_is_named_stays() {
     };
     v.lineage.job = Some("exported".into());
     v.lineage.checkpoint = Some(ckpt("exported", 10).digest);
-    store.model_versions.insert("m/1", &v).unwrap();
+    store.registry.model_versions.insert("m/1", &v).unwrap();
     let mut v2 = v.clone();
     v2.version = "2".into();
     v2.lineage.job = Some("lineage".into());
     v2.lineage.checkpoint = None;
-    store.model_versions.insert("m/2", &v2).unwrap();
+    store.registry.model_versions.insert("m/2", &v2).unwrap();
     let (mut p, _) =
         crate::lifecycle::pipeline::Pipeline::new("p-3".into(), "m".into(), "drift".into(), 0);
     p.history[0].step = crate::lifecycle::pipeline::Step::Train;
-    store.pipelines.insert("p-3", &p).unwrap();
+    store.lifecycle.pipelines.insert("p-3", &p).unwrap();
 
     let r = crate::retention::Retention::default();
     let d = crate::retention::prune(&store, &artifacts, r, NOW).unwrap();
@@ -207,17 +209,17 @@ async fn old_jobs_and_surplus_checkpoints_go_and_what_is_named_stays() {
             .map(|c| c.step)
             .collect()
     };
-    assert!(store.jobs.get("old").unwrap().is_none());
+    assert!(store.lifecycle.jobs.get("old").unwrap().is_none());
     assert_eq!(steps("old"), Vec::<u64>::new());
     // "exported" is named by the lineage too: kept, with its newest two and
     // the exported one.
-    assert!(store.jobs.get("exported").unwrap().is_some());
+    assert!(store.lifecycle.jobs.get("exported").unwrap().is_some());
     assert_eq!(steps("exported"), [10, 15, 20]);
-    assert!(store.jobs.get("lineage").unwrap().is_some());
+    assert!(store.lifecycle.jobs.get("lineage").unwrap().is_some());
     assert_eq!(steps("lineage"), [15, 20]);
     assert_eq!(steps("recent"), [15, 20]);
     assert_eq!(steps("running"), [15, 20]);
-    assert!(store.jobs.get("p-3-train-1").unwrap().is_some());
+    assert!(store.lifecycle.jobs.get("p-3-train-1").unwrap().is_some());
     assert_eq!(steps("p-3-train-1"), [15, 20]);
     assert_eq!(steps("odd"), [5, 10, 15, 20]);
     assert_eq!(steps("gone"), Vec::<u64>::new());
@@ -226,10 +228,10 @@ async fn old_jobs_and_surplus_checkpoints_go_and_what_is_named_stays() {
     // Once nothing names the job (here its lineage is rewritten; versions
     // are never deleted), it goes; its exported checkpoint stays alone.
     v.lineage.job = None;
-    store.model_versions.insert("m/1", &v).unwrap();
+    store.registry.model_versions.insert("m/1", &v).unwrap();
     let d = crate::retention::prune(&store, &artifacts, r, NOW).unwrap();
     assert_eq!((d.jobs, d.checkpoints), (1, 2));
-    assert!(store.jobs.get("exported").unwrap().is_none());
+    assert!(store.lifecycle.jobs.get("exported").unwrap().is_none());
     assert_eq!(steps("exported"), [10]);
     // A pass finds nothing more.
     let d = crate::retention::prune(&store, &artifacts, r, NOW).unwrap();

@@ -115,7 +115,7 @@ fn a_broken_connection_is_replaced() {
         return;
     };
     let store = Store::open_postgres(db.url()).unwrap();
-    store.label_hours.insert("a", &1).unwrap();
+    counts(&store).insert("a", &1).unwrap();
     let name = db.url().database();
     let killed = with_client(db.url(), move |c| {
         c.query(
@@ -129,14 +129,14 @@ fn a_broken_connection_is_replaced() {
     assert!(killed >= 1, "the store's connection was there to end");
     // Reads are retried once on a new connection.
     for _ in 0..2 * pg::pool::POOL_SIZE {
-        assert_eq!(store.label_hours.get("a").unwrap(), Some(1));
+        assert_eq!(counts(&store).get("a").unwrap(), Some(1));
     }
     // A write on a connection that broke says so (its outcome is
     // unknown in general, so it is not repeated), and the next one
     // reconnects. Here the server ran none of the failed ones.
     let mut errors = 0;
     loop {
-        match store.label_hours.update::<()>("a", |v| Ok(v.unwrap() + 1)) {
+        match counts(&store).update::<()>("a", |v| Ok(v.unwrap() + 1)) {
             Ok(v) => {
                 assert_eq!(v, Ok(2));
                 break;
@@ -151,7 +151,7 @@ fn a_broken_connection_is_replaced() {
             }
         }
     }
-    assert_eq!(store.label_hours.get("a").unwrap(), Some(2));
+    assert_eq!(counts(&store).get("a").unwrap(), Some(2));
     store.check().unwrap();
 }
 
@@ -185,19 +185,18 @@ fn tls_connections_are_verified_and_encrypted() {
         .unwrap()
     };
     let store = Store::open_postgres(&with_root(Path::new(&ca))).unwrap();
-    store.label_hours.insert("a", &1).unwrap();
+    counts(&store).insert("a", &1).unwrap();
     // Several at once, so that more than one pool connection opens.
     std::thread::scope(|s| {
         for _ in 0..pg::pool::POOL_SIZE {
             s.spawn(|| {
                 for _ in 0..20 {
-                    assert_eq!(store.label_hours.get("a").unwrap(), Some(1));
+                    assert_eq!(counts(&store).get("a").unwrap(), Some(1));
                 }
             });
         }
     });
-    store
-        .label_hours
+    counts(&store)
         .update::<()>("a", |v| Ok(v.unwrap() + 1))
         .unwrap()
         .unwrap();
@@ -218,7 +217,7 @@ fn tls_connections_are_verified_and_encrypted() {
         "the store's connections: {encrypted} over TLS"
     );
     assert_eq!(clear, 0, "no store connection in clear");
-    assert_eq!(store.label_hours.get("a").unwrap(), Some(2));
+    assert_eq!(counts(&store).get("a").unwrap(), Some(2));
     drop(store);
 
     // Another CA: the server's certificate does not chain to it.
@@ -254,7 +253,7 @@ fn a_call_waiting_on_the_server_leaves_the_runtime_worker_to_other_tasks() {
         return;
     };
     let store = Arc::new(Store::open_postgres(db.url()).unwrap());
-    store.label_hours.insert("held", &1).unwrap();
+    counts(&store).insert("held", &1).unwrap();
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
     let url = db.url().clone();
     let holder = std::thread::spawn(move || {
@@ -285,14 +284,14 @@ fn a_call_waiting_on_the_server_leaves_the_runtime_worker_to_other_tasks() {
                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         });
-        let write = tokio::spawn(async move { writer.label_hours.insert("held", &2) });
+        let write = tokio::spawn(async move { counts(&writer).insert("held", &2) });
         write.await.unwrap().unwrap();
         let during = ticks.load(std::sync::atomic::Ordering::Relaxed);
         ticker.abort();
         during
     });
     holder.join().unwrap();
-    assert_eq!(store.label_hours.get("held").unwrap(), Some(2));
+    assert_eq!(counts(&store).get("held").unwrap(), Some(2));
     assert!(
         ticks_while_waiting >= 10,
         "the other task ran {ticks_while_waiting} times while the write waited 300 ms"

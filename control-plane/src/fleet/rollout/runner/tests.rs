@@ -54,9 +54,9 @@ fn version(v: &str) -> ModelVersionRecord {
 
 /// A store with `devices` enrolled devices (every third with a GPU) and
 /// version 1 of the model, and a deployment of it in one wave.
-async fn fleet(devices: usize) -> (Store, DeploymentRecord, tempfile::TempDir) {
+async fn fleet(devices: usize) -> (Db, DeploymentRecord, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db")).unwrap();
+    let store = Db::open(&dir.path().join("db")).unwrap();
     let artifacts = LocalArtifactStore::open(&dir.path().join("artifacts")).unwrap();
     crate::registry::models::create_model(
         &store,
@@ -66,6 +66,7 @@ async fn fleet(devices: usize) -> (Store, DeploymentRecord, tempfile::TempDir) {
     .await
     .unwrap();
     store
+        .registry
         .model_versions
         .insert(&models::version_key(MODEL, "1"), &version("1"))
         .unwrap();
@@ -76,7 +77,7 @@ async fn fleet(devices: usize) -> (Store, DeploymentRecord, tempfile::TempDir) {
             &[]
         };
         let id = format!("dev-{i:04}");
-        store.devices.insert(&id, &member(&id, gpu)).unwrap();
+        store.fleet.devices.insert(&id, &member(&id, gpu)).unwrap();
     }
     let record = deployments::create(
         &store,
@@ -94,7 +95,7 @@ async fn fleet(devices: usize) -> (Store, DeploymentRecord, tempfile::TempDir) {
 }
 
 /// The first tick's store reads (its wave moves every device), by tree.
-async fn first_wave(devices: usize) -> (ReadCounts, Written, Store) {
+async fn first_wave(devices: usize) -> (ReadCounts, Written, Db) {
     let (store, record, _dir) = fleet(devices).await;
     let before = store.read_counts();
     let written = step_and_write(&store, &record, now(), time::Duration::seconds(30), None)
@@ -129,7 +130,7 @@ async fn a_wave_reads_and_writes_in_a_few_calls_whatever_its_size() {
     // fits it, and the history that admits its reports.
     for i in [0usize, 1, 299] {
         let id = format!("dev-{i:04}");
-        let set = store.assignments.get(&id).unwrap().unwrap();
+        let set = store.fleet.assignments.get(&id).unwrap().unwrap();
         assert_eq!(set.generation, 1, "{id}");
         assert_eq!(set.assignments.len(), 1, "{id}");
         assert_eq!(big_written.assigned_generation[&id], 1, "{id}");
@@ -141,7 +142,7 @@ async fn a_wave_reads_and_writes_in_a_few_calls_whatever_its_size() {
         );
         assert_eq!(set.assignments[0].variant.as_deref(), gpu.then_some("gpu"));
         let key = crate::fleet::admission::history_key(&id, MODEL, "1");
-        assert!(store.assigned_history.contains(&key).unwrap(), "{id}");
+        assert!(store.fleet.assigned_history.contains(&key).unwrap(), "{id}");
     }
 }
 
@@ -150,12 +151,13 @@ async fn a_batch_skips_gone_devices_and_newer_deployments_entries() {
     let (store, record, _dir) = fleet(3).await;
     // One device left the fleet after the group was read; another's entry
     // belongs to a newer deployment.
-    store.devices.remove("dev-0001").unwrap();
+    store.fleet.devices.remove("dev-0001").unwrap();
     let newer = AssignmentRecord {
         deployment_seq: record.seq + 1,
         ..AssignmentRecord::for_version(&version("1"), "newer", 60)
     };
     store
+        .fleet
         .assignments
         .insert(
             "dev-0002",
@@ -187,14 +189,15 @@ async fn a_batch_skips_gone_devices_and_newer_deployments_entries() {
             SetOutcome::Stale
         ]
     );
-    assert_eq!(store.assignments.get("dev-0001").unwrap(), None);
-    let kept = store.assignments.get("dev-0002").unwrap().unwrap();
+    assert_eq!(store.fleet.assignments.get("dev-0001").unwrap(), None);
+    let kept = store.fleet.assignments.get("dev-0002").unwrap().unwrap();
     assert_eq!((kept.generation, kept.assignments), (7, vec![newer]));
     // The same batch again changes nothing.
     let again = assignments::set_models(&store, MODEL, record.seq, None, &devices, entry).unwrap();
     assert_eq!(again[0].0, SetOutcome::Unchanged);
     assert_eq!(
         store
+            .fleet
             .assignments
             .get("dev-0000")
             .unwrap()

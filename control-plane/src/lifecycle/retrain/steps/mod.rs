@@ -24,6 +24,7 @@ use tokio::io::AsyncReadExt as _;
 
 use super::dataset::{self, Rows};
 use super::{RetrainingConfig, RetrainingPolicy};
+use crate::db::Db;
 use crate::error::Error;
 use crate::fleet::deployments;
 use crate::fleet::rollout::RolloutState;
@@ -34,7 +35,6 @@ use crate::registry::checkpoints;
 use crate::registry::models::{
     self, CreateModelVersion, CreateVariant, Lineage, ModelVersionRecord,
 };
-use crate::store::Store;
 use crate::Core;
 use edgeloop_models::package::{self, Identity};
 
@@ -127,7 +127,7 @@ pub async fn abort(
         Step::Train => {
             for a in attempts {
                 let id = job_id(p, a);
-                if let Some(j) = core.store.jobs.get(&id)? {
+                if let Some(j) = core.store.lifecycle.jobs.get(&id)? {
                     if !j.state.is_terminal() {
                         jobs::cancel(&core.store, &id, now).await?;
                     }
@@ -232,10 +232,11 @@ pub fn serving_version(core: &Core, model: &str) -> Result<Option<ModelVersionRe
     serving_in(&core.store, model)
 }
 
-fn serving_in(store: &Store, model: &str) -> Result<Option<ModelVersionRecord>, Error> {
+fn serving_in(store: &Db, model: &str) -> Result<Option<ModelVersionRecord>, Error> {
     // Newest first, reading down only to the first match: a trigger tick
     // asks this of every model, and deployments pile up for months.
     let rolled = store
+        .fleet
         .deployments
         .page_before("", None, 1, |_, d| {
             d.deployment.model == model && d.deployment.state == RolloutState::Succeeded
@@ -276,7 +277,7 @@ async fn train(
 ) -> Poll {
     let data = snapshot_of(p)?;
     let id = job_id(p, attempt);
-    let job = match core.store.jobs.get(&id)? {
+    let job = match core.store.lifecycle.jobs.get(&id)? {
         Some(j) => j,
         None => {
             let mut spec = config.job.clone();
@@ -414,6 +415,7 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
     // Registered by an earlier try that crashed before recording it.
     if let Some(v) = core
         .store
+        .registry
         .model_versions
         .get(&models::version_key(&p.model, version))?
     {
@@ -535,7 +537,7 @@ fn accuracy_on(runtime: &OrtRuntime, model_bytes: &[u8], snapshot: &Npz) -> Resu
 /// The version the new one must beat: the one the policy's `compare_with`
 /// alias points at now, else the serving version.
 fn baseline(
-    store: &Store,
+    store: &Db,
     model: &str,
     compare_with: Option<&AliasName>,
 ) -> Result<Option<ModelVersionRecord>, StepError> {
@@ -708,7 +710,7 @@ mod tests {
     #[tokio::test]
     async fn the_baseline_is_the_alias_when_the_policy_names_one() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db")).unwrap();
+        let store = Db::open(&dir.path().join("db")).unwrap();
         let t = |s| OffsetDateTime::from_unix_timestamp(1_800_000_000 + s).unwrap();
         models::create_model(
             &store,
@@ -735,6 +737,7 @@ mod tests {
                 variants: Vec::new(),
             };
             store
+                .registry
                 .model_versions
                 .insert(&version_key("digits", v), &record)
                 .unwrap();

@@ -73,6 +73,7 @@ pub(super) async fn build_dataset(
     let min_fresh = config.min_fresh_edge_rows.map_or(0, |n| n as usize);
     let snapshot = blocking(move || {
         let records: Vec<_> = store
+            .drift
             .samples
             .scan_prefix(&prefix)?
             .into_iter()
