@@ -385,7 +385,7 @@ impl ServeSettings {
 pub struct Config {
     pub data_dir: PathBuf,
     /// The PostgreSQL store, when not the embedded one in `data_dir`.
-    pub store_url: Option<crate::store::PostgresUrl>,
+    pub store_url: Option<edgeloop_store::PostgresUrl>,
     /// Artifacts in S3; None: in the data dir.
     pub artifact_url: Option<S3Location>,
     pub grpc_listen: SocketAddr,
@@ -440,7 +440,7 @@ impl Config {
         let store_url = s
             .store_url
             .as_deref()
-            .map(crate::store::PostgresUrl::parse)
+            .map(edgeloop_store::PostgresUrl::parse)
             .transpose()?;
         let artifact_url = s
             .artifact_url

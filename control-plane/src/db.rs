@@ -10,8 +10,8 @@
 use std::ops::Deref;
 use std::path::Path;
 
-use crate::store::{PostgresUrl, Store, StoreError};
 use crate::{auth, console, drift, fleet, leader, lifecycle, registry};
+use edgeloop_store::{PostgresUrl, Store, StoreError};
 
 #[derive(Clone)]
 pub struct Db {

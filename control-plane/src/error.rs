@@ -7,7 +7,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::registry::artifacts::ArtifactError;
-use crate::store::StoreError;
+use edgeloop_store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -15,12 +15,10 @@ pub(crate) mod device_counts;
 pub mod drift;
 pub mod error;
 pub mod fleet;
-pub mod latency;
 pub mod leader;
 pub mod lifecycle;
 pub mod registry;
 pub mod retention;
-pub mod store;
 pub mod strict_json;
 pub(crate) mod supervisor;
 pub mod validate;
@@ -59,7 +57,7 @@ pub struct Core {
     /// Refusals, for `/metrics`.
     pub security: auth::SecurityCounters,
     /// How long device and bridge heartbeats took to answer, for `/metrics`.
-    pub heartbeat_latency: latency::Latency,
+    pub heartbeat_latency: edgeloop_store::latency::Latency,
     /// Heartbeats' `last_seen` refreshes waiting for their batched write.
     pub presence: Arc<fleet::presence::Presence>,
     /// What each device has left of its per-model telemetry quota.

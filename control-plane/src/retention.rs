@@ -114,7 +114,7 @@ const BATCH: usize = 1024;
 /// Drops the oldest records under `prefix` of `tree` that `oldest_to_drop`
 /// says go, a batch at a time. Blocking.
 fn prune_prefix<V: serde::Serialize + serde::de::DeserializeOwned>(
-    tree: &crate::store::Tree<V>,
+    tree: &edgeloop_store::Tree<V>,
     prefix: &str,
     time_of: impl Fn(&V) -> OffsetDateTime,
     now: OffsetDateTime,

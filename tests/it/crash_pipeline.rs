@@ -185,8 +185,7 @@ async fn the_control_plane_killed_mid_pipeline_step_resumes_the_same_step() {
 /// training job is run twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_pipeline_step_hands_the_same_step_to_the_other() {
-    let Some(db) = edgeloop_control_plane::store::TestDatabase::from_env("pipeline replicas")
-    else {
+    let Some(db) = edgeloop_store::TestDatabase::from_env("pipeline replicas") else {
         return;
     };
     let Some(s3) = edgeloop_tests::s3_test_url() else {

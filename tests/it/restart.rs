@@ -105,7 +105,7 @@ async fn a_store_from_a_newer_schema_is_refused_with_a_clear_error(store: TestSt
     let cp = ControlPlane::start_with(store.settings(&cp_dir)).await;
     cp.core
         .store
-        .force_schema_version(edgeloop_control_plane::store::SCHEMA_VERSION + 1)
+        .force_schema_version(edgeloop_store::SCHEMA_VERSION + 1)
         .unwrap();
     cp.stop().await;
     let config = edgeloop_control_plane::Config::from_settings(store.settings(&cp_dir)).unwrap();

@@ -5,8 +5,8 @@
 //! simulated days of reports from 20 devices, drifting on the last.
 
 use edgeloop_control_plane::lifecycle::triggers::runner;
-use edgeloop_control_plane::store::ReadCounts;
 use edgeloop_control_plane::{Clock, ServeSettings};
+use edgeloop_store::ReadCounts;
 use edgeloop_tests::soak::{self, register_rain, Fleet, BASE, DAY};
 use edgeloop_tests::ControlPlane;
 use serde_json::json;

@@ -34,12 +34,12 @@ pub fn screenshot_dir() -> PathBuf {
 }
 
 /// Where `chromium` and `chromedriver` are, or `None` when they are not
-/// installed (through [`crate::skip_or_fail!`], naming `what` would have
+/// installed (through [`edgeloop_store::skip_or_fail!`], naming `what` would have
 /// run in the browser).
 pub fn required(what: &str) -> Option<(PathBuf, PathBuf)> {
     let found = installed();
     if found.is_none() {
-        crate::skip_or_fail!(
+        edgeloop_store::skip_or_fail!(
             "{what}: no chromium and chromedriver in /usr/bin or /usr/lib/chromium \
              (scripts/fetch-chromium.sh installs them; scripts/test.sh does)"
         );

@@ -32,7 +32,7 @@ pub use edgeloop_control_plane;
 /// What a test does when a service it needs is missing: a skip (a line in
 /// `$EDGELOOP_SKIP_LOG` and on stderr), or a failure under
 /// `EDGELOOP_REQUIRE_SERVICES=1`, which `scripts/test.sh` sets.
-pub use edgeloop_control_plane::skip_or_fail;
+pub use edgeloop_store::skip_or_fail;
 pub use isolation::{in_own_process, set_env};
 
 /// A bridge's progress report for `job`, as the local engine sends one.
@@ -61,7 +61,7 @@ pub fn progress(
 /// on both take one and start with [`TestStore::settings`]; the
 /// [`on_each_store!`] macro makes a test per backend from one body.
 pub struct TestStore {
-    db: Option<edgeloop_control_plane::store::TestDatabase>,
+    db: Option<edgeloop_store::TestDatabase>,
 }
 
 impl TestStore {
@@ -72,7 +72,7 @@ impl TestStore {
     /// A fresh database, or `None` ([`skip_or_fail!`]) when
     /// `EDGELOOP_TEST_POSTGRES_URL` is unset.
     pub fn postgres(what: &str) -> Option<Self> {
-        edgeloop_control_plane::store::TestDatabase::from_env(what).map(|db| Self { db: Some(db) })
+        edgeloop_store::TestDatabase::from_env(what).map(|db| Self { db: Some(db) })
     }
 
     /// `settings(data_dir)` on this store.

@@ -183,7 +183,7 @@ pub fn set_models(
     store: &Db,
     model: &str,
     seq: u64,
-    fence: Option<crate::store::Fence>,
+    fence: Option<edgeloop_store::Fence>,
     devices: &[&str],
     entry_for: impl Fn(&Member) -> Option<AssignmentRecord>,
 ) -> Result<Vec<(SetOutcome, Option<AssignmentRecord>)>> {

@@ -3,7 +3,7 @@
 //! never changes. The store itself names none of them.
 
 use super::members::{Member, MemberKind};
-use crate::store::{Store, StoreError, Tree};
+use edgeloop_store::{Store, StoreError, Tree};
 
 #[derive(Clone)]
 pub struct Trees {

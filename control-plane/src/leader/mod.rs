@@ -129,8 +129,8 @@ impl Leadership {
 
     /// What `task`'s writes carry while this replica leads it
     /// (`Store::update_fenced`); `None` when it does not.
-    pub fn fence(&self, task: Task) -> Option<crate::store::Fence> {
-        self.token(task).map(|token| crate::store::Fence {
+    pub fn fence(&self, task: Task) -> Option<edgeloop_store::Fence> {
+        self.token(task).map(|token| edgeloop_store::Fence {
             task: task.name(),
             token,
         })
@@ -203,10 +203,10 @@ impl Leadership {
 /// The error of a fenced update that wrote nothing: the update's own, or,
 /// when a newer leader's fence refused it, that this replica no longer
 /// leads the task (it stops; the new leader does the work).
-pub fn not_written(e: crate::store::NotWritten<crate::error::Error>) -> crate::error::Error {
+pub fn not_written(e: edgeloop_store::NotWritten<crate::error::Error>) -> crate::error::Error {
     match e {
-        crate::store::NotWritten::Refused(e) => e,
-        crate::store::NotWritten::FencedOut(fence) => crate::error::Error::Unavailable(format!(
+        edgeloop_store::NotWritten::Refused(e) => e,
+        edgeloop_store::NotWritten::FencedOut(fence) => crate::error::Error::Unavailable(format!(
             "this replica no longer leads {} (token {}): a newer leader's fence refused the write",
             fence.task, fence.token
         )),

@@ -1,14 +1,14 @@
 //! Two replicas' leaderships over one store, as two processes on one
 //! PostgreSQL database share it: on sled, and on PostgreSQL when
 //! `EDGELOOP_TEST_POSTGRES_URL` names a server (`scripts/test.sh` sets it;
-//! without it the PostgreSQL half skips or fails: [`crate::skip_or_fail!`]).
+//! without it the PostgreSQL half skips or fails: [`edgeloop_store::skip_or_fail!`]).
 
 use std::time::Duration;
 
 use time::OffsetDateTime;
 
 use super::*;
-use crate::store::NotWritten;
+use edgeloop_store::NotWritten;
 
 const T0: i64 = 1_796_083_200;
 
@@ -21,7 +21,7 @@ pub(crate) fn stores(what: &str) -> Vec<(Db, Box<dyn std::any::Any>)> {
     let dir = tempfile::tempdir().unwrap();
     let mut out: Vec<(Db, Box<dyn std::any::Any>)> =
         vec![(Db::open(&dir.path().join("db")).unwrap(), Box::new(dir))];
-    if let Some(db) = crate::store::TestDatabase::from_env(what) {
+    if let Some(db) = edgeloop_store::TestDatabase::from_env(what) {
         out.push((Db::open_postgres(db.url()).unwrap(), Box::new(db)));
     }
     out
@@ -158,7 +158,7 @@ fn fencing(store: &Db) {
     assert_eq!(t.get("k").unwrap().as_deref(), Some("from a"));
     assert_eq!(write(new, "from b"), Ok("from b".to_string()));
     // A fence for a task nobody ever led refuses too.
-    let never = crate::store::Fence {
+    let never = edgeloop_store::Fence {
         task: "nobody",
         token: 1,
     };

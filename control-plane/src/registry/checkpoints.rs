@@ -32,7 +32,7 @@ pub fn key(job_id: &str, step: u64) -> String {
 }
 
 /// Every checkpoint of a job, oldest step first.
-pub fn list(store: &Db, job_id: &str) -> Result<Vec<CheckpointRecord>, crate::store::StoreError> {
+pub fn list(store: &Db, job_id: &str) -> Result<Vec<CheckpointRecord>, edgeloop_store::StoreError> {
     Ok(store
         .registry
         .checkpoints
@@ -46,7 +46,7 @@ pub fn list(store: &Db, job_id: &str) -> Result<Vec<CheckpointRecord>, crate::st
 pub fn latest(
     store: &Db,
     job_id: &str,
-) -> Result<Option<CheckpointRecord>, crate::store::StoreError> {
+) -> Result<Option<CheckpointRecord>, edgeloop_store::StoreError> {
     Ok(store
         .registry
         .checkpoints

@@ -448,7 +448,7 @@ mod tests {
     #[tokio::test]
     async fn a_wrong_secret_or_bucket_fails_at_open() {
         let Ok(url) = std::env::var("EDGELOOP_TEST_S3_URL") else {
-            crate::skip_or_fail!(
+            edgeloop_store::skip_or_fail!(
                 "opening S3: EDGELOOP_TEST_S3_URL is unset (run scripts/s3-up.sh and export its \
                  env file, as scripts/test.sh does)"
             );

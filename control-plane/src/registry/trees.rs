@@ -2,7 +2,7 @@
 //! is part of the on-disk format (sled trees, PostgreSQL rows), so a name
 //! never changes. The store itself names none of them.
 
-use crate::store::{Store, StoreError, Tree};
+use edgeloop_store::{Store, StoreError, Tree};
 
 #[derive(Clone)]
 pub struct Trees {

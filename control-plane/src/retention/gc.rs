@@ -59,7 +59,7 @@ use crate::registry::artifact_cache::ArtifactCache;
 use crate::registry::artifacts::{ArtifactStore, StoredArtifact};
 use crate::registry::checkpoints::CheckpointRecord;
 use crate::registry::models::ModelVersionRecord;
-use crate::store::Tree;
+use edgeloop_store::Tree;
 
 /// What records other than jobs and checkpoints hold on to: the digests,
 /// and the jobs (a version's lineage, an unfinished pipeline's training).

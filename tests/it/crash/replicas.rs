@@ -22,7 +22,7 @@ async fn generations(cp: &CpProcess, id: &str) -> BTreeMap<String, u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_killed_mid_rollout_hands_its_work_to_the_other() {
     edgeloop_client_core::install_crypto_provider();
-    let Some(db) = edgeloop_control_plane::store::TestDatabase::from_env("two replicas") else {
+    let Some(db) = edgeloop_store::TestDatabase::from_env("two replicas") else {
         return;
     };
     let Some(s3) = edgeloop_tests::s3_test_url() else {

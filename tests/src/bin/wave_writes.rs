@@ -22,8 +22,8 @@ use edgeloop_control_plane::fleet::admission;
 use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord, AssignmentSetRecord};
 use edgeloop_control_plane::fleet::members::Member;
 use edgeloop_control_plane::registry::models::ModelVersionRecord;
-use edgeloop_control_plane::store::{Fence, TestDatabase};
 use edgeloop_models::Digest;
+use edgeloop_store::{Fence, TestDatabase};
 use serde_json::json;
 use time::OffsetDateTime;
 

@@ -76,7 +76,7 @@ pub(super) fn heartbeat<T>(
     let started = std::time::Instant::now();
     // Ahead of a rollout's queued store calls: a member whose heartbeats
     // wait behind them looks offline.
-    let answer = crate::store::urgent(|| answer_heartbeat(core, kind, req, caps));
+    let answer = edgeloop_store::urgent(|| answer_heartbeat(core, kind, req, caps));
     core.heartbeat_latency.observe(started.elapsed());
     answer
 }

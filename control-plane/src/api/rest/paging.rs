@@ -19,7 +19,7 @@ pub const NEXT_CURSOR: &str = "edgeloop-next-cursor";
 /// the caller sees a record): the first error ends the page and is the
 /// answer.
 pub fn newest_first<V: serde::Serialize + serde::de::DeserializeOwned>(
-    tree: &crate::store::Tree<V>,
+    tree: &edgeloop_store::Tree<V>,
     after: Option<&str>,
     limit: usize,
     mut keep: impl FnMut(&V) -> Result<bool, Error>,

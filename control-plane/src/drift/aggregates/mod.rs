@@ -82,7 +82,7 @@ fn invalidate(store: &Db, mark: &str) {
 
 /// Removes every record under `prefix`, a batch at a time.
 fn clear<V: Serialize + serde::de::DeserializeOwned>(
-    tree: &crate::store::Tree<V>,
+    tree: &edgeloop_store::Tree<V>,
     prefix: &str,
 ) -> Result<()> {
     loop {

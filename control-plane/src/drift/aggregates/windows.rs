@@ -397,7 +397,7 @@ pub fn prune(store: &Db, now: OffsetDateTime, max_age: time::Duration) -> Result
 }
 
 fn drop_while<V: serde::Serialize + serde::de::DeserializeOwned>(
-    tree: &crate::store::Tree<V>,
+    tree: &edgeloop_store::Tree<V>,
     prefix: &str,
     ended: impl Fn(&str) -> bool,
 ) -> Result<u64> {

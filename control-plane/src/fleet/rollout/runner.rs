@@ -24,8 +24,8 @@ use crate::fleet::telemetry::{
     status_key, AssignmentState, AssignmentStatusRecord, TelemetryRecord,
 };
 use crate::registry::models::{self, ModelVersionRecord};
-use crate::store::Fence;
 use crate::Core;
+use edgeloop_store::Fence;
 
 /// How far before a deployment's start the previous version's latency is
 /// read, as the baseline for the p99 gate.

@@ -396,13 +396,13 @@ fn the_store_reads_an_old_status_record() {
     let path = dir.path().join("db");
     // Written as the previous release wrote it.
     let old = br#"{"device":"d","generation":1,"model_name":"m","model_version":"1","state":"ASSIGNMENT_STATE_ACTIVE","reason":"","execution_provider":"","at":"2024-05-01T12:00:00Z","running_version":"1"}"#;
+    let raw: serde_json::Value = serde_json::from_slice(old).unwrap();
     {
-        let db = sled::Config::new().path(&path).open().unwrap();
-        db.open_tree("assignment_status")
-            .unwrap()
-            .insert("d/m", &old[..])
+        let store = edgeloop_store::Store::open(&path).unwrap();
+        let tree = store
+            .tree::<serde_json::Value>("assignment_status")
             .unwrap();
-        db.flush().unwrap();
+        tree.insert("d/m", &raw).unwrap();
     }
     let store = Db::open(&path).unwrap();
     let got = store.fleet.assignment_status.get("d/m").unwrap().unwrap();

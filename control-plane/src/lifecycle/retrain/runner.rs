@@ -57,7 +57,7 @@ async fn step(
     core: &Core,
     p: Pipeline,
     now: OffsetDateTime,
-    fence: Option<crate::store::Fence>,
+    fence: Option<edgeloop_store::Fence>,
 ) -> Result<()> {
     let PipelineState::Running { step, attempt, .. } = p.state else {
         return Ok(());
@@ -89,10 +89,10 @@ async fn step(
         )?;
     match saved {
         Ok(_) => {}
-        Err(crate::store::NotWritten::Refused(())) => return Ok(()),
-        Err(crate::store::NotWritten::FencedOut(f)) => {
+        Err(edgeloop_store::NotWritten::Refused(())) => return Ok(()),
+        Err(edgeloop_store::NotWritten::FencedOut(f)) => {
             return Err(crate::leader::not_written(
-                crate::store::NotWritten::FencedOut(f),
+                edgeloop_store::NotWritten::FencedOut(f),
             ))
         }
     }

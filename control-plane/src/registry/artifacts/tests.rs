@@ -3,7 +3,7 @@
 //! test of it. The S3 ones run against `$EDGELOOP_TEST_S3_URL` (with the
 //! `AWS_*` environment `scripts/s3-up.sh` writes), each under a prefix of
 //! its own; when it is unset they skip or fail through
-//! [`skip_or_fail!`](crate::skip_or_fail).
+//! [`skip_or_fail!`](edgeloop_store::skip_or_fail).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -25,10 +25,10 @@ impl Backing {
     }
 
     /// A fresh prefix under `$EDGELOOP_TEST_S3_URL`, or None (through
-    /// [`skip_or_fail!`](crate::skip_or_fail)).
+    /// [`skip_or_fail!`](edgeloop_store::skip_or_fail)).
     fn s3(test: &str) -> Option<Backing> {
         let Ok(url) = std::env::var("EDGELOOP_TEST_S3_URL") else {
-            crate::skip_or_fail!(
+            edgeloop_store::skip_or_fail!(
                 "{test} on S3: EDGELOOP_TEST_S3_URL is unset (run scripts/s3-up.sh \
                  and export its env file, as scripts/test.sh does)"
             );

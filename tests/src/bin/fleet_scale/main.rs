@@ -250,10 +250,8 @@ async fn run(agents: usize, dir: &Path, args: &Args) -> anyhow::Result<Run> {
     // A database of its own, dropped with the run.
     let db = match &args.postgres {
         Some(admin) => Some(tokio::task::block_in_place(|| {
-            edgeloop_control_plane::store::TestDatabase::create(
-                &edgeloop_control_plane::store::PostgresUrl::parse(admin)?,
-            )
-            .context("a database for the run")
+            edgeloop_store::TestDatabase::create(&edgeloop_store::PostgresUrl::parse(admin)?)
+                .context("a database for the run")
         })?),
         None => None,
     };

@@ -13,7 +13,7 @@ use time::OffsetDateTime;
 use super::*;
 use crate::fleet::members::{CapabilitiesRecord, Member, MemberKind};
 use crate::registry::artifacts::LocalArtifactStore;
-use crate::store::ReadCounts;
+use edgeloop_store::ReadCounts;
 
 const MODEL: &str = "m";
 
@@ -117,7 +117,7 @@ async fn a_wave_reads_and_writes_in_a_few_calls_whatever_its_size() {
         "assignment_status",
     ] {
         let (s, b) = (small.0.get(tree), big.0.get(tree));
-        let calls = |r: Option<&crate::store::TreeReads>| r.map_or(0, |r| r.calls);
+        let calls = |r: Option<&edgeloop_store::TreeReads>| r.map_or(0, |r| r.calls);
         assert!(calls(b) > 0, "{tree} is read: {big:?}");
         assert!(
             calls(b) <= calls(s) + 1,

@@ -73,8 +73,8 @@ impl From<Error> for StepError {
     }
 }
 
-impl From<crate::store::StoreError> for StepError {
-    fn from(e: crate::store::StoreError) -> Self {
+impl From<edgeloop_store::StoreError> for StepError {
+    fn from(e: edgeloop_store::StoreError) -> Self {
         StepError::transient(e.to_string())
     }
 }

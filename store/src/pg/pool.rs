@@ -17,7 +17,7 @@ use crate::latency::{self, Latency};
 use postgres::{Client, Statement};
 
 use super::url::PostgresUrl;
-use crate::store::StoreError;
+use crate::StoreError;
 
 /// Connections per store. Callers block while theirs runs, so this bounds
 /// how many store calls run at once; each is a PostgreSQL backend process.

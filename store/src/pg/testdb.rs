@@ -7,7 +7,7 @@
 //! missing.
 
 use super::url::PostgresUrl;
-use crate::store::StoreError;
+use crate::StoreError;
 
 /// The variable naming the test server (an admin URL that may create
 /// databases); `scripts/test.sh` sets it.
@@ -104,14 +104,14 @@ pub const SKIP_LOG_VAR: &str = "EDGELOOP_SKIP_LOG";
 /// caller returns early.
 ///
 /// A macro so that every module of this crate reaches it as
-/// `crate::skip_or_fail!` and the integration harness as
-/// `edgeloop_control_plane::skip_or_fail!`; its body sits on
+/// `crate::skip_or_fail!`, and the control plane's tests and the integration
+/// harness as `edgeloop_store::skip_or_fail!`; its body sits on
 /// [`TestDatabase`], the one test-only item this crate exports.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! skip_or_fail {
     ($($reason:tt)+) => {
-        $crate::store::TestDatabase::skip_or_fail(&format!($($reason)+))
+        $crate::TestDatabase::skip_or_fail(&format!($($reason)+))
     };
 }
 

@@ -8,6 +8,7 @@
 //! holds them all.
 
 mod backend;
+pub mod latency;
 mod pg;
 mod reads;
 mod sled_backend;

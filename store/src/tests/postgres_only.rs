@@ -3,8 +3,8 @@
 //! `EDGELOOP_REQUIRE_SERVICES=1` (`crate::skip_or_fail!`).
 
 use super::*;
-use crate::store::pg;
-use crate::store::pg::schema;
+use crate::pg;
+use crate::pg::schema;
 
 /// Runs `f` with a fresh connection on a thread of its own.
 fn with_client<R: Send + 'static>(

@@ -138,7 +138,7 @@ impl PostgresUrl {
 
     /// A new connection, over TLS when the URL asks for it. Blocking: not
     /// for a tokio worker (the pool's threads and the tests' own call it).
-    pub(in crate::store) fn connect(&self) -> Result<postgres::Client, postgres::Error> {
+    pub(crate) fn connect(&self) -> Result<postgres::Client, postgres::Error> {
         match &self.tls {
             Some(tls) => self.config.connect(tls.clone()),
             None => self.config.connect(postgres::NoTls),
