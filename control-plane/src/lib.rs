@@ -13,7 +13,6 @@ pub mod datadir;
 pub mod db;
 pub(crate) mod device_counts;
 pub mod drift;
-pub mod error;
 pub mod fleet;
 pub mod leader;
 pub mod lifecycle;
@@ -21,7 +20,6 @@ pub mod registry;
 pub mod retention;
 pub mod strict_json;
 pub(crate) mod supervisor;
-pub mod validate;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -40,9 +40,9 @@ pub mod history;
 pub mod jobs;
 
 use crate::db::Db;
-use crate::error::Result;
 use crate::fleet::members::BootstrapTokenRecord;
 use crate::Core;
+use edgeloop_errors::Result;
 
 /// How long each kind is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,7 +240,7 @@ async fn pass(core: &Arc<Core>) -> anyhow::Result<()> {
     let c = core.clone();
     let (d, marked) = tokio::task::spawn_blocking(move || {
         let d = prune(&c.store, c.artifacts.as_ref(), c.config.retention, c.now())?;
-        Ok::<_, crate::error::Error>((d, gc::mark(&c.store, c.artifacts.as_ref())?))
+        Ok::<_, edgeloop_errors::Error>((d, gc::mark(&c.store, c.artifacts.as_ref())?))
     })
     .await??;
     core.store.flush().await?;

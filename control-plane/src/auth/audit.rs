@@ -7,7 +7,7 @@ use edgeloop_api::access::{AuditEntry, AuditResult};
 use time::{Duration, OffsetDateTime};
 
 use crate::db::Db;
-use crate::error::Result;
+use edgeloop_errors::Result;
 
 /// How long and how many entries are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicU64;
 
 use edgeloop_api::access::Role;
 
-use crate::error::Error;
+use edgeloop_errors::Error;
 
 /// The caller, as authenticated.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,8 +14,8 @@ use time::{Duration, OffsetDateTime};
 
 use super::Principal;
 use crate::db::Db;
-use crate::error::{Error, Result};
-use crate::validate;
+use edgeloop_errors::validate;
+use edgeloop_errors::{Error, Result};
 
 /// What distinguishes an API token from the bootstrap admin token (`ela1_`)
 /// and enrollment tokens when one turns up in a log.

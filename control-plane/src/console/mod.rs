@@ -35,8 +35,8 @@ use axum::routing::{get, post};
 use axum::{Form, Router};
 use maud::html;
 
-use crate::error::Error;
 use crate::Core;
+use edgeloop_errors::Error;
 use session::Session;
 
 /// What every console handler is given.

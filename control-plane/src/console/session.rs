@@ -13,8 +13,8 @@ use time::{Duration, OffsetDateTime};
 
 use crate::auth::{tokens, Principal};
 use crate::db::Db;
-use crate::error::Result;
 use crate::Core;
+use edgeloop_errors::Result;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "edgeloop_console";

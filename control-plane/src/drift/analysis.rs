@@ -17,8 +17,8 @@ use crate::drift::records::SketchRecord;
 pub use edgeloop_api::drift::{DriftConfig, DriftLevel, DriftSeries, FeatureDrift, WindowDrift};
 
 /// Checks thresholds; errors name the field, after `prefix`.
-pub fn validate(c: &DriftConfig, prefix: &str) -> Result<(), crate::error::Error> {
-    use crate::error::Error;
+pub fn validate(c: &DriftConfig, prefix: &str) -> Result<(), edgeloop_errors::Error> {
+    use edgeloop_errors::Error;
     let field = |f: &str| format!("{prefix}{f}");
     // Down to a second: a replay (the demo) compresses days into seconds.
     if !(1..=30 * 86_400).contains(&c.window_seconds) {

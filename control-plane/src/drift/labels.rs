@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 
 use super::records::{record_key, SampleRecord};
 use crate::db::Db;
-use crate::error::{Error, Result};
+use edgeloop_errors::{Error, Result};
 
 /// The store key of sample `id` of `model`, or a 404 naming it (a
 /// malformed id names no sample).

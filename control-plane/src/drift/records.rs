@@ -12,9 +12,9 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 
 use crate::device_counts;
-use crate::error::{Error, Result};
 use crate::fleet::telemetry::to_time;
-use crate::validate;
+use edgeloop_errors::validate;
+use edgeloop_errors::{Error, Result};
 
 pub const MAX_SKETCHES_PER_REPORT: usize = 256;
 pub const MAX_FEATURES_PER_SKETCH: usize = 1024;

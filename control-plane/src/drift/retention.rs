@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::aggregates;
 use super::records::SampleRecord;
 use crate::db::Db;
-use crate::error::Result;
+use edgeloop_errors::Result;
 
 /// What a model's samples are: kept, and dropped for the cap so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use time::OffsetDateTime;
 
 use crate::db::Db;
-use crate::error::Result;
+use edgeloop_errors::Result;
 
 /// `<device>/<model>/<version>`: the history of assignments, which only
 /// grows (a version rolled away from still gets its late reports).

@@ -8,11 +8,11 @@ use edgeloop_proto::agent::v1 as pb;
 use serde::{Deserialize, Serialize};
 
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::fleet::members::{Member, MemberKind};
 use crate::fleet::{Events, FleetEvent};
 use crate::registry::models::ModelVersionRecord;
 use edgeloop_api::registry::variant_for;
+use edgeloop_errors::{Error, Result};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AssignmentSetRecord {

@@ -14,15 +14,15 @@ use super::rollout::{
 };
 use super::selector::{self, Selector};
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::registry::aliases::{self, AliasName};
 use crate::registry::artifacts::ArtifactStore;
 use crate::registry::models;
-use crate::validate;
 pub use edgeloop_api::deployments::{
     CreateDeployment, DeploymentState, DeploymentView, EventEntry, GatesRequest, Requirements,
     StrategyRequest,
 };
+use edgeloop_errors::validate;
+use edgeloop_errors::{Error, Result};
 
 pub use edgeloop_models::runtime::INPUT_DTYPES_CAPABILITY as INPUT_DTYPES_KEY;
 

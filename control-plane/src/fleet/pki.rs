@@ -19,7 +19,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use time::{Duration, OffsetDateTime};
 
-use crate::error::Error;
+use edgeloop_errors::Error;
 
 /// A freshly signed client certificate.
 #[derive(Debug, Clone)]

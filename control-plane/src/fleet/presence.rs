@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::members::{CapabilitiesRecord, Member, MemberKind};
 use crate::db::Db;
-use crate::error::{Error, Result};
+use edgeloop_errors::{Error, Result};
 
 /// How often noted refreshes are written.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(250);

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::members::MemberKind;
 use super::FleetEvent;
 use crate::db::Db;
-use crate::error::Result;
+use edgeloop_errors::Result;
 
 /// How often a replica reads the other replicas' events.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -114,7 +114,7 @@ impl Relay {
         let r = self
             .store
             .next_id()
-            .map_err(crate::error::Error::from)
+            .map_err(edgeloop_errors::Error::from)
             .and_then(|seq| {
                 let entries: Vec<(String, Relayed)> = events
                     .iter()

@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::fleet::members::{Member, MemberKind};
 use crate::fleet::pki::{self, Pki, SignedCert};
+use edgeloop_errors::{Error, Result};
 
 /// How long a replaced certificate still works after its successor's first
 /// use: long enough for a call that left on an old connection just before

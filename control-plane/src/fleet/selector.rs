@@ -10,8 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::error::Error;
 use crate::fleet::members::CapabilitiesRecord;
+use edgeloop_errors::Error;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {

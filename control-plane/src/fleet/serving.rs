@@ -9,7 +9,7 @@ use edgeloop_api::fleet::{ServingView, TelemetrySeen};
 use super::assignments::AssignmentRecord;
 use super::telemetry::{status_key, AssignmentStatusRecord};
 use crate::db::Db;
-use crate::error::Result;
+use edgeloop_errors::Result;
 
 /// For each of `devices`, in order: its models and its last report.
 pub fn serving_of(

@@ -34,9 +34,9 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::db::Db;
-use crate::error::Result;
 use crate::Core;
 use decide::{Lease, Me};
+use edgeloop_errors::Result;
 
 /// How long a lease holds without renewal.
 pub const LEASE_TTL: Duration = Duration::from_secs(10);
@@ -203,13 +203,17 @@ impl Leadership {
 /// The error of a fenced update that wrote nothing: the update's own, or,
 /// when a newer leader's fence refused it, that this replica no longer
 /// leads the task (it stops; the new leader does the work).
-pub fn not_written(e: edgeloop_store::NotWritten<crate::error::Error>) -> crate::error::Error {
+pub fn not_written(
+    e: edgeloop_store::NotWritten<edgeloop_errors::Error>,
+) -> edgeloop_errors::Error {
     match e {
         edgeloop_store::NotWritten::Refused(e) => e,
-        edgeloop_store::NotWritten::FencedOut(fence) => crate::error::Error::Unavailable(format!(
+        edgeloop_store::NotWritten::FencedOut(fence) => {
+            edgeloop_errors::Error::Unavailable(format!(
             "this replica no longer leads {} (token {}): a newer leader's fence refused the write",
             fence.task, fence.token
-        )),
+        ))
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
 use crate::db::Db;
-use crate::error::{Error, Result};
+use edgeloop_errors::{Error, Result};
 
 /// The lease the table tests use. The running value comes from the config
 /// (`job_lease_secs`, 5 minutes by default): generous, because a bridge that
@@ -252,9 +252,9 @@ pub async fn create_with_id(
 ) -> Result<(JobRecord, bool)> {
     let spec = validate_spec(&req.spec)?;
     if let Some(c) = &req.cluster {
-        crate::validate::name("cluster", c)?;
+        edgeloop_errors::validate::name("cluster", c)?;
     }
-    let project = crate::validate::project(req.project)?;
+    let project = edgeloop_errors::validate::project(req.project)?;
     let job = JobRecord::queued(id, spec, project, req.cluster, now);
     if !store.lifecycle.jobs.insert_new(id, &job)? {
         return Ok((get(store, id)?, false));

@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::registry::models::{self, version_key};
-use crate::validate;
 pub use edgeloop_api::aliases::{AliasChange, AliasName, SetAlias};
+use edgeloop_errors::validate;
+use edgeloop_errors::{Error, Result};
 
 /// Moves kept per alias; older ones are dropped first. Enough for years of
 /// promotions, and it bounds the record that each move rewrites.

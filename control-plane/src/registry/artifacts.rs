@@ -47,6 +47,33 @@ pub enum ArtifactError {
     Backend(String),
 }
 
+/// What each artifact error is to a caller; `edgeloop_errors` maps that
+/// to a status.
+impl From<ArtifactError> for edgeloop_errors::Error {
+    fn from(e: ArtifactError) -> Self {
+        match e {
+            ArtifactError::DigestMismatch { .. } | ArtifactError::SizeMismatch { .. } => {
+                edgeloop_errors::Error::bad_field("digest", e.to_string())
+            }
+            ArtifactError::TooLarge { limit } => edgeloop_errors::Error::PayloadTooLarge { limit },
+            ArtifactError::NotFound(d) => {
+                edgeloop_errors::Error::not_found("artifact", d.to_string())
+            }
+            ArtifactError::Body(m) => edgeloop_errors::Error::BadRequest {
+                field: None,
+                message: format!("reading the upload failed: {m}"),
+            },
+            ArtifactError::Incomplete { .. } => edgeloop_errors::Error::Unavailable(e.to_string()),
+            ArtifactError::Offset { .. } => {
+                edgeloop_errors::Error::bad_field("offset", e.to_string())
+            }
+            ArtifactError::Superseded => edgeloop_errors::Error::Conflict(e.to_string()),
+            ArtifactError::Io(_) => edgeloop_errors::Error::Internal(e.into()),
+            ArtifactError::Backend(_) => edgeloop_errors::Error::Unavailable(e.to_string()),
+        }
+    }
+}
+
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, ArtifactError>> + Send>>;
 pub type ArtifactReader = Pin<Box<dyn AsyncRead + Send>>;
 

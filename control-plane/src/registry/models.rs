@@ -11,10 +11,10 @@ use time::OffsetDateTime;
 use tokio::io::AsyncReadExt;
 
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::registry::aliases;
 use crate::registry::artifacts::ArtifactStore;
-use crate::validate;
+use edgeloop_errors::validate;
+use edgeloop_errors::{Error, Result};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelRecord {

@@ -49,7 +49,6 @@ use edgeloop_models::Digest;
 use time::{Duration, OffsetDateTime};
 
 use crate::db::Db;
-use crate::error::Result;
 use crate::fleet::assignments::AssignmentRecord;
 use crate::fleet::benchmarks::{BenchmarkRecord, ModelEntry};
 use crate::lifecycle::jobs::JobRecord;
@@ -59,6 +58,7 @@ use crate::registry::artifact_cache::ArtifactCache;
 use crate::registry::artifacts::{ArtifactStore, StoredArtifact};
 use crate::registry::checkpoints::CheckpointRecord;
 use crate::registry::models::ModelVersionRecord;
+use edgeloop_errors::Result;
 use edgeloop_store::Tree;
 
 /// What records other than jobs and checkpoints hold on to: the digests,
@@ -477,7 +477,7 @@ pub fn mark(store: &Db, artifacts: &dyn ArtifactStore) -> Result<Marked> {
     }
     let mut live = pinned(store)?.digests;
     each(&store.lifecycle.jobs, |_, j| {
-        live.extend(job_digests(&j).map_err(|e| crate::error::Error::Internal(e.into()))?);
+        live.extend(job_digests(&j).map_err(|e| edgeloop_errors::Error::Internal(e.into()))?);
         Ok(())
     })?;
     each(&store.registry.checkpoints, |_, c| {

@@ -23,10 +23,10 @@ use edgeloop_api::deployments::RolloutState;
 use time::{Duration, OffsetDateTime};
 
 use crate::db::Db;
-use crate::error::Result;
 use crate::fleet::benchmarks::BenchmarkRecord;
 use crate::fleet::deployments::DeploymentRecord;
 use crate::lifecycle::pipeline::{Output, Pipeline};
+use edgeloop_errors::Result;
 
 /// When a pipeline ended: its last step's end (an ended pipeline's last
 /// step has one), else that step's start. None while it runs. Pure.

@@ -20,9 +20,9 @@ use time::{Duration, OffsetDateTime};
 
 use super::gc::{checkpoint_digest, each, Pinned};
 use crate::db::Db;
-use crate::error::Result;
 use crate::lifecycle::jobs::{keep_last, JobRecord};
 use crate::registry::checkpoints::{self, CheckpointRecord};
+use edgeloop_errors::Result;
 
 /// Whether `job` goes: ended more than `max_age` before `now` (by its last
 /// change, which for an ended job is when it ended), and not pinned. Pure.

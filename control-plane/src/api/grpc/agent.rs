@@ -17,11 +17,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::auth::{caller, caller_with_cert};
-use crate::error::Error;
 use crate::fleet::members::{self, Authorized, CapabilitiesRecord, MemberKind};
 use crate::fleet::renewal;
 use crate::fleet::{assignments, benchmarks, telemetry};
 use crate::Core;
+use edgeloop_errors::Error;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 

@@ -4,7 +4,7 @@
 use edgeloop_models::Digest;
 use tonic::Request;
 
-use crate::error::Error;
+use edgeloop_errors::Error;
 
 use crate::fleet::members::{self, Authorized, Member, MemberKind};
 use crate::fleet::pki::identity_of;

@@ -21,13 +21,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::auth::caller;
-use crate::error::Error;
 use crate::fleet::members::MemberKind;
 use crate::fleet::FleetEvent;
 use crate::lifecycle::jobs::{self, JobState};
 use crate::registry::artifacts::ArtifactError;
 use crate::registry::checkpoints::{self, CheckpointRecord};
-use crate::{validate, Core};
+use crate::Core;
+use edgeloop_errors::validate;
+use edgeloop_errors::Error;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 

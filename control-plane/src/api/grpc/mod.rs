@@ -139,7 +139,7 @@ pub(crate) fn until_revoked<T: Send + 'static>(
             tokio::select! {
                 biased;
                 () = &mut stop => Some((
-                    Err(crate::error::Error::PermissionDenied(format!("{label} has been revoked")).into()),
+                    Err(edgeloop_errors::Error::PermissionDenied(format!("{label} has been revoked")).into()),
                     None,
                 )),
                 item = stream.next() => item.map(|i| (i, Some((stream, stop)))),

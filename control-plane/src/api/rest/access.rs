@@ -11,9 +11,9 @@ use serde::Deserialize;
 
 use super::json::{ValidJson, ValidPath};
 use crate::auth::{audit, tokens, Principal};
-use crate::error::{Error, ErrorBody};
 use crate::Core;
 use edgeloop_api::access::{ApiTokenView, AuditEntry, CreateApiToken, CreatedApiToken};
+use edgeloop_errors::{Error, ErrorBody};
 
 /// Creates an API token; the answer holds its secret, shown only this once.
 #[utoipa::path(post, path = "/api/v1/api-tokens", tag = "access", request_body = CreateApiToken,

@@ -9,11 +9,11 @@ use axum::{Extension, Json};
 
 use super::json::{ValidJson, ValidPath};
 use super::Principal;
-use crate::error::{Error, ErrorBody};
 use crate::registry::aliases::{self, AliasRecord, SetAlias, SetOutcome};
-use crate::validate;
 use crate::Core;
 pub use edgeloop_api::aliases::{AliasHistoryView, AliasView};
+use edgeloop_errors::validate;
+use edgeloop_errors::{Error, ErrorBody};
 
 /// The alias as it points now; an alias pointing nowhere (deleted) has no
 /// such view, so it is a 404 where one is asked for.

@@ -17,8 +17,8 @@ use axum::response::{IntoResponse, Response};
 
 use crate::auth::permissions::{self, Permission, Rule};
 use crate::auth::{audit, tokens, Principal};
-use crate::error::Error;
 use crate::Core;
+use edgeloop_errors::Error;
 
 pub async fn authorize(State(core): State<Arc<Core>>, req: Request, next: Next) -> Response {
     let method = req.method().clone();

@@ -10,11 +10,11 @@ use axum::Json;
 
 use super::json::{ValidJson, ValidPath};
 use super::Principal;
-use crate::error::{Error, ErrorBody};
 use crate::fleet::benchmarks;
 use crate::Core;
 use axum::Extension;
 pub use edgeloop_api::benchmarks::{BenchmarkView, CreateBenchmark};
+use edgeloop_errors::{Error, ErrorBody};
 
 /// The newest benchmarks `GET /api/v1/benchmarks` lists.
 const LIST_LIMIT: usize = 200;

@@ -10,11 +10,12 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::json::ValidPath;
-use crate::error::{Error, ErrorBody};
 use crate::fleet::cost::{self, Observation};
 use crate::registry::models;
-use crate::{validate, Core};
+use crate::Core;
 pub use edgeloop_api::cost::CostView;
+use edgeloop_errors::validate;
+use edgeloop_errors::{Error, ErrorBody};
 
 pub const DEFAULT_DAYS: i64 = 30;
 /// Agents keep telemetry for about this long anyway, and a longer look

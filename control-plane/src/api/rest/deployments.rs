@@ -11,10 +11,10 @@ use axum::Json;
 use super::json::{ValidJson, ValidPath};
 use super::paging::{limit_of, newest_first, try_page_of};
 use super::Principal;
-use crate::error::{Error, ErrorBody};
 use crate::fleet::deployments::{self, CreateDeployment, DeploymentRecord, DeploymentView};
 use crate::Core;
 use axum::Extension;
+use edgeloop_errors::{Error, ErrorBody};
 use serde::Deserialize;
 
 fn view(core: &Core, record: DeploymentRecord, with_events: bool) -> Result<DeploymentView, Error> {

@@ -14,10 +14,10 @@ use serde::Deserialize;
 use super::json::ValidPath;
 use crate::drift::aggregates::{labelled, windows};
 use crate::drift::analysis::{self, DriftConfig};
-use crate::error::{Error, ErrorBody};
 use crate::fleet::members::MemberKind;
 use crate::registry::models;
 use crate::Core;
+use edgeloop_errors::{Error, ErrorBody};
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]

@@ -11,11 +11,11 @@ use serde::Deserialize;
 use super::json::{OptionalJson, ValidJson, ValidPath};
 use super::paging::{limit_of, page_of};
 use super::Principal;
-use crate::error::{Error, ErrorBody};
 use crate::fleet::members::{self, CreateToken, CreatedToken, MemberKind, MemberView, TokenView};
 use crate::fleet::selector::{self, Selector};
 use crate::Core;
 use axum::Extension;
+use edgeloop_errors::{Error, ErrorBody};
 
 /// Creates a one-time bootstrap token for a device or a cluster bridge.
 #[utoipa::path(post, path = "/api/v1/tokens", tag = "fleet", request_body = CreateToken,

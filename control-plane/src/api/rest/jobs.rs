@@ -10,12 +10,12 @@ use axum::Json;
 use super::json::{ValidJson, ValidPath};
 use super::paging::{limit_of, paged, try_page_of};
 use super::Principal;
-use crate::error::{Error, ErrorBody};
 use crate::fleet::FleetEvent;
 use crate::lifecycle::jobs::{self, CreateJob, JobRecord};
 use crate::registry::checkpoints::{self, CheckpointRecord};
 use crate::Core;
 use axum::Extension;
+use edgeloop_errors::{Error, ErrorBody};
 use serde::Deserialize;
 
 pub use edgeloop_api::jobs::{CheckpointView, Job, JobView, SubmittedSpec};

@@ -10,8 +10,8 @@ use axum::http::request::Parts;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
-use crate::error::Error;
 use crate::Core;
+use edgeloop_errors::Error;
 
 /// Parses a JSON body into `T`, naming the field at fault on error.
 pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {

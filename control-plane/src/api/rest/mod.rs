@@ -31,8 +31,8 @@ use axum::{Json, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::Error;
 use crate::Core;
+use edgeloop_errors::Error;
 
 /// The console API and the web console (`/ui/`, which calls the API
 /// in-process and is not behind `authorize`: it has its own sessions).
@@ -239,7 +239,7 @@ pub async fn healthz() -> Json<Health> {
 }
 
 /// Readiness: the store answers and the server is not shutting down.
-#[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200, body = Health), (status = 503, body = crate::error::ErrorBody)))]
+#[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200, body = Health), (status = 503, body = edgeloop_errors::ErrorBody)))]
 pub async fn readyz(State(core): State<Arc<Core>>) -> Result<Json<Health>, Error> {
     if core.shutdown.is_cancelled() {
         return Err(Error::Unavailable("shutting down".into()));

@@ -8,13 +8,13 @@ use axum::Json;
 
 use super::json::{ValidJson, ValidPath};
 use super::Principal;
-use crate::error::{Error, ErrorBody};
 use crate::registry::models::{
     self, CreateModel, CreateModelVersion, CreateVariant, ModelRecord, ModelVersionRecord,
 };
 use crate::Core;
 use axum::Extension;
 pub use edgeloop_api::registry::{ModelVersionView, ModelView};
+use edgeloop_errors::{Error, ErrorBody};
 
 impl From<ModelRecord> for ModelView {
     fn from(m: ModelRecord) -> Self {

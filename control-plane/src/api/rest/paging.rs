@@ -4,7 +4,7 @@
 
 use axum::Json;
 
-use crate::error::Error;
+use edgeloop_errors::Error;
 
 /// The most records one page holds.
 pub const MAX_LIMIT: usize = 1000;

@@ -13,11 +13,11 @@ use serde::Deserialize;
 use super::json::{OptionalJson, ValidJson, ValidPath};
 use super::paging::{limit_of, newest_first, page_of};
 use super::Principal;
-use crate::error::{Error, ErrorBody};
 use crate::lifecycle::pipeline::{Output, Pipeline, PipelineState, StepRecord};
 use crate::lifecycle::retrain::{self, RetrainingConfig, Started};
 use crate::Core;
 use axum::Extension;
+use edgeloop_errors::{Error, ErrorBody};
 
 fn state_view(s: PipelineState) -> api::PipelineState {
     match s {

@@ -6,10 +6,10 @@ use axum::extract::Request;
 
 use crate::auth::permissions::Scope;
 use crate::auth::Principal;
-use crate::error::{Error, Result};
 use crate::fleet::members::MemberKind;
 use crate::registry::models;
 use crate::Core;
+use edgeloop_errors::{Error, Result};
 
 /// The path parameter the router matched, by name.
 fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {

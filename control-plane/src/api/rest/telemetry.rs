@@ -15,7 +15,6 @@ use super::paging::{limit_of, page_of};
 use super::Principal;
 use crate::drift::labels;
 use crate::drift::records::{SampleKind, SketchRecord};
-use crate::error::{Error, ErrorBody};
 use crate::fleet::members::{self, MemberKind};
 use crate::fleet::telemetry::TelemetryRecord;
 use crate::registry::models;
@@ -24,6 +23,7 @@ use axum::Extension;
 use edgeloop_api::samples::{
     LabelState, LabelsSet, SampleSummary, SampleView, SetLabel, SetLabels,
 };
+use edgeloop_errors::{Error, ErrorBody};
 
 pub const DEFAULT_LIMIT: usize = 100;
 

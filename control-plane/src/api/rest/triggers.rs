@@ -8,12 +8,12 @@ use axum::Json;
 use edgeloop_api::triggers::{Evaluation, ModelState, TriggerState, TriggersView};
 
 use super::json::{ValidJson, ValidPath};
-use crate::error::{Error, ErrorBody};
 use crate::lifecycle::triggers::config::{TriggerPolicy, TriggersConfig};
 use crate::lifecycle::triggers::runner::{self, TriggerStateRecord};
 use crate::lifecycle::triggers::ModelState as SchedulerState;
 use crate::registry::models;
 use crate::Core;
+use edgeloop_errors::{Error, ErrorBody};
 
 fn model_state(s: SchedulerState) -> ModelState {
     ModelState {

@@ -21,7 +21,7 @@ use super::{clear, is_current, ordered, set_current, unordered};
 use crate::db::Db;
 use crate::drift::analysis::LabelledRow;
 use crate::drift::records::SampleRecord;
-use crate::error::Result;
+use edgeloop_errors::Result;
 
 /// Index changes read and write several keys; one at a time (labels arrive
 /// far more rarely than sketches).

@@ -36,7 +36,7 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 
 use crate::db::Db;
-use crate::error::Result;
+use edgeloop_errors::Result;
 
 /// Bump when an aggregate's format or meaning changes: every mark goes
 /// stale and each aggregate is rebuilt once from the raw records.

@@ -22,7 +22,7 @@ use super::{ordered, unordered};
 use crate::db::Db;
 use crate::drift::analysis::{self, DriftConfig, WindowDrift};
 use crate::drift::hysteresis::{self, DriftState, Hysteresis};
-use crate::error::Result;
+use edgeloop_errors::Result;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunCache {

@@ -14,7 +14,7 @@ use super::{clear, is_current, ordered, set_current, unordered};
 use crate::db::Db;
 use crate::drift::analysis::{self, DriftConfig, DriftSeries, WindowSum};
 use crate::drift::records::SketchRecord;
-use crate::error::Result;
+use edgeloop_errors::Result;
 
 /// Writers (a sketch and its sums) share it; a rebuild holds it alone, so
 /// no sketch is stored between its scan and its mark.

@@ -23,8 +23,8 @@ use time::{Duration, OffsetDateTime};
 use super::members::{member_status, Member, MemberKind, MemberStatus};
 use super::{deployments, Events, FleetEvent};
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::Core;
+use edgeloop_errors::{Error, Result};
 
 /// Largest inputs file a benchmark sends (one call's tensors).
 pub const MAX_INPUTS_BYTES: u64 = 64 << 20;

@@ -7,8 +7,8 @@ use time::OffsetDateTime;
 
 use super::{Member, MemberKind};
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::fleet::renewal;
+use edgeloop_errors::{Error, Result};
 
 /// A certificate allowed to act as its member.
 #[derive(Debug, Clone)]

@@ -8,8 +8,8 @@ use time::{Duration, OffsetDateTime};
 use super::tokens::token_refusal;
 use super::{BootstrapTokenRecord, CapabilitiesRecord, EnrolledKey, Member, MemberKind};
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::fleet::pki::{self, Pki, SignedCert};
+use edgeloop_errors::{Error, Result};
 
 /// What an Enroll call presents.
 pub struct Enrollment<'a> {

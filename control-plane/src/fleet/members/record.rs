@@ -12,9 +12,9 @@ use time::{Duration, OffsetDateTime};
 
 use super::{MemberKind, MemberStatus, MemberView};
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::fleet::renewal::{PendingCert, PreviousCert};
-use crate::validate;
+use edgeloop_errors::validate;
+use edgeloop_errors::{Error, Result};
 
 /// What a member reported about itself (from the gRPC `Capabilities`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -5,9 +5,9 @@ use time::OffsetDateTime;
 
 use super::{Member, MemberKind};
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::fleet::{Events, FleetEvent};
-use crate::validate;
+use edgeloop_errors::validate;
+use edgeloop_errors::{Error, Result};
 
 pub async fn revoke(
     store: &Db,

@@ -10,9 +10,9 @@ use time::{Duration, OffsetDateTime};
 
 use super::{CreateToken, CreatedToken, MemberKind, TokenState, TokenView};
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::fleet::pki::Pki;
-use crate::validate;
+use edgeloop_errors::validate;
+use edgeloop_errors::{Error, Result};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BootstrapTokenRecord {

@@ -8,7 +8,7 @@ use super::{
     Action, AssignmentStatus, CancelReason, Compatibility, Deployment, Event, Evidence, FleetState,
     Moved, RolloutState, Telemetry, TrafficEvidence, UnixSeconds, WindowStats, OWN_ARTIFACT,
 };
-use crate::error::Error;
+use edgeloop_errors::Error;
 
 /// The result of one tick.
 #[derive(Debug, Clone, PartialEq)]

@@ -38,8 +38,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
 pub use controller::{step, Step};
+use edgeloop_errors::{Error, Result};
 pub use plan::{Strategy, Waves};
 
 pub use edgeloop_api::deployments::{

@@ -7,7 +7,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
+use edgeloop_errors::{Error, Result};
 
 pub use edgeloop_api::deployments::{Strategy, Waves};
 

@@ -16,7 +16,6 @@ use super::{
 };
 use crate::db::Db;
 use crate::drift::records::{SampleKind, SampleRecord};
-use crate::error::{Error, Result};
 use crate::fleet::assignments::{self, AssignmentRecord, SetOutcome};
 use crate::fleet::deployments::{self, DeploymentRecord};
 use crate::fleet::members::{member_status, MemberStatus};
@@ -25,6 +24,7 @@ use crate::fleet::telemetry::{
 };
 use crate::registry::models::{self, ModelVersionRecord};
 use crate::Core;
+use edgeloop_errors::{Error, Result};
 use edgeloop_store::Fence;
 
 /// How far before a deployment's start the previous version's latency is

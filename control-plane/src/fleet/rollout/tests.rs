@@ -264,7 +264,7 @@ fn rollout_validation_names_the_field() {
     for (strategy, want) in cases {
         let got = match plan::validate_strategy(&strategy) {
             Ok(()) => None,
-            Err(crate::error::Error::BadRequest { field, .. }) => field,
+            Err(edgeloop_errors::Error::BadRequest { field, .. }) => field,
             Err(e) => panic!("unexpected {e:?}"),
         };
         assert_eq!(got.as_deref(), want, "{strategy:?}");

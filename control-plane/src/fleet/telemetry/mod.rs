@@ -25,7 +25,7 @@ use time::OffsetDateTime;
 use super::admission;
 use crate::db::Db;
 use crate::drift::records::{self as drift, record_key};
-use crate::error::{Error, Result};
+use edgeloop_errors::{Error, Result};
 
 pub const MAX_MODELS_PER_REPORT: usize = 256;
 pub const MAX_EVENTS_PER_REPORT: usize = 1024;

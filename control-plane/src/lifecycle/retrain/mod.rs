@@ -13,10 +13,10 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 
 use crate::db::Db;
-use crate::error::{Error, Result};
 use crate::fleet::deployments::CreateDeployment;
 use crate::lifecycle::pipeline::{self, Pipeline, PipelineState};
-use crate::validate;
+use edgeloop_errors::validate;
+use edgeloop_errors::{Error, Result};
 
 /// How a model is retrained: the console API's request body, stored as is.
 pub use edgeloop_api::pipelines::RetrainingConfig;

@@ -13,9 +13,9 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use super::steps::{self, StepError};
-use crate::error::Result;
 use crate::lifecycle::pipeline::{advance, Action, Event, Pipeline, PipelineState};
 use crate::Core;
+use edgeloop_errors::Result;
 
 /// Runs until `shutdown`, one tick every `interval`.
 pub async fn run(core: Arc<Core>, interval: Duration, shutdown: CancellationToken) {

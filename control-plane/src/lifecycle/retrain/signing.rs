@@ -13,11 +13,11 @@ use edgeloop_models::manifest::{Manifest, PublicKey, SignedManifest};
 use edgeloop_models::Digest;
 use time::OffsetDateTime;
 
-use crate::error::{Error, Result};
 use crate::lifecycle::pipeline::{self, Output, Pipeline, PipelineState};
 use crate::registry::artifacts;
 use crate::registry::models;
 use crate::Core;
+use edgeloop_errors::{Error, Result};
 
 /// At most this many keys per policy: enough for a rotation or two.
 const MAX_KEYS: usize = 8;

@@ -2,7 +2,7 @@
 //! checked field by field and turned into the scheduler's [`Trigger`]s.
 
 use super::{CronExpr, Trigger, TriggerKind};
-use crate::error::{Error, Result};
+use edgeloop_errors::{Error, Result};
 
 /// The request body, stored as is: a console API type. Reading it checks
 /// each trigger's fields against its kind (which apply, which are
@@ -69,7 +69,7 @@ impl TriggerPolicy for TriggersConfig {
         let mut out = vec![];
         for (i, t) in self.triggers.iter().enumerate() {
             let at = |f: &str| format!("triggers[{i}].{f}");
-            crate::validate::name(&at("id"), &t.id)?;
+            edgeloop_errors::validate::name(&at("id"), &t.id)?;
             if !ids.insert(t.id.clone()) {
                 return Err(Error::bad_field(
                     at("id"),

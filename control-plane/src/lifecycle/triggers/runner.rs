@@ -20,11 +20,11 @@ use crate::drift::aggregates::{labelled, run};
 use crate::drift::analysis::WindowDrift;
 #[cfg(test)]
 use crate::drift::records::SampleRecord;
-use crate::error::{Error, Result};
 use crate::lifecycle::retrain::{self, steps, Started};
 use crate::registry::models::{self, ModelVersionRecord};
 use crate::Core;
 pub use edgeloop_api::triggers::DecisionKind;
+use edgeloop_errors::{Error, Result};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TriggerStateRecord {

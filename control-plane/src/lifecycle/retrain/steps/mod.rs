@@ -25,7 +25,6 @@ use tokio::io::AsyncReadExt as _;
 use super::dataset::{self, Rows};
 use super::{RetrainingConfig, RetrainingPolicy};
 use crate::db::Db;
-use crate::error::Error;
 use crate::fleet::deployments;
 use crate::fleet::rollout::RolloutState;
 use crate::lifecycle::jobs::{self, CreateJob, JobState};
@@ -36,6 +35,7 @@ use crate::registry::models::{
     self, CreateModelVersion, CreateVariant, Lineage, ModelVersionRecord,
 };
 use crate::Core;
+use edgeloop_errors::Error;
 use edgeloop_models::package::{self, Identity};
 
 /// Why a step did not succeed, and whether trying it again may help.

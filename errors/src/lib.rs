@@ -1,13 +1,19 @@
-//! The one place where errors become HTTP statuses and gRPC codes.
+//! The control plane's one [`Error`] and the one place where it becomes
+//! HTTP statuses and gRPC codes, with the validators ([`validate`]) that
+//! turn bad input into errors naming the field.
 //!
-//! Library code returns [`Error`] (or a typed error that converts into it);
-//! handlers never pick status codes themselves.
+//! A crate of its own so that every control-plane crate (the registry, the
+//! server) returns the same [`Error`] and none of them picks a status code:
+//! library code returns [`Error`] (or a typed error that converts into it,
+//! like the store's and the registry's artifact errors); handlers never pick
+//! status codes themselves.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use crate::registry::artifacts::ArtifactError;
 use edgeloop_store::StoreError;
+
+pub mod validate;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -124,27 +130,6 @@ impl Error {
 impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
         Error::Internal(e.into())
-    }
-}
-
-impl From<ArtifactError> for Error {
-    fn from(e: ArtifactError) -> Self {
-        match e {
-            ArtifactError::DigestMismatch { .. } | ArtifactError::SizeMismatch { .. } => {
-                Error::bad_field("digest", e.to_string())
-            }
-            ArtifactError::TooLarge { limit } => Error::PayloadTooLarge { limit },
-            ArtifactError::NotFound(d) => Error::not_found("artifact", d.to_string()),
-            ArtifactError::Body(m) => Error::BadRequest {
-                field: None,
-                message: format!("reading the upload failed: {m}"),
-            },
-            ArtifactError::Incomplete { .. } => Error::Unavailable(e.to_string()),
-            ArtifactError::Offset { .. } => Error::bad_field("offset", e.to_string()),
-            ArtifactError::Superseded => Error::Conflict(e.to_string()),
-            ArtifactError::Io(_) => Error::Internal(e.into()),
-            ArtifactError::Backend(_) => Error::Unavailable(e.to_string()),
-        }
     }
 }
 

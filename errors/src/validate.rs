@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::error::Error;
+use crate::Error;
 
 /// DNS-label style: lowercase alphanumerics and '-', 1..=63 characters, not
 /// starting or ending with '-'. Used for device, cluster and model names: they
