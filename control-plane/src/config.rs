@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use serde::Deserialize;
 
 use crate::fleet::cost::Prices;
-use crate::registry::s3::S3Location;
+use edgeloop_registry::s3::S3Location;
 
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]

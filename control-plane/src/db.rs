@@ -10,14 +10,14 @@
 use std::ops::Deref;
 use std::path::Path;
 
-use crate::{auth, console, drift, fleet, leader, lifecycle, registry};
+use crate::{auth, console, drift, fleet, leader, lifecycle};
 use edgeloop_store::{PostgresUrl, Store, StoreError};
 
 #[derive(Clone)]
 pub struct Db {
     pub store: Store,
     pub fleet: fleet::Trees,
-    pub registry: registry::Trees,
+    pub registry: edgeloop_registry::Trees,
     pub drift: drift::Trees,
     pub lifecycle: lifecycle::Trees,
     pub auth: auth::Trees,
@@ -41,7 +41,7 @@ impl Db {
     pub fn over(store: Store) -> Result<Db, StoreError> {
         Ok(Db {
             fleet: fleet::Trees::open(&store)?,
-            registry: registry::Trees::open(&store)?,
+            registry: edgeloop_registry::Trees::open(&store)?,
             drift: drift::Trees::open(&store)?,
             lifecycle: lifecycle::Trees::open(&store)?,
             auth: auth::Trees::open(&store)?,

@@ -16,7 +16,6 @@ pub mod drift;
 pub mod fleet;
 pub mod leader;
 pub mod lifecycle;
-pub mod registry;
 pub mod retention;
 pub mod strict_json;
 pub(crate) mod supervisor;
@@ -34,9 +33,9 @@ pub use config::{Config, ServeSettings};
 
 use datadir::DataDir;
 use db::Db;
+use edgeloop_registry::artifacts::{ArtifactStore, LocalArtifactStore};
 use fleet::pki::Pki;
 use fleet::Events;
-use registry::artifacts::{ArtifactStore, LocalArtifactStore};
 
 /// Everything a request handler needs. Shared by the REST and gRPC servers.
 pub struct Core {
@@ -44,7 +43,7 @@ pub struct Core {
     pub store: Db,
     pub artifacts: Arc<dyn ArtifactStore>,
     /// Whole artifacts in memory for device downloads (see `artifact_cache`).
-    pub artifact_cache: registry::artifact_cache::ArtifactCache,
+    pub artifact_cache: edgeloop_registry::artifact_cache::ArtifactCache,
     /// Artifact streams: permits to send, per-member caps, the deadline.
     pub downloads: api::grpc::downloads::Downloads,
     pub pki: Pki,
@@ -150,25 +149,26 @@ impl Server {
                 format!("opening artifact store {}", dir.artifacts().display())
             })?),
             Some(url) => Arc::new(
-                registry::s3::S3ArtifactStore::open(url.clone())
+                edgeloop_registry::s3::S3ArtifactStore::open(url.clone())
                     .await
                     .with_context(|| format!("opening artifact store {url}"))?,
             ),
         };
         // Faults only when a crash test's environment asks for them.
         #[cfg(feature = "testing")]
-        let artifacts = registry::unreliable::UnreliableArtifactStore::from_env(artifacts)?;
+        let artifacts =
+            edgeloop_registry::unreliable::UnreliableArtifactStore::from_env(artifacts)?;
         #[cfg(not(feature = "testing"))]
-        if std::env::var_os(registry::FAULT_INJECTION_ENV).is_some() {
+        if std::env::var_os(edgeloop_registry::FAULT_INJECTION_ENV).is_some() {
             anyhow::bail!(
                 "{} is set, but this control plane was built without fault injection \
                  (the `testing` feature, which `cargo build --workspace` turns on for the tests); \
                  unset it, or build with --features testing",
-                registry::FAULT_INJECTION_ENV
+                edgeloop_registry::FAULT_INJECTION_ENV
             );
         }
         let artifact_cache =
-            registry::artifact_cache::ArtifactCache::new(config.artifact_cache_bytes);
+            edgeloop_registry::artifact_cache::ArtifactCache::new(config.artifact_cache_bytes);
         let downloads = api::grpc::downloads::Downloads::new(
             config.max_concurrent_downloads,
             config.max_downloads_per_member,

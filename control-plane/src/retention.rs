@@ -145,7 +145,7 @@ fn prune_prefix<V: serde::Serialize + serde::de::DeserializeOwned>(
 /// caller flushes.
 pub fn prune(
     store: &Db,
-    artifacts: &dyn crate::registry::artifacts::ArtifactStore,
+    artifacts: &dyn edgeloop_registry::artifacts::ArtifactStore,
     r: Retention,
     now: OffsetDateTime,
 ) -> Result<Dropped> {
@@ -161,7 +161,7 @@ pub fn prune(
 /// Telemetry, sketches, tokens and partial uploads. Blocking.
 fn prune_records(
     store: &Db,
-    artifacts: &dyn crate::registry::artifacts::ArtifactStore,
+    artifacts: &dyn edgeloop_registry::artifacts::ArtifactStore,
     r: Retention,
     now: OffsetDateTime,
 ) -> Result<Dropped> {

@@ -356,7 +356,7 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
     assert_eq!(short.code(), Code::Unavailable, "{short}");
     assert!(stored_blobs(&cp).is_empty());
     assert!(
-        edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, &job_id)
+        edgeloop_registry::checkpoints::latest(&cp.core.store.registry, &job_id)
             .unwrap()
             .is_none()
     );
@@ -371,7 +371,7 @@ async fn bridges_upload_checkpoints_verified_by_digest_and_size() {
         .unwrap()
         .into_inner();
     assert_eq!(receipt.digest, digest.to_string());
-    let latest = edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, &job_id)
+    let latest = edgeloop_registry::checkpoints::latest(&cp.core.store.registry, &job_id)
         .unwrap()
         .unwrap();
     assert_eq!(
@@ -534,7 +534,7 @@ async fn an_interrupted_checkpoint_upload_resumes_where_it_stopped() {
     let held = ask(&mut client).await;
     assert_eq!((held.offset, held.complete), (150_000, false));
     assert!(
-        edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, &job_id)
+        edgeloop_registry::checkpoints::latest(&cp.core.store.registry, &job_id)
             .unwrap()
             .is_none()
     );
@@ -563,7 +563,7 @@ async fn an_interrupted_checkpoint_upload_resumes_where_it_stopped() {
         .await
         .unwrap();
     assert_eq!(got.bytes().await.unwrap().as_ref(), &data[..]);
-    let latest = edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, &job_id)
+    let latest = edgeloop_registry::checkpoints::latest(&cp.core.store.registry, &job_id)
         .unwrap()
         .unwrap();
     assert_eq!((latest.step, latest.digest), (7, digest));
@@ -655,7 +655,7 @@ async fn a_bridge_cannot_borrow_a_stored_artifact_as_its_checkpoint() {
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err}");
     assert!(
-        edgeloop_control_plane::registry::checkpoints::latest(&cp.core.store, &job_a)
+        edgeloop_registry::checkpoints::latest(&cp.core.store.registry, &job_a)
             .unwrap()
             .is_none()
     );

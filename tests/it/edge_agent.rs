@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
 use edgeloop_control_plane::fleet::telemetry::AssignmentState;
-use edgeloop_control_plane::registry::models::ModelVersionRecord;
 use edgeloop_edge_agent::AgentConfig;
 use edgeloop_models::manifest::{Manifest, ManifestKey};
 use edgeloop_models::runtime::{OrtRuntime, SessionOptions};
 use edgeloop_models::tensor::Tensor;
 use edgeloop_models::Digest;
+use edgeloop_registry::models::ModelVersionRecord;
 use edgeloop_tests::mnist::{digits, mnist_dir, probe_npz};
 use edgeloop_tests::{eventually, ControlPlane};
 use serde_json::{json, Value};

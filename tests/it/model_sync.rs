@@ -15,7 +15,6 @@ use async_trait::async_trait;
 use edgeloop_client_core::{Identity, Role};
 use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
 use edgeloop_control_plane::fleet::telemetry::{AssignmentState, AssignmentStatusRecord};
-use edgeloop_control_plane::registry::models::ModelVersionRecord;
 use edgeloop_edge_agent::config::SyncConfig;
 use edgeloop_edge_agent::serving::{ActivationError, ModelServing, PrepareSpec, Serving};
 use edgeloop_edge_agent::sync::assignment::Assignment;
@@ -30,6 +29,7 @@ use edgeloop_models::manifest::{
 };
 use edgeloop_models::npz::Npz;
 use edgeloop_models::{Digest, Tensor};
+use edgeloop_registry::models::ModelVersionRecord;
 use edgeloop_tests::{eventually, ControlPlane};
 use reqwest::Method;
 use serde_json::json;

@@ -6,8 +6,6 @@
 
 use edgeloop_client_core::Role;
 use edgeloop_control_plane::fleet::assignments::{self, AssignmentRecord};
-use edgeloop_control_plane::registry::artifacts::ArtifactStore;
-use edgeloop_control_plane::registry::s3::{S3ArtifactStore, PART_BYTES};
 use edgeloop_models::Digest;
 use edgeloop_proto::agent::v1::agent_service_client::AgentServiceClient;
 use edgeloop_proto::agent::v1::FetchArtifactRequest;
@@ -17,6 +15,8 @@ use edgeloop_proto::bridge::v1::{
     LeaseJobRequest,
 };
 use edgeloop_proto::common::v1::Chunk;
+use edgeloop_registry::artifacts::ArtifactStore;
+use edgeloop_registry::s3::{S3ArtifactStore, PART_BYTES};
 use edgeloop_tests::{files_under, settings, ControlPlane};
 use reqwest::Method;
 use tonic::Code;
@@ -228,7 +228,7 @@ fn peak_rss() -> u64 {
 
 /// `total` bytes made as they are sent, in 1 MiB chunks: nothing holds
 /// the whole body.
-fn generated(total: u64) -> edgeloop_control_plane::registry::artifacts::ByteStream {
+fn generated(total: u64) -> edgeloop_registry::artifacts::ByteStream {
     let chunk = 1u64 << 20;
     Box::pin(futures::stream::iter((0..total.div_ceil(chunk)).map(
         move |i| {
@@ -243,7 +243,7 @@ fn generated(total: u64) -> edgeloop_control_plane::registry::artifacts::ByteStr
 /// artifact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_artifact_streams_through_s3_in_bounded_memory() {
-    use edgeloop_control_plane::registry::artifacts::UploadLimits;
+    use edgeloop_registry::artifacts::UploadLimits;
     use futures::StreamExt;
     use tokio::io::AsyncReadExt;
     // Alone: it measures the process's peak memory.

@@ -65,7 +65,7 @@ impl Proc {
             .env("NO_COLOR", "1")
             .env_remove("EDGELOOP_CONFIG")
             .env_remove("EDGELOOP_DATA_DIR")
-            .env_remove(edgeloop_control_plane::registry::unreliable::ENV)
+            .env_remove(edgeloop_registry::unreliable::ENV)
             .env_remove(edgeloop_edge_agent::crash_point::ENV)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -184,7 +184,7 @@ impl CpProcess {
         let mut env: Vec<(String, String)> = faults
             .map(|f| {
                 vec![(
-                    edgeloop_control_plane::registry::unreliable::ENV.to_string(),
+                    edgeloop_registry::unreliable::ENV.to_string(),
                     f.to_string(),
                 )]
             })

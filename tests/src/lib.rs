@@ -724,7 +724,7 @@ pub fn s3_test_url() -> Option<String> {
         );
         return None;
     };
-    let loc: edgeloop_control_plane::registry::s3::S3Location = url.parse().unwrap();
+    let loc: edgeloop_registry::s3::S3Location = url.parse().unwrap();
     let prefix = [
         loc.prefix.as_str(),
         &format!("i{:08x}", rand::random::<u32>()),

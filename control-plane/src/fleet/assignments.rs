@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 use crate::db::Db;
 use crate::fleet::members::{Member, MemberKind};
 use crate::fleet::{Events, FleetEvent};
-use crate::registry::models::ModelVersionRecord;
 use edgeloop_api::registry::variant_for;
 use edgeloop_errors::{Error, Result};
+use edgeloop_registry::models::ModelVersionRecord;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AssignmentSetRecord {

@@ -14,15 +14,15 @@ use super::rollout::{
 };
 use super::selector::{self, Selector};
 use crate::db::Db;
-use crate::registry::aliases::{self, AliasName};
-use crate::registry::artifacts::ArtifactStore;
-use crate::registry::models;
 pub use edgeloop_api::deployments::{
     CreateDeployment, DeploymentState, DeploymentView, EventEntry, GatesRequest, Requirements,
     StrategyRequest,
 };
 use edgeloop_errors::validate;
 use edgeloop_errors::{Error, Result};
+use edgeloop_registry::aliases::{self, AliasName};
+use edgeloop_registry::artifacts::ArtifactStore;
+use edgeloop_registry::models;
 
 pub use edgeloop_models::runtime::INPUT_DTYPES_CAPABILITY as INPUT_DTYPES_KEY;
 
@@ -250,7 +250,7 @@ pub async fn create(
     now: OffsetDateTime,
 ) -> Result<DeploymentRecord> {
     validate::name("model", &req.model)?;
-    let project = models::get_model(store, &req.model)
+    let project = models::get_model(&store.registry, &req.model)
         .map_err(|_| Error::bad_field("model", format!("model {:?} does not exist", req.model)))?
         .project;
     let target = match (&req.version, &req.alias) {
@@ -265,14 +265,14 @@ pub async fn create(
         }
         (Some(v), None) => v.clone(),
         // Resolved now: moving the alias later does not move this rollout.
-        (None, Some(a)) => aliases::resolve(store, &req.model, a)?.ok_or_else(|| {
+        (None, Some(a)) => aliases::resolve(&store.registry, &req.model, a)?.ok_or_else(|| {
             Error::bad_field(
                 "alias",
                 format!("model {:?} has no alias {:?}", req.model, a.as_str()),
             )
         })?,
     };
-    let version = models::get_version(store, &req.model, &target).map_err(|_| {
+    let version = models::get_version(&store.registry, &req.model, &target).map_err(|_| {
         Error::bad_field(
             "version",
             format!("model {:?} has no version {target:?}", req.model),

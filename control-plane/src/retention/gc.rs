@@ -54,11 +54,11 @@ use crate::fleet::benchmarks::{BenchmarkRecord, ModelEntry};
 use crate::lifecycle::jobs::JobRecord;
 use crate::lifecycle::pipeline::{Output, Pipeline, QuantizedVariant, Step, StepRecord};
 use crate::lifecycle::retrain::RetrainingConfig;
-use crate::registry::artifact_cache::ArtifactCache;
-use crate::registry::artifacts::{ArtifactStore, StoredArtifact};
-use crate::registry::checkpoints::CheckpointRecord;
-use crate::registry::models::ModelVersionRecord;
 use edgeloop_errors::Result;
+use edgeloop_registry::artifact_cache::ArtifactCache;
+use edgeloop_registry::artifacts::{ArtifactStore, StoredArtifact};
+use edgeloop_registry::checkpoints::CheckpointRecord;
+use edgeloop_registry::models::ModelVersionRecord;
 use edgeloop_store::Tree;
 
 /// What records other than jobs and checkpoints hold on to: the digests,

@@ -21,8 +21,8 @@ use time::{Duration, OffsetDateTime};
 use super::gc::{checkpoint_digest, each, Pinned};
 use crate::db::Db;
 use crate::lifecycle::jobs::{keep_last, JobRecord};
-use crate::registry::checkpoints::{self, CheckpointRecord};
 use edgeloop_errors::Result;
+use edgeloop_registry::checkpoints::{self, CheckpointRecord};
 
 /// Whether `job` goes: ended more than `max_age` before `now` (by its last
 /// change, which for an ended job is when it ended), and not pinned. Pure.
@@ -98,7 +98,7 @@ pub fn prune(
             .is_some_and(|j| job_expired(j, pins, now, max_age));
         let keep = Keep::of(job.as_ref(), expired);
         if keep != Keep::All {
-            let held = checkpoints::list(store, &id)?;
+            let held = checkpoints::list(&store.registry, &id)?;
             for c in checkpoints_to_drop(&held, keep, &pins.digests) {
                 store
                     .registry

@@ -24,11 +24,11 @@ use super::auth::caller;
 use crate::fleet::members::MemberKind;
 use crate::fleet::FleetEvent;
 use crate::lifecycle::jobs::{self, JobState};
-use crate::registry::artifacts::ArtifactError;
-use crate::registry::checkpoints::{self, CheckpointRecord};
 use crate::Core;
 use edgeloop_errors::validate;
 use edgeloop_errors::Error;
+use edgeloop_registry::artifacts::ArtifactError;
+use edgeloop_registry::checkpoints::{self, CheckpointRecord};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
@@ -65,7 +65,7 @@ fn own_checkpoint(
     job: &str,
     digest: Digest,
 ) -> Result<Option<CheckpointRecord>, Error> {
-    Ok(checkpoints::list(&core.store, job)?
+    Ok(checkpoints::list(&core.store.registry, job)?
         .into_iter()
         .find(|c| c.digest == digest))
 }
@@ -150,7 +150,8 @@ impl BridgeService for BridgeApi {
             .await?
             {
                 tracing::info!(job = %job.id, %cluster, attempt = job.attempt, "job leased");
-                let resume = checkpoints::latest(&self.core.store, &job.id).map_err(Error::from)?;
+                let resume =
+                    checkpoints::latest(&self.core.store.registry, &job.id).map_err(Error::from)?;
                 return Ok(Response::new(pb::LeaseJobResponse {
                     job: Some(pb::Job {
                         id: job.id.clone(),
@@ -352,7 +353,7 @@ impl BridgeService for BridgeApi {
                 == Some(digest)
         });
         let known = names_dataset
-            || checkpoints::list(&self.core.store, &job.id)
+            || checkpoints::list(&self.core.store.registry, &job.id)
                 .map_err(Error::from)?
                 .iter()
                 .any(|c| c.digest == digest);

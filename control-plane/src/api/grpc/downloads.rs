@@ -23,9 +23,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::egress::Egress;
-use crate::registry::artifacts::ArtifactError;
 use crate::Core;
 use edgeloop_errors::Error;
+use edgeloop_registry::artifacts::ArtifactError;
 
 pub const DEFAULT_CHUNK: usize = 256 * 1024;
 pub const MAX_CHUNK: usize = 4 << 20;

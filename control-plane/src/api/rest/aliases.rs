@@ -9,11 +9,11 @@ use axum::{Extension, Json};
 
 use super::json::{ValidJson, ValidPath};
 use super::Principal;
-use crate::registry::aliases::{self, AliasRecord, SetAlias, SetOutcome};
 use crate::Core;
 pub use edgeloop_api::aliases::{AliasHistoryView, AliasView};
 use edgeloop_errors::validate;
 use edgeloop_errors::{Error, ErrorBody};
+use edgeloop_registry::aliases::{self, AliasRecord, SetAlias, SetOutcome};
 
 /// The alias as it points now; an alias pointing nowhere (deleted) has no
 /// such view, so it is a 404 where one is asked for.
@@ -61,8 +61,15 @@ pub async fn set(
     ValidJson(req): ValidJson<SetAlias>,
 ) -> Result<(StatusCode, Json<AliasView>), Error> {
     let alias = validate::alias("alias", &alias)?;
-    let (record, outcome) =
-        aliases::set(&core.store, &name, &alias, req, by.name(), core.now()).await?;
+    let (record, outcome) = aliases::set(
+        &core.store.registry,
+        &name,
+        &alias,
+        req,
+        by.name(),
+        core.now(),
+    )
+    .await?;
     let status = match outcome {
         SetOutcome::Created => StatusCode::CREATED,
         SetOutcome::Moved | SetOutcome::Unchanged => StatusCode::OK,
@@ -80,7 +87,7 @@ pub async fn list(
     State(core): State<Arc<Core>>,
     ValidPath(name): ValidPath<String>,
 ) -> Result<Json<Vec<AliasView>>, Error> {
-    let all = aliases::list(&core.store, &name)?
+    let all = aliases::list(&core.store.registry, &name)?
         .into_iter()
         .map(view)
         .collect::<Result<_, _>>()?;
@@ -101,7 +108,7 @@ pub async fn show(
 ) -> Result<Json<AliasView>, Error> {
     let alias = validate::alias("alias", &alias)?;
     Ok(Json(view(aliases::get_current(
-        &core.store,
+        &core.store.registry,
         &name,
         &alias,
     )?)?))
@@ -122,7 +129,7 @@ pub async fn delete(
     ValidPath((name, alias)): ValidPath<(String, String)>,
 ) -> Result<StatusCode, Error> {
     let alias = validate::alias("alias", &alias)?;
-    aliases::delete(&core.store, &name, &alias, by.name(), core.now()).await?;
+    aliases::delete(&core.store.registry, &name, &alias, by.name(), core.now()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -141,7 +148,7 @@ pub async fn history(
 ) -> Result<Json<AliasHistoryView>, Error> {
     let alias = validate::alias("alias", &alias)?;
     Ok(Json(history_view(aliases::get(
-        &core.store,
+        &core.store.registry,
         &name,
         &alias,
     )?)))

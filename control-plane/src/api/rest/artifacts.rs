@@ -13,9 +13,9 @@ use serde::Serialize;
 use tokio_util::io::ReaderStream;
 
 use super::json::ValidPath;
-use crate::registry::artifacts::{ArtifactError, UploadLimits};
 use crate::Core;
 use edgeloop_errors::{Error, ErrorBody};
+use edgeloop_registry::artifacts::{ArtifactError, UploadLimits};
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ArtifactInfo {

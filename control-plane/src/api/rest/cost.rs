@@ -11,11 +11,11 @@ use serde::Deserialize;
 
 use super::json::ValidPath;
 use crate::fleet::cost::{self, Observation};
-use crate::registry::models;
 use crate::Core;
 pub use edgeloop_api::cost::CostView;
 use edgeloop_errors::validate;
 use edgeloop_errors::{Error, ErrorBody};
+use edgeloop_registry::models;
 
 pub const DEFAULT_DAYS: i64 = 30;
 /// Agents keep telemetry for about this long anyway, and a longer look
@@ -58,9 +58,9 @@ pub async fn model_cost(
     if let Some(v) = &q.version {
         validate::version("version", v)?;
     }
-    models::get_model(&core.store, &name)?;
+    models::get_model(&core.store.registry, &name)?;
     if let Some(v) = &q.version {
-        models::get_version(&core.store, &name, v)?;
+        models::get_version(&core.store.registry, &name, v)?;
     }
     // Whole seconds: the period's start is shown to people.
     let now = core.now();

@@ -15,9 +15,9 @@ use super::json::ValidPath;
 use crate::drift::aggregates::{labelled, windows};
 use crate::drift::analysis::{self, DriftConfig};
 use crate::fleet::members::MemberKind;
-use crate::registry::models;
 use crate::Core;
 use edgeloop_errors::{Error, ErrorBody};
+use edgeloop_registry::models;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -81,7 +81,7 @@ pub async fn model_drift(
     q: Result<Query<DriftQuery>, QueryRejection>,
 ) -> Result<Json<DriftView>, Error> {
     let Query(q) = q.map_err(|e| Error::bad_field("query", e.body_text()))?;
-    models::get_model(&core.store, &name)?;
+    models::get_model(&core.store.registry, &name)?;
     let model_config = core
         .store
         .lifecycle
@@ -100,8 +100,8 @@ pub async fn model_drift(
         until: q.until.map(|t| t.unix_timestamp()),
     };
     let version = match &q.version {
-        Some(v) => models::get_version(&core.store, &name, v)?,
-        None => models::list_versions(&core.store, &name)?
+        Some(v) => models::get_version(&core.store.registry, &name, v)?,
+        None => models::list_versions(&core.store.registry, &name)?
             .into_iter()
             .max_by_key(|v| v.created_at)
             .ok_or_else(|| Error::not_found("model version", format!("{name} (none yet)")))?,

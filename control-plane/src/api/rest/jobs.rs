@@ -12,29 +12,13 @@ use super::paging::{limit_of, paged, try_page_of};
 use super::Principal;
 use crate::fleet::FleetEvent;
 use crate::lifecycle::jobs::{self, CreateJob, JobRecord};
-use crate::registry::checkpoints::{self, CheckpointRecord};
 use crate::Core;
 use axum::Extension;
 use edgeloop_errors::{Error, ErrorBody};
+use edgeloop_registry::checkpoints;
 use serde::Deserialize;
 
 pub use edgeloop_api::jobs::{CheckpointView, Job, JobView, SubmittedSpec};
-
-impl From<&CheckpointRecord> for CheckpointView {
-    fn from(c: &CheckpointRecord) -> Self {
-        CheckpointView {
-            job_id: c.job_id.clone(),
-            attempt: c.attempt,
-            step: c.step,
-            digest: c.digest,
-            size: c.size,
-            has_optimizer_state: c.has_optimizer_state,
-            metadata: c.metadata.clone(),
-            cluster: c.cluster.clone(),
-            uploaded_at: c.uploaded_at,
-        }
-    }
-}
 
 /// The job as the API shows it, its spec as the record writes it.
 pub fn job_view(j: JobRecord) -> Result<Job, Error> {
@@ -64,7 +48,7 @@ pub fn job_view(j: JobRecord) -> Result<Job, Error> {
 }
 
 fn view(core: &Core, job: JobRecord) -> Result<JobView, Error> {
-    let checkpoints = checkpoints::list(&core.store, &job.id)?
+    let checkpoints = checkpoints::list(&core.store.registry, &job.id)?
         .iter()
         .map(CheckpointView::from)
         .collect();

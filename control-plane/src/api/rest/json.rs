@@ -159,7 +159,7 @@ where
 mod tests {
     use super::*;
     use crate::fleet::members::CreateToken;
-    use crate::registry::models::{CreateModel, CreateModelVersion};
+    use edgeloop_registry::models::{CreateModel, CreateModelVersion};
     use proptest::prelude::*;
 
     fn field_of(body: &str) -> Option<String> {

@@ -8,44 +8,11 @@ use axum::Json;
 
 use super::json::{ValidJson, ValidPath};
 use super::Principal;
-use crate::registry::models::{
-    self, CreateModel, CreateModelVersion, CreateVariant, ModelRecord, ModelVersionRecord,
-};
 use crate::Core;
 use axum::Extension;
 pub use edgeloop_api::registry::{ModelVersionView, ModelView};
 use edgeloop_errors::{Error, ErrorBody};
-
-impl From<ModelRecord> for ModelView {
-    fn from(m: ModelRecord) -> Self {
-        ModelView {
-            name: m.name,
-            project: m.project,
-            description: m.description,
-            task: m.task,
-            labels: m.labels,
-            created_at: m.created_at,
-        }
-    }
-}
-
-impl From<ModelVersionRecord> for ModelVersionView {
-    fn from(v: ModelVersionRecord) -> Self {
-        ModelVersionView {
-            model: v.model,
-            version: v.version,
-            artifact_digest: v.artifact_digest,
-            artifact_size: v.artifact_size,
-            format: v.format,
-            manifest_digest: v.manifest_digest,
-            probe_inputs_digest: v.probe_inputs_digest,
-            metrics: v.metrics,
-            lineage: v.lineage,
-            created_at: v.created_at,
-            variants: v.variants,
-        }
-    }
-}
+use edgeloop_registry::models::{self, CreateModel, CreateModelVersion, CreateVariant};
 
 #[utoipa::path(post, path = "/api/v1/models", tag = "registry", request_body = CreateModel,
     responses((status = 201, body = ModelView), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)),
@@ -60,7 +27,7 @@ pub async fn create_model(
             .as_deref()
             .unwrap_or(edgeloop_api::access::DEFAULT_PROJECT),
     )?;
-    let model = models::create_model(&core.store, req, core.now()).await?;
+    let model = models::create_model(&core.store.registry, req, core.now()).await?;
     Ok((StatusCode::CREATED, Json(model.into())))
 }
 
@@ -88,7 +55,7 @@ pub async fn get_model(
     State(core): State<Arc<Core>>,
     ValidPath(name): ValidPath<String>,
 ) -> Result<Json<ModelView>, Error> {
-    Ok(Json(models::get_model(&core.store, &name)?.into()))
+    Ok(Json(models::get_model(&core.store.registry, &name)?.into()))
 }
 
 /// Registers a version of a model. Its artifact must already be uploaded.
@@ -101,9 +68,14 @@ pub async fn create_version(
     ValidPath(name): ValidPath<String>,
     ValidJson(req): ValidJson<CreateModelVersion>,
 ) -> Result<(StatusCode, Json<ModelVersionView>), Error> {
-    let version =
-        models::create_version(&core.store, core.artifacts.as_ref(), &name, req, core.now())
-            .await?;
+    let version = models::create_version(
+        &core.store.registry,
+        core.artifacts.as_ref(),
+        &name,
+        req,
+        core.now(),
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(version.into())))
 }
 
@@ -114,7 +86,7 @@ pub async fn list_versions(
     ValidPath(name): ValidPath<String>,
 ) -> Result<Json<Vec<ModelVersionView>>, Error> {
     Ok(Json(
-        models::list_versions(&core.store, &name)?
+        models::list_versions(&core.store.registry, &name)?
             .into_iter()
             .map(ModelVersionView::from)
             .collect(),
@@ -129,7 +101,7 @@ pub async fn get_version(
     ValidPath((name, version)): ValidPath<(String, String)>,
 ) -> Result<Json<ModelVersionView>, Error> {
     Ok(Json(
-        models::get_version(&core.store, &name, &version)?.into(),
+        models::get_version(&core.store.registry, &name, &version)?.into(),
     ))
 }
 
@@ -146,7 +118,7 @@ pub async fn add_variant(
     ValidJson(req): ValidJson<CreateVariant>,
 ) -> Result<(StatusCode, Json<ModelVersionView>), Error> {
     let v = models::add_variant(
-        &core.store,
+        &core.store.registry,
         core.artifacts.as_ref(),
         &name,
         &version,

@@ -190,7 +190,7 @@ pub async fn retrain(
     ValidPath(name): ValidPath<String>,
     OptionalJson(req): OptionalJson<RetrainRequest>,
 ) -> Result<(StatusCode, Json<PipelineView>), Error> {
-    crate::registry::models::get_model(&core.store, &name)?;
+    edgeloop_registry::models::get_model(&core.store.registry, &name)?;
     let trigger = match req.reason {
         Some(r) => format!("manual: {r}"),
         None => "manual".to_string(),

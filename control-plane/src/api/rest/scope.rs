@@ -7,9 +7,9 @@ use axum::extract::Request;
 use crate::auth::permissions::Scope;
 use crate::auth::Principal;
 use crate::fleet::members::MemberKind;
-use crate::registry::models;
 use crate::Core;
 use edgeloop_errors::{Error, Result};
+use edgeloop_registry::models;
 
 /// The path parameter the router matched, by name.
 fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -99,7 +99,7 @@ fn resolve(
 }
 
 fn model_project(core: &Core, model: &str) -> Result<String> {
-    models::project_or_default(&core.store, model)
+    models::project_or_default(&core.store.registry, model)
 }
 
 fn device_project(core: &Core, device: &str) -> Result<String> {

@@ -17,13 +17,13 @@ use crate::drift::labels;
 use crate::drift::records::{SampleKind, SketchRecord};
 use crate::fleet::members::{self, MemberKind};
 use crate::fleet::telemetry::TelemetryRecord;
-use crate::registry::models;
 use crate::Core;
 use axum::Extension;
 use edgeloop_api::samples::{
     LabelState, LabelsSet, SampleSummary, SampleView, SetLabel, SetLabels,
 };
 use edgeloop_errors::{Error, ErrorBody};
+use edgeloop_registry::models;
 
 pub const DEFAULT_LIMIT: usize = 100;
 
@@ -118,7 +118,7 @@ pub async fn model_sketches(
     q: Result<Query<ReportQuery>, QueryRejection>,
 ) -> Result<axum::response::Response, Error> {
     let q = query(q)?;
-    models::get_model(&core.store, &name)?;
+    models::get_model(&core.store.registry, &name)?;
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
     let page = core.store.drift.sketches.page_after(
         &prefix(&name, &q),
@@ -143,7 +143,7 @@ pub async fn model_samples(
     q: Result<Query<ReportQuery>, QueryRejection>,
 ) -> Result<axum::response::Response, Error> {
     let q = query(q)?;
-    models::get_model(&core.store, &name)?;
+    models::get_model(&core.store.registry, &name)?;
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
     let page = core.store.drift.samples.page_after(
         &prefix(&name, &q),
@@ -164,7 +164,7 @@ pub async fn model_sample(
     State(core): State<Arc<Core>>,
     ValidPath((name, id)): ValidPath<(String, String)>,
 ) -> Result<Json<SampleView>, Error> {
-    models::get_model(&core.store, &name)?;
+    models::get_model(&core.store.registry, &name)?;
     Ok(Json(labels::get(&core.store, &name, &id)?))
 }
 
@@ -183,7 +183,7 @@ pub async fn label_sample(
     ValidPath((name, id)): ValidPath<(String, String)>,
     ValidJson(req): ValidJson<SetLabel>,
 ) -> Result<Json<SampleView>, Error> {
-    models::get_model(&core.store, &name)?;
+    models::get_model(&core.store.registry, &name)?;
     let labelled = labels::label(&core.store, &name, &id, req.label, by.name(), core.now())?;
     core.store.flush().await?;
     Ok(Json(labelled))
@@ -204,7 +204,7 @@ pub async fn label_samples(
     ValidPath(name): ValidPath<String>,
     ValidJson(req): ValidJson<SetLabels>,
 ) -> Result<Json<LabelsSet>, Error> {
-    models::get_model(&core.store, &name)?;
+    models::get_model(&core.store.registry, &name)?;
     let labelled = labels::label_all(&core.store, &name, &req.labels, by.name(), core.now())?;
     core.store.flush().await?;
     Ok(Json(LabelsSet { labelled }))
@@ -221,7 +221,7 @@ pub async fn sample_summary(
     State(core): State<Arc<Core>>,
     ValidPath(name): ValidPath<String>,
 ) -> Result<Json<SampleSummary>, Error> {
-    models::get_model(&core.store, &name)?;
+    models::get_model(&core.store.registry, &name)?;
     let c = crate::drift::retention::counts(&core.store, &name)?;
     Ok(Json(SampleSummary {
         stored: c.stored,

@@ -11,9 +11,9 @@ use super::json::{ValidJson, ValidPath};
 use crate::lifecycle::triggers::config::{TriggerPolicy, TriggersConfig};
 use crate::lifecycle::triggers::runner::{self, TriggerStateRecord};
 use crate::lifecycle::triggers::ModelState as SchedulerState;
-use crate::registry::models;
 use crate::Core;
 use edgeloop_errors::{Error, ErrorBody};
+use edgeloop_registry::models;
 
 fn model_state(s: SchedulerState) -> ModelState {
     ModelState {
@@ -78,7 +78,7 @@ pub async fn put(
     ValidPath(name): ValidPath<String>,
     ValidJson(config): ValidJson<TriggersConfig>,
 ) -> Result<Json<TriggersView>, Error> {
-    models::get_model(&core.store, &name)?;
+    models::get_model(&core.store.registry, &name)?;
     config.triggers_for(&name)?;
     core.store.lifecycle.triggers.insert(&name, &config)?;
     core.store.flush().await?;
@@ -93,7 +93,7 @@ pub async fn get(
     State(core): State<Arc<Core>>,
     ValidPath(name): ValidPath<String>,
 ) -> Result<Json<TriggersView>, Error> {
-    models::get_model(&core.store, &name)?;
+    models::get_model(&core.store.registry, &name)?;
     let config = core
         .store
         .lifecycle

@@ -22,9 +22,9 @@ use crate::fleet::members::{member_status, MemberStatus};
 use crate::fleet::telemetry::{
     status_key, AssignmentState, AssignmentStatusRecord, TelemetryRecord,
 };
-use crate::registry::models::{self, ModelVersionRecord};
 use crate::Core;
 use edgeloop_errors::{Error, Result};
+use edgeloop_registry::models::{self, ModelVersionRecord};
 use edgeloop_store::Fence;
 
 /// How far before a deployment's start the previous version's latency is
@@ -309,7 +309,7 @@ fn version_record(
     if let Some(v) = cache.get(version) {
         return Ok(v.clone());
     }
-    let v = match models::get_version(store, model, version) {
+    let v = match models::get_version(&store.registry, model, version) {
         Ok(v) => Some(v),
         Err(Error::NotFound { .. }) => None,
         Err(e) => return Err(e),
@@ -358,7 +358,7 @@ pub fn observe(
     let d = &record.deployment;
     let members = match deployments::parse_selector("selector", &d.group) {
         Ok(selector) => {
-            let project = crate::registry::models::project_or_default(store, &d.model)?;
+            let project = edgeloop_registry::models::project_or_default(&store.registry, &d.model)?;
             deployments::group(store, |p| p == project, &selector)?
         }
         // Validated at creation; a selector this binary cannot parse any

@@ -159,7 +159,7 @@ fn retention_drops_old_reports_and_sketches_but_keeps_each_devices_newest() {
         ..Default::default()
     };
     let artifacts =
-        crate::registry::artifacts::LocalArtifactStore::open(&dir.path().join("a")).unwrap();
+        edgeloop_registry::artifacts::LocalArtifactStore::open(&dir.path().join("a")).unwrap();
     let dropped = crate::retention::prune(&store, &artifacts, r, now).unwrap();
     assert_eq!((dropped.telemetry, dropped.sketches), (1, 3));
     let seqs = |device: &str| -> Vec<u64> {

@@ -194,7 +194,7 @@ impl RetrainingPolicy for RetrainingConfig {
 
 /// Sets `model`'s retraining policy.
 pub async fn put_config(store: &Db, model: &str, config: RetrainingConfig) -> Result<()> {
-    crate::registry::models::get_model(store, model)?;
+    edgeloop_registry::models::get_model(&store.registry, model)?;
     config.validate()?;
     store.lifecycle.retraining.insert(model, &config)?;
     store.flush().await?;

@@ -14,10 +14,10 @@ use edgeloop_models::Digest;
 use time::OffsetDateTime;
 
 use crate::lifecycle::pipeline::{self, Output, Pipeline, PipelineState};
-use crate::registry::artifacts;
-use crate::registry::models;
 use crate::Core;
 use edgeloop_errors::{Error, Result};
+use edgeloop_registry::artifacts;
+use edgeloop_registry::models;
 
 /// At most this many keys per policy: enough for a rotation or two.
 const MAX_KEYS: usize = 8;

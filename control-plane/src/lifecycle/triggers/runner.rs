@@ -21,10 +21,10 @@ use crate::drift::analysis::WindowDrift;
 #[cfg(test)]
 use crate::drift::records::SampleRecord;
 use crate::lifecycle::retrain::{self, steps, Started};
-use crate::registry::models::{self, ModelVersionRecord};
 use crate::Core;
 pub use edgeloop_api::triggers::DecisionKind;
 use edgeloop_errors::{Error, Result};
+use edgeloop_registry::models::{self, ModelVersionRecord};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TriggerStateRecord {

@@ -11,7 +11,7 @@ use time::macros::datetime;
 use super::*;
 use crate::fleet::assignments::AssignmentSetRecord;
 use crate::lifecycle::pipeline::PipelineState;
-use crate::registry::artifacts::{put_bytes, LocalArtifactStore};
+use edgeloop_registry::artifacts::{put_bytes, LocalArtifactStore};
 
 fn d(name: &str) -> Digest {
     Digest::of(name.as_bytes())
@@ -27,7 +27,7 @@ fn version(model: &str, artifact: &str) -> ModelVersionRecord {
         version: "1".into(),
         artifact_digest: d(artifact),
         artifact_size: 1,
-        format: crate::registry::models::ArtifactFormat::Onnx,
+        format: edgeloop_registry::models::ArtifactFormat::Onnx,
         manifest_digest: None,
         probe_inputs_digest: None,
         metrics: BTreeMap::new(),
@@ -531,7 +531,7 @@ async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artif
     store
         .registry
         .checkpoints
-        .insert(&crate::registry::checkpoints::key("t-1", 10), &ckpt)
+        .insert(&edgeloop_registry::checkpoints::key("t-1", 10), &ckpt)
         .unwrap();
 
     let cache = ArtifactCache::new(1 << 20);
@@ -559,7 +559,7 @@ async fn a_pass_keeps_what_records_reference_and_collects_old_unreferenced_artif
         assert_eq!(artifacts.head(d(name)).await.unwrap(), None, "{name}");
         assert!(matches!(
             artifacts.open_at(d(name), 0).await,
-            Err(crate::registry::artifacts::ArtifactError::NotFound(_))
+            Err(edgeloop_registry::artifacts::ArtifactError::NotFound(_))
         ));
     }
     assert!(cache.cached(d("unreferenced")).is_none(), "forgotten");

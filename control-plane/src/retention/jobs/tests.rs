@@ -8,7 +8,7 @@ use time::macros::datetime;
 
 use super::*;
 use crate::lifecycle::jobs::JobState;
-use crate::registry::artifacts::{put_bytes, ArtifactStore, LocalArtifactStore};
+use edgeloop_registry::artifacts::{put_bytes, ArtifactStore, LocalArtifactStore};
 
 const NOW: OffsetDateTime = datetime!(2026-06-01 0:00 UTC);
 
@@ -174,12 +174,12 @@ async fn old_jobs_and_surplus_checkpoints_go_and_what_is_named_stays() {
         .checkpoints
         .insert(&checkpoints::key("gone", 5), &orphan)
         .unwrap();
-    let mut v = crate::registry::models::ModelVersionRecord {
+    let mut v = edgeloop_registry::models::ModelVersionRecord {
         model: "m".into(),
         version: "1".into(),
         artifact_digest: Digest::of(b"model"),
         artifact_size: 1,
-        format: crate::registry::models::ArtifactFormat::Onnx,
+        format: edgeloop_registry::models::ArtifactFormat::Onnx,
         manifest_digest: None,
         probe_inputs_digest: None,
         metrics: BTreeMap::new(),
@@ -203,7 +203,7 @@ async fn old_jobs_and_surplus_checkpoints_go_and_what_is_named_stays() {
     let r = crate::retention::Retention::default();
     let d = crate::retention::prune(&store, &artifacts, r, NOW).unwrap();
     let steps = |id: &str| -> Vec<u64> {
-        checkpoints::list(&store, id)
+        checkpoints::list(&store.registry, id)
             .unwrap()
             .iter()
             .map(|c| c.step)
@@ -254,7 +254,7 @@ async fn old_jobs_and_surplus_checkpoints_go_and_what_is_named_stays() {
         want.extend(gone.iter().map(|s| ckpt(id, *s).digest));
     }
     assert_eq!(swept.deleted.iter().copied().collect::<BTreeSet<_>>(), want);
-    for c in checkpoints::list(&store, "exported").unwrap() {
+    for c in checkpoints::list(&store.registry, "exported").unwrap() {
         assert!(artifacts.head(c.digest).await.unwrap().is_some());
     }
 }

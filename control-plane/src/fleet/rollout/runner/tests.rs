@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 
 use super::*;
 use crate::fleet::members::{CapabilitiesRecord, Member, MemberKind};
-use crate::registry::artifacts::LocalArtifactStore;
+use edgeloop_registry::artifacts::LocalArtifactStore;
 use edgeloop_store::ReadCounts;
 
 const MODEL: &str = "m";
@@ -58,8 +58,8 @@ async fn fleet(devices: usize) -> (Db, DeploymentRecord, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = Db::open(&dir.path().join("db")).unwrap();
     let artifacts = LocalArtifactStore::open(&dir.path().join("artifacts")).unwrap();
-    crate::registry::models::create_model(
-        &store,
+    edgeloop_registry::models::create_model(
+        &store.registry,
         serde_json::from_value(json!({"name": MODEL})).unwrap(),
         now(),
     )

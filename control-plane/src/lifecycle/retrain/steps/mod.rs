@@ -29,14 +29,14 @@ use crate::fleet::deployments;
 use crate::fleet::rollout::RolloutState;
 use crate::lifecycle::jobs::{self, CreateJob, JobState};
 use crate::lifecycle::pipeline::{Output, Pipeline, QuantizedVariant, Step};
-use crate::registry::aliases::{self, AliasName};
-use crate::registry::checkpoints;
-use crate::registry::models::{
-    self, CreateModelVersion, CreateVariant, Lineage, ModelVersionRecord,
-};
 use crate::Core;
 use edgeloop_errors::Error;
 use edgeloop_models::package::{self, Identity};
+use edgeloop_registry::aliases::{self, AliasName};
+use edgeloop_registry::checkpoints;
+use edgeloop_registry::models::{
+    self, CreateModelVersion, CreateVariant, Lineage, ModelVersionRecord,
+};
 
 /// Why a step did not succeed, and whether trying it again may help.
 #[derive(Debug, Clone, PartialEq)]
@@ -209,7 +209,7 @@ async fn read_artifact(core: &Core, d: Digest) -> Result<Vec<u8>, StepError> {
 
 async fn put_artifact(core: &Core, bytes: Vec<u8>) -> Result<Digest, StepError> {
     let d = Digest::of(&bytes);
-    crate::registry::artifacts::put_bytes(
+    edgeloop_registry::artifacts::put_bytes(
         core.artifacts.as_ref(),
         bytes,
         core.config.max_artifact_bytes,
@@ -246,12 +246,12 @@ fn serving_in(store: &Db, model: &str) -> Result<Option<ModelVersionRecord>, Err
         .map(|(_, d)| d);
     if let Some(d) = rolled {
         return Ok(Some(models::get_version(
-            store,
+            &store.registry,
             model,
             &d.deployment.target_version,
         )?));
     }
-    let mut all = models::list_versions(store, model)?;
+    let mut all = models::list_versions(&store.registry, model)?;
     all.sort_by_key(|v| v.created_at);
     Ok(all.pop())
 }
@@ -294,7 +294,10 @@ async fn train(
                 CreateJob {
                     spec,
                     cluster: config.cluster.clone(),
-                    project: Some(crate::registry::models::project_of(&core.store, &p.model)?),
+                    project: Some(edgeloop_registry::models::project_of(
+                        &core.store.registry,
+                        &p.model,
+                    )?),
                 },
                 now,
             )
@@ -306,7 +309,7 @@ async fn train(
     };
     match job.state {
         JobState::Succeeded => {
-            let last = checkpoints::latest(&core.store, &id)?.ok_or_else(|| {
+            let last = checkpoints::latest(&core.store.registry, &id)?.ok_or_else(|| {
                 StepError::fatal(format!(
                     "training job {id} succeeded but uploaded no checkpoint"
                 ))
@@ -384,10 +387,11 @@ fn signing_key_path(core: &Core) -> std::path::PathBuf {
 /// The next free version name, as manifests need it (semantic): the next
 /// major after the largest leading number among the model's versions.
 fn next_version(core: &Core, model: &str) -> Result<String, Error> {
-    let taken: std::collections::BTreeSet<String> = models::list_versions(&core.store, model)?
-        .into_iter()
-        .map(|v| v.version)
-        .collect();
+    let taken: std::collections::BTreeSet<String> =
+        models::list_versions(&core.store.registry, model)?
+            .into_iter()
+            .map(|v| v.version)
+            .collect();
     let mut n = taken
         .iter()
         .filter_map(|v| v.split('.').next()?.parse::<u64>().ok())
@@ -450,7 +454,7 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
         _ => None,
     };
     let v = models::create_version(
-        &core.store,
+        &core.store.registry,
         core.artifacts.as_ref(),
         &p.model,
         CreateModelVersion {
@@ -500,7 +504,7 @@ async fn add_variants(
             None => {}
         }
         models::add_variant(
-            &core.store,
+            &core.store.registry,
             core.artifacts.as_ref(),
             model,
             &version.version,
@@ -544,13 +548,13 @@ fn baseline(
     let Some(alias) = compare_with else {
         return Ok(serving_in(store, model)?);
     };
-    let version = aliases::resolve(store, model, alias)?.ok_or_else(|| {
+    let version = aliases::resolve(&store.registry, model, alias)?.ok_or_else(|| {
         StepError::fatal(format!(
             "the policy compares with alias {:?}, which model {model:?} does not have",
             alias.as_str()
         ))
     })?;
-    Ok(Some(models::get_version(store, model, &version)?))
+    Ok(Some(models::get_version(&store.registry, model, &version)?))
 }
 
 async fn compare(
@@ -560,7 +564,7 @@ async fn compare(
 ) -> Result<Output, StepError> {
     let version = version_of(p)?;
     let data = snapshot_of(p)?;
-    let new = models::get_version(&core.store, &p.model, version)?;
+    let new = models::get_version(&core.store.registry, &p.model, version)?;
     let serving = baseline(&core.store, &p.model, config.compare_with.as_ref())?
         .filter(|v| v.version != new.version);
     let serving_version = serving.as_ref().map(|v| v.version.clone());
@@ -667,7 +671,7 @@ async fn reset_reference(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::aliases::SetAlias;
+    use edgeloop_registry::aliases::SetAlias;
 
     /// A checkpoint whose `model.onnx` is `len` zeros, deflated (a few KB
     /// per MB).
@@ -705,7 +709,7 @@ mod tests {
         assert!(e.reason.contains("not a zip"), "{}", e.reason);
     }
 
-    use crate::registry::models::{version_key, CreateModel};
+    use edgeloop_registry::models::{version_key, CreateModel};
 
     #[tokio::test]
     async fn the_baseline_is_the_alias_when_the_policy_names_one() {
@@ -713,7 +717,7 @@ mod tests {
         let store = Db::open(&dir.path().join("db")).unwrap();
         let t = |s| OffsetDateTime::from_unix_timestamp(1_800_000_000 + s).unwrap();
         models::create_model(
-            &store,
+            &store.registry,
             CreateModel {
                 name: "digits".into(),
                 ..Default::default()
@@ -728,7 +732,7 @@ mod tests {
                 version: v.into(),
                 artifact_digest: Digest::of(v.as_bytes()),
                 artifact_size: 1,
-                format: crate::registry::models::ArtifactFormat::Onnx,
+                format: edgeloop_registry::models::ArtifactFormat::Onnx,
                 manifest_digest: None,
                 probe_inputs_digest: None,
                 metrics: Default::default(),
@@ -756,8 +760,8 @@ mod tests {
             "{}",
             missing.reason
         );
-        crate::registry::aliases::set(
-            &store,
+        edgeloop_registry::aliases::set(
+            &store.registry,
             "digits",
             &production,
             SetAlias {

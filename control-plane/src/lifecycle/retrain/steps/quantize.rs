@@ -229,8 +229,8 @@ async fn start_benchmark(
         timeout_seconds: latency.timeout_seconds,
     };
     // On the model's own project's devices only.
-    let project = [crate::registry::models::project_of(
-        &core.store,
+    let project = [edgeloop_registry::models::project_of(
+        &core.store.registry,
         &model_name,
     )?]
     .into();

@@ -13,7 +13,7 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use super::put::PendingPut;
 use super::resumable::PartialState;
 use super::{backend, is_not_found, S3ArtifactStore, PUT_DIR};
-use crate::registry::artifacts::{ArtifactError, StoredArtifact};
+use crate::artifacts::{ArtifactError, StoredArtifact};
 
 impl S3ArtifactStore {
     /// `prune_partials`: records under `partials/` idle past `max_age`

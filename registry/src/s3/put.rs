@@ -15,7 +15,7 @@ use object_store::{ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use super::{backend, S3ArtifactStore, PART_BYTES, PUT_DIR};
-use crate::registry::artifacts::{ArtifactError, ByteStream, PutOutcome, UploadLimits};
+use crate::artifacts::{ArtifactError, ByteStream, PutOutcome, UploadLimits};
 
 /// A `put`'s open multipart upload, recorded so a crash cannot orphan it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -66,7 +66,7 @@ struct OpenPut {
 }
 
 impl S3ArtifactStore {
-    /// [`ArtifactStore::put`](crate::registry::artifacts::ArtifactStore::put) on S3.
+    /// [`ArtifactStore::put`](crate::artifacts::ArtifactStore::put) on S3.
     pub(super) async fn put_verified(
         &self,
         expected: Digest,

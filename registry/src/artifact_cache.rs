@@ -26,7 +26,7 @@ pub struct CacheCounters {
     pub misses: AtomicU64,
     pub evictions: AtomicU64,
     /// Artifacts the compactor's garbage collection deleted from the store,
-    /// and their bytes (`crate::retention::gc`).
+    /// and their bytes (the server's `retention::gc`).
     pub collected: AtomicU64,
     pub collected_bytes: AtomicU64,
 }
@@ -199,13 +199,13 @@ impl ArtifactCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::artifacts::LocalArtifactStore;
+    use crate::artifacts::LocalArtifactStore;
 
     async fn stored(store: &LocalArtifactStore, data: &[u8]) -> Digest {
         let digest = Digest::of(data);
         let chunk: Result<bytes::Bytes, ArtifactError> = Ok(bytes::Bytes::from(data.to_vec()));
         let body = Box::pin(futures::stream::iter([chunk]));
-        let limits = crate::registry::artifacts::UploadLimits {
+        let limits = crate::artifacts::UploadLimits {
             max_bytes: 1 << 30,
             declared_size: None,
         };

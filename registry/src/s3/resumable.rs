@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::put::PartBuffer;
 use super::sha::{ResumableSha256, SavedSha256};
 use super::{backend, S3ArtifactStore, PART_BYTES};
-use crate::registry::artifacts::{ArtifactError, ByteStream, PutOutcome};
+use crate::artifacts::{ArtifactError, ByteStream, PutOutcome};
 
 /// An owner's resumable upload, as stored at `partials/<owner>/<digest>`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -86,7 +86,7 @@ impl S3ArtifactStore {
             .await;
     }
 
-    /// [`ArtifactStore::put_resumable`](crate::registry::artifacts::ArtifactStore::put_resumable)
+    /// [`ArtifactStore::put_resumable`](crate::artifacts::ArtifactStore::put_resumable)
     /// on S3.
     pub(super) async fn put_resumable_parts(
         &self,

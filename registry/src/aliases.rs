@@ -12,8 +12,8 @@
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::db::Db;
-use crate::registry::models::{self, version_key};
+use super::Trees;
+use crate::models::{self, version_key};
 pub use edgeloop_api::aliases::{AliasChange, AliasName, SetAlias};
 use edgeloop_errors::validate;
 use edgeloop_errors::{Error, Result};
@@ -53,7 +53,7 @@ pub fn key(model: &str, alias: &AliasName) -> String {
 
 /// Whether `name` is an alias of `model` that points at a version now.
 /// A name that is not a valid alias never is.
-pub fn points_somewhere(store: &Db, model: &str, name: &str) -> Result<bool> {
+pub fn points_somewhere(store: &Trees, model: &str, name: &str) -> Result<bool> {
     let Ok(alias) = AliasName::new(name) else {
         return Ok(false);
     };
@@ -61,9 +61,8 @@ pub fn points_somewhere(store: &Db, model: &str, name: &str) -> Result<bool> {
 }
 
 /// The version `alias` points at, if it exists and points anywhere.
-pub fn resolve(store: &Db, model: &str, alias: &AliasName) -> Result<Option<String>> {
+pub fn resolve(store: &Trees, model: &str, alias: &AliasName) -> Result<Option<String>> {
     Ok(store
-        .registry
         .model_aliases
         .get(&key(model, alias))?
         .and_then(|r| r.version))
@@ -71,17 +70,16 @@ pub fn resolve(store: &Db, model: &str, alias: &AliasName) -> Result<Option<Stri
 
 /// The alias and its history; 404 if it never existed (a deleted one is
 /// found, pointing nowhere).
-pub fn get(store: &Db, model: &str, alias: &AliasName) -> Result<AliasRecord> {
+pub fn get(store: &Trees, model: &str, alias: &AliasName) -> Result<AliasRecord> {
     models::get_model(store, model)?;
     store
-        .registry
         .model_aliases
         .get(&key(model, alias))?
         .ok_or_else(|| Error::not_found("alias", format!("{model}@{alias}")))
 }
 
 /// The alias as it points now; 404 if it does not exist or was deleted.
-pub fn get_current(store: &Db, model: &str, alias: &AliasName) -> Result<AliasRecord> {
+pub fn get_current(store: &Trees, model: &str, alias: &AliasName) -> Result<AliasRecord> {
     let record = get(store, model, alias)?;
     if record.version.is_none() {
         return Err(Error::not_found("alias", format!("{model}@{alias}")));
@@ -90,10 +88,9 @@ pub fn get_current(store: &Db, model: &str, alias: &AliasName) -> Result<AliasRe
 }
 
 /// The model's aliases that point somewhere, by name.
-pub fn list(store: &Db, model: &str) -> Result<Vec<AliasRecord>> {
+pub fn list(store: &Trees, model: &str) -> Result<Vec<AliasRecord>> {
     models::get_model(store, model)?;
     Ok(store
-        .registry
         .model_aliases
         .scan_prefix(&format!("{model}/"))?
         .into_iter()
@@ -127,7 +124,7 @@ fn push_history(history: &mut Vec<AliasChange>, change: AliasChange) {
 /// Points `alias` at `req.version` (an existing version of `model`),
 /// creating or moving it, and records the move; `by` is the caller.
 pub async fn set(
-    store: &Db,
+    store: &Trees,
     model: &str,
     alias: &AliasName,
     req: SetAlias,
@@ -139,7 +136,6 @@ pub async fn set(
     check_reason(&req.reason)?;
     models::get_version(store, model, &req.version)?;
     if store
-        .registry
         .model_versions
         .contains(&version_key(model, alias.as_str()))?
     {
@@ -148,47 +144,44 @@ pub async fn set(
         )));
     }
     let mut outcome = SetOutcome::Unchanged;
-    let record = store
-        .registry
-        .model_aliases
-        .update(&key(model, alias), |cur| {
-            let change = |from: Option<String>| AliasChange {
-                at: now,
-                by: by.to_string(),
-                from,
-                to: Some(req.version.clone()),
-                reason: req.reason.clone(),
-            };
-            Ok::<_, Error>(match cur {
-                Some(cur) if cur.version.as_deref() == Some(req.version.as_str()) => {
-                    outcome = SetOutcome::Unchanged;
-                    cur
+    let record = store.model_aliases.update(&key(model, alias), |cur| {
+        let change = |from: Option<String>| AliasChange {
+            at: now,
+            by: by.to_string(),
+            from,
+            to: Some(req.version.clone()),
+            reason: req.reason.clone(),
+        };
+        Ok::<_, Error>(match cur {
+            Some(cur) if cur.version.as_deref() == Some(req.version.as_str()) => {
+                outcome = SetOutcome::Unchanged;
+                cur
+            }
+            Some(mut cur) => {
+                outcome = if cur.version.is_some() {
+                    SetOutcome::Moved
+                } else {
+                    SetOutcome::Created
+                };
+                push_history(&mut cur.history, change(cur.version.clone()));
+                cur.version = Some(req.version.clone());
+                cur.updated_at = now;
+                cur.updated_by = by.to_string();
+                cur
+            }
+            None => {
+                outcome = SetOutcome::Created;
+                AliasRecord {
+                    model: model.to_string(),
+                    alias: alias.clone(),
+                    version: Some(req.version.clone()),
+                    updated_at: now,
+                    updated_by: by.to_string(),
+                    history: vec![change(None)],
                 }
-                Some(mut cur) => {
-                    outcome = if cur.version.is_some() {
-                        SetOutcome::Moved
-                    } else {
-                        SetOutcome::Created
-                    };
-                    push_history(&mut cur.history, change(cur.version.clone()));
-                    cur.version = Some(req.version.clone());
-                    cur.updated_at = now;
-                    cur.updated_by = by.to_string();
-                    cur
-                }
-                None => {
-                    outcome = SetOutcome::Created;
-                    AliasRecord {
-                        model: model.to_string(),
-                        alias: alias.clone(),
-                        version: Some(req.version.clone()),
-                        updated_at: now,
-                        updated_by: by.to_string(),
-                        history: vec![change(None)],
-                    }
-                }
-            })
-        })??;
+            }
+        })
+    })??;
     if outcome != SetOutcome::Unchanged {
         store.flush().await?;
     }
@@ -198,7 +191,7 @@ pub async fn set(
 /// Deletes `alias` (it points nowhere from now on); its history is kept,
 /// with the deletion as its last entry. 404 if it points nowhere already.
 pub async fn delete(
-    store: &Db,
+    store: &Trees,
     model: &str,
     alias: &AliasName,
     by: &str,
@@ -206,28 +199,25 @@ pub async fn delete(
 ) -> Result<AliasRecord> {
     models::get_model(store, model)?;
     let missing = || Error::not_found("alias", format!("{model}@{alias}"));
-    let record = store
-        .registry
-        .model_aliases
-        .update(&key(model, alias), |cur| {
-            let mut cur = cur.ok_or_else(missing)?;
-            let Some(from) = cur.version.take() else {
-                return Err(missing());
-            };
-            push_history(
-                &mut cur.history,
-                AliasChange {
-                    at: now,
-                    by: by.to_string(),
-                    from: Some(from),
-                    to: None,
-                    reason: None,
-                },
-            );
-            cur.updated_at = now;
-            cur.updated_by = by.to_string();
-            Ok(cur)
-        })??;
+    let record = store.model_aliases.update(&key(model, alias), |cur| {
+        let mut cur = cur.ok_or_else(missing)?;
+        let Some(from) = cur.version.take() else {
+            return Err(missing());
+        };
+        push_history(
+            &mut cur.history,
+            AliasChange {
+                at: now,
+                by: by.to_string(),
+                from: Some(from),
+                to: None,
+                reason: None,
+            },
+        );
+        cur.updated_at = now;
+        cur.updated_by = by.to_string();
+        Ok(cur)
+    })??;
     store.flush().await?;
     Ok(record)
 }
@@ -235,7 +225,7 @@ pub async fn delete(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::models::{CreateModel, ModelVersionRecord};
+    use crate::models::{CreateModel, ModelVersionRecord};
 
     fn t(s: i64) -> OffsetDateTime {
         OffsetDateTime::from_unix_timestamp(1_800_000_000 + s).unwrap()
@@ -254,8 +244,8 @@ mod tests {
 
     /// A store with model `digits` and versions `1`, `2` (records written
     /// directly: their artifacts do not matter here).
-    async fn store(dir: &std::path::Path) -> Db {
-        let store = Db::open(&dir.join("db")).unwrap();
+    async fn store(dir: &std::path::Path) -> Trees {
+        let store = Trees::open(&edgeloop_store::Store::open(&dir.join("db")).unwrap()).unwrap();
         models::create_model(
             &store,
             CreateModel {
@@ -272,7 +262,7 @@ mod tests {
                 version: v.into(),
                 artifact_digest: edgeloop_models::Digest::of(v.as_bytes()),
                 artifact_size: 1,
-                format: crate::registry::models::ArtifactFormat::Onnx,
+                format: crate::models::ArtifactFormat::Onnx,
                 manifest_digest: None,
                 probe_inputs_digest: None,
                 metrics: Default::default(),
@@ -281,7 +271,6 @@ mod tests {
                 variants: Vec::new(),
             };
             assert!(store
-                .registry
                 .model_versions
                 .insert_new(&version_key("digits", v), &record)
                 .unwrap());
@@ -403,7 +392,7 @@ mod tests {
                 .unwrap_err();
             assert!(expected(&e), "{name}: {e:?}");
         }
-        assert!(store.registry.model_aliases.values().unwrap().is_empty());
+        assert!(store.model_aliases.values().unwrap().is_empty());
     }
 
     #[tokio::test]
@@ -413,15 +402,9 @@ mod tests {
         // A version named like an alias blocks that alias...
         let record = ModelVersionRecord {
             version: "candidate".into(),
-            ..store
-                .registry
-                .model_versions
-                .get("digits/1")
-                .unwrap()
-                .unwrap()
+            ..store.model_versions.get("digits/1").unwrap().unwrap()
         };
         store
-            .registry
             .model_versions
             .insert("digits/candidate", &record)
             .unwrap();

@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use tokio::io::AsyncReadExt;
 
-use crate::db::Db;
-use crate::registry::aliases;
-use crate::registry::artifacts::ArtifactStore;
+use super::Trees;
+use crate::aliases;
+use crate::artifacts::ArtifactStore;
 use edgeloop_errors::validate;
 use edgeloop_errors::{Error, Result};
 
@@ -73,7 +73,7 @@ pub fn version_key(model: &str, version: &str) -> String {
 }
 
 pub async fn create_model(
-    store: &Db,
+    store: &Trees,
     req: CreateModel,
     now: OffsetDateTime,
 ) -> Result<ModelRecord> {
@@ -94,7 +94,7 @@ pub async fn create_model(
         labels,
         created_at: now,
     };
-    if !store.registry.models.insert_new(&record.name, &record)? {
+    if !store.models.insert_new(&record.name, &record)? {
         return Err(Error::Conflict(format!(
             "model {:?} already exists",
             record.name
@@ -104,9 +104,8 @@ pub async fn create_model(
     Ok(record)
 }
 
-pub fn get_model(store: &Db, name: &str) -> Result<ModelRecord> {
+pub fn get_model(store: &Trees, name: &str) -> Result<ModelRecord> {
     store
-        .registry
         .models
         .get(name)?
         .ok_or_else(|| Error::not_found("model", name))
@@ -115,9 +114,8 @@ pub fn get_model(store: &Db, name: &str) -> Result<ModelRecord> {
 /// The project of model `name`, or the default one when it is gone: a
 /// record naming a deleted model (a deployment, a pipeline) still belongs
 /// somewhere, where only unscoped and `default` tokens see it.
-pub fn project_or_default(store: &Db, name: &str) -> Result<String> {
+pub fn project_or_default(store: &Trees, name: &str) -> Result<String> {
     Ok(store
-        .registry
         .models
         .get(name)?
         .map(|m| m.project)
@@ -125,14 +123,13 @@ pub fn project_or_default(store: &Db, name: &str) -> Result<String> {
 }
 
 /// The project model `name` belongs to (404 when there is no such model).
-pub fn project_of(store: &Db, name: &str) -> Result<String> {
+pub fn project_of(store: &Trees, name: &str) -> Result<String> {
     Ok(get_model(store, name)?.project)
 }
 
-pub fn list_versions(store: &Db, model: &str) -> Result<Vec<ModelVersionRecord>> {
+pub fn list_versions(store: &Trees, model: &str) -> Result<Vec<ModelVersionRecord>> {
     get_model(store, model)?;
     let mut versions: Vec<_> = store
-        .registry
         .model_versions
         .scan_prefix(&format!("{model}/"))?
         .into_iter()
@@ -146,17 +143,16 @@ pub fn list_versions(store: &Db, model: &str) -> Result<Vec<ModelVersionRecord>>
     Ok(versions)
 }
 
-pub fn get_version(store: &Db, model: &str, version: &str) -> Result<ModelVersionRecord> {
+pub fn get_version(store: &Trees, model: &str, version: &str) -> Result<ModelVersionRecord> {
     get_model(store, model)?;
     store
-        .registry
         .model_versions
         .get(&version_key(model, version))?
         .ok_or_else(|| Error::not_found("model version", format!("{model}:{version}")))
 }
 
 pub async fn create_version(
-    store: &Db,
+    store: &Trees,
     artifacts: &dyn ArtifactStore,
     model: &str,
     req: CreateModelVersion,
@@ -193,11 +189,7 @@ pub async fn create_version(
     }
     let lineage = req.lineage.unwrap_or_default();
     if let Some(parent) = &lineage.parent_version {
-        if !store
-            .registry
-            .model_versions
-            .contains(&version_key(model, parent))?
-        {
+        if !store.model_versions.contains(&version_key(model, parent))? {
             return Err(Error::bad_field(
                 "lineage.parent_version",
                 format!("version {parent:?} of model {model:?} does not exist"),
@@ -209,7 +201,6 @@ pub async fn create_version(
     }
     let explicit = version_asked.is_some();
     let mut next = store
-        .registry
         .model_versions
         .scan_prefix(&format!("{model}/"))?
         .len()
@@ -230,7 +221,6 @@ pub async fn create_version(
             variants: Vec::new(),
         };
         if store
-            .registry
             .model_versions
             .insert_new(&version_key(model, &version), &record)?
         {
@@ -252,7 +242,7 @@ const MAX_VARIANTS: usize = 8;
 /// Adds a variant to a version. The variant is immutable once added, like
 /// the version: a second variant of the same name is a conflict.
 pub async fn add_variant(
-    store: &Db,
+    store: &Trees,
     artifacts: &dyn ArtifactStore,
     model: &str,
     version: &str,
@@ -331,7 +321,6 @@ pub async fn add_variant(
         created_at: now,
     };
     let record = store
-        .registry
         .model_versions
         .update(&version_key(model, version), |cur| {
             let mut cur =
@@ -483,6 +472,39 @@ pub async fn read_manifest_bytes(
         .await
         .map_err(|e| Error::Internal(anyhow::Error::new(e).context("reading the manifest")))?;
     Ok(bytes)
+}
+
+// What the console API shows of a record (`edgeloop_api::registry`).
+
+impl From<ModelRecord> for edgeloop_api::registry::ModelView {
+    fn from(m: ModelRecord) -> Self {
+        edgeloop_api::registry::ModelView {
+            name: m.name,
+            project: m.project,
+            description: m.description,
+            task: m.task,
+            labels: m.labels,
+            created_at: m.created_at,
+        }
+    }
+}
+
+impl From<ModelVersionRecord> for edgeloop_api::registry::ModelVersionView {
+    fn from(v: ModelVersionRecord) -> Self {
+        edgeloop_api::registry::ModelVersionView {
+            model: v.model,
+            version: v.version,
+            artifact_digest: v.artifact_digest,
+            artifact_size: v.artifact_size,
+            format: v.format,
+            manifest_digest: v.manifest_digest,
+            probe_inputs_digest: v.probe_inputs_digest,
+            metrics: v.metrics,
+            lineage: v.lineage,
+            created_at: v.created_at,
+            variants: v.variants,
+        }
+    }
 }
 
 #[cfg(test)]

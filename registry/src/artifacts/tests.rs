@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use tokio::io::AsyncReadExt;
 
 use super::*;
-use crate::registry::s3::{S3ArtifactStore, S3Location, PART_BYTES};
+use crate::s3::{S3ArtifactStore, S3Location, PART_BYTES};
 
 /// Where the store under test keeps its bytes.
 enum Backing {

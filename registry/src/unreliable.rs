@@ -311,7 +311,7 @@ impl ArtifactStore for UnreliableArtifactStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::artifacts::LocalArtifactStore;
+    use crate::artifacts::LocalArtifactStore;
 
     fn body(bytes: &[u8], chunk: usize) -> ByteStream {
         let parts: Vec<Result<Bytes, ArtifactError>> = bytes

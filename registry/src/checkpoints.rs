@@ -8,7 +8,7 @@ use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::db::Db;
+use super::Trees;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointRecord {
@@ -32,9 +32,11 @@ pub fn key(job_id: &str, step: u64) -> String {
 }
 
 /// Every checkpoint of a job, oldest step first.
-pub fn list(store: &Db, job_id: &str) -> Result<Vec<CheckpointRecord>, edgeloop_store::StoreError> {
+pub fn list(
+    store: &Trees,
+    job_id: &str,
+) -> Result<Vec<CheckpointRecord>, edgeloop_store::StoreError> {
     Ok(store
-        .registry
         .checkpoints
         .scan_prefix(&format!("{job_id}/"))?
         .into_iter()
@@ -44,12 +46,28 @@ pub fn list(store: &Db, job_id: &str) -> Result<Vec<CheckpointRecord>, edgeloop_
 
 /// The newest checkpoint of a job: the one to resume from.
 pub fn latest(
-    store: &Db,
+    store: &Trees,
     job_id: &str,
 ) -> Result<Option<CheckpointRecord>, edgeloop_store::StoreError> {
     Ok(store
-        .registry
         .checkpoints
         .last_with_prefix(&format!("{job_id}/"))?
         .map(|(_, v)| v))
+}
+
+/// What the console API shows of a checkpoint.
+impl From<&CheckpointRecord> for edgeloop_api::jobs::CheckpointView {
+    fn from(c: &CheckpointRecord) -> Self {
+        edgeloop_api::jobs::CheckpointView {
+            job_id: c.job_id.clone(),
+            attempt: c.attempt,
+            step: c.step,
+            digest: c.digest,
+            size: c.size,
+            has_optimizer_state: c.has_optimizer_state,
+            metadata: c.metadata.clone(),
+            cluster: c.cluster.clone(),
+            uploaded_at: c.uploaded_at,
+        }
+    }
 }

@@ -2,10 +2,16 @@
 //! is part of the on-disk format (sled trees, PostgreSQL rows), so a name
 //! never changes. The store itself names none of them.
 
+use std::ops::Deref;
+
 use edgeloop_store::{Store, StoreError, Tree};
 
+/// The registry's trees with the store they live in: what the registry's
+/// functions take, so they need nothing of the server. `Deref`s to the
+/// store for its `flush` and fenced updates, as the server's `Db` does.
 #[derive(Clone)]
 pub struct Trees {
+    pub store: Store,
     /// Registered models, by name.
     pub models: Tree<super::models::ModelRecord>,
     /// Model versions, by `<model>/<version>`.
@@ -19,10 +25,19 @@ pub struct Trees {
 impl Trees {
     pub fn open(store: &Store) -> Result<Trees, StoreError> {
         Ok(Trees {
+            store: store.clone(),
             models: store.tree("models")?,
             model_versions: store.tree("model_versions")?,
             model_aliases: store.tree("model_aliases")?,
             checkpoints: store.tree("checkpoints")?,
         })
+    }
+}
+
+impl Deref for Trees {
+    type Target = Store;
+
+    fn deref(&self) -> &Store {
+        &self.store
     }
 }
