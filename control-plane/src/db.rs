@@ -10,7 +10,7 @@
 use std::ops::Deref;
 use std::path::Path;
 
-use crate::{auth, console, drift, fleet, leader, lifecycle};
+use crate::{auth, console, fleet, leader, lifecycle};
 use edgeloop_store::{PostgresUrl, Store, StoreError};
 
 #[derive(Clone)]
@@ -18,7 +18,7 @@ pub struct Db {
     pub store: Store,
     pub fleet: fleet::Trees,
     pub registry: edgeloop_registry::Trees,
-    pub drift: drift::Trees,
+    pub drift: edgeloop_drift::Trees,
     pub lifecycle: lifecycle::Trees,
     pub auth: auth::Trees,
     pub console: console::Trees,
@@ -42,7 +42,7 @@ impl Db {
         Ok(Db {
             fleet: fleet::Trees::open(&store)?,
             registry: edgeloop_registry::Trees::open(&store)?,
-            drift: drift::Trees::open(&store)?,
+            drift: edgeloop_drift::Trees::open(&store)?,
             lifecycle: lifecycle::Trees::open(&store)?,
             auth: auth::Trees::open(&store)?,
             console: console::Trees::open(&store)?,

@@ -11,8 +11,6 @@ pub mod config;
 pub mod console;
 pub mod datadir;
 pub mod db;
-pub(crate) mod device_counts;
-pub mod drift;
 pub mod fleet;
 pub mod leader;
 pub mod lifecycle;

@@ -203,7 +203,7 @@ fn prune_records(
         )?;
     }
     // Window sums go with their windows' sketches (drift::aggregates).
-    crate::drift::aggregates::prune(store, now, r.sketches)?;
+    edgeloop_drift::aggregates::prune(&store.drift, now, r.sketches)?;
     for (id, t) in store.fleet.tokens.scan_prefix("")? {
         if token_done(&t, now, r.tokens) {
             store.fleet.tokens.remove(&id)?;

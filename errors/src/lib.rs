@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 
 use edgeloop_store::StoreError;
 
+pub mod device_counts;
 pub mod validate;
 
 #[derive(Debug, thiserror::Error)]

@@ -36,3 +36,11 @@ pub use prost_types::Timestamp;
 pub fn timestamp(t: std::time::SystemTime) -> Timestamp {
     Timestamp::from(t)
 }
+
+/// A protobuf timestamp as a time, `None` when absent or out of range (a
+/// device's clock is not trusted to be sane).
+pub fn to_time(ts: Option<Timestamp>) -> Option<time::OffsetDateTime> {
+    let ts = ts?;
+    let nanos = i128::from(ts.seconds) * 1_000_000_000 + i128::from(ts.nanos);
+    time::OffsetDateTime::from_unix_timestamp_nanos(nanos).ok()
+}

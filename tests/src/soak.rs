@@ -133,8 +133,8 @@ pub async fn round(core: &Arc<Core>, fleet: Fleet, seq: u64, t: i64, hot: bool) 
             )
             .expect("a report is stored");
             for model in &models {
-                edgeloop_control_plane::drift::retention::enforce(
-                    &core2.store,
+                edgeloop_drift::retention::enforce(
+                    &core2.store.drift,
                     model,
                     core2.config.max_samples_per_model,
                 )

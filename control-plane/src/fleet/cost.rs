@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use time::OffsetDateTime;
 
-use crate::device_counts::Adder;
+use edgeloop_errors::device_counts::Adder;
 
 pub use edgeloop_api::cost::{
     EdgeCost, Estimate, InstanceCost, PriceError, Prices, ServerlessCost, Traffic, Venue,
@@ -30,7 +30,7 @@ pub struct Observation {
 
 /// Sums the observations. Spans shorter than a second count as a second,
 /// so a lone burst cannot divide by zero. The counts are the devices':
-/// their sums hold at `u64::MAX` (see [`crate::device_counts`]).
+/// their sums hold at `u64::MAX` (see [`edgeloop_errors::device_counts`]).
 pub fn traffic(observations: &[Observation]) -> Traffic {
     let served: Vec<&Observation> = observations.iter().filter(|o| o.requests > 0).collect();
     let (Some(first), Some(last)) = (
@@ -449,7 +449,7 @@ mod tests {
 
     #[test]
     fn huge_counts_hold_at_the_maximum_instead_of_wrapping() {
-        let before = crate::device_counts::saturated_total();
+        let before = edgeloop_errors::device_counts::saturated_total();
         let mut a = obs("a", T0, 60, u64::MAX, 10.0);
         a.errors = u64::MAX;
         let b = obs("b", T0, 60, 5, 10.0);
@@ -457,7 +457,7 @@ mod tests {
         assert_eq!(t.requests, u64::MAX, "not wrapped to 4");
         assert_eq!(t.errors, u64::MAX);
         assert!(t.mean_rps.is_finite() && t.peak_rps >= t.mean_rps);
-        assert!(crate::device_counts::saturated_total() > before);
+        assert!(edgeloop_errors::device_counts::saturated_total() > before);
     }
 
     proptest::proptest! {

@@ -28,10 +28,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use edgeloop_control_plane::drift::analysis;
 use edgeloop_control_plane::lifecycle::triggers::runner;
 use edgeloop_control_plane::retention::{self, Retention};
 use edgeloop_control_plane::{Clock, ServeSettings};
+use edgeloop_drift::analysis;
 use edgeloop_store::ReadCounts;
 use edgeloop_tests::soak::{self, at, register_rain, Fleet, BASE, DAY};
 use edgeloop_tests::weather::manifest;

@@ -280,8 +280,8 @@ impl AgentService for AgentApi {
             .fetch_add(recorded.refused_over_quota, Ordering::Relaxed);
         let acked = recorded.acked;
         for model in &models {
-            crate::drift::retention::enforce(
-                &self.core.store,
+            edgeloop_drift::retention::enforce(
+                &self.core.store.drift,
                 model,
                 self.core.config.max_samples_per_model,
             )?;

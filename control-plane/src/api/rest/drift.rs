@@ -12,10 +12,10 @@ use edgeloop_api::drift::DriftView;
 use serde::Deserialize;
 
 use super::json::ValidPath;
-use crate::drift::aggregates::{labelled, windows};
-use crate::drift::analysis::{self, DriftConfig};
 use crate::fleet::members::MemberKind;
 use crate::Core;
+use edgeloop_drift::aggregates::{labelled, windows};
+use edgeloop_drift::analysis::{self, DriftConfig};
 use edgeloop_errors::{Error, ErrorBody};
 use edgeloop_registry::models;
 
@@ -145,10 +145,17 @@ pub async fn model_drift(
         };
         let mut series = if kept && groups.is_none() {
             let id = manifest.to_string();
-            windows::series_in(&store, &reference, &id, &model, &v, &config, range)?
+            windows::series_in(&store.drift, &reference, &id, &model, &v, &config, range)?
         } else if kept {
             // Each group's hysteresis is folded from its first window.
-            let mut s = windows::series(&store, &reference, &model, &v, &config, Some(&group_of))?;
+            let mut s = windows::series(
+                &store.drift,
+                &reference,
+                &model,
+                &v,
+                &config,
+                Some(&group_of),
+            )?;
             range.keep(&mut s, config.window_seconds);
             s
         } else {
@@ -172,7 +179,7 @@ pub async fn model_drift(
             .map(|w| w.start)
             .min();
         let rows = match from {
-            Some(from) => labelled::rows(&store, &model, &v, Some(from))?,
+            Some(from) => labelled::rows(&store.drift, &model, &v, Some(from))?,
             None => Vec::new(),
         };
         analysis::add_accuracy(&mut series, &rows, &group_of, config.window_seconds);

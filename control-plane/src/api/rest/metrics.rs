@@ -113,7 +113,7 @@ pub async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
         "edgeloop_heartbeat_handling_seconds",
         "How long the control plane took to answer a device or bridge heartbeat, from the handler's start to its reply.",
     );
-    crate::device_counts::write_metrics(&mut out);
+    edgeloop_errors::device_counts::write_metrics(&mut out);
     core.task_restarts.write_metrics(&mut out);
     core.store.write_metrics(&mut out);
     ([(CONTENT_TYPE, "text/plain; version=0.0.4")], out)

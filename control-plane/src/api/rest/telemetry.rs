@@ -13,8 +13,6 @@ use super::json::ValidJson;
 use super::json::ValidPath;
 use super::paging::{limit_of, page_of};
 use super::Principal;
-use crate::drift::labels;
-use crate::drift::records::{SampleKind, SketchRecord};
 use crate::fleet::members::{self, MemberKind};
 use crate::fleet::telemetry::TelemetryRecord;
 use crate::Core;
@@ -22,6 +20,8 @@ use axum::Extension;
 use edgeloop_api::samples::{
     LabelState, LabelsSet, SampleSummary, SampleView, SetLabel, SetLabels,
 };
+use edgeloop_drift::labels;
+use edgeloop_drift::records::{SampleKind, SketchRecord};
 use edgeloop_errors::{Error, ErrorBody};
 use edgeloop_registry::models;
 
@@ -165,7 +165,7 @@ pub async fn model_sample(
     ValidPath((name, id)): ValidPath<(String, String)>,
 ) -> Result<Json<SampleView>, Error> {
     models::get_model(&core.store.registry, &name)?;
-    Ok(Json(labels::get(&core.store, &name, &id)?))
+    Ok(Json(labels::get(&core.store.drift, &name, &id)?))
 }
 
 /// Labels one sample (a relabel replaces the label); it goes into the next
@@ -184,7 +184,14 @@ pub async fn label_sample(
     ValidJson(req): ValidJson<SetLabel>,
 ) -> Result<Json<SampleView>, Error> {
     models::get_model(&core.store.registry, &name)?;
-    let labelled = labels::label(&core.store, &name, &id, req.label, by.name(), core.now())?;
+    let labelled = labels::label(
+        &core.store.drift,
+        &name,
+        &id,
+        req.label,
+        by.name(),
+        core.now(),
+    )?;
     core.store.flush().await?;
     Ok(Json(labelled))
 }
@@ -205,7 +212,7 @@ pub async fn label_samples(
     ValidJson(req): ValidJson<SetLabels>,
 ) -> Result<Json<LabelsSet>, Error> {
     models::get_model(&core.store.registry, &name)?;
-    let labelled = labels::label_all(&core.store, &name, &req.labels, by.name(), core.now())?;
+    let labelled = labels::label_all(&core.store.drift, &name, &req.labels, by.name(), core.now())?;
     core.store.flush().await?;
     Ok(Json(LabelsSet { labelled }))
 }
@@ -222,7 +229,7 @@ pub async fn sample_summary(
     ValidPath(name): ValidPath<String>,
 ) -> Result<Json<SampleSummary>, Error> {
     models::get_model(&core.store.registry, &name)?;
-    let c = crate::drift::retention::counts(&core.store, &name)?;
+    let c = edgeloop_drift::retention::counts(&core.store.drift, &name)?;
     Ok(Json(SampleSummary {
         stored: c.stored,
         dropped: c.dropped,

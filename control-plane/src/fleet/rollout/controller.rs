@@ -312,9 +312,9 @@ struct Traffic {
 
 impl Traffic {
     /// The counts are the devices': held at `u64::MAX`
-    /// (crate::device_counts).
+    /// (edgeloop_errors::device_counts).
     fn add(&mut self, new: &WindowStats, base: Option<&WindowStats>) {
-        let mut sum = crate::device_counts::Adder::default();
+        let mut sum = edgeloop_errors::device_counts::Adder::default();
         sum.add(&mut self.requests, new.requests);
         sum.add(&mut self.errors, new.errors);
         if let Some(a) = new.online_accuracy {

@@ -15,7 +15,6 @@ use super::{
     step, Action, AssignmentStatus, DeviceState, Event, FleetState, Telemetry, WindowStats,
 };
 use crate::db::Db;
-use crate::drift::records::{SampleKind, SampleRecord};
 use crate::fleet::assignments::{self, AssignmentRecord, SetOutcome};
 use crate::fleet::deployments::{self, DeploymentRecord};
 use crate::fleet::members::{member_status, MemberStatus};
@@ -23,6 +22,7 @@ use crate::fleet::telemetry::{
     status_key, AssignmentState, AssignmentStatusRecord, TelemetryRecord,
 };
 use crate::Core;
+use edgeloop_drift::records::{SampleKind, SampleRecord};
 use edgeloop_errors::{Error, Result};
 use edgeloop_registry::models::{self, ModelVersionRecord};
 use edgeloop_store::Fence;
@@ -446,8 +446,8 @@ fn device_windows(
         .telemetry
         .scan_prefix_rev_while(&format!("{device}/"), |r| r.received_at >= since)?;
     let mut sums: BTreeMap<String, (u64, u64, f64)> = BTreeMap::new();
-    // The devices' counts: held at `u64::MAX` (crate::device_counts).
-    let mut add = crate::device_counts::Adder::default();
+    // The devices' counts: held at `u64::MAX` (edgeloop_errors::device_counts).
+    let mut add = edgeloop_errors::device_counts::Adder::default();
     for r in &reports {
         for m in r.models.iter().filter(|m| m.model_name == d.model) {
             if m.model_version == d.target_version && r.received_at < record.created_at {

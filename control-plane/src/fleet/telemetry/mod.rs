@@ -2,7 +2,7 @@
 //! agent replays its offline buffer) and the state of each assignment.
 //!
 //! A report's sketches and samples go to their own trees (see
-//! [`crate::drift::records`]), keyed by model and version for drift analysis; the
+//! [`edgeloop_drift::records`]), keyed by model and version for drift analysis; the
 //! report's own record is written last, with a compare-and-swap, and is
 //! what marks the sequence as stored. A crash before it leaves keys that the
 //! agent's retry rewrites with the same content, so every report is stored
@@ -16,6 +16,7 @@
 //! counts only the epoch's own reports. Epoch 0 (agents from before
 //! epochs) is the span at 0, as those reports were always stored.
 
+use edgeloop_proto::to_time;
 use std::collections::BTreeMap;
 
 use edgeloop_proto::agent::v1 as pb;
@@ -24,7 +25,7 @@ use time::OffsetDateTime;
 
 use super::admission;
 use crate::db::Db;
-use crate::drift::records::{self as drift, record_key};
+use edgeloop_drift::records::{self as drift, record_key};
 use edgeloop_errors::{Error, Result};
 
 pub const MAX_MODELS_PER_REPORT: usize = 256;
@@ -122,12 +123,6 @@ pub struct AssignmentStatusRecord {
     /// the agent (which keeps the old session serving in all three cases).
     #[serde(default)]
     pub running_version: Option<String>,
-}
-
-pub fn to_time(ts: Option<edgeloop_proto::Timestamp>) -> Option<OffsetDateTime> {
-    let ts = ts?;
-    let nanos = i128::from(ts.seconds) * 1_000_000_000 + i128::from(ts.nanos);
-    OffsetDateTime::from_unix_timestamp_nanos(nanos).ok()
 }
 
 fn telemetry_key(device: &str, sequence: u64) -> String {
@@ -482,12 +477,12 @@ fn store_new(
     for (i, s) in sketches.iter().enumerate() {
         let k = record_key(&s.model_name, &s.model_version, device, seq, i);
         // Stored with its window sums (drift::aggregates).
-        crate::drift::aggregates::windows::store_sketch(store, &k, s)?;
+        edgeloop_drift::aggregates::windows::store_sketch(&store.drift, &k, s)?;
     }
     let mut sample_models: Vec<String> = Vec::new();
     for (i, s) in samples.iter().enumerate() {
         let k = record_key(&s.model_name, &s.model_version, device, seq, i);
-        crate::drift::retention::store_sample(store, &k, s)?;
+        edgeloop_drift::retention::store_sample(&store.drift, &k, s)?;
         if !sample_models.contains(&s.model_name) {
             sample_models.push(s.model_name.clone());
         }

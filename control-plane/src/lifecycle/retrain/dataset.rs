@@ -13,7 +13,7 @@ use edgeloop_models::npz::Npz;
 use edgeloop_models::Tensor;
 use ndarray::{ArrayD, IxDyn};
 
-use crate::drift::records::{SampleKind, SampleRecord};
+use edgeloop_drift::records::{SampleKind, SampleRecord};
 
 pub const INPUT: &str = "input";
 pub const LABEL: &str = "label";
@@ -256,7 +256,7 @@ pub fn part_for_model(snapshot: &Npz, input_name: &str, eval: bool) -> Result<Np
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::drift::records::SampleTensorRecord;
+    use edgeloop_drift::records::SampleTensorRecord;
 
     fn sample(device: &str, req: &str, at: i64, x: &[f32], label: Option<i64>) -> SampleRecord {
         let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();

@@ -63,7 +63,7 @@ impl TriggerPolicy for TriggersConfig {
             ));
         }
         if let Some(d) = &self.drift {
-            crate::drift::analysis::validate(d, "drift.")?;
+            edgeloop_drift::analysis::validate(d, "drift.")?;
         }
         let mut ids = std::collections::BTreeSet::new();
         let mut out = vec![];

@@ -16,13 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::{TriggerPolicy, TriggersConfig};
 use super::{decide, Decision, ModelState, TriggerKind};
-use crate::drift::aggregates::{labelled, run};
-use crate::drift::analysis::WindowDrift;
-#[cfg(test)]
-use crate::drift::records::SampleRecord;
 use crate::lifecycle::retrain::{self, steps, Started};
 use crate::Core;
 pub use edgeloop_api::triggers::DecisionKind;
+use edgeloop_drift::aggregates::{labelled, run};
 use edgeloop_errors::{Error, Result};
 use edgeloop_registry::models::{self, ModelVersionRecord};
 
@@ -80,23 +77,6 @@ pub async fn tick(core: &Arc<Core>, now: OffsetDateTime) -> Result<()> {
     Ok(())
 }
 
-/// The current drifting run of `windows`: since when (the start of its
-/// first window) and how severe (its largest judged severity). The tick
-/// folds the same thing window by window (`drift::aggregates::run`).
-pub fn drifting_run(windows: &[WindowDrift]) -> Option<(i64, f64)> {
-    if !windows.last()?.drifting {
-        return None;
-    }
-    let run: Vec<&WindowDrift> = windows.iter().rev().take_while(|w| w.drifting).collect();
-    let since = run.last()?.start;
-    let severity = run
-        .iter()
-        .filter(|w| w.over.is_some())
-        .map(|w| w.severity)
-        .fold(0.0, f64::max);
-    Some((since, severity))
-}
-
 /// The features of a window at or over the watch level, largest PSI
 /// first, at most three. A tabular input's pooled histogram is left out
 /// when its columns have their own: the column says which feature moved.
@@ -123,40 +103,6 @@ pub fn moved_features(
     moved.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     moved.truncate(3);
     moved
-}
-
-/// Labelled rows once per `(device, request)`, oldest first: the full scan
-/// the label indexes (`drift::aggregates::labelled`) are tested against.
-#[cfg(test)]
-pub(crate) fn labelled(records: Vec<SampleRecord>) -> Vec<SampleRecord> {
-    let mut seen = BTreeSet::new();
-    let mut out: Vec<SampleRecord> = records
-        .into_iter()
-        .filter(|r| r.label.is_some())
-        .filter(|r| seen.insert((r.device.clone(), r.request_id.clone())))
-        .collect();
-    out.sort_by_key(|r| r.at());
-    out
-}
-
-/// Top-1 accuracy (0..1) of the newest `window` labelled predictions, once
-/// there are at least `min`: the full-scan form of
-/// `drift::aggregates::labelled::online_accuracy`.
-#[cfg(test)]
-pub(crate) fn online_accuracy(rows: &[SampleRecord], window: usize, min: usize) -> Option<f64> {
-    let scored: Vec<&SampleRecord> = rows
-        .iter()
-        .filter(|r| r.predicted_class.is_some())
-        .collect();
-    let recent = &scored[scored.len().saturating_sub(window)..];
-    if recent.len() < min.max(1) {
-        return None;
-    }
-    let hits = recent
-        .iter()
-        .filter(|r| r.predicted_class == r.label)
-        .count();
-    Some(hits as f64 / recent.len() as f64)
 }
 
 /// What the store says about `model` (on the blocking pool): everything
@@ -195,12 +141,12 @@ fn observe_store(
     };
     // The label indexes: O(hours since the last retrain), not a scan of
     // the samples (and their inputs).
-    state.labels_since_last = labelled::labels_since(store, model, last_started)?;
+    state.labels_since_last = labelled::labels_since(&store.drift, model, last_started)?;
     let Some(version) = serving else {
         return Ok((saved, state, None));
     };
     state.online_accuracy = labelled::online_accuracy(
-        store,
+        &store.drift,
         model,
         &version.version,
         config.accuracy_window as usize,
@@ -236,7 +182,7 @@ async fn observe(
             // The windows closed since the last tick and the newest, over
             // the fold kept of the rest (drift::aggregates::run).
             let (seen, reference) = blocking(move || {
-                let seen = run::observe(&store, &reference, &id, &m, &v, &drift)?;
+                let seen = run::observe(&store.drift, &reference, &id, &m, &v, &drift)?;
                 Ok((seen, reference))
             })
             .await?;
@@ -362,55 +308,6 @@ async fn act(
 mod tests {
     use super::*;
 
-    fn w(start: i64, severity: f64, over: Option<bool>, drifting: bool) -> WindowDrift {
-        WindowDrift {
-            start,
-            requests: 100,
-            devices: 1,
-            features: vec![],
-            prediction_js: None,
-            low_confidence_share: None,
-            severity,
-            over,
-            drifting,
-            labelled: 0,
-            accuracy: None,
-        }
-    }
-
-    #[test]
-    fn the_drifting_run_starts_at_its_first_window() {
-        assert_eq!(drifting_run(&[]), None);
-        assert_eq!(drifting_run(&[w(0, 0.5, Some(true), false)]), None);
-        let windows = [
-            w(0, 0.3, Some(true), true),
-            w(10, 0.0, Some(false), false),
-            w(20, 0.4, Some(true), true),
-            w(30, 0.9, None, true),
-            w(40, 0.3, Some(true), true),
-        ];
-        assert_eq!(drifting_run(&windows), Some((20, 0.4)));
-    }
-
-    fn row(i: i64, predicted: i64, label: i64) -> SampleRecord {
-        SampleRecord {
-            received_at: None,
-            device: "d".into(),
-            sequence: 1,
-            kind: crate::drift::records::SampleKind::Feedback,
-            model_name: "m".into(),
-            model_version: "1".into(),
-            request_id: format!("r{i}"),
-            observed_at: OffsetDateTime::from_unix_timestamp(i).ok(),
-            inputs: vec![],
-            predicted_class: Some(predicted),
-            confidence: None,
-            label: Some(label),
-            labelled_at: None,
-            labelled_by: None,
-        }
-    }
-
     #[test]
     fn the_features_named_are_the_columns_that_moved_most() {
         use edgeloop_api::drift::{DriftLevel, FeatureDrift};
@@ -456,17 +353,5 @@ mod tests {
             ],
             "the pooled input and the stable ones are not named"
         );
-    }
-
-    #[test]
-    fn online_accuracy_is_over_the_newest_window_once_there_are_enough() {
-        let mut rows: Vec<SampleRecord> = (0..10).map(|i| row(i, 0, 1)).collect();
-        rows.extend((10..20).map(|i| row(i, 1, 1)));
-        assert_eq!(online_accuracy(&rows, 10, 5), Some(1.0));
-        assert_eq!(online_accuracy(&rows, 20, 5), Some(0.5));
-        assert_eq!(online_accuracy(&rows, 20, 21), None);
-        let dup = labelled(vec![row(1, 1, 1), row(1, 1, 1), row(0, 0, 1)]);
-        assert_eq!(dup.len(), 2);
-        assert_eq!(dup[0].request_id, "r0", "oldest first");
     }
 }

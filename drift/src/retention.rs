@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::aggregates;
 use super::records::SampleRecord;
-use crate::db::Db;
+use crate::Trees;
 use edgeloop_errors::Result;
 
 /// What a model's samples are: kept, and dropped for the cap so far.
@@ -33,16 +33,14 @@ fn index_key(model: &str, r: &SampleRecord, key: &str) -> String {
 
 /// Stores a sample under `key`, indexed and counted when it is new (a
 /// replayed report writes the same keys again and counts nothing twice).
-pub fn store_sample(store: &Db, key: &str, r: &SampleRecord) -> Result<()> {
-    let fresh = !store.drift.samples.contains(key)?;
-    store.drift.samples.insert(key, r)?;
+pub fn store_sample(store: &Trees, key: &str, r: &SampleRecord) -> Result<()> {
+    let fresh = !store.samples.contains(key)?;
+    store.samples.insert(key, r)?;
     if fresh {
         store
-            .drift
             .sample_index
             .insert(&index_key(&r.model_name, r, key), &key.to_string())?;
         store
-            .drift
             .sample_counts
             .update(&r.model_name, |c| {
                 let mut c = c.unwrap_or_default();
@@ -57,26 +55,24 @@ pub fn store_sample(store: &Db, key: &str, r: &SampleRecord) -> Result<()> {
 }
 
 /// Deletes `model`'s oldest samples past `max`; how many it deleted.
-pub fn enforce(store: &Db, model: &str, max: u64) -> Result<u64> {
-    let counts = store.drift.sample_counts.get(model)?.unwrap_or_default();
+pub fn enforce(store: &Trees, model: &str, max: u64) -> Result<u64> {
+    let counts = store.sample_counts.get(model)?.unwrap_or_default();
     let over = counts.stored.saturating_sub(max);
     if over == 0 {
         return Ok(0);
     }
     let oldest = store
-        .drift
         .sample_index
         .first_with_prefix(&format!("{model}/"), over as usize)?;
     let mut dropped = 0;
     for (index, key) in oldest {
-        if let Some(gone) = store.drift.samples.remove(&key)? {
+        if let Some(gone) = store.samples.remove(&key)? {
             aggregates::labelled::on_removed(store, &key, &gone)?;
         }
-        store.drift.sample_index.remove(&index)?;
+        store.sample_index.remove(&index)?;
         dropped += 1;
     }
     store
-        .drift
         .sample_counts
         .update(model, |c| {
             let mut c = c.unwrap_or_default();
@@ -96,6 +92,6 @@ pub fn enforce(store: &Db, model: &str, max: u64) -> Result<u64> {
     Ok(dropped)
 }
 
-pub fn counts(store: &Db, model: &str) -> Result<SampleCounts> {
-    Ok(store.drift.sample_counts.get(model)?.unwrap_or_default())
+pub fn counts(store: &Trees, model: &str) -> Result<SampleCounts> {
+    Ok(store.sample_counts.get(model)?.unwrap_or_default())
 }

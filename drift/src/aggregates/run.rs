@@ -19,9 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use super::windows::{ensure, prefix};
 use super::{ordered, unordered};
-use crate::db::Db;
-use crate::drift::analysis::{self, DriftConfig, WindowDrift};
-use crate::drift::hysteresis::{self, DriftState, Hysteresis};
+use crate::analysis::{self, DriftConfig, WindowDrift};
+use crate::hysteresis::{self, DriftState, Hysteresis};
+use crate::Trees;
 use edgeloop_errors::Result;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -66,9 +66,13 @@ pub(super) fn key(model: &str, version: &str, window_seconds: i64) -> String {
 }
 
 /// Discards the fold of `model`'s `version` at `window_seconds`.
-pub(super) fn discard(store: &Db, model: &str, version: &str, window_seconds: i64) -> Result<()> {
+pub(super) fn discard(
+    store: &Trees,
+    model: &str,
+    version: &str,
+    window_seconds: i64,
+) -> Result<()> {
     store
-        .drift
         .drift_runs
         .update(&key(model, version, window_seconds), |c| {
             let c = c.unwrap_or_default();
@@ -97,7 +101,7 @@ fn extend(run: Option<(i64, f64)>, w: &WindowDrift) -> Option<(i64, f64)> {
 /// The drifting run and the newest window of `model`'s `version`, judged
 /// against `reference` (named `reference_id`) with `config`.
 pub fn observe(
-    store: &Db,
+    store: &Trees,
     reference: &ReferenceStats,
     reference_id: &str,
     model: &str,
@@ -107,17 +111,15 @@ pub fn observe(
     let ws = config.window_seconds;
     ensure(store, model, version, ws)?;
     let k = key(model, version, ws);
-    let cache = store.drift.drift_runs.get(&k)?.unwrap_or_default();
+    let cache = store.drift_runs.get(&k)?.unwrap_or_default();
     let fold = cache
         .fold
         .filter(|f| f.config == *config && f.reference == reference_id);
     let p = prefix(model, version, ws);
     let after = fold.as_ref().map(|f| format!("{p}{}", ordered(f.through)));
-    let windows =
-        store
-            .drift
-            .drift_windows
-            .page_after(&p, after.as_deref(), usize::MAX, |_, _| true)?;
+    let windows = store
+        .drift_windows
+        .page_after(&p, after.as_deref(), usize::MAX, |_, _| true)?;
     let h = Hysteresis {
         set_after: config.set_after,
         clear_after: config.clear_after,
@@ -153,7 +155,7 @@ pub fn observe(
     }
     if let Some(fold) = closed {
         // Only over the generation read: a late write since discards it.
-        let saved = store.drift.drift_runs.update(&k, |c| {
+        let saved = store.drift_runs.update(&k, |c| {
             let c = c.unwrap_or_default();
             if c.generation != cache.generation {
                 return Err(());
@@ -175,7 +177,7 @@ pub fn observe(
                         reference: reference_id.to_string(),
                         state,
                     };
-                    store.drift.drift_fold_points.insert(wk, &point)?;
+                    store.drift_fold_points.insert(wk, &point)?;
                 }
             }
         }
@@ -193,7 +195,7 @@ pub fn observe(
 /// stay stale (another config than the tick's, or a write raced the
 /// fold): the caller folds from the first window.
 pub fn state_before(
-    store: &Db,
+    store: &Trees,
     reference: &ReferenceStats,
     reference_id: &str,
     model: &str,
@@ -205,7 +207,6 @@ pub fn state_before(
     ensure(store, model, version, ws)?;
     let p = prefix(model, version, ws);
     let Some((before, _)) = store
-        .drift
         .drift_windows
         .last_in_range(&p, &format!("{p}{}", ordered(start)))?
     else {
@@ -213,14 +214,8 @@ pub fn state_before(
     };
     let k = key(model, version, ws);
     let read = || -> Result<Option<DriftState>> {
-        let generation = store
-            .drift
-            .drift_runs
-            .get(&k)?
-            .unwrap_or_default()
-            .generation;
+        let generation = store.drift_runs.get(&k)?.unwrap_or_default().generation;
         Ok(store
-            .drift
             .drift_fold_points
             .get(&before)?
             .filter(|pt| {

@@ -11,7 +11,7 @@ use edgeloop_api::samples::{
 use time::OffsetDateTime;
 
 use super::records::{record_key, SampleRecord};
-use crate::db::Db;
+use crate::Trees;
 use edgeloop_errors::{Error, Result};
 
 /// The store key of sample `id` of `model`, or a 404 naming it (a
@@ -77,10 +77,9 @@ fn check_label(field: &str, label: i64) -> Result<()> {
     Ok(())
 }
 
-pub fn get(store: &Db, model: &str, id: &str) -> Result<SampleView> {
+pub fn get(store: &Trees, model: &str, id: &str) -> Result<SampleView> {
     let key = key_of(model, id)?;
     let r = store
-        .drift
         .samples
         .get(&key)?
         .ok_or_else(|| Error::not_found("sample", id))?;
@@ -90,7 +89,7 @@ pub fn get(store: &Db, model: &str, id: &str) -> Result<SampleView> {
 /// Labels one sample (relabelling replaces the label, and records who and
 /// when). Not durable until the caller flushes.
 pub fn label(
-    store: &Db,
+    store: &Trees,
     model: &str,
     id: &str,
     label: i64,
@@ -99,7 +98,7 @@ pub fn label(
 ) -> Result<SampleView> {
     check_label("label", label)?;
     let key = key_of(model, id)?;
-    let stored = store.drift.samples.update(&key, |old| {
+    let stored = store.samples.update(&key, |old| {
         let mut r = old.ok_or_else(|| Error::not_found("sample", id))?;
         r.label = Some(label);
         r.labelled_at = Some(now);
@@ -113,7 +112,7 @@ pub fn label(
 /// Labels every entry, or none: each id must name a sample of `model` and
 /// each label be a class index, checked before anything is written.
 pub fn label_all(
-    store: &Db,
+    store: &Trees,
     model: &str,
     entries: &[LabelEntry],
     by: &str,
@@ -130,7 +129,7 @@ pub fn label_all(
         check_label(&format!("labels[{i}].label"), e.label)?;
         let key = key_of(model, &e.id)
             .ok()
-            .filter(|k| store.drift.samples.contains(k).unwrap_or(false))
+            .filter(|k| store.samples.contains(k).unwrap_or(false))
             .ok_or_else(|| {
                 Error::bad_field(
                     format!("labels[{i}].id"),
@@ -142,7 +141,7 @@ pub fn label_all(
     for (key, e) in keys.iter().zip(entries) {
         // Checked above; a sample deleted since (retention) is skipped,
         // not an error: its label has nothing left to label.
-        let stored = store.drift.samples.update(key, |old| {
+        let stored = store.samples.update(key, |old| {
             let mut r = old.ok_or(())?;
             r.label = Some(e.label);
             r.labelled_at = Some(now);

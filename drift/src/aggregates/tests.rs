@@ -9,18 +9,18 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use time::OffsetDateTime;
 
+use super::full_scan as runner;
 use super::*;
-use crate::drift::analysis::{self, DriftConfig};
-use crate::drift::records::{
+use crate::analysis::{self, DriftConfig};
+use crate::records::{
     record_key, ClassCountRecord, FeatureHistogramRecord, SampleKind, SampleRecord, SketchRecord,
 };
-use crate::lifecycle::triggers::runner;
 
 const T0: i64 = 1_700_000_000;
 
-fn store() -> (tempfile::TempDir, Db) {
+fn store() -> (tempfile::TempDir, Trees) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Db::open(&dir.path().join("db")).unwrap();
+    let store = Trees::open(&edgeloop_store::Store::open(&dir.path().join("db")).unwrap()).unwrap();
     (dir, store)
 }
 
@@ -151,7 +151,6 @@ fn window_sums_judge_exactly_like_the_full_scan() {
             windows::store_sketch(&store, k, s).unwrap();
         }
         let scanned: Vec<SketchRecord> = store
-            .drift
             .sketches
             .scan_prefix("m/1/")
             .unwrap()
@@ -160,7 +159,7 @@ fn window_sums_judge_exactly_like_the_full_scan() {
             .collect();
         let reference = reference();
         let by_site = |d: &str| Some(if d < "d3" { "a" } else { "b" }.to_string());
-        let check = |store: &Db| {
+        let check = |store: &Trees| {
             let kept = windows::series(store, &reference, "m", "1", &config, None).unwrap();
             let full = analysis::analyze(&reference, &scanned, &|_| None, &config);
             assert!(
@@ -184,7 +183,6 @@ fn window_sums_judge_exactly_like_the_full_scan() {
             process: process().wrapping_add(1),
         };
         store
-            .drift
             .agg_marks
             .insert(&format!("windows/m/1/{ws:010}"), &stale)
             .unwrap();
@@ -203,7 +201,7 @@ fn retention_drops_whole_windows_past_the_sketch_age() {
         s.received_at = at(t);
         windows::store_sketch(&store, &record_key("m", "1", "d", seq, 0), &s).unwrap();
     }
-    let starts = |store: &Db| -> Vec<i64> {
+    let starts = |store: &Trees| -> Vec<i64> {
         windows::all_windows(store, "m", "1", 100)
             .unwrap()
             .into_keys()
@@ -218,11 +216,7 @@ fn retention_drops_whole_windows_past_the_sketch_age() {
     assert_eq!(dropped as usize, before.len() - after.len());
     assert!(after.iter().all(|s| s + 100 > T0 + 500), "{after:?}");
     assert_eq!(after.first().copied(), Some(T0 + 500 - (T0 + 500) % 100));
-    let devices = store
-        .drift
-        .drift_window_devices
-        .scan_prefix("m/1/")
-        .unwrap();
+    let devices = store.drift_window_devices.scan_prefix("m/1/").unwrap();
     assert_eq!(devices.len(), after.len(), "per-device sums go too");
 }
 
@@ -272,7 +266,7 @@ fn label_counts_and_online_accuracy_match_the_full_scan() {
                 r.received_at = None;
             }
             let key = record_key("m", version, &device, seq, 0);
-            crate::drift::retention::store_sample(&store, &key, &r).unwrap();
+            crate::retention::store_sample(&store, &key, &r).unwrap();
             keys.push((key, r));
             if seq == 130 {
                 // Built from what is stored, kept from here on.
@@ -286,14 +280,13 @@ fn label_counts_and_online_accuracy_match_the_full_scan() {
             let id =
                 edgeloop_api::samples::sample_id(&r.model_version, &r.device, r.sequence, index);
             let label = rng.random_range(0..3);
-            crate::drift::labels::label(&store, "m", &id, label, "me", at(T0).unwrap()).unwrap();
+            crate::labels::label(&store, "m", &id, label, "me", at(T0).unwrap()).unwrap();
         }
         // Sample retention drops the oldest.
-        crate::drift::retention::enforce(&store, "m", 300).unwrap();
-        let check = |store: &Db| {
+        crate::retention::enforce(&store, "m", 300).unwrap();
+        let check = |store: &Trees| {
             let all = runner::labelled(
                 store
-                    .drift
                     .samples
                     .scan_prefix("m/")
                     .unwrap()
@@ -357,7 +350,7 @@ fn label_counts_and_online_accuracy_match_the_full_scan() {
         };
         check(&store);
         // Another process rebuilds the indexes, to the same.
-        store.drift.agg_marks.remove("labels/m").unwrap();
+        store.agg_marks.remove("labels/m").unwrap();
         check(&store);
     }
 }
@@ -410,7 +403,6 @@ fn the_ticks_fold_sees_the_same_drifting_run_as_the_full_series() {
             if rng.random_bool(0.3) {
                 let seen = run::observe(&store, &reference, "ref", "m", "1", &config).unwrap();
                 let scanned: Vec<SketchRecord> = store
-                    .drift
                     .sketches
                     .scan_prefix("m/1/")
                     .unwrap()

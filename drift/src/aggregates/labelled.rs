@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use super::{clear, is_current, ordered, set_current, unordered};
-use crate::db::Db;
-use crate::drift::analysis::LabelledRow;
-use crate::drift::records::SampleRecord;
+use crate::analysis::LabelledRow;
+use crate::records::SampleRecord;
+use crate::Trees;
 use edgeloop_errors::Result;
 
 /// Index changes read and write several keys; one at a time (labels arrive
@@ -82,22 +82,20 @@ fn entry(key: &str, r: &SampleRecord, label: i64) -> LabelledSample {
     }
 }
 
-fn count(model: &str, e: &LabelledSample, store: &Db) -> Result<()> {
+fn count(model: &str, e: &LabelledSample, store: &Trees) -> Result<()> {
     if store
-        .drift
         .label_index
         .insert_new(&format!("{model}/{}/{}", e.at, e.key), &())?
     {
         for k in [hour_key(model, seconds_of(&e.at)), total_key(model)] {
             store
-                .drift
                 .label_hours
                 .update(&k, |n| Ok::<_, ()>(n.unwrap_or(0) + 1))?
                 .ok();
         }
     }
     if let Some(p) = e.predicted {
-        store.drift.accuracy_index.insert(
+        store.accuracy_index.insert(
             &format!("{model}/{}/{}/{}", e.version, e.at, e.key),
             &(p == e.label),
         )?;
@@ -105,25 +103,22 @@ fn count(model: &str, e: &LabelledSample, store: &Db) -> Result<()> {
     Ok(())
 }
 
-fn uncount(model: &str, e: &LabelledSample, store: &Db) -> Result<()> {
+fn uncount(model: &str, e: &LabelledSample, store: &Trees) -> Result<()> {
     if store
-        .drift
         .label_index
         .remove(&format!("{model}/{}/{}", e.at, e.key))?
         .is_some()
     {
         for k in [hour_key(model, seconds_of(&e.at)), total_key(model)] {
             let left = store
-                .drift
                 .label_hours
                 .update(&k, |n| Ok::<_, ()>(n.unwrap_or(0).saturating_sub(1)))?;
             if left == Ok(0) {
-                store.drift.label_hours.remove_if_eq(&k, &0)?;
+                store.label_hours.remove_if_eq(&k, &0)?;
             }
         }
     }
     store
-        .drift
         .accuracy_index
         .remove(&format!("{model}/{}/{}/{}", e.version, e.at, e.key))?;
     Ok(())
@@ -131,7 +126,7 @@ fn uncount(model: &str, e: &LabelledSample, store: &Db) -> Result<()> {
 
 /// Indexes sample `r`, stored under `key`, if it has a label (called after
 /// it is stored or labelled).
-pub fn on_labelled(store: &Db, key: &str, r: &SampleRecord) -> Result<()> {
+pub fn on_labelled(store: &Trees, key: &str, r: &SampleRecord) -> Result<()> {
     if r.label.is_none() {
         return Ok(());
     }
@@ -143,7 +138,7 @@ pub fn on_labelled(store: &Db, key: &str, r: &SampleRecord) -> Result<()> {
     }
     // Read again under the lock: of two labellings racing, the index ends
     // with the one stored last.
-    let Some(r) = store.drift.samples.get(key)? else {
+    let Some(r) = store.samples.get(key)? else {
         return Ok(());
     };
     let Some(label) = r.label else {
@@ -157,14 +152,14 @@ pub fn on_labelled(store: &Db, key: &str, r: &SampleRecord) -> Result<()> {
     Ok(())
 }
 
-fn labelled(store: &Db, model: &str, request: &str, e: LabelledSample) -> Result<()> {
-    let mut samples = store.drift.label_requests.get(request)?.unwrap_or_default();
+fn labelled(store: &Trees, model: &str, request: &str, e: LabelledSample) -> Result<()> {
+    let mut samples = store.label_requests.get(request)?.unwrap_or_default();
     let old_first = samples.first().cloned();
     match samples.binary_search_by(|s| s.key.cmp(&e.key)) {
         Ok(i) => samples[i] = e,
         Err(i) => samples.insert(i, e),
     }
-    store.drift.label_requests.insert(request, &samples)?;
+    store.label_requests.insert(request, &samples)?;
     let first = &samples[0];
     if old_first.as_ref() != Some(first) {
         if let Some(old) = &old_first {
@@ -175,7 +170,7 @@ fn labelled(store: &Db, model: &str, request: &str, e: LabelledSample) -> Result
 }
 
 /// Takes sample `r`, just removed from under `key`, out of the indexes.
-pub fn on_removed(store: &Db, key: &str, r: &SampleRecord) -> Result<()> {
+pub fn on_removed(store: &Trees, key: &str, r: &SampleRecord) -> Result<()> {
     if r.label.is_none() {
         return Ok(());
     }
@@ -191,8 +186,8 @@ pub fn on_removed(store: &Db, key: &str, r: &SampleRecord) -> Result<()> {
     Ok(())
 }
 
-fn removed(store: &Db, model: &str, request: &str, key: &str) -> Result<()> {
-    let mut samples = store.drift.label_requests.get(request)?.unwrap_or_default();
+fn removed(store: &Trees, model: &str, request: &str, key: &str) -> Result<()> {
+    let mut samples = store.label_requests.get(request)?.unwrap_or_default();
     let Ok(i) = samples.binary_search_by(|s| s.key.as_str().cmp(key)) else {
         return Ok(());
     };
@@ -204,16 +199,16 @@ fn removed(store: &Db, model: &str, request: &str, key: &str) -> Result<()> {
         }
     }
     if samples.is_empty() {
-        store.drift.label_requests.remove(request)?;
+        store.label_requests.remove(request)?;
     } else {
-        store.drift.label_requests.insert(request, &samples)?;
+        store.label_requests.insert(request, &samples)?;
     }
     Ok(())
 }
 
 /// Builds `model`'s label indexes from its samples, unless this process
 /// already keeps them.
-pub fn ensure(store: &Db, model: &str) -> Result<()> {
+pub fn ensure(store: &Trees, model: &str) -> Result<()> {
     let m = mark(model);
     if is_current(store, &m)? {
         return Ok(());
@@ -223,17 +218,16 @@ pub fn ensure(store: &Db, model: &str) -> Result<()> {
         return Ok(());
     }
     let p = format!("{model}/");
-    clear(&store.drift.label_requests, &p)?;
-    clear(&store.drift.label_index, &p)?;
-    clear(&store.drift.label_hours, &p)?;
-    store.drift.label_hours.remove(&total_key(model))?;
-    clear(&store.drift.accuracy_index, &p)?;
+    clear(&store.label_requests, &p)?;
+    clear(&store.label_index, &p)?;
+    clear(&store.label_hours, &p)?;
+    store.label_hours.remove(&total_key(model))?;
+    clear(&store.accuracy_index, &p)?;
     let mut requests: BTreeMap<String, Vec<LabelledSample>> = BTreeMap::new();
     let mut after: Option<String> = None;
     loop {
         // Small pages: samples carry their inputs.
         let page = store
-            .drift
             .samples
             .page_after(&p, after.as_deref(), 256, |_, _| true)?;
         let Some((last, _)) = page.last() else {
@@ -252,7 +246,7 @@ pub fn ensure(store: &Db, model: &str) -> Result<()> {
     }
     let n = requests.len();
     for (request, samples) in requests {
-        store.drift.label_requests.insert(&request, &samples)?;
+        store.label_requests.insert(&request, &samples)?;
         count(model, &samples[0], store)?;
     }
     set_current(store, &m)?;
@@ -262,16 +256,15 @@ pub fn ensure(store: &Db, model: &str) -> Result<()> {
 
 /// Labelled requests of `model` received after `since` (unix seconds; all
 /// of them when `None`).
-pub fn labels_since(store: &Db, model: &str, since: Option<i64>) -> Result<u64> {
+pub fn labels_since(store: &Trees, model: &str, since: Option<i64>) -> Result<u64> {
     ensure(store, model)?;
     let p = format!("{model}/");
     let Some(since) = since else {
-        return Ok(store.drift.label_hours.get(&total_key(model))?.unwrap_or(0));
+        return Ok(store.label_hours.get(&total_key(model))?.unwrap_or(0));
     };
     // Whole hours after the one `since` is in...
     let hour = since - since.rem_euclid(HOUR);
     let mut n: u64 = store
-        .drift
         .label_hours
         .page_after(
             &p,
@@ -286,7 +279,6 @@ pub fn labels_since(store: &Db, model: &str, since: Option<i64>) -> Result<u64> 
     let mut after = format!("{p}{}", ordered(since.saturating_add(1)));
     loop {
         let page = store
-            .drift
             .label_index
             .page_after(&p, Some(&after), 1024, |_, _| true)?;
         let len = page.len();
@@ -306,7 +298,7 @@ pub fn labels_since(store: &Db, model: &str, since: Option<i64>) -> Result<u64> 
 /// Top-1 accuracy (0..1) of the newest `window` labelled predictions of
 /// `model`'s `version`, once there are at least `min`.
 pub fn online_accuracy(
-    store: &Db,
+    store: &Trees,
     model: &str,
     version: &str,
     window: usize,
@@ -315,7 +307,6 @@ pub fn online_accuracy(
     ensure(store, model)?;
     // A page of exactly the window, newest first: no read past it.
     let recent: Vec<bool> = store
-        .drift
         .accuracy_index
         .page_before(&format!("{model}/{version}/"), None, window, |_, _| true)?
         .into_iter()
@@ -332,14 +323,18 @@ pub fn online_accuracy(
 /// received at or after `from` (unix seconds), oldest first, for the drift
 /// API's accuracy per window: it reads from the first window on, not every
 /// labelled sample kept.
-pub fn rows(store: &Db, model: &str, version: &str, from: Option<i64>) -> Result<Vec<LabelledRow>> {
+pub fn rows(
+    store: &Trees,
+    model: &str,
+    version: &str,
+    from: Option<i64>,
+) -> Result<Vec<LabelledRow>> {
     ensure(store, model)?;
     let p = format!("{model}/{version}/");
     // Keys of the second before `from` extend this and sort after it, as
     // do all later ones: a second too many, never one too few.
     let after = from.map(|f| format!("{p}{}", ordered(f.saturating_sub(1))));
     Ok(store
-        .drift
         .accuracy_index
         .page_after(&p, after.as_deref(), usize::MAX, |_, _| true)?
         .into_iter()

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::hysteresis::{self, DriftState, Hysteresis};
 use super::stats;
-use crate::device_counts::Adder;
-use crate::drift::records::SketchRecord;
+use crate::records::SketchRecord;
+use edgeloop_errors::device_counts::Adder;
 
 /// The thresholds and the series are what the console API shows.
 pub use edgeloop_api::drift::{DriftConfig, DriftLevel, DriftSeries, FeatureDrift, WindowDrift};
@@ -99,7 +99,7 @@ struct Sum {
 }
 
 /// A window's sketches summed in an order-free way, so that sums built as
-/// sketches arrive ([`crate::drift::aggregates`]) judge exactly like the
+/// sketches arrive ([`crate::aggregates`]) judge exactly like the
 /// full scan in [`analyze`], which folds them in key order: a feature's
 /// counts are kept per binning (number of bins) with the smallest sketch
 /// key that had it, and the binning of the smallest key is the one judged
@@ -126,7 +126,7 @@ pub struct Binned {
 impl WindowSum {
     /// Adds the sketch stored under `key` (not its device: the caller
     /// counts distinct devices). Device-reported counts: held at
-    /// `u64::MAX` (see [`crate::device_counts`]).
+    /// `u64::MAX` (see [`edgeloop_errors::device_counts`]).
     pub fn add_sketch(&mut self, key: &str, s: &SketchRecord) {
         let mut sum = Adder::default();
         sum.add(&mut self.requests, s.requests);
@@ -221,7 +221,7 @@ pub fn analyze(
     let window = config.window_seconds.max(1);
     type Sums = BTreeMap<String, BTreeMap<i64, (Sum, std::collections::BTreeSet<String>)>>;
     let mut sums: Sums = BTreeMap::new();
-    // Device-reported counts: held at `u64::MAX` (crate::device_counts).
+    // Device-reported counts: held at `u64::MAX` (edgeloop_errors::device_counts).
     let mut add = Adder::default();
     for s in sketches {
         let Some(end) = s.window_time() else {
@@ -427,7 +427,7 @@ mod tests {
     use time::OffsetDateTime;
 
     use super::*;
-    use crate::drift::records::{ClassCountRecord, FeatureHistogramRecord};
+    use crate::records::{ClassCountRecord, FeatureHistogramRecord};
 
     fn reference() -> ReferenceStats {
         ReferenceStats {
@@ -633,7 +633,7 @@ mod tests {
 
     #[test]
     fn huge_counts_hold_at_the_maximum_and_are_counted() {
-        let before = crate::device_counts::saturated_total();
+        let before = edgeloop_errors::device_counts::saturated_total();
         let big = raw_sketch("a", u64::MAX, [u64::MAX, 1, 0], [u64::MAX, 2]);
         let more = raw_sketch("b", 7, [9, 1, 0], [1, 2]);
         let config = DriftConfig {
@@ -658,7 +658,7 @@ mod tests {
         assert_eq!(group.requests, u64::MAX);
         assert_eq!(group.features["temp"][0].counts, vec![u64::MAX, 4, 0]);
         assert_eq!(group.classes[&0], u64::MAX);
-        assert!(crate::device_counts::saturated_total() > before);
+        assert!(edgeloop_errors::device_counts::saturated_total() > before);
     }
 
     proptest::proptest! {

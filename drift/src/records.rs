@@ -11,10 +11,10 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 
-use crate::device_counts;
-use crate::fleet::telemetry::to_time;
+use edgeloop_errors::device_counts;
 use edgeloop_errors::validate;
 use edgeloop_errors::{Error, Result};
+use edgeloop_proto::to_time;
 
 pub const MAX_SKETCHES_PER_REPORT: usize = 256;
 pub const MAX_FEATURES_PER_SKETCH: usize = 1024;

@@ -11,9 +11,9 @@ use edgeloop_models::manifest::ReferenceStats;
 use time::OffsetDateTime;
 
 use super::{clear, is_current, ordered, set_current, unordered};
-use crate::db::Db;
-use crate::drift::analysis::{self, DriftConfig, DriftSeries, WindowSum};
-use crate::drift::records::SketchRecord;
+use crate::analysis::{self, DriftConfig, DriftSeries, WindowSum};
+use crate::records::SketchRecord;
+use crate::Trees;
 use edgeloop_errors::Result;
 
 /// Writers (a sketch and its sums) share it; a rebuild holds it alone, so
@@ -29,10 +29,9 @@ pub(super) fn prefix(model: &str, version: &str, window_seconds: i64) -> String 
 }
 
 /// The window sizes kept for `model`'s `version`.
-fn kept(store: &Db, model: &str, version: &str) -> Result<Vec<i64>> {
+fn kept(store: &Trees, model: &str, version: &str) -> Result<Vec<i64>> {
     let mut sizes = Vec::new();
     for (key, m) in store
-        .drift
         .agg_marks
         .scan_prefix(&format!("windows/{model}/{version}/"))?
     {
@@ -48,10 +47,10 @@ fn kept(store: &Db, model: &str, version: &str) -> Result<Vec<i64>> {
 /// Stores sketch `s` under `key` and adds it to its version's window sums.
 /// A sketch already stored (a report retried after a crash) is not added
 /// twice.
-pub fn store_sketch(store: &Db, key: &str, s: &SketchRecord) -> Result<()> {
+pub fn store_sketch(store: &Trees, key: &str, s: &SketchRecord) -> Result<()> {
     let _writer = WRITERS.read().unwrap_or_else(PoisonError::into_inner);
-    let fresh = !store.drift.sketches.contains(key)?;
-    store.drift.sketches.insert(key, s)?;
+    let fresh = !store.sketches.contains(key)?;
+    store.sketches.insert(key, s)?;
     if !fresh {
         return Ok(());
     }
@@ -64,7 +63,7 @@ pub fn store_sketch(store: &Db, key: &str, s: &SketchRecord) -> Result<()> {
     Ok(())
 }
 
-fn add(store: &Db, ws: i64, key: &str, s: &SketchRecord) -> Result<()> {
+fn add(store: &Trees, ws: i64, key: &str, s: &SketchRecord) -> Result<()> {
     let Some(start) = analysis::window_start(s, ws) else {
         return Ok(());
     };
@@ -72,7 +71,6 @@ fn add(store: &Db, ws: i64, key: &str, s: &SketchRecord) -> Result<()> {
     let window = format!("{p}{}", ordered(start));
     let mut new_device = false;
     store
-        .drift
         .drift_window_devices
         .update(&format!("{window}/{}", s.device), |old| {
             new_device = old.is_none();
@@ -83,7 +81,6 @@ fn add(store: &Db, ws: i64, key: &str, s: &SketchRecord) -> Result<()> {
         })?
         .ok();
     store
-        .drift
         .drift_windows
         .update(&window, |old| {
             let mut w = old.unwrap_or_default();
@@ -93,7 +90,7 @@ fn add(store: &Db, ws: i64, key: &str, s: &SketchRecord) -> Result<()> {
         })?
         .ok();
     // A window before the newest changed: the tick's fold has seen it.
-    if let Some((newest, _)) = store.drift.drift_windows.last_with_prefix(&p)? {
+    if let Some((newest, _)) = store.drift_windows.last_with_prefix(&p)? {
         if newest > window {
             super::run::discard(store, &s.model_name, &s.model_version, ws)?;
         }
@@ -103,7 +100,7 @@ fn add(store: &Db, ws: i64, key: &str, s: &SketchRecord) -> Result<()> {
 
 /// Builds the sums of `model`'s `version` for `window_seconds` from the
 /// stored sketches, unless this process already keeps them.
-pub fn ensure(store: &Db, model: &str, version: &str, window_seconds: i64) -> Result<()> {
+pub fn ensure(store: &Trees, model: &str, version: &str, window_seconds: i64) -> Result<()> {
     let m = mark(model, version, window_seconds);
     if is_current(store, &m)? {
         return Ok(());
@@ -113,9 +110,9 @@ pub fn ensure(store: &Db, model: &str, version: &str, window_seconds: i64) -> Re
         return Ok(());
     }
     let p = prefix(model, version, window_seconds);
-    clear(&store.drift.drift_windows, &p)?;
-    clear(&store.drift.drift_window_devices, &p)?;
-    clear(&store.drift.drift_fold_points, &p)?;
+    clear(&store.drift_windows, &p)?;
+    clear(&store.drift_window_devices, &p)?;
+    clear(&store.drift_fold_points, &p)?;
     // Sketch keys are device-major, so one device's sums are whole (and
     // written) before the next device's begin.
     let mut all: BTreeMap<i64, WindowSum> = BTreeMap::new();
@@ -124,7 +121,7 @@ pub fn ensure(store: &Db, model: &str, version: &str, window_seconds: i64) -> Re
     let write_own = |device: &str, own: &mut BTreeMap<i64, WindowSum>| -> Result<()> {
         for (start, w) in std::mem::take(own) {
             let k = format!("{p}{}/{device}", ordered(start));
-            store.drift.drift_window_devices.insert(&k, &w)?;
+            store.drift_window_devices.insert(&k, &w)?;
         }
         Ok(())
     };
@@ -133,7 +130,6 @@ pub fn ensure(store: &Db, model: &str, version: &str, window_seconds: i64) -> Re
     let mut sketches = 0u64;
     loop {
         let page = store
-            .drift
             .sketches
             .page_after(&scan, after.as_deref(), 1024, |_, _| true)?;
         let Some((last, _)) = page.last() else {
@@ -168,7 +164,6 @@ pub fn ensure(store: &Db, model: &str, version: &str, window_seconds: i64) -> Re
     }
     for (start, w) in &all {
         store
-            .drift
             .drift_windows
             .insert(&format!("{p}{}", ordered(*start)), w)?;
     }
@@ -187,7 +182,7 @@ pub fn ensure(store: &Db, model: &str, version: &str, window_seconds: i64) -> Re
 
 /// Every window's sum over all devices, by start.
 pub fn all_windows(
-    store: &Db,
+    store: &Trees,
     model: &str,
     version: &str,
     window_seconds: i64,
@@ -195,7 +190,6 @@ pub fn all_windows(
     ensure(store, model, version, window_seconds)?;
     let p = prefix(model, version, window_seconds);
     Ok(store
-        .drift
         .drift_windows
         .scan_prefix(&p)?
         .into_iter()
@@ -206,7 +200,7 @@ pub fn all_windows(
 /// Each window's sums per group (`group_of` a device; `None`: `all`), from
 /// the per-device sums merged in device order.
 pub fn grouped_windows(
-    store: &Db,
+    store: &Trees,
     model: &str,
     version: &str,
     window_seconds: i64,
@@ -216,7 +210,7 @@ pub fn grouped_windows(
     let p = prefix(model, version, window_seconds);
     // Keys are start-major; merge in device order, as the scan folds.
     let mut per: BTreeMap<(String, i64), BTreeMap<String, WindowSum>> = BTreeMap::new();
-    for (k, w) in store.drift.drift_window_devices.scan_prefix(&p)? {
+    for (k, w) in store.drift_window_devices.scan_prefix(&p)? {
         let Some((start, device)) = k[p.len()..].split_once('/') else {
             continue;
         };
@@ -244,7 +238,7 @@ pub type GroupOf<'a> = &'a dyn Fn(&str) -> Option<String>;
 /// The drift series of `model`'s `version` from the kept sums: all devices
 /// in one series, or grouped by `group_of`.
 pub fn series(
-    store: &Db,
+    store: &Trees,
     reference: &ReferenceStats,
     model: &str,
     version: &str,
@@ -301,7 +295,7 @@ impl Range {
 /// whole answer does.
 #[allow(clippy::too_many_arguments)]
 pub fn series_in(
-    store: &Db,
+    store: &Trees,
     reference: &ReferenceStats,
     reference_id: &str,
     model: &str,
@@ -319,14 +313,12 @@ pub fn series_in(
     let p = prefix(model, version, ws);
     let end = range.until.map(|u| format!("{p}{}", ordered(u)));
     let mut after = store
-        .drift
         .drift_windows
         .last_in_range(&p, &format!("{p}{}", ordered(first)))?
         .map(|(k, _)| k);
     let mut windows = BTreeMap::new();
     'pages: loop {
         let page = store
-            .drift
             .drift_windows
             .page_after(&p, after.as_deref(), 256, |_, _| true)?;
         let full = page.len() == 256;
@@ -371,10 +363,10 @@ pub fn series_in(
 
 /// Drops the window sums whose whole window is older than `max_age` (the
 /// sketch retention: their sketches are gone). Returns how many windows.
-pub fn prune(store: &Db, now: OffsetDateTime, max_age: time::Duration) -> Result<u64> {
+pub fn prune(store: &Trees, now: OffsetDateTime, max_age: time::Duration) -> Result<u64> {
     let cutoff = (now - max_age).unix_timestamp();
     let mut dropped = 0;
-    for (key, _) in store.drift.agg_marks.scan_prefix("windows/")? {
+    for (key, _) in store.agg_marks.scan_prefix("windows/")? {
         let Some(rest) = key.strip_prefix("windows/") else {
             continue;
         };
@@ -389,9 +381,9 @@ pub fn prune(store: &Db, now: OffsetDateTime, max_age: time::Duration) -> Result
                 .and_then(unordered)
                 .is_some_and(|start| start.saturating_add(ws) <= cutoff)
         };
-        dropped += drop_while(&store.drift.drift_windows, &p, ended)?;
-        drop_while(&store.drift.drift_window_devices, &p, ended)?;
-        drop_while(&store.drift.drift_fold_points, &p, ended)?;
+        dropped += drop_while(&store.drift_windows, &p, ended)?;
+        drop_while(&store.drift_window_devices, &p, ended)?;
+        drop_while(&store.drift_fold_points, &p, ended)?;
     }
     Ok(dropped)
 }

@@ -7,7 +7,7 @@
 //! traffic) hold at `u64::MAX` ([`Adder`]): a total never goes down.
 //!
 //! Both are counted for `/metrics`. The counters are the process's, not a
-//! [`crate::Core`]'s: the sums run in pure functions far from any handler
+//! server's `Core`'s: the sums run in pure functions far from any handler
 //! (drift windows kept as sketches arrive, cost estimates), and a count of
 //! what this process saturated is what an operator wants to see.
 

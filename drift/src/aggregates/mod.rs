@@ -27,6 +27,8 @@
 //! label indexes follow the samples exactly: sample retention
 //! (`drift::retention`) takes each dropped sample out of them.
 
+#[cfg(test)]
+pub(crate) mod full_scan;
 pub mod labelled;
 pub mod run;
 pub mod windows;
@@ -35,7 +37,7 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use crate::db::Db;
+use crate::Trees;
 use edgeloop_errors::Result;
 
 /// Bump when an aggregate's format or meaning changes: every mark goes
@@ -63,19 +65,19 @@ fn current() -> AggMark {
     }
 }
 
-fn is_current(store: &Db, mark: &str) -> Result<bool> {
-    Ok(store.drift.agg_marks.get(mark)? == Some(current()))
+fn is_current(store: &Trees, mark: &str) -> Result<bool> {
+    Ok(store.agg_marks.get(mark)? == Some(current()))
 }
 
-fn set_current(store: &Db, mark: &str) -> Result<()> {
-    store.drift.agg_marks.insert(mark, &current())?;
+fn set_current(store: &Trees, mark: &str) -> Result<()> {
+    store.agg_marks.insert(mark, &current())?;
     Ok(())
 }
 
 /// Makes the aggregate behind `mark` rebuild on its next read (a write to
 /// it failed half way).
-fn invalidate(store: &Db, mark: &str) {
-    if let Err(e) = store.drift.agg_marks.remove(mark) {
+fn invalidate(store: &Trees, mark: &str) {
+    if let Err(e) = store.agg_marks.remove(mark) {
         tracing::warn!(mark, error = %e, "could not invalidate a drift aggregate");
     }
 }
