@@ -411,7 +411,7 @@ pub struct Config {
     /// What each device may send per model per hour.
     pub device_quota: crate::fleet::admission::Quota,
     /// How long and how much of the audit log is kept.
-    pub audit_retention: crate::auth::audit::Retention,
+    pub audit_retention: edgeloop_auth::audit::Retention,
     /// How long telemetry, sketches and spent tokens are kept.
     pub retention: crate::retention::Retention,
     /// Prices for the cost report.
@@ -515,7 +515,7 @@ impl Config {
             );
         }
         let cost = s.cost.prices()?;
-        let default_audit = crate::auth::audit::Retention::default();
+        let default_audit = edgeloop_auth::audit::Retention::default();
         let audit_days = s
             .audit_retention_days
             .map_or(default_audit.max_age.whole_days(), i64::from);
@@ -639,7 +639,7 @@ impl Config {
             download_send_timeout: Duration::from_secs(send_timeout),
             max_download_bytes_per_sec: s.max_download_bytes_per_sec,
             device_quota,
-            audit_retention: crate::auth::audit::Retention {
+            audit_retention: edgeloop_auth::audit::Retention {
                 max_age: time::Duration::days(audit_days),
                 max_entries: audit_max,
             },

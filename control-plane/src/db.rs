@@ -10,7 +10,7 @@
 use std::ops::Deref;
 use std::path::Path;
 
-use crate::{auth, console, fleet, leader, lifecycle};
+use crate::{console, fleet, leader, lifecycle};
 use edgeloop_store::{PostgresUrl, Store, StoreError};
 
 #[derive(Clone)]
@@ -20,7 +20,7 @@ pub struct Db {
     pub registry: edgeloop_registry::Trees,
     pub drift: edgeloop_drift::Trees,
     pub lifecycle: lifecycle::Trees,
-    pub auth: auth::Trees,
+    pub auth: edgeloop_auth::Trees,
     pub console: console::Trees,
     pub leader: leader::Trees,
 }
@@ -44,7 +44,7 @@ impl Db {
             registry: edgeloop_registry::Trees::open(&store)?,
             drift: edgeloop_drift::Trees::open(&store)?,
             lifecycle: lifecycle::Trees::open(&store)?,
-            auth: auth::Trees::open(&store)?,
+            auth: edgeloop_auth::Trees::open(&store)?,
             console: console::Trees::open(&store)?,
             leader: leader::Trees::open(&store)?,
             store,

@@ -6,7 +6,6 @@
 //! the tests both go through [`run`] / [`Server`].
 
 pub mod api;
-pub mod auth;
 pub mod config;
 pub mod console;
 pub mod datadir;
@@ -50,7 +49,7 @@ pub struct Core {
     pub wakeups: fleet::wakeups::Wakeups,
     admin_token_hash: Digest,
     /// Refusals, for `/metrics`.
-    pub security: auth::SecurityCounters,
+    pub security: edgeloop_auth::SecurityCounters,
     /// How long device and bridge heartbeats took to answer, for `/metrics`.
     pub heartbeat_latency: edgeloop_store::latency::Latency,
     /// Heartbeats' `last_seen` refreshes waiting for their batched write.
@@ -331,7 +330,7 @@ impl Server {
         });
         let audit = tasks.spawn(
             "audit-retention",
-            with_core(&core, auth::audit::run_retention),
+            with_core(&core, retention::audit::run_retention),
         );
         let compactor = tasks.spawn("retention", with_core(&core, retention::run));
         let presence = tasks.spawn("presence", {

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use time::{Duration, OffsetDateTime};
 use tokio_util::sync::CancellationToken;
 
+pub mod audit;
 pub mod gc;
 pub mod history;
 pub mod jobs;

@@ -5,7 +5,7 @@
 //! the CLI manages tokens and reads the log.
 
 use edgeloop_api::access::Role;
-use edgeloop_control_plane::auth::permissions::{allows, Permission, ROUTES};
+use edgeloop_auth::permissions::{allows, Permission, ROUTES};
 use edgeloop_tests::{edgeloop_bin, Api, ControlPlane};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};

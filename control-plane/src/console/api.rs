@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use tower::ServiceExt as _;
 
 use crate::api::rest::paging::NEXT_CURSOR;
-use crate::auth::{ConsoleCaller, Principal};
+use edgeloop_auth::{ConsoleCaller, Principal};
 
 /// The most bytes the console reads of one API answer: pages are bounded
 /// (`limit`), so this is a guard, not a limit anyone meets.

@@ -10,7 +10,7 @@ use time::OffsetDateTime;
 
 use super::api::ApiFailure;
 use super::session::Session;
-use crate::auth::permissions;
+use edgeloop_auth::permissions;
 
 /// The sections the navigation offers, by path.
 const SECTIONS: &[(&str, &str)] = &[

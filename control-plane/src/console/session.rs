@@ -11,9 +11,9 @@ use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
-use crate::auth::{tokens, Principal};
 use crate::db::Db;
 use crate::Core;
+use edgeloop_auth::{tokens, Principal};
 use edgeloop_errors::Result;
 
 /// The session cookie's name.
@@ -62,7 +62,7 @@ pub fn login(core: &Core, secret: &str) -> Result<Option<String>> {
     let now = core.now();
     let caller = if core.is_admin_token(secret) {
         Caller::BootstrapAdmin
-    } else if tokens::authenticate(&core.store, secret, now)?.is_some() {
+    } else if tokens::authenticate(&core.store.auth, secret, now)?.is_some() {
         Caller::ApiToken {
             key: tokens::record_key(secret),
         }
@@ -96,7 +96,7 @@ pub fn lookup(core: &Core, id: &str) -> Result<Option<Session>> {
     }
     let principal = match &record.caller {
         Caller::BootstrapAdmin => Some(Principal::bootstrap_admin()),
-        Caller::ApiToken { key } => tokens::principal_by_key(&core.store, key, now)?,
+        Caller::ApiToken { key } => tokens::principal_by_key(&core.store.auth, key, now)?,
     };
     Ok(principal.map(|principal| Session {
         principal,

@@ -10,9 +10,9 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 
 use super::json::{ValidJson, ValidPath};
-use crate::auth::{audit, tokens, Principal};
 use crate::Core;
 use edgeloop_api::access::{ApiTokenView, AuditEntry, CreateApiToken, CreatedApiToken};
+use edgeloop_auth::{audit, tokens, Principal};
 use edgeloop_errors::{Error, ErrorBody};
 
 /// Creates an API token; the answer holds its secret, shown only this once.
@@ -24,8 +24,14 @@ pub async fn create(
     Extension(by): Extension<Principal>,
     ValidJson(req): ValidJson<CreateApiToken>,
 ) -> Result<(StatusCode, Json<CreatedApiToken>), Error> {
-    let created =
-        tokens::create(&core.store, &by, req, core.pki.ca_fingerprint(), core.now()).await?;
+    let created = tokens::create(
+        &core.store.auth,
+        &by,
+        req,
+        core.pki.ca_fingerprint(),
+        core.now(),
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 
@@ -34,7 +40,7 @@ pub async fn create(
     responses((status = 200, body = Vec<ApiTokenView>), (status = 403, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list(State(core): State<Arc<Core>>) -> Result<Json<Vec<ApiTokenView>>, Error> {
-    Ok(Json(tokens::list(&core.store, core.now())?))
+    Ok(Json(tokens::list(&core.store.auth, core.now())?))
 }
 
 /// Revokes an API token; its next request is refused.
@@ -47,7 +53,9 @@ pub async fn revoke(
     State(core): State<Arc<Core>>,
     ValidPath(id): ValidPath<String>,
 ) -> Result<Json<ApiTokenView>, Error> {
-    Ok(Json(tokens::revoke(&core.store, &id, core.now()).await?))
+    Ok(Json(
+        tokens::revoke(&core.store.auth, &id, core.now()).await?,
+    ))
 }
 
 pub const DEFAULT_AUDIT_LIMIT: usize = 100;
@@ -91,9 +99,10 @@ pub async fn list_audit(
     let store = core.store.clone();
     let token = q.token_id;
     // The scan may read many pages when a filter matches rarely.
-    let entries =
-        tokio::task::spawn_blocking(move || audit::list(&store, before, token.as_deref(), limit))
-            .await
-            .map_err(|e| Error::Internal(e.into()))??;
+    let entries = tokio::task::spawn_blocking(move || {
+        audit::list(&store.auth, before, token.as_deref(), limit)
+    })
+    .await
+    .map_err(|e| Error::Internal(e.into()))??;
     Ok(Json(entries))
 }

@@ -15,9 +15,9 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::auth::permissions::{self, Permission, Rule};
-use crate::auth::{audit, tokens, Principal};
 use crate::Core;
+use edgeloop_auth::permissions::{self, Permission, Rule};
+use edgeloop_auth::{audit, tokens, Principal};
 use edgeloop_errors::Error;
 
 pub async fn authorize(State(core): State<Arc<Core>>, req: Request, next: Next) -> Response {
@@ -83,7 +83,7 @@ pub async fn authorize(State(core): State<Arc<Core>>, req: Request, next: Next) 
             target: &target,
             status: response.status().as_u16(),
         };
-        if let Err(e) = audit::record(&core.store, call, core.now()).await {
+        if let Err(e) = audit::record(&core.store.auth, call, core.now()).await {
             // The change itself may already be durable; the caller must
             // not take silence for success, and the operator must see it.
             tracing::error!(error = %e, %method, %target, "audit log write failed");
@@ -101,7 +101,7 @@ fn authenticate(core: &Core, req: &Request) -> Result<Principal, Error> {
     // The web console calls this API in-process for a logged-in session
     // (`console/api.rs`). Extensions are set only inside this process, so
     // no request from the network can carry one.
-    if let Some(crate::auth::ConsoleCaller(who)) = req.extensions().get() {
+    if let Some(edgeloop_auth::ConsoleCaller(who)) = req.extensions().get() {
         return Ok(who.clone());
     }
     let presented = req
@@ -116,7 +116,7 @@ fn authenticate(core: &Core, req: &Request) -> Result<Principal, Error> {
     if core.is_admin_token(presented) {
         return Ok(Principal::bootstrap_admin());
     }
-    tokens::authenticate(&core.store, presented, core.now())?
+    tokens::authenticate(&core.store.auth, presented, core.now())?
         .ok_or_else(|| Error::Unauthenticated("invalid, expired or revoked bearer token".into()))
 }
 

@@ -174,7 +174,7 @@ pub async fn serve(
         .await
 }
 
-pub use crate::auth::Principal;
+pub use edgeloop_auth::Principal;
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct Health {

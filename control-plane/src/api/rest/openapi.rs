@@ -253,3 +253,44 @@ fn item_operations_mut(
 pub async fn document() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The table and the OpenAPI document (generated from the handlers)
+    /// name the same operations: a handler added to the document without
+    /// a rule fails here, and the router refuses it at run time.
+    #[test]
+    fn every_documented_route_has_a_rule_and_back() {
+        use utoipa::OpenApi as _;
+        let doc = ApiDoc::openapi();
+        let mut documented = BTreeSet::new();
+        for (path, item) in &doc.paths.paths {
+            for (method, op) in [
+                ("GET", &item.get),
+                ("PUT", &item.put),
+                ("POST", &item.post),
+                ("DELETE", &item.delete),
+                ("HEAD", &item.head),
+                ("PATCH", &item.patch),
+            ] {
+                if op.is_some() {
+                    documented.insert((method.to_string(), path.clone()));
+                }
+            }
+        }
+        // The document does not list itself.
+        let tabled: BTreeSet<_> = edgeloop_auth::permissions::ROUTES
+            .iter()
+            .filter(|r| r.path != "/api/v1/openapi.json")
+            .map(|r| (r.method.as_str().to_string(), r.path.to_string()))
+            .collect();
+        let missing: Vec<_> = documented.difference(&tabled).collect();
+        let extra: Vec<_> = tabled.difference(&documented).collect();
+        assert!(missing.is_empty(), "documented without a rule: {missing:?}");
+        assert!(extra.is_empty(), "ruled but not documented: {extra:?}");
+    }
+}

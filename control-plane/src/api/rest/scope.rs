@@ -4,10 +4,10 @@
 
 use axum::extract::Request;
 
-use crate::auth::permissions::Scope;
-use crate::auth::Principal;
 use crate::fleet::members::MemberKind;
 use crate::Core;
+use edgeloop_auth::permissions::Scope;
+use edgeloop_auth::Principal;
 use edgeloop_errors::{Error, Result};
 use edgeloop_registry::models;
 

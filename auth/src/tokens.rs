@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
 use super::Principal;
-use crate::db::Db;
+use crate::Trees;
 use edgeloop_errors::validate;
 use edgeloop_errors::{Error, Result};
 
@@ -73,7 +73,7 @@ pub fn record_key(secret: &str) -> String {
 }
 
 /// The principal a presented secret stands for, if it is a live API token.
-pub fn authenticate(store: &Db, secret: &str, now: OffsetDateTime) -> Result<Option<Principal>> {
+pub fn authenticate(store: &Trees, secret: &str, now: OffsetDateTime) -> Result<Option<Principal>> {
     if !secret.starts_with(SECRET_PREFIX) {
         return Ok(None);
     }
@@ -81,8 +81,12 @@ pub fn authenticate(store: &Db, secret: &str, now: OffsetDateTime) -> Result<Opt
 }
 
 /// The principal of the token stored under `key`, if it is still live.
-pub fn principal_by_key(store: &Db, key: &str, now: OffsetDateTime) -> Result<Option<Principal>> {
-    let Some(record) = store.auth.api_tokens.get(key)? else {
+pub fn principal_by_key(
+    store: &Trees,
+    key: &str,
+    now: OffsetDateTime,
+) -> Result<Option<Principal>> {
+    let Some(record) = store.api_tokens.get(key)? else {
         return Ok(None);
     };
     Ok(match state(&record, now) {
@@ -138,7 +142,7 @@ fn check(req: &CreateApiToken) -> Result<Option<BTreeSet<String>>> {
 }
 
 pub async fn create(
-    store: &Db,
+    store: &Trees,
     by: &Principal,
     req: CreateApiToken,
     ca_fingerprint: Digest,
@@ -158,7 +162,7 @@ pub async fn create(
             .map(|s| now + Duration::seconds(s as i64)),
         revoked_at: None,
     };
-    if !store.auth.api_tokens.insert_new(&key(&secret), &record)? {
+    if !store.api_tokens.insert_new(&key(&secret), &record)? {
         // 256 random bits collided: not in this universe, but never overwrite.
         return Err(Error::Conflict("token secret collision; retry".into()));
     }
@@ -170,8 +174,8 @@ pub async fn create(
     })
 }
 
-pub fn list(store: &Db, now: OffsetDateTime) -> Result<Vec<ApiTokenView>> {
-    let mut all: Vec<_> = store.auth.api_tokens.values()?;
+pub fn list(store: &Trees, now: OffsetDateTime) -> Result<Vec<ApiTokenView>> {
+    let mut all: Vec<_> = store.api_tokens.values()?;
     // Ids are `k-<seq>`: order by the number, i.e. by creation.
     all.sort_by_key(|r| id_number(&r.id));
     Ok(all.iter().map(|r| view(r, now)).collect())
@@ -185,9 +189,8 @@ fn id_number(id: &str) -> u64 {
 
 /// Revokes at once: the next request with the token is refused. Revoking a
 /// revoked token answers its view again (idempotent).
-pub async fn revoke(store: &Db, id: &str, now: OffsetDateTime) -> Result<ApiTokenView> {
+pub async fn revoke(store: &Trees, id: &str, now: OffsetDateTime) -> Result<ApiTokenView> {
     let found = store
-        .auth
         .api_tokens
         .scan_prefix("")?
         .into_iter()
@@ -195,7 +198,7 @@ pub async fn revoke(store: &Db, id: &str, now: OffsetDateTime) -> Result<ApiToke
     let Some((key, _)) = found else {
         return Err(Error::not_found("api token", id));
     };
-    let r = store.auth.api_tokens.update(&key, |r| -> Result<_> {
+    let r = store.api_tokens.update(&key, |r| -> Result<_> {
         let mut r = r.ok_or_else(|| Error::not_found("api token", id))?;
         r.revoked_at.get_or_insert(now);
         Ok(r)
@@ -291,7 +294,8 @@ mod tests {
     #[tokio::test]
     async fn a_revoked_or_expired_token_no_longer_authenticates() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Db::open(&dir.path().join("db")).unwrap();
+        let store =
+            Trees::open(&edgeloop_store::Store::open(&dir.path().join("db")).unwrap()).unwrap();
         let t0 = datetime!(2026-01-01 0:00 UTC);
         let admin = Principal::bootstrap_admin();
         let a = create(

@@ -6,7 +6,7 @@
 use edgeloop_api::access::{AuditEntry, AuditResult};
 use time::{Duration, OffsetDateTime};
 
-use crate::db::Db;
+use crate::Trees;
 use edgeloop_errors::Result;
 
 /// How long and how many entries are kept.
@@ -43,7 +43,7 @@ pub struct Call<'a> {
 
 /// Appends one entry and makes it durable before the call is answered, so
 /// an acknowledged change is never missing from the log.
-pub async fn record(store: &Db, call: Call<'_>, now: OffsetDateTime) -> Result<()> {
+pub async fn record(store: &Trees, call: Call<'_>, now: OffsetDateTime) -> Result<()> {
     let seq = store.next_id()?;
     let entry = AuditEntry {
         seq,
@@ -56,7 +56,7 @@ pub async fn record(store: &Db, call: Call<'_>, now: OffsetDateTime) -> Result<(
         status: call.status,
         result: AuditResult::of_status(call.status),
     };
-    store.auth.audit.insert(&key(seq), &entry)?;
+    store.audit.insert(&key(seq), &entry)?;
     store.flush().await?;
     Ok(())
 }
@@ -65,7 +65,7 @@ pub async fn record(store: &Db, call: Call<'_>, now: OffsetDateTime) -> Result<(
 /// one token only. Reads pages of the log until the page is full, so a
 /// filter over a long log costs what it skips, not the whole log.
 pub fn list(
-    store: &Db,
+    store: &Trees,
     before: Option<u64>,
     token_id: Option<&str>,
     limit: usize,
@@ -73,7 +73,7 @@ pub fn list(
     let mut out = Vec::new();
     let mut cursor = before.map(key);
     loop {
-        let page = store.auth.audit.page_rev_before(cursor.as_deref(), 512)?;
+        let page = store.audit.page_rev_before(cursor.as_deref(), 512)?;
         let Some((last, _)) = page.last() else {
             return Ok(out);
         };
@@ -103,56 +103,23 @@ pub fn to_drop(oldest: &[OffsetDateTime], len: u64, now: OffsetDateTime, r: Rete
 /// One retention pass: drops what [`to_drop`] says, in batches. Returns
 /// how many entries went. Blocking (it counts the log); the caller
 /// flushes.
-pub fn prune(store: &Db, r: Retention, now: OffsetDateTime) -> Result<u64> {
+pub fn prune(store: &Trees, r: Retention, now: OffsetDateTime) -> Result<u64> {
     const BATCH: usize = 1024;
     let mut dropped = 0;
     loop {
-        let len = store.auth.audit.len()? as u64;
-        let oldest = store.auth.audit.first(BATCH)?;
+        let len = store.audit.len()? as u64;
+        let oldest = store.audit.first(BATCH)?;
         let times: Vec<_> = oldest.iter().map(|(_, e)| e.at).collect();
         let n = to_drop(&times, len, now, r).min(BATCH as u64);
         if n == 0 {
             break;
         }
         for (k, _) in oldest.iter().take(n as usize) {
-            store.auth.audit.remove(k)?;
+            store.audit.remove(k)?;
         }
         dropped += n;
     }
     Ok(dropped)
-}
-
-/// Prunes the log at start and then hourly, until `shutdown`.
-pub async fn run_retention(
-    core: std::sync::Arc<crate::Core>,
-    shutdown: tokio_util::sync::CancellationToken,
-) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        if !core.leader.leads(crate::leader::Task::AuditRetention) {
-            continue;
-        }
-        let store = core.store.clone();
-        let (r, now) = (core.config.audit_retention, core.now());
-        let pass = tokio::task::spawn_blocking(move || prune(&store, r, now)).await;
-        match pass {
-            Ok(Ok(0)) => {}
-            Ok(Ok(n)) => {
-                tracing::info!(dropped = n, "audit log retention");
-                if let Err(e) = core.store.flush().await {
-                    tracing::warn!(error = %e, "flushing after audit retention");
-                }
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "audit log retention failed; retrying in an hour")
-            }
-            Err(e) => tracing::warn!(error = %e, "audit log retention task panicked"),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -186,7 +153,8 @@ mod tests {
     #[tokio::test]
     async fn entries_page_newest_first_and_retention_keeps_the_newest() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Db::open(&dir.path().join("db")).unwrap();
+        let store =
+            Trees::open(&edgeloop_store::Store::open(&dir.path().join("db")).unwrap()).unwrap();
         let t0 = datetime!(2026-01-01 0:00 UTC);
         for i in 0..20i64 {
             let token = if i % 2 == 0 { "k-1" } else { "k-2" };
