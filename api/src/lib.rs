@@ -27,5 +27,9 @@ pub mod triggers;
 #[cfg(feature = "client")]
 pub use client::{ApiError, Client, ErrorKind, Trust};
 
+/// The response header that carries a list's next page cursor (the next
+/// request's `after`).
+pub const NEXT_CURSOR: &str = "edgeloop-next-cursor";
+
 /// Unix seconds: how the lifecycle's records and views write times.
 pub type UnixSeconds = i64;

@@ -10,7 +10,7 @@
 use std::ops::Deref;
 use std::path::Path;
 
-use crate::{console, fleet, leader, lifecycle};
+use crate::{fleet, leader, lifecycle};
 use edgeloop_store::{PostgresUrl, Store, StoreError};
 
 #[derive(Clone)]
@@ -21,7 +21,7 @@ pub struct Db {
     pub drift: edgeloop_drift::Trees,
     pub lifecycle: lifecycle::Trees,
     pub auth: edgeloop_auth::Trees,
-    pub console: console::Trees,
+    pub console: edgeloop_console::Trees,
     pub leader: leader::Trees,
 }
 
@@ -45,7 +45,7 @@ impl Db {
             drift: edgeloop_drift::Trees::open(&store)?,
             lifecycle: lifecycle::Trees::open(&store)?,
             auth: edgeloop_auth::Trees::open(&store)?,
-            console: console::Trees::open(&store)?,
+            console: edgeloop_console::Trees::open(&store)?,
             leader: leader::Trees::open(&store)?,
             store,
         })

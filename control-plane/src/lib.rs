@@ -7,7 +7,6 @@
 
 pub mod api;
 pub mod config;
-pub mod console;
 pub mod datadir;
 pub mod db;
 pub mod fleet;
@@ -110,6 +109,36 @@ impl Core {
     /// How long a member may go unheard before it counts as offline.
     pub fn offline_after(&self) -> time::Duration {
         time::Duration::try_from(self.config.offline_after()).unwrap_or(time::Duration::MAX)
+    }
+}
+
+/// The server as the web console's host: its clock, the bootstrap admin
+/// token, the sessions and tokens, and whether it is served over TLS.
+impl edgeloop_console::Host for Core {
+    fn now(&self) -> time::OffsetDateTime {
+        Core::now(self)
+    }
+
+    fn is_admin_token(&self, presented: &str) -> bool {
+        Core::is_admin_token(self, presented)
+    }
+
+    fn sessions(&self) -> &edgeloop_console::Trees {
+        &self.store.console
+    }
+
+    fn tokens(&self) -> &edgeloop_auth::Trees {
+        &self.store.auth
+    }
+
+    fn over_tls(&self) -> bool {
+        self.config.http_tls != config::HttpTls::Off
+    }
+
+    fn count_unauthenticated(&self) {
+        self.security
+            .unauthenticated
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -37,7 +37,7 @@ use edgeloop_errors::Error;
 /// The console API and the web console (`/ui/`, which calls the API
 /// in-process and is not behind `authorize`: it has its own sessions).
 pub fn router(core: Arc<Core>) -> Router {
-    api_router(core.clone()).merge(crate::console::router(core.clone(), api_router(core)))
+    api_router(core.clone()).merge(edgeloop_console::router(core.clone(), api_router(core)))
 }
 
 fn api_router(core: Arc<Core>) -> Router {

@@ -11,8 +11,7 @@ pub const MAX_LIMIT: usize = 1000;
 /// The longest cursor taken: keys are ids and names, far shorter.
 pub const MAX_CURSOR_BYTES: usize = 1024;
 
-/// The response header that carries the next page's cursor.
-pub const NEXT_CURSOR: &str = "edgeloop-next-cursor";
+pub use edgeloop_api::NEXT_CURSOR;
 
 /// Up to `limit` records of `tree` below the cursor `after`, newest key
 /// first, that `keep` accepts. `keep` may fail (it asks the store whether

@@ -12,9 +12,9 @@ use edgeloop_api::pipelines::{Output, PipelineStatus, PipelineView, Step, StepOu
 use maud::{html, Markup};
 
 use super::plain_id;
-use crate::console::chart::{self, line_chart, Series, Style};
-use crate::console::html::{badge, page, time};
-use crate::console::Console;
+use crate::chart::{self, line_chart, Series, Style};
+use crate::html::{badge, page, time};
+use crate::Console;
 
 const COLOURS: [&str; 4] = [chart::BLUE, chart::ORANGE, chart::GREEN, chart::PURPLE];
 
@@ -128,7 +128,7 @@ pub async fn pipeline(
     let p = c
         .get::<PipelineView>(&s, &format!("/api/v1/pipelines/{id}"), "/ui/pipelines")
         .await?;
-    let now = c.core.now().unix_timestamp();
+    let now = c.host.now().unix_timestamp();
     // The timeline's scale: from the first step's start to the last end.
     let start = p.history.iter().map(|h| h.started_at).min().unwrap_or(now);
     let end = p

@@ -9,8 +9,8 @@ use edgeloop_api::fleet::{AssignmentState, MemberStatus, MemberView};
 use maud::{html, Markup};
 
 use super::{query, with_query};
-use crate::console::html::{ago, badge, failure, page, time};
-use crate::console::Console;
+use crate::html::{ago, badge, failure, page, time};
+use crate::Console;
 
 /// Devices on one page.
 pub const PAGE: usize = 50;
@@ -57,7 +57,7 @@ pub async fn devices(
             return Err(failure(Some(&s), "/ui/fleet", &f));
         }
     };
-    let now = c.core.now();
+    let now = c.host.now();
     let devices = answer.body;
     let body = html! {
         (filter(&q.selector))
@@ -210,7 +210,7 @@ pub async fn bridges(State(c): State<Console>, headers: HeaderMap) -> Result<Res
     let clusters = c
         .get::<Vec<MemberView>>(&s, "/api/v1/clusters", "/ui/bridges")
         .await?;
-    let now = c.core.now();
+    let now = c.host.now();
     let body = html! {
         @if clusters.is_empty() {
             p { "No trainer bridge has enrolled." }

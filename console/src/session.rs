@@ -11,8 +11,7 @@ use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
-use crate::db::Db;
-use crate::Core;
+use crate::{Host, Trees};
 use edgeloop_auth::{tokens, Principal};
 use edgeloop_errors::Result;
 
@@ -57,12 +56,12 @@ fn random_hex() -> String {
 
 /// Starts a session for the secret presented at login; `None` when the
 /// secret is no live token. Returns the new session's id (the cookie).
-pub fn login(core: &Core, secret: &str) -> Result<Option<String>> {
+pub fn login(host: &dyn Host, secret: &str) -> Result<Option<String>> {
     let secret = secret.trim();
-    let now = core.now();
-    let caller = if core.is_admin_token(secret) {
+    let now = host.now();
+    let caller = if host.is_admin_token(secret) {
         Caller::BootstrapAdmin
-    } else if tokens::authenticate(&core.store.auth, secret, now)?.is_some() {
+    } else if tokens::authenticate(host.tokens(), secret, now)?.is_some() {
         Caller::ApiToken {
             key: tokens::record_key(secret),
         }
@@ -75,28 +74,28 @@ pub fn login(core: &Core, secret: &str) -> Result<Option<String>> {
         csrf: random_hex(),
         expires_at: now + LIFETIME,
     };
-    core.store.console.sessions.insert(&key(&id), &record)?;
-    forget_expired(&core.store, now)?;
+    host.sessions().sessions.insert(&key(&id), &record)?;
+    forget_expired(host.sessions(), now)?;
     Ok(Some(id))
 }
 
 /// The session a cookie names, if it is live and its token still is.
-pub fn lookup(core: &Core, id: &str) -> Result<Option<Session>> {
+pub fn lookup(host: &dyn Host, id: &str) -> Result<Option<Session>> {
     // Ids are 64 hex digits; anything else was never issued.
     if id.len() != 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Ok(None);
     }
-    let now = core.now();
-    let Some(record) = core.store.console.sessions.get(&key(id))? else {
+    let now = host.now();
+    let Some(record) = host.sessions().sessions.get(&key(id))? else {
         return Ok(None);
     };
     if now >= record.expires_at {
-        core.store.console.sessions.remove(&key(id))?;
+        host.sessions().sessions.remove(&key(id))?;
         return Ok(None);
     }
     let principal = match &record.caller {
         Caller::BootstrapAdmin => Some(Principal::bootstrap_admin()),
-        Caller::ApiToken { key } => tokens::principal_by_key(&core.store.auth, key, now)?,
+        Caller::ApiToken { key } => tokens::principal_by_key(host.tokens(), key, now)?,
     };
     Ok(principal.map(|principal| Session {
         principal,
@@ -105,9 +104,9 @@ pub fn lookup(core: &Core, id: &str) -> Result<Option<Session>> {
 }
 
 /// Ends a session (logout).
-pub fn logout(core: &Core, id: &str) -> Result<()> {
+pub fn logout(host: &dyn Host, id: &str) -> Result<()> {
     if id.len() == 64 {
-        core.store.console.sessions.remove(&key(id))?;
+        host.sessions().sessions.remove(&key(id))?;
     }
     Ok(())
 }
@@ -120,9 +119,8 @@ pub fn csrf_matches(session: &Session, presented: &str) -> bool {
 
 /// Drops sessions past their end, so logins that never log out do not
 /// pile up. Sessions are few (people, not devices): a scan is fine.
-fn forget_expired(store: &Db, now: OffsetDateTime) -> Result<()> {
+fn forget_expired(store: &Trees, now: OffsetDateTime) -> Result<()> {
     let expired: Vec<String> = store
-        .console
         .sessions
         .scan_prefix("")?
         .into_iter()
@@ -130,7 +128,7 @@ fn forget_expired(store: &Db, now: OffsetDateTime) -> Result<()> {
         .map(|(k, _)| k)
         .collect();
     let keys: Vec<&str> = expired.iter().map(String::as_str).collect();
-    store.console.sessions.remove_many(&keys)?;
+    store.sessions.remove_many(&keys)?;
     Ok(())
 }
 

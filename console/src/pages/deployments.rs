@@ -12,9 +12,9 @@ use edgeloop_api::deployments::{
 use maud::{html, Markup};
 
 use super::{plain_id, query};
-use crate::console::html::{badge, csrf_field, failure, may, page, time};
-use crate::console::session::Session;
-use crate::console::{redirect, Console, CsrfForm};
+use crate::html::{badge, csrf_field, failure, may, page, time};
+use crate::session::Session;
+use crate::{redirect, Console, CsrfForm};
 
 const PAGE: usize = 50;
 const CANCEL_ROUTE: &str = "/api/v1/deployments/{id}/cancel";

@@ -19,10 +19,10 @@ use serde::Deserialize;
 
 use super::deployments::state_badge;
 use super::{plain_id, with_query};
-use crate::console::chart::{self, line_chart, Mark, Series, Style, Threshold};
-use crate::console::html::{badge, page, time};
-use crate::console::session::Session;
-use crate::console::Console;
+use crate::chart::{self, line_chart, Mark, Series, Style, Threshold};
+use crate::html::{badge, page, time};
+use crate::session::Session;
+use crate::Console;
 
 pub async fn list(State(c): State<Console>, headers: HeaderMap) -> Result<Response, Response> {
     let s = c.session(&headers, "/ui/models").await?;

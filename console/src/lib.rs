@@ -35,22 +35,40 @@ use axum::routing::{get, post};
 use axum::{Form, Router};
 use maud::html;
 
-use crate::Core;
+use time::OffsetDateTime;
+
 use edgeloop_errors::Error;
 use session::Session;
+
+/// What the console needs of the server that serves it. Everything else a
+/// page shows or does goes through the console API (`api.rs`).
+pub trait Host: Send + Sync + 'static {
+    /// The server's clock (a test's manual clock included).
+    fn now(&self) -> OffsetDateTime;
+    /// Whether `presented` is the data dir's bootstrap admin token.
+    fn is_admin_token(&self, presented: &str) -> bool;
+    /// The sessions.
+    fn sessions(&self) -> &Trees;
+    /// The API tokens a session stands for.
+    fn tokens(&self) -> &edgeloop_auth::Trees;
+    /// Whether the console is served over TLS: cookies are then `Secure`.
+    fn over_tls(&self) -> bool;
+    /// Counts a refused login for `/metrics`.
+    fn count_unauthenticated(&self);
+}
 
 /// What every console handler is given.
 #[derive(Clone)]
 pub struct Console {
-    pub core: Arc<Core>,
+    pub host: Arc<dyn Host>,
     pub api: api::Api,
 }
 
 /// The console's routes; `api` is the console API's router, which the
 /// pages call in-process.
-pub fn router(core: Arc<Core>, api: Router) -> Router {
+pub fn router(host: Arc<dyn Host>, api: Router) -> Router {
     let console = Console {
-        core,
+        host,
         api: api::Api::new(api),
     };
     Router::new()
@@ -88,8 +106,8 @@ impl Console {
     pub async fn session(&self, headers: &HeaderMap, here: &str) -> Result<Session, Response> {
         let found = match session::cookie_value(headers) {
             Some(id) => {
-                let core = self.core.clone();
-                tokio::task::spawn_blocking(move || session::lookup(&core, &id))
+                let host = self.host.clone();
+                tokio::task::spawn_blocking(move || session::lookup(&*host, &id))
                     .await
                     .map_err(|e| Error::Internal(e.into()).into_response())?
                     .map_err(IntoResponse::into_response)?
@@ -139,7 +157,7 @@ impl Console {
     }
 
     pub fn secure_cookies(&self) -> bool {
-        self.core.config.http_tls != crate::config::HttpTls::Off
+        self.host.over_tls()
     }
 }
 
@@ -209,8 +227,8 @@ async fn login(State(c): State<Console>, Form(f): Form<LoginForm>) -> Response {
             Some("token: paste an API token"),
         );
     }
-    let core = c.core.clone();
-    let started = tokio::task::spawn_blocking(move || session::login(&core, &f.token)).await;
+    let host = c.host.clone();
+    let started = tokio::task::spawn_blocking(move || session::login(&*host, &f.token)).await;
     match started {
         Ok(Ok(Some(id))) => {
             let mut res = redirect(&next);
@@ -220,10 +238,7 @@ async fn login(State(c): State<Console>, Form(f): Form<LoginForm>) -> Response {
             res
         }
         Ok(Ok(None)) => {
-            c.core
-                .security
-                .unauthenticated
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            c.host.count_unauthenticated();
             login_form(
                 StatusCode::UNAUTHORIZED,
                 &next,
@@ -246,8 +261,9 @@ async fn logout(State(c): State<Console>, headers: HeaderMap, Form(f): Form<Csrf
         return res;
     }
     if let Some(id) = session::cookie_value(&headers) {
-        let core = c.core.clone();
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || session::logout(&core, &id)).await {
+        let host = c.host.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || session::logout(&*host, &id)).await
+        {
             return e.into_response();
         }
     }

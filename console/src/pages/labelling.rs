@@ -16,8 +16,8 @@ use maud::{html, Markup};
 use serde::Deserialize;
 
 use super::{plain_id, with_query};
-use crate::console::html::{csrf_field, failure, may, page, time};
-use crate::console::{redirect, Console};
+use crate::html::{csrf_field, failure, may, page, time};
+use crate::{redirect, Console};
 
 /// Samples on one page: each is a form row, and a page is one bulk call.
 const PAGE: usize = 24;

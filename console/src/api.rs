@@ -11,7 +11,7 @@ use axum::Router;
 use serde::de::DeserializeOwned;
 use tower::ServiceExt as _;
 
-use crate::api::rest::paging::NEXT_CURSOR;
+use edgeloop_api::NEXT_CURSOR;
 use edgeloop_auth::{ConsoleCaller, Principal};
 
 /// The most bytes the console reads of one API answer: pages are bounded
