@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts a PostgreSQL 15 server on 127.0.0.1 for the control plane's
-# PostgreSQL store backend and its tests (control-plane/src/store/pg/,
+# PostgreSQL store backend and its tests (store/src/pg/,
 # the store tests and the integration tests that run on both backends).
 #
 #   scripts/postgres-up.sh     # start (or find running) and print the env file

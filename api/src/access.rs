@@ -1,7 +1,7 @@
 //! Who may call the console API: API tokens with a role and optional
 //! projects (`/api/v1/api-tokens`), and the audit log of every
 //! state-changing call (`/api/v1/audit`). The control plane's records and
-//! its route → permission table are in `control-plane/src/auth/`.
+//! its route → permission table are in `auth/src/`.
 
 use std::fmt;
 use std::str::FromStr;

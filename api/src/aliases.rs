@@ -2,7 +2,7 @@
 //! (`/api/v1/models/{model}/aliases/...`): a name such as `production` or
 //! `staging` that points at one version of a model, and moves. Every move
 //! is kept in the alias's history. The store's record is in
-//! `control-plane/src/registry/aliases.rs`.
+//! `registry/src/aliases.rs`.
 //!
 //! An alias and a version can be named in the same places (a deployment, a
 //! pull), so they must never be confused:

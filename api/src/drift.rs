@@ -1,7 +1,7 @@
 //! Drift as the console API shows it (`GET /api/v1/models/{name}/drift`):
 //! the thresholds it used and, per device group, the series of windows
 //! compared with the manifest's reference statistics. The server computes
-//! them (`control-plane/src/drift/analysis.rs`); `docs/drift.md` explains them.
+//! them (`drift/src/analysis.rs`); `docs/drift.md` explains them.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,6 +1,6 @@
 //! Training jobs as the console API shows them (`/api/v1/jobs/...`). The
 //! store's records are in `control-plane/src/lifecycle/jobs.rs` and
-//! `control-plane/src/registry/checkpoints.rs`.
+//! `registry/src/checkpoints.rs`.
 
 use std::collections::BTreeMap;
 

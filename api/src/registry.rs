@@ -1,6 +1,6 @@
 //! The model registry as the console API shows it: models, their versions
 //! and where each version came from (`/api/v1/models/...`). The store's
-//! records are in `control-plane/src/registry/models.rs`.
+//! records are in `registry/src/models.rs`.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -4,7 +4,7 @@
 //! API) with their inputs and provenance, and the labelling queue: an
 //! unlabelled hard example gets its label here, and labelled samples go
 //! into the next retraining snapshot. The store's record is
-//! `control-plane/src/drift/records.rs`.
+//! `drift/src/records.rs`.
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
