@@ -86,7 +86,7 @@ pub struct CreateApiToken {
     /// The projects the token sees and changes; every project when absent.
     /// An admin token is never scoped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::token_projects))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::access::token_projects))]
     pub projects: Option<Vec<String>>,
     /// Lifetime in seconds (60 to 63 072 000, two years); no expiry when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]

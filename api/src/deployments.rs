@@ -422,7 +422,7 @@ pub struct CreateDeployment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<AliasName>,
     /// The device group, as a label selector (`GET /api/v1/devices?selector=`).
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::selector))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::deployments::selector))]
     pub selector: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy: Option<StrategyRequest>,
@@ -462,7 +462,7 @@ pub struct CreateDeployment {
 pub struct StrategyRequest {
     /// `{"percent": [1, 10, 50, 100]}` (cumulative, increasing, ending at
     /// 100) or `{"count": [1, 5, 20]}` (cumulative; the last wave takes the rest).
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::waves))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::deployments::waves))]
     pub waves: Waves,
     /// Default 300.
     #[serde(default, skip_serializing_if = "Option::is_none")]

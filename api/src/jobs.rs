@@ -128,7 +128,7 @@ pub struct JobView {
 #[serde(deny_unknown_fields)]
 pub struct CreateJob {
     /// The job spec (see `edgeloop_api::spec::JobSpec`).
-    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::JobSpecSchema))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::spec::JobSpecSchema))]
     pub spec: Value,
     /// Run only on this cluster.
     #[serde(default)]

@@ -62,7 +62,7 @@ impl Step {
 pub struct RetrainingConfig {
     /// The training job (trainer-bridge's job spec). The pipeline names the
     /// job and puts its dataset snapshot first in `datasets`.
-    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::JobSpecSchema))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::spec::JobSpecSchema))]
     pub job: serde_json::Value,
     /// Run the job only on this cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,7 +154,7 @@ pub struct RetrainingConfig {
     /// devices).
     #[cfg_attr(
         feature = "openapi",
-        schema(value_type = crate::schema::RolloutTemplateSchema)
+        schema(value_type = crate::schema::deployments::RolloutTemplateSchema)
     )]
     pub rollout: serde_json::Value,
     /// How many times each labelled hard example (labelled through the

@@ -78,7 +78,7 @@ fn default_accuracy_min() -> u64 {
 
 /// One trigger: its id and what fires it. In JSON one flat object, whose
 /// `kind` says which other fields apply ([`TRIGGER_KINDS`]); its schema is
-/// one object per kind (`crate::schema::trigger_spec`).
+/// one object per kind (`crate::schema::triggers::trigger_spec`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TriggerSpec {
     pub id: String,
@@ -233,7 +233,7 @@ fn typed<T: DeserializeOwned, E: de::Error>(name: &str, value: Value) -> Result<
 #[cfg(feature = "openapi")]
 impl utoipa::PartialSchema for TriggerSpec {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        crate::schema::trigger_spec().into()
+        crate::schema::triggers::trigger_spec().into()
     }
 }
 

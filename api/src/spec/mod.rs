@@ -48,7 +48,7 @@ pub use validation::is_env_name;
 /// [`JobSpec::from_yaml`], which also validate it.
 // The OpenAPI document states `JobSpec::validate`'s rules on the fields
 // (`crate::schema` for those the derive cannot say, and for the rules
-// between fields `crate::schema::JobSpecSchema`): keep the two together.
+// between fields `crate::schema::spec::JobSpecSchema`): keep the two together.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -66,55 +66,55 @@ pub struct JobSpec {
     /// Container image, for engines that run containers: no spaces or
     /// control characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::image_reference))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::spec::image_reference))]
     pub image: Option<String>,
     /// Program and its first arguments; never run through a shell. The
     /// program is not empty, and no argument holds a NUL.
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::command))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::spec::command))]
     pub command: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::process_args))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::spec::process_args))]
     pub args: Vec<String>,
     /// Names of letters, digits and `_` (not starting with a digit); not
     /// `EDGELOOP_*` (the bridge sets those) nor `NCCL_*` (under `nccl`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::environment))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::spec::environment))]
     pub env: BTreeMap<String, String>,
     /// Relative paths are resolved against the job's directory on the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::working_dir))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::spec::working_dir))]
     pub working_dir: Option<PathBuf>,
     #[serde(
         default,
         deserialize_with = "parse::mapping",
         skip_serializing_if = "parse::is_default"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::ResourcesSchema))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::spec::ResourcesSchema))]
     pub resources: Resources,
     #[serde(default, skip_serializing_if = "parse::is_default")]
-    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::LauncherSpecSchema))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::spec::LauncherSpecSchema))]
     pub launcher: LauncherSpec,
     /// Passed through to the training processes' environment. Only the NCCL
     /// variables that describe the network are accepted: the rest (e.g.
     /// NCCL_ALGO) change numerics or hang jobs, and belong in the image.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::nccl))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::spec::nccl))]
     pub nccl: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<Precision>,
     /// Dataset URIs, handed to the job as given.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::datasets))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::spec::datasets))]
     pub datasets: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::hyperparameters))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::spec::hyperparameters))]
     pub hyperparameters: BTreeMap<String, serde_json::Value>,
     #[serde(
         default,
         deserialize_with = "parse::mapping",
         skip_serializing_if = "parse::is_default"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::CheckpointPolicySchema))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::spec::CheckpointPolicySchema))]
     pub checkpoint: CheckpointPolicy,
     #[serde(
         default,
@@ -129,7 +129,7 @@ pub struct JobSpec {
         skip_serializing_if = "Vec::is_empty",
         deserialize_with = "parse::deserialize_requirements"
     )]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::requirements))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::spec::requirements))]
     pub requirements: Vec<Requirement>,
     /// The engine the job must run on; any engine when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -35,7 +35,7 @@ pub struct Resources {
     /// e.g. "A100" or "H100-80GB"; matched against the cluster's GPU name.
     /// Only with `gpus_per_node` of at least 1.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::gpu_type))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::spec::gpu_type))]
     pub gpu_type: Option<String>,
 }
 
