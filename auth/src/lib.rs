@@ -1,7 +1,8 @@
 //! Who is calling the console API and what they may do: API tokens
 //! ([`tokens`]), the route → permission table ([`permissions`]) and the
-//! audit log ([`audit`]). The REST layer (`api/rest/authorize.rs`) is the
-//! one place that applies them.
+//! audit log ([`audit`]). The control plane's REST layer
+//! (`control-plane/src/api/rest/authorize.rs`) is the one place that
+//! applies them.
 
 pub mod audit;
 pub mod permissions;

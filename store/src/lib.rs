@@ -69,7 +69,7 @@ pub enum StoreError {
 /// A background task's fencing token, as its leader writes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {
-    /// The task's lease name (`leader::Task::name`).
+    /// The task's lease name (the control plane's `leader::Task::name`).
     pub task: &'static str,
     pub token: u64,
 }
