@@ -40,7 +40,7 @@ scripts/fetch-chromium.sh
 EDGELOOP_TORCH_PYTHON="$(scripts/torch-env.sh | tail -n 1)"
 export EDGELOOP_TORCH_PYTHON
 
-echo "==> engines (real Slurm, Ray, PostgreSQL and an S3 server on this machine; stopped again at the end)"
+echo "==> engines (real Slurm, Ray, PostgreSQL, an S3 server and Podman on this machine; the servers stopped again at the end)"
 stop_engines() {
   scripts/ray-down.sh >/dev/null 2>&1 || true
   scripts/slurm-down.sh >/dev/null 2>&1 || true
@@ -60,7 +60,10 @@ export EDGELOOP_TEST_POSTGRES_URL EDGELOOP_TEST_POSTGRES_CA
 # An S3 server (s3s-fs) for the S3 artifact store's tests, which read the
 # AWS_* settings and EDGELOOP_TEST_S3_URL from the environment.
 EDGELOOP_S3_ENV="$(scripts/s3-up.sh | tail -n 1)"
-export EDGELOOP_SLURM_ENV EDGELOOP_RAY_ENV EDGELOOP_S3_ENV
+# Podman on runc and a Debian image built here, for jobs with an image on
+# the local engine (trainer-bridge/tests/local_containers.rs).
+EDGELOOP_CONTAINERS_ENV="$(scripts/containers-up.sh | tail -n 1)"
+export EDGELOOP_SLURM_ENV EDGELOOP_RAY_ENV EDGELOOP_S3_ENV EDGELOOP_CONTAINERS_ENV
 set -a
 # shellcheck source=/dev/null
 . "$EDGELOOP_S3_ENV"

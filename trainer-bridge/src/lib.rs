@@ -44,7 +44,11 @@ pub fn engines(
 ) -> anyhow::Result<BTreeMap<String, Arc<dyn Engine>>> {
     let mut engines: BTreeMap<String, Arc<dyn Engine>> = BTreeMap::new();
     let local = LocalEngine::with_gpus(&config.data_dir.join("engine-local"), gpus.clone())
-        .context("local engine state dir")?;
+        .context("local engine state dir")?
+        .with_container(
+            engines::local::container::ContainerRuntime::from_env()
+                .context("the local engine's container runtime")?,
+        );
     engines.insert("local".into(), Arc::new(local));
     if std::env::var_os("EDGELOOP_SLURMRESTD_URL").is_some() {
         engines.insert(

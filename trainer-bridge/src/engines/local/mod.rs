@@ -6,7 +6,11 @@
 //! Each submission gets a state directory holding the process group ids and,
 //! once a rank exits, its exit code (written by a `sh` wrapper). State is
 //! read from those files, so a restarted bridge re-adopts what is running
-//! instead of starting it again.
+//! instead of starting it again. A job with an `image` runs each process in
+//! a container of the configured runtime under the same wrapper
+//! ([`container`]).
+
+pub mod container;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -19,10 +23,13 @@ use nix::unistd::Pid;
 use edgeloop_client_core::gpu::LocalGpus;
 
 use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher, NodePool};
+use container::{ContainerRun, ContainerRuntime};
 
 pub struct LocalEngine {
     state_dir: PathBuf,
     gpus: LocalGpus,
+    /// What runs a job's `image`; `None`: such a job is refused.
+    container: Option<ContainerRuntime>,
     /// Serializes submissions, so two jobs never pick the same free GPU.
     allocating: tokio::sync::Mutex<()>,
 }
@@ -39,8 +46,31 @@ impl LocalEngine {
         Ok(Self {
             state_dir: state_dir.to_path_buf(),
             gpus,
+            container: None,
             allocating: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// The engine running jobs with an image in containers of `runtime`.
+    pub fn with_container(self, runtime: Option<ContainerRuntime>) -> Self {
+        Self {
+            container: runtime,
+            ..self
+        }
+    }
+
+    /// Removes the containers of `id`'s processes, in the background (a
+    /// container gets `grace_seconds` after SIGTERM to end by itself).
+    fn remove_containers(&self, dir: &Path, nodes: i32, grace_seconds: u32) {
+        let Some(runtime) = self.container.clone() else {
+            return;
+        };
+        for node in 0..nodes {
+            if let Ok(name) = std::fs::read_to_string(dir.join(format!("container-{node}"))) {
+                let runtime = runtime.clone();
+                tokio::spawn(async move { runtime.remove(name.trim(), grace_seconds).await });
+            }
+        }
     }
 
     /// GPU indexes held by submissions that are still running. A
@@ -106,6 +136,10 @@ impl LocalEngine {
 
 /// The file in a submission's state dir that lists the GPUs it holds.
 const GPUS_FILE: &str = "gpus";
+
+/// How long a cancelled job's container has after SIGTERM before it is
+/// killed: time for a trainer to write a checkpoint.
+const CONTAINER_GRACE_SECONDS: u32 = 10;
 
 /// This machine as a pool per GPU product (one pool, `local`, for a machine
 /// with one kind of GPU or none).
@@ -244,14 +278,39 @@ impl Engine for LocalEngine {
             std::fs::create_dir_all(parent)?;
         }
         std::fs::create_dir_all(&launch.workdir)?;
+        let image = match &launch.image {
+            None => None,
+            Some(image) => {
+                let runtime = self.container.as_ref().ok_or_else(|| {
+                    EngineError::Refused(format!(
+                        "image: the local engine runs an image only with {} set (podman or docker)",
+                        container::RUNTIME_ENV
+                    ))
+                })?;
+                let id = runtime.resolve(image).await?;
+                std::fs::write(dir.join("image"), &id)?;
+                Some((runtime, id))
+            }
+        };
         let mut envs = process_envs(launch)?;
         let _allocating = self.allocating.lock().await;
+        let mut held_by: Vec<Vec<u32>> = vec![Vec::new(); envs.len()];
         if launch.gpus_per_node > 0 {
             let groups = self.allocate(launch).await?;
             let held: Vec<String> = groups.iter().flatten().map(u32::to_string).collect();
             std::fs::write(dir.join(GPUS_FILE), held.join(","))?;
-            for (env, node) in envs.iter_mut().zip(process_nodes(launch)) {
-                let visible: Vec<String> = groups[node].iter().map(u32::to_string).collect();
+            for ((env, node), held) in envs
+                .iter_mut()
+                .zip(process_nodes(launch))
+                .zip(held_by.iter_mut())
+            {
+                *held = groups[node].clone();
+                // In a container the devices it was given are numbered from 0.
+                let visible: Vec<String> = if image.is_some() {
+                    (0..groups[node].len()).map(|i| i.to_string()).collect()
+                } else {
+                    groups[node].iter().map(u32::to_string).collect()
+                };
                 env.insert("CUDA_VISIBLE_DEVICES".into(), visible.join(","));
             }
         } else {
@@ -260,8 +319,43 @@ impl Engine for LocalEngine {
                 env.entry("CUDA_VISIBLE_DEVICES".into()).or_default();
             }
         }
+        // A container sees the job's directories at their host paths.
+        let mounts = match &image {
+            None => Vec::new(),
+            Some(_) => {
+                let contract = |key: &str| launch.env.get(key).filter(|v| !v.is_empty());
+                let checkpoints = contract(crate::launch::CHECKPOINT_DIR).map(PathBuf::from);
+                if let Some(c) = &checkpoints {
+                    std::fs::create_dir_all(c)?;
+                }
+                let resume = contract(crate::launch::RESUME_FROM)
+                    .and_then(|r| Path::new(r).parent().map(Path::to_path_buf));
+                let paths: Vec<&Path> = checkpoints
+                    .iter()
+                    .chain(&resume)
+                    .map(PathBuf::as_path)
+                    .collect();
+                container::mounts(&launch.workdir, &paths)
+            }
+        };
         // State files are per process ("node" below is a process index).
         for (node, env) in envs.iter().enumerate() {
+            let command: Vec<String> = match &image {
+                None => launch.command.clone(),
+                Some((runtime, image_id)) => {
+                    let name = format!("edgeloop-{}-{node}", id.0);
+                    std::fs::write(dir.join(format!("container-{node}")), &name)?;
+                    runtime.run_args(&ContainerRun {
+                        name: &name,
+                        image_id,
+                        workdir: &launch.workdir,
+                        mounts: &mounts,
+                        env_keys: env.keys().map(String::as_str).collect(),
+                        gpus: &held_by[node],
+                        command: &launch.command,
+                    })
+                }
+            };
             let log = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -273,12 +367,13 @@ impl Engine for LocalEngine {
             cmd.arg("-c")
                 .arg("\"$@\"; code=$?; echo $code > \"$EDGELOOP_LOCAL_EXIT_FILE.tmp\" && mv \"$EDGELOOP_LOCAL_EXIT_FILE.tmp\" \"$EDGELOOP_LOCAL_EXIT_FILE\"; exit $code")
                 .arg("edgeloop-local")
-                .args(&launch.command)
+                .args(&command)
                 .current_dir(&launch.workdir)
                 .env_clear()
                 .env("PATH", std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()))
                 .env("HOME", std::env::var("HOME").unwrap_or_default())
                 .envs(env)
+                .envs(image.iter().flat_map(|(runtime, _)| runtime.settings()))
                 .env("EDGELOOP_LOCAL_EXIT_FILE", &exit_file)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
@@ -327,7 +422,9 @@ impl Engine for LocalEngine {
                     if pgid > 0 && alive(pgid) {
                         running = true;
                     } else {
-                        // Killed without the wrapper noticing (kill -9 of the group, reboot).
+                        // Killed without the wrapper noticing (kill -9 of the group, reboot);
+                        // a container it started must not outlive it.
+                        self.remove_containers(&dir, nodes, 0);
                         return Ok(EngineState::Failed {
                             exit_code: None,
                             reason: format!("node {node} vanished without an exit code (killed)"),
@@ -353,6 +450,7 @@ impl Engine for LocalEngine {
                 let _ = killpg(Pid::from_raw(pgid), Signal::SIGTERM);
             }
         }
+        self.remove_containers(&dir, nodes, CONTAINER_GRACE_SECONDS);
         Ok(())
     }
 
@@ -371,6 +469,7 @@ impl Engine for LocalEngine {
                 }
             }
         }
+        self.remove_containers(&dir, nodes, CONTAINER_GRACE_SECONDS);
         Ok(())
     }
 

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# A container runtime for jobs with an `image` on the local engine, and the
+# image the tests run: Podman (Debian's, as root, no daemon) on runc, and
+# `localhost/edgeloop-base:bookworm`, a Debian 12 minbase root filesystem
+# built here with debootstrap (nothing is pulled from a registry).
+#
+# Idempotent: installs the Debian packages only when missing, writes the
+# runtime's config, and builds the image only when local storage lacks it
+# (from a root filesystem tarball kept in the deps dir, made once).
+#
+#   EDGELOOP_CONTAINERS_DIR  state dir (default /tmp/edgeloop-containers)
+#   EDGELOOP_DEPS            deps dir (default ~/.edgeloop/deps)
+#
+# The last line printed is the path of a sourceable env file with
+# EDGELOOP_CONTAINER_RUNTIME, CONTAINERS_CONF and EDGELOOP_TEST_IMAGE.
+set -euo pipefail
+
+STATE=${EDGELOOP_CONTAINERS_DIR:-/tmp/edgeloop-containers}
+DEPS=${EDGELOOP_DEPS:-$HOME/.edgeloop/deps}
+IMAGE=localhost/edgeloop-base:bookworm
+ROOTFS_TAR=$DEPS/containers/debian-bookworm-minbase.tar
+MIRROR=${EDGELOOP_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+log() { echo "containers-up: $*" >&2; }
+
+# --- packages ---------------------------------------------------------------
+need=()
+for bin in podman runc debootstrap; do
+  command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need+=("$bin")
+done
+# `--init` (signals reach the job's process as they would outside a
+# container) needs catatonit.
+[ -x /usr/libexec/podman/catatonit ] || need+=(catatonit)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing container packages (missing: ${need[*]})"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends podman runc catatonit debootstrap >/dev/null
+fi
+
+# --- config -----------------------------------------------------------------
+# This machine's cgroups are hybrid, which crun refuses: runc. The sandbox
+# refuses the rlimits Podman raises by default: limits it allows
+# (../shared/notes/engines.md).
+mkdir -p "$STATE"
+CONF=$STATE/containers.conf
+cat >"$CONF" <<EOF
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=1000:1000"]
+
+[engine]
+runtime = "runc"
+EOF
+export CONTAINERS_CONF=$CONF
+
+# --- the test image -----------------------------------------------------------
+if ! podman image exists "$IMAGE"; then
+  if [ ! -s "$ROOTFS_TAR" ]; then
+    log "building a Debian 12 minbase root filesystem (debootstrap, about 30 s)"
+    mkdir -p "$(dirname "$ROOTFS_TAR")"
+    root=$(mktemp -d)
+    trap 'rm -rf "$root"' EXIT
+    debootstrap --variant=minbase bookworm "$root" "$MIRROR" >"$STATE/debootstrap.log" 2>&1 || {
+      log "debootstrap failed; see $STATE/debootstrap.log"
+      exit 1
+    }
+    # Package caches and logs are not part of the image.
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/var/log/*
+    tar -C "$root" --numeric-owner -cf "$ROOTFS_TAR.tmp" .
+    mv "$ROOTFS_TAR.tmp" "$ROOTFS_TAR"
+  fi
+  log "importing $IMAGE"
+  podman import --change 'CMD ["/bin/sh"]' "$ROOTFS_TAR" "$IMAGE" >/dev/null
+fi
+podman run --rm --init --network host "$IMAGE" true
+
+ENV_FILE=$STATE/env
+cat >"$ENV_FILE.tmp" <<EOF
+EDGELOOP_CONTAINER_RUNTIME=podman
+CONTAINERS_CONF=$CONF
+EDGELOOP_TEST_IMAGE=$IMAGE
+EOF
+mv "$ENV_FILE.tmp" "$ENV_FILE"
+log "podman $(podman version --format '{{.Client.Version}}') on runc; image $IMAGE"
+echo "$ENV_FILE"

@@ -1,0 +1,348 @@
+//! Jobs with an `image` on the local engine: each process runs in a
+//! container of the configured runtime (`EDGELOOP_CONTAINER_RUNTIME`:
+//! `podman` or `docker`), started in the foreground by the same exit-code
+//! wrapper as a host process, so status, logs and a restarted bridge's
+//! re-adoption work as they do without an image.
+//!
+//! - The image is resolved to its ID once per attempt ([`ContainerRuntime::resolve`])
+//!   and the container runs that ID: a tag moved during the attempt changes nothing.
+//! - The job's directories (its working directory, the checkpoint directory,
+//!   the checkpoint it resumes from) are bind-mounted at the same paths, so
+//!   the contract's `EDGELOOP_*` paths mean the same inside; the network is
+//!   the host's, so the progress URL on `127.0.0.1` is reachable.
+//! - Environment values pass by name (`-e KEY`, the value from the
+//!   runtime's own environment): no value shows on a command line.
+//! - GPUs: the allocated devices through CDI (`--device nvidia.com/gpu=N`)
+//!   where a CDI spec names them, else the legacy `--gpus device=N,...`.
+//!   Inside, they are numbered from 0.
+//! - `--init`: the job's process gets SIGTERM on cancel as it would outside
+//!   a container (a trainer that checkpoints on SIGTERM still can).
+
+use std::path::{Path, PathBuf};
+
+use crate::engines::EngineError;
+
+/// Names the runtime the local engine runs images with.
+pub const RUNTIME_ENV: &str = "EDGELOOP_CONTAINER_RUNTIME";
+
+/// The runtime's own settings in the bridge's environment, which the
+/// runtime's process gets (the job's processes start from a cleared
+/// environment): Podman's config files, Docker's daemon and client config.
+const RUNTIME_SETTINGS: [&str; 6] = [
+    "CONTAINERS_CONF",
+    "CONTAINERS_STORAGE_CONF",
+    "CONTAINERS_REGISTRIES_CONF",
+    "XDG_RUNTIME_DIR",
+    "DOCKER_HOST",
+    "DOCKER_CONFIG",
+];
+
+/// Where CDI specs live (the CDI specification's two directories).
+const CDI_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeKind {
+    Podman,
+    Docker,
+}
+
+impl RuntimeKind {
+    pub fn parse(value: &str) -> Result<RuntimeKind, EngineError> {
+        match value.trim() {
+            "podman" => Ok(RuntimeKind::Podman),
+            "docker" => Ok(RuntimeKind::Docker),
+            other => Err(EngineError::Refused(format!(
+                "{RUNTIME_ENV}: {other:?} is not a container runtime this bridge runs (podman or docker)"
+            ))),
+        }
+    }
+
+    fn program(self) -> &'static str {
+        match self {
+            RuntimeKind::Podman => "podman",
+            RuntimeKind::Docker => "docker",
+        }
+    }
+}
+
+/// How allocated GPUs reach a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuMode {
+    /// `--device nvidia.com/gpu=N` (the NVIDIA Container Toolkit's CDI spec,
+    /// `nvidia-ctk cdi generate`).
+    Cdi,
+    /// `--gpus device=N,...` (the toolkit's runtime hook).
+    Legacy,
+}
+
+impl GpuMode {
+    /// CDI where a spec on this machine names `nvidia.com/gpu` devices.
+    pub fn detect() -> GpuMode {
+        let names_gpus = |dir: &str| {
+            std::fs::read_dir(dir).ok().is_some_and(|entries| {
+                entries.flatten().any(|e| {
+                    std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains("nvidia.com/gpu"))
+                })
+            })
+        };
+        if CDI_DIRS.iter().any(|d| names_gpus(d)) {
+            GpuMode::Cdi
+        } else {
+            GpuMode::Legacy
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ContainerRuntime {
+    pub kind: RuntimeKind,
+    pub gpus: GpuMode,
+}
+
+/// One process's container, as [`ContainerRuntime::run_args`] starts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerRun<'a> {
+    /// Unique per attempt and process, so a cancel can name it.
+    pub name: &'a str,
+    /// The resolved image ID.
+    pub image_id: &'a str,
+    pub workdir: &'a Path,
+    /// Host directories mounted at the same path.
+    pub mounts: &'a [PathBuf],
+    /// The variables passed in by name.
+    pub env_keys: Vec<&'a str>,
+    /// The host's GPU indexes this process holds.
+    pub gpus: &'a [u32],
+    pub command: &'a [String],
+}
+
+impl ContainerRuntime {
+    /// The runtime `EDGELOOP_CONTAINER_RUNTIME` names; `None` when unset
+    /// (a job with an image is then refused, naming the field).
+    pub fn from_env() -> Result<Option<ContainerRuntime>, EngineError> {
+        match std::env::var(RUNTIME_ENV) {
+            Ok(v) if !v.trim().is_empty() => Ok(Some(ContainerRuntime {
+                kind: RuntimeKind::parse(&v)?,
+                gpus: GpuMode::detect(),
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    pub fn program(&self) -> &'static str {
+        self.kind.program()
+    }
+
+    /// The runtime's settings from the bridge's environment, for the
+    /// runtime's process (never passed into the container).
+    pub fn settings(&self) -> Vec<(&'static str, String)> {
+        RUNTIME_SETTINGS
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (*k, v)))
+            .collect()
+    }
+
+    /// The local image `image` names, as its ID. An image the runtime does
+    /// not have is refused before anything runs (nothing is pulled: the
+    /// image is the team's, built or loaded on this machine).
+    pub async fn resolve(&self, image: &str) -> Result<String, EngineError> {
+        let out = tokio::process::Command::new(self.program())
+            .args(["image", "inspect", "--format", "{{.Id}}", image])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .map_err(|e| {
+                EngineError::Unavailable(format!(
+                    "{RUNTIME_ENV}: cannot run {}: {e}",
+                    self.program()
+                ))
+            })?;
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !out.status.success() || id.is_empty() {
+            return Err(EngineError::Refused(format!(
+                "image: {image:?} is not an image {} has on this machine ({})",
+                self.program(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(id)
+    }
+
+    /// The runtime's arguments that run `run` in the foreground (the
+    /// program first).
+    pub fn run_args(&self, run: &ContainerRun<'_>) -> Vec<String> {
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        let mut args: Vec<String> = vec![
+            self.program().into(),
+            "run".into(),
+            "--rm".into(),
+            "--init".into(),
+            "--name".into(),
+            run.name.into(),
+            "--network".into(),
+            "host".into(),
+        ];
+        for m in run.mounts {
+            args.push("--volume".into());
+            args.push(format!("{0}:{0}", path(m)));
+        }
+        args.push("--workdir".into());
+        args.push(path(run.workdir));
+        for k in &run.env_keys {
+            args.push("--env".into());
+            args.push((*k).to_string());
+        }
+        if !run.gpus.is_empty() {
+            match self.gpus {
+                GpuMode::Cdi => {
+                    for g in run.gpus {
+                        args.push("--device".into());
+                        args.push(format!("nvidia.com/gpu={g}"));
+                    }
+                }
+                GpuMode::Legacy => {
+                    let list: Vec<String> = run.gpus.iter().map(u32::to_string).collect();
+                    args.push("--gpus".into());
+                    args.push(format!("device={}", list.join(",")));
+                }
+            }
+        }
+        args.push(run.image_id.into());
+        args.extend(run.command.iter().cloned());
+        args
+    }
+
+    /// Removes the container `name` (stopping it with SIGTERM, then SIGKILL
+    /// after `grace_seconds`); nothing when it is gone already.
+    pub async fn remove(&self, name: &str, grace_seconds: u32) {
+        let _ = tokio::process::Command::new(self.program())
+            .args(["rm", "--force", "--time", &grace_seconds.to_string(), name])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .await;
+    }
+}
+
+/// The host directories a process needs at the same path: its working
+/// directory and the directories the contract's paths name, without one
+/// that another already contains.
+pub fn mounts(workdir: &Path, contract_paths: &[&Path]) -> Vec<PathBuf> {
+    let mut all: Vec<PathBuf> = std::iter::once(workdir)
+        .chain(contract_paths.iter().copied())
+        .filter(|p| p.is_absolute() && !p.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .collect();
+    all.sort();
+    all.dedup();
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in all {
+        if !out.iter().any(|kept| p.starts_with(kept)) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn podman(gpus: GpuMode) -> ContainerRuntime {
+        ContainerRuntime {
+            kind: RuntimeKind::Podman,
+            gpus,
+        }
+    }
+
+    #[test]
+    fn the_runtime_is_podman_or_docker_and_names_the_setting_otherwise() {
+        assert_eq!(RuntimeKind::parse("podman").unwrap(), RuntimeKind::Podman);
+        assert_eq!(
+            RuntimeKind::parse(" docker\n").unwrap(),
+            RuntimeKind::Docker
+        );
+        let e = RuntimeKind::parse("crio").unwrap_err().to_string();
+        assert!(e.contains(RUNTIME_ENV) && e.contains("crio"), "{e}");
+    }
+
+    #[test]
+    fn a_run_mounts_the_job_passes_env_by_name_and_runs_the_pinned_image() {
+        let command = vec!["python".to_string(), "train.py".to_string()];
+        let mounts = vec![PathBuf::from("/jobs/j-1")];
+        let run = ContainerRun {
+            name: "edgeloop-j-1-a1-0",
+            image_id: "sha256:abc",
+            workdir: Path::new("/jobs/j-1/src"),
+            mounts: &mounts,
+            env_keys: vec!["EDGELOOP_JOB_ID", "SECRET"],
+            gpus: &[],
+            command: &command,
+        };
+        let args = podman(GpuMode::Cdi).run_args(&run);
+        assert_eq!(
+            args,
+            [
+                "podman",
+                "run",
+                "--rm",
+                "--init",
+                "--name",
+                "edgeloop-j-1-a1-0",
+                "--network",
+                "host",
+                "--volume",
+                "/jobs/j-1:/jobs/j-1",
+                "--workdir",
+                "/jobs/j-1/src",
+                "--env",
+                "EDGELOOP_JOB_ID",
+                "--env",
+                "SECRET",
+                "sha256:abc",
+                "python",
+                "train.py"
+            ]
+        );
+    }
+
+    #[test]
+    fn gpus_go_in_through_cdi_or_the_legacy_flag() {
+        let command = vec!["t".to_string()];
+        let run = ContainerRun {
+            name: "n",
+            image_id: "i",
+            workdir: Path::new("/w"),
+            mounts: &[],
+            env_keys: vec![],
+            gpus: &[2, 3],
+            command: &command,
+        };
+        let cdi = podman(GpuMode::Cdi).run_args(&run).join(" ");
+        assert!(
+            cdi.contains("--device nvidia.com/gpu=2 --device nvidia.com/gpu=3 i t"),
+            "{cdi}"
+        );
+        let legacy = podman(GpuMode::Legacy).run_args(&run).join(" ");
+        assert!(legacy.contains("--gpus device=2,3 i t"), "{legacy}");
+    }
+
+    #[test]
+    fn mounts_are_absolute_distinct_and_not_nested() {
+        let got = mounts(
+            Path::new("/jobs/j-1/src"),
+            &[
+                Path::new("/jobs/j-1"),
+                Path::new("/jobs/j-1/checkpoints"),
+                Path::new("/data/ckpt/a1"),
+                Path::new(""),
+                Path::new("relative"),
+            ],
+        );
+        assert_eq!(
+            got,
+            [PathBuf::from("/data/ckpt/a1"), PathBuf::from("/jobs/j-1")]
+        );
+    }
+}
