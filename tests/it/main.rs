@@ -47,6 +47,7 @@ mod s3_artifacts;
 mod supply_chain;
 mod telemetry;
 mod training;
+mod training_containers;
 mod training_engines;
 mod training_gpus;
 mod training_kubernetes;

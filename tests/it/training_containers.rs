@@ -1,0 +1,170 @@
+//! A job with an image, end to end: a bridge whose local engine runs images
+//! in Podman (`scripts/containers-up.sh`) runs the contract trainer from an
+//! image built here on the Debian base image; its checkpoints reach the
+//! control plane from inside the container, a `kill -9` of the container is
+//! resumed by the next attempt from the last committed checkpoint, and a
+//! cancel leaves no container behind.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use edgeloop_tests::{checkpoint_at_least, eventually, load_env_file, ControlPlane};
+use serde_json::{json, Value};
+
+const IMAGE: &str = "localhost/edgeloop-contract-trainer:test";
+
+/// The contract trainer in an image of its own, as a team ships its code:
+/// `FROM` the base image (local: nothing is pulled).
+fn build_image(dir: &Path) {
+    let ctx = dir.join("image");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::copy(
+        edgeloop_tests::contract_trainer(),
+        ctx.join("contract_trainer.sh"),
+    )
+    .unwrap();
+    let base = std::env::var("EDGELOOP_TEST_IMAGE").unwrap();
+    std::fs::write(
+        ctx.join("Containerfile"),
+        format!("FROM {base}\nCOPY contract_trainer.sh /opt/edgeloop/contract_trainer.sh\n"),
+    )
+    .unwrap();
+    let out = Command::new("podman")
+        .args(["build", "--pull=never", "--quiet", "-t", IMAGE])
+        .arg(&ctx)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "podman build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn spec(name: &str, total: u32, max_restarts: u32) -> Value {
+    json!({
+        "name": name,
+        "engine": "local",
+        "image": IMAGE,
+        "command": ["sh", "/opt/edgeloop/contract_trainer.sh"],
+        "env": {"TOTAL": total.to_string(), "EVERY": "5", "STEP_SECONDS": "0.1"},
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1, "memory_mb": 256},
+        "checkpoint": {"every_steps": 5, "keep_last": 3},
+        "restarts": {"max_restarts": max_restarts, "backoff_seconds": 1, "backoff_max_seconds": 2}
+    })
+}
+
+fn container_exists(name: &str) -> bool {
+    Command::new("podman")
+        .args(["container", "exists", name])
+        .status()
+        .unwrap()
+        .success()
+}
+
+async fn ended(cp: &ControlPlane, id: &str, within: Duration) -> Value {
+    eventually(within, "job ends", || async {
+        let (_, j) = cp.api().get(&format!("/api/v1/jobs/{id}")).await;
+        Some(j).filter(|j| {
+            matches!(
+                j["state"].as_str(),
+                Some("succeeded" | "failed" | "cancelled")
+            )
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_job_with_an_image_trains_in_a_container_resumes_after_a_kill_and_cancels_cleanly() {
+    // Alone: the bridge's local engine reads its runtime from the environment.
+    if !edgeloop_tests::in_own_process() {
+        return;
+    }
+    load_env_file(
+        "EDGELOOP_CONTAINERS_ENV",
+        "/tmp/edgeloop-containers/env",
+        "scripts/containers-up.sh",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    build_image(dir.path());
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let (stop, bridge, _) = cp
+        .start_online_bridge(&dir.path().join("bridge"), "containers")
+        .await;
+
+    // Killed mid-run (the container, SIGKILL): the next attempt resumes
+    // from the last committed checkpoint, in a new container, and finishes.
+    let (status, job) = cp
+        .api()
+        .post(
+            "/api/v1/jobs",
+            json!({"spec": spec("in-a-container", 40, 2)}),
+        )
+        .await;
+    assert_eq!(status, 201, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let ckpts = dir.path().join("bridge/jobs").join(&id).join("checkpoints");
+    checkpoint_at_least(&ckpts, 10).await;
+    let first = format!("edgeloop-{id}-a1-0");
+    let killed = Command::new("podman")
+        .args(["kill", "--signal", "KILL", &first])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(killed.success(), "killed {first}");
+    let done = ended(&cp, &id, Duration::from_secs(120)).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(
+        (done["step"].as_u64(), done["attempt"].as_u64()),
+        (Some(40), Some(2)),
+        "{done}"
+    );
+    let steps: Vec<u64> = done["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps.last(), Some(&40), "{done}");
+    let log = std::fs::read_to_string(dir.path().join("bridge/jobs").join(&id).join("trainer.log"))
+        .unwrap();
+    assert!(
+        log.contains("attempt 2 resumed from") && log.contains("finished at 40"),
+        "{log}"
+    );
+    assert!(!container_exists(&first) && !container_exists(&format!("edgeloop-{id}-a2-0")));
+
+    // Cancelled while it runs: the job ends cancelled and its container goes.
+    let (_, job) = cp
+        .api()
+        .post(
+            "/api/v1/jobs",
+            json!({"spec": spec("cancelled-in-a-container", 100_000, 0)}),
+        )
+        .await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let name = format!("edgeloop-{id}-a1-0");
+    eventually(Duration::from_secs(60), "its container runs", || async {
+        Some(()).filter(|_| container_exists(&name))
+    })
+    .await;
+    let (status, body) = cp
+        .api()
+        .post(&format!("/api/v1/jobs/{id}/cancel"), json!({}))
+        .await;
+    assert!(status.is_success(), "{status}: {body}");
+    let done = ended(&cp, &id, Duration::from_secs(60)).await;
+    assert_eq!(done["state"], "cancelled", "{done}");
+    eventually(
+        Duration::from_secs(30),
+        "its container is removed",
+        || async { Some(()).filter(|_| !container_exists(&name)) },
+    )
+    .await;
+
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    cp.stop().await;
+}
