@@ -214,14 +214,16 @@ impl ContainerRuntime {
 
     /// Removes the container `name` (stopping it with SIGTERM, then SIGKILL
     /// after `grace_seconds`); nothing when it is gone already.
-    pub async fn remove(&self, name: &str, grace_seconds: u32) {
-        let _ = tokio::process::Command::new(self.program())
+    /// Whether the runtime says it is gone.
+    pub async fn remove(&self, name: &str, grace_seconds: u32) -> bool {
+        tokio::process::Command::new(self.program())
             .args(["rm", "--force", "--time", &grace_seconds.to_string(), name])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .status()
-            .await;
+            .await
+            .is_ok_and(|s| s.success())
     }
 }
 

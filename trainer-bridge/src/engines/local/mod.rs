@@ -60,15 +60,22 @@ impl LocalEngine {
     }
 
     /// Removes the containers of `id`'s processes, in the background (a
-    /// container gets `grace_seconds` after SIGTERM to end by itself).
+    /// container gets `grace_seconds` after SIGTERM to end by itself). Once
+    /// one is gone its name file goes too, so a later status poll of the
+    /// same attempt starts no second removal.
     fn remove_containers(&self, dir: &Path, nodes: i32, grace_seconds: u32) {
         let Some(runtime) = self.container.clone() else {
             return;
         };
         for node in 0..nodes {
-            if let Ok(name) = std::fs::read_to_string(dir.join(format!("container-{node}"))) {
+            let file = dir.join(format!("container-{node}"));
+            if let Ok(name) = std::fs::read_to_string(&file) {
                 let runtime = runtime.clone();
-                tokio::spawn(async move { runtime.remove(name.trim(), grace_seconds).await });
+                tokio::spawn(async move {
+                    if runtime.remove(name.trim(), grace_seconds).await {
+                        let _ = std::fs::remove_file(file);
+                    }
+                });
             }
         }
     }
