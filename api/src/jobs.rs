@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 
 use edgeloop_models::Digest;
+
+use crate::images::PinnedImage;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
@@ -84,6 +86,11 @@ pub struct Job {
     pub attempt: u32,
     pub step: u64,
     pub engine_job_id: Option<String>,
+    /// The spec's `image` as the engine pinned it at the first attempt;
+    /// every attempt runs it. Absent until then, for a job without an
+    /// image, and where the engine runs a tag as given (Kubernetes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<PinnedImage>,
     pub exit_code: Option<i32>,
     pub cancel_requested: bool,
     pub last_message: String,

@@ -13,6 +13,7 @@ pub mod deployments;
 pub mod drift;
 pub mod error;
 pub mod fleet;
+pub mod images;
 pub mod jobs;
 pub mod pipelines;
 pub mod registry;

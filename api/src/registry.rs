@@ -7,6 +7,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use edgeloop_models::manifest::Lineage as ManifestLineage;
+
+use crate::images::PinnedImage;
 use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -142,6 +144,11 @@ pub struct Lineage {
     )]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^(sha256:)?[0-9a-f]{64}$"))]
     pub checkpoint: Option<Digest>,
+    /// The container image the job ran, as its engine pinned it: the
+    /// software that trained the model. Filled from the job's record when
+    /// `job` names a job that pinned one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<PinnedImage>,
     /// The quantization evidence (every candidate's numbers), free-form:
     /// usually `{"method": .., "evidence": ..}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

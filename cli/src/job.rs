@@ -119,6 +119,19 @@ pub fn table(all: &[Job]) -> String {
     t.render()
 }
 
+/// The spec's image and what it is pinned to, in full: the digest is what
+/// a team compares with its registry.
+fn image(job: &Job) -> String {
+    match (
+        &job.image,
+        job.spec.rest.get("image").and_then(|i| i.as_str()),
+    ) {
+        (Some(pin), _) => pin.to_string(),
+        (None, Some(reference)) => format!("{reference} (not pinned yet)"),
+        (None, None) => "—".into(),
+    }
+}
+
 pub fn render(view: &JobView) -> String {
     let job = &view.job;
     let cancel = if job.cancel_requested {
@@ -136,6 +149,7 @@ pub fn render(view: &JobView) -> String {
         ("leased by", text(&job.leased_by)),
         ("lease until", when(&job.lease_expires_at)),
         ("engine job", text(&job.engine_job_id)),
+        ("image", image(job)),
         ("exit code", text(&job.exit_code)),
         ("message", text(&job.last_message)),
         ("created", when(&job.created_at)),
@@ -189,6 +203,7 @@ mod tests {
             "id": "mnist-0000abcd", "spec": {"name": "mnist"}, "cluster": null,
             "state": state, "leased_by": "gpu-a", "lease_expires_at": null,
             "attempt": 2, "step": 1200, "engine_job_id": "local-1", "exit_code": null,
+            "image": {"reference": "localhost/train:1", "digest": "d".repeat(64), "kind": "image_id"},
             "cancel_requested": false, "last_message": "step 1200",
             "history": [{"at": "2026-01-01T00:00:01Z", "attempt": 2, "state": "running", "step": 1200,
                          "metrics": {"loss": 0.25}, "message": "step 1200"}],
@@ -209,6 +224,11 @@ mod tests {
         assert!(out.contains("progress (last 1 of 1):"), "{out}");
         assert!(out.contains("loss=0.25"), "{out}");
         assert!(out.contains("cccccccccccc  4.0 KiB"), "{out}");
+        let pinned = format!(
+            "image:        localhost/train:1 (image ID sha256:{})\n",
+            "d".repeat(64)
+        );
+        assert!(out.contains(&pinned), "{out}");
     }
 
     #[test]

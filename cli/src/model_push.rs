@@ -250,6 +250,8 @@ fn check(args: &PushArgs) -> Result<Checked, CliError> {
         dataset: args.dataset.or(manifest_lineage.dataset),
         job: args.job.clone().or(manifest_lineage.job),
         checkpoint: args.checkpoint.or(manifest_lineage.checkpoint),
+        // The control plane fills it in from the job's pin.
+        image: None,
         quantization: None,
         hard_examples: None,
     };

@@ -12,6 +12,7 @@ pub mod endpoints;
 pub mod gpu;
 pub mod https;
 pub mod identity;
+pub mod images;
 pub mod member;
 pub mod session;
 pub mod sled_open;

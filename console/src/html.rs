@@ -128,6 +128,13 @@ pub fn failure(session: Option<&Session>, current: &str, f: &ApiFailure) -> Resp
     (f.status, page(title, current, session, body)).into_response()
 }
 
+/// A short form of a digest for a box; the whole one is its title.
+pub fn short(d: &impl std::fmt::Display) -> String {
+    let s = d.to_string();
+    let hex = s.strip_prefix("sha256:").unwrap_or(&s);
+    format!("sha256:{}…", &hex[..hex.len().min(12)])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

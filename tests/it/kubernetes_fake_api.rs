@@ -38,6 +38,7 @@ fn launch(dir: &Path, job_id: &str, script: &str) -> Launch {
         attempt: 1,
         name: "train".into(),
         image: Some("busybox:1.36".into()),
+        pinned_image: None,
         command: vec![
             "sh".into(),
             "-c".into(),

@@ -3,7 +3,9 @@
 //! image built here on the Debian base image; its checkpoints reach the
 //! control plane from inside the container, a `kill -9` of the container is
 //! resumed by the next attempt from the last committed checkpoint, and a
-//! cancel leaves no container behind.
+//! cancel leaves no container behind. The image is pinned to its ID at the
+//! first attempt: the retry runs that ID although the tag moved meanwhile,
+//! and the checkpoints and the model version trained by it name it.
 
 use std::path::Path;
 use std::process::Command;
@@ -53,6 +55,16 @@ fn spec(name: &str, total: u32, max_restarts: u32) -> Value {
         "checkpoint": {"every_steps": 5, "keep_last": 3},
         "restarts": {"max_restarts": max_restarts, "backoff_seconds": 1, "backoff_max_seconds": 2}
     })
+}
+
+/// The ID Podman has for `reference`, as 64 hex.
+fn image_id(reference: &str) -> String {
+    let out = Command::new("podman")
+        .args(["image", "inspect", "--format", "{{.Id}}", reference])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "inspect {reference}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 fn container_exists(name: &str) -> bool {
@@ -107,6 +119,22 @@ async fn a_job_with_an_image_trains_in_a_container_resumes_after_a_kill_and_canc
     let id = job["id"].as_str().unwrap().to_string();
     let ckpts = dir.path().join("bridge/jobs").join(&id).join("checkpoints");
     checkpoint_at_least(&ckpts, 10).await;
+    // Pinned at the first attempt, to the ID the tag named then.
+    let built = image_id(IMAGE);
+    let (_, running) = cp.api().get(&format!("/api/v1/jobs/{id}")).await;
+    assert_eq!(
+        running["image"],
+        json!({"reference": IMAGE, "digest": built, "kind": "image_id"}),
+        "{running}"
+    );
+    // The tag moves to the base image, which has no trainer: a retry that
+    // ran the tag again would fail at once.
+    let base = std::env::var("EDGELOOP_TEST_IMAGE").unwrap();
+    let moved = Command::new("podman")
+        .args(["tag", &base, IMAGE])
+        .status()
+        .unwrap();
+    assert!(moved.success() && image_id(IMAGE) != built);
     let first = format!("edgeloop-{id}-a1-0");
     let killed = Command::new("podman")
         .args(["kill", "--signal", "KILL", &first])
@@ -128,6 +156,55 @@ async fn a_job_with_an_image_trains_in_a_container_resumes_after_a_kill_and_canc
         .map(|c| c["step"].as_u64().unwrap())
         .collect();
     assert_eq!(steps.last(), Some(&40), "{done}");
+    // Every checkpoint names the image that made it.
+    for c in done["checkpoints"].as_array().unwrap() {
+        assert_eq!(
+            c["metadata"]["image_digest"],
+            format!("sha256:{built}"),
+            "{c}"
+        );
+        assert_eq!(c["metadata"]["image"], IMAGE, "{c}");
+    }
+    assert_eq!(done["image"]["digest"], built.as_str(), "{done}");
+
+    // A model version registered from the job names the image in its
+    // lineage (dataset → image → job → checkpoint → artifact); one that
+    // claims another image is refused, naming the field.
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/models", json!({"name": "trained-in-a-container"}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let artifact = cp.upload(b"the exported model").await;
+    let last = done["checkpoints"].as_array().unwrap().last().unwrap()["digest"].clone();
+    let (status, version) = cp
+        .api()
+        .post(
+            "/api/v1/models/trained-in-a-container/versions",
+            json!({"artifact_digest": artifact.to_string(),
+                   "lineage": {"job": id, "checkpoint": last}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{version}");
+    assert_eq!(version["lineage"]["image"], done["image"], "{version}");
+    let (status, refused) = cp
+        .api()
+        .post(
+            "/api/v1/models/trained-in-a-container/versions",
+            json!({"artifact_digest": artifact.to_string(),
+                   "lineage": {"job": id, "image": {"reference": IMAGE,
+                       "digest": image_id(IMAGE), "kind": "image_id"}}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.to_string().contains("lineage.image"), "{refused}");
+    // And `edgeloop job show` says what ran.
+    let shown = cp.edgeloop(&["job", "show", &id]).await;
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains(&format!("{IMAGE} (image ID sha256:{built})")),
+        "{shown}"
+    );
     let log = std::fs::read_to_string(dir.path().join("bridge/jobs").join(&id).join("trainer.log"))
         .unwrap();
     assert!(
@@ -137,6 +214,7 @@ async fn a_job_with_an_image_trains_in_a_container_resumes_after_a_kill_and_canc
     assert!(!container_exists(&first) && !container_exists(&format!("edgeloop-{id}-a2-0")));
 
     // Cancelled while it runs: the job ends cancelled and its container goes.
+    build_image(dir.path());
     let (_, job) = cp
         .api()
         .post(

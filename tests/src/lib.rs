@@ -52,6 +52,7 @@ pub fn progress(
         engine_job_id: "local-1".into(),
         exit_code: 0,
         at: None,
+        image: None,
     }
 }
 

@@ -45,6 +45,7 @@ fn launch(dir: &Path, job: &str, image: Option<&str>) -> Launch {
         attempt: 1,
         name: job.into(),
         image: image.map(str::to_string),
+        pinned_image: None,
         command: vec!["sh".into(), "-c".into(), "true".into()],
         env: BTreeMap::from([("EDGELOOP_JOB_ID".to_string(), job.to_string())]),
         workdir: dir.join("work"),

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::engines::{Launch, Launcher, NodePool};
+use crate::engines::{Launch, Launcher, NodePool, PinnedImage};
 use crate::spec::{JobSpec, LauncherSpec, DEFAULT_MASTER_PORT};
 
 pub const CHECKPOINT_DIR: &str = "EDGELOOP_CHECKPOINT_DIR";
@@ -89,6 +89,8 @@ pub struct AttemptPlan<'a> {
     pub contract: &'a BTreeMap<String, String>,
     /// The pool the pre-flight check placed the job in.
     pub pool: Option<&'a NodePool>,
+    /// The job's image as the engine pinned it.
+    pub pinned_image: Option<&'a PinnedImage>,
 }
 
 /// The [`Launch`] of one attempt of `spec`.
@@ -112,6 +114,7 @@ pub fn build_launch(spec: &JobSpec, plan: &AttemptPlan<'_>) -> Launch {
         attempt: plan.attempt,
         name: spec.name.clone(),
         image: spec.image.clone(),
+        pinned_image: plan.pinned_image.cloned(),
         command: spec.command.iter().chain(&spec.args).cloned().collect(),
         env: job_env(spec, plan.contract),
         workdir,

@@ -15,7 +15,7 @@ use edgeloop_proto::common::v1::Chunk;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{self, Committed};
-use crate::engines::{Engine, EngineState};
+use crate::engines::{Engine, EngineState, PinnedImage};
 use crate::launch::{build_launch, contract_env, AttemptPlan};
 use crate::preflight::{self, ClusterFacts};
 use crate::restart::{decide_restart, FailedAttempt, RestartDecision};
@@ -31,6 +31,8 @@ struct Progress<'a> {
     engine_id: &'a str,
     exit_code: Option<i32>,
     metrics: &'a std::collections::BTreeMap<String, f64>,
+    /// The image the job runs, once pinned.
+    image: Option<&'a PinnedImage>,
 }
 
 pub struct Runner {
@@ -135,6 +137,7 @@ impl Runner {
             engine_id: "",
             exit_code: None,
             metrics: &no_metrics,
+            image: None,
         })
         .await;
     }
@@ -149,6 +152,7 @@ impl Runner {
             engine_id,
             exit_code,
             metrics,
+            image,
         } = p;
         let mut client = self.client.clone();
         let r = pb::ProgressReport {
@@ -161,6 +165,7 @@ impl Runner {
             engine_job_id: engine_id.to_string(),
             exit_code: exit_code.unwrap_or(0),
             at: Some(std::time::SystemTime::now().into()),
+            image: image.map(edgeloop_client_core::images::to_wire),
         };
         match client.report_progress(r).await {
             Ok(ack) => ack.into_inner().cancel_requested,
@@ -349,6 +354,30 @@ impl Runner {
         Ok(())
     }
 
+    /// Pins the spec's image on `engine` before anything runs: to the pin
+    /// the lease carries (an earlier attempt's), else to what the reference
+    /// resolves to now. The error names the field.
+    async fn pin_image(
+        &self,
+        job: &pb::Job,
+        spec: &JobSpec,
+        engine: &dyn Engine,
+    ) -> Result<Option<PinnedImage>, String> {
+        let Some(reference) = &spec.image else {
+            return Ok(None);
+        };
+        let earlier = job
+            .pinned_image
+            .as_ref()
+            .map(edgeloop_client_core::images::from_wire)
+            .transpose()
+            .map_err(|(field, why)| format!("the lease's pinned {field}: {why}"))?;
+        engine
+            .pin_image(reference, earlier.as_ref())
+            .await
+            .map_err(|e| format!("{} did not take the job: {e}", engine.name()))
+    }
+
     async fn run_job(&self, job: pb::Job, shutdown: CancellationToken) {
         let id = job.id.clone();
         let mut attempt = job.attempt;
@@ -400,6 +429,14 @@ impl Runner {
             self.fail(&id, attempt, e).await;
             return;
         }
+        let pinned_image = match self.pin_image(&job, &spec, engine.as_ref()).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "the job's image cannot run here");
+                self.fail(&id, attempt, e).await;
+                return;
+            }
+        };
         let mut restarts = 0u32;
         let mut failures: Vec<FailedAttempt> = Vec::new();
         let mut uploaded: Option<u64> = None;
@@ -474,6 +511,7 @@ impl Runner {
                     log_path: &log,
                     contract: &contract,
                     pool: pool.as_ref(),
+                    pinned_image: pinned_image.as_ref(),
                 },
             );
             let submitted = match adopt.take() {
@@ -618,6 +656,7 @@ impl Runner {
                         engine_id: &engine_id.0,
                         exit_code: None,
                         metrics: &metrics,
+                        image: pinned_image.as_ref(),
                     })
                     .await;
                 if cancel {
@@ -660,6 +699,7 @@ impl Runner {
                                 engine_id: &engine_id.0,
                                 exit_code: *exit_code,
                                 metrics: &metrics,
+                                image: pinned_image.as_ref(),
                             })
                             .await;
                             tokio::select! {
@@ -679,6 +719,7 @@ impl Runner {
                                 engine_id: &engine_id.0,
                                 exit_code: *exit_code,
                                 metrics: &metrics,
+                                image: pinned_image.as_ref(),
                             })
                             .await;
                             return;
@@ -695,6 +736,7 @@ impl Runner {
                         engine_id: &engine_id.0,
                         exit_code: None,
                         metrics: &metrics,
+                        image: pinned_image.as_ref(),
                     })
                     .await;
                     return;

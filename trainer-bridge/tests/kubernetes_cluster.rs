@@ -29,6 +29,7 @@ fn launch(jobs_root: &Path, job_id: &str, script: &str) -> Launch {
         image: Some(
             std::env::var("EDGELOOP_K8S_TEST_IMAGE").unwrap_or_else(|_| "busybox:1.36".into()),
         ),
+        pinned_image: None,
         command: vec!["sh".into(), "-c".into(), script.into()],
         env: BTreeMap::from([(
             "EDGELOOP_CHECKPOINT_DIR".to_string(),

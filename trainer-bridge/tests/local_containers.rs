@@ -68,6 +68,7 @@ fn launch(dir: &Path, job: &str, image: &str, script: &str) -> Launch {
         attempt: 1,
         name: job.into(),
         image: Some(image.into()),
+        pinned_image: None,
         command: vec!["sh".into(), "-c".into(), script.into()],
         env: BTreeMap::from([
             ("EDGELOOP_JOB_ID".to_string(), job.to_string()),
@@ -148,7 +149,7 @@ async fn a_job_with_an_image_runs_in_a_container_with_its_directories_env_and_ex
     // The attempt ran the image's ID, pinned at submission.
     let (_, want) = podman_out(&["image", "inspect", "--format", "{{.Id}}", image]);
     let pinned = std::fs::read_to_string(dir.path().join("state/ctr-ok-a1/image")).unwrap();
-    assert_eq!(pinned, want);
+    assert_eq!(pinned, format!("sha256:{want}"));
     assert!(gone("edgeloop-ctr-ok-a1-0").await, "--rm removes it");
 
     let l = launch(dir.path(), "ctr-fail", image, "exit 7");
@@ -246,4 +247,88 @@ async fn an_image_is_refused_before_anything_runs_naming_the_field() {
         other => panic!("{other:?}"),
     }
     assert!(!dir.path().join("work/out.txt").exists());
+}
+
+/// Builds a one-label image on the test image, so its ID differs; returns it.
+fn build_labelled(dir: &Path, tag: &str, label: &str) -> String {
+    let ctx = dir.join(format!("ctx-{label}"));
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::write(
+        ctx.join("Containerfile"),
+        format!("FROM {}\nLABEL edgeloop.test={label}\n", image()),
+    )
+    .unwrap();
+    let (ok, _) = podman_out(&[
+        "build",
+        "--pull=never",
+        "--quiet",
+        "-t",
+        tag,
+        ctx.to_str().unwrap(),
+    ]);
+    assert!(ok, "podman build {tag}");
+    podman_out(&["image", "inspect", "--format", "{{.Id}}", tag]).1
+}
+
+#[tokio::test]
+async fn an_image_is_pinned_once_and_every_attempt_runs_the_pin() {
+    use edgeloop_api::images::PinKind;
+    image();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path());
+    let tag = "localhost/edgeloop-pin-test:moving";
+    let first = build_labelled(dir.path(), tag, "first");
+
+    // A tag pins to the ID it names now.
+    let pin = engine.pin_image(tag, None).await.unwrap().unwrap();
+    assert_eq!(
+        (pin.kind, pin.digest.to_hex(), pin.reference.as_str()),
+        (PinKind::ImageId, first.clone(), tag)
+    );
+
+    // The tag moves; the pin stands, and an attempt given it runs the first
+    // image (its label), not the tag's new one.
+    let second = build_labelled(dir.path(), tag, "second");
+    assert_ne!(first, second);
+    assert_eq!(
+        engine.pin_image(tag, Some(&pin)).await.unwrap(),
+        Some(pin.clone())
+    );
+    let mut l = launch(dir.path(), "ctr-pinned", tag, "echo ran > out.txt");
+    l.pinned_image = Some(pin.clone());
+    let id = engine.submit(&l).await.unwrap();
+    assert_eq!(wait_terminal(&engine, &id).await, EngineState::Succeeded);
+    let state =
+        std::fs::read_to_string(dir.path().join("state").join(&id.0).join("image")).unwrap();
+    assert_eq!(state, format!("sha256:{first}"));
+
+    // A reference naming a manifest digest pins to that digest; one whose
+    // digest no local image has is refused before anything runs.
+    let (_, digest) = podman_out(&["image", "inspect", "--format", "{{.Digest}}", tag]);
+    let by_digest = format!("localhost/edgeloop-pin-test@{digest}");
+    let manifest = engine.pin_image(&by_digest, None).await.unwrap().unwrap();
+    assert_eq!(manifest.kind, PinKind::Manifest);
+    assert_eq!(format!("sha256:{}", manifest.digest), digest);
+    let wrong = format!("localhost/edgeloop-pin-test@sha256:{}", "0".repeat(64));
+    match engine.pin_image(&wrong, None).await {
+        Err(EngineError::Refused(m)) => {
+            assert!(
+                m.starts_with("image:") && m.contains(&"0".repeat(64)),
+                "{m}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // The pinned image removed from this machine: a retry is refused, not
+    // run with what the tag names now.
+    let (removed, _) = podman_out(&["rmi", "--force", &first]);
+    assert!(removed, "rmi {first}");
+    match engine.pin_image(tag, Some(&pin)).await {
+        Err(EngineError::Refused(m)) => {
+            assert!(m.starts_with("image:") && m.contains("pinned"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+    podman_out(&["rmi", "--force", tag]);
 }

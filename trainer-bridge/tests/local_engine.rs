@@ -21,6 +21,7 @@ fn launch(
         attempt: 1,
         name: job.into(),
         image: None,
+        pinned_image: None,
         command: vec!["sh".into(), "-c".into(), script.into()],
         env: BTreeMap::from([("EDGELOOP_JOB_ID".to_string(), job.to_string())]),
         workdir: dir.join("work"),

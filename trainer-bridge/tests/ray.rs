@@ -74,6 +74,7 @@ fn launch(name: &str, workdir: &Path, command: &[&str]) -> Launch {
         attempt: 0,
         name: name.to_string(),
         image: None,
+        pinned_image: None,
         command: command.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::from([
             ("EDGELOOP_JOB_ID".to_string(), job_id),

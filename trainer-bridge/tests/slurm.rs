@@ -56,6 +56,7 @@ fn launch(dir: &Path, name: &str, command: &[&str]) -> Launch {
         attempt: 1,
         name: format!("edgeloop-test-{name}"),
         image: None,
+        pinned_image: None,
         command: command.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::from([
             ("EDGELOOP_JOB_ID".to_string(), format!("slurm-test-{name}")),

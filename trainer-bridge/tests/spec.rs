@@ -910,6 +910,7 @@ fn launch_from_the_full_spec() {
         log_path: Path::new("/data/jobs/job-7/attempt-2.log"),
         pool: None,
         contract: &contract,
+        pinned_image: None,
     };
     let launch = build_launch(&spec, &plan);
     assert_eq!(launch.job_id, "job-7");
@@ -965,6 +966,7 @@ fn launchers_and_workdirs_map_over() {
         log_path: Path::new("/jobs/j/log"),
         pool: None,
         contract: &contract,
+        pinned_image: None,
     };
     use serde_json::json;
     let table = [

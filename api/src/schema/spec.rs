@@ -17,9 +17,14 @@ use crate::spec;
 pub fn image_reference() -> Object {
     ObjectBuilder::new()
         .schema_type(nullable(Type::String))
-        .pattern(Some(format!("^[^{}]+$", *SPACE_OR_CONTROL)))
+        .pattern(Some(format!(
+            "^[^@{0}]+(@sha256:[0-9a-f]{{64}})?$",
+            *SPACE_OR_CONTROL
+        )))
         .description(Some(
-            "Container image, for engines that run containers: no spaces or control characters.",
+            "Container image, for engines that run containers: no spaces or control characters; \
+             a digest, when named (`name@sha256:...`), is sha256 in lowercase hex. The engine \
+             pins the image at the first attempt and every attempt runs that one.",
         ))
         .build()
 }

@@ -20,12 +20,8 @@ impl JobSpec {
             ));
         }
         if let Some(image) = &self.image {
-            if image.is_empty() || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(SpecError::invalid(
-                    "image",
-                    format!("{image:?} is not an image reference (empty, or has spaces or control characters)"),
-                ));
-            }
+            crate::images::check_reference(image)
+                .map_err(|e| SpecError::invalid("image", e.to_string()))?;
         }
         if self.command.is_empty() {
             return Err(SpecError::invalid(

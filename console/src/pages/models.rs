@@ -1,5 +1,5 @@
 //! Models: the list; one model's versions with their lineage (dataset
-//! snapshot → job → checkpoint → artifacts → deployments → devices) and
+//! snapshot → image → job → checkpoint → artifacts → deployments → devices) and
 //! the quantization gate's evidence per version; and its drift over time.
 
 use std::collections::BTreeMap;
@@ -20,7 +20,7 @@ use serde::Deserialize;
 use super::deployments::state_badge;
 use super::{plain_id, with_query};
 use crate::chart::{self, line_chart, Mark, Series, Style, Threshold};
-use crate::html::{badge, page, time};
+use crate::html::{badge, page, short, time};
 use crate::session::Session;
 use crate::Console;
 
@@ -89,13 +89,6 @@ fn gate_table(e: &GateOutcome) -> Markup {
     }
 }
 
-/// A short form of a digest for a box; the whole one is its title.
-fn short(d: &impl std::fmt::Display) -> String {
-    let s = d.to_string();
-    let hex = s.strip_prefix("sha256:").unwrap_or(&s);
-    format!("sha256:{}…", &hex[..hex.len().min(12)])
-}
-
 fn lineage(v: &ModelVersionView, deployments: &[&DeploymentView]) -> Markup {
     let l = &v.lineage;
     let serving: usize = deployments
@@ -107,6 +100,10 @@ fn lineage(v: &ModelVersionView, deployments: &[&DeploymentView]) -> Markup {
         ol.lineage aria-label={"Lineage of " (v.version)} {
             li { span.kind { "dataset snapshot" }
                 @match &l.dataset { Some(d) => { code title=(d) { (short(d)) } } None => { "—" } } }
+            li { span.kind { "image" }
+                @match &l.image {
+                    Some(i) => { code { (i.reference) } " " code title=(i.digest) { (short(&i.digest)) } }
+                    None => { "—" } } }
             li { span.kind { "training job" }
                 @match &l.job { Some(j) => { a href={"/ui/jobs/" (j)} { (j) } } None => { "—" } } }
             li { span.kind { "checkpoint" }

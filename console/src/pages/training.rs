@@ -13,7 +13,7 @@ use maud::{html, Markup};
 
 use super::plain_id;
 use crate::chart::{self, line_chart, Series, Style};
-use crate::html::{badge, page, time};
+use crate::html::{badge, page, short, time};
 use crate::Console;
 
 const COLOURS: [&str; 4] = [chart::BLUE, chart::ORANGE, chart::GREEN, chart::PURPLE];
@@ -206,6 +206,9 @@ pub async fn job(
         p { (job_badge(j.state)) " · attempt " (j.attempt) " · step " (j.step)
             @if let Some(b) = &j.leased_by { " · on " (b) }
             @if !j.last_message.is_empty() { " · " (j.last_message) } }
+        @if let Some(i) = &j.image {
+            p.image { "image " code { (i.reference) } " pinned to "
+                code title=(i.digest) { (short(&i.digest)) } " (" (i.kind.as_str()) ")" } }
         @if series.is_empty() { p { "No metrics reported yet." } }
         @else {
             (line_chart("Metrics by training step", &series, &[], &[], |x| format!("step {x:.0}")))

@@ -23,7 +23,9 @@ const LEASE_TTL: Duration = Duration::minutes(5);
 pub const HISTORY_LIMIT: usize = 200;
 
 /// The job's state and progress events are the console API's types.
+pub use edgeloop_api::images::PinnedImage;
 pub use edgeloop_api::jobs::{CreateJob, JobState, ProgressEvent};
+use edgeloop_api::registry::Lineage;
 pub use edgeloop_api::spec::JobSpec;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,6 +46,10 @@ pub struct JobRecord {
     pub attempt: u32,
     pub step: u64,
     pub engine_job_id: Option<String>,
+    /// The spec's image as the engine pinned it at the first attempt: every
+    /// attempt runs it, and the model's lineage names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<PinnedImage>,
     pub exit_code: Option<i32>,
     pub cancel_requested: bool,
     pub last_message: String,
@@ -74,6 +80,7 @@ impl JobRecord {
             attempt: 0,
             step: 0,
             engine_job_id: None,
+            image: None,
             exit_code: None,
             cancel_requested: false,
             last_message: String::new(),
@@ -147,6 +154,8 @@ pub struct Report {
     pub message: String,
     pub engine_job_id: Option<String>,
     pub exit_code: Option<i32>,
+    /// The image the attempt runs, as its engine pinned it.
+    pub image: Option<PinnedImage>,
 }
 
 /// Applies a progress report from `cluster`. Refuses reports from a cluster
@@ -200,6 +209,16 @@ pub fn apply_report(
     if report.engine_job_id.is_some() {
         next.engine_job_id = report.engine_job_id.clone();
     }
+    // The first pin stands: the lease hands it to every later attempt, so
+    // a different one is a bridge that did not run it, which the job's
+    // history must not hide.
+    match (&job.image, &report.image) {
+        (None, Some(pin)) => next.image = Some(pin.clone()),
+        (Some(first), Some(other)) if first != other => {
+            tracing::warn!(job = %job.id, %first, %other, "a bridge reported another image than the job's pin; the pin stands");
+        }
+        _ => {}
+    }
     next.exit_code = report.exit_code.or(job.exit_code);
     next.last_message = report.message.chars().take(4096).collect();
     next.lease_expires_at = if report.state.is_terminal() {
@@ -221,6 +240,34 @@ pub fn apply_report(
         next.history.drain(..excess);
     }
     Ok(next)
+}
+
+/// Completes a model version's lineage with the image its job ran: from
+/// the job's record when `lineage.job` names a job that pinned one. An
+/// image given that differs from the job's pin is refused, naming the
+/// field; a job no longer stored (or run elsewhere) leaves the lineage as
+/// given.
+pub fn lineage_with_image(store: &Db, mut lineage: Lineage) -> Result<Lineage> {
+    if let Some(given) = &lineage.image {
+        edgeloop_api::images::check_reference(&given.reference)
+            .map_err(|e| Error::bad_field("lineage.image.reference", e.to_string()))?;
+    }
+    let Some(job) = lineage.job.as_deref() else {
+        return Ok(lineage);
+    };
+    let Some(pin) = store.lifecycle.jobs.get(job)?.and_then(|j| j.image) else {
+        return Ok(lineage);
+    };
+    match &lineage.image {
+        Some(given) if *given != pin => Err(Error::bad_field(
+            "lineage.image",
+            format!("job {job:?} ran {pin}, not {given}"),
+        )),
+        _ => {
+            lineage.image = Some(pin);
+            Ok(lineage)
+        }
+    }
 }
 
 /// Reads and validates a submitted job spec; the rules live with the spec,
@@ -505,6 +552,7 @@ mod tests {
             message: "ok".into(),
             engine_job_id: Some("123".into()),
             exit_code: None,
+            image: None,
         };
         let next =
             apply_report(&held, "c", &r(JobState::Running, 2, 100), at(5), LEASE_TTL).unwrap();
@@ -543,5 +591,48 @@ mod tests {
         assert!(
             matches!(apply_report(&held, "c", &nan, at(5), LEASE_TTL), Err(Error::BadRequest { field: Some(f), .. }) if f == "metrics.loss")
         );
+    }
+
+    #[test]
+    fn the_first_pinned_image_stands_for_every_attempt() {
+        use edgeloop_api::images::PinKind;
+        let pin = |n: u8| PinnedImage {
+            reference: "localhost/trainer:1".into(),
+            digest: edgeloop_models::Digest::of(&[n]),
+            kind: PinKind::ImageId,
+        };
+        let held = JobRecord {
+            state: JobState::Leased,
+            leased_by: Some("c".into()),
+            attempt: 1,
+            ..job("j", 0)
+        };
+        let report = |attempt, image| Report {
+            attempt,
+            state: JobState::Running,
+            step: 1,
+            metrics: BTreeMap::new(),
+            message: String::new(),
+            engine_job_id: None,
+            exit_code: None,
+            image,
+        };
+        // (pin held, pin reported) -> pin kept
+        let table = [
+            (None, None, None),
+            (None, Some(pin(1)), Some(pin(1))),
+            (Some(pin(1)), None, Some(pin(1))),
+            (Some(pin(1)), Some(pin(1)), Some(pin(1))),
+            (Some(pin(1)), Some(pin(2)), Some(pin(1))),
+        ];
+        for (held_pin, reported, want) in table {
+            let j = JobRecord {
+                image: held_pin.clone(),
+                ..held.clone()
+            };
+            let next =
+                apply_report(&j, "c", &report(2, reported.clone()), at(5), LEASE_TTL).unwrap();
+            assert_eq!(next.image, want, "held {held_pin:?}, reported {reported:?}");
+        }
     }
 }

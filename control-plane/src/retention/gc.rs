@@ -113,6 +113,8 @@ pub fn version_digests(v: &ModelVersionRecord) -> Vec<Digest> {
         dataset,
         checkpoint,
         job: _,
+        // A container image's digest names no artifact of this store.
+        image: _,
         parent_version: _,
         trigger: _,
         quantization: _,
@@ -353,6 +355,7 @@ pub fn job_digests(j: &JobRecord) -> Result<Vec<Digest>, serde_json::Error> {
         attempt: _,
         step: _,
         engine_job_id: _,
+        image: _,
         exit_code: _,
         cancel_requested: _,
         last_message: _,

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 pub use edgeloop_api::fleet::NodePool;
+pub use edgeloop_api::images::PinnedImage;
 
 /// How a multi-process job is started on each node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,8 +35,12 @@ pub struct Launch {
     pub attempt: u32,
     /// Engine-visible name (e.g. the Slurm job name).
     pub name: String,
-    /// Container image, for engines that run containers (Kubernetes).
+    /// Container image as the spec names it, for engines that run
+    /// containers.
     pub image: Option<String>,
+    /// What [`Engine::pin_image`] pinned `image` to: the engine runs this,
+    /// not the reference, so every attempt runs the same image.
+    pub pinned_image: Option<PinnedImage>,
     /// Program and arguments.
     pub command: Vec<String>,
     /// Environment for the training processes (the checkpoint contract's
@@ -106,6 +111,24 @@ pub enum EngineError {
 #[async_trait]
 pub trait Engine: Send + Sync {
     fn name(&self) -> &'static str;
+    /// Pins a job's `image` before an attempt runs: to `earlier` (the pin
+    /// of the job's first attempt) after checking this engine can run it,
+    /// else to the digest the reference resolves to here. `Ok(None)`: the
+    /// engine runs the reference as given and cannot pin it beforehand
+    /// (Kubernetes with a tag, which the node resolves). The default
+    /// refuses: an engine that runs no images must not ignore one.
+    async fn pin_image(
+        &self,
+        reference: &str,
+        earlier: Option<&PinnedImage>,
+    ) -> Result<Option<PinnedImage>, EngineError> {
+        let _ = (reference, earlier);
+        Err(EngineError::Refused(format!(
+            "image: the {} engine on this bridge runs no container images; leave `image` out \
+             to run the command on its nodes, or run the job on an engine that runs images",
+            self.name()
+        )))
+    }
     async fn submit(&self, launch: &Launch) -> Result<EngineJobId, EngineError>;
     async fn status(&self, id: &EngineJobId) -> Result<EngineState, EngineError>;
     async fn cancel(&self, id: &EngineJobId) -> Result<(), EngineError>;

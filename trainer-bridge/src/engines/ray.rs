@@ -647,6 +647,7 @@ mod tests {
             attempt: 2,
             name: "mnist".to_string(),
             image: None,
+            pinned_image: None,
             command: vec![
                 "python3".to_string(),
                 "train.py".to_string(),

@@ -697,6 +697,7 @@ mod tests {
             attempt: 2,
             name: "train".into(),
             image: None,
+            pinned_image: None,
             command: vec![
                 "python".into(),
                 "train.py".into(),

@@ -164,6 +164,10 @@ impl BridgeService for BridgeApi {
                             .map(|c| c.digest.to_string())
                             .unwrap_or_default(),
                         resume_from_step: resume.as_ref().map_or(0, |c| c.step),
+                        pinned_image: job
+                            .image
+                            .as_ref()
+                            .map(edgeloop_client_core::images::to_wire),
                         // Handed back for re-adoption: attach to what runs.
                         engine_job_id: job
                             .engine_job_id
@@ -264,6 +268,12 @@ impl BridgeService for BridgeApi {
                 .into())
             }
         };
+        let image = r
+            .image
+            .as_ref()
+            .map(edgeloop_client_core::images::from_wire)
+            .transpose()
+            .map_err(|(field, why)| Error::bad_field(field, why))?;
         let report = jobs::Report {
             attempt: r.attempt,
             state,
@@ -272,6 +282,7 @@ impl BridgeService for BridgeApi {
             message: r.message,
             engine_job_id: Some(r.engine_job_id).filter(|s| !s.is_empty()),
             exit_code: (state == JobState::Failed).then_some(r.exit_code),
+            image,
         };
         let job = jobs::report(
             &self.core.store,
@@ -463,7 +474,7 @@ impl BridgeService for BridgeApi {
             digest,
             size,
             has_optimizer_state: header.has_optimizer_state,
-            metadata: header.metadata.into_iter().collect(),
+            metadata: with_image(header.metadata.into_iter().collect(), job.image.as_ref()),
             cluster,
             uploaded_at: self.core.now(),
         };
@@ -480,3 +491,25 @@ impl BridgeService for BridgeApi {
         }))
     }
 }
+
+/// A checkpoint's metadata names the image that made it, from the job's
+/// pin: the control plane writes these keys, never the trainer.
+fn with_image(
+    mut metadata: std::collections::BTreeMap<String, String>,
+    image: Option<&edgeloop_api::images::PinnedImage>,
+) -> std::collections::BTreeMap<String, String> {
+    for key in [IMAGE, IMAGE_DIGEST, IMAGE_DIGEST_KIND] {
+        metadata.remove(key);
+    }
+    if let Some(pin) = image {
+        metadata.insert(IMAGE.into(), pin.reference.clone());
+        metadata.insert(IMAGE_DIGEST.into(), format!("sha256:{}", pin.digest));
+        metadata.insert(IMAGE_DIGEST_KIND.into(), pin.kind.as_str().into());
+    }
+    metadata
+}
+
+/// The checkpoint metadata keys of the image that made it.
+pub const IMAGE: &str = "image";
+pub const IMAGE_DIGEST: &str = "image_digest";
+pub const IMAGE_DIGEST_KIND: &str = "image_digest_kind";

@@ -38,6 +38,7 @@ pub fn job_view(j: JobRecord) -> Result<Job, Error> {
         attempt: j.attempt,
         step: j.step,
         engine_job_id: j.engine_job_id,
+        image: j.image,
         exit_code: j.exit_code,
         cancel_requested: j.cancel_requested,
         last_message: j.last_message,

@@ -66,8 +66,14 @@ pub async fn get_model(
 pub async fn create_version(
     State(core): State<Arc<Core>>,
     ValidPath(name): ValidPath<String>,
-    ValidJson(req): ValidJson<CreateModelVersion>,
+    ValidJson(mut req): ValidJson<CreateModelVersion>,
 ) -> Result<(StatusCode, Json<ModelVersionView>), Error> {
+    if let Some(lineage) = req.lineage.take() {
+        req.lineage = Some(crate::lifecycle::jobs::lineage_with_image(
+            &core.store,
+            lineage,
+        )?);
+    }
     let version = models::create_version(
         &core.store.registry,
         core.artifacts.as_ref(),

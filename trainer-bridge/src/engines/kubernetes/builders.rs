@@ -48,7 +48,7 @@ use super::nodes::{GPU_RESOURCE, GPU_TAINT};
 use super::process::process;
 use super::volumes::{needs_shm, shm, utf8, volumes};
 use super::Settings;
-use crate::engines::{EngineError, Launch};
+use crate::engines::{EngineError, Launch, PinnedImage};
 
 /// The job id, as a label value ([`label_value`]).
 pub const LABEL_JOB_ID: &str = "edgeloop.io/job-id";
@@ -177,9 +177,10 @@ fn pod_failure_policy() -> PodFailurePolicy {
 
 /// The Job of one attempt (see the module docs).
 pub fn build_job(launch: &Launch, settings: &Settings) -> Result<Job, EngineError> {
-    let image = launch
-        .image
+    let pinned = launch.pinned_image.as_ref().map(PinnedImage::runnable);
+    let image = pinned
         .as_deref()
+        .or(launch.image.as_deref())
         .filter(|i| !i.trim().is_empty())
         .ok_or_else(|| {
             EngineError::Refused(

@@ -54,7 +54,8 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 
-use super::{Engine, EngineError, EngineJobId, EngineState, Launch, NodePool};
+use super::{Engine, EngineError, EngineJobId, EngineState, Launch, NodePool, PinnedImage};
+use edgeloop_api::images::{check_reference, PinKind};
 
 mod builders;
 mod names;
@@ -393,6 +394,31 @@ fn checked_name(id: &EngineJobId) -> Result<&str, EngineError> {
 impl Engine for KubernetesEngine {
     fn name(&self) -> &'static str {
         "kubernetes"
+    }
+
+    /// A reference with a digest is pinned to it; a tag is run as given
+    /// and the node resolves it (the Job's pods carry the reference).
+    async fn pin_image(
+        &self,
+        reference: &str,
+        earlier: Option<&PinnedImage>,
+    ) -> Result<Option<PinnedImage>, EngineError> {
+        if let Some(pin) = earlier {
+            return match pin.kind {
+                PinKind::Manifest => Ok(Some(pin.clone())),
+                PinKind::ImageId => Err(EngineError::Refused(format!(
+                    "image: the job is pinned to {pin}, an image ID, which a Kubernetes node \
+                     cannot pull by; submit the job again"
+                ))),
+            };
+        }
+        let named =
+            check_reference(reference).map_err(|e| EngineError::Refused(format!("image: {e}")))?;
+        Ok(named.map(|digest| PinnedImage {
+            reference: reference.to_string(),
+            digest,
+            kind: PinKind::Manifest,
+        }))
     }
 
     async fn submit(&self, launch: &Launch) -> Result<EngineJobId, EngineError> {

@@ -23,6 +23,7 @@ pub(super) fn launch() -> Launch {
         attempt: 2,
         name: "train".into(),
         image: Some("pytorch/pytorch:2.3.0-cuda12.1".into()),
+        pinned_image: None,
         command: vec![
             "python".into(),
             "train.py".into(),

@@ -4,8 +4,9 @@
 //! wrapper as a host process, so status, logs and a restarted bridge's
 //! re-adoption work as they do without an image.
 //!
-//! - The image is resolved to its ID once per attempt ([`ContainerRuntime::resolve`])
-//!   and the container runs that ID: a tag moved during the attempt changes nothing.
+//! - The image is pinned before the job's first attempt ([`ContainerRuntime::pin`]):
+//!   to its ID, or to the manifest digest the reference names. Every attempt
+//!   runs the pin, so a tag moved since changes nothing.
 //! - The job's directories (its working directory, the checkpoint directory,
 //!   the checkpoint it resumes from) are bind-mounted at the same paths, so
 //!   the contract's `EDGELOOP_*` paths mean the same inside; the network is
@@ -19,6 +20,9 @@
 //!   a container (a trainer that checkpoints on SIGTERM still can).
 
 use std::path::{Path, PathBuf};
+
+use edgeloop_api::images::{check_reference, without_digest, PinKind, PinnedImage};
+use edgeloop_models::Digest;
 
 use crate::engines::EngineError;
 
@@ -104,8 +108,8 @@ pub struct ContainerRuntime {
 pub struct ContainerRun<'a> {
     /// Unique per attempt and process, so a cancel can name it.
     pub name: &'a str,
-    /// The resolved image ID.
-    pub image_id: &'a str,
+    /// The pinned image, as the runtime names it ([`PinnedImage::runnable`]).
+    pub image: &'a str,
     pub workdir: &'a Path,
     /// Host directories mounted at the same path.
     pub mounts: &'a [PathBuf],
@@ -142,12 +146,11 @@ impl ContainerRuntime {
             .collect()
     }
 
-    /// The local image `image` names, as its ID. An image the runtime does
-    /// not have is refused before anything runs (nothing is pulled: the
-    /// image is the team's, built or loaded on this machine).
-    pub async fn resolve(&self, image: &str) -> Result<String, EngineError> {
+    /// The ID of the local image `reference` names (a name, an ID, or
+    /// `name@sha256:...`); `None` when the runtime has no such image.
+    async fn image_id(&self, reference: &str) -> Result<Result<Digest, String>, EngineError> {
         let out = tokio::process::Command::new(self.program())
-            .args(["image", "inspect", "--format", "{{.Id}}", image])
+            .args(["image", "inspect", "--format", "{{.Id}}", reference])
             .stdin(std::process::Stdio::null())
             .output()
             .await
@@ -157,15 +160,70 @@ impl ContainerRuntime {
                     self.program()
                 ))
             })?;
-        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // Docker writes `sha256:<hex>`, Podman the hex alone.
+        let id = stdout.trim().trim_start_matches("sha256:");
         if !out.status.success() || id.is_empty() {
-            return Err(EngineError::Refused(format!(
-                "image: {image:?} is not an image {} has on this machine ({})",
-                self.program(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
+            return Ok(Err(String::from_utf8_lossy(&out.stderr).trim().to_string()));
         }
-        Ok(id)
+        id.parse::<Digest>().map(Ok).map_err(|e| {
+            EngineError::Protocol(format!(
+                "{} image inspect gave the ID {id:?}: {e}",
+                self.program()
+            ))
+        })
+    }
+
+    /// Pins `reference` to what this runtime has (see [`crate::engines::Engine::pin_image`]):
+    /// `earlier` if its image is still here; else the manifest digest the
+    /// reference names, or the ID of the image its tag names now. Nothing
+    /// is pulled: the image is the team's, built or loaded on this machine.
+    pub async fn pin(
+        &self,
+        reference: &str,
+        earlier: Option<&PinnedImage>,
+    ) -> Result<PinnedImage, EngineError> {
+        if let Some(pin) = earlier {
+            return match self.image_id(&pin.runnable()).await? {
+                Ok(id) if pin.kind == PinKind::Manifest || id == pin.digest => Ok(pin.clone()),
+                Ok(id) => Err(EngineError::Refused(format!(
+                    "image: the job is pinned to {pin}, but {} here names the image sha256:{id}",
+                    pin.runnable()
+                ))),
+                Err(why) => Err(EngineError::Refused(format!(
+                    "image: the job is pinned to {pin} (its first attempt ran it), and {} has \
+                     no such image on this machine ({why}); every attempt runs the pinned \
+                     image, never what the tag names now: load that image here, or submit a \
+                     new job",
+                    self.program()
+                ))),
+            };
+        }
+        let named =
+            check_reference(reference).map_err(|e| EngineError::Refused(format!("image: {e}")))?;
+        match (self.image_id(reference).await?, named) {
+            (Ok(_), Some(digest)) => Ok(PinnedImage {
+                reference: reference.to_string(),
+                digest,
+                kind: PinKind::Manifest,
+            }),
+            (Ok(id), None) => Ok(PinnedImage {
+                reference: reference.to_string(),
+                digest: id,
+                kind: PinKind::ImageId,
+            }),
+            (Err(why), Some(digest)) => Err(EngineError::Refused(format!(
+                "image: {} has no image {:?} with the digest sha256:{digest} on this machine \
+                 ({why}); nothing is pulled",
+                self.program(),
+                without_digest(reference)
+            ))),
+            (Err(why), None) => Err(EngineError::Refused(format!(
+                "image: {reference:?} is not an image {} has on this machine ({why}); nothing \
+                 is pulled: build or load it here first",
+                self.program()
+            ))),
+        }
     }
 
     /// The runtime's arguments that run `run` in the foreground (the
@@ -207,7 +265,7 @@ impl ContainerRuntime {
                 }
             }
         }
-        args.push(run.image_id.into());
+        args.push(run.image.into());
         args.extend(run.command.iter().cloned());
         args
     }
@@ -275,7 +333,7 @@ mod tests {
         let mounts = vec![PathBuf::from("/jobs/j-1")];
         let run = ContainerRun {
             name: "edgeloop-j-1-a1-0",
-            image_id: "sha256:abc",
+            image: "sha256:abc",
             workdir: Path::new("/jobs/j-1/src"),
             mounts: &mounts,
             env_keys: vec!["EDGELOOP_JOB_ID", "SECRET"],
@@ -314,7 +372,7 @@ mod tests {
         let command = vec!["t".to_string()];
         let run = ContainerRun {
             name: "n",
-            image_id: "i",
+            image: "i",
             workdir: Path::new("/w"),
             mounts: &[],
             env_keys: vec![],

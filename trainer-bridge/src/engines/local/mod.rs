@@ -22,7 +22,9 @@ use nix::unistd::Pid;
 
 use edgeloop_client_core::gpu::LocalGpus;
 
-use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher, NodePool};
+use super::{
+    Engine, EngineError, EngineJobId, EngineState, Launch, Launcher, NodePool, PinnedImage,
+};
 use container::{ContainerRun, ContainerRuntime};
 
 pub struct LocalEngine {
@@ -57,6 +59,16 @@ impl LocalEngine {
             container: runtime,
             ..self
         }
+    }
+
+    fn runtime(&self) -> Result<&ContainerRuntime, EngineError> {
+        self.container.as_ref().ok_or_else(|| {
+            EngineError::Refused(format!(
+                "image: the local engine runs an image only with a container runtime \
+                 (--container-runtime or {}: podman or docker)",
+                container::RUNTIME_ENV
+            ))
+        })
     }
 
     /// Removes the containers of `id`'s processes, in the background (a
@@ -270,6 +282,14 @@ impl Engine for LocalEngine {
         "local"
     }
 
+    async fn pin_image(
+        &self,
+        reference: &str,
+        earlier: Option<&PinnedImage>,
+    ) -> Result<Option<PinnedImage>, EngineError> {
+        self.runtime()?.pin(reference, earlier).await.map(Some)
+    }
+
     async fn submit(&self, launch: &Launch) -> Result<EngineJobId, EngineError> {
         if launch.command.is_empty() {
             return Err(EngineError::Refused("empty command".into()));
@@ -287,16 +307,17 @@ impl Engine for LocalEngine {
         std::fs::create_dir_all(&launch.workdir)?;
         let image = match &launch.image {
             None => None,
-            Some(image) => {
-                let runtime = self.container.as_ref().ok_or_else(|| {
-                    EngineError::Refused(format!(
-                        "image: the local engine runs an image only with {} set (podman or docker)",
-                        container::RUNTIME_ENV
-                    ))
-                })?;
-                let id = runtime.resolve(image).await?;
-                std::fs::write(dir.join("image"), &id)?;
-                Some((runtime, id))
+            Some(reference) => {
+                let runtime = self.runtime()?;
+                // A hand-built launch may come unpinned; the job loop pins
+                // before the first attempt.
+                let pin = match &launch.pinned_image {
+                    Some(pin) => pin.clone(),
+                    None => runtime.pin(reference, None).await?,
+                };
+                let runnable = pin.runnable();
+                std::fs::write(dir.join("image"), &runnable)?;
+                Some((runtime, runnable))
             }
         };
         let mut envs = process_envs(launch)?;
@@ -349,12 +370,12 @@ impl Engine for LocalEngine {
         for (node, env) in envs.iter().enumerate() {
             let command: Vec<String> = match &image {
                 None => launch.command.clone(),
-                Some((runtime, image_id)) => {
+                Some((runtime, image)) => {
                     let name = format!("edgeloop-{}-{node}", id.0);
                     std::fs::write(dir.join(format!("container-{node}")), &name)?;
                     runtime.run_args(&ContainerRun {
                         name: &name,
-                        image_id,
+                        image,
                         workdir: &launch.workdir,
                         mounts: &mounts,
                         env_keys: env.keys().map(String::as_str).collect(),

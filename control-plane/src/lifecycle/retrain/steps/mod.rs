@@ -463,18 +463,21 @@ async fn register(core: &Core, p: &Pipeline, now: OffsetDateTime) -> Result<Outp
             format: None,
             manifest_digest: Some(manifest),
             metrics: Some(metrics),
-            lineage: Some(Lineage {
-                trigger: Some(
-                    format!("{} ({})", p.trigger, p.id)
-                        .chars()
-                        .take(128)
-                        .collect(),
-                ),
-                dataset: Some(data),
-                quantization: evidence,
-                hard_examples,
-                ..Lineage::from_manifest(&m.lineage)
-            }),
+            lineage: Some(crate::lifecycle::jobs::lineage_with_image(
+                &core.store,
+                Lineage {
+                    trigger: Some(
+                        format!("{} ({})", p.trigger, p.id)
+                            .chars()
+                            .take(128)
+                            .collect(),
+                    ),
+                    dataset: Some(data),
+                    quantization: evidence,
+                    hard_examples,
+                    ..Lineage::from_manifest(&m.lineage)
+                },
+            )?),
         },
         now,
     )
