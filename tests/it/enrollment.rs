@@ -56,7 +56,7 @@ async fn agent_and_bridge_enroll_heartbeat_and_are_listed_online_then_offline() 
         stop_agents.clone(),
     ));
     let bridge = tokio::spawn(edgeloop_trainer_bridge::run(
-        cp.member_config(&bridge_dir, Some(cluster_token)),
+        cp.bridge_config(&bridge_dir, Some(cluster_token)),
         stop_agents.clone(),
     ));
 

@@ -145,7 +145,7 @@ async fn ddp_on_the_local_engine_and_slurm_survives_a_killed_rank_with_the_same_
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let bridge_dir = dir.path().join("bridge");
-    let config = cp.member_config(&bridge_dir, Some(cp.token("cluster", "torch").await));
+    let config = cp.bridge_config(&bridge_dir, Some(cp.token("cluster", "torch").await));
     let stop = CancellationToken::new();
     let bridge = tokio::spawn(edgeloop_trainer_bridge::run(config, stop.clone()));
     eventually(Duration::from_secs(20), "bridge online", || async {

@@ -80,7 +80,7 @@ async fn an_agent_and_a_bridge_renew_twice_and_a_revoked_device_cannot() {
         stop.clone(),
     ));
     let bridge = tokio::spawn(edgeloop_trainer_bridge::run(
-        cp.member_config(&bridge_dir, Some(cluster_token)),
+        cp.bridge_config(&bridge_dir, Some(cluster_token)),
         stop.clone(),
     ));
     let members = [

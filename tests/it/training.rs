@@ -184,7 +184,7 @@ async fn a_restarted_bridge_adopts_its_running_job_instead_of_starting_it_again(
     bridge.await.unwrap().unwrap();
 
     // Same data dir, so the same identity: no token this time.
-    let config = cp.member_config(&bridge_dir, None);
+    let config = cp.bridge_config(&bridge_dir, None);
     let stop = CancellationToken::new();
     let bridge = tokio::spawn(edgeloop_trainer_bridge::run(config, stop.clone()));
     let done = eventually(Duration::from_secs(90), "adopted job ends", || async {
@@ -266,7 +266,7 @@ async fn a_job_whose_bridge_died_resumes_on_another_bridge_from_the_uploaded_che
     let token = cp.token("cluster", "other-gpu").await;
     let stop = CancellationToken::new();
     let bridge = tokio::spawn(edgeloop_trainer_bridge::run(
-        cp.member_config(&second_dir, Some(token)),
+        cp.bridge_config(&second_dir, Some(token)),
         stop.clone(),
     ));
     let done = eventually(Duration::from_secs(120), "the moved job ends", || async {

@@ -256,7 +256,7 @@ impl ControlPlane {
         name: &str,
     ) -> (CancellationToken, JoinHandle<anyhow::Result<()>>) {
         let token = self.token("cluster", name).await;
-        let config = self.member_config(dir, Some(token));
+        let config = self.bridge_config(dir, Some(token));
         let stop = CancellationToken::new();
         (
             stop.clone(),
@@ -344,6 +344,26 @@ impl ControlPlane {
 
     /// Settings for an agent or bridge against this control plane, with a
     /// fast reconnect backoff for tests.
+    /// A bridge's config for this control plane: [`Self::member_config`],
+    /// and the container runtime `EDGELOOP_CONTAINER_RUNTIME` names, as the
+    /// binary's `--container-runtime` reads it from the environment.
+    pub fn bridge_config(
+        &self,
+        dir: &Path,
+        token: Option<String>,
+    ) -> edgeloop_trainer_bridge::BridgeConfig {
+        edgeloop_trainer_bridge::BridgeConfig {
+            container_runtime: std::env::var("EDGELOOP_CONTAINER_RUNTIME")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(|v| {
+                    edgeloop_trainer_bridge::engines::local::container::RuntimeKind::parse(&v)
+                        .unwrap()
+                }),
+            ..edgeloop_trainer_bridge::BridgeConfig::new(self.member_config(dir, token))
+        }
+    }
+
     pub fn member_config(
         &self,
         dir: &Path,

@@ -3,6 +3,7 @@
 //! jobs it leases on its engine, uploading checkpoints as they are committed.
 
 pub mod checkpoint;
+pub mod config;
 pub mod engines;
 pub mod facts;
 pub mod launch;
@@ -28,7 +29,7 @@ use edgeloop_proto::bridge::v1::bridge_service_client::BridgeServiceClient;
 use edgeloop_proto::common::v1::Capabilities;
 use tokio_util::sync::CancellationToken;
 
-pub use edgeloop_client_core::{MemberConfig as Config, MemberSettings as BridgeSettings};
+pub use config::{BridgeConfig, BridgeSettings};
 
 use engines::local::LocalEngine;
 use engines::Engine;
@@ -39,15 +40,16 @@ use runner::Runner;
 /// Kubernetes when their settings are in the environment (see
 /// `engines::slurm`, `engines::ray`, `engines::kubernetes`).
 pub fn engines(
-    config: &Config,
+    config: &BridgeConfig,
     gpus: &LocalGpus,
 ) -> anyhow::Result<BTreeMap<String, Arc<dyn Engine>>> {
     let mut engines: BTreeMap<String, Arc<dyn Engine>> = BTreeMap::new();
-    let local = LocalEngine::with_gpus(&config.data_dir.join("engine-local"), gpus.clone())
+    let local = LocalEngine::with_gpus(&config.member.data_dir.join("engine-local"), gpus.clone())
         .context("local engine state dir")?
         .with_container(
-            engines::local::container::ContainerRuntime::from_env()
-                .context("the local engine's container runtime")?,
+            config
+                .container_runtime
+                .map(engines::local::container::ContainerRuntime::new),
         );
     engines.insert("local".into(), Arc::new(local));
     if std::env::var_os("EDGELOOP_SLURMRESTD_URL").is_some() {
@@ -65,7 +67,7 @@ pub fn engines(
     let k8s_set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
     if k8s_set(engines::kubernetes::API_URL_ENV) || k8s_set(engines::kubernetes::KUBECONFIG_ENV) {
         // Where the runner keeps job directories (`runner::job_dir`).
-        let jobs_root = config.data_dir.join("jobs");
+        let jobs_root = config.member.data_dir.join("jobs");
         engines.insert(
             "kubernetes".into(),
             Arc::new(
@@ -79,19 +81,19 @@ pub fn engines(
 
 /// What this bridge reports: the host with its GPUs, the engines it can
 /// drive, and their node pools.
-pub fn capabilities(config: &Config, gpus: &LocalGpus, cluster: &ClusterFacts) -> Capabilities {
+pub fn capabilities(config: &BridgeConfig, gpus: &LocalGpus, cluster: &ClusterFacts) -> Capabilities {
     Capabilities {
         engines: cluster.engines.clone(),
         pools: cluster.pools.iter().map(facts::to_proto).collect(),
-        ..host_capabilities(&config.data_dir, env!("CARGO_PKG_VERSION"), gpus)
+        ..host_capabilities(&config.member.data_dir, env!("CARGO_PKG_VERSION"), gpus)
     }
 }
 
 /// Runs the bridge until `shutdown`: heartbeats and the job loop side by side.
-pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(config: BridgeConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     edgeloop_client_core::install_crypto_provider();
-    create_private_dir(&config.data_dir)
-        .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    create_private_dir(&config.member.data_dir)
+        .with_context(|| format!("creating data dir {}", config.member.data_dir.display()))?;
     let gpus = facts::local_gpus()?;
     let refresh = facts::refresh_period()?;
     let engines = engines(&config, &gpus)?;
@@ -106,14 +108,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         refresh,
         shutdown.clone(),
     ));
-    let store = IdentityStore::new(&config.data_dir);
+    let store = IdentityStore::new(&config.member.data_dir);
     let identity = match ensure_identity(
         Role::Cluster,
-        &config.control_plane,
-        config.bootstrap_token.as_deref(),
+        &config.member.control_plane,
+        config.member.bootstrap_token.as_deref(),
         &store,
         caps.clone(),
-        config.backoff,
+        config.member.backoff,
         &shutdown,
     )
     .await
@@ -122,7 +124,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         other => other?,
     };
     // Follows certificate renewals, which the heartbeat loop makes.
-    let membership = Membership::new(&config.control_plane, &config.data_dir);
+    let membership = Membership::new(&config.member.control_plane, &config.member.data_dir);
     membership.set_identity(identity)?;
     let channel = membership
         .channel_now()
@@ -130,13 +132,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let runner = Arc::new(Runner {
         client: BridgeServiceClient::new(channel),
         engines,
-        data_dir: config.data_dir.clone(),
+        data_dir: config.member.data_dir.clone(),
         facts: facts_rx,
         poll: Duration::from_millis(500),
         running: Default::default(),
         progress: progress::ProgressHub::start(
             std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            config.data_dir.join("jobs"),
+            config.member.data_dir.join("jobs"),
             shutdown.clone(),
         )
         .await
@@ -147,7 +149,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Role::Cluster,
         &membership,
         caps_rx,
-        config.backoff,
+        config.member.backoff,
         shutdown.clone(),
     )
     .await;

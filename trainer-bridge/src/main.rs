@@ -3,7 +3,7 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use edgeloop_client_core::member::settings_file;
-use edgeloop_trainer_bridge::{BridgeSettings, Config};
+use edgeloop_trainer_bridge::{BridgeConfig, BridgeSettings};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -28,7 +28,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let Command::Run { config, settings } = Cli::parse().command;
     edgeloop_client_core::init_tracing();
-    let config = Config::from_settings(settings.or(settings_file(config.as_deref())?))?;
+    let config = BridgeConfig::from_settings(settings.or(settings_file(config.as_deref())?))?;
     let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
     runtime.block_on(async {
         let shutdown = CancellationToken::new();

@@ -26,7 +26,8 @@ use edgeloop_models::Digest;
 
 use crate::engines::EngineError;
 
-/// Names the runtime the local engine runs images with.
+/// Names the runtime the local engine runs images with (the variable of
+/// the bridge's `--container-runtime`).
 pub const RUNTIME_ENV: &str = "EDGELOOP_CONTAINER_RUNTIME";
 
 /// The runtime's own settings in the bridge's environment, which the
@@ -51,13 +52,14 @@ pub enum RuntimeKind {
 }
 
 impl RuntimeKind {
-    pub fn parse(value: &str) -> Result<RuntimeKind, EngineError> {
+    pub fn parse(value: &str) -> Result<RuntimeKind, String> {
         match value.trim() {
             "podman" => Ok(RuntimeKind::Podman),
             "docker" => Ok(RuntimeKind::Docker),
-            other => Err(EngineError::Refused(format!(
-                "{RUNTIME_ENV}: {other:?} is not a container runtime this bridge runs (podman or docker)"
-            ))),
+            other => Err(format!(
+                "container runtime (--container-runtime, {RUNTIME_ENV}): {other:?} is not one \
+                 this bridge runs (podman or docker)"
+            )),
         }
     }
 
@@ -121,15 +123,12 @@ pub struct ContainerRun<'a> {
 }
 
 impl ContainerRuntime {
-    /// The runtime `EDGELOOP_CONTAINER_RUNTIME` names; `None` when unset
-    /// (a job with an image is then refused, naming the field).
-    pub fn from_env() -> Result<Option<ContainerRuntime>, EngineError> {
-        match std::env::var(RUNTIME_ENV) {
-            Ok(v) if !v.trim().is_empty() => Ok(Some(ContainerRuntime {
-                kind: RuntimeKind::parse(&v)?,
-                gpus: GpuMode::detect(),
-            })),
-            _ => Ok(None),
+    /// A runtime of `kind`, with GPUs passed the way this machine is set
+    /// up for (see [`GpuMode::detect`]).
+    pub fn new(kind: RuntimeKind) -> ContainerRuntime {
+        ContainerRuntime {
+            kind,
+            gpus: GpuMode::detect(),
         }
     }
 
