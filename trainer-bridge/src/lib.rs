@@ -81,7 +81,11 @@ pub fn engines(
 
 /// What this bridge reports: the host with its GPUs, the engines it can
 /// drive, and their node pools.
-pub fn capabilities(config: &BridgeConfig, gpus: &LocalGpus, cluster: &ClusterFacts) -> Capabilities {
+pub fn capabilities(
+    config: &BridgeConfig,
+    gpus: &LocalGpus,
+    cluster: &ClusterFacts,
+) -> Capabilities {
     Capabilities {
         engines: cluster.engines.clone(),
         pools: cluster.pools.iter().map(facts::to_proto).collect(),
