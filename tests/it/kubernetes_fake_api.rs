@@ -26,6 +26,8 @@ fn engine(fake: &FakeKubernetes) -> KubernetesEngine {
         Settings {
             namespace: NS.into(),
             volume: SharedVolume::HostPath,
+            pull_policy: None,
+            pull_secret: None,
         },
     )
     .unwrap()
@@ -248,6 +250,8 @@ async fn fake_api_refusals_and_credentials() {
     let settings = Settings {
         namespace: NS.into(),
         volume: SharedVolume::HostPath,
+        pull_policy: None,
+        pull_secret: None,
     };
     let anonymous = KubernetesEngine::with_url(&fake.url, None, settings.clone()).unwrap();
     let mut l = launch(dir.path(), "auth-00000004", "true");
@@ -284,6 +288,8 @@ async fn fake_api_a_checkpoint_claim_is_mounted_at_the_same_paths() {
                 name: "edgeloop-jobs".into(),
                 root: jobs_root.clone(),
             },
+            pull_policy: None,
+            pull_secret: None,
         },
     )
     .unwrap();

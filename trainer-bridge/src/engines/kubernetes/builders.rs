@@ -38,7 +38,8 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    Container, PodSpec, PodTemplateSpec, ResourceRequirements, Service, ServiceSpec, Toleration,
+    Container, LocalObjectReference, PodSpec, PodTemplateSpec, ResourceRequirements, Service,
+    ServiceSpec, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -210,6 +211,7 @@ pub fn build_job(launch: &Launch, settings: &Settings) -> Result<Job, EngineErro
         working_dir: Some(utf8("working directory", &launch.workdir)?),
         resources: Some(resources(launch)),
         volume_mounts: Some(mounts).filter(|m| !m.is_empty()),
+        image_pull_policy: settings.pull_policy.map(|p| p.as_str().to_string()),
         ..Default::default()
     };
     Ok(Job {
@@ -240,6 +242,10 @@ pub fn build_job(launch: &Launch, settings: &Settings) -> Result<Job, EngineErro
                     volumes: Some(volumes).filter(|v| !v.is_empty()),
                     node_selector: node_selector(launch),
                     tolerations: tolerations(launch),
+                    image_pull_secrets: settings
+                        .pull_secret
+                        .as_ref()
+                        .map(|name| vec![LocalObjectReference { name: name.clone() }]),
                     ..Default::default()
                 }),
             },
@@ -426,6 +432,43 @@ mod tests {
         let mut other = launch();
         other.attempt = 3;
         assert!(!is_from(&svc.metadata, &other));
+    }
+
+    #[test]
+    fn the_pods_run_the_pinned_image_with_the_pull_policy_and_secret() {
+        use edgeloop_api::images::PinKind;
+        let plain = build_job(&launch(), &settings()).unwrap();
+        let c = container(&plain);
+        assert_eq!(c.image_pull_policy, None);
+        let pod = plain.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(pod.image_pull_secrets, None);
+
+        let digest = edgeloop_models::Digest::of(b"manifest");
+        let mut l = launch();
+        l.pinned_image = Some(PinnedImage {
+            reference: "ghcr.io/acme/train:1".into(),
+            digest,
+            kind: PinKind::Manifest,
+        });
+        let s = Settings {
+            pull_policy: Some(super::super::PullPolicy::IfNotPresent),
+            pull_secret: Some("acme-registry".into()),
+            ..settings()
+        };
+        let job = build_job(&l, &s).unwrap();
+        let c = container(&job);
+        assert_eq!(
+            c.image.as_deref(),
+            Some(format!("ghcr.io/acme/train:1@sha256:{digest}").as_str())
+        );
+        assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+        let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(
+            pod.image_pull_secrets,
+            Some(vec![LocalObjectReference {
+                name: "acme-registry".into()
+            }])
+        );
     }
 
     #[test]

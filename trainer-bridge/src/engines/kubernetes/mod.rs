@@ -71,7 +71,7 @@ pub use builders::{
     build, build_job, build_service, node_selector, Objects, ANNOTATION_JOB_ID, CONTAINER_NAME,
     LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_OBJECT, TTL_SECONDS_AFTER_FINISHED,
 };
-pub use names::{is_dns_label, label_value, object_name, MAX_NAME_LEN};
+pub use names::{is_dns_label, is_dns_subdomain, label_value, object_name, MAX_NAME_LEN};
 pub use nodes::{GPU_RESOURCE, GPU_TAINT, PRODUCT_LABEL};
 pub use process::{escape_expansion, expand_like_kubernetes, INDEX_ANNOTATION};
 pub use status::{failure_exit_code, map_status};
@@ -90,6 +90,11 @@ pub const KUBECONFIG_ENV: &str = "KUBECONFIG";
 pub const NAMESPACE_ENV: &str = "EDGELOOP_K8S_NAMESPACE";
 /// A PersistentVolumeClaim holding the bridge's `<data dir>/jobs`.
 pub const CHECKPOINT_PVC_ENV: &str = "EDGELOOP_K8S_CHECKPOINT_PVC";
+/// `Always`, `IfNotPresent` or `Never`; unset: Kubernetes' default.
+pub const IMAGE_PULL_POLICY_ENV: &str = "EDGELOOP_K8S_IMAGE_PULL_POLICY";
+/// The Secret (of type `kubernetes.io/dockerconfigjson`, in the namespace)
+/// the pods pull a private registry's image with.
+pub const IMAGE_PULL_SECRET_ENV: &str = "EDGELOOP_K8S_IMAGE_PULL_SECRET";
 
 /// At most this much of a pod's log is returned by `logs`.
 pub const MAX_LOG_BYTES: i64 = 1 << 20;
@@ -113,6 +118,41 @@ pub enum SharedVolume {
 pub struct Settings {
     pub namespace: String,
     pub volume: SharedVolume,
+    /// The pods' `imagePullPolicy`; `None`: Kubernetes' default.
+    pub pull_policy: Option<PullPolicy>,
+    /// The pods' `imagePullSecrets` entry.
+    pub pull_secret: Option<String>,
+}
+
+/// When a node pulls a pod's image. A pinned image (`name@sha256:...`)
+/// never changes, so `IfNotPresent` costs nothing in correctness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl PullPolicy {
+    pub fn parse(value: &str) -> Result<PullPolicy, String> {
+        match value.trim() {
+            "Always" => Ok(PullPolicy::Always),
+            "IfNotPresent" => Ok(PullPolicy::IfNotPresent),
+            "Never" => Ok(PullPolicy::Never),
+            other => Err(format!(
+                "{IMAGE_PULL_POLICY_ENV}: {other:?} is not an image pull policy (Always, \
+                 IfNotPresent or Never)"
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
 }
 
 /// How the engine reaches the API server.
@@ -244,6 +284,19 @@ impl KubernetesEngine {
                     )))
                 }
                 None => SharedVolume::HostPath,
+            },
+            pull_policy: var(IMAGE_PULL_POLICY_ENV)
+                .map(|p| PullPolicy::parse(&p))
+                .transpose()
+                .map_err(EngineError::Unavailable)?,
+            pull_secret: match var(IMAGE_PULL_SECRET_ENV) {
+                Some(name) if is_dns_subdomain(name.trim()) => Some(name.trim().to_string()),
+                Some(name) => {
+                    return Err(EngineError::Unavailable(format!(
+                        "{IMAGE_PULL_SECRET_ENV}: {name:?} is not a Secret name"
+                    )))
+                }
+                None => None,
             },
         };
         if let Some(url) = var(API_URL_ENV) {
@@ -574,8 +627,20 @@ mod tests {
     fn settings_are_checked() {
         let bad_ns = Settings {
             namespace: "Not_A_Namespace".into(),
-            volume: SharedVolume::HostPath,
+            ..settings()
         };
+        for (given, want) in [
+            ("Always", Ok(PullPolicy::Always)),
+            (" IfNotPresent", Ok(PullPolicy::IfNotPresent)),
+            ("Never", Ok(PullPolicy::Never)),
+        ] {
+            assert_eq!(PullPolicy::parse(given), want);
+        }
+        let e = PullPolicy::parse("always").unwrap_err();
+        assert!(
+            e.contains(IMAGE_PULL_POLICY_ENV) && e.contains("IfNotPresent"),
+            "{e}"
+        );
         assert!(matches!(
             KubernetesEngine::with_url("http://127.0.0.1:1", None, bad_ns),
             Err(EngineError::Unavailable(_))

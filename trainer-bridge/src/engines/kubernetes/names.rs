@@ -19,6 +19,12 @@ pub fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// A DNS subdomain (RFC 1123): dot-separated labels, at most 253 bytes;
+/// what a Secret's name must be.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
 fn short_hash(s: &str) -> String {
     hex::encode(&Sha256::digest(s.as_bytes())[..4])
 }
@@ -92,6 +98,24 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
+
+    #[test]
+    fn secret_names_are_dns_subdomains() {
+        for ok in ["acme", "acme-registry", "a.b-c.d", &"a".repeat(63)] {
+            assert!(is_dns_subdomain(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "Acme",
+            "a..b",
+            ".a",
+            "a_b",
+            &"a".repeat(64),
+            &["a"; 128].join("."),
+        ] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn object_names_are_dns_labels_short_enough_for_pod_hostnames() {

@@ -78,6 +78,8 @@ pub(super) fn settings() -> Settings {
     Settings {
         namespace: "ml".into(),
         volume: SharedVolume::HostPath,
+        pull_policy: None,
+        pull_secret: None,
     }
 }
 

@@ -216,6 +216,7 @@ mod tests {
                 name: "edgeloop-jobs".into(),
                 root: PathBuf::from("/data/jobs"),
             },
+            ..super::super::test_fixtures::settings()
         };
         let job = build_job(&launch(), &claim).unwrap();
         let pod = job.spec.as_ref().unwrap().template.spec.clone().unwrap();
