@@ -12,7 +12,8 @@
 #   EDGELOOP_DEPS            deps dir (default ~/.edgeloop/deps)
 #
 # The last line printed is the path of a sourceable env file with
-# EDGELOOP_CONTAINER_RUNTIME, CONTAINERS_CONF and EDGELOOP_TEST_IMAGE.
+# EDGELOOP_CONTAINER_RUNTIME, CONTAINERS_CONF, EDGELOOP_TEST_IMAGE and the
+# fake GPUs' CDI spec (EDGELOOP_TEST_FAKE_CDI, empty where real GPUs are).
 set -euo pipefail
 
 STATE=${EDGELOOP_CONTAINERS_DIR:-/tmp/edgeloop-containers}
@@ -53,6 +54,40 @@ runtime = "runc"
 EOF
 export CONTAINERS_CONF=$CONF
 
+# --- fake GPUs through CDI ----------------------------------------------------
+# The tests pass a job's GPUs the way a GPU node does, through a CDI spec
+# naming `nvidia.com/gpu` devices (`nvidia-ctk cdi generate` writes the real
+# one, docs/gpu.md). On a machine without NVIDIA devices a spec of fake
+# ones stands in: each device node is /dev/null, with a variable naming it.
+# Podman 4.3 reads specs only from /etc/cdi and /var/run/cdi (no
+# cdi_spec_dirs yet); /var/run is emptied at boot, so the spec is rewritten
+# each run. Never written beside real GPUs or a real spec.
+FAKE_CDI=/var/run/cdi/edgeloop-fake-gpu.yaml
+FAKE_GPUS=4
+if [ ! -e /dev/nvidia0 ] && ! grep -qls 'nvidia.com/gpu' /etc/cdi/* 2>/dev/null \
+   && ! grep -L 'edgeloop-fake-gpu' /var/run/cdi/* 2>/dev/null | xargs -r grep -qls 'nvidia.com/gpu'; then
+  mkdir -p /var/run/cdi
+  {
+    echo '# edgeloop-fake-gpu: written by scripts/containers-up.sh for the tests'
+    echo 'cdiVersion: "0.5.0"'
+    echo 'kind: "nvidia.com/gpu"'
+    echo 'devices:'
+    for i in $(seq 0 $((FAKE_GPUS - 1))); do
+      echo "  - name: \"$i\""
+      echo '    containerEdits:'
+      echo '      deviceNodes:'
+      echo "        - path: /dev/nvidia$i"
+      echo '          hostPath: /dev/null'
+      echo "      env: [\"EDGELOOP_FAKE_GPU_$i=injected\"]"
+    done
+    echo 'containerEdits:'
+    echo '  env: ["EDGELOOP_FAKE_CDI=1"]'
+  } >"$FAKE_CDI.tmp"
+  mv "$FAKE_CDI.tmp" "$FAKE_CDI"
+else
+  FAKE_CDI=
+fi
+
 # --- the test image -----------------------------------------------------------
 if ! podman image exists "$IMAGE"; then
   if [ ! -s "$ROOTFS_TAR" ]; then
@@ -79,6 +114,8 @@ cat >"$ENV_FILE.tmp" <<EOF
 EDGELOOP_CONTAINER_RUNTIME=podman
 CONTAINERS_CONF=$CONF
 EDGELOOP_TEST_IMAGE=$IMAGE
+EDGELOOP_TEST_FAKE_CDI=$FAKE_CDI
+EDGELOOP_TEST_FAKE_GPUS=$FAKE_GPUS
 EOF
 mv "$ENV_FILE.tmp" "$ENV_FILE"
 log "podman $(podman version --format '{{.Client.Version}}') on runc; image $IMAGE"

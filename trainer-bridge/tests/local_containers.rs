@@ -40,8 +40,14 @@ fn image() -> &'static str {
             )
         });
         let vars: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
-        if let Some(conf) = vars.get("CONTAINERS_CONF") {
-            std::env::set_var("CONTAINERS_CONF", conf);
+        for key in [
+            "CONTAINERS_CONF",
+            "EDGELOOP_TEST_FAKE_CDI",
+            "EDGELOOP_TEST_FAKE_GPUS",
+        ] {
+            if let Some(value) = vars.get(key) {
+                std::env::set_var(key, value);
+            }
         }
         vars.get("EDGELOOP_TEST_IMAGE")
             .unwrap_or_else(|| panic!("{} has no EDGELOOP_TEST_IMAGE", path.display()))
@@ -331,4 +337,79 @@ async fn an_image_is_pinned_once_and_every_attempt_runs_the_pin() {
         other => panic!("{other:?}"),
     }
     podman_out(&["rmi", "--force", tag]);
+}
+
+/// The fake GPUs' CDI spec `scripts/containers-up.sh` wrote (empty on a
+/// machine with real NVIDIA devices, whose own spec is used instead), and
+/// how many devices it names.
+fn fake_cdi() -> Option<u32> {
+    image();
+    let path = std::env::var("EDGELOOP_TEST_FAKE_CDI").unwrap_or_default();
+    if path.is_empty() {
+        return None;
+    }
+    assert!(
+        Path::new(&path).exists(),
+        "{path} is gone: run scripts/containers-up.sh"
+    );
+    Some(
+        std::env::var("EDGELOOP_TEST_FAKE_GPUS")
+            .unwrap()
+            .parse()
+            .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn allocated_gpus_go_into_the_container_through_cdi_numbered_from_zero() {
+    use edgeloop_client_core::gpu::{LocalGpu, LocalGpus};
+    let fake = fake_cdi();
+    let gpus = match fake {
+        Some(n) => LocalGpus {
+            gpus: (0..n)
+                .map(|index| LocalGpu {
+                    index,
+                    name: "Fake GPU (CDI, /dev/null)".into(),
+                    memory_bytes: 1 << 30,
+                })
+                .collect(),
+            source: "test".into(),
+            ..Default::default()
+        },
+        None => LocalGpus::detect(),
+    };
+    assert!(gpus.gpus.len() >= 3, "{gpus:?}");
+    // A spec naming `nvidia.com/gpu` devices is found: CDI, not --gpus.
+    assert_eq!(GpuMode::detect(), GpuMode::Cdi);
+    let dir = tempfile::tempdir().unwrap();
+    let engine = LocalEngine::with_gpus(&dir.path().join("state"), gpus.clone())
+        .unwrap()
+        .with_container(Some(podman()));
+
+    // One job holds the first GPU, so the next gets the two after it.
+    let mut holder = launch(dir.path(), "gpu-holder", image(), "sleep 30");
+    holder.gpus_per_node = 1;
+    let held = engine.submit(&holder).await.unwrap();
+    let script = "ls /dev | grep '^nvidia' | tr '\\n' ' ' > out.txt; \
+                  echo \"visible=$CUDA_VISIBLE_DEVICES\" >> out.txt; \
+                  env | grep '^EDGELOOP_FAKE' | sort | tr '\\n' ' ' >> out.txt";
+    let mut l = launch(dir.path(), "gpu-two", image(), script);
+    l.gpus_per_node = 2;
+    let id = engine.submit(&l).await.unwrap();
+    assert_eq!(wait_terminal(&engine, &id).await, EngineState::Succeeded);
+    engine.cancel(&held).await.unwrap();
+    let out = std::fs::read_to_string(dir.path().join("work/out.txt")).unwrap();
+    let (a, b) = (gpus.gpus[1].index, gpus.gpus[2].index);
+    // The devices CDI injected, and only those; CUDA numbers them from 0.
+    assert!(out.starts_with(&format!("nvidia{a} nvidia{b} ")), "{out}");
+    assert!(out.contains("visible=0,1"), "{out}");
+    if fake.is_some() {
+        assert!(
+            out.contains(&format!(
+                "EDGELOOP_FAKE_CDI=1 EDGELOOP_FAKE_GPU_{a}=injected EDGELOOP_FAKE_GPU_{b}=injected "
+            )),
+            "{out}"
+        );
+    }
+    assert!(gone("edgeloop-gpu-holder-a1-0").await);
 }
