@@ -91,6 +91,13 @@ pub struct Job {
     /// image, and where the engine runs a tag as given (Kubernetes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<PinnedImage>,
+    /// Restarts after failures (at most the spec's
+    /// `restarts.max_restarts`), and after preemptions, counted apart (at
+    /// most `restarts.max_preemptions`).
+    #[serde(default)]
+    pub restarts: u32,
+    #[serde(default)]
+    pub preemptions: u32,
     pub exit_code: Option<i32>,
     pub cancel_requested: bool,
     pub last_message: String,

@@ -144,6 +144,13 @@ pub fn render(view: &JobView) -> String {
         ("name", text(&job.spec.name)),
         ("state", format!("{}{cancel}", text(&job.state))),
         ("attempt", text(&job.attempt)),
+        (
+            "restarts",
+            format!(
+                "{} after failures, {} after preemptions",
+                job.restarts, job.preemptions
+            ),
+        ),
         ("step", text(&job.step)),
         ("cluster", text(&job.cluster)),
         ("leased by", text(&job.leased_by)),

@@ -5,7 +5,9 @@
 //! resumed by the next attempt from the last committed checkpoint, and a
 //! cancel leaves no container behind. The image is pinned to its ID at the
 //! first attempt: the retry runs that ID although the tag moved meanwhile,
-//! and the checkpoints and the model version trained by it name it.
+//! and the checkpoints and the model version trained by it name it. A
+//! preempted container (SIGTERM) checkpoints where it is and the next
+//! attempt resumes there, counted as a preemption, not a failure.
 
 use std::path::Path;
 use std::process::Command;
@@ -241,6 +243,55 @@ async fn a_job_with_an_image_trains_in_a_container_resumes_after_a_kill_and_canc
         || async { Some(()).filter(|_| !container_exists(&name)) },
     )
     .await;
+
+    // Preempted (`podman stop`: SIGTERM, as a node going away sends): the
+    // trainer commits the step it is at, and the next attempt resumes from
+    // exactly that step. A preemption is not a failure: the job allows no
+    // restart after a failure and still finishes.
+    let (_, job) = cp
+        .api()
+        .post(
+            "/api/v1/jobs",
+            json!({"spec": spec("preempted-in-a-container", 60, 0)}),
+        )
+        .await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let ckpts = dir.path().join("bridge/jobs").join(&id).join("checkpoints");
+    checkpoint_at_least(&ckpts, 10).await;
+    let first = format!("edgeloop-{id}-a1-0");
+    let stopped = Command::new("podman")
+        .args(["stop", "--time", "20", &first])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(stopped.success(), "stopped {first}");
+    let done = ended(&cp, &id, Duration::from_secs(120)).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(
+        (done["step"].as_u64(), done["attempt"].as_u64()),
+        (Some(60), Some(2)),
+        "{done}"
+    );
+    assert_eq!(
+        (done["restarts"].as_u64(), done["preemptions"].as_u64()),
+        (Some(0), Some(1)),
+        "{done}"
+    );
+    let log = std::fs::read_to_string(dir.path().join("bridge/jobs").join(&id).join("trainer.log"))
+        .unwrap();
+    let saved = log
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("attempt 1 committed step ")?
+                .strip_suffix(" on SIGTERM")
+        })
+        .unwrap_or_else(|| panic!("no SIGTERM checkpoint:\n{log}"));
+    assert!(
+        log.contains(&format!("attempt 2 resumed from {saved}\n")),
+        "{log}"
+    );
+    let history = done["history"].to_string();
+    assert!(history.contains("attempt 1 preempted"), "{history}");
 
     stop.cancel();
     bridge.await.unwrap().unwrap();

@@ -53,6 +53,8 @@ pub fn progress(
         exit_code: 0,
         at: None,
         image: None,
+        restarts: 0,
+        preemptions: 0,
     }
 }
 

@@ -56,6 +56,20 @@ pub fn decide_restart(
     RestartDecision::Restart(restart_delay(spec, restarts))
 }
 
+/// Whether to restart after a preemption, given `preemptions` so far
+/// (this one included). A preempted job restarts after the spec's base
+/// backoff: the next node is as good as any, and growing the pause would
+/// only lose the time spot capacity is there. Pure.
+pub fn decide_after_preemption(spec: &JobSpec, preemptions: u32) -> RestartDecision {
+    let max = spec.restarts.max_preemptions;
+    if preemptions > max {
+        return RestartDecision::GiveUp(format!(
+            "preempted {preemptions} times, more than restarts.max_preemptions ({max})"
+        ));
+    }
+    RestartDecision::Restart(restart_delay(spec, 0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,6 +92,31 @@ mod tests {
     enum Want {
         Restart(u64),
         GiveUp(&'static str),
+    }
+
+    #[test]
+    fn preemptions_restart_after_the_base_backoff_up_to_their_own_limit() {
+        let mut s = spec(0);
+        s.restarts.max_preemptions = 2;
+        // (preemptions so far, this one included) -> restart after 2 s, or give up
+        for (n, restart) in [(1, true), (2, true), (3, false), (50, false)] {
+            match decide_after_preemption(&s, n) {
+                RestartDecision::Restart(d) => {
+                    assert!(restart, "{n}");
+                    assert_eq!(d, Duration::from_secs(2), "{n}");
+                }
+                RestartDecision::GiveUp(why) => {
+                    assert!(!restart, "{n}");
+                    assert!(why.contains("restarts.max_preemptions (2)"), "{why}");
+                }
+            }
+        }
+        // No preemption allowed at all.
+        s.restarts.max_preemptions = 0;
+        assert!(matches!(
+            decide_after_preemption(&s, 1),
+            RestartDecision::GiveUp(_)
+        ));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::checkpoint::{self, Committed};
 use crate::engines::{Engine, EngineState, PinnedImage};
 use crate::launch::{build_launch, contract_env, AttemptPlan};
 use crate::preflight::{self, ClusterFacts};
-use crate::restart::{decide_restart, FailedAttempt, RestartDecision};
+use crate::restart::{decide_after_preemption, decide_restart, FailedAttempt, RestartDecision};
 use crate::spec::JobSpec;
 
 /// One progress report, as the job loop sees it.
@@ -33,6 +33,17 @@ struct Progress<'a> {
     metrics: &'a std::collections::BTreeMap<String, f64>,
     /// The image the job runs, once pinned.
     image: Option<&'a PinnedImage>,
+    /// The job's restarts after failures and after preemptions so far.
+    counts: Counts,
+}
+
+/// How often a job was restarted, by cause: the lease hands the control
+/// plane's counts to the bridge that runs the job next, and every report
+/// carries them back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counts {
+    restarts: u32,
+    preemptions: u32,
 }
 
 pub struct Runner {
@@ -62,7 +73,7 @@ fn state_of(s: &EngineState) -> pb::JobState {
         EngineState::Pending => pb::JobState::Starting,
         EngineState::Running => pb::JobState::Running,
         EngineState::Succeeded => pb::JobState::Succeeded,
-        EngineState::Failed { .. } => pb::JobState::Failed,
+        EngineState::Failed { .. } | EngineState::Preempted { .. } => pb::JobState::Failed,
         EngineState::Cancelled => pb::JobState::Cancelled,
     }
 }
@@ -138,6 +149,7 @@ impl Runner {
             exit_code: None,
             metrics: &no_metrics,
             image: None,
+            counts: Counts::default(),
         })
         .await;
     }
@@ -153,6 +165,7 @@ impl Runner {
             exit_code,
             metrics,
             image,
+            counts,
         } = p;
         let mut client = self.client.clone();
         let r = pb::ProgressReport {
@@ -166,6 +179,8 @@ impl Runner {
             exit_code: exit_code.unwrap_or(0),
             at: Some(std::time::SystemTime::now().into()),
             image: image.map(edgeloop_client_core::images::to_wire),
+            restarts: counts.restarts,
+            preemptions: counts.preemptions,
         };
         match client.report_progress(r).await {
             Ok(ack) => ack.into_inner().cancel_requested,
@@ -437,7 +452,8 @@ impl Runner {
                 return;
             }
         };
-        let mut restarts = 0u32;
+        let mut restarts = job.restarts;
+        let mut preemptions = job.preemptions;
         let mut failures: Vec<FailedAttempt> = Vec::new();
         let mut uploaded: Option<u64> = None;
         let mut scanner = checkpoint::Scanner::default();
@@ -657,6 +673,10 @@ impl Runner {
                         exit_code: None,
                         metrics: &metrics,
                         image: pinned_image.as_ref(),
+                        counts: Counts {
+                            restarts,
+                            preemptions,
+                        },
                     })
                     .await;
                 if cancel {
@@ -682,7 +702,63 @@ impl Runner {
                     progressed: newest > started_from,
                 });
             }
+            if let EngineState::Preempted { .. } = &state {
+                // As after a failure: no rank of the stopped attempt
+                // outlives it.
+                if let Err(e) = engine.stop_remains(&engine_id).await {
+                    tracing::debug!(job = %id, error = %e, "stopping what is left of a preempted attempt");
+                }
+                preemptions += 1;
+            }
             match &state {
+                EngineState::Preempted { reason } => {
+                    match decide_after_preemption(&spec, preemptions) {
+                        RestartDecision::Restart(delay) => {
+                            tracing::warn!(job = %id, attempt, %reason, ?delay, preemptions, "attempt preempted; restarting from the last checkpoint");
+                            self.report(Progress {
+                            job: &id,
+                            attempt,
+                            state: pb::JobState::Running,
+                            step,
+                            message: format!(
+                                "attempt {attempt} preempted ({reason}); preemption {preemptions} of at most {}, restarting in {delay:?}",
+                                spec.restarts.max_preemptions
+                            ),
+                            engine_id: &engine_id.0,
+                            exit_code: None,
+                            metrics: &metrics,
+                            image: pinned_image.as_ref(),
+                            counts: Counts { restarts, preemptions },
+                        })
+                        .await;
+                            tokio::select! {
+                                _ = tokio::time::sleep(delay) => {}
+                                _ = shutdown.cancelled() => return,
+                            }
+                            attempt += 1;
+                        }
+                        RestartDecision::GiveUp(why) => {
+                            tracing::warn!(job = %id, attempt, %reason, %why, "job failed");
+                            self.report(Progress {
+                                job: &id,
+                                attempt,
+                                state: pb::JobState::Failed,
+                                step,
+                                message: format!("{why}: {reason}"),
+                                engine_id: &engine_id.0,
+                                exit_code: None,
+                                metrics: &metrics,
+                                image: pinned_image.as_ref(),
+                                counts: Counts {
+                                    restarts,
+                                    preemptions,
+                                },
+                            })
+                            .await;
+                            return;
+                        }
+                    }
+                }
                 EngineState::Failed { exit_code, reason } => {
                     match decide_restart(&spec, restarts, &failures) {
                         RestartDecision::Restart(delay) => {
@@ -700,6 +776,7 @@ impl Runner {
                                 exit_code: *exit_code,
                                 metrics: &metrics,
                                 image: pinned_image.as_ref(),
+                                counts: Counts { restarts, preemptions },
                             })
                             .await;
                             tokio::select! {
@@ -720,6 +797,10 @@ impl Runner {
                                 exit_code: *exit_code,
                                 metrics: &metrics,
                                 image: pinned_image.as_ref(),
+                                counts: Counts {
+                                    restarts,
+                                    preemptions,
+                                },
                             })
                             .await;
                             return;
@@ -737,6 +818,10 @@ impl Runner {
                         exit_code: None,
                         metrics: &metrics,
                         image: pinned_image.as_ref(),
+                        counts: Counts {
+                            restarts,
+                            preemptions,
+                        },
                     })
                     .await;
                     return;

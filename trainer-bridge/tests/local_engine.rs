@@ -209,3 +209,72 @@ async fn a_failed_rank_fails_the_attempt_and_stop_remains_ends_the_others() {
         EngineState::Failed { .. }
     ));
 }
+
+/// A SIGTERM the bridge did not send (a machine shutting down, a spot node
+/// reclaimed) ends the attempt as preempted, after the trainer had its
+/// chance to checkpoint: sent to the whole group, or to the trainer alone.
+#[tokio::test]
+async fn a_sigterm_from_outside_is_a_preemption_after_the_trainer_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let engine = LocalEngine::new(&state).unwrap();
+    let pgid = |id: &EngineJobId| -> i32 {
+        std::fs::read_to_string(state.join(&id.0).join("pgid-0"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // The trainer checkpoints on SIGTERM, then exits 143 as the contract asks.
+    let trainer = "trap 'echo saved > saved.txt; exit 143' TERM; \
+                   echo started > started.txt; \
+                   while :; do sleep 0.05 & wait $!; done";
+    let id = engine
+        .submit(&launch(dir.path(), "spot", trainer, 1, Launcher::None))
+        .await
+        .unwrap();
+    let started = dir.path().join("work/started.txt");
+    for _ in 0..200 {
+        if started.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid(&id)),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    match wait_terminal(&engine, &id).await {
+        EngineState::Preempted { reason } => {
+            assert!(reason.contains("SIGTERM"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(dir.path().join("work/saved.txt").exists());
+
+    // A trainer with no handler, its process alone signalled: exit 143.
+    let id = engine
+        .submit(&launch(dir.path(), "plain", "sleep 600", 1, Launcher::None))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = std::process::Command::new("pkill")
+        .args(["-TERM", "-P", &pgid(&id).to_string()])
+        .status()
+        .unwrap();
+    assert!(out.success(), "pkill found the trainer");
+    assert!(matches!(
+        wait_terminal(&engine, &id).await,
+        EngineState::Preempted { .. }
+    ));
+
+    // A cancel sends SIGTERM too, and stays a cancel.
+    let id = engine
+        .submit(&launch(dir.path(), "cancelled", trainer, 1, Launcher::None))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    engine.cancel(&id).await.unwrap();
+    assert_eq!(wait_terminal(&engine, &id).await, EngineState::Cancelled);
+}

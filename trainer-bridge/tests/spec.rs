@@ -105,6 +105,7 @@ fn defaults_are_applied() {
     assert_eq!(spec.restarts.max_restarts, 3);
     assert_eq!(spec.restarts.backoff_seconds, 10);
     assert_eq!(spec.restarts.backoff_max_seconds, 600);
+    assert_eq!(spec.restarts.max_preemptions, 10);
     assert_eq!(spec.precision, None);
     // A torchrun block without a port gets torchrun's default.
     let spec = json_with(serde_json::json!({"launcher": {"type": "torchrun"}})).unwrap();
@@ -420,6 +421,11 @@ fn validation_names_the_field() {
             json!({"restarts": {"max_restarts": 101}}),
             "restarts.max_restarts",
             "more than 100",
+        ),
+        (
+            json!({"restarts": {"max_preemptions": 1001}}),
+            "restarts.max_preemptions",
+            "more than 1000",
         ),
         (
             json!({"restarts": {"backoff_seconds": 700}}),

@@ -274,6 +274,10 @@ mod tests {
             maximum(restarts(), "max_restarts"),
             json!(spec::MAX_RESTARTS)
         );
+        assert_eq!(
+            maximum(restarts(), "max_preemptions"),
+            json!(spec::MAX_PREEMPTIONS)
+        );
         for field in ["backoff_seconds", "backoff_max_seconds"] {
             assert_eq!(maximum(restarts(), field), json!(spec::MAX_BACKOFF_SECONDS));
         }

@@ -55,7 +55,10 @@ impl Default for CheckpointPolicy {
 }
 
 /// Restarts after a failure, with exponential backoff from `backoff_seconds`
-/// capped at `backoff_max_seconds`.
+/// capped at `backoff_max_seconds`; and after a preemption (the engine
+/// stopped the attempt from outside: a spot node reclaimed, a node lost, a
+/// SIGTERM the bridge did not send), counted apart and restarted after
+/// `backoff_seconds`, since nothing is wrong with the job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields, default)]
@@ -69,6 +72,10 @@ pub struct RestartPolicy {
     /// At most a day, 86400 (default 600).
     #[cfg_attr(feature = "openapi", schema(maximum = 86400))]
     pub backoff_max_seconds: u32,
+    /// At most 1000 (default 10). Preemptions do not count against
+    /// `max_restarts`.
+    #[cfg_attr(feature = "openapi", schema(maximum = 1000))]
+    pub max_preemptions: u32,
 }
 
 impl Default for RestartPolicy {
@@ -77,11 +84,13 @@ impl Default for RestartPolicy {
             max_restarts: 3,
             backoff_seconds: 10,
             backoff_max_seconds: 600,
+            max_preemptions: 10,
         }
     }
 }
 
 pub const MAX_RESTARTS: u32 = 100;
+pub const MAX_PREEMPTIONS: u32 = 1000;
 /// A day: a longer pause is a stuck job, not a backoff.
 pub const MAX_BACKOFF_SECONDS: u32 = 86_400;
 
@@ -122,6 +131,12 @@ impl JobSpec {
             return Err(SpecError::invalid(
                 "restarts.max_restarts",
                 format!("{} is more than {MAX_RESTARTS}", r.max_restarts),
+            ));
+        }
+        if r.max_preemptions > MAX_PREEMPTIONS {
+            return Err(SpecError::invalid(
+                "restarts.max_preemptions",
+                format!("{} is more than {MAX_PREEMPTIONS}", r.max_preemptions),
             ));
         }
         if r.backoff_max_seconds > MAX_BACKOFF_SECONDS {

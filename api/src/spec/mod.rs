@@ -35,7 +35,9 @@ mod requirements;
 mod resources;
 mod validation;
 
-pub use checkpoint::{CheckpointPolicy, RestartPolicy, MAX_BACKOFF_SECONDS, MAX_RESTARTS};
+pub use checkpoint::{
+    CheckpointPolicy, RestartPolicy, MAX_BACKOFF_SECONDS, MAX_PREEMPTIONS, MAX_RESTARTS,
+};
 pub use dataset::DATASET_SCHEMES;
 pub use distributed::{
     LauncherSpec, DEFAULT_MASTER_PORT, NCCL_IB_PREFIX, NCCL_KEYS, TORCHRUN_VARS,

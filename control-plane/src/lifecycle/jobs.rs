@@ -50,6 +50,12 @@ pub struct JobRecord {
     /// attempt runs it, and the model's lineage names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<PinnedImage>,
+    /// Restarts after failures, and after preemptions, so far (left out
+    /// while 0, as a record without them was written).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub preemptions: u32,
     pub exit_code: Option<i32>,
     pub cancel_requested: bool,
     pub last_message: String,
@@ -58,6 +64,10 @@ pub struct JobRecord {
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl JobRecord {
@@ -81,6 +91,8 @@ impl JobRecord {
             step: 0,
             engine_job_id: None,
             image: None,
+            restarts: 0,
+            preemptions: 0,
             exit_code: None,
             cancel_requested: false,
             last_message: String::new(),
@@ -156,6 +168,10 @@ pub struct Report {
     pub exit_code: Option<i32>,
     /// The image the attempt runs, as its engine pinned it.
     pub image: Option<PinnedImage>,
+    /// The bridge's counts; they only grow (a report that arrives late
+    /// cannot lower them).
+    pub restarts: u32,
+    pub preemptions: u32,
 }
 
 /// Applies a progress report from `cluster`. Refuses reports from a cluster
@@ -219,6 +235,8 @@ pub fn apply_report(
         }
         _ => {}
     }
+    next.restarts = job.restarts.max(report.restarts);
+    next.preemptions = job.preemptions.max(report.preemptions);
     next.exit_code = report.exit_code.or(job.exit_code);
     next.last_message = report.message.chars().take(4096).collect();
     next.lease_expires_at = if report.state.is_terminal() {
@@ -553,6 +571,8 @@ mod tests {
             engine_job_id: Some("123".into()),
             exit_code: None,
             image: None,
+            restarts: 0,
+            preemptions: 0,
         };
         let next =
             apply_report(&held, "c", &r(JobState::Running, 2, 100), at(5), LEASE_TTL).unwrap();
@@ -586,6 +606,33 @@ mod tests {
             apply_report(&done, "c", &r(JobState::Running, 2, 300), at(7), LEASE_TTL),
             Err(Error::Conflict(_))
         ));
+        // The bridge's restart counts only grow: a late report cannot
+        // lower them.
+        let counted = apply_report(
+            &held,
+            "c",
+            &Report {
+                restarts: 2,
+                preemptions: 3,
+                ..r(JobState::Running, 2, 100)
+            },
+            at(5),
+            LEASE_TTL,
+        )
+        .unwrap();
+        let late = apply_report(
+            &counted,
+            "c",
+            &Report {
+                restarts: 1,
+                preemptions: 0,
+                ..r(JobState::Running, 2, 101)
+            },
+            at(6),
+            LEASE_TTL,
+        )
+        .unwrap();
+        assert_eq!((late.restarts, late.preemptions), (2, 3));
         let mut nan = r(JobState::Running, 2, 1);
         nan.metrics.insert("loss".into(), f64::NAN);
         assert!(
@@ -616,6 +663,8 @@ mod tests {
             engine_job_id: None,
             exit_code: None,
             image,
+            restarts: 0,
+            preemptions: 0,
         };
         // (pin held, pin reported) -> pin kept
         let table = [

@@ -356,6 +356,8 @@ pub fn job_digests(j: &JobRecord) -> Result<Vec<Digest>, serde_json::Error> {
         step: _,
         engine_job_id: _,
         image: _,
+        restarts: _,
+        preemptions: _,
         exit_code: _,
         cancel_requested: _,
         last_message: _,

@@ -76,6 +76,12 @@ pub enum EngineState {
         exit_code: Option<i32>,
         reason: String,
     },
+    /// Stopped from outside, with nothing wrong with the job: a preempted
+    /// or lost node, a SIGTERM the bridge did not send. Restarted from the
+    /// last checkpoint under `restarts.max_preemptions`, not `max_restarts`.
+    Preempted {
+        reason: String,
+    },
     Cancelled,
 }
 
@@ -83,7 +89,10 @@ impl EngineState {
     pub fn is_terminal(&self) -> bool {
         matches!(
             self,
-            EngineState::Succeeded | EngineState::Failed { .. } | EngineState::Cancelled
+            EngineState::Succeeded
+                | EngineState::Failed { .. }
+                | EngineState::Preempted { .. }
+                | EngineState::Cancelled
         )
     }
 }

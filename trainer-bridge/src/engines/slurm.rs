@@ -438,7 +438,8 @@ pub fn map_state(
     reason: Option<&str>,
 ) -> Option<EngineState> {
     let reason = reason.filter(|r| !r.is_empty() && *r != "None");
-    let failed = |what: &str| {
+    // The exit code, and what happened in words.
+    let ended = |what: &str| {
         let (code, how) = match exit_code.map(decode_wait_status) {
             Some(WaitStatus::Exited(0)) | None => (None, String::new()),
             Some(WaitStatus::Exited(c)) => (Some(c), format!(", exit code {c}")),
@@ -448,10 +449,14 @@ pub fn map_state(
         if let Some(r) = reason {
             let _ = write!(text, " ({r})");
         }
-        EngineState::Failed {
-            exit_code: code,
-            reason: text,
-        }
+        (code, text)
+    };
+    let failed = |what: &str| {
+        let (exit_code, reason) = ended(what);
+        EngineState::Failed { exit_code, reason }
+    };
+    let preempted = |what: &str| EngineState::Preempted {
+        reason: ended(what).1,
     };
     Some(match job_state.to_ascii_uppercase().as_str() {
         "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"
@@ -466,8 +471,9 @@ pub fn map_state(
         "CANCELLED" => EngineState::Cancelled,
         "FAILED" => failed("failed"),
         "TIMEOUT" => failed("hit its time limit"),
-        "NODE_FAIL" => failed("lost a node"),
-        "PREEMPTED" => failed("was preempted"),
+        // The cluster took the nodes back: nothing is wrong with the job.
+        "NODE_FAIL" => preempted("lost a node"),
+        "PREEMPTED" => preempted("was preempted"),
         "OUT_OF_MEMORY" => failed("ran out of memory"),
         "BOOT_FAIL" => failed("could not boot its nodes"),
         "DEADLINE" => failed("missed its deadline"),
@@ -862,14 +868,19 @@ mod tests {
             Some(0),
             Some("JobLaunchFailure")
         )));
-        for s in [
-            "TIMEOUT",
-            "NODE_FAIL",
-            "PREEMPTED",
-            "OUT_OF_MEMORY",
-            "BOOT_FAIL",
-            "DEADLINE",
-        ] {
+        assert_eq!(
+            map_state("PREEMPTED", Some(15), Some("None")),
+            Some(EngineState::Preempted {
+                reason: "Slurm job was preempted, killed by signal 15".into()
+            })
+        );
+        assert_eq!(
+            map_state("node_fail", Some(0), Some("NodeDown")),
+            Some(EngineState::Preempted {
+                reason: "Slurm job lost a node (NodeDown)".into()
+            })
+        );
+        for s in ["TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"] {
             assert!(failed(None)(map_state(s, Some(0), None)), "{s}");
         }
         assert_eq!(map_state("WHATEVER", None, None), None);

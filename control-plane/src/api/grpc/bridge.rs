@@ -168,6 +168,8 @@ impl BridgeService for BridgeApi {
                             .image
                             .as_ref()
                             .map(edgeloop_client_core::images::to_wire),
+                        restarts: job.restarts,
+                        preemptions: job.preemptions,
                         // Handed back for re-adoption: attach to what runs.
                         engine_job_id: job
                             .engine_job_id
@@ -283,6 +285,8 @@ impl BridgeService for BridgeApi {
             engine_job_id: Some(r.engine_job_id).filter(|s| !s.is_empty()),
             exit_code: (state == JobState::Failed).then_some(r.exit_code),
             image,
+            restarts: r.restarts,
+            preemptions: r.preemptions,
         };
         let job = jobs::report(
             &self.core.store,

@@ -39,6 +39,8 @@ pub fn job_view(j: JobRecord) -> Result<Job, Error> {
         step: j.step,
         engine_job_id: j.engine_job_id,
         image: j.image,
+        restarts: j.restarts,
+        preemptions: j.preemptions,
         exit_code: j.exit_code,
         cancel_requested: j.cancel_requested,
         last_message: j.last_message,

@@ -79,6 +79,21 @@ pub fn map_status(job: &Job, pods: &[Pod]) -> EngineState {
             (None, false) => format!("Kubernetes Job failed: {message}"),
             (None, true) => "Kubernetes Job failed".to_string(),
         };
+        // A pod evicted, preempted or lost with its node fails the Job by
+        // the policy's DisruptionTarget rule: the cluster's doing.
+        let disrupted = message.contains("condition DisruptionTarget")
+            || pods.iter().any(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+                    })
+            });
+        if disrupted {
+            return EngineState::Preempted { reason };
+        }
         return EngineState::Failed {
             exit_code: failure_exit_code(&message, pods),
             reason,
@@ -185,8 +200,7 @@ mod tests {
                     "Pod ml/j-1-0-aaaaa has condition DisruptionTarget matching FailJob rule at index 0",
                 ),
                 &[],
-                EngineState::Failed {
-                    exit_code: None,
+                EngineState::Preempted {
                     reason: "Kubernetes Job failed (PodFailurePolicy): Pod ml/j-1-0-aaaaa has condition DisruptionTarget matching FailJob rule at index 0".into(),
                 },
             ),

@@ -153,6 +153,31 @@ impl LocalEngine {
     }
 }
 
+/// Marks an attempt whose remains the bridge stopped ([`Engine::stop_remains`]).
+const STOPPED_FILE: &str = "stopped";
+
+/// 128 + SIGTERM: how a process stopped by SIGTERM exits (a shell's `$?`,
+/// a container runtime's exit code).
+const EXIT_SIGTERM: i32 = 143;
+
+/// Why process `node` counts as preempted: it ended after a SIGTERM the
+/// bridge did not send (a cancel marks the attempt first, and is checked
+/// before this), to its group (the wrapper's mark) or to it alone (exit
+/// code 143, e.g. `podman stop` of its container). A trainer that
+/// checkpoints on SIGTERM loses nothing.
+fn stopped_from_outside(dir: &Path, node: i32, exit: Option<i32>) -> Option<String> {
+    let exit = exit?;
+    if dir.join(STOPPED_FILE).exists() {
+        return None;
+    }
+    let marked = dir.join(format!("exit-{node}.term")).exists();
+    (marked || exit == EXIT_SIGTERM).then(|| {
+        format!(
+            "node {node} was stopped by a SIGTERM the bridge did not send, and exited with {exit}"
+        )
+    })
+}
+
 /// The file in a submission's state dir that lists the GPUs it holds.
 const GPUS_FILE: &str = "gpus";
 
@@ -390,10 +415,14 @@ impl Engine for LocalEngine {
                 .open(&launch.log_path)?;
             let exit_file = dir.join(format!("exit-{node}"));
             // The wrapper records the exit code where a restarted bridge can
-            // read it; "$@" keeps the arguments exactly as given.
+            // read it; "$@" keeps the arguments exactly as given. A SIGTERM
+            // to the group (a machine shutting down, a spot reclaim) leaves
+            // the wrapper alive to record the code once the trainer has
+            // checkpointed and exited, and marks that it came: the trap runs
+            // after the trainer ends, whose own disposition stays the default.
             let mut cmd = tokio::process::Command::new("sh");
             cmd.arg("-c")
-                .arg("\"$@\"; code=$?; echo $code > \"$EDGELOOP_LOCAL_EXIT_FILE.tmp\" && mv \"$EDGELOOP_LOCAL_EXIT_FILE.tmp\" \"$EDGELOOP_LOCAL_EXIT_FILE\"; exit $code")
+                .arg("trap 'echo 15 > \"$EDGELOOP_LOCAL_EXIT_FILE.term\"' TERM; \"$@\"; code=$?; echo $code > \"$EDGELOOP_LOCAL_EXIT_FILE.tmp\" && mv \"$EDGELOOP_LOCAL_EXIT_FILE.tmp\" \"$EDGELOOP_LOCAL_EXIT_FILE\"; exit $code")
                 .arg("edgeloop-local")
                 .args(&command)
                 .current_dir(&launch.workdir)
@@ -437,7 +466,11 @@ impl Engine for LocalEngine {
         }
         let mut running = false;
         for node in 0..nodes {
-            match read_i32(&dir.join(format!("exit-{node}"))) {
+            let exit = read_i32(&dir.join(format!("exit-{node}")));
+            if let Some(reason) = stopped_from_outside(&dir, node, exit) {
+                return Ok(EngineState::Preempted { reason });
+            }
+            match exit {
                 Some(0) => {}
                 Some(code) => {
                     return Ok(EngineState::Failed {
@@ -489,6 +522,8 @@ impl Engine for LocalEngine {
         let dir = self.dir(id)?;
         let nodes =
             read_i32(&dir.join("nodes")).ok_or_else(|| EngineError::NotFound(id.0.clone()))?;
+        // The SIGTERMs below are the bridge's: what they end stays failed.
+        std::fs::write(dir.join(STOPPED_FILE), "1")?;
         for node in 0..nodes {
             let done = read_i32(&dir.join(format!("exit-{node}"))).is_some();
             if let Some(pgid) = read_i32(&dir.join(format!("pgid-{node}"))).filter(|p| *p > 0) {
