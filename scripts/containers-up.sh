@@ -64,8 +64,16 @@ export CONTAINERS_CONF=$CONF
 # each run. Never written beside real GPUs or a real spec.
 FAKE_CDI=/var/run/cdi/edgeloop-fake-gpu.yaml
 FAKE_GPUS=4
-if [ ! -e /dev/nvidia0 ] && ! grep -qls 'nvidia.com/gpu' /etc/cdi/* 2>/dev/null \
-   && ! grep -L 'edgeloop-fake-gpu' /var/run/cdi/* 2>/dev/null | xargs -r grep -qls 'nvidia.com/gpu'; then
+real_cdi_spec() { # a spec naming NVIDIA GPUs that is not the fake one
+  local f
+  for f in /etc/cdi/* /var/run/cdi/*; do
+    [ -f "$f" ] || continue
+    grep -q 'edgeloop-fake-gpu' "$f" && continue
+    grep -q 'nvidia.com/gpu' "$f" && return 0
+  done
+  return 1
+}
+if [ ! -e /dev/nvidia0 ] && ! real_cdi_spec; then
   mkdir -p /var/run/cdi
   {
     echo '# edgeloop-fake-gpu: written by scripts/containers-up.sh for the tests'

@@ -378,7 +378,11 @@ async fn allocated_gpus_go_into_the_container_through_cdi_numbered_from_zero() {
         },
         None => LocalGpus::detect(),
     };
-    assert!(gpus.gpus.len() >= 3, "{gpus:?}");
+    assert!(
+        gpus.gpus.len() >= 3,
+        "neither the fake GPUs' CDI spec (EDGELOOP_TEST_FAKE_CDI is empty: run \
+         scripts/containers-up.sh) nor three real GPUs: {gpus:?}"
+    );
     // A spec naming `nvidia.com/gpu` devices is found: CDI, not --gpus.
     assert_eq!(GpuMode::detect(), GpuMode::Cdi);
     let dir = tempfile::tempdir().unwrap();
