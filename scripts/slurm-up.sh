@@ -104,11 +104,23 @@ NodeName=$H Name=gpu Type=fake File=/dev/zero
 EOF
 )
 
+# Slurm's own OCI support (`srun --container=<bundle>`), running runc as
+# root; the jobs' containers get the host network (see the bridge's
+# slurm_containers.rs). Without this file `--container` is ignored.
+new_oci=$(cat <<EOF
+RunTimeQuery="runc --root=/run/edgeloop-slurm-runc state %n.%u.%j.%s.%t"
+RunTimeKill="runc --root=/run/edgeloop-slurm-runc kill -a %n.%u.%j.%s.%t"
+RunTimeDelete="runc --root=/run/edgeloop-slurm-runc delete --force %n.%u.%j.%s.%t"
+RunTimeRun="runc --root=/run/edgeloop-slurm-runc run %n.%u.%j.%s.%t -b %b"
+EOF
+)
+
 running_any() {
   alive "$STATE/slurmctld.pid" slurmctld || alive "$STATE/slurmd.pid" slurmd ||
     alive "$STATE/slurmrestd.pid" slurmrestd
 }
-if [ -f "$CONF" ] && { [ "$(cat "$CONF")" != "$new_conf" ] || [ "$(cat "$STATE/gres.conf" 2>/dev/null)" != "$new_gres" ]; }; then
+if [ -f "$CONF" ] && { [ "$(cat "$CONF")" != "$new_conf" ] || [ "$(cat "$STATE/gres.conf" 2>/dev/null)" != "$new_gres" ] ||
+  [ "$(cat "$STATE/oci.conf" 2>/dev/null)" != "$new_oci" ]; }; then
   if running_any; then
     log "config changed; restarting the daemons"
     "$HERE/slurm-down.sh" >&2
@@ -116,7 +128,8 @@ if [ -f "$CONF" ] && { [ "$(cat "$CONF")" != "$new_conf" ] || [ "$(cat "$STATE/g
 fi
 printf '%s\n' "$new_conf" >"$CONF.tmp" && mv "$CONF.tmp" "$CONF"
 printf '%s\n' "$new_gres" >"$STATE/gres.conf.tmp" && mv "$STATE/gres.conf.tmp" "$STATE/gres.conf"
-chmod 644 "$CONF" "$STATE/gres.conf"
+printf '%s\n' "$new_oci" >"$STATE/oci.conf.tmp" && mv "$STATE/oci.conf.tmp" "$STATE/oci.conf"
+chmod 644 "$CONF" "$STATE/gres.conf" "$STATE/oci.conf"
 
 # --- munge ------------------------------------------------------------------
 if [ ! -s /etc/munge/munge.key ]; then

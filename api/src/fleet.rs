@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+use crate::images::ContainerWay;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
@@ -145,6 +147,10 @@ pub struct NodePool {
     /// select). Written and read by the engine that reported the pool.
     #[serde(default)]
     pub placement: BTreeMap<String, String>,
+    /// How the pool runs a job's `image`; empty: it runs none, and a job
+    /// naming one is refused before it runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<ContainerWay>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

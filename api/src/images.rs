@@ -65,6 +65,60 @@ impl fmt::Display for PinnedImage {
     }
 }
 
+/// A way a cluster runs a job's image: a fact each node pool reports, so
+/// the pre-flight check refuses an image where none is offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ContainerWay {
+    /// Podman on the bridge's machine (the local engine).
+    Podman,
+    /// Docker on the bridge's machine (the local engine).
+    Docker,
+    /// Slurm with NVIDIA's pyxis plugin and enroot: `srun --container-image`.
+    Pyxis,
+    /// Slurm's own OCI support: `srun --container=<bundle>`, with `oci.conf`
+    /// running runc (or crun) on the nodes.
+    SlurmOci,
+    /// Apptainer (or Singularity) on the nodes: `apptainer exec --nv`.
+    Apptainer,
+    /// Ray's `runtime_env.image_uri` (Podman on every node).
+    RayImageUri,
+    /// Kubernetes pods.
+    Kubernetes,
+}
+
+impl ContainerWay {
+    pub const ALL: [ContainerWay; 7] = [
+        ContainerWay::Podman,
+        ContainerWay::Docker,
+        ContainerWay::Pyxis,
+        ContainerWay::SlurmOci,
+        ContainerWay::Apptainer,
+        ContainerWay::RayImageUri,
+        ContainerWay::Kubernetes,
+    ];
+
+    /// As the JSON and the bridge's settings write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContainerWay::Podman => "podman",
+            ContainerWay::Docker => "docker",
+            ContainerWay::Pyxis => "pyxis",
+            ContainerWay::SlurmOci => "slurm_oci",
+            ContainerWay::Apptainer => "apptainer",
+            ContainerWay::RayImageUri => "ray_image_uri",
+            ContainerWay::Kubernetes => "kubernetes",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ContainerWay> {
+        ContainerWay::ALL
+            .into_iter()
+            .find(|w| w.as_str() == s.trim())
+    }
+}
+
 /// Why a reference is not one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ImageRefError {
@@ -134,6 +188,19 @@ mod tests {
             let e = check_reference(&bad).unwrap_err();
             assert!(matches!(e, ImageRefError::BadDigest { .. }), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn container_ways_read_back_as_written() {
+        for way in ContainerWay::ALL {
+            assert_eq!(ContainerWay::parse(way.as_str()), Some(way));
+            assert_eq!(
+                serde_json::to_value(way).unwrap(),
+                serde_json::json!(way.as_str())
+            );
+        }
+        assert_eq!(ContainerWay::parse(" pyxis "), Some(ContainerWay::Pyxis));
+        assert_eq!(ContainerWay::parse("enroot"), None);
     }
 
     #[test]

@@ -97,6 +97,7 @@ pub fn render(c: &MemberView) -> String {
         "GPU MEM",
         "DRIVER",
         "CUDA",
+        "CONTAINERS",
         "SOURCE",
     ]);
     for p in &caps.pools {
@@ -109,6 +110,12 @@ pub fn render(c: &MemberView) -> String {
             p.gpu_memory_bytes.map_or_else(|| "-".into(), size),
             text(&p.driver_version),
             text(&p.cuda_version),
+            if p.containers.is_empty() {
+                "-".to_string()
+            } else {
+                let ways: Vec<&str> = p.containers.iter().map(|w| w.as_str()).collect();
+                ways.join(",")
+            },
             text(&p.source),
         ]);
     }
@@ -134,6 +141,7 @@ mod tests {
                 "pools": [
                     {"engine": "slurm", "name": "gpu", "nodes": 4, "gpus_per_node": 8,
                      "gpu_type": "a100", "driver_version": "535.104.05", "cuda_version": null,
+                     "containers": ["pyxis", "apptainer"],
                      "source": "slurmrestd GET /slurm/v0.0.38/nodes; driver from node features"},
                     {"engine": "local", "name": "local", "nodes": null, "gpus_per_node": 0,
                      "source": "nvidia-smi: No such file or directory (os error 2)"}
@@ -155,6 +163,7 @@ mod tests {
             "8",
             "a100",
             "535.104.05",
+            "pyxis,apptainer",
             "driver from node features",
         ] {
             assert!(slurm.contains(want), "{want}: {out}");

@@ -297,3 +297,104 @@ async fn a_job_with_an_image_trains_in_a_container_resumes_after_a_kill_and_canc
     bridge.await.unwrap().unwrap();
     cp.stop().await;
 }
+
+/// The reference trainer's image (`deploy/images/reference-trainer`, built
+/// by `scripts/build-images.sh` from this build's binary): a job run in it,
+/// killed mid-run and resumed in a new container, ends with the same
+/// weights as a run on the host that never stopped.
+#[tokio::test]
+async fn the_reference_trainer_image_resumes_bit_for_bit_after_a_kill() {
+    if !edgeloop_tests::in_own_process() {
+        return;
+    }
+    load_env_file(
+        "EDGELOOP_CONTAINERS_ENV",
+        "/tmp/edgeloop-containers/env",
+        "scripts/containers-up.sh",
+    );
+    let trainer = edgeloop_tests::reference_trainer();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let built = Command::new(root.join("scripts/build-images.sh"))
+        .arg("reference-trainer")
+        .arg(&trainer)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "build-images.sh: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let image = String::from_utf8(built.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let hyper = json!({"workload": "mnist-cnn", "steps": 80, "seed": 7});
+
+    // Uninterrupted, on the host.
+    let reference = dir.path().join("reference");
+    let out = Command::new(&trainer)
+        .env("EDGELOOP_CHECKPOINT_DIR", &reference)
+        .env("EDGELOOP_RESUME_FROM", "")
+        .env("EDGELOOP_CHECKPOINT_EVERY_STEPS", "20")
+        .env("EDGELOOP_HYPERPARAMETERS", hyper.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = std::fs::read(reference.join("step-80/weights.safetensors")).unwrap();
+
+    // In the image, through the bridge, its container killed after a checkpoint.
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let (stop, bridge, _) = cp
+        .start_online_bridge(&dir.path().join("bridge"), "trainer-image")
+        .await;
+    let (status, job) = cp
+        .api()
+        .post(
+            "/api/v1/jobs",
+            json!({"spec": {
+                "name": "mnist-in-an-image", "engine": "local", "image": image,
+                "command": ["/usr/local/bin/edgeloop-train"],
+                "hyperparameters": hyper,
+                "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1, "memory_mb": 1024},
+                "checkpoint": {"every_steps": 20, "keep_last": 10},
+                "restarts": {"max_restarts": 2, "backoff_seconds": 1, "backoff_max_seconds": 1}
+            }}),
+        )
+        .await;
+    assert_eq!(status, 201, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let ckpts = dir.path().join("bridge/jobs").join(&id).join("checkpoints");
+    let at = checkpoint_at_least(&ckpts, 20).await;
+    assert!(at < 80, "killed mid-run ({at})");
+    let killed = Command::new("podman")
+        .args(["kill", "--signal", "KILL", &format!("edgeloop-{id}-a1-0")])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let done = ended(&cp, &id, Duration::from_secs(300)).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(
+        (done["step"].as_u64(), done["attempt"].as_u64()),
+        (Some(80), Some(2)),
+        "{done}"
+    );
+    assert_eq!(done["image"]["digest"], image_id(&image).as_str(), "{done}");
+    let got = std::fs::read(ckpts.join("step-80/weights.safetensors")).unwrap();
+    assert!(
+        got == want,
+        "the weights differ from the uninterrupted run on the host"
+    );
+    assert!(ckpts.join("step-80/model.onnx").exists());
+
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    cp.stop().await;
+}

@@ -124,6 +124,11 @@ pub fn to_proto(p: &NodePool) -> pb::NodePool {
         memory_mb_per_node: p.memory_mb_per_node,
         source: p.source.clone(),
         placement: p.placement.clone().into_iter().collect(),
+        containers: p
+            .containers
+            .iter()
+            .map(|w| w.as_str().to_string())
+            .collect(),
     }
 }
 

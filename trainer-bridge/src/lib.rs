@@ -55,7 +55,15 @@ pub fn engines(
     if std::env::var_os("EDGELOOP_SLURMRESTD_URL").is_some() {
         engines.insert(
             "slurm".into(),
-            Arc::new(engines::slurm::SlurmEngine::from_env().context("Slurm settings")?),
+            Arc::new(
+                engines::slurm::SlurmEngine::from_env()
+                    .context("Slurm settings")?
+                    .with_runtime(
+                        config
+                            .container_runtime
+                            .map(engines::local::container::ContainerRuntime::new),
+                    ),
+            ),
         );
     }
     if std::env::var_os(engines::ray::DASHBOARD_URL_ENV).is_some() {

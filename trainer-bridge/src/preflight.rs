@@ -238,6 +238,22 @@ pub fn pool_refusals(spec: &JobSpec, pool: &NodePool) -> Vec<Refusal> {
     let mut refusals = Vec::new();
     let wanted = spec.resources.gpus_per_node;
     let name = pool_name(pool);
+    if spec.image.is_some() && pool.containers.is_empty() {
+        refusals.push(Refusal {
+            field: "image".into(),
+            reason: if pool.engine == "local" {
+                "this machine runs no container images: its bridge has no \
+                 --container-runtime (podman or docker); leave `image` out to run the command \
+                 on the host"
+                    .to_string()
+            } else {
+                format!(
+                    "{name} runs no container images (its bridge reports no pyxis, Slurm OCI, \
+                     Apptainer or other way for it); leave `image` out to run the command there"
+                )
+            },
+        });
+    }
     if wanted > pool.gpus_per_node {
         let has = match pool.gpus_per_node {
             0 => "no GPUs".to_string(),

@@ -303,3 +303,85 @@ async fn torchrun_launcher_starts_one_task_per_process() {
         assert_eq!(env["LOCAL_WORLD_SIZE"], "2");
     }
 }
+
+/// The test image `scripts/containers-up.sh` built, with the runtime's
+/// config file in this process's environment for every `podman` it starts.
+fn containers_image() -> String {
+    let path = std::env::var("EDGELOOP_CONTAINERS_ENV").map_or_else(
+        |_| PathBuf::from("/tmp/edgeloop-containers/env"),
+        PathBuf::from,
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read {} ({e}): run scripts/containers-up.sh first",
+            path.display()
+        )
+    });
+    let vars = env_map(&text);
+    if let Some(conf) = vars.get("CONTAINERS_CONF") {
+        std::env::set_var("CONTAINERS_CONF", conf);
+    }
+    vars["EDGELOOP_TEST_IMAGE"].clone()
+}
+
+/// Slurm's own OCI support (oci.conf running runc, as `scripts/slurm-up.sh`
+/// writes it): the step runs in the image pinned by the bridge's Podman,
+/// from a bundle the bridge exported, in the job's directory, with the
+/// contract's environment and the checkpoint directory at its host path.
+#[tokio::test]
+async fn a_job_with_an_image_runs_in_slurms_oci_container() {
+    use edgeloop_api::images::{ContainerWay, PinKind};
+    use edgeloop_trainer_bridge::engines::local::container::{ContainerRuntime, RuntimeKind};
+    use edgeloop_trainer_bridge::engines::ConfiguredFacts;
+    let image = containers_image();
+    let dir = tempdir();
+    let bundles = dir.path().join("bundles");
+    let oci = engine()
+        .with_configured_facts(ConfiguredFacts {
+            containers: vec![ContainerWay::SlurmOci],
+            ..ConfiguredFacts::default()
+        })
+        .with_runtime(Some(ContainerRuntime::new(RuntimeKind::Podman)))
+        .with_oci_bundles(Some(bundles.clone()));
+    // Laid out as the bridge lays out its jobs: <jobs>/<job>/.
+    let job_dir = dir.path().join("jobs").join("slurm-test-oci");
+    std::fs::create_dir_all(job_dir.join("ckpt")).unwrap();
+    let script = "echo \"host=$(cat /proc/sys/kernel/hostname) debian=$(cat /etc/debian_version) \
+                  pwd=$(pwd) job=$EDGELOOP_JOB_ID\" > out.txt; \
+                  echo 5 > \"$EDGELOOP_CHECKPOINT_DIR/committed\"";
+    let mut l = launch(&job_dir, "oci", &["sh", "-c", script]);
+    l.log_path = job_dir.join("attempt-1.log");
+    l.image = Some(image.clone());
+    let pin = oci.pin_image(&image, None).await.unwrap().unwrap();
+    assert_eq!(pin.kind, PinKind::ImageId);
+    l.pinned_image = Some(pin.clone());
+    let id = oci.submit(&l).await.unwrap();
+    let state = wait_for(&oci, &id, 120, EngineState::is_terminal).await;
+    let log = std::fs::read_to_string(&l.log_path).unwrap_or_default();
+    assert_eq!(state, EngineState::Succeeded, "{log}");
+    let out = std::fs::read_to_string(job_dir.join("out.txt")).unwrap();
+    assert!(
+        out.starts_with("host=edgeloop debian=12")
+            && out.contains(&format!("pwd={} job=slurm-test-oci", job_dir.display())),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(job_dir.join("ckpt/committed")).unwrap(),
+        "5\n"
+    );
+    // One bundle per pinned image, exported once.
+    let bundle = bundles.join(pin.digest.to_hex());
+    assert!(bundle.join("rootfs/etc/debian_version").exists());
+    assert!(bundle.join("config.json").exists());
+
+    // A cluster that offers no way refuses the image before anything runs.
+    match engine().pin_image(&image, None).await {
+        Err(EngineError::Refused(m)) => {
+            assert!(
+                m.starts_with("image:") && m.contains("EDGELOOP_SLURM_CONTAINERS"),
+                "{m}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}

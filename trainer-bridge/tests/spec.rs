@@ -584,6 +584,30 @@ fn the_issues_example_message_is_exact() {
 }
 
 #[test]
+fn an_image_is_refused_where_no_pool_runs_one_naming_the_field() {
+    use edgeloop_api::images::ContainerWay;
+    let mut spec = gpu_spec(1, &[]);
+    spec.image = Some("localhost/trainer:1".into());
+    let mut cluster = driver("535.104.05");
+    let got = refusals(&spec, &cluster);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].field, "image");
+    assert!(got[0].reason.contains("--container-runtime"), "{got:?}");
+    // A Slurm pool without a way names the ways it could have.
+    cluster.engines = vec!["slurm".into()];
+    spec.engine = Some(edgeloop_trainer_bridge::spec::EngineKind::Slurm);
+    let got = refusals(&spec, &cluster);
+    assert_eq!(got[0].field, "image");
+    assert!(
+        got[0].reason.contains("slurm pool \"gpu\"") && got[0].reason.contains("pyxis"),
+        "{got:?}"
+    );
+    // With a way, the image is no reason to refuse.
+    each(&mut cluster, |p| p.containers = vec![ContainerWay::Pyxis]);
+    assert!(check(&spec, &cluster).is_ok());
+}
+
+#[test]
 fn gpu_count_refusal_is_exact() {
     let mut cluster = driver("535.104.05");
     each(&mut cluster, |p| p.gpus_per_node = 4);

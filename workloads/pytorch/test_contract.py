@@ -25,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -514,6 +515,98 @@ class DdpRunTests(TempDirTest):
         self.assertIn("exported", a.stderr)
         self.assertLessEqual(contract_manifest(a_dir, 30)["metrics"]["onnx_max_abs_diff"], 1e-4)
         self.assert_onnx_matches_torch(os.path.join(a_dir, "step-30"), (1, 28, 28), 10)
+
+    def test_a_world_size_change_continues_the_run_2_then_1_then_2_ranks(self):
+        d = os.path.join(self.tmp, "resized")
+        # 2 ranks, killed after step 15: step-10 is the last checkpoint.
+        a, a_reports = self.run_trainer(d, EDGELOOP_TEST_KILL_AT_STEP="15")
+        self.assertNotEqual(a.returncode, 0)
+        self.assertEqual(contract.latest_committed(d), os.path.join(d, "step-10"))
+        # Resumed on 1 rank, killed after step 25.
+        b, b_reports = self.run_trainer(d, nproc=1, resume=os.path.join(d, "step-10"),
+                                        EDGELOOP_ATTEMPT="2", EDGELOOP_TEST_KILL_AT_STEP="25")
+        self.assertNotEqual(b.returncode, 0)
+        self.assertIn("world size 1", b.stderr)
+        self.assertIn("resumed from", b.stderr)
+        self.assertIn("the checkpoint was written with world size 2", b.stderr)
+        self.assertEqual(min(b_reports), 11)
+        # And back on 2 ranks, to the end.
+        c, c_reports = self.run_trainer(d, resume=os.path.join(d, "step-20"), EDGELOOP_ATTEMPT="3")
+        self.assertEqual(c.returncode, 0, c.stderr)
+        self.assertIn("world size 2", c.stderr)
+        self.assertEqual(sorted(c_reports), list(range(21, 31)))
+        # The curve goes on from where each attempt left it: no restart from
+        # step 0, and the model keeps what it learned.
+        self.assertLess(c_reports[30]["loss"], a_reports[1]["loss"])
+        self.assertLess(b_reports[11]["loss"], a_reports[1]["loss"])
+        states = {}
+        for step in (10, 20, 30):
+            contract.verify_checkpoint(os.path.join(d, f"step-{step}"))
+            with open(os.path.join(d, f"step-{step}", "state.json")) as f:
+                states[step] = json.load(f)
+        self.assertEqual([states[s]["world_size"] for s in (10, 20, 30)], [2, 1, 2])
+        # 10 steps of 2 x 16 rows, 10 of 1 x 16, 10 of 2 x 16.
+        self.assertEqual([states[s]["samples_seen"] for s in (10, 20, 30)], [320, 480, 800])
+        self.assertIn("eval_accuracy", c_reports[30])
+
+    def test_sigterm_commits_the_step_it_is_at_on_every_rank_and_exits_143(self):
+        d = os.path.join(self.tmp, "preempted")
+        e = base_env(
+            EDGELOOP_CHECKPOINT_DIR=d, EDGELOOP_RESUME_FROM="", EDGELOOP_JOB_ID="ddp-term",
+            EDGELOOP_CHECKPOINT_EVERY_STEPS="1000", EDGELOOP_DATASETS=json.dumps([f"file://{self.digits}"]),
+            EDGELOOP_HYPERPARAMETERS=json.dumps({"steps": 100000, "batch_size": 16, "log_every": 1,
+                                                 "eval_size": 100, "seed": 11, "lr": 0.005}),
+            OMP_NUM_THREADS="1",
+        )
+        cmd = [TORCH_PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", TRAINER]
+        p = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+        try:
+            for line in p.stdout:
+                if json.loads(line)["step"] >= 7:
+                    break
+            # Every process of the group, as a node going away signals them.
+            os.killpg(p.pid, signal.SIGTERM)
+            _, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        last = contract.latest_committed(d)
+        self.assertIsNotNone(last, err)
+        step = contract.verify_checkpoint(last)["step"]
+        self.assertGreaterEqual(step, 7, err)
+        self.assertIn(f"SIGTERM: committed step {step}", err)
+        # The resume continues from exactly that step.
+        r, reports = self.run_trainer(d, resume=last, EDGELOOP_ATTEMPT="2",
+                                      EDGELOOP_HYPERPARAMETERS=json.dumps(
+                                          {"steps": step + 3, "batch_size": 16, "log_every": 1,
+                                           "eval_size": 100, "seed": 11, "lr": 0.005}))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(min(reports), step + 1)
+
+    def test_sigterm_to_one_process_exits_143_after_checkpointing(self):
+        d = os.path.join(self.tmp, "single")
+        e = base_env(
+            EDGELOOP_CHECKPOINT_DIR=d, EDGELOOP_RESUME_FROM="", EDGELOOP_JOB_ID="term-1",
+            EDGELOOP_CHECKPOINT_EVERY_STEPS="1000", EDGELOOP_DATASETS=json.dumps([f"file://{self.digits}"]),
+            EDGELOOP_HYPERPARAMETERS=json.dumps({"steps": 100000, "batch_size": 16, "log_every": 1,
+                                                 "eval_size": 100, "seed": 11, "lr": 0.005}),
+            OMP_NUM_THREADS="1",
+        )
+        p = subprocess.Popen([TORCH_PYTHON, TRAINER], env=e, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            for line in p.stdout:
+                if json.loads(line)["step"] >= 3:
+                    break
+            p.send_signal(signal.SIGTERM)
+            _, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        self.assertEqual(p.returncode, 143, err)
+        self.assertIn("SIGTERM: committed step", err)
+        self.assertIsNotNone(contract.latest_committed(d))
 
     def assert_onnx_matches_torch(self, step_dir, sample_shape, classes):
         """The exported model against the checkpoint's weights in torch, run

@@ -42,7 +42,17 @@ and CUDA generator states of every rank), state.json (the data position:
 epoch and batch within it of the DistributedSampler order, and the settings
 that order depends on), then manifest.json last (temp + fsync + rename).
 A resumed run with the same world size and hyperparameters continues the
-same sequence of losses as a run that never failed.
+same sequence of losses as a run that never failed. A resume at another
+world size (a 2-rank job continued on 1 rank, and back) works too: the
+model and Adam state are the same on every rank under DDP, so the
+checkpoint holds one copy that any world size loads; only the data order
+and random streams after the resume differ (noted on stderr), and
+state.json's samples_seen counts what each world size really saw.
+
+SIGTERM (a preemption, a node going away, `podman stop`): every rank
+finishes the step it is in, they agree on it (a max over the ranks, so a
+signal to one rank stops all), commit a checkpoint of that step, and exit
+with 143, which the bridge restarts from that checkpoint as a preemption.
 
 Stdout (rank 0 only): one JSON line per report, exactly what is POSTed to
 EDGELOOP_REPORT_URL: {"step": N, "metrics": {"loss": ..., "throughput":
@@ -57,7 +67,8 @@ int64 labels) and calib.npz (256 training rows): what the pipeline's Export
 step and `edgeloop model quantize` take.
 
 Exit status: 0 done, 2 bad configuration (environment, hyperparameters,
-data, checkpoint to resume from), 1 anything else. Test hook:
+data, checkpoint to resume from), 143 stopped by SIGTERM after
+checkpointing, 1 anything else. Test hook:
 EDGELOOP_TEST_KILL_AT_STEP=N makes rank 0 SIGKILL itself right after step N
 (and its checkpoint, if one is due), to exercise a crash and resume.
 """
@@ -273,6 +284,10 @@ def set_rng_state(state, device):
 # ---------------------------------------------------------------- trainer
 
 
+class Stopped(Exception):
+    """SIGTERM: the step's checkpoint is committed; exit with 143."""
+
+
 class Trainer:
     def __init__(self, cfg, denv):
         self.cfg, self.denv = cfg, denv
@@ -280,6 +295,13 @@ class Trainer:
         self.rank, self.world = denv.rank, denv.world_size
         self.is_main = self.rank == 0
         self.reporter = contract.Reporter(cfg.report_url) if self.is_main else None
+        self.samples_base = 0
+        # Set by the handler, acted on at the next step boundary.
+        self.term_requested = False
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame):
+        self.term_requested = True
 
     # ---- collectives (every rank calls these at the same points)
 
@@ -291,6 +313,14 @@ class Trainer:
     def bcast_flag(self, flag):
         t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.comm_device)
         dist.broadcast(t, src=0)
+        return bool(t.item())
+
+    def any_rank(self, flag):
+        """Whether `flag` holds on any rank (a max over the ranks)."""
+        if self.world == 1:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.comm_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
     def barrier(self):
@@ -425,6 +455,8 @@ class Trainer:
         if not same_order:
             seed_rank(self.hp["seed"] + decision["step"], self.rank)
         self.start_step, self.wall_base = decision["step"], decision["wall_time"]
+        self.samples_base = int(state.get("samples_seen", decision["step"] * state.get("batch_size", 0)
+                                          * state.get("world_size", 1)))
         if self.is_main:
             note(f"resumed from {d} at step {self.start_step}")
 
@@ -463,7 +495,8 @@ class Trainer:
             "epoch": step // self.steps_per_epoch,
             "batch_in_epoch": step % self.steps_per_epoch,
             "steps_per_epoch": self.steps_per_epoch,
-            "samples_seen": step * hp["batch_size"] * self.world,
+            # Since step 0, across world-size changes.
+            "samples_seen": self.samples_base + (step - self.start_step) * hp["batch_size"] * self.world,
             "world_size": self.world,
             "batch_size": hp["batch_size"],
             "seed": hp["seed"],
@@ -539,6 +572,8 @@ class Trainer:
             if cfg.every_minutes:
                 # Rank 0's clock decides, so every rank checkpoints together.
                 due = self.bcast_flag(due or time.monotonic() - t_ckpt >= cfg.every_minutes * 60)
+            stop = self.any_rank(self.term_requested)
+            due = due or stop
             report = step % hp["log_every"] == 0 or due
             if report:
                 last_loss = self.mean_over_ranks(loss)
@@ -557,6 +592,10 @@ class Trainer:
                 metrics = getattr(self, "last_metrics", {"loss": last_loss}) if self.is_main else {}
                 self.checkpoint(step, metrics, self.wall_base + time.monotonic() - t_start)
                 t_ckpt = time.monotonic()
+            if stop:
+                if self.is_main:
+                    note(f"SIGTERM: committed step {step}; exiting with 143 to be resumed from it")
+                raise Stopped()
             if kill_at and step == kill_at and self.is_main:
                 note(f"EDGELOOP_TEST_KILL_AT_STEP={kill_at}: SIGKILL")
                 sys.stdout.flush()
@@ -579,6 +618,8 @@ class Trainer:
             self.setup()
             self.train()
             self.barrier()
+        except Stopped:
+            self.stopped = True
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -605,9 +646,12 @@ def main():
     if torch.cuda.is_available():
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     try:
-        Trainer(cfg, denv).run()
+        trainer = Trainer(cfg, denv)
+        trainer.run()
     except ConfigError as e:
         die(str(e))
+    if getattr(trainer, "stopped", False):
+        sys.exit(143)
 
 
 if __name__ == "__main__":

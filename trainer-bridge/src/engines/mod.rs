@@ -7,6 +7,7 @@ pub mod kubernetes;
 pub mod local;
 pub mod ray;
 pub mod slurm;
+pub mod slurm_containers;
 pub mod slurm_nodes;
 
 use std::collections::BTreeMap;
@@ -14,7 +15,7 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 pub use edgeloop_api::fleet::NodePool;
-pub use edgeloop_api::images::PinnedImage;
+pub use edgeloop_api::images::{ContainerWay, PinnedImage};
 
 /// How a multi-process job is started on each node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,12 +60,42 @@ pub struct Launch {
     pub pool: Option<NodePool>,
 }
 
+/// The pin for engines whose nodes pull from a registry (Kubernetes,
+/// pyxis, Apptainer): the earlier pin kept; else the manifest digest the
+/// reference names; else `None`, the tag pulled as it is. An image ID is
+/// no name a registry serves, so such a pin is refused.
+pub fn registry_pin(
+    reference: &str,
+    earlier: Option<&PinnedImage>,
+) -> Result<Option<PinnedImage>, EngineError> {
+    use edgeloop_api::images::{check_reference, PinKind};
+    if let Some(pin) = earlier {
+        return match pin.kind {
+            PinKind::Manifest => Ok(Some(pin.clone())),
+            PinKind::ImageId => Err(EngineError::Refused(format!(
+                "image: the job is pinned to {pin}, an image ID, which no registry serves; \
+                 submit the job again"
+            ))),
+        };
+    }
+    let named =
+        check_reference(reference).map_err(|e| EngineError::Refused(format!("image: {e}")))?;
+    Ok(named.map(|digest| PinnedImage {
+        reference: reference.to_string(),
+        digest,
+        kind: PinKind::Manifest,
+    }))
+}
+
 /// Driver facts from the bridge's config, for engines that cannot read them
 /// off their nodes (Slurm nodes without driver features, Ray).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConfiguredFacts {
     pub driver_version: Option<String>,
     pub cuda_version: Option<String>,
+    /// How the cluster's nodes run images (Slurm: `pyxis`, `slurm_oci`,
+    /// `apptainer`; Ray: `ray_image_uri`): nothing an engine's API says.
+    pub containers: Vec<ContainerWay>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

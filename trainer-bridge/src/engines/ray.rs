@@ -90,6 +90,8 @@ impl RayEngine {
         let configured = ConfiguredFacts {
             driver_version: optional(DRIVER_VERSION_ENV),
             cuda_version: optional(CUDA_VERSION_ENV),
+            // Images are not run on Ray yet (see the engine's docs).
+            containers: vec![],
         };
         match std::env::var(DASHBOARD_URL_ENV) {
             Ok(url) if !url.trim().is_empty() => Ok(Self {
@@ -517,6 +519,7 @@ pub fn ray_pools(nodes: &[RayNode], configured: &ConfiguredFacts) -> Vec<NodePoo
                     }
                 ),
                 placement,
+                containers: configured.containers.clone(),
             }
         })
         .collect()

@@ -48,8 +48,13 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::local::container::ContainerRuntime;
+use super::slurm_containers::{self as containers, SrunContainer, SLURM_WAYS};
 use super::slurm_nodes::{self, ConfiguredFacts, NodesResponse};
-use super::{Engine, EngineError, EngineJobId, EngineState, Launch, Launcher, NodePool};
+use super::{
+    ContainerWay, Engine, EngineError, EngineJobId, EngineState, Launch, Launcher, NodePool,
+    PinnedImage,
+};
 
 const API: &str = "slurm/v0.0.38";
 /// slurmrestd's base URL (`http://127.0.0.1:16820`).
@@ -65,6 +70,12 @@ pub const PARTITION_ENV: &str = "EDGELOOP_SLURM_PARTITION";
 pub const DRIVER_VERSION_ENV: &str = "EDGELOOP_SLURM_DRIVER_VERSION";
 /// The newest CUDA that driver supports.
 pub const CUDA_VERSION_ENV: &str = "EDGELOOP_SLURM_CUDA_VERSION";
+/// How the nodes run images: `pyxis`, `slurm_oci`, `apptainer`
+/// (comma-separated; see `slurm_containers`). Unset: images are refused.
+pub const CONTAINERS_ENV: &str = "EDGELOOP_SLURM_CONTAINERS";
+/// For `slurm_oci`: a directory the nodes share, where the bridge exports
+/// each pinned image's root filesystem once.
+pub const OCI_BUNDLES_ENV: &str = "EDGELOOP_SLURM_OCI_BUNDLES";
 /// Slurm's "Invalid job id specified".
 const ESLURM_INVALID_JOB_ID: i64 = 2017;
 /// Slurm's "Job/step already completing or completed".
@@ -82,6 +93,9 @@ pub struct SlurmEngine {
     partition: Option<String>,
     configured: ConfiguredFacts,
     client: reqwest::Client,
+    /// The bridge's runtime: exports images for `slurm_oci`.
+    runtime: Option<ContainerRuntime>,
+    oci_rootfs: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for SlurmEngine {
@@ -118,7 +132,116 @@ impl SlurmEngine {
             partition: partition.filter(|p| !p.is_empty()),
             configured: ConfiguredFacts::default(),
             client,
+            runtime: None,
+            oci_rootfs: None,
         })
+    }
+
+    /// What `slurm_oci` pins and exports images with: the bridge's runtime.
+    pub fn with_runtime(mut self, runtime: Option<ContainerRuntime>) -> Self {
+        self.runtime = runtime;
+        self
+    }
+
+    /// Where `slurm_oci` exports images to (shared with the nodes).
+    pub fn with_oci_bundles(mut self, rootfs: Option<PathBuf>) -> Self {
+        self.oci_rootfs = rootfs;
+        self
+    }
+
+    /// The way this cluster runs images: pyxis where the cluster has it,
+    /// else Slurm's OCI support, else Apptainer.
+    pub fn container_way(&self) -> Option<ContainerWay> {
+        SLURM_WAYS
+            .into_iter()
+            .find(|w| self.configured.containers.contains(w))
+    }
+
+    /// How the step of `launch` runs its image; `None` for a job without one.
+    async fn srun_container(&self, launch: &Launch) -> Result<Option<SrunContainer>, EngineError> {
+        let Some(reference) = &launch.image else {
+            return Ok(None);
+        };
+        let image = launch
+            .pinned_image
+            .as_ref()
+            .map_or_else(|| reference.clone(), PinnedImage::runnable);
+        let paths: Vec<&Path> = [crate::launch::CHECKPOINT_DIR, crate::launch::RESUME_FROM]
+            .iter()
+            .filter_map(|k| launch.env.get(*k))
+            .map(Path::new)
+            .collect();
+        let mounts = super::local::container::mounts(&launch.workdir, &paths);
+        Ok(Some(match self.container_way() {
+            None => return Err(no_way()),
+            Some(ContainerWay::Pyxis) => SrunContainer::Pyxis {
+                image: containers::enroot_image(&image),
+                mounts,
+                workdir: launch.workdir.clone(),
+            },
+            Some(ContainerWay::Apptainer) => SrunContainer::Apptainer {
+                image: containers::apptainer_image(&image),
+                binds: mounts,
+                workdir: launch.workdir.clone(),
+                gpus: launch.gpus_per_node > 0,
+            },
+            Some(_) => {
+                let (runtime, root) = self.oci()?;
+                if tasks_per_node(&launch.launcher) > 1 {
+                    return Err(EngineError::Refused(
+                        "image: Slurm's OCI support runs one task per node in a container; \
+                         set the launcher's nproc_per_node to 1 (torchrun inside the image \
+                         starts the rest), or run the image with pyxis"
+                            .into(),
+                    ));
+                }
+                let pin = match &launch.pinned_image {
+                    Some(p) => p.clone(),
+                    None => runtime.pin(reference, None).await?,
+                };
+                let bundle = containers::bundle_dir(root, &pin.digest.to_hex());
+                runtime
+                    .export_rootfs(&pin.runnable(), &bundle.join("rootfs"))
+                    .await?;
+                // The bridge's jobs directory: every attempt's files, at
+                // their paths, whichever job runs the image.
+                let jobs_root = launch
+                    .log_path
+                    .parent()
+                    .and_then(Path::parent)
+                    .map(Path::to_path_buf);
+                let mut shared: Vec<&Path> = paths.clone();
+                shared.extend(jobs_root.as_deref());
+                let config = containers::oci_config(&super::local::container::mounts(
+                    &launch.workdir,
+                    &shared,
+                ));
+                let text = serde_json::to_vec_pretty(&config)
+                    .map_err(|e| EngineError::Protocol(format!("writing config.json: {e}")))?;
+                let tmp = bundle.join(format!(".config.json.{}", std::process::id()));
+                std::fs::write(&tmp, text)?;
+                std::fs::rename(&tmp, bundle.join("config.json"))?;
+                SrunContainer::Oci {
+                    bundle,
+                    workdir: launch.workdir.clone(),
+                }
+            }
+        }))
+    }
+
+    fn oci(&self) -> Result<(&ContainerRuntime, &Path), EngineError> {
+        match (&self.runtime, &self.oci_rootfs) {
+            (Some(r), Some(root)) => Ok((r, root.as_path())),
+            (None, _) => Err(EngineError::Refused(
+                "image: slurm_oci makes the job's bundle from the bridge's own copy of the \
+                 image, and this bridge has no --container-runtime"
+                    .into(),
+            )),
+            (_, None) => Err(EngineError::Refused(format!(
+                "image: slurm_oci needs {OCI_BUNDLES_ENV}, a directory the nodes share for the \
+                 images' root filesystems"
+            ))),
+        }
     }
 
     /// Driver facts for nodes whose features do not name them.
@@ -147,7 +270,13 @@ impl SlurmEngine {
         .with_configured_facts(ConfiguredFacts {
             driver_version: optional(DRIVER_VERSION_ENV),
             cuda_version: optional(CUDA_VERSION_ENV),
-        }))
+            containers: containers::parse_ways(
+                CONTAINERS_ENV,
+                &optional(CONTAINERS_ENV).unwrap_or_default(),
+                &SLURM_WAYS,
+            )?,
+        })
+        .with_oci_bundles(optional(OCI_BUNDLES_ENV).map(PathBuf::from)))
     }
 
     fn url(&self, path: &str) -> String {
@@ -215,10 +344,34 @@ impl Engine for SlurmEngine {
         "slurm"
     }
 
+    async fn pin_image(
+        &self,
+        reference: &str,
+        earlier: Option<&PinnedImage>,
+    ) -> Result<Option<PinnedImage>, EngineError> {
+        match self.container_way() {
+            None => Err(no_way()),
+            Some(ContainerWay::SlurmOci) => {
+                let (runtime, _) = self.oci()?;
+                runtime.pin(reference, earlier).await.map(Some)
+            }
+            // enroot and Apptainer pull from the registry: a digest the
+            // reference names is the pin, a tag is pulled as it is.
+            Some(_) => super::registry_pin(reference, earlier),
+        }
+    }
+
     async fn submit(&self, launch: &Launch) -> Result<EngineJobId, EngineError> {
         let path_env = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_string());
         let cwd = std::env::current_dir()?;
-        let body = submit_body(launch, self.partition.as_deref(), &path_env, &cwd)?;
+        let container = self.srun_container(launch).await?;
+        let body = submit_body_in(
+            launch,
+            self.partition.as_deref(),
+            &path_env,
+            &cwd,
+            container.as_ref(),
+        )?;
         let (status, resp) = self
             .send(
                 self.request(reqwest::Method::POST, "job/submit")
@@ -428,6 +581,13 @@ pub fn decode_wait_status(raw: i64) -> WaitStatus {
     }
 }
 
+fn no_way() -> EngineError {
+    EngineError::Refused(format!(
+        "image: this Slurm cluster runs no images ({CONTAINERS_ENV} names none of pyxis, \
+         slurm_oci, apptainer); leave `image` out to run the command on the nodes"
+    ))
+}
+
 /// Maps a Slurm `job_state` (with the raw `exit_code` and `state_reason`)
 /// to an [`EngineState`]; `None` for a state this engine does not know.
 /// `COMPLETING` (processes still being cleaned up) counts as running, so a
@@ -528,6 +688,14 @@ fn tasks_per_node(launcher: &Launcher) -> u32 {
 
 /// The batch script for a launch: everything runs as one `srun` step.
 pub fn batch_script(launch: &Launch) -> Result<String, EngineError> {
+    batch_script_in(launch, None)
+}
+
+/// [`batch_script`], the step run in the job's image when `container` says how.
+pub fn batch_script_in(
+    launch: &Launch,
+    container: Option<&SrunContainer>,
+) -> Result<String, EngineError> {
     if launch.command.is_empty() {
         return Err(EngineError::Refused("the job has no command".to_string()));
     }
@@ -556,10 +724,16 @@ pub fn batch_script(launch: &Launch) -> Result<String, EngineError> {
         launch.attempt
     );
     let _ = writeln!(s, "set -eu");
-    let srun = format!(
+    let mut srun = format!(
         "exec srun --nodes={nodes} --ntasks={} --ntasks-per-node={per_node} --cpus-per-task={cpus_per_task} --kill-on-bad-exit=1",
         u64::from(nodes) * u64::from(per_node)
     );
+    if let Some(c) = container {
+        for word in c.srun_options().iter().chain(&c.command_prefix()) {
+            srun.push(' ');
+            srun.push_str(&shell_quote(word));
+        }
+    }
     match &launch.launcher {
         Launcher::None => {
             let _ = writeln!(s, "{srun} {command}");
@@ -623,7 +797,18 @@ pub fn submit_body(
     path_env: &str,
     cwd: &Path,
 ) -> Result<Value, EngineError> {
-    let script = batch_script(launch)?;
+    submit_body_in(launch, partition, path_env, cwd, None)
+}
+
+/// [`submit_body`], the step run in the job's image when `container` says how.
+pub fn submit_body_in(
+    launch: &Launch,
+    partition: Option<&str>,
+    path_env: &str,
+    cwd: &Path,
+    container: Option<&SrunContainer>,
+) -> Result<Value, EngineError> {
+    let script = batch_script_in(launch, container)?;
     let mut env: BTreeMap<String, String> = BTreeMap::new();
     env.insert("PATH".to_string(), path_env.to_string());
     for (k, v) in &launch.env {
@@ -972,6 +1157,45 @@ mod tests {
         for p in ["/plain/x.log", "/l/100%/x%%y", "/l/%"] {
             assert_eq!(unescape_output_path(&escape_output_path(p)), p);
         }
+    }
+
+    #[test]
+    fn a_step_runs_in_the_image_the_clusters_way() {
+        let pyxis = SrunContainer::Pyxis {
+            image: "ghcr.io#acme/train:1".into(),
+            mounts: vec!["/jobs/j".into()],
+            workdir: "/jobs/j".into(),
+        };
+        let script = batch_script_in(&launch(), Some(&pyxis)).unwrap();
+        assert!(
+            script.contains(
+                "--kill-on-bad-exit=1 '--container-image=ghcr.io#acme/train:1' \
+                 '--container-mounts=/jobs/j:/jobs/j' '--container-workdir=/jobs/j' \
+                 --no-container-mount-home /bin/bash -c "
+            ),
+            "{script}"
+        );
+        let apptainer = SrunContainer::Apptainer {
+            image: "docker://ghcr.io/acme/train:1".into(),
+            binds: vec!["/jobs/j".into()],
+            workdir: "/jobs/j".into(),
+            gpus: true,
+        };
+        let mut l = launch();
+        l.launcher = Launcher::None;
+        let script = batch_script_in(&l, Some(&apptainer)).unwrap();
+        assert!(
+            script.contains(
+                "--kill-on-bad-exit=1 apptainer exec --nv --bind /jobs/j --pwd /jobs/j \
+                 docker://ghcr.io/acme/train:1 python train.py --lr 0.1"
+            ),
+            "{script}"
+        );
+        // Without a container the step is as it always was.
+        assert_eq!(
+            batch_script_in(&l, None).unwrap(),
+            batch_script(&l).unwrap()
+        );
     }
 
     #[test]

@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 pub use super::ConfiguredFacts;
+#[cfg(test)]
+use super::ContainerWay;
 use super::NodePool;
 
 /// The parts of a `GET nodes` entry the pools are made of.
@@ -204,6 +206,7 @@ pub fn pools(
                     memory_mb_per_node: if mem == u64::MAX { 0 } else { mem },
                     source: format!("slurmrestd GET {endpoint}{facts}"),
                     placement,
+                    containers: configured.containers.clone(),
                 }
             },
         )
@@ -327,6 +330,7 @@ mod tests {
         let configured = ConfiguredFacts {
             driver_version: Some("470.82".into()),
             cuda_version: None,
+            containers: vec![ContainerWay::Pyxis],
         };
         let got = pools(&nodes, None, &configured, "/slurm/v0.0.38/nodes");
         assert_eq!(got.len(), 1);
@@ -334,6 +338,8 @@ mod tests {
         assert_eq!(got[0].gpu_type.as_deref(), Some("fake"));
         assert_eq!(got[0].driver_version.as_deref(), Some("470.82"));
         assert!(got[0].source.ends_with("driver from the bridge's config"));
+        // How the nodes run images is the bridge's config too.
+        assert_eq!(got[0].containers, [ContainerWay::Pyxis]);
     }
 
     proptest::proptest! {

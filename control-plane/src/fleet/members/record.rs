@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use edgeloop_api::fleet::NodePool;
+use edgeloop_api::images::ContainerWay;
 use edgeloop_models::Digest;
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
@@ -121,6 +122,19 @@ fn pool(p: edgeloop_proto::common::v1::NodePool) -> NodePool {
             .take(16)
             .map(|(k, v)| (cap(k), cap(v)))
             .collect(),
+        // A way this control plane does not know (a newer bridge's) is
+        // left out: it cannot be shown or checked here.
+        containers: {
+            let mut ways: Vec<ContainerWay> = p
+                .containers
+                .iter()
+                .take(16)
+                .filter_map(|w| ContainerWay::parse(w))
+                .collect();
+            ways.sort();
+            ways.dedup();
+            ways
+        },
     }
 }
 

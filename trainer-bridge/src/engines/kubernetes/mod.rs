@@ -55,7 +55,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 
 use super::{Engine, EngineError, EngineJobId, EngineState, Launch, NodePool, PinnedImage};
-use edgeloop_api::images::{check_reference, PinKind};
 
 mod builders;
 mod names;
@@ -456,22 +455,7 @@ impl Engine for KubernetesEngine {
         reference: &str,
         earlier: Option<&PinnedImage>,
     ) -> Result<Option<PinnedImage>, EngineError> {
-        if let Some(pin) = earlier {
-            return match pin.kind {
-                PinKind::Manifest => Ok(Some(pin.clone())),
-                PinKind::ImageId => Err(EngineError::Refused(format!(
-                    "image: the job is pinned to {pin}, an image ID, which a Kubernetes node \
-                     cannot pull by; submit the job again"
-                ))),
-            };
-        }
-        let named =
-            check_reference(reference).map_err(|e| EngineError::Refused(format!("image: {e}")))?;
-        Ok(named.map(|digest| PinnedImage {
-            reference: reference.to_string(),
-            digest,
-            kind: PinKind::Manifest,
-        }))
+        super::registry_pin(reference, earlier)
     }
 
     async fn submit(&self, launch: &Launch) -> Result<EngineJobId, EngineError> {

@@ -339,6 +339,7 @@ pub fn pools(nodes: &[Node]) -> Vec<NodePool> {
                     format!("kubernetes GET {NODES_PATH}")
                 },
                 placement,
+                containers: vec![super::super::ContainerWay::Kubernetes],
             }
         })
         .collect()

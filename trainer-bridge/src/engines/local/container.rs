@@ -21,7 +21,7 @@
 
 use std::path::{Path, PathBuf};
 
-use edgeloop_api::images::{check_reference, without_digest, PinKind, PinnedImage};
+use edgeloop_api::images::{check_reference, without_digest, ContainerWay, PinKind, PinnedImage};
 use edgeloop_models::Digest;
 
 use crate::engines::EngineError;
@@ -67,6 +67,14 @@ impl RuntimeKind {
         match self {
             RuntimeKind::Podman => "podman",
             RuntimeKind::Docker => "docker",
+        }
+    }
+
+    /// The pool fact this runtime is.
+    pub fn way(self) -> ContainerWay {
+        match self {
+            RuntimeKind::Podman => ContainerWay::Podman,
+            RuntimeKind::Docker => ContainerWay::Docker,
         }
     }
 }
@@ -223,6 +231,73 @@ impl ContainerRuntime {
                 self.program()
             ))),
         }
+    }
+
+    /// Exports `image`'s root filesystem into `into` (a directory it
+    /// creates), once: an existing `into` is taken as done. Written beside
+    /// it first and renamed, so a half export is never used.
+    pub async fn export_rootfs(&self, image: &str, into: &Path) -> Result<(), EngineError> {
+        if into.is_dir() {
+            return Ok(());
+        }
+        let parent = into
+            .parent()
+            .ok_or_else(|| EngineError::Refused(format!("{} has no parent", into.display())))?;
+        std::fs::create_dir_all(parent)?;
+        let partial = parent.join(format!(".partial-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&partial);
+        std::fs::create_dir_all(&partial)?;
+        let run = |args: Vec<String>| async move {
+            let out = tokio::process::Command::new(self.program())
+                .args(&args)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await
+                .map_err(|e| EngineError::Unavailable(format!("{}: {e}", self.program())))?;
+            if out.status.success() {
+                Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+            } else {
+                Err(EngineError::Unavailable(format!(
+                    "{} {}: {}",
+                    self.program(),
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )))
+            }
+        };
+        let container = run(vec!["create".into(), image.into(), "/bin/true".into()]).await?;
+        let tar = partial.with_extension("tar");
+        let exported = run(vec![
+            "export".into(),
+            "--output".into(),
+            tar.to_string_lossy().into_owned(),
+            container.clone(),
+        ])
+        .await;
+        let _ = run(vec!["rm".into(), "--force".into(), container]).await;
+        exported?;
+        let untar = tokio::process::Command::new("tar")
+            .arg("-xf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(&partial)
+            .status()
+            .await?;
+        let _ = std::fs::remove_file(&tar);
+        if !untar.success() {
+            let _ = std::fs::remove_dir_all(&partial);
+            return Err(EngineError::Unavailable(format!(
+                "unpacking {image}'s root filesystem failed"
+            )));
+        }
+        if let Err(e) = std::fs::rename(&partial, into) {
+            let _ = std::fs::remove_dir_all(&partial);
+            // Another attempt exported the same image first.
+            if !into.is_dir() {
+                return Err(e.into());
+            }
+        }
+        Ok(())
     }
 
     /// The runtime's arguments that run `run` in the foreground (the

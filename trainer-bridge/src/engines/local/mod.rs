@@ -209,6 +209,7 @@ pub fn local_pools(gpus: &LocalGpus) -> Vec<NodePool> {
         memory_mb_per_node: 0,
         source: gpus.source.clone(),
         placement: BTreeMap::new(),
+        containers: vec![],
     };
     match products.as_slice() {
         [] => vec![pool("local".into(), 0, None)],
@@ -544,6 +545,10 @@ impl Engine for LocalEngine {
     }
 
     async fn pools(&self) -> Result<Vec<NodePool>, EngineError> {
-        Ok(local_pools(&self.gpus))
+        let mut pools = local_pools(&self.gpus);
+        for p in &mut pools {
+            p.containers = self.container.iter().map(|r| r.kind.way()).collect();
+        }
+        Ok(pools)
     }
 }
