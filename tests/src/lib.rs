@@ -362,6 +362,15 @@ impl ControlPlane {
                     edgeloop_trainer_bridge::engines::local::container::RuntimeKind::parse(&v)
                         .unwrap()
                 }),
+            container_mounts: std::env::var("EDGELOOP_CONTAINER_MOUNTS")
+                .ok()
+                .map(|v| {
+                    v.split(',')
+                        .filter(|p| !p.is_empty())
+                        .map(PathBuf::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
             ..edgeloop_trainer_bridge::BridgeConfig::new(self.member_config(dir, token))
         }
     }

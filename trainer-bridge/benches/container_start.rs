@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use edgeloop_trainer_bridge::engines::local::container::{ContainerRuntime, GpuMode, RuntimeKind};
+use edgeloop_trainer_bridge::engines::local::container::{ContainerRuntime, RuntimeKind};
 use edgeloop_trainer_bridge::engines::local::LocalEngine;
 use edgeloop_trainer_bridge::engines::{Engine, EngineState, Launch, Launcher};
 
@@ -84,10 +84,7 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let engine = LocalEngine::new(&dir.path().join("state"))
         .unwrap()
-        .with_container(Some(ContainerRuntime {
-            kind: RuntimeKind::Podman,
-            gpus: GpuMode::detect(),
-        }));
+        .with_container(Some(ContainerRuntime::new(RuntimeKind::Podman)));
     // Interleaved, so a slow stretch of the machine hits both alike.
     let (mut host, mut container) = (Vec::new(), Vec::new());
     for i in 0..RUNS {

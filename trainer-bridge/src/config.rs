@@ -27,6 +27,11 @@ pub struct BridgeSettings {
     /// Unset: the local engine refuses a job that names an image.
     #[arg(long, env = "EDGELOOP_CONTAINER_RUNTIME")]
     pub container_runtime: Option<String>,
+    /// Host directories every container of the local engine gets,
+    /// read-only at the same path (comma-separated absolute paths): the
+    /// site's datasets and shared software, as clusters mount them.
+    #[arg(long, env = "EDGELOOP_CONTAINER_MOUNTS")]
+    pub container_mounts: Option<String>,
 }
 
 impl BridgeSettings {
@@ -37,6 +42,7 @@ impl BridgeSettings {
             control_plane: self.control_plane.or(lower.control_plane),
             bootstrap_token: self.bootstrap_token.or(lower.bootstrap_token),
             container_runtime: self.container_runtime.or(lower.container_runtime),
+            container_mounts: self.container_mounts.or(lower.container_mounts),
         }
     }
 }
@@ -46,6 +52,8 @@ pub struct BridgeConfig {
     pub member: MemberConfig,
     /// The local engine's container runtime; `None`: images are refused.
     pub container_runtime: Option<RuntimeKind>,
+    /// Read-only in every container of the local engine.
+    pub container_mounts: Vec<PathBuf>,
 }
 
 impl BridgeConfig {
@@ -54,6 +62,7 @@ impl BridgeConfig {
         BridgeConfig {
             member,
             container_runtime: None,
+            container_mounts: Vec::new(),
         }
     }
 
@@ -65,6 +74,12 @@ impl BridgeConfig {
             .map(RuntimeKind::parse)
             .transpose()
             .map_err(anyhow::Error::msg)?;
+        let container_mounts = s
+            .container_mounts
+            .as_deref()
+            .map(parse_mounts)
+            .transpose()?
+            .unwrap_or_default();
         Ok(BridgeConfig {
             member: MemberConfig::from_settings(MemberSettings {
                 data_dir: s.data_dir,
@@ -72,8 +87,31 @@ impl BridgeConfig {
                 bootstrap_token: s.bootstrap_token,
             })?,
             container_runtime,
+            container_mounts,
         })
     }
+}
+
+/// `--container-mounts`: absolute paths of directories that exist.
+fn parse_mounts(value: &str) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for word in value.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        let path = PathBuf::from(word);
+        if !path.is_absolute() || word.contains(':') {
+            anyhow::bail!(
+                "container mounts (--container-mounts, EDGELOOP_CONTAINER_MOUNTS): {word:?} is \
+                 not an absolute path without ':'"
+            );
+        }
+        if !path.is_dir() {
+            anyhow::bail!(
+                "container mounts (--container-mounts, EDGELOOP_CONTAINER_MOUNTS): {word:?} is \
+                 not a directory on this machine"
+            );
+        }
+        out.push(path);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -86,6 +124,7 @@ mod tests {
             control_plane: Some("https://cp.example:7443".into()),
             bootstrap_token: None,
             container_runtime: runtime.map(str::to_string),
+            container_mounts: None,
         }
     }
 
@@ -104,6 +143,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("container") && e.contains("crio"), "{e}");
+    }
+
+    #[test]
+    fn container_mounts_are_existing_absolute_directories() {
+        let dir = std::env::temp_dir();
+        let ok = format!("{}, /", dir.display());
+        let c = BridgeConfig::from_settings(BridgeSettings {
+            container_mounts: Some(ok),
+            ..settings(Some("podman"))
+        })
+        .unwrap();
+        assert_eq!(c.container_mounts, [dir, PathBuf::from("/")]);
+        for bad in ["relative/dir", "/no/such/edgeloop/dir", "/tmp:/elsewhere"] {
+            let e = BridgeConfig::from_settings(BridgeSettings {
+                container_mounts: Some(bad.into()),
+                ..settings(Some("podman"))
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("--container-mounts") && e.contains(bad), "{e}");
+        }
     }
 
     #[test]

@@ -46,11 +46,10 @@ pub fn engines(
     let mut engines: BTreeMap<String, Arc<dyn Engine>> = BTreeMap::new();
     let local = LocalEngine::with_gpus(&config.member.data_dir.join("engine-local"), gpus.clone())
         .context("local engine state dir")?
-        .with_container(
-            config
-                .container_runtime
-                .map(engines::local::container::ContainerRuntime::new),
-        );
+        .with_container(config.container_runtime.map(|kind| {
+            engines::local::container::ContainerRuntime::new(kind)
+                .with_site_mounts(config.container_mounts.clone())
+        }));
     engines.insert("local".into(), Arc::new(local));
     if std::env::var_os("EDGELOOP_SLURMRESTD_URL").is_some() {
         engines.insert(

@@ -59,6 +59,7 @@ fn podman() -> ContainerRuntime {
     ContainerRuntime {
         kind: RuntimeKind::Podman,
         gpus: GpuMode::detect(),
+        site_mounts: vec![],
     }
 }
 

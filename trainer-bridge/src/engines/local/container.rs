@@ -111,6 +111,9 @@ impl GpuMode {
 pub struct ContainerRuntime {
     pub kind: RuntimeKind,
     pub gpus: GpuMode,
+    /// Host directories every container gets read-only at the same path
+    /// (the bridge's `--container-mounts`).
+    pub site_mounts: Vec<PathBuf>,
 }
 
 /// One process's container, as [`ContainerRuntime::run_args`] starts it.
@@ -137,6 +140,15 @@ impl ContainerRuntime {
         ContainerRuntime {
             kind,
             gpus: GpuMode::detect(),
+            site_mounts: Vec::new(),
+        }
+    }
+
+    /// The runtime with `mounts` read-only in every container.
+    pub fn with_site_mounts(self, mounts: Vec<PathBuf>) -> ContainerRuntime {
+        ContainerRuntime {
+            site_mounts: mounts,
+            ..self
         }
     }
 
@@ -318,6 +330,12 @@ impl ContainerRuntime {
             args.push("--volume".into());
             args.push(format!("{0}:{0}", path(m)));
         }
+        // Nested in either direction is fine (the runtime mounts parents
+        // first); the same destination twice is not.
+        for m in self.site_mounts.iter().filter(|m| !run.mounts.contains(m)) {
+            args.push("--volume".into());
+            args.push(format!("{0}:{0}:ro", path(m)));
+        }
         args.push("--workdir".into());
         args.push(path(run.workdir));
         for k in &run.env_keys {
@@ -387,6 +405,7 @@ mod tests {
         ContainerRuntime {
             kind: RuntimeKind::Podman,
             gpus,
+            site_mounts: vec![],
         }
     }
 
@@ -460,6 +479,30 @@ mod tests {
         );
         let legacy = podman(GpuMode::Legacy).run_args(&run).join(" ");
         assert!(legacy.contains("--gpus device=2,3 i t"), "{legacy}");
+    }
+
+    #[test]
+    fn site_mounts_are_read_only_beside_the_jobs() {
+        let command = vec!["t".to_string()];
+        let mounts = vec![PathBuf::from("/data/jobs/j-1"), PathBuf::from("/opt/sw")];
+        let run = ContainerRun {
+            name: "n",
+            image: "i",
+            workdir: Path::new("/data/jobs/j-1"),
+            mounts: &mounts,
+            env_keys: vec![],
+            gpus: &[],
+            command: &command,
+        };
+        let runtime = podman(GpuMode::Cdi)
+            .with_site_mounts(vec![PathBuf::from("/data"), PathBuf::from("/opt/sw")]);
+        let args = runtime.run_args(&run).join(" ");
+        assert!(
+            args.contains(
+                "--volume /data/jobs/j-1:/data/jobs/j-1 --volume /opt/sw:/opt/sw --volume /data:/data:ro --workdir"
+            ),
+            "{args}"
+        );
     }
 
     #[test]
