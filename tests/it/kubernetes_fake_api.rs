@@ -412,7 +412,8 @@ async fn fake_api_a_gfd_labelled_gpu_node_is_a_pool_and_a_gpu_job_lands_on_it() 
             memory_mb_per_node: 257650,
             source: "kubernetes GET /api/v1/nodes (GPU Feature Discovery labels)".into(),
             placement: BTreeMap::from([("nvidia.com/gpu.product".into(), A100.into())]),
-            containers: vec![],
+            // Kubernetes pods run the job's image.
+            containers: vec![edgeloop_api::images::ContainerWay::Kubernetes],
         }
     );
     assert_eq!(pools[0].source, "kubernetes GET /api/v1/nodes");
