@@ -47,6 +47,7 @@ pub mod model;
 pub mod optim;
 pub mod report;
 pub mod rng;
+pub mod stop;
 pub mod train;
 
 use serde::{Deserialize, Serialize};

@@ -4,10 +4,14 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use edgeloop_reference_trainer::{config, train};
+use edgeloop_reference_trainer::{config, stop, train};
 
 fn main() -> ExitCode {
     let cli = config::Cli::parse();
+    if let Err(e) = stop::install() {
+        eprintln!("edgeloop-train: error: installing the SIGTERM handler: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = config::resolve(cli)
         .map_err(anyhow::Error::from)
         .and_then(train::prepare)
@@ -19,6 +23,7 @@ fn main() -> ExitCode {
             train::run(&plan, &mut std::io::stdout().lock())
         });
     match result {
+        Ok(outcome) if outcome.stopped => ExitCode::from(stop::EXIT_STOPPED),
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("edgeloop-train: error: {e:#}");

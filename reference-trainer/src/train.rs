@@ -15,6 +15,7 @@ use crate::config::{Hyper, Settings};
 use crate::data::{self, Batcher, Data, Samples, CALIB_SAMPLES};
 use crate::model::{self, Model};
 use crate::optim::Adam;
+use crate::stop;
 use crate::{export, report, Workload};
 
 pub const WEIGHTS: &str = "weights.safetensors";
@@ -154,6 +155,8 @@ pub struct Outcome {
     pub eval: Option<Eval>,
     /// Seconds of training in this process.
     pub seconds: f64,
+    /// Stopped by SIGTERM after committing `step` (see `stop`).
+    pub stopped: bool,
 }
 
 fn state_at(hyper: &Hyper, step: u64, data: &Data) -> TrainState {
@@ -246,6 +249,7 @@ pub fn run(plan: &Plan, out: &mut dyn Write) -> anyhow::Result<Outcome> {
             finished: None,
             eval: None,
             seconds: 0.0,
+            stopped: false,
         });
     }
 
@@ -293,7 +297,8 @@ pub fn run(plan: &Plan, out: &mut dyn Write) -> anyhow::Result<Outcome> {
             || cadence
                 .checkpoint_every_minutes
                 .is_some_and(|m| last_checkpoint.elapsed().as_secs_f64() >= m * 60.0)
-            || settings.stop_after_step == Some(step);
+            || settings.stop_after_step == Some(step)
+            || stop::requested();
         if !(due || last) {
             continue;
         }
@@ -339,6 +344,7 @@ pub fn run(plan: &Plan, out: &mut dyn Write) -> anyhow::Result<Outcome> {
                 finished: Some(dir),
                 eval,
                 seconds: t0.elapsed().as_secs_f64(),
+                stopped: false,
             });
         }
         if settings.stop_after_step == Some(step) {
@@ -351,6 +357,21 @@ pub fn run(plan: &Plan, out: &mut dyn Write) -> anyhow::Result<Outcome> {
                 finished: None,
                 eval: None,
                 seconds: t0.elapsed().as_secs_f64(),
+                stopped: false,
+            });
+        }
+        if stop::requested() {
+            eprintln!(
+                "edgeloop-train: SIGTERM: committed step {step} ({}); exiting with {}",
+                dir.display(),
+                stop::EXIT_STOPPED
+            );
+            return Ok(Outcome {
+                step,
+                finished: None,
+                eval: None,
+                seconds: t0.elapsed().as_secs_f64(),
+                stopped: true,
             });
         }
     }

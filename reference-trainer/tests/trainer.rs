@@ -558,3 +558,64 @@ fn exported_rainfall_mlp_runs_in_onnx_runtime() {
         1e-5,
     );
 }
+
+/// A run stopped by SIGTERM (a preemption) commits the step it is at, not
+/// the last scheduled checkpoint, exits with 143, and resumed from that
+/// commit ends exactly as a run that never stopped.
+#[test]
+fn mnist_sigterm_commits_the_step_it_is_at_and_resumes_bit_for_bit() {
+    use std::io::BufRead as _;
+    require_data(Workload::MnistCnn);
+    let hyper =
+        serde_json::json!({"workload": "mnist-cnn", "steps": 16, "batch_size": 16, "seed": 3});
+    let tmp = tempfile::tempdir().unwrap();
+    let (whole, stopped) = (tmp.path().join("whole"), tmp.path().join("stopped"));
+    Run::new(&whole, hyper.clone()).ok();
+
+    // Checkpoints every 100 steps: only the SIGTERM can make one mid-run.
+    let mut run = Run::new(&stopped, hyper.clone());
+    run.every_steps = Some(100);
+    let mut child = run
+        .command()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read to the end in a thread: a closed pipe would fail the trainer's
+    // next report before the signal could.
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let (step, _) = reports(&line.unwrap()).pop().unwrap();
+            let _ = tx.send(step);
+        }
+    });
+    while rx.recv().unwrap() < 5 {}
+    let pid = i32::try_from(child.id()).unwrap();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    reader.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    let (step, dir) = newest_committed(&stopped).unwrap();
+    assert!((5..16).contains(&step), "committed step {step}: {stderr}");
+    assert!(
+        stderr.contains(&format!("SIGTERM: committed step {step}")),
+        "{stderr}"
+    );
+
+    let mut run = Run::new(&stopped, hyper);
+    run.every_steps = Some(100);
+    run.resume_from = Some(dir);
+    let after = run.ok();
+    assert_eq!(after.first().unwrap().0, step + 1);
+    assert!(
+        file(&whole, 16, "weights.safetensors") == file(&stopped, 16, "weights.safetensors"),
+        "final weights differ after a SIGTERM at step {step}"
+    );
+}
