@@ -690,122 +690,35 @@ impl Runner {
                 }
             };
             let (state, step, metrics) = final_state;
-            if let EngineState::Failed { exit_code, .. } = &state {
-                // The whole group restarts together from the last
-                // checkpoint: no rank of this attempt outlives it.
-                if let Err(e) = engine.stop_remains(&engine_id).await {
-                    tracing::debug!(job = %id, error = %e, "stopping what is left of a failed attempt");
-                }
-                let newest = scanner.scan(&ckpt_dir).last().map(|c| c.step);
-                failures.push(FailedAttempt {
-                    exit_code: *exit_code,
-                    progressed: newest > started_from,
-                });
-            }
-            if let EngineState::Preempted { .. } = &state {
-                // As after a failure: no rank of the stopped attempt
-                // outlives it.
-                if let Err(e) = engine.stop_remains(&engine_id).await {
-                    tracing::debug!(job = %id, error = %e, "stopping what is left of a preempted attempt");
-                }
-                preemptions += 1;
-            }
-            match &state {
-                EngineState::Preempted { reason } => {
-                    match decide_after_preemption(&spec, preemptions) {
-                        RestartDecision::Restart(delay) => {
-                            tracing::warn!(job = %id, attempt, %reason, ?delay, preemptions, "attempt preempted; restarting from the last checkpoint");
-                            self.report(Progress {
-                            job: &id,
-                            attempt,
-                            state: pb::JobState::Running,
-                            step,
-                            message: format!(
-                                "attempt {attempt} preempted ({reason}); preemption {preemptions} of at most {}, restarting in {delay:?}",
-                                spec.restarts.max_preemptions
-                            ),
-                            engine_id: &engine_id.0,
-                            exit_code: None,
-                            metrics: &metrics,
-                            image: pinned_image.as_ref(),
-                            counts: Counts { restarts, preemptions },
-                        })
-                        .await;
-                            tokio::select! {
-                                _ = tokio::time::sleep(delay) => {}
-                                _ = shutdown.cancelled() => return,
-                            }
-                            attempt += 1;
-                        }
-                        RestartDecision::GiveUp(why) => {
-                            tracing::warn!(job = %id, attempt, %reason, %why, "job failed");
-                            self.report(Progress {
-                                job: &id,
-                                attempt,
-                                state: pb::JobState::Failed,
-                                step,
-                                message: format!("{why}: {reason}"),
-                                engine_id: &engine_id.0,
-                                exit_code: None,
-                                metrics: &metrics,
-                                image: pinned_image.as_ref(),
-                                counts: Counts {
-                                    restarts,
-                                    preemptions,
-                                },
-                            })
-                            .await;
-                            return;
-                        }
-                    }
-                }
+            // A failed or preempted attempt: the whole group restarts
+            // together from the last checkpoint, so no rank of this attempt
+            // outlives it; each cause has its own count and limit.
+            let (decision, what, count, exit_code) = match &state {
                 EngineState::Failed { exit_code, reason } => {
-                    match decide_restart(&spec, restarts, &failures) {
-                        RestartDecision::Restart(delay) => {
-                            restarts += 1;
-                            tracing::warn!(job = %id, attempt, %reason, ?delay, restarts, "attempt failed; restarting from the last checkpoint");
-                            self.report(Progress {
-                                job: &id,
-                                attempt,
-                                state: pb::JobState::Running,
-                                step,
-                                message: format!(
-                                    "attempt {attempt} failed ({reason}); restart {restarts} in {delay:?}"
-                                ),
-                                engine_id: &engine_id.0,
-                                exit_code: *exit_code,
-                                metrics: &metrics,
-                                image: pinned_image.as_ref(),
-                                counts: Counts { restarts, preemptions },
-                            })
-                            .await;
-                            tokio::select! {
-                                _ = tokio::time::sleep(delay) => {}
-                                _ = shutdown.cancelled() => return,
-                            }
-                            attempt += 1;
-                        }
-                        RestartDecision::GiveUp(why) => {
-                            tracing::warn!(job = %id, attempt, %reason, %why, "job failed");
-                            self.report(Progress {
-                                job: &id,
-                                attempt,
-                                state: pb::JobState::Failed,
-                                step,
-                                message: format!("{why}: {reason}"),
-                                engine_id: &engine_id.0,
-                                exit_code: *exit_code,
-                                metrics: &metrics,
-                                image: pinned_image.as_ref(),
-                                counts: Counts {
-                                    restarts,
-                                    preemptions,
-                                },
-                            })
-                            .await;
-                            return;
-                        }
+                    let newest = scanner.scan(&ckpt_dir).last().map(|c| c.step);
+                    failures.push(FailedAttempt {
+                        exit_code: *exit_code,
+                        progressed: newest > started_from,
+                    });
+                    let decision = decide_restart(&spec, restarts, &failures);
+                    if matches!(decision, RestartDecision::Restart(_)) {
+                        restarts += 1;
                     }
+                    let count = format!(
+                        "restart {restarts} of at most {}",
+                        spec.restarts.max_restarts
+                    );
+                    let what = format!("attempt {attempt} failed ({reason})");
+                    (decision, what, count, *exit_code)
+                }
+                EngineState::Preempted { reason } => {
+                    preemptions += 1;
+                    let count = format!(
+                        "preemption {preemptions} of at most {}",
+                        spec.restarts.max_preemptions
+                    );
+                    let what = format!("attempt {attempt} preempted ({reason})");
+                    (decide_after_preemption(&spec, preemptions), what, count, None)
                 }
                 other => {
                     self.report(Progress {
@@ -826,7 +739,47 @@ impl Runner {
                     .await;
                     return;
                 }
+            };
+            if let Err(e) = engine.stop_remains(&engine_id).await {
+                tracing::debug!(job = %id, error = %e, "stopping what is left of the attempt");
             }
+            let (reported, message) = match &decision {
+                RestartDecision::Restart(delay) => {
+                    tracing::warn!(job = %id, attempt, %what, %count, ?delay, "restarting from the last checkpoint");
+                    (
+                        pb::JobState::Running,
+                        format!("{what}; {count}, restarting in {delay:?}"),
+                    )
+                }
+                RestartDecision::GiveUp(why) => {
+                    tracing::warn!(job = %id, attempt, %what, %why, "job failed");
+                    (pb::JobState::Failed, format!("{why}: {what}"))
+                }
+            };
+            self.report(Progress {
+                job: &id,
+                attempt,
+                state: reported,
+                step,
+                message,
+                engine_id: &engine_id.0,
+                exit_code,
+                metrics: &metrics,
+                image: pinned_image.as_ref(),
+                counts: Counts {
+                    restarts,
+                    preemptions,
+                },
+            })
+            .await;
+            let RestartDecision::Restart(delay) = decision else {
+                return;
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            attempt += 1;
         }
     }
 }
