@@ -34,16 +34,46 @@ fn build_image(dir: &Path) {
         format!("FROM {base}\nCOPY contract_trainer.sh /opt/edgeloop/contract_trainer.sh\n"),
     )
     .unwrap();
+    podman_build(&ctx, IMAGE);
+}
+
+/// `podman build` of the context `ctx` as `tag`, from local images only.
+fn podman_build(ctx: &Path, tag: &str) {
     let out = Command::new("podman")
-        .args(["build", "--pull=never", "--quiet", "-t", IMAGE])
-        .arg(&ctx)
+        .args(["build", "--pull=never", "--quiet", "-t", tag])
+        .arg(ctx)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "podman build: {}",
+        "podman build {tag}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// SIGKILLs the container `name` (a node's failure, or the OOM killer).
+fn kill_container(name: &str) {
+    let killed = Command::new("podman")
+        .args(["kill", "--signal", "KILL", name])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(killed.success(), "killed {name}");
+}
+
+/// Whether this test runs here: alone in a process of its own (the
+/// bridge's local engine reads its runtime from the environment), with
+/// `scripts/containers-up.sh`'s settings loaded.
+fn in_own_process_with_containers() -> bool {
+    if !edgeloop_tests::in_own_process() {
+        return false;
+    }
+    load_env_file(
+        "EDGELOOP_CONTAINERS_ENV",
+        "/tmp/edgeloop-containers/env",
+        "scripts/containers-up.sh",
+    );
+    true
 }
 
 fn spec(name: &str, total: u32, max_restarts: u32) -> Value {
@@ -92,15 +122,9 @@ async fn ended(cp: &ControlPlane, id: &str, within: Duration) -> Value {
 
 #[tokio::test]
 async fn a_job_with_an_image_trains_in_a_container_resumes_after_a_kill_and_cancels_cleanly() {
-    // Alone: the bridge's local engine reads its runtime from the environment.
-    if !edgeloop_tests::in_own_process() {
+    if !in_own_process_with_containers() {
         return;
     }
-    load_env_file(
-        "EDGELOOP_CONTAINERS_ENV",
-        "/tmp/edgeloop-containers/env",
-        "scripts/containers-up.sh",
-    );
     let dir = tempfile::tempdir().unwrap();
     build_image(dir.path());
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
@@ -138,12 +162,7 @@ async fn a_job_with_an_image_trains_in_a_container_resumes_after_a_kill_and_canc
         .unwrap();
     assert!(moved.success() && image_id(IMAGE) != built);
     let first = format!("edgeloop-{id}-a1-0");
-    let killed = Command::new("podman")
-        .args(["kill", "--signal", "KILL", &first])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(killed.success(), "killed {first}");
+    kill_container(&first);
     let done = ended(&cp, &id, Duration::from_secs(120)).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(
@@ -304,14 +323,9 @@ async fn a_job_with_an_image_trains_in_a_container_resumes_after_a_kill_and_canc
 /// weights as a run on the host that never stopped.
 #[tokio::test]
 async fn the_reference_trainer_image_resumes_bit_for_bit_after_a_kill() {
-    if !edgeloop_tests::in_own_process() {
+    if !in_own_process_with_containers() {
         return;
     }
-    load_env_file(
-        "EDGELOOP_CONTAINERS_ENV",
-        "/tmp/edgeloop-containers/env",
-        "scripts/containers-up.sh",
-    );
     let trainer = edgeloop_tests::reference_trainer();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let built = Command::new(root.join("scripts/build-images.sh"))
@@ -373,12 +387,7 @@ async fn the_reference_trainer_image_resumes_bit_for_bit_after_a_kill() {
     let ckpts = dir.path().join("bridge/jobs").join(&id).join("checkpoints");
     let at = checkpoint_at_least(&ckpts, 20).await;
     assert!(at < 80, "killed mid-run ({at})");
-    let killed = Command::new("podman")
-        .args(["kill", "--signal", "KILL", &format!("edgeloop-{id}-a1-0")])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    kill_container(&format!("edgeloop-{id}-a1-0"));
     let done = ended(&cp, &id, Duration::from_secs(300)).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(
@@ -408,14 +417,9 @@ async fn the_reference_trainer_image_resumes_bit_for_bit_after_a_kill() {
 /// is 5.6 GB, too much to bake into an image on every cold run here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pytorch_trainer_runs_ddp_in_containers_and_resumes_after_a_rank_is_killed() {
-    if !edgeloop_tests::in_own_process() {
+    if !in_own_process_with_containers() {
         return;
     }
-    load_env_file(
-        "EDGELOOP_CONTAINERS_ENV",
-        "/tmp/edgeloop-containers/env",
-        "scripts/containers-up.sh",
-    );
     let python = edgeloop_tests::torch_python();
     let interpreter = std::fs::canonicalize(&python).unwrap();
     // <prefix>/bin/python3.x: the interpreter's installation, and the deps
@@ -443,16 +447,7 @@ async fn the_pytorch_trainer_runs_ddp_in_containers_and_resumes_after_a_rank_is_
     )
     .unwrap();
     let image = "localhost/edgeloop-train-ddp:test";
-    let out = Command::new("podman")
-        .args(["build", "--pull=never", "--quiet", "-t", image])
-        .arg(&ctx)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    podman_build(&ctx, image);
 
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let (stop, bridge, _) = cp
@@ -482,12 +477,7 @@ async fn the_pytorch_trainer_runs_ddp_in_containers_and_resumes_after_a_rank_is_
     let at = checkpoint_at_least(&ckpts, 40).await;
     assert!(at < 120, "killed mid-run ({at})");
     let rank1 = format!("edgeloop-{id}-a1-1");
-    let killed = Command::new("podman")
-        .args(["kill", "--signal", "KILL", &rank1])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(killed.success(), "killed {rank1}");
+    kill_container(&rank1);
     let done = ended(&cp, &id, Duration::from_secs(420)).await;
     let log = std::fs::read_to_string(
         dir.path()
