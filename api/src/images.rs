@@ -82,20 +82,17 @@ pub enum ContainerWay {
     SlurmOci,
     /// Apptainer (or Singularity) on the nodes: `apptainer exec --nv`.
     Apptainer,
-    /// Ray's `runtime_env.image_uri` (Podman on every node).
-    RayImageUri,
     /// Kubernetes pods.
     Kubernetes,
 }
 
 impl ContainerWay {
-    pub const ALL: [ContainerWay; 7] = [
+    pub const ALL: [ContainerWay; 6] = [
         ContainerWay::Podman,
         ContainerWay::Docker,
         ContainerWay::Pyxis,
         ContainerWay::SlurmOci,
         ContainerWay::Apptainer,
-        ContainerWay::RayImageUri,
         ContainerWay::Kubernetes,
     ];
 
@@ -107,7 +104,6 @@ impl ContainerWay {
             ContainerWay::Pyxis => "pyxis",
             ContainerWay::SlurmOci => "slurm_oci",
             ContainerWay::Apptainer => "apptainer",
-            ContainerWay::RayImageUri => "ray_image_uri",
             ContainerWay::Kubernetes => "kubernetes",
         }
     }

@@ -94,7 +94,7 @@ pub struct ConfiguredFacts {
     pub driver_version: Option<String>,
     pub cuda_version: Option<String>,
     /// How the cluster's nodes run images (Slurm: `pyxis`, `slurm_oci`,
-    /// `apptainer`; Ray: `ray_image_uri`): nothing an engine's API says.
+    /// `apptainer`): nothing an engine's API says.
     pub containers: Vec<ContainerWay>,
 }
 
