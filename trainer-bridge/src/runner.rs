@@ -718,7 +718,12 @@ impl Runner {
                         spec.restarts.max_preemptions
                     );
                     let what = format!("attempt {attempt} preempted ({reason})");
-                    (decide_after_preemption(&spec, preemptions), what, count, None)
+                    (
+                        decide_after_preemption(&spec, preemptions),
+                        what,
+                        count,
+                        None,
+                    )
                 }
                 other => {
                     self.report(Progress {
