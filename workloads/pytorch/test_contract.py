@@ -549,15 +549,20 @@ class DdpRunTests(TempDirTest):
         self.assertEqual([states[s]["samples_seen"] for s in (10, 20, 30)], [320, 480, 800])
         self.assertIn("eval_accuracy", c_reports[30])
 
-    def test_sigterm_commits_the_step_it_is_at_on_every_rank_and_exits_143(self):
-        d = os.path.join(self.tmp, "preempted")
-        e = base_env(
-            EDGELOOP_CHECKPOINT_DIR=d, EDGELOOP_RESUME_FROM="", EDGELOOP_JOB_ID="ddp-term",
+    def endless_env(self, d, job_id):
+        """A run that only a signal ends: no step limit in reach, and no
+        scheduled checkpoint before one."""
+        return base_env(
+            EDGELOOP_CHECKPOINT_DIR=d, EDGELOOP_RESUME_FROM="", EDGELOOP_JOB_ID=job_id,
             EDGELOOP_CHECKPOINT_EVERY_STEPS="1000", EDGELOOP_DATASETS=json.dumps([f"file://{self.digits}"]),
             EDGELOOP_HYPERPARAMETERS=json.dumps({"steps": 100000, "batch_size": 16, "log_every": 1,
                                                  "eval_size": 100, "seed": 11, "lr": 0.005}),
             OMP_NUM_THREADS="1",
         )
+
+    def test_sigterm_commits_the_step_it_is_at_on_every_rank_and_exits_143(self):
+        d = os.path.join(self.tmp, "preempted")
+        e = self.endless_env(d, "ddp-term")
         cmd = [TORCH_PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", TRAINER]
         p = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
@@ -586,13 +591,7 @@ class DdpRunTests(TempDirTest):
 
     def test_sigterm_to_one_process_exits_143_after_checkpointing(self):
         d = os.path.join(self.tmp, "single")
-        e = base_env(
-            EDGELOOP_CHECKPOINT_DIR=d, EDGELOOP_RESUME_FROM="", EDGELOOP_JOB_ID="term-1",
-            EDGELOOP_CHECKPOINT_EVERY_STEPS="1000", EDGELOOP_DATASETS=json.dumps([f"file://{self.digits}"]),
-            EDGELOOP_HYPERPARAMETERS=json.dumps({"steps": 100000, "batch_size": 16, "log_every": 1,
-                                                 "eval_size": 100, "seed": 11, "lr": 0.005}),
-            OMP_NUM_THREADS="1",
-        )
+        e = self.endless_env(d, "term-1")
         p = subprocess.Popen([TORCH_PYTHON, TRAINER], env=e, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         try:

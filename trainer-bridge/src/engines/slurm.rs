@@ -166,12 +166,7 @@ impl SlurmEngine {
             .pinned_image
             .as_ref()
             .map_or_else(|| reference.clone(), PinnedImage::runnable);
-        let paths: Vec<&Path> = [crate::launch::CHECKPOINT_DIR, crate::launch::RESUME_FROM]
-            .iter()
-            .filter_map(|k| launch.env.get(*k))
-            .map(Path::new)
-            .collect();
-        let mounts = super::local::container::mounts(&launch.workdir, &paths);
+        let mounts = super::local::container::job_mounts(launch, &[]);
         Ok(Some(match self.container_way() {
             None => return Err(no_way()),
             Some(ContainerWay::Pyxis) => SrunContainer::Pyxis {
@@ -205,16 +200,14 @@ impl SlurmEngine {
                     .await?;
                 // The bridge's jobs directory: every attempt's files, at
                 // their paths, whichever job runs the image.
-                let jobs_root = launch
+                let jobs_root: Vec<&Path> = launch
                     .log_path
                     .parent()
                     .and_then(Path::parent)
-                    .map(Path::to_path_buf);
-                let mut shared: Vec<&Path> = paths.clone();
-                shared.extend(jobs_root.as_deref());
-                let config = containers::oci_config(&super::local::container::mounts(
-                    &launch.workdir,
-                    &shared,
+                    .into_iter()
+                    .collect();
+                let config = containers::oci_config(&super::local::container::job_mounts(
+                    launch, &jobs_root,
                 ));
                 let text = serde_json::to_vec_pretty(&config)
                     .map_err(|e| EngineError::Protocol(format!("writing config.json: {e}")))?;

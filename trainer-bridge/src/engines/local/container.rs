@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use edgeloop_api::images::{check_reference, without_digest, ContainerWay, PinKind, PinnedImage};
 use edgeloop_models::Digest;
 
-use crate::engines::EngineError;
+use crate::engines::{EngineError, Launch};
 
 /// Names the runtime the local engine runs images with (the variable of
 /// the bridge's `--container-runtime`).
@@ -375,6 +375,22 @@ impl ContainerRuntime {
             .await
             .is_ok_and(|s| s.success())
     }
+}
+
+/// The host directories a job's processes need at the same path inside a
+/// container, on every engine that mounts them: the working directory, the
+/// contract's checkpoint directory and the directory of the checkpoint it
+/// resumes from, and `extra`.
+pub fn job_mounts(launch: &Launch, extra: &[&Path]) -> Vec<PathBuf> {
+    let contract = |key: &str| launch.env.get(key).filter(|v| !v.is_empty()).map(Path::new);
+    let checkpoints = contract(crate::launch::CHECKPOINT_DIR);
+    let resume = contract(crate::launch::RESUME_FROM).and_then(Path::parent);
+    let paths: Vec<&Path> = checkpoints
+        .into_iter()
+        .chain(resume)
+        .chain(extra.iter().copied())
+        .collect();
+    mounts(&launch.workdir, &paths)
 }
 
 /// The host directories a process needs at the same path: its working

@@ -377,19 +377,15 @@ impl Engine for LocalEngine {
         let mounts = match &image {
             None => Vec::new(),
             Some(_) => {
-                let contract = |key: &str| launch.env.get(key).filter(|v| !v.is_empty());
-                let checkpoints = contract(crate::launch::CHECKPOINT_DIR).map(PathBuf::from);
-                if let Some(c) = &checkpoints {
+                // A bind mount needs its source to exist.
+                if let Some(c) = launch
+                    .env
+                    .get(crate::launch::CHECKPOINT_DIR)
+                    .filter(|v| !v.is_empty())
+                {
                     std::fs::create_dir_all(c)?;
                 }
-                let resume = contract(crate::launch::RESUME_FROM)
-                    .and_then(|r| Path::new(r).parent().map(Path::to_path_buf));
-                let paths: Vec<&Path> = checkpoints
-                    .iter()
-                    .chain(&resume)
-                    .map(PathBuf::as_path)
-                    .collect();
-                container::mounts(&launch.workdir, &paths)
+                container::job_mounts(launch, &[])
             }
         };
         // State files are per process ("node" below is a process index).
