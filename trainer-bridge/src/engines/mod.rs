@@ -9,6 +9,7 @@ pub mod ray;
 pub mod slurm;
 pub mod slurm_containers;
 pub mod slurm_nodes;
+pub mod slurm_script;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
