@@ -57,6 +57,7 @@ fn launch(dir: &Path, job_id: &str, script: &str) -> Launch {
         ]),
         workdir: workdir.clone(),
         nodes: 1,
+        min_nodes: None,
         gpus_per_node: 0,
         cpus_per_node: 1,
         memory_mb: 128,

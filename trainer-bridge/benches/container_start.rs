@@ -50,6 +50,7 @@ fn launch(dir: &Path, job: &str, image: Option<&str>) -> Launch {
         env: BTreeMap::from([("EDGELOOP_JOB_ID".to_string(), job.to_string())]),
         workdir: dir.join("work"),
         nodes: 1,
+        min_nodes: None,
         gpus_per_node: 0,
         cpus_per_node: 1,
         memory_mb: 256,

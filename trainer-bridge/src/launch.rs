@@ -118,13 +118,32 @@ pub fn build_launch(spec: &JobSpec, plan: &AttemptPlan<'_>) -> Launch {
         command: spec.command.iter().chain(&spec.args).cloned().collect(),
         env: job_env(spec, plan.contract),
         workdir,
-        nodes: spec.resources.nodes,
+        // A pool with fewer nodes than asked (its facts) runs an elastic
+        // job at its size; the pre-flight check refused one too small.
+        nodes: nodes_to_run(
+            spec.resources.nodes,
+            spec.resources.min_nodes,
+            plan.pool.and_then(|p| p.nodes),
+        ),
+        min_nodes: spec.resources.min_nodes,
         gpus_per_node: gpus,
         cpus_per_node: spec.resources.cpus,
         memory_mb: spec.resources.memory_mb,
         launcher,
         log_path: plan.log_path.to_path_buf(),
         pool: plan.pool.cloned(),
+    }
+}
+
+/// How many nodes an attempt runs on: `nodes`, or as many as are
+/// `available` when that is fewer but at least `min_nodes` (an elastic job
+/// continues at a smaller world size). `None` available: not bounded. Fewer
+/// than `min_nodes` available: `nodes`, and the engine waits or refuses as
+/// for any job that does not fit.
+pub fn nodes_to_run(nodes: u32, min_nodes: Option<u32>, available: Option<u32>) -> u32 {
+    match (min_nodes, available) {
+        (Some(min), Some(free)) if (min..nodes).contains(&free) => free,
+        _ => nodes,
     }
 }
 

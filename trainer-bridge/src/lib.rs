@@ -46,6 +46,7 @@ pub fn engines(
     let mut engines: BTreeMap<String, Arc<dyn Engine>> = BTreeMap::new();
     let local = LocalEngine::with_gpus(&config.member.data_dir.join("engine-local"), gpus.clone())
         .context("local engine state dir")?
+        .with_gpu_source(Some(Arc::new(facts::local_gpus)))
         .with_container(config.container_runtime.map(|kind| {
             engines::local::container::ContainerRuntime::new(kind)
                 .with_site_mounts(config.container_mounts.clone())

@@ -273,10 +273,15 @@ pub fn pool_refusals(spec: &JobSpec, pool: &NodePool) -> Vec<Refusal> {
         }
     }
     if let Some(nodes) = pool.nodes {
-        if spec.resources.nodes > nodes {
+        // An elastic job fits a pool that has its fewest nodes.
+        let (field, needed) = match spec.resources.min_nodes {
+            Some(min) => ("resources.min_nodes", min),
+            None => ("resources.nodes", spec.resources.nodes),
+        };
+        if needed > nodes {
             refusals.push(Refusal {
-                field: "resources.nodes".into(),
-                reason: format!("needs {} nodes, {name} has {nodes}", spec.resources.nodes),
+                field: field.into(),
+                reason: format!("needs {needed} nodes, {name} has {nodes}"),
             });
         }
     }

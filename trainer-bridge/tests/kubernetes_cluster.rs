@@ -37,6 +37,7 @@ fn launch(jobs_root: &Path, job_id: &str, script: &str) -> Launch {
         )]),
         workdir: workdir.clone(),
         nodes: 1,
+        min_nodes: None,
         gpus_per_node: 0,
         cpus_per_node: 0,
         memory_mb: 64,

@@ -86,6 +86,7 @@ fn launch(dir: &Path, job: &str, image: &str, script: &str) -> Launch {
         ]),
         workdir: dir.join("work"),
         nodes: 1,
+        min_nodes: None,
         gpus_per_node: 0,
         cpus_per_node: 1,
         memory_mb: 256,

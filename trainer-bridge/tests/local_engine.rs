@@ -26,6 +26,7 @@ fn launch(
         env: BTreeMap::from([("EDGELOOP_JOB_ID".to_string(), job.to_string())]),
         workdir: dir.join("work"),
         nodes,
+        min_nodes: None,
         gpus_per_node: 0,
         cpus_per_node: 1,
         memory_mb: 256,
@@ -277,4 +278,83 @@ async fn a_sigterm_from_outside_is_a_preemption_after_the_trainer_checkpoints() 
     tokio::time::sleep(Duration::from_millis(300)).await;
     engine.cancel(&id).await.unwrap();
     assert_eq!(wait_terminal(&engine, &id).await, EngineState::Cancelled);
+}
+
+/// An elastic job (`min_nodes`) runs on as many nodes as this machine's
+/// free GPUs hold now: the GPUs are read again at each submission, so one
+/// that is gone is no longer handed out, and the next attempt runs at the
+/// smaller world size; it is back at full size once the GPU is. A job that
+/// is not elastic waits for its GPUs instead.
+#[tokio::test]
+async fn an_elastic_job_runs_on_the_gpus_there_are_now() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use edgeloop_client_core::gpu::{LocalGpu, LocalGpus};
+
+    let dir = tempfile::tempdir().unwrap();
+    let present = Arc::new(AtomicU32::new(2));
+    let seen = present.clone();
+    let engine = LocalEngine::with_gpus(&dir.path().join("state"), LocalGpus::default())
+        .unwrap()
+        .with_gpu_source(Some(Arc::new(move || {
+            Ok(LocalGpus {
+                gpus: (0..seen.load(Ordering::SeqCst))
+                    .map(|index| LocalGpu {
+                        index,
+                        name: "Test GPU".into(),
+                        memory_bytes: 1 << 30,
+                    })
+                    .collect(),
+                source: "test".into(),
+                ..Default::default()
+            })
+        })));
+    let script = "echo \"world=$WORLD_SIZE rank=$RANK gpu=$CUDA_VISIBLE_DEVICES\" >> out-$EDGELOOP_ATTEMPT.txt";
+    let attempt = |n: u32, min_nodes: Option<u32>| {
+        let mut l = launch(
+            dir.path(),
+            "elastic",
+            script,
+            2,
+            Launcher::Torchrun { nproc_per_node: 1 },
+        );
+        l.attempt = n;
+        l.env.insert("EDGELOOP_ATTEMPT".into(), n.to_string());
+        l.gpus_per_node = 1;
+        l.min_nodes = min_nodes;
+        l
+    };
+    let lines = |n: u32| {
+        let text = std::fs::read_to_string(dir.path().join(format!("work/out-{n}.txt"))).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines.sort();
+        lines
+    };
+
+    let id = engine.submit(&attempt(1, Some(1))).await.unwrap();
+    assert_eq!(wait_terminal(&engine, &id).await, EngineState::Succeeded);
+    assert_eq!(lines(1), ["world=2 rank=0 gpu=0", "world=2 rank=1 gpu=1"]);
+    let pools = engine.pools().await.unwrap();
+    assert_eq!(pools[0].gpus_per_node, 2);
+
+    // A GPU is lost: the next attempt runs on the one node there is.
+    present.store(1, Ordering::SeqCst);
+    let id = engine.submit(&attempt(2, Some(1))).await.unwrap();
+    assert_eq!(wait_terminal(&engine, &id).await, EngineState::Succeeded);
+    assert_eq!(lines(2), ["world=1 rank=0 gpu=0"]);
+    assert_eq!(engine.pools().await.unwrap()[0].gpus_per_node, 1);
+    // Without min_nodes the job needs both.
+    match engine.submit(&attempt(3, None)).await {
+        Err(edgeloop_trainer_bridge::engines::EngineError::Unavailable(why)) => {
+            assert!(why.contains("needs 2 free GPUs"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // It is back: so is the full size.
+    present.store(2, Ordering::SeqCst);
+    let id = engine.submit(&attempt(4, Some(1))).await.unwrap();
+    assert_eq!(wait_terminal(&engine, &id).await, EngineState::Succeeded);
+    assert_eq!(lines(4), ["world=2 rank=0 gpu=0", "world=2 rank=1 gpu=1"]);
 }

@@ -83,6 +83,7 @@ fn launch(name: &str, workdir: &Path, command: &[&str]) -> Launch {
         ]),
         workdir: workdir.to_path_buf(),
         nodes: 1,
+        min_nodes: None,
         gpus_per_node: 0,
         cpus_per_node: 0,
         memory_mb: 0,

@@ -72,6 +72,7 @@ fn launch(dir: &Path, name: &str, command: &[&str]) -> Launch {
         ]),
         workdir: dir.to_path_buf(),
         nodes: 1,
+        min_nodes: None,
         gpus_per_node: 0,
         cpus_per_node: 1,
         memory_mb: 100,

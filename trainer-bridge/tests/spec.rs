@@ -8,8 +8,8 @@ use std::path::Path;
 use edgeloop_trainer_bridge::engines::Launcher;
 use edgeloop_trainer_bridge::engines::NodePool;
 use edgeloop_trainer_bridge::launch::{
-    build_launch, contract_env, horovod_command, job_env, master_port, torchrun_env, AttemptPlan,
-    LaunchError, RankInfo,
+    build_launch, contract_env, horovod_command, job_env, master_port, nodes_to_run, torchrun_env,
+    AttemptPlan, LaunchError, RankInfo,
 };
 use edgeloop_trainer_bridge::preflight::{check, gpu_type_matches, ClusterFacts, Refusal};
 use edgeloop_trainer_bridge::spec::{
@@ -305,6 +305,16 @@ fn validation_names_the_field() {
             json!({"resources": {"nodes": 1025}}),
             "resources.nodes",
             "1..=1024",
+        ),
+        (
+            json!({"resources": {"nodes": 2, "min_nodes": 0}}),
+            "resources.min_nodes",
+            "1..=2",
+        ),
+        (
+            json!({"resources": {"nodes": 2, "min_nodes": 3}}),
+            "resources.min_nodes",
+            "1..=2",
         ),
         (
             json!({"resources": {"gpus_per_node": 17}}),
@@ -1242,4 +1252,81 @@ fn a_job_lands_in_the_tightest_pool_it_fits() {
     assert_eq!(landed(0), "cpu");
     assert_eq!(landed(1), "small");
     assert_eq!(landed(4), "big");
+}
+
+/// (nodes, min_nodes, available) → the nodes an attempt runs on.
+#[test]
+fn an_elastic_job_runs_on_the_nodes_there_are_down_to_its_minimum() {
+    let table: &[(u32, Option<u32>, Option<u32>, u32)] = &[
+        // Not elastic: always the nodes asked for.
+        (2, None, Some(1), 2),
+        (2, None, None, 2),
+        // Elastic, as many or more available: the nodes asked for.
+        (4, Some(1), None, 4),
+        (4, Some(1), Some(4), 4),
+        (4, Some(1), Some(9), 4),
+        // Elastic, fewer available: what there is, down to the minimum.
+        (4, Some(1), Some(3), 3),
+        (4, Some(2), Some(2), 2),
+        (4, Some(1), Some(1), 1),
+        // Below the minimum: the full size, which then waits or is refused.
+        (4, Some(2), Some(1), 4),
+        (4, Some(1), Some(0), 4),
+        (1, Some(1), Some(0), 1),
+    ];
+    for &(nodes, min, available, want) in table {
+        assert_eq!(
+            nodes_to_run(nodes, min, available),
+            want,
+            "{nodes} nodes, min {min:?}, {available:?} available"
+        );
+    }
+}
+
+/// A pool with fewer nodes than asked takes an elastic job at its size, and
+/// refuses it below its minimum, naming `resources.min_nodes`.
+#[test]
+fn an_elastic_job_fits_a_smaller_pool_and_runs_at_its_size() {
+    let pool = NodePool {
+        engine: "slurm".into(),
+        name: "batch".into(),
+        nodes: Some(2),
+        source: "test".into(),
+        ..NodePool::default()
+    };
+    let cluster = ClusterFacts {
+        engines: vec!["slurm".into()],
+        pools: vec![pool],
+    };
+    let spec = |min: Option<u32>| {
+        json_with(serde_json::json!({
+            "engine": "slurm",
+            "resources": {"nodes": 4, "min_nodes": min},
+        }))
+        .unwrap()
+    };
+    let got = refusals(&spec(None), &cluster);
+    assert_eq!(got[0].field, "resources.nodes", "{got:?}");
+    let got = refusals(&spec(Some(3)), &cluster);
+    assert_eq!(
+        got,
+        vec![Refusal {
+            field: "resources.min_nodes".into(),
+            reason: "needs 3 nodes, slurm pool \"batch\" has 2".into(),
+        }]
+    );
+    let elastic = spec(Some(1));
+    let placed = check(&elastic, &cluster).unwrap();
+    let contract = contract();
+    let plan = AttemptPlan {
+        job_id: "job-8",
+        attempt: 3,
+        job_dir: Path::new("/data/jobs/job-8"),
+        log_path: Path::new("/data/jobs/job-8/attempt-3.log"),
+        pool: placed.as_ref(),
+        contract: &contract,
+        pinned_image: None,
+    };
+    let launch = build_launch(&elastic, &plan);
+    assert_eq!((launch.nodes, launch.min_nodes), (2, Some(1)));
 }

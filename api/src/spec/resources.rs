@@ -13,6 +13,14 @@ pub struct Resources {
     /// 1 to 1024 (default 1).
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1024))]
     pub nodes: u32,
+    /// The fewest nodes an attempt may run on, when the pool has fewer than
+    /// `nodes` free (a node lost, a spot GPU taken back): the job continues
+    /// at a smaller world size instead of waiting. 1 to `nodes`; unset, every
+    /// attempt runs on `nodes`. The trainer must load its checkpoint at any
+    /// world size (see `docs/checkpoint-contract.md`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1024))]
+    pub min_nodes: Option<u32>,
     /// At most 16 (default 0).
     #[cfg_attr(feature = "openapi", schema(maximum = 16))]
     pub gpus_per_node: u32,
@@ -43,6 +51,7 @@ impl Default for Resources {
     fn default() -> Self {
         Resources {
             nodes: 1,
+            min_nodes: None,
             gpus_per_node: 0,
             cpus: 1,
             memory_mb: 4096,
@@ -64,6 +73,14 @@ impl JobSpec {
                 "resources.nodes",
                 format!("{} is out of range 1..={MAX_NODES}", r.nodes),
             ));
+        }
+        if let Some(min) = r.min_nodes {
+            if !(1..=r.nodes).contains(&min) {
+                return Err(SpecError::invalid(
+                    "resources.min_nodes",
+                    format!("{min} is out of range 1..={} (resources.nodes)", r.nodes),
+                ));
+            }
         }
         if r.gpus_per_node > MAX_GPUS_PER_NODE {
             return Err(SpecError::invalid(

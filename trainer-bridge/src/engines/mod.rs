@@ -49,7 +49,12 @@ pub struct Launch {
     /// EDGELOOP_* variables, NCCL settings, user env).
     pub env: BTreeMap<String, String>,
     pub workdir: PathBuf,
+    /// The nodes this attempt asks for.
     pub nodes: u32,
+    /// The fewest nodes it may run on (`resources.min_nodes`), where the
+    /// engine sees fewer free: the local engine counts its free GPUs, Slurm
+    /// allocates a node range. `None`: exactly `nodes`.
+    pub min_nodes: Option<u32>,
     pub gpus_per_node: u32,
     pub cpus_per_node: u32,
     pub memory_mb: u64,

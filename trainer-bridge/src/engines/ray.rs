@@ -659,6 +659,7 @@ mod tests {
             env: BTreeMap::from([("EDGELOOP_JOB_ID".to_string(), "job-1".to_string())]),
             workdir: PathBuf::from("/work/run 1"),
             nodes: 1,
+            min_nodes: None,
             gpus_per_node: 1,
             cpus_per_node: 2,
             memory_mb: 512,

@@ -253,6 +253,7 @@ mod tests {
             env: BTreeMap::from([("EDGELOOP_JOB_ID".to_string(), "job-1".to_string())]),
             workdir: PathBuf::from("/work/job"),
             nodes: 2,
+            min_nodes: None,
             gpus_per_node: 2,
             cpus_per_node: 8,
             memory_mb: 1000,

@@ -38,6 +38,7 @@ pub(super) fn launch() -> Launch {
         ]),
         workdir: PathBuf::from("/data/jobs/train-1a2b3c4d"),
         nodes: 2,
+        min_nodes: None,
         gpus_per_node: 4,
         cpus_per_node: 16,
         memory_mb: 64000,

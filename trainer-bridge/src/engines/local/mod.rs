@@ -12,9 +12,11 @@
 
 pub mod container;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use async_trait::async_trait;
 use nix::sys::signal::{killpg, Signal};
@@ -27,9 +29,16 @@ use super::{
 };
 use container::{ContainerRun, ContainerRuntime};
 
+/// Reads this machine's GPUs again (`nvidia-smi`, or the injected facts).
+pub type GpuSource = Arc<dyn Fn() -> anyhow::Result<LocalGpus> + Send + Sync>;
+
 pub struct LocalEngine {
     state_dir: PathBuf,
-    gpus: LocalGpus,
+    /// The GPUs as last read.
+    gpus: RwLock<LocalGpus>,
+    /// Where they are read again, at every facts refresh and submission, so
+    /// a GPU that fell off the bus is no longer handed out; `None`: fixed.
+    gpu_source: Option<GpuSource>,
     /// What runs a job's `image`; `None`: such a job is refused.
     container: Option<ContainerRuntime>,
     /// Serializes submissions, so two jobs never pick the same free GPU.
@@ -47,7 +56,8 @@ impl LocalEngine {
         std::fs::create_dir_all(state_dir)?;
         Ok(Self {
             state_dir: state_dir.to_path_buf(),
-            gpus,
+            gpus: RwLock::new(gpus),
+            gpu_source: None,
             container: None,
             allocating: tokio::sync::Mutex::new(()),
         })
@@ -59,6 +69,32 @@ impl LocalEngine {
             container: runtime,
             ..self
         }
+    }
+
+    /// The engine reading its GPUs from `source` each time it needs them.
+    pub fn with_gpu_source(self, source: Option<GpuSource>) -> Self {
+        Self {
+            gpu_source: source,
+            ..self
+        }
+    }
+
+    /// This machine's GPUs now: read again where there is a source (a read
+    /// that fails keeps the last answer, and says so).
+    async fn current_gpus(&self) -> LocalGpus {
+        if let Some(source) = self.gpu_source.clone() {
+            match tokio::task::spawn_blocking(move || source()).await {
+                Ok(Ok(gpus)) => {
+                    *self.gpus.write().unwrap_or_else(PoisonError::into_inner) = gpus;
+                }
+                Ok(Err(e)) => tracing::warn!("reading this machine's GPUs again: {e:#}"),
+                Err(e) => tracing::warn!("reading this machine's GPUs again: {e}"),
+            }
+        }
+        self.gpus
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn runtime(&self) -> Result<&ContainerRuntime, EngineError> {
@@ -113,27 +149,60 @@ impl LocalEngine {
         Ok(busy)
     }
 
-    /// Picks `per_node` free GPUs of the pool's type for each of `nodes`
-    /// process groups; the groups' `CUDA_VISIBLE_DEVICES`.
-    async fn allocate(&self, launch: &Launch) -> Result<Vec<Vec<u32>>, EngineError> {
-        let per_node = launch.gpus_per_node as usize;
-        let groups = launch.nodes.max(1) as usize;
+    /// The free GPUs of the pool's type, and how many GPUs the machine has.
+    async fn free_gpus(&self, launch: &Launch) -> Result<(Vec<u32>, usize), EngineError> {
         let wanted_type = launch.pool.as_ref().and_then(|p| p.gpu_type.as_deref());
         let busy = self.busy_gpus().await?;
-        let free: Vec<u32> = self
-            .gpus
+        let gpus = self.current_gpus().await;
+        let free = gpus
             .gpus
             .iter()
             .filter(|g| wanted_type.is_none_or(|t| g.name == t))
             .map(|g| g.index)
             .filter(|i| !busy.contains(i))
             .collect();
+        Ok((free, gpus.gpus.len()))
+    }
+
+    /// `launch` at the nodes its free GPUs hold, where it is elastic
+    /// (`min_nodes`) and fewer than it asks for are free.
+    async fn fit_to_free_gpus<'a>(
+        &self,
+        launch: &'a Launch,
+    ) -> Result<Cow<'a, Launch>, EngineError> {
+        if launch.gpus_per_node == 0 || launch.min_nodes.is_none() {
+            return Ok(Cow::Borrowed(launch));
+        }
+        let (free, _) = self.free_gpus(launch).await?;
+        let fit = u32::try_from(free.len()).unwrap_or(u32::MAX) / launch.gpus_per_node;
+        let nodes = crate::launch::nodes_to_run(launch.nodes, launch.min_nodes, Some(fit));
+        if nodes == launch.nodes {
+            return Ok(Cow::Borrowed(launch));
+        }
+        tracing::info!(
+            job = %launch.job_id,
+            attempt = launch.attempt,
+            "runs on {nodes} of its {} nodes: {} GPUs are free",
+            launch.nodes,
+            free.len()
+        );
+        Ok(Cow::Owned(Launch {
+            nodes,
+            ..launch.clone()
+        }))
+    }
+
+    /// Picks `per_node` free GPUs of the pool's type for each of `nodes`
+    /// process groups; the groups' `CUDA_VISIBLE_DEVICES`.
+    async fn allocate(&self, launch: &Launch) -> Result<Vec<Vec<u32>>, EngineError> {
+        let per_node = launch.gpus_per_node as usize;
+        let groups = launch.nodes.max(1) as usize;
+        let (free, total) = self.free_gpus(launch).await?;
         let need = per_node * groups;
         if free.len() < need {
             return Err(EngineError::Unavailable(format!(
-                "needs {need} free GPUs on this machine, {} of {} are free",
+                "needs {need} free GPUs on this machine, {} of {total} are free",
                 free.len(),
-                self.gpus.gpus.len()
             )));
         }
         Ok(free[..need].chunks(per_node).map(<[u32]>::to_vec).collect())
@@ -346,8 +415,9 @@ impl Engine for LocalEngine {
                 Some((runtime, runnable))
             }
         };
-        let mut envs = process_envs(launch)?;
         let _allocating = self.allocating.lock().await;
+        let launch = &*self.fit_to_free_gpus(launch).await?;
+        let mut envs = process_envs(launch)?;
         let mut held_by: Vec<Vec<u32>> = vec![Vec::new(); envs.len()];
         if launch.gpus_per_node > 0 {
             let groups = self.allocate(launch).await?;
@@ -541,7 +611,7 @@ impl Engine for LocalEngine {
     }
 
     async fn pools(&self) -> Result<Vec<NodePool>, EngineError> {
-        let mut pools = local_pools(&self.gpus);
+        let mut pools = local_pools(&self.current_gpus().await);
         for p in &mut pools {
             p.containers = self.container.iter().map(|r| r.kind.way()).collect();
         }
