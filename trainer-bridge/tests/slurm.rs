@@ -305,6 +305,40 @@ async fn torchrun_launcher_starts_one_task_per_process() {
     }
 }
 
+/// An elastic job asking for 2 to 3 nodes on this one-node cluster runs on
+/// the node there is, with the world size of what Slurm allocated (a job
+/// that is not elastic would wait for nodes that never come).
+#[tokio::test]
+async fn an_elastic_job_runs_on_the_nodes_slurm_allocates() {
+    let engine = engine();
+    let dir = tempdir();
+    let mut l = launch(
+        dir.path(),
+        "elastic",
+        &["/bin/sh", "-c", "env > \"env-$RANK.txt\""],
+    );
+    l.launcher = Launcher::Torchrun { nproc_per_node: 2 };
+    l.cpus_per_node = 2;
+    l.nodes = 3;
+    l.min_nodes = Some(1);
+    let id = engine.submit(&l).await.unwrap();
+    let state = wait_for(&engine, &id, 60, EngineState::is_terminal).await;
+    assert_eq!(
+        state,
+        EngineState::Succeeded,
+        "logs: {}",
+        engine.logs(&id).await.unwrap()
+    );
+    for rank in ["0", "1"] {
+        let env =
+            env_map(&std::fs::read_to_string(dir.path().join(format!("env-{rank}.txt"))).unwrap());
+        assert_eq!(env["RANK"], rank);
+        assert_eq!(env["NNODES"], "1");
+        assert_eq!(env["WORLD_SIZE"], "2");
+    }
+    assert!(!dir.path().join("env-2.txt").exists());
+}
+
 /// The test image `scripts/containers-up.sh` built, with the runtime's
 /// config file in this process's environment for every `podman` it starts.
 fn containers_image() -> String {

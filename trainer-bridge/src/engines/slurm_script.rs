@@ -74,8 +74,21 @@ pub fn batch_script_in(
             "the command contains a NUL byte".to_string(),
         ));
     }
-    let nodes = launch.nodes.max(1);
     let per_node = tasks_per_node(&launch.launcher);
+    // An elastic job learns its size from the allocation Slurm made.
+    let (nodes, tasks) = match node_range(launch) {
+        None => {
+            let nodes = launch.nodes.max(1);
+            (
+                nodes.to_string(),
+                (u64::from(nodes) * u64::from(per_node)).to_string(),
+            )
+        }
+        Some(_) => (
+            "$SLURM_JOB_NUM_NODES".to_string(),
+            format!("$((SLURM_JOB_NUM_NODES * {per_node}))"),
+        ),
+    };
     let cpus_per_task = (launch.cpus_per_node / per_node).max(1);
     let command = launch
         .command
@@ -95,8 +108,7 @@ pub fn batch_script_in(
     );
     let _ = writeln!(s, "set -eu");
     let mut srun = format!(
-        "exec srun --nodes={nodes} --ntasks={} --ntasks-per-node={per_node} --cpus-per-task={cpus_per_task} --kill-on-bad-exit=1",
-        u64::from(nodes) * u64::from(per_node)
+        "exec srun --nodes={nodes} --ntasks={tasks} --ntasks-per-node={per_node} --cpus-per-task={cpus_per_task} --kill-on-bad-exit=1"
     );
     if let Some(c) = container {
         for word in c.srun_options().iter().chain(&c.command_prefix()) {
@@ -119,8 +131,7 @@ pub fn batch_script_in(
             let _ = writeln!(s, "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))");
             let _ = writeln!(
                 s,
-                "export NNODES={nodes} NPROC_PER_NODE={per_node} WORLD_SIZE={}",
-                u64::from(nodes) * u64::from(per_node)
+                "export NNODES={nodes} NPROC_PER_NODE={per_node} WORLD_SIZE={tasks}"
             );
             let task = format!(
                 "export RANK=\"$SLURM_PROCID\" LOCAL_RANK=\"$SLURM_LOCALID\" NODE_RANK=\"$SLURM_NODEID\" LOCAL_WORLD_SIZE={per_node}; exec \"$@\""
@@ -133,6 +144,16 @@ pub fn batch_script_in(
         }
     }
     Ok(s)
+}
+
+/// The node range `(min, max)` of an elastic launch, which Slurm allocates
+/// from (`--nodes=min-max`); `None`: exactly `launch.nodes`.
+fn node_range(launch: &Launch) -> Option<(u32, u32)> {
+    let max = launch.nodes.max(1);
+    launch
+        .min_nodes
+        .filter(|&min| (1..max).contains(&min))
+        .map(|min| (min, max))
 }
 
 /// Escapes `%` in an output path (Slurm expands `%j` and friends), unless the
@@ -196,14 +217,11 @@ pub fn submit_body_in(
     }
     let workdir = cwd.join(&launch.workdir);
     let log_path = workdir.join(&launch.log_path);
-    let nodes = launch.nodes.max(1);
     let per_node = tasks_per_node(&launch.launcher);
 
     let mut job = json!({
         "name": launch.name,
         "comment": format!("edgeloop job {} attempt {}", launch.job_id, launch.attempt),
-        "nodes": nodes.to_string(),
-        "tasks": u64::from(nodes) * u64::from(per_node),
         "tasks_per_node": per_node,
         "cpus_per_task": (launch.cpus_per_node / per_node).max(1),
         "current_working_directory": utf8_path("working directory", &workdir)?,
@@ -212,6 +230,15 @@ pub fn submit_body_in(
         // The bridge restarts failed jobs itself, from a checkpoint.
         "requeue": false,
     });
+    match node_range(launch) {
+        // Slurm picks the count in the range; the tasks follow from it.
+        Some((min, max)) => job["nodes"] = json!(format!("{min}-{max}")),
+        None => {
+            let nodes = launch.nodes.max(1);
+            job["nodes"] = json!(nodes.to_string());
+            job["tasks"] = json!(u64::from(nodes) * u64::from(per_node));
+        }
+    }
     if launch.memory_mb > 0 {
         job["memory_per_node"] = json!(launch.memory_mb);
     }
@@ -474,6 +501,63 @@ mod tests {
                 assert_eq!(env, "3 1 1 4 node-a 22345 2 2");
             }
         }
+    }
+
+    /// An elastic launch asks Slurm for a node range and takes its world
+    /// size from the allocation: run with the stand-ins, an allocation of
+    /// 3 nodes of a 2..=4 range gives 6 ranks.
+    #[test]
+    fn an_elastic_launch_asks_for_a_node_range_and_sizes_itself_from_the_allocation() {
+        let mut l = launch();
+        l.nodes = 4;
+        l.min_nodes = Some(2);
+        let body = submit_body(&l, None, "/usr/bin:/bin", Path::new("/")).unwrap();
+        assert_eq!(body["job"]["nodes"], "2-4");
+        assert!(body["job"].get("tasks").is_none(), "{body}");
+        assert_eq!(body["job"]["tasks_per_node"], 2);
+        let script = body["script"].as_str().unwrap();
+        assert!(
+            script.contains(
+                "export NNODES=$SLURM_JOB_NUM_NODES NPROC_PER_NODE=2 WORLD_SIZE=$((SLURM_JOB_NUM_NODES * 2))\n"
+            ),
+            "{script}"
+        );
+        assert!(
+            script.contains(
+                "exec srun --nodes=$SLURM_JOB_NUM_NODES --ntasks=$((SLURM_JOB_NUM_NODES * 2)) --ntasks-per-node=2 "
+            ),
+            "{script}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let srun = dir.path().join("srun");
+        std::fs::write(
+            &srun,
+            format!(
+                "#!/bin/bash\necho \"$1 $2\" > {}\n",
+                shell_quote(out.to_str().unwrap())
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&srun, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let status = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .env("PATH", format!("{}:/usr/bin:/bin", dir.path().display()))
+            .env("SLURM_JOB_NUM_NODES", "3")
+            .env("SLURM_JOB_ID", "7")
+            .status()
+            .unwrap();
+        assert!(status.success(), "{script}");
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "--nodes=3 --ntasks=6\n"
+        );
+        // min_nodes = nodes is no range.
+        l.min_nodes = Some(4);
+        let body = submit_body(&l, None, "/usr/bin:/bin", Path::new("/")).unwrap();
+        assert_eq!((&body["job"]["nodes"], &body["job"]["tasks"]), (&json!("4"), &json!(8)));
     }
 
     #[test]
