@@ -526,7 +526,11 @@ async fn the_pytorch_trainer_runs_ddp_in_containers_and_continues_on_one_rank_an
         (Some(steps), Some(3)),
         "{done}"
     );
-    assert_eq!((done["restarts"].as_u64(), done["preemptions"].as_u64()), (Some(1), Some(1)), "{done}");
+    assert_eq!(
+        (done["restarts"].as_u64(), done["preemptions"].as_u64()),
+        (Some(1), Some(1)),
+        "{done}"
+    );
     assert!(log(2).contains("SIGTERM: committed step"), "{}", log(2));
     let third = log(3);
     assert!(third.contains("world size 2"), "{third}");

@@ -246,6 +246,14 @@ pub fn pool_refusals(spec: &JobSpec, pool: &NodePool) -> Vec<Refusal> {
                  --container-runtime (podman or docker); leave `image` out to run the command \
                  on the host"
                     .to_string()
+            } else if pool.engine == "ray" {
+                // Why, in docs/containers.md: Ray's `image_uri` mounts no job
+                // directory and needs Ray itself inside the image.
+                format!(
+                    "{name} runs no per-job images: Ray runs its jobs in the image its nodes run \
+                     (e.g. the RayCluster's image on KubeRay); leave `image` out, or run the \
+                     job on an engine that runs images"
+                )
             } else {
                 format!(
                     "{name} runs no container images (its bridge reports no pyxis, Slurm OCI, \

@@ -615,6 +615,19 @@ fn an_image_is_refused_where_no_pool_runs_one_naming_the_field() {
     // With a way, the image is no reason to refuse.
     each(&mut cluster, |p| p.containers = vec![ContainerWay::Pyxis]);
     assert!(check(&spec, &cluster).is_ok());
+    // Ray runs its jobs in its nodes' image, and says so.
+    cluster.engines = vec!["ray".into()];
+    spec.engine = Some(edgeloop_trainer_bridge::spec::EngineKind::Ray);
+    each(&mut cluster, |p| p.containers = vec![]);
+    let got = refusals(&spec, &cluster);
+    assert_eq!(got[0].field, "image");
+    assert!(
+        got[0]
+            .reason
+            .contains("ray pool \"gpu\" runs no per-job images")
+            && got[0].reason.contains("KubeRay"),
+        "{got:?}"
+    );
 }
 
 #[test]

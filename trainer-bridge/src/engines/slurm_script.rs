@@ -557,7 +557,10 @@ mod tests {
         // min_nodes = nodes is no range.
         l.min_nodes = Some(4);
         let body = submit_body(&l, None, "/usr/bin:/bin", Path::new("/")).unwrap();
-        assert_eq!((&body["job"]["nodes"], &body["job"]["tasks"]), (&json!("4"), &json!(8)));
+        assert_eq!(
+            (&body["job"]["nodes"], &body["job"]["tasks"]),
+            (&json!("4"), &json!(8))
+        );
     }
 
     #[test]
