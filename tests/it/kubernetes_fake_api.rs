@@ -542,3 +542,44 @@ async fn fake_api_the_default_node_is_one_cpu_pool() {
     assert_eq!(p.memory_mb_per_node, 32 * 1024);
     assert!(p.placement.is_empty());
 }
+
+/// A tag the node resolves is pinned from the started pod's `imageID`
+/// (the fake kubelet reports a stand-in digest of the tag), and the next
+/// attempt's pods name that digest, not the tag.
+#[tokio::test]
+async fn fake_api_a_tag_is_pinned_to_the_digest_the_node_resolved() {
+    let fake = FakeKubernetes::start().await;
+    let engine = engine(&fake);
+    let dir = tempfile::tempdir().unwrap();
+    let mut l = launch(dir.path(), "pin-0000beef", "true");
+    let reference = l.image.clone().unwrap();
+    let id = engine.submit(&l).await.unwrap();
+    assert_eq!(terminal(&engine, &id, 30).await, EngineState::Succeeded);
+    let pin = engine
+        .resolved_image(&id, &reference)
+        .await
+        .unwrap()
+        .expect("pinned once a pod started");
+    assert_eq!(pin.kind, edgeloop_api::images::PinKind::Manifest);
+    assert_eq!(
+        pin.digest,
+        edgeloop_models::Digest::of(reference.as_bytes())
+    );
+    assert_eq!(pin.reference, reference);
+
+    l.attempt = 2;
+    l.pinned_image = Some(pin.clone());
+    let id2 = engine.submit(&l).await.unwrap();
+    let job = fake.job(NS, &id2.0).unwrap();
+    let image = job.spec.unwrap().template.spec.unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap();
+    assert_eq!(image, format!("{reference}@sha256:{}", pin.digest));
+    assert_eq!(terminal(&engine, &id2, 30).await, EngineState::Succeeded);
+    assert_eq!(
+        engine.resolved_image(&id2, &reference).await.unwrap(),
+        Some(pin)
+    );
+    assert!(fake.unexpected().is_empty(), "{:?}", fake.unexpected());
+}

@@ -126,10 +126,27 @@ async fn fake_api_kubernetes_jobs_run_the_contract_trainer_resume_and_cancel() {
         failed.message.unwrap_or_default().contains("exit code 137"),
         "SIGKILL is exit code 137 in a container"
     );
-    assert!(
-        fake.job(NS, &format!("{id}-2")).is_some(),
-        "{:?}",
-        fake.jobs()
+    // The tag was pinned to the digest the node resolved as attempt 1
+    // started, and attempt 2's pods ran that digest, not the tag.
+    let reference = "registry.example/edgeloop/contract-trainer:1";
+    let resolved = edgeloop_models::Digest::of(reference.as_bytes()).to_string();
+    assert_eq!(
+        (
+            &done["image"]["reference"],
+            &done["image"]["digest"],
+            &done["image"]["kind"]
+        ),
+        (&json!(reference), &json!(resolved), &json!("manifest")),
+        "{done}"
+    );
+    let second = fake
+        .job(NS, &format!("{id}-2"))
+        .unwrap_or_else(|| panic!("{:?}", fake.jobs()));
+    assert_eq!(
+        second.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some(format!("{reference}@sha256:{resolved}").as_str())
     );
 
     // 3. Cancel: the Job and its Service are deleted, the process stopped.

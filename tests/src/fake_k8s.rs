@@ -11,7 +11,9 @@
 //! process per completion index, running the container's `command` + `args`
 //! (the image is ignored) in its `workingDir`, with the container's `env`
 //! (`$(VAR)` expansion and the downward API's completion index resolved as
-//! the kubelet does) plus `JOB_COMPLETION_INDEX`. Pod and Job status come
+//! the kubelet does) plus `JOB_COMPLETION_INDEX`. A started container's
+//! `imageID` is the digest its reference names, or a stand-in digest of
+//! the reference for a tag ([`resolved_image_id`]). Pod and Job status come
 //! from the real exit codes: the pod failure policy's `FailJob` rules and
 //! `backoffLimit`, the `FailureTarget` then `Failed` conditions once every
 //! pod has stopped, `SuccessCriteriaMet` and `Complete`. Deleting a Job with
@@ -858,14 +860,41 @@ fn new_pod(job: &Job, ns: &str, pod_name: &str, index: i32) -> Pod {
 
 fn container_status(pod: &Pod, state: ContainerState, ready: bool) -> ContainerStatus {
     let c = &pod.spec.as_ref().unwrap().containers[0];
+    let image = c.image.clone().unwrap_or_default();
+    // A kubelet reports the image's manifest once the container started.
+    let started = state.running.is_some() || state.terminated.is_some();
     ContainerStatus {
         name: c.name.clone(),
-        image: c.image.clone().unwrap_or_default(),
-        image_id: String::new(),
+        image_id: if started {
+            resolved_image_id(&image)
+        } else {
+            String::new()
+        },
+        image,
         ready,
         restart_count: 0,
         state: Some(state),
         ..Default::default()
+    }
+}
+
+/// The `imageID` a kubelet would report for `image`: the digest a
+/// reference names, else a stand-in for the registry's answer for a tag
+/// (the sha256 of the reference; the fake has no registry), after the name
+/// without its tag, as containerd writes it.
+pub fn resolved_image_id(image: &str) -> String {
+    match image.split_once('@') {
+        Some(_) => image.to_string(),
+        None => {
+            let name = match image.rsplit_once(':') {
+                Some((name, tag)) if !tag.contains('/') => name,
+                _ => image,
+            };
+            format!(
+                "{name}@sha256:{}",
+                edgeloop_models::Digest::of(image.as_bytes())
+            )
+        }
     }
 }
 

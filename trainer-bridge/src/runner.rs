@@ -444,7 +444,7 @@ impl Runner {
             self.fail(&id, attempt, e).await;
             return;
         }
-        let pinned_image = match self.pin_image(&job, &spec, engine.as_ref()).await {
+        let mut pinned_image = match self.pin_image(&job, &spec, engine.as_ref()).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(job = %id, error = %e, "the job's image cannot run here");
@@ -597,6 +597,14 @@ impl Runner {
                     },
                 };
                 last_state = state.clone();
+                if let (None, Some(reference)) = (&pinned_image, &spec.image) {
+                    // A tag the node resolved as the attempt started: pinned
+                    // now, reported below, and run by every later attempt.
+                    if let Ok(Some(pin)) = engine.resolved_image(&engine_id, reference).await {
+                        tracing::info!(job = %id, image = %pin, "pinned the image the engine resolved");
+                        pinned_image = Some(pin);
+                    }
+                }
                 let committed = scanner.scan(&ckpt_dir);
                 let pending: Vec<&Committed> = committed
                     .iter()

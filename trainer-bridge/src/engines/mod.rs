@@ -175,6 +175,18 @@ pub trait Engine: Send + Sync {
             self.name()
         )))
     }
+    /// What a running attempt's image `reference` resolved to, where the
+    /// engine learns it only as the attempt starts (Kubernetes pulls a tag
+    /// on the node): the runner pins the job to it, so no later attempt
+    /// runs a moved tag. The default knows nothing beyond
+    /// [`Engine::pin_image`].
+    async fn resolved_image(
+        &self,
+        _id: &EngineJobId,
+        _reference: &str,
+    ) -> Result<Option<PinnedImage>, EngineError> {
+        Ok(None)
+    }
     async fn submit(&self, launch: &Launch) -> Result<EngineJobId, EngineError>;
     async fn status(&self, id: &EngineJobId) -> Result<EngineState, EngineError>;
     async fn cancel(&self, id: &EngineJobId) -> Result<(), EngineError>;

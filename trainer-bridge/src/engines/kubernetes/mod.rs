@@ -532,6 +532,18 @@ impl Engine for KubernetesEngine {
         Ok(map_status(&job, &pods))
     }
 
+    async fn resolved_image(
+        &self,
+        id: &EngineJobId,
+        reference: &str,
+    ) -> Result<Option<PinnedImage>, EngineError> {
+        let name = checked_name(id)?;
+        Ok(status::resolved_image(
+            reference,
+            &self.pods_of(name).await?,
+        ))
+    }
+
     async fn cancel(&self, id: &EngineJobId) -> Result<(), EngineError> {
         let name = checked_name(id)?;
         self.cancelled

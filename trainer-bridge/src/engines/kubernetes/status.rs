@@ -15,6 +15,9 @@ use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use edgeloop_api::images::{PinKind, PinnedImage};
+use edgeloop_models::Digest;
+
 use super::CONTAINER_NAME;
 use crate::engines::EngineState;
 
@@ -109,6 +112,46 @@ pub fn map_status(job: &Job, pods: &[Pod]) -> EngineState {
     } else {
         EngineState::Pending
     }
+}
+
+/// The image `reference` resolved to where the trainer ran: the kubelet's
+/// `imageID` of the first pod (by name, so node 0's) that has one, as a
+/// manifest pin a retry can run on any node (`name@sha256:…`). `None` while
+/// no container has started, and for an `imageID` that names no manifest a
+/// registry serves (a bare `sha256:` image ID of an image loaded onto the
+/// node): a retry then pulls the reference as it is.
+pub fn resolved_image(reference: &str, pods: &[Pod]) -> Option<PinnedImage> {
+    let mut ids: Vec<(&str, &str)> = pods
+        .iter()
+        .filter_map(|p| {
+            let name = p.metadata.name.as_deref()?;
+            let statuses = p.status.as_ref()?.container_statuses.as_ref()?;
+            let st = statuses.iter().find(|s| s.name == CONTAINER_NAME)?;
+            Some((name, st.image_id.as_str())).filter(|(_, id)| !id.is_empty())
+        })
+        .collect();
+    ids.sort_unstable();
+    let (_, image_id) = ids.first()?;
+    manifest_of_image_id(image_id).map(|digest| PinnedImage {
+        reference: reference.to_string(),
+        digest,
+        kind: PinKind::Manifest,
+    })
+}
+
+/// The manifest digest of a kubelet `imageID`: `name@sha256:<hex>`, with
+/// the scheme some runtimes put before it (`docker-pullable://`).
+fn manifest_of_image_id(image_id: &str) -> Option<Digest> {
+    let id = image_id
+        .split_once("://")
+        .map_or(image_id, |(_, rest)| rest);
+    let (name, digest) = id.split_once('@')?;
+    if name.is_empty() {
+        return None;
+    }
+    let hex = digest.strip_prefix("sha256:")?;
+    let lower_hex = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    lower_hex.then(|| hex.parse().ok()).flatten()
 }
 
 #[cfg(test)]
@@ -238,5 +281,62 @@ mod tests {
         );
         assert_eq!(failure_exit_code("", &pods), Some(137));
         assert_eq!(failure_exit_code("", &[]), None);
+    }
+
+    fn pod_with_image_id(name: &str, image_id: &str) -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name},
+            "status": {"containerStatuses": [{
+                "name": CONTAINER_NAME, "image": "i", "imageID": image_id,
+                "ready": true, "restartCount": 0,
+            }]},
+        }))
+        .unwrap()
+    }
+
+    /// (imageID, pinned?) for what kubelets with containerd, CRI-O and
+    /// dockershim report.
+    #[test]
+    fn a_started_pods_image_id_pins_the_manifest() {
+        let hex = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let table: Vec<(String, bool)> = vec![
+            (format!("ghcr.io/acme/train@sha256:{hex}"), true),
+            (format!("docker.io/library/busybox@sha256:{hex}"), true),
+            (format!("docker-pullable://busybox@sha256:{hex}"), true),
+            // Nothing a registry serves, or not a digest at all.
+            (format!("sha256:{hex}"), false),
+            (format!("@sha256:{hex}"), false),
+            ("ghcr.io/acme/train@sha256:abc".to_string(), false),
+            (
+                format!("ghcr.io/acme/train@sha256:{}", hex.to_uppercase()),
+                false,
+            ),
+            (format!("ghcr.io/acme/train@md5:{hex}"), false),
+            (String::new(), false),
+        ];
+        for (image_id, pinned) in &table {
+            let pods = [pod_with_image_id("j-1-0", image_id)];
+            let got = resolved_image("ghcr.io/acme/train:1", &pods);
+            assert_eq!(got.is_some(), *pinned, "{image_id:?}: {got:?}");
+            if let Some(pin) = got {
+                assert_eq!(pin.kind, PinKind::Manifest);
+                assert_eq!(pin.digest.to_string(), hex);
+                assert_eq!(pin.runnable(), format!("ghcr.io/acme/train:1@sha256:{hex}"));
+            }
+        }
+        // Node 0's pod decides, whichever order the API lists them in.
+        let other = "f".repeat(64);
+        let pods = [
+            pod_with_image_id("j-1-1", &format!("x@sha256:{other}")),
+            pod_with_image_id("j-1-0", &format!("x@sha256:{hex}")),
+        ];
+        let pin = resolved_image("x:1", &pods).unwrap();
+        assert_eq!(pin.digest.to_string(), hex);
+        // A pod not started yet has none.
+        assert_eq!(
+            resolved_image("x:1", &[pod_with_image_id("j-1-0", "")]),
+            None
+        );
     }
 }
