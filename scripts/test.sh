@@ -35,6 +35,10 @@ scripts/python-apitest.sh
 scripts/fetch-zoo.sh
 # A real browser for the web console's tests (tests/it/console.rs).
 scripts/fetch-chromium.sh
+# Helm v4's Go SDK, which renders and lints the chart (tests/it/helm_chart.rs).
+scripts/helm-env.sh
+# dpkg-dev, buildah and lintian for scripts/package.sh (tests/it/packages.rs).
+scripts/package-tools.sh
 # PyTorch for the PyTorch reference trainer's DDP runs (workloads/pytorch and
 # tests/it/pytorch.rs): 5.6 GB with its CUDA runtime wheels, 72 s cold.
 EDGELOOP_TORCH_PYTHON="$(scripts/torch-env.sh | tail -n 1)"

@@ -53,11 +53,15 @@ pub async fn shutdown_on_signals(shutdown: tokio_util::sync::CancellationToken) 
 
 /// Logs to stderr; the level comes from `EDGELOOP_LOG` (default `info`).
 pub fn init_tracing() {
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("EDGELOOP_LOG")
                 .unwrap_or_else(|_| "info".into()),
         )
+        // Colours for a person at a terminal; the journal and a container's
+        // log get plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }

@@ -77,6 +77,8 @@ pub enum RuntimeError {
 enum LibrarySource {
     Explicit,
     EnvOrtDylibPath,
+    /// Beside the executable, as a package or the offline bundle installs it.
+    Installed,
     DefaultLocation,
 }
 
@@ -88,7 +90,13 @@ struct ResolutionEnv {
     ort_dylib_path: Option<OsString>,
     edgeloop_deps: Option<OsString>,
     home: Option<OsString>,
+    /// The library installed beside this executable, when it is there.
+    installed: Option<PathBuf>,
 }
+
+/// Where a package or the offline bundle puts the library, relative to the
+/// directory of the binary that loads it: `bin/x` finds `lib/edgeloop/`.
+pub const INSTALLED_DIR: &str = "../lib/edgeloop";
 
 impl ResolutionEnv {
     fn from_process() -> Self {
@@ -98,8 +106,17 @@ impl ResolutionEnv {
             ort_dylib_path: var(ORT_DYLIB_PATH_ENV),
             edgeloop_deps: var(DEPS_DIR_ENV),
             home: var("HOME"),
+            installed: installed_beside(std::env::current_exe().ok().as_deref()),
         }
     }
+}
+
+/// The library at [`INSTALLED_DIR`] from `exe`'s real directory, if there.
+fn installed_beside(exe: Option<&Path>) -> Option<PathBuf> {
+    let exe = std::fs::canonicalize(exe?).ok()?;
+    let dir = exe.parent()?.parent()?;
+    let path = dir.join("lib").join("edgeloop").join(LIBRARY_FILE_NAME);
+    path.is_file().then_some(path)
 }
 
 fn fetch_hint() -> String {
@@ -120,6 +137,9 @@ fn resolve(
     }
     if let Some(path) = &env.ort_dylib_path {
         return Ok((PathBuf::from(path), LibrarySource::EnvOrtDylibPath));
+    }
+    if let Some(path) = &env.installed {
+        return Ok((path.clone(), LibrarySource::Installed));
     }
     let deps = match (&env.edgeloop_deps, &env.home) {
         (Some(deps), _) => PathBuf::from(deps),
@@ -159,6 +179,11 @@ fn check_library_file(path: &Path, source: LibrarySource) -> Result<PathBuf, Run
                 }
                 LibrarySource::EnvOrtDylibPath => format!(
                     "{ORT_DYLIB_PATH_ENV} names a file that does not exist; fix or unset it, or {}",
+                    fetch_hint()
+                ),
+                LibrarySource::Installed => format!(
+                    "it was beside the executable a moment ago; reinstall the package or \
+                     bundle, or {}",
                     fetch_hint()
                 ),
                 LibrarySource::DefaultLocation => format!(
@@ -249,7 +274,9 @@ impl OrtRuntime {
     /// 1. at `path`, if given;
     /// 2. at the file named by the environment variable `ORT_DYLIB_PATH`, if set and
     ///    non-empty;
-    /// 3. at the default location
+    /// 3. beside the executable, at `<its dir>/../lib/edgeloop/libonnxruntime.so.1.31.1`,
+    ///    if it is there (a package or the offline bundle put it there);
+    /// 4. at the default location
     ///    `<EDGELOOP_DEPS or ~/.edgeloop/deps>/onnxruntime-1.31.1/libonnxruntime.so.1.31.1`
     ///    (`EDGELOOP_DEPS` if set and non-empty, else `$HOME/.edgeloop/deps`).
     ///
@@ -919,7 +946,46 @@ mod tests {
             ort_dylib_path: ort.map(OsString::from),
             edgeloop_deps: deps.map(OsString::from),
             home: home.map(OsString::from),
+            installed: None,
         }
+    }
+
+    /// The library beside the executable comes after an explicit path and
+    /// ORT_DYLIB_PATH, before the deps dir; it counts only where it is.
+    #[test]
+    fn an_installed_library_beside_the_executable_is_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("edgeloop"), b"").unwrap();
+        assert_eq!(installed_beside(Some(&bin.join("edgeloop"))), None);
+        let lib = dir.path().join("lib/edgeloop");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join(LIBRARY_FILE_NAME), b"").unwrap();
+        // Through a symlink to the binary, too (`/usr/local/bin/edgeloop`).
+        let link = dir.path().join("elsewhere");
+        std::os::unix::fs::symlink(bin.join("edgeloop"), &link).unwrap();
+        let found = installed_beside(Some(&link)).unwrap();
+        assert_eq!(
+            found,
+            std::fs::canonicalize(lib.join(LIBRARY_FILE_NAME)).unwrap()
+        );
+        let with = |ort: Option<&str>| ResolutionEnv {
+            installed: Some(found.clone()),
+            ..env(ort, Some("/deps"), Some("/home/u"))
+        };
+        assert_eq!(
+            resolve(None, &with(None)).unwrap(),
+            (found.clone(), LibrarySource::Installed)
+        );
+        assert_eq!(
+            resolve(None, &with(Some("/env/libort.so"))).unwrap().1,
+            LibrarySource::EnvOrtDylibPath
+        );
+        assert_eq!(
+            resolve(Some(Path::new("/x.so")), &with(None)).unwrap().1,
+            LibrarySource::Explicit
+        );
     }
 
     #[test]
@@ -969,6 +1035,7 @@ mod tests {
             ort_dylib_path: var(""),
             edgeloop_deps: var(""),
             home: var("/h"),
+            installed: None,
         };
         let (path, source) = resolve(None, &env).unwrap();
         assert_eq!(source, LibrarySource::DefaultLocation);
