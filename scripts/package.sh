@@ -289,8 +289,8 @@ bundle() {
     done
     # Beside the binaries: each finds it at <its dir>/../lib/edgeloop/.
     install -D -m 0644 "$ort_lib" "$root/lib/edgeloop/$ort_name"
-    for f in deploy/debian/*.service deploy/debian/*.toml; do
-        install -D -m 0644 "$repo/$f" "$root/share/edgeloop/$(basename "$f")"
+    for f in "$repo"/deploy/debian/*.service "$repo"/deploy/debian/*.toml; do
+        install -D -m 0644 "$f" "$root/share/edgeloop/$(basename "$f")"
     done
     install -m 0755 "$repo/deploy/offline/install.sh" "$root/install.sh"
     install -m 0644 "$repo/deploy/offline/README.md" "$root/README.md"

@@ -233,6 +233,7 @@ async fn the_packages_install_run_as_their_units_upgrade_keeping_state_and_purge
         ],
     );
     m.start_unit("edgeloop-control-plane");
+    edgeloop_client_core::install_crypto_provider();
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{http}");
     eventually(WAIT, "the packaged control plane is ready", || async {
@@ -273,6 +274,15 @@ async fn the_packages_install_run_as_their_units_upgrade_keeping_state_and_purge
                 "bootstrap-token",
                 format!("\"{}\"", token("device", "pkg-device").await),
             ),
+            (
+                "trusted-keys",
+                format!(
+                    "[\"{}\"]",
+                    edgeloop_models::manifest::ManifestKey::generate()
+                        .public()
+                        .to_hex()
+                ),
+            ),
             ("inference-listen", format!("\"127.0.0.1:{inference}\"")),
             (
                 "grpc-inference-listen",
@@ -293,18 +303,28 @@ async fn the_packages_install_run_as_their_units_upgrade_keeping_state_and_purge
     );
     m.start_unit("edgeloop-agent");
     m.start_unit("edgeloop-bridge");
-    let online = |what: &'static str, name: &'static str| {
+    let online = |what: &'static str, name: &'static str, unit: &'static str| {
         let (client, base, admin) = (client.clone(), base.clone(), admin.clone());
+        let m = &m;
         async move {
-            eventually(WAIT, &format!("{name} online"), || async {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
                 let (_, d) = get(&client, &format!("{base}/api/v1/{what}/{name}"), &admin).await;
-                (d["status"] == "online").then_some(d)
-            })
-            .await;
+                if d["status"] == "online" {
+                    return;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{name} not online: {d}\n{unit}'s log:\n{}\ncontrol plane's log:\n{}",
+                    m.log(unit),
+                    m.log("edgeloop-control-plane")
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
         }
     };
-    online("devices", "pkg-device").await;
-    online("clusters", "pkg-cluster").await;
+    online("devices", "pkg-device", "edgeloop-agent").await;
+    online("clusters", "pkg-cluster", "edgeloop-bridge").await;
     // The agent serves with the ONNX Runtime library its package ships.
     eventually(WAIT, "the agent's inference API is ready", || async {
         let (status, _) = get(
@@ -369,8 +389,8 @@ async fn the_packages_install_run_as_their_units_upgrade_keeping_state_and_purge
     assert_eq!(status, 200, "the old admin token still works: {devices}");
     m.start_unit("edgeloop-agent");
     m.start_unit("edgeloop-bridge");
-    online("devices", "pkg-device").await;
-    online("clusters", "pkg-cluster").await;
+    online("devices", "pkg-device", "edgeloop-agent").await;
+    online("clusters", "pkg-cluster", "edgeloop-bridge").await;
     for unit in [
         "edgeloop-agent",
         "edgeloop-bridge",
@@ -555,6 +575,7 @@ async fn the_control_plane_image_runs_non_root_and_answers_readyz() {
             .output()
             .unwrap(),
     );
+    edgeloop_client_core::install_crypto_provider();
     let client = reqwest::Client::new();
     let ready = eventually(WAIT, "the image's control plane is ready", || async {
         let (status, _) = get(&client, &format!("http://127.0.0.1:{http}/readyz"), "").await;
