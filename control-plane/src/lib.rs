@@ -468,10 +468,15 @@ fn http_tls_config(core: &Core, tls: &config::HttpTls) -> anyhow::Result<rustls:
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let server = Server::start(config).await?;
     if let Some(token) = server.new_admin_token() {
-        // Printed once, on the start that created it; the file keeps it.
-        println!("admin token: {token}");
+        use std::io::IsTerminal as _;
+        // Printed once, on the start that created it, and only to a person
+        // at a terminal: under systemd or in a container stdout is a log
+        // others read. The file keeps it either way.
+        if std::io::stdout().is_terminal() {
+            println!("admin token: {token}");
+        }
         println!(
-            "(saved to {}, mode 0600)",
+            "admin token created: {} (mode 0600)",
             server.admin_token_path().display()
         );
     }

@@ -242,6 +242,13 @@ async fn the_packages_install_run_as_their_units_upgrade_keeping_state_and_purge
     })
     .await;
     let admin = m.sh("cat /var/lib/edgeloop/admin.token").trim().to_string();
+    // The journal gets where the token is, never the token.
+    let cp_log = m.log("edgeloop-control-plane");
+    assert!(!cp_log.contains(&admin), "{cp_log}");
+    assert!(
+        cp_log.contains("admin token created: /var/lib/edgeloop/admin.token"),
+        "{cp_log}"
+    );
     assert_eq!(
         m.sh("stat -c '%U %a' /var/lib/edgeloop/admin.token").trim(),
         "edgeloop 600"
