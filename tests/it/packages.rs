@@ -726,3 +726,62 @@ fn the_offline_bundle_works_with_no_network_and_no_environment() {
     );
     assert!(version_out.contains("0.1.0"), "{version_out}");
 }
+
+/// The units set `MemoryDenyWriteExecute=yes`: ONNX Runtime's CPU kernels
+/// must then never need writable code. The kernel's own form of that rule
+/// (`PR_SET_MDWE`, Linux 6.3, kept across exec) on `edgeloop model
+/// quantize`, which loads the same library, builds sessions and runs every
+/// candidate: it succeeds, and a writable executable mapping is refused.
+#[test]
+fn onnx_runtime_runs_where_memory_may_not_be_writable_and_executable() {
+    // prctl from Python's ctypes, then exec: no unsafe block in the suite.
+    const MDWE: &str = "import ctypes, os, sys\n\
+        libc = ctypes.CDLL(None, use_errno=True)\n\
+        if libc.prctl(65, 1, 0, 0, 0) != 0:\n    sys.exit('PR_SET_MDWE: ' + os.strerror(ctypes.get_errno()))\n\
+        os.execvp(sys.argv[1], sys.argv[1:])\n";
+    let deny_write_execute = |program: &str| {
+        let mut cmd = Command::new("python3");
+        cmd.args(["-c", MDWE, program]);
+        cmd
+    };
+    // The rule holds: a writable and executable mapping is refused.
+    let refused = deny_write_execute("python3")
+        .args([
+            "-c",
+            "import mmap; mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("Permission denied"),
+        "PR_SET_MDWE did not take: {refused:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mnist = edgeloop_tests::mnist::mnist_dir();
+    let mut quantize = deny_write_execute(edgeloop_tests::edgeloop_bin().to_str().unwrap());
+    quantize
+        .args(["model", "quantize"])
+        .arg(mnist.join("cnn.onnx"))
+        .arg("--calibration")
+        .arg(mnist.join("calib_cnn.npz"))
+        .arg("--eval")
+        .arg(mnist.join("eval_cnn.npz"))
+        .arg("--out")
+        .arg(dir.path().join("digits.onnx"))
+        .arg("--json")
+        .env("HOME", dir.path())
+        .env(
+            "ORT_DYLIB_PATH",
+            edgeloop_models::deps::dir()
+                .unwrap()
+                .join("onnxruntime-1.31.1/libonnxruntime.so.1.31.1"),
+        )
+        .env_remove("EDGELOOP_MANIFEST_SIGNING_KEY");
+    let out = ok(
+        "edgeloop model quantize under PR_SET_MDWE",
+        quantize.output().unwrap(),
+    );
+    let outcome: Value = serde_json::from_str(&out).unwrap();
+    assert!(dir.path().join("digits.onnx").exists(), "{outcome}");
+}
