@@ -37,21 +37,38 @@ pub const GRPC_INFERENCE_ADDR_FILE: &str = "grpc-inference.addr";
 /// which an idle device without a model should not pay. A missing library
 /// is reported in `extra` instead.
 pub fn capabilities(config: &AgentConfig) -> Capabilities {
-    let gpus = edgeloop_client_core::gpu::LocalGpus::detect();
-    let mut caps = host_capabilities(&config.member.data_dir, env!("CARGO_PKG_VERSION"), &gpus);
+    capabilities_on(config, &edgeloop_client_core::gpu::LocalGpus::detect())
+}
+
+/// [`capabilities`] on a machine with `gpus`.
+pub fn capabilities_on(
+    config: &AgentConfig,
+    gpus: &edgeloop_client_core::gpu::LocalGpus,
+) -> Capabilities {
+    let mut caps = host_capabilities(&config.member.data_dir, env!("CARGO_PKG_VERSION"), gpus);
     let library = edgeloop_models::runtime::OrtRuntime::resolve_library_path(
         config.serve.ort_library.as_deref(),
     );
+    let driver_problem = gpu_driver_problem(gpus);
+    if let Some(problem) = &driver_problem {
+        caps.extra.insert("gpu_error".into(), problem.clone());
+    }
     match library {
         Ok(path) if path.is_file() => {
             let dir = path.parent().unwrap_or(std::path::Path::new("."));
-            for (file, provider) in [
-                (
-                    "libonnxruntime_providers_tensorrt.so",
-                    "TensorrtExecutionProvider",
-                ),
-                ("libonnxruntime_providers_cuda.so", "CUDAExecutionProvider"),
-            ] {
+            // A driver too old for the GPU build runs none of its providers.
+            let gpu_providers = if driver_problem.is_some() {
+                &[][..]
+            } else {
+                &[
+                    (
+                        "libonnxruntime_providers_tensorrt.so",
+                        "TensorrtExecutionProvider",
+                    ),
+                    ("libonnxruntime_providers_cuda.so", "CUDAExecutionProvider"),
+                ][..]
+            };
+            for &(file, provider) in gpu_providers {
                 if dir.join(file).is_file() {
                     caps.execution_providers.push(provider.into());
                 }
@@ -78,6 +95,34 @@ pub fn capabilities(config: &AgentConfig) -> Capabilities {
     caps
 }
 
+/// Why this machine's NVIDIA driver cannot run the GPU build of ONNX
+/// Runtime (it is older than the one CUDA 13 needs), or `None`.
+fn gpu_driver_problem(gpus: &edgeloop_client_core::gpu::LocalGpus) -> Option<String> {
+    if gpus.gpus.is_empty() {
+        return None;
+    }
+    edgeloop_models::cuda::gpu_build_driver_problem(gpus.driver_version.as_deref())
+}
+
+/// `config` serving on the CPU alone when the driver cannot run the GPU
+/// build: said once, at start, as an error naming the driver and the
+/// version it needs, rather than as a provider warning at each load.
+fn with_usable_providers(mut config: AgentConfig) -> AgentConfig {
+    let wants_gpu = config
+        .serve
+        .providers
+        .iter()
+        .any(|p| *p != config::Provider::Cpu);
+    if wants_gpu {
+        let gpus = edgeloop_client_core::gpu::LocalGpus::detect();
+        if let Some(problem) = gpu_driver_problem(&gpus) {
+            tracing::error!("{problem}; serving on the CPU");
+            config.serve.providers = vec![config::Provider::Cpu];
+        }
+    }
+    config
+}
+
 /// Runs the agent until `shutdown`: the inference API (REST and gRPC, each on
 /// its own listener, one request path), model sync, the
 /// telemetry uploader and the heartbeat side by side. Serving stops first
@@ -85,6 +130,7 @@ pub fn capabilities(config: &AgentConfig) -> Capabilities {
 /// window, which the uploader then persists.
 pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     edgeloop_client_core::install_crypto_provider();
+    let config = with_usable_providers(config);
     let data_dir = config.member.data_dir.clone();
     create_private_dir(&data_dir)
         .with_context(|| format!("creating data dir {}", data_dir.display()))?;

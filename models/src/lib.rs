@@ -3,6 +3,7 @@
 //!
 //! This crate does no network I/O.
 
+pub mod cuda;
 pub mod dataset;
 pub mod deps;
 pub mod digest;

@@ -331,3 +331,60 @@ async fn each_device_gets_the_variant_that_fits_its_providers() {
     }
     cp.stop().await;
 }
+
+/// A GPU build of ONNX Runtime on a machine whose NVIDIA driver is older
+/// than CUDA 13 needs: the device claims no GPU provider, and says why in
+/// its capabilities (`gpu_error`, naming the driver and the version it
+/// needs); on a new enough driver it claims them.
+#[test]
+fn a_driver_too_old_for_the_gpu_build_claims_no_gpu_provider_and_says_why() {
+    use edgeloop_client_core::gpu::{LocalGpu, LocalGpus};
+    let dir = tempfile::tempdir().unwrap();
+    let real = edgeloop_models::runtime::OrtRuntime::resolve_library_path(None).unwrap();
+    let gpu_build = dir.path().join("ort-gpu");
+    std::fs::create_dir_all(&gpu_build).unwrap();
+    let linked = gpu_build.join(real.file_name().unwrap());
+    std::os::unix::fs::symlink(&real, &linked).unwrap();
+    for provider in ["cuda", "tensorrt"] {
+        std::fs::write(
+            gpu_build.join(format!("libonnxruntime_providers_{provider}.so")),
+            b"",
+        )
+        .unwrap();
+    }
+    let member = edgeloop_client_core::MemberConfig {
+        data_dir: dir.path().join("agent"),
+        control_plane: "https://localhost:1".into(),
+        bootstrap_token: None,
+        backoff: edgeloop_client_core::Backoff::default(),
+    };
+    let mut config = AgentConfig::new(member, vec![]);
+    config.serve.ort_library = Some(linked);
+    let machine = |driver: &str| LocalGpus {
+        gpus: vec![LocalGpu {
+            index: 0,
+            name: "NVIDIA A100".into(),
+            memory_bytes: 40 << 30,
+        }],
+        driver_version: Some(driver.into()),
+        source: "test".into(),
+        ..Default::default()
+    };
+    let old = edgeloop_edge_agent::capabilities_on(&config, &machine("535.104.05"));
+    assert_eq!(old.execution_providers, ["CPUExecutionProvider"]);
+    let why = &old.extra["gpu_error"];
+    assert!(
+        why.contains("535.104.05") && why.contains("580.65.06") && why.contains("CUDA 13"),
+        "{why}"
+    );
+    let new = edgeloop_edge_agent::capabilities_on(&config, &machine("580.95.05"));
+    assert_eq!(
+        new.execution_providers,
+        [
+            "TensorrtExecutionProvider",
+            "CUDAExecutionProvider",
+            "CPUExecutionProvider"
+        ]
+    );
+    assert!(!new.extra.contains_key("gpu_error"));
+}

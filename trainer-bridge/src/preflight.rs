@@ -52,58 +52,7 @@ impl fmt::Display for Refusal {
     }
 }
 
-/// A CUDA release and the minimum Linux x86_64 driver of its GA build.
-#[derive(Debug, Clone, Copy)]
-pub struct CudaRelease {
-    pub major: u32,
-    pub minor: u32,
-    pub min_driver: &'static str,
-}
-
-const fn cuda(major: u32, minor: u32, min_driver: &'static str) -> CudaRelease {
-    CudaRelease {
-        major,
-        minor,
-        min_driver,
-    }
-}
-
-/// Source: NVIDIA CUDA Toolkit Release Notes, "CUDA Toolkit and Corresponding
-/// Driver Versions" (Linux x86_64, the GA row of each release;
-/// docs.nvidia.com/cuda/cuda-toolkit-release-notes, archived per release).
-/// 11.0's GA row is 450.51.05 and 11.1's is 455.23; the often-quoted 450.80.02
-/// is 11.x's minor-version-compatibility minimum and 455.32 is 11.1 Update 1.
-/// There was no 12.7 release.
-pub const CUDA_RELEASES: &[CudaRelease] = &[
-    cuda(10, 0, "410.48"),
-    cuda(10, 1, "418.39"),
-    cuda(10, 2, "440.33"),
-    cuda(11, 0, "450.51.05"),
-    cuda(11, 1, "455.23"),
-    cuda(11, 2, "460.27.03"),
-    cuda(11, 3, "465.19.01"),
-    cuda(11, 4, "470.42.01"),
-    cuda(11, 5, "495.29.05"),
-    cuda(11, 6, "510.39.01"),
-    cuda(11, 7, "515.43.04"),
-    cuda(11, 8, "520.61.05"),
-    cuda(12, 0, "525.60.13"),
-    cuda(12, 1, "530.30.02"),
-    cuda(12, 2, "535.54.03"),
-    cuda(12, 3, "545.23.06"),
-    cuda(12, 4, "550.54.14"),
-    cuda(12, 5, "555.42.02"),
-    cuda(12, 6, "560.28.03"),
-    cuda(12, 8, "570.26"),
-    cuda(12, 9, "575.51.03"),
-    cuda(13, 0, "580.65.06"),
-];
-
-/// Source: the same release notes, "CUDA Toolkit and Minimum Required Driver
-/// Version for CUDA Minor Version Compatibility". Only used to explain a
-/// refusal, never to pass a job (see the module docs).
-pub const MINOR_VERSION_COMPAT: &[(u32, &str)] =
-    &[(11, "450.80.02"), (12, "525.60.13"), (13, "580.65.06")];
+pub use edgeloop_models::cuda::{CudaRelease, CUDA_RELEASES, MINOR_VERSION_COMPAT};
 
 /// A framework release series and the CUDA versions (major, minor) it is
 /// built for.
