@@ -3,6 +3,9 @@
 #
 #   scripts/package.sh [debs] [image] [bundle]     (all three by default)
 #
+# The tests package the suite's debug build (--profile dev --no-build),
+# which is quicker than a `dist` build with its whole-program optimisation.
+#
 #   edgeloop-agent_<version>_amd64.deb          edge-agent, its unit, /etc/edgeloop/agent.toml,
 #                                               the ONNX Runtime CPU library
 #   edgeloop-bridge_<version>_amd64.deb         trainer-bridge, its unit, /etc/edgeloop/bridge.toml
@@ -14,7 +17,8 @@
 #                                               library beside them, SHA256SUMS, install.sh
 #
 # Options (or their environment variables):
-#   --profile release|dev   EDGELOOP_PACKAGE_PROFILE   cargo profile (release)
+#   --profile dist|release|dev  EDGELOOP_PACKAGE_PROFILE  cargo profile (dist: release with
+#                                                      LTO, smaller binaries; Cargo.toml)
 #   --version V             EDGELOOP_PACKAGE_VERSION   package version (the workspace's)
 #   --out DIR               EDGELOOP_PACKAGE_OUT       where the files go (dist/)
 #   --fast                  EDGELOOP_PACKAGE_FAST=1    gzip -1 instead of xz (tests)
@@ -33,7 +37,7 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-profile="${EDGELOOP_PACKAGE_PROFILE:-release}"
+profile="${EDGELOOP_PACKAGE_PROFILE:-dist}"
 version="${EDGELOOP_PACKAGE_VERSION:-}"
 out="${EDGELOOP_PACKAGE_OUT:-$repo/dist}"
 fast="${EDGELOOP_PACKAGE_FAST:-}"
@@ -55,9 +59,9 @@ while [ $# -gt 0 ]; do
 done
 [ ${#what[@]} -gt 0 ] || what=(debs image bundle)
 case "$profile" in
-    release) target_dir="$repo/target/release" ;;
+    dist|release) target_dir="$repo/target/$profile" ;;
     dev|debug) profile=dev; target_dir="$repo/target/debug" ;;
-    *) echo "package.sh: --profile must be release or dev, not $profile" >&2; exit 2 ;;
+    *) echo "package.sh: --profile must be dist, release or dev, not $profile" >&2; exit 2 ;;
 esac
 if [ -z "$version" ]; then
     version="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml")"

@@ -584,7 +584,7 @@ async fn the_control_plane_image_runs_non_root_and_answers_readyz() {
     );
     edgeloop_client_core::install_crypto_provider();
     let client = reqwest::Client::new();
-    let ready = eventually(WAIT, "the image's control plane is ready", || async {
+    eventually(WAIT, "the image's control plane is ready", || async {
         let (status, _) = get(&client, &format!("http://127.0.0.1:{http}/readyz"), "").await;
         (status == 200).then_some(())
     })
@@ -604,7 +604,6 @@ async fn the_control_plane_image_runs_non_root_and_answers_readyz() {
         .args(["rm", "-f", "-t", "0", &name])
         .output();
     let _ = Command::new("podman").args(["rmi", "-f", &tag]).output();
-    let _ = ready;
     let serving = top
         .lines()
         .find(|l| l.contains("control-plane"))
