@@ -603,7 +603,9 @@ async fn the_control_plane_image_runs_non_root_and_answers_readyz() {
     let _ = Command::new("podman")
         .args(["rm", "-f", "-t", "0", &name])
         .output();
-    let _ = Command::new("podman").args(["rmi", "-f", &tag]).output();
+    let _ = Command::new("podman")
+        .args(["rmi", "-f", &tag, &image])
+        .output();
     let serving = top
         .lines()
         .find(|l| l.contains("control-plane"))
