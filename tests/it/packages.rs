@@ -69,7 +69,18 @@ impl Machine {
         ok(
             "podman run",
             Command::new("podman")
-                .args(["run", "-d", "--name", &name, "--network", "host", "-v"])
+                // An init as PID 1 reaps the daemons that exit (a stopped
+                // daemon must not linger as a zombie).
+                .args([
+                    "run",
+                    "-d",
+                    "--init",
+                    "--name",
+                    &name,
+                    "--network",
+                    "host",
+                    "-v",
+                ])
                 .arg(format!("{}:/dist:ro", dist.display()))
                 .args([&image, "sleep", "infinity"])
                 .output()
@@ -121,16 +132,21 @@ impl Machine {
         ));
     }
 
+    /// Stops `unit`'s daemon with SIGTERM, as `systemctl stop` does, and
+    /// waits until it has drained and exited. It must be running. (The
+    /// base image has no procps: the processes are found in /proc.)
     fn stop_unit(&self, unit: &str) {
-        // SIGTERM, as `systemctl stop` sends; the daemons drain and exit.
         let binary = match unit {
             "edgeloop-control-plane" => "control-plane",
             "edgeloop-agent" => "edge-agent",
             _ => "trainer-bridge",
         };
         self.sh(&format!(
-            "pkill -TERM -x {binary} || true; i=0; while pgrep -x {binary} >/dev/null; do \
-             i=$((i+1)); [ $i -lt 100 ] || exit 1; sleep 0.1; done"
+            "pids() {{ for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = {binary} ] \
+             && echo ${{p#/proc/}}; done; }}; \
+             running=$(pids); [ -n \"$running\" ] || {{ echo '{unit} is not running' >&2; exit 2; }}; \
+             kill -TERM $running; i=0; while [ -n \"$(pids)\" ]; do \
+             i=$((i+1)); [ $i -lt 600 ] || {{ echo '{unit} did not stop' >&2; exit 1; }}; sleep 0.1; done"
         ));
     }
 
