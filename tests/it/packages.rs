@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use edgeloop_tests::{eventually, free_port, load_env_file};
+use edgeloop_tests::{eventually, free_port};
 use serde_json::{json, Value};
 
 const V1: &str = "0.1.0";
@@ -189,14 +189,9 @@ async fn get(client: &reqwest::Client, url: &str, token: &str) -> (u16, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_packages_install_run_as_their_units_upgrade_keeping_state_and_purge() {
-    if !edgeloop_tests::in_own_process() {
+    if !edgeloop_tests::in_own_process_with_containers() {
         return;
     }
-    load_env_file(
-        "EDGELOOP_CONTAINERS_ENV",
-        "/tmp/edgeloop-containers/env",
-        "scripts/containers-up.sh",
-    );
     let dir = tempfile::tempdir().unwrap();
     let dist = dir.path().join("dist");
     package(V1, &dist.join("v1"));
@@ -509,14 +504,9 @@ fn the_shipped_configuration_files_name_real_settings() {
 /// as its non-root user and `control-plane serve` answers `/readyz`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_control_plane_image_runs_non_root_and_answers_readyz() {
-    if !edgeloop_tests::in_own_process() {
+    if !edgeloop_tests::in_own_process_with_containers() {
         return;
     }
-    load_env_file(
-        "EDGELOOP_CONTAINERS_ENV",
-        "/tmp/edgeloop-containers/env",
-        "scripts/containers-up.sh",
-    );
     let dir = tempfile::tempdir().unwrap();
     let version = "0.1.0-imagetest";
     ok(

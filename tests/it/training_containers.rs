@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use edgeloop_tests::{checkpoint_at_least, eventually, load_env_file, ControlPlane};
+use edgeloop_tests::{checkpoint_at_least, eventually, ControlPlane};
 use serde_json::{json, Value};
 
 const IMAGE: &str = "localhost/edgeloop-contract-trainer:test";
@@ -59,21 +59,6 @@ fn kill_container(name: &str) {
         .status()
         .unwrap();
     assert!(killed.success(), "killed {name}");
-}
-
-/// Whether this test runs here: alone in a process of its own (the
-/// bridge's local engine reads its runtime from the environment), with
-/// `scripts/containers-up.sh`'s settings loaded.
-fn in_own_process_with_containers() -> bool {
-    if !edgeloop_tests::in_own_process() {
-        return false;
-    }
-    load_env_file(
-        "EDGELOOP_CONTAINERS_ENV",
-        "/tmp/edgeloop-containers/env",
-        "scripts/containers-up.sh",
-    );
-    true
 }
 
 fn spec(name: &str, total: u32, max_restarts: u32) -> Value {
@@ -122,7 +107,7 @@ async fn ended(cp: &ControlPlane, id: &str, within: Duration) -> Value {
 
 #[tokio::test]
 async fn a_job_with_an_image_trains_in_a_container_resumes_after_a_kill_and_cancels_cleanly() {
-    if !in_own_process_with_containers() {
+    if !edgeloop_tests::in_own_process_with_containers() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -323,7 +308,7 @@ async fn a_job_with_an_image_trains_in_a_container_resumes_after_a_kill_and_canc
 /// weights as a run on the host that never stopped.
 #[tokio::test]
 async fn the_reference_trainer_image_resumes_bit_for_bit_after_a_kill() {
-    if !in_own_process_with_containers() {
+    if !edgeloop_tests::in_own_process_with_containers() {
         return;
     }
     let trainer = edgeloop_tests::reference_trainer();
@@ -422,7 +407,7 @@ async fn the_reference_trainer_image_resumes_bit_for_bit_after_a_kill() {
 /// is 5.6 GB, too much to bake into an image on every cold run here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pytorch_trainer_runs_ddp_in_containers_and_continues_on_one_rank_and_back() {
-    if !in_own_process_with_containers() {
+    if !edgeloop_tests::in_own_process_with_containers() {
         return;
     }
     let python = edgeloop_tests::torch_python();

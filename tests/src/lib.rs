@@ -575,6 +575,21 @@ where
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Whether the calling test runs here: alone in a process of its own
+/// (a bridge's local engine and Podman read their settings from the
+/// environment), with `scripts/containers-up.sh`'s settings loaded.
+pub fn in_own_process_with_containers() -> bool {
+    if !in_own_process() {
+        return false;
+    }
+    load_env_file(
+        "EDGELOOP_CONTAINERS_ENV",
+        "/tmp/edgeloop-containers/env",
+        "scripts/containers-up.sh",
+    );
+    true
+}
+
 /// Loads `KEY=VALUE` lines from an engine's env file (the one
 /// `scripts/slurm-up.sh` or `scripts/ray-up.sh` writes) into this process,
 /// which must be the test's own ([`in_own_process`], [`set_env`]). Engines
